@@ -1,0 +1,37 @@
+"""awa-fast: a Postgres-backed job queue for Python, API-compatible with awa-pg.
+
+``import awa_fast as awa`` in place of ``import awa``.
+"""
+
+from awa_fast._native import native_extensions
+from awa_fast.client import AsyncClient, Client, QueueStat
+from awa_fast.errors import (
+    AwaError,
+    CallbackNotFound,
+    DatabaseError,
+    JobNotFound,
+    SchemaNotMigrated,
+    SerializationError,
+    StagingError,
+    TerminalError,
+    UniqueConflict,
+    UnknownJobKind,
+    ValidationError,
+)
+from awa_fast.job import Job, JobState
+from awa_fast.requests import EnqueueRequest, InsertOpts, UniqueOpts, derive_kind
+from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
+from awa_fast.schema import current_migration_version, migrate, migrations
+from awa_fast.transaction import Transaction
+from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE
+
+RawClient = AsyncClient
+
+__all__ = [
+    "AsyncClient", "AwaError", "CallbackNotFound", "Cancel", "Client", "DatabaseError",
+    "EnqueueRequest", "InsertOpts", "Job", "JobNotFound", "JobState", "NO_FAILURE_CONSEQUENCE",
+    "QueueStat", "RawClient", "RetryAfter", "SchemaNotMigrated", "SerializationError", "Snooze",
+    "StagingError", "TerminalError", "Transaction", "UniqueConflict", "UniqueOpts",
+    "UnknownJobKind", "ValidationError", "WaitForCallback", "current_migration_version",
+    "derive_kind", "migrate", "migrations", "native_extensions",
+]

@@ -1,0 +1,1 @@
+"""Compiled hot-path modules (built from the top-level _ext/ sources)."""

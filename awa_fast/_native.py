@@ -1,0 +1,42 @@
+"""The one importer of the compiled ``_ext`` modules (built from ``_ext/*.pyx`` at install time).
+
+There is no silent pure-Python fallback: if the extensions are missing the package fails to import
+with an error that says how to build them. :func:`native_extensions` reports what is active.
+"""
+
+from __future__ import annotations
+
+try:
+    from awa_fast._ext import sizing as _sizing
+    from awa_fast._ext import unique as _unique
+    from awa_fast._ext import validate as _validate
+except ImportError as exc:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "awa_fast's compiled extensions are missing; install the package with "
+        "`pip install .` or `pip install -e .` so setup.py builds _ext/*.pyx"
+    ) from exc
+
+validate_insert = _validate.validate_insert
+check_json_nul = _validate.check_json_nul
+normalize_run_at = _validate.normalize_run_at
+derive_kind = _validate.derive_kind
+parse_unique_opts = _unique.parse_unique_opts
+unique_key = _unique.unique_key
+STATE_BITS = _unique.STATE_BITS
+request_size = _sizing.request_size
+StagingBudget = _sizing.StagingBudget
+
+_MODULES = {"validate": _validate, "unique": _unique, "sizing": _sizing}
+
+
+def native_extensions() -> dict[str, str]:
+    """Which implementation backs each hot-path module: ``{"validate": "compiled:<path>", ...}``.
+
+    A module counts as compiled when it was loaded from a shared library (``.so``/``.pyd``).
+    """
+    out = {}
+    for name, mod in _MODULES.items():
+        path = getattr(mod, "__file__", "") or ""
+        kind = "compiled" if path.endswith((".so", ".pyd")) else "python"
+        out[name] = f"{kind}:{path}"
+    return out

@@ -1,0 +1,382 @@
+"""The clients: :class:`AsyncClient` (producers, admin, workers) and the blocking :class:`Client`.
+
+Names, keywords and defaults follow awa-pg (``awa.AsyncClient`` / ``awa.Client``), so an
+application moves over with ``import awa_fast as awa``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from typing import Any, Callable
+
+import orjson
+import psycopg
+from psycopg.types.json import set_json_loads
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from awa_fast import enqueue, schema, sql
+from awa_fast.errors import DatabaseError, JobNotFound, ValidationError
+from awa_fast.job import Job
+from awa_fast.requests import kind_for_type, prepare
+from awa_fast.transaction import Transaction
+from awa_fast.worker.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStat:
+    """Counts per queue (awa's fields, plus ``consequence_pending``). ``lag_seconds`` is the age
+    of the oldest available job, in seconds."""
+
+    queue: str
+    total_queued: int
+    scheduled: int
+    available: int
+    retryable: int
+    running: int
+    failed: int
+    waiting_external: int
+    consequence_pending: int
+    completed_last_hour: int
+    lag_seconds: float
+    paused: bool
+
+
+async def _configure(conn: psycopg.AsyncConnection) -> None:
+    set_json_loads(orjson.loads, conn)
+
+
+class AsyncClient:
+    """Async client: insert jobs, administer them, and run workers.
+
+    Args:
+        database_url: a libpq connection string or URI.
+        max_connections: the pool size (connections, not processes). The runtime also opens
+            one dedicated LISTEN connection and one leader-lock connection.
+
+    Connections are opened lazily on first use (so a client built at import time in a launcher
+    parent is safe to fork). Use as ``async with AsyncClient(url) as client``.
+    """
+
+    def __init__(self, database_url: str, max_connections: int = 10):
+        if not isinstance(max_connections, int) or max_connections < 1:
+            raise ValidationError("max_connections must be an int >= 1", field="max_connections", limit=">= 1")
+        self.database_url = database_url
+        self.max_connections = max_connections
+        self._pool: AsyncConnectionPool | None = None
+        self._pool_lock: asyncio.Lock | None = None
+        self.registry = Registry()
+        self._runtime = None
+
+    # -- connections ----------------------------------------------------------------------------
+
+    async def pool(self) -> AsyncConnectionPool:
+        """The open connection pool (opened on first call).
+
+        Raises:
+            DatabaseError: the database could not be reached within 30 seconds.
+        """
+        if self._pool is not None:
+            return self._pool
+        if self._pool_lock is None:
+            self._pool_lock = asyncio.Lock()
+        async with self._pool_lock:
+            if self._pool is None:
+                pool = AsyncConnectionPool(
+                    self.database_url, min_size=1, max_size=self.max_connections, open=False,
+                    kwargs={"autocommit": True}, configure=_configure, timeout=30,
+                )
+                try:
+                    await pool.open(wait=True, timeout=30)
+                except PoolTimeout as exc:
+                    await pool.close()
+                    raise DatabaseError(f"could not connect to the database: {exc}") from exc
+                self._pool = pool
+        return self._pool
+
+    async def close(self) -> None:
+        """Stop the runtime if it is running and close the pool."""
+        if self._runtime is not None:
+            await self.shutdown()
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def __aenter__(self) -> "AsyncClient":
+        await self.pool()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def migrate(self) -> list[int]:
+        """Create or upgrade the ``awa_fast`` schema (idempotent, safe concurrently)."""
+        return await schema.migrate(self.database_url)
+
+    # -- producers ------------------------------------------------------------------------------
+
+    async def insert(
+        self, args: Any, *, kind: str | None = None, queue: str = "default", priority: int = 2,
+        max_attempts: int = 25, tags: list[str] | None = None, metadata: dict | None = None,
+        run_at: Any = None, unique_opts: dict | None = None, ordering_key: bytes | str | None = None,
+    ) -> Job:
+        """Insert one job and return it.
+
+        ``args`` is a dict (then ``kind`` is required), a dataclass, a ``msgspec.Struct`` or a
+        pydantic model. A future ``run_at`` (datetime, naive = UTC, or ISO 8601 str) makes the job
+        ``scheduled``. ``unique_opts`` is ``{by_queue, by_args, by_period, states}`` ({} = defaults).
+
+        Raises:
+            ValidationError: a field breaks an insert rule (nothing is written).
+            UniqueConflict: another job holds the same unique key.
+        """
+        p = prepare(args, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts,
+                    tags=tags, metadata=metadata, run_at=run_at, unique_opts=unique_opts,
+                    ordering_key=ordering_key)
+        async with (await self.pool()).connection() as conn:
+            return await enqueue.insert_one(conn, p)
+
+    async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
+        """Insert many jobs in one statement with shared keyword options (all or none).
+
+        Each element of ``jobs`` is args (as for :meth:`insert`) or an ``EnqueueRequest``.
+
+        Raises:
+            ValidationError: any element breaks a rule (no row of the batch is written).
+            UniqueConflict: any element's unique key is held (no row is written).
+        """
+        rows = _prepare_all(jobs, opts)
+        async with (await self.pool()).connection() as conn:
+            async with conn.transaction():
+                return await enqueue.insert_many(conn, rows)
+
+    async def insert_many_copy(self, jobs: list, **opts: Any) -> list[Job]:
+        """Bulk insert with COPY (for 10k+ rows); same arguments and errors as :meth:`insert_many`."""
+        rows = _prepare_all(jobs, opts)
+        async with (await self.pool()).connection() as conn:
+            async with conn.transaction():
+                return await enqueue.copy_many(conn, rows)
+
+    async def transaction(self) -> Transaction:
+        """Begin a transaction: ``async with await client.transaction() as tx``."""
+        pool = await self.pool()
+        conn = await pool.getconn()
+        try:
+            await conn.execute("BEGIN")
+        except BaseException:
+            await pool.putconn(conn)
+            raise
+        return Transaction(pool, conn)
+
+    # -- admin ----------------------------------------------------------------------------------
+
+    async def _fetch(self, query: str, params: Any = None) -> list[tuple]:
+        async with (await self.pool()).connection() as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+    async def get_job(self, job_id: int) -> Job:
+        """The job with this id. Raises :class:`JobNotFound` (an ``AwaError``) if there is none."""
+        rows = await self._fetch(sql.GET_JOB, (job_id,))
+        if not rows:
+            raise JobNotFound(f"job not found: {job_id}")
+        return Job.from_row(rows[0])
+
+    async def list_jobs(self, *, state: str | None = None, kind: str | None = None,
+                        queue: str | None = None, limit: int = 100) -> list[Job]:
+        """Jobs, newest first, filtered by state / kind / queue."""
+        rows = await self._fetch(sql.LIST_JOBS, {"state": None if state is None else str(state),
+                                                 "kind": kind, "queue": queue, "limit": limit})
+        return [Job.from_row(r) for r in rows]
+
+    async def retry(self, job_id: int) -> Job | None:
+        """Make a failed, cancelled or waiting_external job available again with attempt 0.
+
+        Returns the job, or ``None`` if it is in another state.
+
+        Raises:
+            UniqueConflict: another live job now holds its unique key (nothing changes).
+        """
+        async with (await self.pool()).connection() as conn:
+            with enqueue.mapped_errors():
+                cur = await conn.execute(sql.RETRY_JOB, (job_id,))
+                row = await cur.fetchone()
+        return None if row is None else Job.from_row(row)
+
+    async def cancel(self, job_id: int) -> Job | None:
+        """Cancel a non-terminal job; a running attempt is told through ``job.is_cancelled()``.
+
+        Returns the cancelled job, or ``None`` if it was already terminal or does not exist.
+        """
+        async with (await self.pool()).connection() as conn:
+            async with conn.transaction():
+                cur = await conn.execute(sql.CANCEL_JOB, (job_id,))
+                row = await cur.fetchone()
+                if row is None:
+                    return None
+                old_state, lease = row[0], row[1]
+                if old_state == "running":
+                    payload = orjson.dumps({"job_id": job_id, "run_lease": lease}).decode()
+                    await conn.execute(sql.NOTIFY_CANCEL, (payload,))
+        return Job.from_row(row[2:])
+
+    async def cancel_by_unique_key(self, kind: str, *, queue: str | None = None, args: Any = None,
+                                   period_bucket: int | None = None) -> Job | None:
+        """Cancel the oldest non-terminal job whose unique key matches the given components
+        (pass only those used at insert time). Returns it, or ``None``."""
+        from awa_fast import _native
+        from awa_fast.requests import args_to_builtins, to_json
+
+        args_json = None if args is None else to_json(args_to_builtins(args), "args")
+        key = _native.unique_key(kind, queue or "", args_json or b"", queue is not None,
+                                 args is not None, period_bucket)
+        rows = await self._fetch(sql.CANCEL_BY_UNIQUE_KEY, (key,))
+        return await self.cancel(rows[0][0]) if rows else None
+
+    async def queue_stats(self) -> list[QueueStat]:
+        """Per-queue counts (see :class:`QueueStat`)."""
+        out = []
+        for (queue, scheduled, available, retryable, running, failed, waiting, pending,
+             completed_hour, lag, paused) in await self._fetch(sql.QUEUE_STATS):
+            out.append(QueueStat(queue, scheduled + available + retryable, scheduled, available,
+                                 retryable, running, failed, waiting, pending, completed_hour,
+                                 float(lag), paused))
+        return out
+
+    async def pause_queue(self, queue: str, paused_by: str | None = None) -> None:
+        """Stop claims from ``queue`` (running jobs finish)."""
+        await self._fetch(sql.PAUSE_QUEUE, (queue, paused_by))
+
+    async def resume_queue(self, queue: str) -> None:
+        """Allow claims from ``queue`` again and wake its workers."""
+        await self._fetch(sql.RESUME_QUEUE, (queue,))
+        await self._fetch(sql.NOTIFY_QUEUE, (queue,))
+
+    # -- workers --------------------------------------------------------------------------------
+
+    def task(self, args_type: type, *, kind: str | None = None, queue: str = "default",
+             **options: Any) -> Callable:
+        """Decorator registering a handler for ``args_type`` (kind defaults to
+        ``derive_kind(args_type.__name__)``). Works with or without a running event loop.
+
+        ``async def`` handlers run on the loop; plain ``def`` handlers run in a thread pool.
+        A later registration for the same kind replaces the earlier one.
+        """
+        def decorate(fn: Callable) -> Callable:
+            self.registry.register(args_type, fn, kind=kind or kind_for_type(args_type),
+                                   queue=queue, **options)
+            return fn
+
+        return decorate
+
+    worker = task
+
+    async def start(self, queues: Any = None, **options: Any) -> None:
+        """Start claiming and running jobs in this process (see ``worker.runtime.RuntimeConfig``
+        for the keywords: awa's ``poll_interval_ms``, ``heartbeat_interval_ms``, ...).
+
+        Raises:
+            ValueError: an invalid queue configuration or option.
+            RuntimeError: already started.
+        """
+        from awa_fast.worker.runtime import Runtime
+
+        if self._runtime is not None:
+            raise RuntimeError("runtime already started")
+        runtime = Runtime(self, queues, **options)
+        await runtime.start()
+        self._runtime = runtime
+
+    async def shutdown(self, timeout_ms: int = 2000) -> None:
+        """Stop claiming, let in-flight handlers finish for up to ``timeout_ms`` milliseconds,
+        release the rest back to ``available`` (nothing is lost), flush the finalizer."""
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            await runtime.shutdown(timeout_ms)
+
+    @property
+    def runtime(self):
+        """The running worker runtime in this process, or ``None``."""
+        return self._runtime
+
+
+def _prepare_all(jobs: list, opts: dict) -> list:
+    from awa_fast.requests import EnqueueRequest
+
+    out = []
+    for item in jobs:
+        if isinstance(item, EnqueueRequest):
+            out.append(prepare(item.args, **{**opts, **item.options}))
+        else:
+            out.append(prepare(item, **opts))
+    return out
+
+
+class Client:
+    """Blocking client for producers and admin (awa-pg's sync ``Client``), usable as ``with``.
+
+    It drives an :class:`AsyncClient` on a private event loop in a daemon thread; every method
+    of the async client's producer/admin surface is available here without ``await``.
+    """
+
+    _SYNC = ("migrate", "insert", "insert_many", "insert_many_copy", "get_job", "list_jobs",
+             "retry", "cancel", "cancel_by_unique_key", "queue_stats", "pause_queue",
+             "resume_queue")
+
+    def __init__(self, database_url: str, max_connections: int = 10):
+        self._async = AsyncClient(database_url, max_connections)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="awa-fast-client",
+                                        daemon=True)
+        self._thread.start()
+        self._call(self._async.pool())
+
+    @property
+    def async_client(self) -> AsyncClient:
+        return self._async
+
+    def _call(self, coro) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._SYNC:
+            method = getattr(self._async, name)
+            return lambda *a, **kw: self._call(method(*a, **kw))
+        raise AttributeError(name)
+
+    def transaction(self) -> "SyncTransaction":
+        """Begin a transaction: ``with client.transaction() as tx``."""
+        return SyncTransaction(self, self._call(self._async.transaction()))
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._call(self._async.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SyncTransaction:
+    """Blocking twin of :class:`~awa_fast.transaction.Transaction` (same methods)."""
+
+    def __init__(self, client: Client, tx: Transaction):
+        self._client = client
+        self._tx = tx
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._tx, name)
+        if not asyncio.iscoroutinefunction(method):
+            return method
+        return lambda *a, **kw: self._client._call(method(*a, **kw))
+
+    def __enter__(self) -> "SyncTransaction":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._client._call(self._tx._finish(exc_type is None))

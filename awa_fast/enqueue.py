@@ -1,0 +1,118 @@
+"""Execute prepared inserts on a given psycopg 3 connection (async or sync).
+
+One round trip per call: a single row, an ``unnest`` batch, or COPY. Unique violations on
+``idx_awa_fast_jobs_unique`` surface as :class:`~awa_fast.errors.UniqueConflict`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime
+from typing import Iterable, Iterator
+
+import orjson
+import psycopg
+from psycopg import errors as pg_errors
+
+from awa_fast import sql
+from awa_fast.errors import DatabaseError, UniqueConflict, ValidationError
+from awa_fast.job import Job, JobState
+from awa_fast.requests import Prepared
+
+UNIQUE_INDEX = "idx_awa_fast_jobs_unique"
+
+
+@contextlib.contextmanager
+def mapped_errors() -> Iterator[None]:
+    """Map database errors raised inside the block to awa-fast errors."""
+    try:
+        yield
+    except pg_errors.UniqueViolation as exc:
+        constraint = getattr(exc.diag, "constraint_name", None)
+        raise UniqueConflict(
+            f"unique key already held by another job ({constraint or UNIQUE_INDEX})",
+            constraint=constraint,
+        ) from exc
+    except pg_errors.CheckViolation as exc:
+        raise ValidationError(str(exc), field=getattr(exc.diag, "constraint_name", None)) from exc
+    except psycopg.errors.UndefinedTable as exc:
+        from awa_fast.errors import SchemaNotMigrated
+
+        raise SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`") from exc
+
+
+def one_params(p: Prepared) -> tuple:
+    return (p.kind, p.queue, p.args, p.priority, p.max_attempts, p.run_at, p.metadata,
+            p.tags, p.unique_key, p.unique_states, p.ordering_key)
+
+
+def many_params(rows: list[Prepared]) -> tuple:
+    return (
+        [p.kind for p in rows], [p.queue for p in rows], [p.args for p in rows],
+        [p.priority for p in rows], [p.max_attempts for p in rows], [p.run_at for p in rows],
+        [p.metadata for p in rows],
+        [orjson.dumps(p.tags).decode() if p.tags else "[]" for p in rows],
+        [p.unique_key for p in rows], [p.unique_states for p in rows],
+        [p.ordering_key for p in rows],
+    )
+
+
+async def insert_one(conn: psycopg.AsyncConnection, p: Prepared) -> Job:
+    """Insert one prepared job; returns the stored row."""
+    with mapped_errors():
+        cur = await conn.execute(sql.INSERT_ONE, one_params(p))
+        return Job.from_row(await cur.fetchone())
+
+
+def insert_one_sync(conn: psycopg.Connection, p: Prepared) -> Job:
+    """Blocking twin of :func:`insert_one`."""
+    with mapped_errors():
+        return Job.from_row(conn.execute(sql.INSERT_ONE, one_params(p)).fetchone())
+
+
+async def insert_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list[Job]:
+    """Insert many prepared jobs in one statement (all or none); returns them in input order."""
+    if not rows:
+        return []
+    with mapped_errors():
+        cur = await conn.execute(sql.INSERT_MANY, many_params(rows))
+        return [Job.from_row(r) for r in await cur.fetchall()]
+
+
+def _copy_rows(rows: list[Prepared], ids: list[int], now: datetime) -> Iterable[tuple]:
+    for job_id, p in zip(ids, rows):
+        run_at = p.run_at or now
+        state = "scheduled" if run_at > now else "available"
+        yield (job_id, p.kind, p.queue, p.args, state, p.priority, p.max_attempts, run_at,
+               p.metadata, p.tags, p.unique_key, p.unique_states, p.ordering_key, now)
+
+
+def copied_job(job_id: int, p: Prepared, now: datetime) -> Job:
+    """The Job a COPY wrote, built locally (every column is known: nothing to read back)."""
+    run_at = p.run_at or now
+    row = (job_id, p.kind, p.queue, orjson.loads(p.args),
+           JobState.Scheduled if run_at > now else JobState.Available, p.priority, 0,
+           p.max_attempts, run_at, None, None, None, None, now, [], orjson.loads(p.metadata),
+           p.tags, p.unique_key, p.unique_states, None, None, 0, None)
+    return Job.from_row(row)
+
+
+async def copy_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list[Job]:
+    """COPY prepared jobs (for 10k+ rows). Must run inside a transaction on ``conn``.
+
+    Ids are reserved first so the returned jobs need no read-back; ``created_at`` and the default
+    ``run_at`` are the transaction's ``now()``, as a plain INSERT would write.
+    """
+    if not rows:
+        return []
+    with mapped_errors():
+        cur = await conn.execute(sql.COPY_RESERVE, (len(rows),))
+        now, ids = await cur.fetchone()
+        async with conn.cursor().copy(sql.COPY_JOBS) as copy:
+            for record in _copy_rows(rows, ids, now):
+                await copy.write_row(record)
+    return [copied_job(i, p, now) for i, p in zip(ids, rows)]
+
+
+def wrap_db_error(exc: Exception) -> DatabaseError:
+    return DatabaseError(f"database error: {exc}")

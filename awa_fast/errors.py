@@ -1,0 +1,84 @@
+"""The awa-fast exception tree, name-compatible with awa-pg's (`awa.AwaError` and subclasses).
+
+Every error awa-fast raises on purpose derives from :class:`AwaError`.
+"""
+
+from __future__ import annotations
+
+
+class AwaError(Exception):
+    """Base class of every awa-fast error."""
+
+
+class ValidationError(AwaError, ValueError):
+    """A request broke an insert rule before anything touched the database.
+
+    Attributes:
+        field: the offending field name (``"priority"``, ``"args"``, ``"tags[3]"``, ...).
+        limit: the rule that was broken, as text (``"1..4"``, ``"<= 20 tags"``), or ``None``.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, limit: str | None = None):
+        super().__init__(message)
+        self.field = field
+        self.limit = limit
+
+
+class SerializationError(ValidationError):
+    """Args or metadata could not be converted to JSON."""
+
+
+class UniqueConflict(AwaError):
+    """An insert hit a unique key already held by another job (index ``idx_awa_fast_jobs_unique``).
+
+    Attributes:
+        constraint: the index name reported by Postgres.
+    """
+
+    def __init__(self, message: str, *, constraint: str | None = None):
+        super().__init__(message)
+        self.constraint = constraint
+
+
+class SchemaNotMigrated(AwaError):
+    """The ``awa_fast`` schema is missing or older than this package; run ``awa-fast migrate``."""
+
+
+class UnknownJobKind(AwaError):
+    """No handler is registered for a job's kind."""
+
+
+class DatabaseError(AwaError):
+    """A database operation failed for a reason awa-fast does not map to a narrower error."""
+
+
+class CallbackNotFound(AwaError):
+    """No job waits on the given callback id (or the token is stale)."""
+
+
+class JobNotFound(AwaError):
+    """No job has the given id."""
+
+
+class TerminalError(AwaError):
+    """Raise from a handler to fail the job at once, without retries."""
+
+
+class StagingError(TerminalError):
+    """A follow-up could not be staged (ADR-046). The attempt is poisoned.
+
+    Attributes:
+        reason: ``"invalid"``, ``"too_many"``, ``"too_large"`` or ``"sealed"``.
+        limit: 16 for ``too_many``, 65536 (bytes) for ``too_large``, else ``None``.
+
+    Raised chained (``__cause__``) from the original error where there is one.
+    """
+
+    REASONS = ("invalid", "too_many", "too_large", "sealed")
+
+    def __init__(self, message: str, *, reason: str, limit: int | None = None):
+        if reason not in self.REASONS:
+            raise ValueError(f"unknown StagingError reason {reason!r}")
+        super().__init__(message)
+        self.reason = reason
+        self.limit = limit

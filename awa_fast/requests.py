@@ -1,0 +1,234 @@
+"""Insert requests: args -> JSON, kind derivation, option structs and the validated row.
+
+Every producer path (``insert``, ``insert_many``, COPY, transactions, the bridge) and staging of
+follow-ups (ADR-046) goes through :func:`prepare`, so they share one set of rules. Validation and
+unique-key hashing run in the compiled ``_ext`` modules before anything touches the database.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from datetime import datetime
+from typing import Any
+
+import msgspec
+import orjson
+
+from awa_fast import _native
+from awa_fast.errors import SerializationError, ValidationError
+
+_SORT = orjson.OPT_SORT_KEYS
+DEFAULT_UNIQUE_STATES = 31
+
+
+class UniqueOpts(msgspec.Struct, frozen=True, kw_only=True):
+    """Unique-job options (awa's defaults). ``states`` is the bitmask of states that hold the key:
+    bit 0 scheduled, 1 available, 2 running, 3 completed, 4 retryable, 5 failed, 6 cancelled,
+    7 waiting_external. ``by_period`` is the bucket number itself (e.g. ``int(time.time()) // 3600``).
+    """
+
+    by_queue: bool = False
+    by_args: bool = True
+    by_period: int | None = None
+    states: int = DEFAULT_UNIQUE_STATES
+
+    def as_dict(self) -> dict:
+        return msgspec.structs.asdict(self)
+
+
+class InsertOpts(msgspec.Struct, frozen=True, kw_only=True):
+    """The keyword options of an insert, as one value (awa-pg's defaults)."""
+
+    kind: str | None = None
+    queue: str = "default"
+    priority: int = 2
+    max_attempts: int = 25
+    tags: list[str] | None = None
+    metadata: dict | None = None
+    run_at: datetime | str | None = None
+    unique_opts: dict | UniqueOpts | None = None
+    ordering_key: bytes | str | None = None
+
+
+class Prepared(msgspec.Struct, array_like=True, gc=False):
+    """One validated row ready to insert. ``args``/``metadata`` are JSON text; ``size`` is bytes
+    (kind + queue + args + metadata + tags + ordering key, UTF-8), the ADR-046 size measure."""
+
+    kind: str
+    queue: str
+    args: str
+    priority: int
+    max_attempts: int
+    run_at: datetime | None
+    metadata: str
+    tags: list[str]
+    unique_key: bytes | None
+    unique_states: int | None
+    ordering_key: bytes | None
+    size: int
+
+
+_kind_cache: dict[type, str] = {}
+
+
+def derive_kind(name: str) -> str:
+    """CamelCase -> snake_case as awa derives kinds (``"SMTPEmail"`` -> ``"smtp_email"``)."""
+    return _native.derive_kind(name)
+
+
+def kind_for_type(args_type: type) -> str:
+    """The default kind of an args type: ``derive_kind(args_type.__name__)`` (cached)."""
+    kind = _kind_cache.get(args_type)
+    if kind is None:
+        kind = _kind_cache[args_type] = derive_kind(args_type.__name__)
+    return kind
+
+
+def args_to_builtins(args: Any) -> dict:
+    """Convert job args to a JSON-compatible dict.
+
+    Accepts a ``dict``, a dataclass instance, a ``msgspec.Struct`` or an object with
+    ``model_dump`` (pydantic). Raises :class:`ValidationError` (field ``args``) for anything else.
+    """
+    if type(args) is dict:
+        return args
+    if isinstance(args, msgspec.Struct) or (
+        dataclasses.is_dataclass(args) and not isinstance(args, type)
+    ):
+        return msgspec.to_builtins(args)
+    dump = getattr(args, "model_dump", None)
+    if dump is not None:
+        return dump(mode="json")
+    if isinstance(args, dict):
+        return dict(args)
+    raise ValidationError(
+        f"args must be a dict, dataclass, msgspec.Struct or pydantic model, got {type(args).__name__}",
+        field="args",
+        limit="dict | dataclass | msgspec.Struct | model_dump()",
+    )
+
+
+def to_json(value: Any, field: str) -> bytes:
+    """Canonical JSON (sorted keys, compact, UTF-8) of ``value``; no NUL character at any depth.
+
+    Raises:
+        SerializationError: ``value`` does not serialize (non-str keys, ints beyond 64 bits, ...).
+        ValidationError: the JSON would contain a NUL character.
+    """
+    try:
+        data = orjson.dumps(value, option=_SORT)
+    except TypeError as exc:
+        raise SerializationError(f"{field} is not JSON-serializable: {exc}", field=field, limit="JSON") from exc
+    _native.check_json_nul(data, field)
+    return data
+
+
+def _ordering_key(value: bytes | str | None) -> bytes | None:
+    if value is None or type(value) is bytes:
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise ValidationError("ordering_key must be bytes, str or None", field="ordering_key", limit="bytes | str")
+
+
+def _unique_tuple(unique_opts: Any) -> tuple | None:
+    if isinstance(unique_opts, UniqueOpts):
+        unique_opts = unique_opts.as_dict()
+    return _native.parse_unique_opts(unique_opts)
+
+
+def prepare(
+    args: Any,
+    *,
+    kind: str | None = None,
+    queue: str = "default",
+    priority: int = 2,
+    max_attempts: int = 25,
+    tags: list[str] | None = None,
+    metadata: dict | None = None,
+    run_at: datetime | str | None = None,
+    unique_opts: dict | UniqueOpts | None = None,
+    ordering_key: bytes | str | None = None,
+) -> Prepared:
+    """Validate one insert request and compute its unique key.
+
+    Rules (checked in ``_ext``): priority 1-4, max_attempts 1-1000, kind and queue 1-200
+    characters, at most 20 tags, no NUL character in kind, queue, tags, args or metadata (any
+    depth), run_at within years 1-9999, args/metadata JSON-serializable.
+
+    Raises:
+        ValidationError: a rule is broken; ``.field`` names the field and ``.limit`` the rule.
+    """
+    if kind is None:
+        if isinstance(args, dict):
+            raise ValidationError("kind is required when args is a dict", field="kind", limit="required")
+        kind = kind_for_type(type(args))
+    tags = _native.validate_insert(kind, queue, priority, max_attempts, tags)
+    args_json = to_json(args_to_builtins(args), "args")
+    if metadata is None:
+        meta_json = b"{}"
+    elif isinstance(metadata, dict):
+        meta_json = to_json(metadata, "metadata")
+    else:
+        raise ValidationError("metadata must be a dict or None", field="metadata", limit="dict")
+    run_at = _native.normalize_run_at(run_at)
+    okey = _ordering_key(ordering_key)
+    unique = _unique_tuple(unique_opts)
+    if unique is None:
+        ukey = ustates = None
+    else:
+        by_queue, by_args, by_period, ustates = unique
+        ukey = _native.unique_key(kind, queue, args_json, by_queue, by_args, by_period)
+    size = _native.request_size(kind, queue, args_json, meta_json, tags, okey)
+    return Prepared(
+        kind, queue, args_json.decode(), priority, max_attempts, run_at,
+        meta_json.decode(), tags, ukey, ustates, okey, size,
+    )
+
+
+class EnqueueRequest:
+    """A job to insert, as a value: ``EnqueueRequest(args, kind=..., queue=..., ...)`` with the
+    same keywords and defaults as ``insert``. Used for staged follow-ups (ADR-046) and as the
+    return value of registered follow-up specs (ADR-029).
+
+    ``.unique(opts)`` and ``.metadata(dict)`` return a copy with that option changed and every
+    other option kept (ADR-046: ``with_opts`` silently dropped earlier options).
+    """
+
+    __slots__ = ("args", "options")
+
+    def __init__(self, args: Any, **options: Any):
+        unknown = set(options) - set(InsertOpts.__struct_fields__)
+        if unknown:
+            raise ValidationError(
+                f"unknown EnqueueRequest option(s): {', '.join(sorted(unknown))}",
+                field=sorted(unknown)[0],
+                limit=", ".join(InsertOpts.__struct_fields__),
+            )
+        self.args = args
+        self.options = options
+
+    def _with(self, **change: Any) -> "EnqueueRequest":
+        return EnqueueRequest(self.args, **{**copy.copy(self.options), **change})
+
+    def unique(self, opts: dict | UniqueOpts | None = None) -> "EnqueueRequest":
+        """A copy with ``unique_opts`` set (``None`` or ``{}`` = the default unique options)."""
+        return self._with(unique_opts={} if opts is None else opts)
+
+    def metadata(self, metadata: dict) -> "EnqueueRequest":
+        """A copy with ``metadata`` set."""
+        return self._with(metadata=metadata)
+
+    def with_options(self, **options: Any) -> "EnqueueRequest":
+        """A copy with the given insert options changed."""
+        return self._with(**options)
+
+    def prepare(self) -> Prepared:
+        """Validate this request (see :func:`prepare`)."""
+        return prepare(self.args, **self.options)
+
+    def __repr__(self) -> str:
+        return f"EnqueueRequest({type(self.args).__name__}, {self.options!r})"

@@ -1,0 +1,81 @@
+"""Versioned SQL migrations for the ``awa_fast`` schema.
+
+Migrations are the numbered ``NNN_name.sql`` files beside this module. :func:`migrate` applies the
+missing ones in order, each in its own transaction, under a transaction-level advisory lock, so it is
+idempotent and safe to run from many processes at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from importlib import resources
+
+import psycopg
+
+SCHEMA = "awa_fast"
+# Arbitrary constant: the advisory-lock key that serialises concurrent migrate() calls.
+MIGRATE_LOCK_KEY = 0x6177615F6D6967  # "awa_mig"
+
+_NAME = re.compile(r"^(\d{3})_(\w+)\.sql$")
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """All migrations as ``(version, description, sql)``, in version order."""
+    found = []
+    for entry in resources.files(__package__).iterdir():
+        m = _NAME.match(entry.name)
+        if m:
+            found.append((int(m.group(1)), m.group(2).replace("_", " "), entry.read_text()))
+    return sorted(found)
+
+
+def current_migration_version() -> int:
+    """The newest migration version this package ships."""
+    return migrations()[-1][0]
+
+
+_BOOTSTRAP = f"""
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_version (
+    version integer PRIMARY KEY,
+    description text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+async def migrate(database_url: str) -> list[int]:
+    """Apply every missing migration to ``database_url``; returns the versions applied now.
+
+    Runs :func:`migrate_sync` in a thread (migrations are rare and short).
+
+    Raises:
+        psycopg.Error: the database rejected a migration (that migration is rolled back).
+    """
+    return await asyncio.to_thread(migrate_sync, database_url)
+
+
+def migrate_sync(database_url: str) -> list[int]:
+    """Apply every missing migration to ``database_url``; returns the versions applied now.
+
+    Raises:
+        psycopg.Error: the database rejected a migration (that migration is rolled back).
+    """
+    applied_now = []
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for version, description, sql in migrations():
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
+                conn.execute(_BOOTSTRAP)
+                if conn.execute(
+                    f"SELECT 1 FROM {SCHEMA}.schema_version WHERE version = %s", (version,)
+                ).fetchone():
+                    continue
+                conn.execute(sql)
+                conn.execute(
+                    f"INSERT INTO {SCHEMA}.schema_version (version, description) VALUES (%s, %s)",
+                    (version, description),
+                )
+                applied_now.append(version)
+    return applied_now

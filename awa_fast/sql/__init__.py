@@ -1,0 +1,258 @@
+"""Named SQL statements: every query awa-fast runs lives here.
+
+Conventions: every transition after a claim is guarded by ``id``, ``state = 'running'`` and
+``run_lease``; statements that lock many rows lock them in id order or with SKIP LOCKED so two of
+them cannot deadlock each other.
+"""
+
+S = "awa_fast"
+
+JOB_COLUMNS = (
+    "id, kind, queue, args, state, priority, attempt, max_attempts, run_at, heartbeat_at, "
+    "deadline_at, attempted_at, finalized_at, created_at, errors, metadata, tags, unique_key, "
+    "unique_states, callback_id, callback_timeout_at, run_lease, progress"
+)
+J_JOB_COLUMNS = ", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))
+
+_INSERT_TARGET = (
+    f"INSERT INTO {S}.jobs (kind, queue, args, state, priority, max_attempts, run_at, metadata, "
+    "tags, unique_key, unique_states, ordering_key)"
+)
+# A future run_at makes the job scheduled; judged by the database clock.
+_INSERT_PROJECTION = f"""
+SELECT v.kind, v.queue, v.args::jsonb,
+       (CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
+       v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata::jsonb, v.tags,
+       v.unique_key, v.unique_states, v.ordering_key"""
+
+INSERT_ONE = f"""{_INSERT_TARGET}{_INSERT_PROJECTION}
+FROM (VALUES (%s::text, %s::text, %s::text, %s::smallint, %s::smallint, %s::timestamptz, %s::text,
+              %s::text[], %s::bytea, %s::smallint, %s::bytea))
+     AS v(kind, queue, args, priority, max_attempts, run_at, metadata, tags, unique_key,
+          unique_states, ordering_key)
+RETURNING {JOB_COLUMNS}"""
+
+# Tags travel as one JSON array per row: Postgres arrays cannot be ragged.
+INSERT_MANY = f"""{_INSERT_TARGET}{_INSERT_PROJECTION}
+FROM (SELECT u.kind, u.queue, u.args, u.priority, u.max_attempts, u.run_at, u.metadata,
+             CASE WHEN u.tags = '[]' THEN '{{}}'::text[]
+                  ELSE ARRAY(SELECT jsonb_array_elements_text(u.tags::jsonb)) END AS tags,
+             u.unique_key, u.unique_states, u.ordering_key
+      FROM unnest(%s::text[], %s::text[], %s::text[], %s::smallint[], %s::smallint[],
+                  %s::timestamptz[], %s::text[], %s::text[], %s::bytea[], %s::smallint[],
+                  %s::bytea[])
+           AS u(kind, queue, args, priority, max_attempts, run_at, metadata, tags, unique_key,
+                unique_states, ordering_key)) AS v
+RETURNING {JOB_COLUMNS}"""
+
+COPY_RESERVE = f"SELECT now(), array_agg(nextval('{S}.jobs_id_seq')) FROM generate_series(1, %s)"
+COPY_JOBS = (
+    f"COPY {S}.jobs (id, kind, queue, args, state, priority, max_attempts, run_at, metadata, "
+    "tags, unique_key, unique_states, ordering_key, created_at) FROM STDIN"
+)
+
+GET_JOB = f"SELECT {JOB_COLUMNS} FROM {S}.jobs WHERE id = %s"
+
+CLAIM = f"""
+WITH c AS (
+    SELECT id FROM {S}.jobs
+    WHERE state = 'available' AND queue = %(queue)s
+      AND NOT EXISTS (SELECT 1 FROM {S}.queue_meta m WHERE m.queue = %(queue)s AND m.paused)
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {S}.jobs j
+SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
+    attempted_at = now(), heartbeat_at = now(),
+    deadline_at = CASE WHEN %(deadline_ms)s > 0
+                       THEN now() + %(deadline_ms)s * interval '1 millisecond' END
+FROM c WHERE j.id = c.id
+RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, j.run_at,
+          j.deadline_at, j.created_at, j.errors, j.metadata, j.tags, j.run_lease, j.progress"""
+
+# The compact path: one guarded statement per batch; the caller sorts ids so batches lock in order.
+COMPLETE_MANY = f"""
+UPDATE {S}.jobs j
+SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    progress = NULL, callback_id = NULL, callback_timeout_at = NULL
+FROM unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
+WHERE j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
+RETURNING j.id"""
+
+# Every other outcome of an attempt: one guarded statement. delay is seconds (NULL keeps run_at);
+# error is a one-element JSON array appended to errors (NULL appends nothing).
+TRANSITION = f"""
+UPDATE {S}.jobs
+SET state = %(state)s::{S}.job_state,
+    attempt = attempt + %(attempt_delta)s,
+    run_at = CASE WHEN %(delay)s::float8 IS NULL THEN run_at
+                  ELSE now() + %(delay)s::float8 * interval '1 second' END,
+    finalized_at = CASE WHEN %(state)s IN ('completed', 'failed', 'cancelled') THEN now() END,
+    errors = CASE WHEN %(error)s::jsonb IS NULL THEN errors ELSE errors || %(error)s::jsonb END,
+    progress = CASE WHEN %(state)s = 'completed' THEN NULL
+                    ELSE COALESCE(%(progress)s::jsonb, progress) END,
+    heartbeat_at = NULL, deadline_at = NULL,
+    callback_id = CASE WHEN %(state)s = 'waiting_external' THEN callback_id END,
+    callback_timeout_at = CASE WHEN %(state)s = 'waiting_external' THEN callback_timeout_at END
+WHERE id = %(id)s AND run_lease = %(lease)s AND state = 'running'
+RETURNING id"""
+
+# Rows another statement holds are skipped: they are being finalized right now.
+HEARTBEAT = f"""
+WITH b AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[]) AS b(id, lease, progress)),
+l AS (
+    SELECT j.id, b.progress FROM {S}.jobs j JOIN b ON j.id = b.id AND j.run_lease = b.lease
+    WHERE j.state = 'running' ORDER BY j.id FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {S}.jobs j SET heartbeat_at = now(), progress = COALESCE(l.progress, j.progress)
+FROM l WHERE j.id = l.id
+RETURNING j.id"""
+
+FLUSH_PROGRESS = f"""
+UPDATE {S}.jobs SET progress = %s::jsonb
+WHERE id = %s AND run_lease = %s AND state = 'running'"""
+
+PROMOTE = f"""
+WITH d AS (
+    SELECT id FROM {S}.jobs
+    WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
+    ORDER BY run_at LIMIT %s FOR UPDATE SKIP LOCKED
+)
+UPDATE {S}.jobs j SET state = 'available' FROM d WHERE j.id = d.id
+RETURNING j.queue"""
+
+PROMOTE_ONE = f"""
+UPDATE {S}.jobs SET state = 'available'
+WHERE id = %s AND state IN ('scheduled', 'retryable') RETURNING queue"""
+
+DUE_IDS = f"""
+SELECT id FROM {S}.jobs WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
+ORDER BY run_at LIMIT %s"""
+
+CANCEL_AS_DUPLICATE = f"""
+UPDATE {S}.jobs
+SET state = 'cancelled', finalized_at = now(),
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'error', 'cancelled as duplicate: another job holds its unique key',
+        'attempt', attempt, 'at', now()))
+WHERE id = %s"""
+
+# Rescue of attempts whose worker is presumed dead or whose deadline passed. attempt is kept: the
+# next claim counts a new attempt; on the final attempt the job fails (exhausted).
+RESCUE = f"""
+WITH r AS (
+    SELECT id, (deadline_at IS NOT NULL AND deadline_at < now()) AS by_deadline
+    FROM {S}.jobs
+    WHERE state = 'running'
+      AND (heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
+           OR (deadline_at IS NOT NULL AND deadline_at < now()))
+    ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+UPDATE {S}.jobs j
+SET state = (CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'retryable' END)::{S}.job_state,
+    finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    run_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'error', CASE WHEN r.by_deadline THEN 'hard deadline exceeded'
+                      ELSE 'heartbeat stale: worker presumed dead' END,
+        'attempt', j.attempt, 'at', now()) ||
+        CASE WHEN j.attempt >= j.max_attempts THEN '{{"terminal": true}}'::jsonb ELSE '{{}}'::jsonb END)
+FROM r WHERE j.id = r.id
+RETURNING j.id, j.kind, j.state, r.by_deadline"""
+
+PRUNE = f"""
+DELETE FROM {S}.jobs WHERE id IN (
+    SELECT id FROM {S}.jobs
+    WHERE (state = 'completed' AND finalized_at < now() - %(completed_s)s * interval '1 second')
+       OR (state IN ('failed', 'cancelled') AND finalized_at < now() - %(failed_s)s * interval '1 second')
+    LIMIT %(limit)s)"""
+
+NOTIFY_QUEUE = "SELECT pg_notify('awa_fast', %s)"
+NOTIFY_CANCEL = "SELECT pg_notify('awa_fast_cancel', %s)"
+CHANNEL_QUEUE = "awa_fast"
+CHANNEL_CANCEL = "awa_fast_cancel"
+
+# Admin ------------------------------------------------------------------------------------------
+
+LIST_JOBS = f"""
+SELECT {JOB_COLUMNS} FROM {S}.jobs
+WHERE (%(state)s::text IS NULL OR state::text = %(state)s)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY id DESC LIMIT %(limit)s"""
+
+RETRY_JOB = f"""
+UPDATE {S}.jobs
+SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
+    heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
+WHERE id = %s AND state IN ('failed', 'cancelled', 'waiting_external')
+RETURNING {JOB_COLUMNS}"""
+
+CANCEL_JOB = f"""
+WITH old AS (SELECT id, state, run_lease FROM {S}.jobs WHERE id = %s FOR UPDATE)
+UPDATE {S}.jobs j
+SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    callback_id = NULL, callback_timeout_at = NULL,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'error', 'cancelled: cancelled by admin', 'attempt', j.attempt, 'at', now()))
+FROM old
+WHERE j.id = old.id AND old.state NOT IN ('completed', 'failed', 'cancelled')
+RETURNING old.state::text, old.run_lease, {J_JOB_COLUMNS}"""
+
+CANCEL_BY_UNIQUE_KEY = f"""
+SELECT id FROM {S}.jobs
+WHERE unique_key = %s AND state NOT IN ('completed', 'failed', 'cancelled')
+ORDER BY id LIMIT 1"""
+
+QUEUE_STATS = f"""
+WITH q AS (
+    SELECT queue,
+           count(*) FILTER (WHERE state = 'scheduled') AS scheduled,
+           count(*) FILTER (WHERE state = 'available') AS available,
+           count(*) FILTER (WHERE state = 'retryable') AS retryable,
+           count(*) FILTER (WHERE state = 'running') AS running,
+           count(*) FILTER (WHERE state = 'failed') AS failed,
+           count(*) FILTER (WHERE state = 'waiting_external') AS waiting_external,
+           count(*) FILTER (WHERE state = 'consequence_pending') AS consequence_pending,
+           count(*) FILTER (WHERE state = 'completed' AND finalized_at > now() - interval '1 hour')
+               AS completed_last_hour,
+           COALESCE(EXTRACT(EPOCH FROM now() - min(run_at) FILTER (WHERE state = 'available')), 0)
+               AS lag_seconds
+    FROM {S}.jobs GROUP BY queue
+)
+SELECT COALESCE(q.queue, m.queue), COALESCE(q.scheduled, 0), COALESCE(q.available, 0),
+       COALESCE(q.retryable, 0), COALESCE(q.running, 0), COALESCE(q.failed, 0),
+       COALESCE(q.waiting_external, 0), COALESCE(q.consequence_pending, 0),
+       COALESCE(q.completed_last_hour, 0), COALESCE(q.lag_seconds, 0)::float8,
+       COALESCE(m.paused, false)
+FROM q FULL JOIN {S}.queue_meta m ON m.queue = q.queue
+ORDER BY 1"""
+
+PAUSE_QUEUE = f"""
+INSERT INTO {S}.queue_meta (queue, paused, paused_at, paused_by) VALUES (%s, true, now(), %s)
+ON CONFLICT (queue) DO UPDATE SET paused = true, paused_at = now(), paused_by = EXCLUDED.paused_by"""
+
+RESUME_QUEUE = f"""
+INSERT INTO {S}.queue_meta (queue, paused) VALUES (%s, false)
+ON CONFLICT (queue) DO UPDATE SET paused = false, paused_at = NULL, paused_by = NULL"""
+
+# Arbitrary constant: the advisory-lock key of the maintenance leader.
+LEADER_LOCK_KEY = 0x6177615F6C6561  # "awa_lea"
+TRY_LEADER = "SELECT pg_try_advisory_lock(%s)"
+
+# The test harness's claim: one available job of a kind and queue.
+CLAIM_ONE_OF_KIND = f"""
+WITH c AS (
+    SELECT id FROM {S}.jobs
+    WHERE state = 'available' AND queue = %(queue)s AND kind = %(kind)s
+    ORDER BY priority, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED
+)
+UPDATE {S}.jobs j
+SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
+    attempted_at = now(), heartbeat_at = now(), deadline_at = now() + interval '5 minutes'
+FROM c WHERE j.id = c.id
+RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, j.run_at,
+          j.deadline_at, j.created_at, j.errors, j.metadata, j.tags, j.run_lease, j.progress"""
+
+CLEAN = f"TRUNCATE {S}.jobs, {S}.queue_meta"

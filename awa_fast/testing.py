@@ -1,0 +1,175 @@
+"""Test helpers (awa-pg's ``awa.testing``): :class:`AwaTestClient`, :class:`HandlerJob`,
+:class:`WorkResult`, and the registration check for failure consequences."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import orjson
+
+from awa_fast import sql
+from awa_fast.job import Job
+from awa_fast.worker import executor as ex
+from awa_fast.worker.context import JobContext
+from awa_fast.worker.finalizer import Finalizer
+from awa_fast.worker.follow_ups import FollowUps
+from awa_fast.worker.registry import args_decoder
+
+_OUTCOME_NAMES = {
+    ex.COMPLETED: "completed", ex.RETRY: "retryable", ex.SNOOZE: "snoozed",
+    ex.CANCEL: "cancelled", ex.FAIL: "failed", ex.WAIT: "waiting_external",
+}
+
+
+class _NoJob:
+    """Falsy sentinel: no job was available."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "NoJob"
+
+
+NoJob = _NoJob()
+
+
+@dataclasses.dataclass
+class WorkResult:
+    """What :meth:`AwaTestClient.work_one` did. ``outcome`` is one of ``completed, retryable,
+    failed, cancelled, snoozed, waiting_external, no_job``; ``applied`` is False when the guarded
+    transition was stale (the job was rescued or cancelled meanwhile)."""
+
+    job: Any
+    outcome: str
+    error: str | None = None
+    applied: bool = True
+
+    def is_completed(self) -> bool:
+        return self.outcome == "completed"
+
+    def is_failed(self) -> bool:
+        return self.outcome == "failed"
+
+    def is_retryable(self) -> bool:
+        return self.outcome == "retryable"
+
+    def is_cancelled(self) -> bool:
+        return self.outcome == "cancelled"
+
+    def is_snoozed(self) -> bool:
+        return self.outcome == "snoozed"
+
+    def is_waiting_external(self) -> bool:
+        return self.outcome == "waiting_external"
+
+    def is_no_job(self) -> bool:
+        return self.outcome == "no_job"
+
+
+class AwaTestClient:
+    """Drives jobs one at a time with the runtime's semantics, for tests.
+
+    Args:
+        client: an :class:`~awa_fast.AsyncClient`.
+    """
+
+    def __init__(self, client: Any):
+        self.client = client
+        self._finalizer: Finalizer | None = None
+
+    async def insert(self, args: Any, **opts: Any) -> Job:
+        return await self.client.insert(args, **opts)
+
+    async def migrate(self) -> list[int]:
+        return await self.client.migrate()
+
+    async def clean(self) -> None:
+        """Delete every job and queue setting (TRUNCATE)."""
+        pool = await self.client.pool()
+        async with pool.connection() as conn:
+            await conn.execute(sql.CLEAN)
+
+    async def work_one(self, args_type: Any, handler: Callable, *, kind: str | None = None,
+                       queue: str = "default") -> WorkResult:
+        """Claim one available job of ``kind`` (default: derived from ``args_type``) in
+        ``queue`` -- bumping its run lease --, run ``handler`` and apply the outcome in one
+        guarded transaction, exactly as the runtime does: staged follow-ups are inserted in that
+        transaction on completion, poisoning applies, and they are discarded otherwise.
+        """
+        from awa_fast.requests import kind_for_type
+        from awa_fast.worker.registry import Registry
+
+        kind = kind or kind_for_type(args_type)
+        pool = await self.client.pool()
+        async with pool.connection() as conn:
+            cur = await conn.execute(sql.CLAIM_ONE_OF_KIND, {"queue": queue, "kind": kind})
+            row = await cur.fetchone()
+        if row is None:
+            return WorkResult(NoJob, "no_job")
+        ctx = JobContext(row, None)
+        registry = getattr(self.client, "registry", None) or Registry()
+        handler_rec = Registry().register(args_type, handler, kind=kind, queue=queue)
+        if self._finalizer is None:
+            self._finalizer = Finalizer(self.client.pool, flushers=0)
+        self._finalizer.spec_runner = getattr(registry, "spec_runner", None)
+        outcome = await ex.execute(handler_rec, ctx)
+        if outcome.kind == ex.ABANDON:
+            return WorkResult(ctx, "abandoned", "deadline exceeded", applied=False)
+        applied = await self._finalizer.finalize(ctx, outcome)
+        error = None if outcome.error is None else outcome.error["error"]
+        return WorkResult(ctx, _OUTCOME_NAMES[outcome.kind], error, applied)
+
+
+@dataclasses.dataclass
+class HandlerJob:
+    """A stand-in for the job a handler receives, for unit tests without a database.
+
+    ``enqueue_on_completion`` applies ADR-046's validation and limits and records each request in
+    ``staged`` as ``{"kind", "queue", "args" (JSON-compatible dict), "priority", "max_attempts",
+    "tags", "metadata", "run_at", "unique_key", "unique_states", "ordering_key"}``.
+    """
+
+    args: Any
+    id: int = 0
+    attempt: int = 1
+    max_attempts: int = 25
+    queue: str = "default"
+    priority: int = 2
+    deadline: Any = None
+    metadata: dict = dataclasses.field(default_factory=dict)
+    tags: list = dataclasses.field(default_factory=list)
+    kind: str | None = None
+    staged: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._follow_ups = FollowUps(self.id, self.metadata)
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def follow_ups(self) -> FollowUps:
+        return self._follow_ups
+
+    def enqueue_on_completion(self, args: Any, **options: Any) -> None:
+        """Stage a follow-up (validated as the runtime does) and record it in ``staged``.
+
+        Raises:
+            StagingError: as ``JobContext.enqueue_on_completion``.
+        """
+        before = len(self._follow_ups.staged)
+        self._follow_ups.enqueue_on_completion(args, **options)
+        for p in self._follow_ups.staged[before:]:
+            self.staged.append({
+                "kind": p.kind, "queue": p.queue, "args": orjson.loads(p.args),
+                "priority": p.priority, "max_attempts": p.max_attempts, "tags": p.tags,
+                "metadata": orjson.loads(p.metadata), "run_at": p.run_at,
+                "unique_key": p.unique_key, "unique_states": p.unique_states,
+                "ordering_key": p.ordering_key,
+            })
+
+
+def decode_args(args_type: Any, raw: dict) -> Any:
+    """Convert a JSON dict to ``args_type`` exactly as the runtime does."""
+    return args_decoder(args_type)(raw)

@@ -1,0 +1,102 @@
+"""Transactional enqueue: :class:`Transaction` (async) on a pooled connection.
+
+``async with await client.transaction() as tx`` commits on a clean exit and rolls back on an
+exception; jobs inserted through ``tx`` exist if and only if it commits. Raw SQL uses awa's ``$n``
+placeholders; rows come back as dicts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from awa_fast import enqueue
+from awa_fast.errors import AwaError
+from awa_fast.job import Job
+from awa_fast.requests import prepare
+
+_PLACEHOLDER = re.compile(r"\$(\d+)")
+
+
+def to_psycopg(query: str, args: tuple) -> tuple[str, dict]:
+    """Rewrite awa-style ``$1`` placeholders to psycopg named parameters."""
+    query = _PLACEHOLDER.sub(lambda m: f"%(p{m.group(1)})s", query.replace("%", "%%"))
+    return query, {f"p{i}": v for i, v in enumerate(args, 1)}
+
+
+class Transaction:
+    """One database transaction on a connection borrowed from the client's pool.
+
+    Use as ``async with await client.transaction() as tx``. After ``commit()`` or ``rollback()``
+    the transaction is closed and further calls raise :class:`AwaError`.
+    """
+
+    def __init__(self, pool, conn: psycopg.AsyncConnection):
+        self._pool = pool
+        self._conn = conn
+        self._open = True
+
+    @property
+    def connection(self) -> psycopg.AsyncConnection:
+        """The underlying psycopg connection (inside the transaction)."""
+        return self._conn
+
+    def _check(self) -> psycopg.AsyncConnection:
+        if not self._open:
+            raise AwaError("transaction already committed or rolled back")
+        return self._conn
+
+    async def insert(self, args: Any, **opts: Any) -> Job:
+        """Insert a job inside this transaction (keywords as ``AsyncClient.insert``)."""
+        return await enqueue.insert_one(self._check(), prepare(args, **opts))
+
+    async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
+        """Insert many jobs with shared options inside this transaction (all or none)."""
+        rows = [prepare(a, **opts) for a in jobs]
+        return await enqueue.insert_many(self._check(), rows)
+
+    async def execute(self, query: str, *args: Any) -> int:
+        """Run a statement; returns the affected row count."""
+        cur = await self._check().execute(*to_psycopg(query, args))
+        return cur.rowcount
+
+    async def fetch_all(self, query: str, *args: Any) -> list[dict]:
+        cur = self._check().cursor(row_factory=dict_row)
+        await cur.execute(*to_psycopg(query, args))
+        return await cur.fetchall()
+
+    async def fetch_optional(self, query: str, *args: Any) -> dict | None:
+        rows = await self.fetch_all(query, *args)
+        return rows[0] if rows else None
+
+    async def fetch_one(self, query: str, *args: Any) -> dict:
+        """Like :meth:`fetch_optional` but raises :class:`AwaError` on zero rows."""
+        row = await self.fetch_optional(query, *args)
+        if row is None:
+            raise AwaError("query returned no rows")
+        return row
+
+    async def _finish(self, commit: bool) -> None:
+        if not self._open:
+            return
+        self._open = False
+        try:
+            # Pooled connections are in autocommit mode; the client opened this one with BEGIN.
+            await self._conn.execute("COMMIT" if commit else "ROLLBACK")
+        finally:
+            await self._pool.putconn(self._conn)
+
+    async def commit(self) -> None:
+        await self._finish(True)
+
+    async def rollback(self) -> None:
+        await self._finish(False)
+
+    async def __aenter__(self) -> "Transaction":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self._finish(exc_type is None)

@@ -1,0 +1,1 @@
+"""The worker runtime: dispatch, execute, finalize, heartbeat, maintenance."""

@@ -1,0 +1,158 @@
+"""The job object a handler receives: awa's read-only job fields plus the attempt's tools
+(cancellation flag, progress, staged follow-ups, callbacks)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from awa_fast import sql
+from awa_fast.job import JobState
+from awa_fast.worker.follow_ups import FollowUps
+
+
+def _ts(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+class JobContext:
+    """One running attempt of a job, as handed to its handler.
+
+    Fields (read-only by convention): ``id, kind, queue, state, priority, attempt, max_attempts,
+    tags, args`` (typed), ``metadata, errors, run_at, deadline, created_at`` (RFC 3339 strings),
+    ``progress`` (the live progress buffer or ``None``).
+    """
+
+    __slots__ = ("id", "kind", "queue", "raw_args", "args", "priority", "attempt", "max_attempts",
+                 "_run_at", "_deadline", "_created_at", "errors", "metadata", "tags", "run_lease",
+                 "progress", "_progress_gen", "_progress_acked", "_cancelled", "_follow_ups",
+                 "runtime", "callback_id", "__weakref__")
+
+    def __init__(self, row: tuple, runtime: Any = None):
+        (self.id, self.kind, self.queue, self.raw_args, self.priority, self.attempt,
+         self.max_attempts, self._run_at, self._deadline, self._created_at, self.errors,
+         self.metadata, self.tags, self.run_lease, self.progress) = row
+        self.args = self.raw_args
+        self._progress_gen = 0
+        self._progress_acked = 0
+        self._cancelled = False
+        self._follow_ups: FollowUps | None = None
+        self.runtime = runtime
+        self.callback_id: str | None = None
+
+    # -- awa's read-only fields -----------------------------------------------------------------
+
+    @property
+    def state(self) -> JobState:
+        return JobState.Running
+
+    @property
+    def run_at(self) -> str | None:
+        return _ts(self._run_at)
+
+    @property
+    def deadline(self) -> str | None:
+        return _ts(self._deadline)
+
+    @property
+    def deadline_at(self) -> datetime | None:
+        """The attempt's hard deadline as an aware datetime (``None`` when disabled)."""
+        return self._deadline
+
+    @property
+    def created_at(self) -> str | None:
+        return _ts(self._created_at)
+
+    # -- cancellation ---------------------------------------------------------------------------
+
+    def is_cancelled(self) -> bool:
+        """True once an admin cancelled this job or the runtime is shutting down."""
+        return self._cancelled
+
+    def cancel_flag(self) -> None:
+        self._cancelled = True
+
+    # -- progress (ADR-014) ---------------------------------------------------------------------
+
+    def set_progress(self, percent: int, message: str | None = None) -> None:
+        """Record progress in memory (flushed with heartbeats, :meth:`flush_progress` or the
+        final transition). ``percent`` is clamped to 100.
+
+        Raises:
+            OverflowError: ``percent`` is below 0 or above 255 (awa's u8 rule).
+        """
+        percent = int(percent)
+        if percent < 0 or percent > 255:
+            raise OverflowError("percent must be between 0 and 255")
+        progress = dict(self.progress or {})
+        progress["percent"] = min(percent, 100)
+        if message is None:
+            progress.pop("message", None)
+        else:
+            progress["message"] = str(message)
+        self.progress = progress
+        self._progress_gen += 1
+
+    def update_metadata(self, updates: dict) -> None:
+        """Shallow-merge ``updates`` into ``progress["metadata"]``.
+
+        Raises:
+            ValueError: ``updates`` is not a dict.
+        """
+        if not isinstance(updates, dict):
+            raise ValueError("update_metadata expects a dict")
+        progress = dict(self.progress or {})
+        merged = dict(progress.get("metadata") or {})
+        merged.update(copy.deepcopy(updates))
+        progress["metadata"] = merged
+        self.progress = progress
+        self._progress_gen += 1
+
+    def progress_snapshot(self) -> tuple[int, str] | None:
+        """``(generation, json)`` of unflushed progress, or ``None`` when all is flushed."""
+        if self._progress_gen == self._progress_acked or self.progress is None:
+            return None
+        return self._progress_gen, orjson.dumps(self.progress).decode()
+
+    def progress_acked(self, generation: int) -> None:
+        self._progress_acked = max(self._progress_acked, generation)
+
+    async def flush_progress(self) -> None:
+        """Write pending progress now, guarded by this attempt's run lease (a rescued or
+        cancelled attempt is silently ignored)."""
+        snap = self.progress_snapshot()
+        if snap is None or self.runtime is None:
+            return
+        pool = await self.runtime.client.pool()
+        async with pool.connection() as conn:
+            await conn.execute(sql.FLUSH_PROGRESS, (snap[1], self.id, self.run_lease))
+        self.progress_acked(snap[0])
+
+    def flush_progress_sync(self) -> None:
+        """Blocking :meth:`flush_progress`, for ``def`` handlers running in the thread pool."""
+        if self.runtime is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.flush_progress(), self.runtime.loop).result()
+
+    # -- staged follow-ups (ADR-046) ------------------------------------------------------------
+
+    def follow_ups(self) -> FollowUps:
+        """This attempt's staging handle; keep it to stage from code that outlives the call."""
+        if self._follow_ups is None:
+            self._follow_ups = FollowUps(self.id, self.metadata)
+        return self._follow_ups
+
+    def enqueue_on_completion(self, args: Any, **options: Any) -> None:
+        """Stage a follow-up job (see :meth:`FollowUps.enqueue_on_completion`)."""
+        self.follow_ups().enqueue_on_completion(args, **options)
+
+    @property
+    def staged_follow_ups(self) -> FollowUps | None:
+        return self._follow_ups
+
+    def __repr__(self) -> str:
+        return f"<JobContext id={self.id} kind={self.kind!r} attempt={self.attempt}>"

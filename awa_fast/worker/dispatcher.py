@@ -1,0 +1,98 @@
+"""Decides when and how many jobs to claim for one queue; never runs handlers.
+
+It claims when it has free slots and either was woken (a NOTIFY for its queue, a freed slot
+after a full claim) or its poll interval passed. One statement claims up to the free slot count
+(at most ``claim_batch_size``) with ``FOR UPDATE SKIP LOCKED``, bumping ``run_lease``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+import psycopg
+
+from awa_fast import sql
+
+log = logging.getLogger("awa_fast.dispatcher")
+
+
+class Dispatcher:
+    """Claims for one queue and hands each claimed row to ``spawn(row)``.
+
+    Args:
+        queue: the queue name.
+        max_workers: concurrent attempts of this queue in this process.
+        deadline_ms: per-attempt deadline in milliseconds (0 disables).
+        claim_batch_size: most rows one claim takes.
+        poll_interval_s: seconds between claims when nothing wakes the dispatcher.
+    """
+
+    def __init__(self, queue: str, *, pool_getter: Callable, spawn: Callable[[tuple], None],
+                 max_workers: int, deadline_ms: int, claim_batch_size: int,
+                 poll_interval_s: float):
+        self.queue = queue
+        self.max_workers = max_workers
+        self.free = max_workers
+        self.deadline_ms = deadline_ms
+        self.claim_batch_size = claim_batch_size
+        self.poll_interval_s = poll_interval_s
+        self._pool_getter = pool_getter
+        self._spawn = spawn
+        self._wake = asyncio.Event()
+        self._wake.set()
+        self._more = True  # the last claim was full: more rows are probably waiting
+        self._stopping = False
+        self.claimed = 0
+
+    def notify(self) -> None:
+        """A job became available in this queue."""
+        self._more = True
+        self._wake.set()
+
+    def slot_freed(self) -> None:
+        """A handler of this queue returned."""
+        self.free += 1
+        if self._more:
+            self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+            except TimeoutError:
+                pass
+            if self._stopping:
+                return
+            # Let handlers finishing in this loop iteration free their slots first, so one
+            # claim takes them all.
+            await asyncio.sleep(0)
+            self._wake.clear()
+            if self.free <= 0:
+                continue
+            limit = min(self.free, self.claim_batch_size)
+            try:
+                rows = await self._claim(limit)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("claim from queue %r failed: %s", self.queue, exc)
+                await asyncio.sleep(min(self.poll_interval_s, 1.0))
+                continue
+            self._more = len(rows) == limit
+            if self._more:
+                self._wake.set()
+            self.free -= len(rows)
+            self.claimed += len(rows)
+            for row in rows:
+                self._spawn(row)
+
+    async def _claim(self, limit: int) -> list[tuple]:
+        pool = await self._pool_getter()
+        async with pool.connection() as conn:
+            cur = await conn.execute(sql.CLAIM, {"queue": self.queue, "limit": limit,
+                                                 "deadline_ms": self.deadline_ms})
+            return await cur.fetchall()

@@ -1,0 +1,171 @@
+"""Runs one handler and maps what it did to an :class:`Outcome`; never writes to the database.
+
+Mapping (awa's): ``None``/any value -> completed; ``RetryAfter`` -> retryable (exhausted on the
+final attempt); ``Snooze`` -> scheduled, attempt not counted; ``Cancel`` -> cancelled;
+``WaitForCallback`` -> waiting_external; ``TerminalError`` -> failed; any other exception ->
+retryable with backoff, or failed once attempts are exhausted. Args that do not convert fail the
+job terminally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import traceback
+from datetime import datetime, timezone
+from typing import Any
+
+from awa_fast.errors import TerminalError
+from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
+from awa_fast.worker.context import JobContext
+from awa_fast.worker.registry import Handler
+
+log = logging.getLogger("awa_fast.executor")
+
+COMPLETED = "completed"
+RETRY = "retryable"
+SNOOZE = "snoozed"
+CANCEL = "cancelled"
+WAIT = "waiting_external"
+FAIL = "failed"
+ABANDON = "abandoned"  # deadline expired: nothing is written, rescue takes the attempt over
+
+MAX_BACKOFF_S = 86400.0
+TRACE_LINES = 10
+
+# Counters a process exposes (staged follow-ups discarded by a returned WaitForCallback, ...).
+metrics = {"staged_discarded_on_wait_for_callback": 0}
+
+
+class Outcome:
+    """What an attempt ended with. ``delay`` is seconds; ``error`` the ``errors[]`` entry to
+    append; ``reason`` the failure reason (``terminal_error``, ``exhausted``) for failures;
+    ``follow_ups`` the sealed staged requests (completed only)."""
+
+    __slots__ = ("kind", "delay", "error", "reason", "follow_ups", "callback_id")
+
+    def __init__(self, kind: str, *, delay: float | None = None, error: dict | None = None,
+                 reason: str | None = None, follow_ups: list | None = None,
+                 callback_id: str | None = None):
+        self.kind = kind
+        self.delay = delay
+        self.error = error
+        self.reason = reason
+        self.follow_ups = follow_ups
+        self.callback_id = callback_id
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.kind}, reason={self.reason})"
+
+
+def backoff_seconds(attempt: int) -> float:
+    """awa's backoff: ``2^attempt`` s plus up to 25 % jitter, capped at 24 h (seconds)."""
+    base = 2.0 ** min(attempt, 32)
+    return min(base + random.random() * base * 0.25, MAX_BACKOFF_S)
+
+
+def format_error(exc: BaseException) -> str:
+    """``"<Qualname>: <message>"`` and the traceback's last 10 lines (awa's shape)."""
+    head = f"{type(exc).__qualname__}: {exc}"
+    lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    if len(lines) > TRACE_LINES:
+        cut = len(lines) - TRACE_LINES
+        lines = [f"... ({cut} lines truncated, full trace in logs)"] + lines[-TRACE_LINES:]
+    return head + "\n" + "\n".join(lines)
+
+
+def error_entry(text: str, attempt: int, terminal: bool = False) -> dict:
+    entry = {"error": text, "attempt": attempt, "at": datetime.now(timezone.utc).isoformat()}
+    if terminal:
+        entry["terminal"] = True
+    return entry
+
+
+def failed(ctx: JobContext, text: str, *, terminal: bool) -> Outcome:
+    """A failed attempt: terminal, or retryable unless attempts are exhausted."""
+    if terminal:
+        return Outcome(FAIL, error=error_entry(text, ctx.attempt, True), reason="terminal_error")
+    if ctx.attempt >= ctx.max_attempts:
+        return Outcome(FAIL, error=error_entry(text, ctx.attempt), reason="exhausted")
+    return Outcome(RETRY, delay=backoff_seconds(ctx.attempt), error=error_entry(text, ctx.attempt))
+
+
+def map_result(ctx: JobContext, result: Any) -> Outcome:
+    """Map a handler's return value (not an exception) to an outcome, applying ADR-046's
+    sealing, poisoning and discard rules to the attempt's staging buffer."""
+    fu = ctx.staged_follow_ups
+    if isinstance(result, RetryAfter):
+        if ctx.attempt >= ctx.max_attempts:
+            outcome = Outcome(FAIL, reason="exhausted", error=error_entry(
+                f"RetryAfter({result.seconds}) on the final attempt", ctx.attempt))
+        else:
+            outcome = Outcome(RETRY, delay=result.seconds)
+    elif isinstance(result, Snooze):
+        outcome = Outcome(SNOOZE, delay=result.seconds)
+    elif isinstance(result, Cancel):
+        outcome = Outcome(CANCEL, error=error_entry(f"cancelled: {result.reason}", ctx.attempt))
+    elif isinstance(result, WaitForCallback):
+        if fu is not None and fu.staged:
+            metrics["staged_discarded_on_wait_for_callback"] += 1
+            log.warning("job %s (%s) returned WaitForCallback: discarding %d staged follow-up(s)",
+                        ctx.id, ctx.kind, len(fu.staged))
+        if ctx.callback_id is None or ctx.callback_id != result.callback_id:
+            outcome = Outcome(FAIL, reason="terminal_error", error=error_entry(
+                "WaitForCallback without a registered callback", ctx.attempt, True))
+        else:
+            outcome = Outcome(WAIT, callback_id=result.callback_id)
+    elif fu is not None and fu.poison is not None:
+        # ADR-046: a swallowed staging error still fails the attempt terminally.
+        outcome = Outcome(FAIL, reason="terminal_error",
+                          error=error_entry(format_error(fu.poison), ctx.attempt, True))
+    else:
+        return Outcome(COMPLETED, follow_ups=fu.seal() if fu is not None else None)
+    if fu is not None:
+        fu.discard(outcome.kind, ctx.kind)
+    return outcome
+
+
+async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) -> Outcome:
+    """Run ``handler`` for ``ctx`` under the attempt's deadline and map the result.
+
+    ``def`` handlers run in ``thread_pool`` (an executor) so they never block the loop.
+    Returns an :class:`Outcome` with kind :data:`ABANDON` when the deadline expired first.
+    """
+    try:
+        ctx.args = handler.decode(ctx.raw_args)
+    except Exception as exc:  # a conversion error is deterministic: no retry helps
+        return _discarding(ctx, Outcome(FAIL, reason="terminal_error", error=error_entry(
+            f"args conversion failed: {format_error(exc)}", ctx.attempt, True)))
+    try:
+        if ctx.deadline_at is not None:
+            remaining = (ctx.deadline_at - datetime.now(timezone.utc)).total_seconds()
+            async with asyncio.timeout(max(remaining, 0.0)) as scope:
+                result = await _call(handler, ctx, thread_pool)
+        else:
+            scope = None
+            result = await _call(handler, ctx, thread_pool)
+    except TerminalError as exc:
+        return _discarding(ctx, Outcome(FAIL, reason="terminal_error",
+                                        error=error_entry(format_error(exc), ctx.attempt, True)))
+    except TimeoutError as exc:
+        if scope is not None and scope.expired():
+            return _discarding(ctx, Outcome(ABANDON))
+        return _discarding(ctx, failed(ctx, format_error(exc), terminal=False))
+    except Exception as exc:
+        log.debug("job %s (%s) attempt %s raised", ctx.id, ctx.kind, ctx.attempt, exc_info=True)
+        return _discarding(ctx, failed(ctx, format_error(exc), terminal=False))
+    return map_result(ctx, result)
+
+
+async def _call(handler: Handler, ctx: JobContext, thread_pool: Any) -> Any:
+    if handler.is_async:
+        return await handler.fn(ctx)
+    return await asyncio.get_running_loop().run_in_executor(thread_pool, handler.fn, ctx)
+
+
+def _discarding(ctx: JobContext, outcome: Outcome) -> Outcome:
+    fu = ctx.staged_follow_ups
+    if fu is not None:
+        fu.discard(outcome.kind, ctx.kind)
+    return outcome

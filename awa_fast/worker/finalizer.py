@@ -1,0 +1,217 @@
+"""Makes attempt outcomes durable. One finalizer per process, shared by its handler tasks.
+
+* Compact path: completions that staged nothing and have no Completed specs are buffered and
+  flushed as one guarded statement per batch (sorted by id); a flush starts as soon as the
+  previous one returns, so batches grow with load (group commit, no timer).
+* Per-job path: every other outcome, and completions with staged follow-ups or registered specs,
+  run in their own transaction: the guarded transition, then registered specs, then staged
+  requests in staging order, each unique insert under a savepoint (a unique conflict is skipped,
+  anything else rolls the completion back) -- ADR-029 / ADR-046.
+* ``finalize_with_retry``: a deadlock or lost connection re-runs the whole transaction with the
+  same sealed follow-ups, at most 3 more times; a commit whose acknowledgement was lost replays
+  as stale (the guard no longer matches) and inserts nothing.
+
+Every waiter learns ``True`` (applied) or ``False`` (stale: rescued, cancelled or superseded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable
+
+import orjson
+import psycopg
+from psycopg import errors as pg_errors
+
+from awa_fast import enqueue, sql
+from awa_fast.worker import executor as ex
+from awa_fast.worker.context import JobContext
+
+log = logging.getLogger("awa_fast.finalizer")
+
+MAX_FINALIZE_RETRIES = 3
+BATCH_SIZE = 512
+FLUSHERS = 2
+
+# Outcome kind -> (state written, attempt delta)
+_TRANSITIONS = {
+    ex.COMPLETED: ("completed", 0),
+    ex.RETRY: ("retryable", 0),
+    ex.SNOOZE: ("scheduled", -1),
+    ex.CANCEL: ("cancelled", 0),
+    ex.FAIL: ("failed", 0),
+    ex.WAIT: ("waiting_external", 0),
+    "released": ("available", -1),
+}
+
+_RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, psycopg.OperationalError)
+
+
+class Stale(Exception):
+    """The guard matched no row: roll the transaction back."""
+
+
+class Finalizer:
+    """The per-process finalizer (see the module docstring).
+
+    Args:
+        pool_getter: ``async () -> AsyncConnectionPool``.
+        batch_size: most completions in one compact statement.
+    """
+
+    def __init__(self, pool_getter: Callable[[], Awaitable[Any]], *, batch_size: int = BATCH_SIZE,
+                 flushers: int = FLUSHERS, spec_runner: Any = None):
+        self._pool_getter = pool_getter
+        self.batch_size = batch_size
+        self._pending: list[tuple[int, int, asyncio.Future]] = []
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._flushers = [asyncio.create_task(self._flush_loop(), name=f"awa-finalizer-{i}")
+                          for i in range(flushers)]
+        self.spec_runner = spec_runner
+        # Test hooks for fault injection: awaited with (conn, ctx) inside the per-job
+        # transaction just before COMMIT, and after the COMMIT returned.
+        self.before_commit: Callable[..., Awaitable[None]] | None = None
+        self.after_commit: Callable[..., Awaitable[None]] | None = None
+        self.stats = {"compact": 0, "per_job": 0, "stale": 0, "batches": 0, "retries": 0,
+                      "follow_ups_inserted": 0, "follow_ups_skipped": 0}
+
+    # -- compact path ---------------------------------------------------------------------------
+
+    def complete(self, job_id: int, lease: int) -> asyncio.Future:
+        """Queue a plain completion; the future resolves to True (applied) or False (stale)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((job_id, lease, fut))
+        self._wake.set()
+        return fut
+
+    async def _flush_loop(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = self._pending[: self.batch_size]
+            del self._pending[: self.batch_size]
+            await self._flush(batch)
+
+    async def _flush(self, batch: list) -> None:
+        batch.sort(key=lambda item: item[0])
+        ids = [b[0] for b in batch]
+        leases = [b[1] for b in batch]
+        applied: set[int] | None = None
+        for attempt in range(MAX_FINALIZE_RETRIES + 1):
+            try:
+                pool = await self._pool_getter()
+                async with pool.connection() as conn:
+                    cur = await conn.execute(sql.COMPLETE_MANY, (ids, leases))
+                    applied = {r[0] for r in await cur.fetchall()}
+                break
+            except _RETRYABLE as exc:
+                self.stats["retries"] += 1
+                log.warning("completion batch of %d failed (%s); retry %d", len(batch), exc,
+                            attempt + 1)
+            except Exception as exc:  # never leave waiters hanging
+                log.exception("completion batch of %d failed", len(batch))
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                return
+        self.stats["batches"] += 1
+        for job_id, _, fut in batch:
+            if fut.done():
+                continue
+            if applied is None:
+                fut.set_exception(psycopg.OperationalError("completion batch kept failing"))
+                continue
+            ok = job_id in applied
+            self.stats["compact" if ok else "stale"] += 1
+            fut.set_result(ok)
+
+    # -- per-job path ---------------------------------------------------------------------------
+
+    async def finalize(self, ctx: JobContext, outcome: ex.Outcome) -> bool:
+        """Apply ``outcome`` for ``ctx``'s attempt in its own guarded transaction, retrying a
+        deadlock or lost connection up to 3 times (``finalize_with_retry``).
+
+        Returns True if applied, False if stale.
+
+        Raises:
+            psycopg.Error: a non-retryable error, or retries exhausted (the attempt stays
+                running until rescue, ADR-046 "prompt failure" is an open extension).
+        """
+        for attempt in range(MAX_FINALIZE_RETRIES + 1):
+            try:
+                return await self._finalize_once(ctx, outcome)
+            except _RETRYABLE as exc:
+                if attempt == MAX_FINALIZE_RETRIES:
+                    log.error("finalize of job %s gave up after %d retries: %s", ctx.id,
+                              MAX_FINALIZE_RETRIES, exc)
+                    raise
+                self.stats["retries"] += 1
+                log.warning("finalize of job %s failed (%s); retry %d", ctx.id, exc, attempt + 1)
+        raise AssertionError("unreachable")
+
+    async def _finalize_once(self, ctx: JobContext, outcome: ex.Outcome) -> bool:
+        state, delta = _TRANSITIONS[outcome.kind]
+        snap = ctx.progress_snapshot()
+        params = {
+            "state": state, "attempt_delta": delta, "delay": outcome.delay,
+            "error": None if outcome.error is None else orjson.dumps([outcome.error]).decode(),
+            "progress": None if snap is None else snap[1],
+            "id": ctx.id, "lease": ctx.run_lease,
+        }
+        pool = await self._pool_getter()
+        async with pool.connection() as conn:
+            try:
+                async with conn.transaction():
+                    cur = await conn.execute(sql.TRANSITION, params)
+                    if cur.rowcount == 0:
+                        raise Stale()
+                    if outcome.kind == ex.COMPLETED:
+                        await self._insert_follow_ups(conn, ctx, outcome)
+                    if state == "available":
+                        await conn.execute(sql.NOTIFY_QUEUE, (ctx.queue,))
+                    if self.before_commit is not None:
+                        await self.before_commit(conn, ctx)
+            except Stale:
+                self.stats["stale"] += 1
+                return False
+            if self.after_commit is not None:
+                await self.after_commit(conn, ctx)
+        self.stats["per_job"] += 1
+        return True
+
+    async def _insert_follow_ups(self, conn, ctx: JobContext, outcome: ex.Outcome) -> None:
+        requests = []
+        if self.spec_runner is not None:
+            requests.extend(self.spec_runner.completed(ctx))
+        requests.extend(outcome.follow_ups or ())
+        for p in requests:
+            if p.unique_key is None:
+                await enqueue.insert_one(conn, p)
+                self.stats["follow_ups_inserted"] += 1
+                continue
+            try:
+                async with conn.transaction():  # a savepoint
+                    await enqueue.insert_one(conn, p)
+                self.stats["follow_ups_inserted"] += 1
+            except enqueue.UniqueConflict:
+                self.stats["follow_ups_skipped"] += 1
+                log.debug("follow-up %s of %s job %s skipped: unique key already held",
+                          p.kind, ctx.kind, ctx.id)
+
+    async def release(self, ctx: JobContext) -> bool:
+        """Give an unfinished attempt back (shutdown): available again, attempt not counted."""
+        return await self.finalize(ctx, ex.Outcome("released", delay=0.0))
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Flush what is buffered and stop the flushers."""
+        self._closing = True
+        self._wake.set()
+        await asyncio.gather(*self._flushers, return_exceptions=True)

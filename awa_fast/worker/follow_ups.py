@@ -1,0 +1,120 @@
+"""The per-attempt staging buffer for handler-staged follow-up jobs (ADR-046).
+
+A handler stages requests while it runs; each is converted to JSON, validated, hashed and counted
+against the per-attempt limits at once (in ``_ext``). The buffer is sealed when the handler returns;
+the finalizer inserts the sealed requests if and only if the attempt's own completion commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from awa_fast import _native
+from awa_fast.errors import AwaError, StagingError
+from awa_fast.requests import EnqueueRequest, InsertOpts, Prepared, prepare
+
+log = logging.getLogger("awa_fast.follow_ups")
+
+MAX_STAGED = 16  # ADR-046: at most 16 staged follow-ups per attempt
+MAX_STAGED_BYTES = 65536  # ADR-046: at most 64 KiB of serialized requests per attempt
+PROVENANCE_KEY = "awa:triggered_by"
+TRACE_KEY = "awa:traceparent"
+_OPTION_NAMES = frozenset(InsertOpts.__struct_fields__)
+
+
+def trace_context(metadata: dict | None) -> str | None:
+    """The W3C ``traceparent`` carried in a job's metadata (``awa:traceparent`` or ``traceparent``)."""
+    if not metadata:
+        return None
+    value = metadata.get(TRACE_KEY) or metadata.get("traceparent")
+    return value if isinstance(value, str) else None
+
+
+class FollowUps:
+    """A handle on one attempt's staging buffer; safe to keep past the handler call (it is then
+    sealed and every call raises ``StagingError(reason="sealed")``).
+
+    ADR-046 limits: at most 16 requests and 65536 bytes (kind + queue + args + metadata + tags +
+    ordering key, UTF-8) per attempt, across ``wait_for_callback`` resumes.
+    """
+
+    __slots__ = ("job_id", "_trace", "_staged", "_budget", "_sealed", "poison")
+
+    def __init__(self, job_id: int, metadata: dict | None = None):
+        self.job_id = job_id
+        self._trace = trace_context(metadata)
+        self._staged: list[Prepared] = []
+        self._budget = _native.StagingBudget(MAX_STAGED, MAX_STAGED_BYTES)
+        self._sealed = False
+        # The first staging error of this attempt: a completion after it fails terminally.
+        self.poison: StagingError | None = None
+
+    @property
+    def staged(self) -> list[Prepared]:
+        """The validated requests staged so far, in staging order."""
+        return self._staged
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    def enqueue_on_completion(self, args: Any, **options: Any) -> None:
+        """Stage a follow-up, inserted if and only if this attempt's completion commits.
+
+        ``args`` is job args or an :class:`EnqueueRequest`; keywords as ``insert`` (``kind``,
+        ``queue``, ``priority``, ``max_attempts``, ``tags``, ``metadata``, ``run_at``,
+        ``unique_opts`` -- ``{}`` means the defaults --, ``ordering_key``).
+
+        Raises:
+            StagingError: ``reason="invalid"`` (does not convert or breaks an insert rule;
+                ``__cause__`` is the original error), ``"too_many"`` (limit 16), ``"too_large"``
+                (limit 65536 bytes) or ``"sealed"`` (the handler already returned). Any but
+                ``sealed`` poisons the attempt.
+        """
+        if self._sealed:
+            raise StagingError(
+                "ADR-046: the attempt's staging buffer is sealed (the handler already returned)",
+                reason="sealed",
+            )
+        try:
+            prepared = self._prepare(args, options)
+            self._budget.charge(prepared.size)
+        except StagingError as exc:
+            self.poison = self.poison or exc
+            raise
+        except (AwaError, TypeError, ValueError, OverflowError) as exc:
+            err = StagingError(f"follow-up could not be staged: {exc}", reason="invalid")
+            self.poison = self.poison or err
+            raise err from exc
+        self._staged.append(prepared)
+
+    def _prepare(self, args: Any, options: dict) -> Prepared:
+        unknown = set(options) - _OPTION_NAMES
+        if unknown:
+            raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+        if isinstance(args, EnqueueRequest):
+            options = {**args.options, **options}
+            args = args.args
+        raw_metadata = options.get("metadata")
+        if raw_metadata is not None and not isinstance(raw_metadata, dict):
+            raise TypeError("metadata must be a dict or None")
+        metadata = dict(raw_metadata or {})
+        metadata[PROVENANCE_KEY] = self.job_id
+        if self._trace is not None:
+            metadata.setdefault(TRACE_KEY, self._trace)
+        options["metadata"] = metadata
+        return prepare(args, **options)
+
+    def seal(self) -> list[Prepared]:
+        """Seal the buffer and return its requests (the finalizer owns them from now on)."""
+        self._sealed = True
+        return self._staged
+
+    def discard(self, why: str, kind: str) -> None:
+        """Seal and drop the buffer; ``why`` is the outcome that discarded it (logged at debug)."""
+        self._sealed = True
+        if self._staged:
+            log.debug("discarded %d staged follow-up(s) of %s job %s on %s",
+                      len(self._staged), kind, self.job_id, why)
+            self._staged = []

@@ -1,0 +1,296 @@
+"""The worker runtime of one process: dispatchers, handler tasks, finalizer, heartbeat, listener
+and maintenance, started by ``AsyncClient.start`` and stopped by ``AsyncClient.shutdown``."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import orjson
+import psycopg
+
+from awa_fast import sql
+from awa_fast.worker import executor as ex
+from awa_fast.worker.context import JobContext
+from awa_fast.worker.dispatcher import Dispatcher
+from awa_fast.worker.finalizer import Finalizer
+from awa_fast.worker.heartbeat import Heartbeat
+from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+
+log = logging.getLogger("awa_fast.runtime")
+
+DEFAULT_MAX_WORKERS = 10
+DEFAULT_DEADLINE_MS = 300_000
+DEFAULT_CLAIM_BATCH = 512
+
+# awa-pg keywords accepted for compatibility that have no effect on awa-fast's single engine.
+_IGNORED = {
+    "descriptor_retention_days", "terminal_count_rollup_interval_ms", "queue_storage_schema",
+    "queue_storage_queue_slot_count", "queue_storage_lease_slot_count",
+    "queue_storage_claim_slot_count", "queue_storage_queue_stripe_count",
+    "queue_storage_queue_rotate_interval_ms", "queue_storage_lease_rotate_interval_ms",
+    "queue_storage_claim_rotate_interval_ms", "storage_transition_role",
+}
+
+
+@dataclasses.dataclass
+class QueueConfig:
+    """One queue this process works: ``max_workers`` concurrent attempts, ``deadline_duration_ms``
+    per attempt (0 = none), ``claim_batch_size`` rows per claim at most."""
+
+    name: str
+    max_workers: int = DEFAULT_MAX_WORKERS
+    deadline_duration_ms: int = DEFAULT_DEADLINE_MS
+    claim_batch_size: int = DEFAULT_CLAIM_BATCH
+    options: dict = dataclasses.field(default_factory=dict)
+
+
+def parse_queues(queues: Any, registered: list[str], global_max_workers: int | None) -> list[QueueConfig]:
+    """awa's queue forms: ``None`` (one queue per registered handler queue, 10 workers), a list of
+    ``(name, max_workers)`` tuples, or a list of dicts with ``name`` and either ``max_workers`` or
+    ``min_workers`` + ``weight`` (weighted mode, needs ``global_max_workers``), plus optional
+    ``deadline_duration_ms``, ``claim_batch_size``, ``claimers``, ``rate_limit``, ``retention``,
+    ``priority_aging_interval_ms``, ``dlq``.
+
+    Raises:
+        ValueError: an invalid combination (awa's rules), naming the queue.
+    """
+    if queues is None:
+        if global_max_workers is not None:
+            raise ValueError("global_max_workers requires explicit queues")
+        return [QueueConfig(q) for q in (registered or ["default"])]
+    out = []
+    for item in queues:
+        if isinstance(item, tuple):
+            if global_max_workers is not None:
+                raise ValueError("tuple queue configs cannot be combined with global_max_workers")
+            name, max_workers = item
+            out.append(QueueConfig(name, _positive(max_workers, f"{name}: max_workers")))
+            continue
+        if not isinstance(item, dict) or "name" not in item:
+            raise ValueError("each queue must be a (name, max_workers) tuple or a dict with 'name'")
+        cfg = dict(item)
+        name = cfg.pop("name")
+        has_max, has_min = "max_workers" in cfg, "min_workers" in cfg
+        if has_max and has_min:
+            raise ValueError(f"queue {name!r}: give max_workers or min_workers, not both")
+        if has_min:
+            if global_max_workers is None:
+                raise ValueError(f"queue {name!r}: weighted mode (min_workers) needs global_max_workers")
+            if cfg.get("weight", 1) <= 0:
+                raise ValueError(f"queue {name!r}: weight must be > 0")
+            # Work-conserving approximation: a weighted queue may use the whole global budget.
+            max_workers = global_max_workers
+            cfg.pop("min_workers"), cfg.pop("weight", None)
+        else:
+            max_workers = _positive(cfg.pop("max_workers", DEFAULT_MAX_WORKERS), f"{name}: max_workers")
+        for key in ("claimers", "claim_batch_size"):
+            if key in cfg and cfg[key] <= 0:
+                raise ValueError(f"queue {name!r}: {key} must be > 0")
+        out.append(QueueConfig(
+            name, max_workers,
+            deadline_duration_ms=int(cfg.pop("deadline_duration_ms", DEFAULT_DEADLINE_MS)),
+            claim_batch_size=int(cfg.pop("claim_batch_size", DEFAULT_CLAIM_BATCH)),
+            options=cfg))
+    return out
+
+
+def _positive(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{what} must be a positive int, got {value!r}")
+    return value
+
+
+class Runtime:
+    """Runs registered handlers in this process (one per ``AsyncClient.start``)."""
+
+    def __init__(self, client: Any, queues: Any = None, *, poll_interval_ms: int = 200,
+                 global_max_workers: int | None = None, heartbeat_interval_ms: int | None = None,
+                 completed_retention_hours: float | None = None,
+                 failed_retention_hours: float | None = None,
+                 cleanup_batch_size: int | None = None,
+                 leader_election_interval_ms: int | None = None,
+                 promote_interval_ms: int | None = None,
+                 heartbeat_rescue_interval_ms: int | None = None,
+                 heartbeat_staleness_ms: int | None = None,
+                 deadline_rescue_interval_ms: int | None = None,
+                 callback_rescue_interval_ms: int | None = None,
+                 cleanup_interval_ms: int | None = None,
+                 finalizer_batch_size: int = 512,
+                 sync_handler_threads: int | None = None,
+                 maintenance: bool = True,
+                 **ignored: Any):
+        unknown = set(ignored) - _IGNORED
+        if unknown:
+            raise TypeError(f"start() got unexpected keyword(s): {', '.join(sorted(unknown))}")
+        self.client = client
+        self.queues = parse_queues(queues, client.registry.queues(), global_max_workers)
+        self.poll_interval_s = _positive(poll_interval_ms, "poll_interval_ms") / 1000
+        self.heartbeat_interval_s = (heartbeat_interval_ms or 30_000) / 1000
+        mconf = MaintenanceConfig()
+        for key, value in {
+            "completed_retention_hours": completed_retention_hours,
+            "failed_retention_hours": failed_retention_hours,
+            "cleanup_batch_size": cleanup_batch_size,
+            "leader_election_interval_ms": leader_election_interval_ms,
+            "promote_interval_ms": promote_interval_ms,
+            "heartbeat_rescue_interval_ms": heartbeat_rescue_interval_ms,
+            "heartbeat_staleness_ms": heartbeat_staleness_ms,
+            "deadline_rescue_interval_ms": deadline_rescue_interval_ms,
+            "callback_rescue_interval_ms": callback_rescue_interval_ms,
+            "cleanup_interval_ms": cleanup_interval_ms,
+        }.items():
+            if value is not None:
+                if value <= 0:
+                    raise ValueError(f"{key} must be > 0")
+                setattr(mconf, key, value)
+        self.maintenance_config = mconf
+        self.run_maintenance = maintenance
+        self.finalizer_batch_size = finalizer_batch_size
+        self.thread_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=sync_handler_threads or min(32, (os.cpu_count() or 1) + 4),
+            thread_name_prefix="awa-fast-handler")
+        self.in_flight: dict[int, JobContext] = {}
+        self._handler_tasks: dict[int, asyncio.Task] = {}
+        self.dispatchers: dict[str, Dispatcher] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._listen_conn: psycopg.AsyncConnection | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.finalizer: Finalizer | None = None
+        self.maintenance: Maintenance | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.outcomes: dict[str, int] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        pool_getter = self.client.pool
+        await pool_getter()
+        self.finalizer = Finalizer(pool_getter, batch_size=self.finalizer_batch_size)
+        for q in self.queues:
+            self.dispatchers[q.name] = Dispatcher(
+                q.name, pool_getter=pool_getter, spawn=self._spawn, max_workers=q.max_workers,
+                deadline_ms=q.deadline_duration_ms, claim_batch_size=q.claim_batch_size,
+                poll_interval_s=self.poll_interval_s)
+        self.heartbeat = Heartbeat(pool_getter, self._heartbeat_targets, self.heartbeat_interval_s)
+        await self._listen_connect()
+        self._tasks = [asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
+                       for d in self.dispatchers.values()]
+        self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="awa-heartbeat"))
+        self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
+        if self.run_maintenance:
+            self.maintenance = Maintenance(self.client.database_url, pool_getter,
+                                           self.maintenance_config)
+            self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
+
+    async def shutdown(self, timeout_ms: int = 2000) -> None:
+        """Stop claiming; wait up to ``timeout_ms`` ms for handlers; release the rest; flush."""
+        for d in self.dispatchers.values():
+            d.stop()
+        for ctx in self.in_flight.values():
+            ctx.cancel_flag()
+        pending = list(self._handler_tasks.values())
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=max(timeout_ms, 0) / 1000)
+            for task in still:
+                task.cancel()
+            await asyncio.gather(*still, return_exceptions=True)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.finalizer.close()
+        if self._listen_conn is not None:
+            await self._listen_conn.close()
+        self.thread_pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- handler tasks --------------------------------------------------------------------------
+
+    def _spawn(self, row: tuple) -> None:
+        ctx = JobContext(row, self)
+        self.in_flight[ctx.id] = ctx
+        self._handler_tasks[ctx.id] = self.loop.create_task(self._run(ctx))
+
+    def _heartbeat_targets(self):
+        return list(self.in_flight.values())
+
+    async def _run(self, ctx: JobContext) -> None:
+        dispatcher = self.dispatchers[ctx.queue]
+        released = False
+        try:
+            handler = self.client.registry.get(ctx.kind)
+            if handler is None:
+                outcome = ex.Outcome(ex.FAIL, reason="terminal_error", error=ex.error_entry(
+                    f"unknown job kind: {ctx.kind}", ctx.attempt, True))
+            else:
+                try:
+                    outcome = await ex.execute(handler, ctx, self.thread_pool)
+                except asyncio.CancelledError:
+                    # Shutdown gave up waiting: hand the attempt back, uncounted.
+                    if ctx.staged_follow_ups is not None:
+                        ctx.staged_follow_ups.discard("shutdown", ctx.kind)
+                    dispatcher.slot_freed()
+                    released = True
+                    await self.finalizer.release(ctx)
+                    return
+            dispatcher.slot_freed()
+            released = True
+            self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
+            if outcome.kind == ex.ABANDON:
+                return
+            if outcome.kind == ex.COMPLETED and not outcome.follow_ups and not self._has_specs(ctx):
+                await self.finalizer.complete(ctx.id, ctx.run_lease)
+            else:
+                await self.finalizer.finalize(ctx, outcome)
+        except Exception:
+            log.exception("finalizing job %s (%s) failed; it stays running until rescue",
+                          ctx.id, ctx.kind)
+        finally:
+            if not released:
+                dispatcher.slot_freed()
+            self.in_flight.pop(ctx.id, None)
+            self._handler_tasks.pop(ctx.id, None)
+
+    def _has_specs(self, ctx: JobContext) -> bool:
+        runner = self.finalizer.spec_runner
+        return runner is not None and runner.has_completed(ctx.kind)
+
+    # -- notifications --------------------------------------------------------------------------
+
+    async def _listen_connect(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(self.client.database_url, autocommit=True)
+        await conn.execute(f'LISTEN "{sql.CHANNEL_QUEUE}"')
+        await conn.execute(f'LISTEN "{sql.CHANNEL_CANCEL}"')
+        self._listen_conn = conn
+
+    async def _listen_loop(self) -> None:
+        while True:
+            try:
+                if self._listen_conn is None or self._listen_conn.closed:
+                    await self._listen_connect()
+                    for d in self.dispatchers.values():
+                        d.notify()  # we may have missed notifications while reconnecting
+                async for note in self._listen_conn.notifies():
+                    self._on_notify(note.channel, note.payload)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+                self._listen_conn = None
+                await asyncio.sleep(self.poll_interval_s)
+
+    def _on_notify(self, channel: str, payload: str) -> None:
+        if channel == sql.CHANNEL_QUEUE:
+            d = self.dispatchers.get(payload)
+            if d is not None:
+                d.notify()
+        elif channel == sql.CHANNEL_CANCEL:
+            try:
+                msg = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                return
+            ctx = self.in_flight.get(msg.get("job_id"))
+            if ctx is not None and ctx.run_lease == msg.get("run_lease"):
+                ctx.cancel_flag()

@@ -1,0 +1,64 @@
+"""Shared pytest fixtures: a PostgreSQL server per test session and a fresh database per module.
+
+``pg_base_dsn`` (session): ``$AWA_FAST_TEST_DSN`` if set, else a throwaway server from
+:func:`awa_fast.embedded.start_temp`, stopped at the end of the session. Under pytest-xdist
+every worker process starts its own server.
+
+``dsn`` (module): a fresh database on that server, named after the test module plus a random
+suffix, migrated with ``awa_fast.schema.migrate_sync`` and dropped (``WITH (FORCE)``) afterwards.
+
+A server that cannot be started is an error, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from awa_fast.schema import migrate_sync
+
+
+@pytest.fixture(scope="session")
+def pg_base_dsn():
+    """DSN of a superuser connection to the test server's ``postgres`` database."""
+    env = os.environ.get("AWA_FAST_TEST_DSN")
+    if env:
+        yield env
+        return
+    from awa_fast.embedded import start_temp
+
+    # A missing database is a failure, never a skip (set AWA_FAST_TEST_DSN to use another server).
+    server = start_temp()
+    try:
+        yield server.dsn
+    finally:
+        server.stop()
+
+
+def _db_name(module_name: str) -> str:
+    base = re.sub(r"[^a-z0-9_]+", "_", module_name.rsplit(".", 1)[-1].lower()).strip("_") or "t"
+    suffix = secrets.token_hex(4)
+    return f"{base[: 63 - len(suffix) - 1]}_{suffix}"
+
+
+@pytest.fixture(scope="module")
+def dsn(request, pg_base_dsn):
+    """DSN of a fresh, migrated database for this test module (dropped afterwards)."""
+    name = _db_name(request.module.__name__)
+    with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(pg_base_dsn)
+    params["dbname"] = name
+    db_dsn = make_conninfo(**params)
+    try:
+        migrate_sync(db_dsn)
+        yield db_dsn
+    finally:
+        with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
