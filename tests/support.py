@@ -1,0 +1,50 @@
+"""Shared helpers for the integration tests (real PostgreSQL, no mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable
+
+import psycopg
+
+
+async def wait_for(predicate: Callable[[], Awaitable[Any]], timeout: float = 15.0,
+                   what: str = "condition") -> Any:
+    """Poll ``predicate`` (an async callable) until it returns a truthy value; bounded by
+    ``timeout`` seconds. Database state has no push signal, so tests poll it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def job_row(dsn: str, job_id: int) -> dict:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        await cur.execute("SELECT * FROM awa_fast.jobs WHERE id = %s", (job_id,))
+        return await cur.fetchone()
+
+
+async def wait_state(dsn: str, job_id: int, *states: str, timeout: float = 15.0) -> dict:
+    """Wait until job ``job_id`` is in one of ``states``; returns its row."""
+    async def check():
+        row = await job_row(dsn, job_id)
+        return row if row and row["state"] in states else None
+
+    return await wait_for(check, timeout, f"job {job_id} in {states}")
+
+
+async def scalar(dsn: str, query: str, params: Any = None) -> Any:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(query, params)
+        return (await cur.fetchone())[0]
+
+
+async def truncate(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("TRUNCATE awa_fast.jobs, awa_fast.queue_meta")

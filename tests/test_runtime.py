@@ -1,0 +1,382 @@
+"""The worker runtime on a real PostgreSQL: every outcome and its row, stale completions,
+crash rescue, graceful shutdown, cancellation, pause, progress, promotion, leader election."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import awa_fast as awa
+from tests.support import job_row, scalar, truncate, wait_for, wait_state
+
+FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
+            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=100,
+            deadline_rescue_interval_ms=100)
+
+
+@dataclasses.dataclass
+class Work:
+    mode: str
+    n: int = 0
+
+
+@pytest.fixture(autouse=True)
+async def clean(dsn):
+    await truncate(dsn)
+
+
+@pytest.fixture
+async def client(dsn):
+    c = awa.AsyncClient(dsn)
+    yield c
+    await c.close()
+
+
+def register_modes(client: awa.AsyncClient) -> None:
+    @client.task(Work)
+    async def work(job):
+        mode = job.args.mode
+        if mode == "complete":
+            return None
+        if mode == "value":
+            return {"anything": 1}
+        if mode == "retry_after":
+            return awa.RetryAfter(60)
+        if mode == "snooze":
+            return awa.Snooze(60)
+        if mode == "cancel":
+            return awa.Cancel("nope")
+        if mode == "terminal":
+            raise awa.TerminalError("fatal")
+        if mode == "boom":
+            raise ValueError("boom")
+        raise AssertionError(mode)
+
+
+async def test_every_outcome_and_its_row(dsn, client):
+    register_modes(client)
+    ids = {}
+    for mode in ("complete", "value", "retry_after", "snooze", "cancel", "terminal", "boom"):
+        ids[mode] = (await client.insert(Work(mode), max_attempts=3)).id
+    ids["retry_after_final"] = (await client.insert(Work("retry_after"), max_attempts=1)).id
+    ids["boom_final"] = (await client.insert(Work("boom"), max_attempts=1)).id
+    ids["unknown"] = (await client.insert({"x": 1}, kind="nobody_handles_this")).id
+    ids["bad_args"] = (await client.insert({"unexpected": 1}, kind="work")).id
+    await client.start([("default", 20)], **FAST)
+    expect = {
+        "complete": "completed", "value": "completed", "retry_after": "retryable",
+        "snooze": "scheduled", "cancel": "cancelled", "terminal": "failed", "boom": "retryable",
+        "retry_after_final": "failed", "boom_final": "failed", "unknown": "failed",
+        "bad_args": "failed",
+    }
+    rows = {m: await wait_state(dsn, ids[m], expect[m]) for m in expect}
+    now = datetime.now(timezone.utc)
+
+    assert rows["complete"]["finalized_at"] is not None and rows["complete"]["progress"] is None
+    assert rows["complete"]["errors"] == [] and rows["complete"]["attempt"] == 1
+    # RetryAfter: rescheduled, attempt kept, no error entry
+    assert rows["retry_after"]["errors"] == [] and rows["retry_after"]["attempt"] == 1
+    assert now + timedelta(seconds=50) < rows["retry_after"]["run_at"] < now + timedelta(seconds=70)
+    # Snooze: the attempt is not counted
+    assert rows["snooze"]["attempt"] == 0 and rows["snooze"]["errors"] == []
+    assert rows["cancel"]["errors"][-1]["error"] == "cancelled: nope"
+    assert rows["terminal"]["errors"][-1]["terminal"] is True
+    assert rows["terminal"]["errors"][-1]["error"].startswith("TerminalError: fatal")
+    boom = rows["boom"]["errors"][-1]
+    assert boom["error"].startswith("ValueError: boom") and "Traceback" in boom["error"]
+    assert boom["attempt"] == 1 and "terminal" not in boom
+    # backoff 2^1 s + up to 25 %
+    delay = (rows["boom"]["run_at"] - rows["boom"]["attempted_at"]).total_seconds()
+    assert 1.9 <= delay <= 2.6
+    assert rows["retry_after_final"]["finalized_at"] is not None
+    assert rows["boom_final"]["errors"][-1]["error"].startswith("ValueError: boom")
+    assert rows["unknown"]["errors"][-1] == {**rows["unknown"]["errors"][-1],
+                                             "error": "unknown job kind: nobody_handles_this",
+                                             "terminal": True}
+    assert rows["bad_args"]["errors"][-1]["error"].startswith("args conversion failed")
+
+
+async def test_retry_is_promoted_and_runs_again(dsn, client):
+    calls = []
+
+    @client.task(Work)
+    async def work(job):
+        calls.append(job.attempt)
+        return awa.RetryAfter(0) if job.attempt == 1 else None
+
+    job = await client.insert(Work("x"))
+    await client.start([("default", 2)], **FAST)
+    row = await wait_state(dsn, job.id, "completed")
+    assert calls == [1, 2] and row["attempt"] == 2
+
+
+async def test_sync_handler_runs_in_thread_and_never_blocks_the_loop(dsn, client):
+    release = threading.Event()
+    seen_thread = []
+
+    @client.task(Work, kind="blocking")
+    def blocking(job):  # plain def: must run off the loop
+        seen_thread.append(threading.current_thread().name)
+        assert release.wait(10), "the async handler never ran: the loop was blocked"
+        return None
+
+    @client.task(Work, kind="releaser")
+    async def releaser(job):
+        release.set()
+
+    a = await client.insert(Work("a"), kind="blocking")
+    await client.start([("default", 4)], **FAST)
+    await wait_for(lambda: _true(seen_thread), what="sync handler start")
+    b = await client.insert(Work("b"), kind="releaser")
+    await wait_state(dsn, b.id, "completed")
+    await wait_state(dsn, a.id, "completed")
+    assert seen_thread[0].startswith("awa-fast-handler")
+
+
+async def _true(value):
+    return bool(value)
+
+
+def test_task_registration_without_a_running_loop(dsn):
+    client = awa.AsyncClient(dsn)
+
+    @client.task(Work, kind="registered_outside")
+    async def handler(job):
+        return None
+
+    assert client.registry.get("registered_outside").fn is handler
+
+
+async def test_stale_completion_changes_nothing(dsn, client):
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @client.task(Work)
+    async def work(job):
+        started.set()
+        await release.wait()
+
+    job = await client.insert(Work("x"), max_attempts=3)
+    await client.start([("default", 1)], **FAST, maintenance=False)
+    await started.wait()
+    # The attempt is rescued (its heartbeat looks stale) before the handler returns.
+    async with (await client.pool()).connection() as conn:
+        await conn.execute("UPDATE awa_fast.jobs SET heartbeat_at = now() - interval '1 hour' "
+                           "WHERE id = %s", (job.id,))
+    rescued = await _rescue_directly(client)
+    assert [r[0] for r in rescued] == [job.id]
+    before = await job_row(dsn, job.id)
+    assert before["state"] == "retryable"
+    release.set()
+    await wait_for(lambda: _true(client.runtime.finalizer.stats["stale"]), what="stale outcome")
+    after = await job_row(dsn, job.id)
+    assert after == before
+
+
+async def _rescue_directly(client):
+    from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+
+    m = Maintenance(client.database_url, client.pool, MaintenanceConfig(heartbeat_staleness_ms=1000))
+    return await m.rescue()
+
+
+async def test_sigkilled_worker_job_is_rescued_and_completed_elsewhere(dsn, client):
+    job = await client.insert({"k": 1}, kind="hang", queue="kill_q", max_attempts=3)
+    env = {**os.environ, "AWA_FAST_APP_DSN": dsn}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.worker_app", env=env, stdout=subprocess.PIPE,
+        cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert line.decode().split() == ["started", str(job.id)]
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert (await job_row(dsn, job.id))["state"] == "running"
+
+    @client.task(dict, kind="hang", queue="kill_q")
+    async def finish(job):
+        return None
+
+    await client.start([("kill_q", 2)], **{**FAST, "heartbeat_staleness_ms": 500})
+    row = await wait_state(dsn, job.id, "completed", timeout=30)
+    assert row["attempt"] == 2
+    assert row["errors"][0]["error"] == "heartbeat stale: worker presumed dead"
+
+
+async def test_graceful_shutdown_finishes_or_releases_and_loses_nothing(dsn, client):
+    started = asyncio.Event()
+    saw_cancel = []
+
+    @client.task(Work)
+    async def work(job):
+        if job.args.mode == "quick":
+            return None
+        started.set()
+        while not job.is_cancelled():
+            await asyncio.sleep(0.01)
+        saw_cancel.append(job.id)
+        await asyncio.Event().wait()  # ignores the flag: shutdown must release it
+
+    quick = [(await client.insert(Work("quick"))).id for _ in range(5)]
+    slow = (await client.insert(Work("slow"), priority=1)).id
+    await client.start([("default", 10)], **FAST)
+    await started.wait()
+    await wait_for(lambda: _all_state(dsn, quick, "completed"), what="quick jobs")
+    await client.shutdown(timeout_ms=300)
+    row = await job_row(dsn, slow)
+    assert row["state"] == "available" and row["attempt"] == 0
+    assert saw_cancel == [slow]
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE state = 'running'") == 0
+
+
+async def _all_state(dsn, ids, state):
+    n = await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) AND state = %s",
+                     (ids, state))
+    return n == len(ids)
+
+
+async def test_admin_cancel_reaches_the_running_handler(dsn, client):
+    started, flagged = asyncio.Event(), asyncio.Event()
+
+    @client.task(Work)
+    async def work(job):
+        started.set()
+        while not job.is_cancelled():
+            await asyncio.sleep(0.01)
+        flagged.set()
+        return None  # completing now is stale: the row is already cancelled
+
+    job = await client.insert(Work("x"))
+    await client.start([("default", 1)], **FAST)
+    await started.wait()
+    cancelled = await client.cancel(job.id)
+    assert cancelled.state == awa.JobState.Cancelled
+    await asyncio.wait_for(flagged.wait(), 10)
+    await wait_for(lambda: _true(client.runtime.finalizer.stats["stale"]), what="stale completion")
+    assert (await job_row(dsn, job.id))["state"] == "cancelled"
+
+
+async def test_paused_queue_is_not_claimed_until_resumed(dsn, client):
+    @client.task(Work, queue="pq")
+    async def work(job):
+        return None
+
+    await client.pause_queue("pq", paused_by="test")
+    job = await client.insert(Work("x"), queue="pq")
+    await client.start([("pq", 1)], **FAST)
+    d = client.runtime.dispatchers["pq"]
+    await wait_for(lambda: _true(d.claims >= 3), what="three claims")
+    assert (await job_row(dsn, job.id))["state"] == "available"
+    assert [s.paused for s in await client.queue_stats() if s.queue == "pq"] == [True]
+    await client.resume_queue("pq")
+    await wait_state(dsn, job.id, "completed")
+
+
+async def test_progress_is_piggybacked_on_heartbeats_and_cleared_on_completion(dsn, client):
+    release = asyncio.Event()
+
+    @client.task(Work)
+    async def work(job):
+        job.set_progress(40, "halfway")
+        job.update_metadata({"cursor": 7})
+        await release.wait()
+
+    job = await client.insert(Work("x"))
+    await client.start([("default", 1)], **FAST)
+
+    async def progress():
+        row = await job_row(dsn, job.id)
+        return row["progress"]
+
+    assert await wait_for(progress, what="progress flushed") == {
+        "percent": 40, "message": "halfway", "metadata": {"cursor": 7}}
+    release.set()
+    row = await wait_state(dsn, job.id, "completed")
+    assert row["progress"] is None
+
+
+async def test_scheduled_job_is_promoted_and_runs(dsn, client):
+    @client.task(Work)
+    async def work(job):
+        return None
+
+    job = await client.insert(Work("x"), run_at=datetime.now(timezone.utc) + timedelta(seconds=0.3))
+    assert job.state == awa.JobState.Scheduled
+    await client.start([("default", 1)], **FAST)
+    await wait_state(dsn, job.id, "completed")
+
+
+async def test_notify_wakes_an_idle_worker_before_its_poll(dsn, client):
+    @client.task(Work)
+    async def work(job):
+        return None
+
+    await client.start([("default", 1)], **{**FAST, "poll_interval_ms": 600_000})
+    d = client.runtime.dispatchers["default"]
+    await wait_for(lambda: _true(d.claims >= 1), what="first claim")
+    job = await client.insert(Work("x"))
+    await wait_state(dsn, job.id, "completed", timeout=10)
+
+
+async def test_prune_deletes_terminal_jobs_past_retention(dsn, client):
+    old = await client.insert(Work("x"))
+    young = await client.insert(Work("y"))
+    async with (await client.pool()).connection() as conn:
+        await conn.execute("UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() - "
+                           "interval '2 hours' WHERE id = %s", (old.id,))
+        await conn.execute("UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() "
+                           "WHERE id = %s", (young.id,))
+    from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+
+    m = Maintenance(dsn, client.pool, MaintenanceConfig(completed_retention_hours=1))
+    assert await m.prune() == 1
+    assert await job_row(dsn, old.id) is None and await job_row(dsn, young.id) is not None
+
+
+async def test_exactly_one_maintenance_leader(dsn):
+    clients = [awa.AsyncClient(dsn) for _ in range(3)]
+    try:
+        for c in clients:
+            await c.start([("nothing_here", 1)], **FAST)
+
+        async def one_leader():
+            leaders = [c.runtime.maintenance.is_leader for c in clients]
+            return leaders.count(True) == 1
+
+        await wait_for(one_leader, what="a leader")
+        leader = next(c for c in clients if c.runtime.maintenance.is_leader)
+        await leader.shutdown()
+        rest = [c for c in clients if c is not leader]
+
+        async def new_leader():
+            return [c.runtime.maintenance.is_leader for c in rest].count(True) == 1
+
+        await wait_for(new_leader, what="a new leader")
+    finally:
+        for c in clients:
+            await c.close()
+
+
+async def test_start_rejects_bad_queue_configs(client):
+    with pytest.raises(ValueError):
+        await client.start([{"name": "q", "max_workers": 2, "min_workers": 1}])
+    with pytest.raises(ValueError):
+        await client.start([("q", 2)], global_max_workers=4)
+    with pytest.raises(ValueError):
+        await client.start([{"name": "q", "min_workers": 1, "weight": 0}], global_max_workers=4)
+    with pytest.raises(ValueError):
+        await client.start([("q", 0)])
+    with pytest.raises(TypeError):
+        await client.start([("q", 1)], not_an_option=1)
+    assert client.runtime is None
