@@ -22,6 +22,7 @@ from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare
 from awa_fast.transaction import Transaction
 from awa_fast.worker.registry import Registry
+from awa_fast.worker.specs import SpecRunner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,7 @@ class AsyncClient:
         self._pool: AsyncConnectionPool | None = None
         self._pool_lock: asyncio.Lock | None = None
         self.registry = Registry()
+        self.specs = SpecRunner()
         self._runtime = None
 
     # -- connections ----------------------------------------------------------------------------
@@ -271,6 +273,36 @@ class AsyncClient:
         return decorate
 
     worker = task
+
+    # -- registered follow-up specs (ADR-029) ---------------------------------------------------
+
+    def on_completed_enqueue(self, trigger_args_type: type, fn: Callable, *, kind: str | None = None) -> None:
+        """On completion of ``trigger_args_type`` jobs, insert ``fn(args, job)``'s result
+        (args, ``EnqueueRequest`` or ``None`` to skip) in the same transaction. Kinds with such a
+        spec complete through the per-job transaction. Register before ``start()``."""
+        self.specs.register("completed", trigger_args_type, fn, kind=kind)
+
+    def on_retried_enqueue(self, trigger_args_type: type, fn: Callable, *, kind: str | None = None) -> None:
+        """Spec for a retryable failure: ``fn(args, job, error, attempt, next_run_at)``."""
+        self.specs.register("retried", trigger_args_type, fn, kind=kind)
+
+    def on_exhausted_enqueue(self, trigger_args_type: type, fn: Callable, *, kind: str | None = None) -> None:
+        """Spec for a terminal failure or exhaustion: ``fn(args, job, error, attempt)``."""
+        self.specs.register("exhausted", trigger_args_type, fn, kind=kind)
+
+    def on_cancelled_enqueue(self, trigger_args_type: type, fn: Callable, *, kind: str | None = None) -> None:
+        """Spec for a handler ``Cancel``: ``fn(args, job, reason)``."""
+        self.specs.register("cancelled", trigger_args_type, fn, kind=kind)
+
+    def on_waiting_for_callback_enqueue(self, trigger_args_type: type, fn: Callable, *,
+                                        kind: str | None = None) -> None:
+        """Spec for a returned ``WaitForCallback``: ``fn(args, job)``."""
+        self.specs.register("waiting_for_callback", trigger_args_type, fn, kind=kind)
+
+    def on_rescued_enqueue(self, trigger_args_type: type, fn: Callable, *, kind: str | None = None) -> None:
+        """Spec for a maintenance rescue: ``fn(args, job, reason)``; inserted best effort in a
+        separate transaction *after* the rescue commits (ADR-029's atomicity matrix)."""
+        self.specs.register("rescued", trigger_args_type, fn, kind=kind)
 
     async def start(self, queues: Any = None, **options: Any) -> None:
         """Start claiming and running jobs in this process (see ``worker.runtime.RuntimeConfig``

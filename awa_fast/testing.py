@@ -109,11 +109,10 @@ class AwaTestClient:
         if row is None:
             return WorkResult(NoJob, "no_job")
         ctx = JobContext(row, None)
-        registry = getattr(self.client, "registry", None) or Registry()
         handler_rec = Registry().register(args_type, handler, kind=kind, queue=queue)
         if self._finalizer is None:
             self._finalizer = Finalizer(self.client.pool, flushers=0)
-        self._finalizer.spec_runner = getattr(registry, "spec_runner", None)
+        self._finalizer.spec_runner = getattr(self.client, "specs", None)
         outcome = await ex.execute(handler_rec, ctx)
         if outcome.kind == ex.ABANDON:
             return WorkResult(ctx, "abandoned", "deadline exceeded", applied=False)

@@ -143,9 +143,13 @@ class Finalizer:
             psycopg.Error: a non-retryable error, or retries exhausted (the attempt stays
                 running until rescue, ADR-046 "prompt failure" is an open extension).
         """
+        # Built once: every retry carries the same sealed follow-ups (never drained).
+        requests = [] if self.spec_runner is None else self.spec_runner.for_outcome(ctx, outcome)
+        if outcome.kind == ex.COMPLETED and outcome.follow_ups:
+            requests.extend(outcome.follow_ups)
         for attempt in range(MAX_FINALIZE_RETRIES + 1):
             try:
-                return await self._finalize_once(ctx, outcome)
+                return await self._finalize_once(ctx, outcome, requests)
             except _RETRYABLE as exc:
                 if attempt == MAX_FINALIZE_RETRIES:
                     log.error("finalize of job %s gave up after %d retries: %s", ctx.id,
@@ -155,7 +159,7 @@ class Finalizer:
                 log.warning("finalize of job %s failed (%s); retry %d", ctx.id, exc, attempt + 1)
         raise AssertionError("unreachable")
 
-    async def _finalize_once(self, ctx: JobContext, outcome: ex.Outcome) -> bool:
+    async def _finalize_once(self, ctx: JobContext, outcome: ex.Outcome, requests: list) -> bool:
         state, delta = _TRANSITIONS[outcome.kind]
         snap = ctx.progress_snapshot()
         params = {
@@ -171,8 +175,8 @@ class Finalizer:
                     cur = await conn.execute(sql.TRANSITION, params)
                     if cur.rowcount == 0:
                         raise Stale()
-                    if outcome.kind == ex.COMPLETED:
-                        await self._insert_follow_ups(conn, ctx, outcome)
+                    if requests:
+                        await self.insert_follow_ups(conn, ctx.kind, ctx.id, requests)
                     if state == "available":
                         await conn.execute(sql.NOTIFY_QUEUE, (ctx.queue,))
                     if self.before_commit is not None:
@@ -185,11 +189,10 @@ class Finalizer:
         self.stats["per_job"] += 1
         return True
 
-    async def _insert_follow_ups(self, conn, ctx: JobContext, outcome: ex.Outcome) -> None:
-        requests = []
-        if self.spec_runner is not None:
-            requests.extend(self.spec_runner.completed(ctx))
-        requests.extend(outcome.follow_ups or ())
+    async def insert_follow_ups(self, conn, trigger_kind: str, trigger_id: int,
+                                requests: list) -> None:
+        """Insert follow-ups in order inside the caller's transaction; a unique one under a
+        savepoint, skipped on a unique conflict (logged at debug: kinds and ids, never args)."""
         for p in requests:
             if p.unique_key is None:
                 await enqueue.insert_one(conn, p)
@@ -202,7 +205,7 @@ class Finalizer:
             except enqueue.UniqueConflict:
                 self.stats["follow_ups_skipped"] += 1
                 log.debug("follow-up %s of %s job %s skipped: unique key already held",
-                          p.kind, ctx.kind, ctx.id)
+                          p.kind, trigger_kind, trigger_id)
 
     async def release(self, ctx: JobContext) -> bool:
         """Give an unfinished attempt back (shutdown): available again, attempt not counted."""

@@ -31,6 +31,30 @@ def trace_context(metadata: dict | None) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def build_request(args: Any, options: dict, trigger_id: int, trace: str | None) -> Prepared:
+    """Validate one follow-up request (args or an :class:`EnqueueRequest` plus keyword options),
+    stamping provenance (``awa:triggered_by``) and the trigger's trace context in its metadata.
+
+    Raises:
+        TypeError: an unknown option or non-dict metadata.
+        ValidationError: the request breaks an insert rule.
+    """
+    unknown = set(options) - _OPTION_NAMES
+    if unknown:
+        raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    if isinstance(args, EnqueueRequest):
+        options = {**args.options, **options}
+        args = args.args
+    raw_metadata = options.get("metadata")
+    if raw_metadata is not None and not isinstance(raw_metadata, dict):
+        raise TypeError("metadata must be a dict or None")
+    metadata = dict(raw_metadata or {})
+    metadata[PROVENANCE_KEY] = trigger_id
+    if trace is not None:
+        metadata.setdefault(TRACE_KEY, trace)
+    return prepare(args, **{**options, "metadata": metadata})
+
+
 class FollowUps:
     """A handle on one attempt's staging buffer; safe to keep past the handler call (it is then
     sealed and every call raises ``StagingError(reason="sealed")``).
@@ -90,21 +114,7 @@ class FollowUps:
         self._staged.append(prepared)
 
     def _prepare(self, args: Any, options: dict) -> Prepared:
-        unknown = set(options) - _OPTION_NAMES
-        if unknown:
-            raise TypeError(f"unknown option(s): {', '.join(sorted(unknown))}")
-        if isinstance(args, EnqueueRequest):
-            options = {**args.options, **options}
-            args = args.args
-        raw_metadata = options.get("metadata")
-        if raw_metadata is not None and not isinstance(raw_metadata, dict):
-            raise TypeError("metadata must be a dict or None")
-        metadata = dict(raw_metadata or {})
-        metadata[PROVENANCE_KEY] = self.job_id
-        if self._trace is not None:
-            metadata.setdefault(TRACE_KEY, self._trace)
-        options["metadata"] = metadata
-        return prepare(args, **options)
+        return build_request(args, options, self.job_id, self._trace)
 
     def seal(self) -> list[Prepared]:
         """Seal the buffer and return its requests (the finalizer owns them from now on)."""

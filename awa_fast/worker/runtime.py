@@ -171,7 +171,9 @@ class Runtime:
         self.loop = asyncio.get_running_loop()
         pool_getter = self.client.pool
         await pool_getter()
-        self.finalizer = Finalizer(pool_getter, batch_size=self.finalizer_batch_size)
+        self.client.specs.frozen = True
+        self.finalizer = Finalizer(pool_getter, batch_size=self.finalizer_batch_size,
+                                   spec_runner=self.client.specs)
         for q in self.queues:
             self.dispatchers[q.name] = Dispatcher(
                 q.name, pool_getter=pool_getter, spawn=self._spawn, max_workers=q.max_workers,
@@ -185,7 +187,7 @@ class Runtime:
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
         if self.run_maintenance:
             self.maintenance = Maintenance(self.client.database_url, pool_getter,
-                                           self.maintenance_config)
+                                           self.maintenance_config, on_rescued=self._on_rescued)
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
@@ -258,6 +260,26 @@ class Runtime:
     def _has_specs(self, ctx: JobContext) -> bool:
         runner = self.finalizer.spec_runner
         return runner is not None and runner.has_completed(ctx.kind)
+
+    async def _on_rescued(self, rows: list[tuple]) -> None:
+        """Rescued specs: best effort, each in its own transaction after the rescue committed."""
+        specs = self.client.specs
+        wanted = [r for r in rows if specs.has(r[1], "rescued")]
+        if not wanted:
+            return
+        pool = await self.client.pool()
+        for job_id, kind, _state, by_deadline in wanted:
+            reason = "deadline_exceeded" if by_deadline else "stale_heartbeat"
+            try:
+                job = await self.client.get_job(job_id)
+                requests = specs.requests(kind, "rescued", job.args, job, job_id, job.metadata,
+                                          reason)
+                async with pool.connection() as conn:
+                    async with conn.transaction():
+                        await self.finalizer.insert_follow_ups(conn, kind, job_id, requests)
+            except Exception:
+                log.exception("rescued follow-up spec of %s job %s failed (best effort)", kind,
+                              job_id)
 
     # -- notifications --------------------------------------------------------------------------
 

@@ -1,0 +1,548 @@
+"""The ``awa-fast`` command line (also ``python -m awa_fast``), modelled on awa-pg's ``python -m awa``.
+
+Every invocation runs at most one event loop (uvloop when available) and one
+:class:`~awa_fast.client.AsyncClient`, closed before exit.
+
+Exit status: 0 on success, 1 on an error (an ``AwaError``, a database or connection error, a job
+that does not exist or is in the wrong state), 2 on a command-line usage error (argparse), 130 on
+Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from typing import Any, Callable, Sequence
+
+PROG = "awa-fast"
+ENV_VARS = ("AWA_FAST_DATABASE_URL", "DATABASE_URL")
+JOB_STATES = ("scheduled", "available", "running", "completed", "retryable", "failed",
+              "cancelled", "waiting_external", "consequence_pending")
+CONNECT_TIMEOUT_S = 10
+
+
+class CliError(Exception):
+    """An error reported as ``awa-fast: error: <message>`` with exit status 1."""
+
+
+# ---------------------------------------------------------------------------------------------
+# output helpers
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Render ``rows`` as an aligned text table under ``headers`` (two spaces between columns).
+
+    Columns whose values are all numbers (not booleans) are right-aligned; ``None`` shows as
+    ``-``. Returns the table without a trailing newline.
+    """
+    cells = [[_cell(v) for v in row] for row in rows]
+    ncol = len(headers)
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+    numeric = [
+        bool(rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
+        for i in range(ncol)
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(widths[i]) if numeric[i] else v.ljust(widths[i]) for i, v in enumerate(values)]
+        return "  ".join(parts).rstrip()
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out.extend(line(row) for row in cells)
+    return "\n".join(out)
+
+
+def _short_time(value: str | None) -> str | None:
+    """An RFC 3339 timestamp as ``YYYY-MM-DD HH:MM:SSZ`` (UTC), for tables."""
+    if value is None:
+        return None
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(timezone.utc)
+    return dt.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+
+
+# ---------------------------------------------------------------------------------------------
+# database URL and client
+
+
+def resolve_database_url(explicit: str | None) -> str:
+    """``--database-url``, else ``$AWA_FAST_DATABASE_URL``, else ``$DATABASE_URL``, else the
+    persistent embedded PostgreSQL (started on first use by ``embedded.ensure_running``)."""
+    if explicit:
+        return explicit
+    for var in ENV_VARS:
+        value = os.environ.get(var)
+        if value:
+            return value
+    from awa_fast import embedded
+
+    return embedded.ensure_running()
+
+
+async def _probe(url: str, *, need_schema: bool) -> None:
+    """Connect once (failing fast with the server's message instead of a pool timeout) and, if
+    ``need_schema``, check that the ``awa_fast`` schema exists."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    from awa_fast.errors import SchemaNotMigrated
+
+    kwargs: dict[str, Any] = {"autocommit": True}
+    try:
+        if "connect_timeout" not in conninfo_to_dict(url):
+            kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
+    except psycopg.ProgrammingError as exc:
+        raise CliError(f"invalid database URL: {str(exc).strip()}") from exc
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, **kwargs)
+    except psycopg.OperationalError as exc:
+        raise CliError(f"could not connect to the database: {str(exc).strip()}") from exc
+    async with conn:
+        if need_schema:
+            cur = await conn.execute("SELECT to_regclass('awa_fast.jobs') IS NOT NULL")
+            row = await cur.fetchone()
+            if not row or not row[0]:
+                raise SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`")
+
+
+class Session:
+    """What a command handler gets: the parsed arguments and a lazily opened client."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.json: bool = bool(getattr(args, "json", False))
+        self._url: str | None = None
+        self._client = None
+
+    @property
+    def database_url(self) -> str:
+        if self._url is None:
+            self._url = resolve_database_url(getattr(self.args, "database_url", None))
+        return self._url
+
+    async def client(self, *, need_schema: bool = True):
+        if self._client is None:
+            from awa_fast.client import AsyncClient
+
+            url = self.database_url
+            await _probe(url, need_schema=need_schema)
+            self._client = AsyncClient(url, max_connections=2)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+
+async def cmd_migrate(s: Session) -> int:
+    from awa_fast import schema
+
+    if s.args.sql:
+        for version, description, text in schema.migrations():
+            print(f"-- awa-fast migration {version:03d}: {description}")
+            print(text.rstrip())
+            print()
+        return 0
+    client = await s.client(need_schema=False)
+    applied = await client.migrate()
+    rows = await client._fetch(f"SELECT max(version) FROM {schema.SCHEMA}.schema_version")
+    version = rows[0][0] if rows else None
+    names = {v: d for v, d, _ in schema.migrations()}
+    if s.json:
+        _print_json({"applied": applied, "version": version})
+    elif applied:
+        for v in applied:
+            print(f"applied migration {v:03d}: {names.get(v, '')}".rstrip())
+        print(f"schema up to date (version {version})")
+    else:
+        print(f"schema up to date (version {version})")
+    return 0
+
+
+JOB_COLUMNS = ("ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "RUN_AT", "CREATED_AT")
+
+
+def _job_row(job) -> list:
+    return [job.id, job.kind, job.queue, str(job.state), job.priority,
+            f"{job.attempt}/{job.max_attempts}", _short_time(job.run_at),
+            _short_time(job.created_at)]
+
+
+async def cmd_job_list(s: Session) -> int:
+    client = await s.client()
+    a = s.args
+    jobs = await client.list_jobs(state=a.state, kind=a.kind, queue=a.queue, limit=a.limit)
+    if s.json:
+        _print_json([j.to_dict() for j in jobs])
+    elif jobs:
+        print(format_table(JOB_COLUMNS, [_job_row(j) for j in jobs]))
+    else:
+        print("no jobs")
+    return 0
+
+
+async def cmd_job_dump(s: Session) -> int:
+    client = await s.client()
+    job = await client.get_job(s.args.id)
+    _print_json(job.to_dict())
+    return 0
+
+
+async def _state_of(client, job_id: int) -> str:
+    return str((await client.get_job(job_id)).state)  # raises JobNotFound
+
+
+async def cmd_job_retry(s: Session) -> int:
+    client = await s.client()
+    job = await client.retry(s.args.id)
+    if job is None:
+        state = await _state_of(client, s.args.id)
+        raise CliError(f"job {s.args.id} is {state}; only failed, cancelled or waiting_external "
+                       "jobs can be retried")
+    if s.json:
+        _print_json(job.to_dict())
+    else:
+        print(f"job {job.id} retried (now {job.state}, queue {job.queue})")
+    return 0
+
+
+async def cmd_job_cancel(s: Session) -> int:
+    client = await s.client()
+    job = await client.cancel(s.args.id)
+    if job is None:
+        state = await _state_of(client, s.args.id)
+        raise CliError(f"job {s.args.id} is already {state}; only non-terminal jobs can be cancelled")
+    if s.json:
+        _print_json(job.to_dict())
+    else:
+        print(f"job {job.id} cancelled")
+    return 0
+
+
+STAT_COLUMNS = (("QUEUE", "queue"), ("QUEUED", "total_queued"), ("SCHEDULED", "scheduled"),
+                ("AVAILABLE", "available"), ("RETRYABLE", "retryable"), ("RUNNING", "running"),
+                ("FAILED", "failed"), ("WAITING_EXT", "waiting_external"),
+                ("CONSEQ_PENDING", "consequence_pending"), ("DONE_1H", "completed_last_hour"),
+                ("LAG_S", "lag_seconds"), ("PAUSED", "paused"))
+
+
+async def cmd_queue_stats(s: Session) -> int:
+    client = await s.client()
+    stats = await client.queue_stats()
+    if s.json:
+        _print_json([dataclasses.asdict(st) for st in stats])
+    elif stats:
+        print(format_table([h for h, _ in STAT_COLUMNS],
+                           [[getattr(st, f) for _, f in STAT_COLUMNS] for st in stats]))
+    else:
+        print("no queues")
+    return 0
+
+
+async def cmd_queue_pause(s: Session) -> int:
+    client = await s.client()
+    await client.pause_queue(s.args.queue, s.args.by)
+    if s.json:
+        _print_json({"queue": s.args.queue, "paused": True, "paused_by": s.args.by})
+    else:
+        by = f" by {s.args.by}" if s.args.by else ""
+        print(f"queue {s.args.queue} paused{by}")
+    return 0
+
+
+async def cmd_queue_resume(s: Session) -> int:
+    client = await s.client()
+    await client.resume_queue(s.args.queue)
+    if s.json:
+        _print_json({"queue": s.args.queue, "paused": False})
+    else:
+        print(f"queue {s.args.queue} resumed")
+    return 0
+
+
+def cmd_embedded_stop(s: Session) -> int:
+    from awa_fast import embedded
+
+    stopped = embedded.stop_persistent()
+    data_dir = str(embedded.default_data_dir())
+    if s.json:
+        _print_json({"stopped": stopped, "data_dir": data_dir})
+    elif stopped:
+        print(f"stopped embedded PostgreSQL at {data_dir}")
+    else:
+        print(f"embedded PostgreSQL at {data_dir} was not running")
+    return 0
+
+
+def cmd_embedded_url(s: Session) -> int:
+    from awa_fast import embedded
+
+    url = embedded.ensure_running()
+    if s.json:
+        _print_json({"url": url, "data_dir": str(embedded.default_data_dir())})
+    else:
+        print(url)
+    return 0
+
+
+def cmd_demo(s: Session) -> int:
+    from awa_fast.demo import run_demo
+
+    return run_demo(s.database_url, s.args.jobs, s.args.processes, timeout=s.args.timeout,
+                    json_output=s.json)
+
+
+# ---------------------------------------------------------------------------------------------
+# parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _common(with_db: bool = True) -> argparse.ArgumentParser:
+    """Options accepted both before and after a subcommand (SUPPRESS keeps the global value)."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("common options")
+    g.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="print machine-readable JSON instead of tables/text")
+    if with_db:
+        g.add_argument("--database-url", metavar="URL", default=argparse.SUPPRESS,
+                       help="PostgreSQL URL (default: $AWA_FAST_DATABASE_URL, $DATABASE_URL, "
+                            "else the embedded server)")
+    return p
+
+
+DESCRIPTION = """\
+awa-fast: administer an awa-fast job queue stored in PostgreSQL.
+
+Database: --database-url URL, else $AWA_FAST_DATABASE_URL, else $DATABASE_URL, else a
+persistent embedded PostgreSQL (started on first use; see `awa-fast embedded`)."""
+
+EPILOG = """\
+exit status: 0 success, 1 error (database/connection error, unknown job, wrong state),
+2 usage error.
+
+examples:
+  awa-fast migrate
+  awa-fast job list --state failed --limit 20
+  awa-fast job dump 42
+  awa-fast --json queue stats
+  awa-fast demo --jobs 10000"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the whole CLI (each command's handler in ``func``)."""
+    common = _common()
+    common_nodb = _common(with_db=False)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=raw)
+    parser.add_argument("--database-url", metavar="URL", default=None,
+                        help="PostgreSQL URL (default: $AWA_FAST_DATABASE_URL, $DATABASE_URL, "
+                             "else the embedded server)")
+    parser.add_argument("--json", action="store_true", default=False,
+                        help="print machine-readable JSON instead of tables/text")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                title="commands")
+
+    # migrate
+    p = sub.add_parser("migrate", parents=[common], formatter_class=raw,
+                       help="create or upgrade the awa_fast schema",
+                       description="Apply every missing awa_fast schema migration (idempotent, "
+                                   "safe to run concurrently).\nPrints the versions applied, or "
+                                   "'schema up to date (version N)'.")
+    p.add_argument("--sql", action="store_true",
+                   help="print the SQL of all migrations instead of applying them "
+                        "(needs no database)")
+    p.set_defaults(func=cmd_migrate)
+
+    # job
+    job = sub.add_parser("job", help="inspect and manage jobs (list, dump, retry, cancel)",
+                         description="Inspect and manage jobs: list, dump, retry, cancel.")
+    jsub = job.add_subparsers(dest="job_command", metavar="SUBCOMMAND", required=True,
+                              title="subcommands")
+    p = jsub.add_parser("list", parents=[common], help="list jobs, newest first",
+                        description="List jobs, newest first, optionally filtered.")
+    p.add_argument("--state", choices=JOB_STATES, help="only jobs in this state")
+    p.add_argument("--kind", help="only jobs of this kind")
+    p.add_argument("--queue", help="only jobs in this queue")
+    p.add_argument("--limit", type=_positive_int, default=50, metavar="N",
+                   help="at most N jobs (default: 50)")
+    p.set_defaults(func=cmd_job_list)
+    p = jsub.add_parser("dump", parents=[common], help="print one job as JSON",
+                        description="Print every field of one job as JSON (exit 1 if no such job).")
+    p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
+    p.set_defaults(func=cmd_job_dump)
+    p = jsub.add_parser("retry", parents=[common],
+                        help="make a failed/cancelled/waiting_external job available again",
+                        description="Make a failed, cancelled or waiting_external job available "
+                                    "again with attempt 0.\nExit 1 if the job does not exist or "
+                                    "is in another state.")
+    p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
+    p.set_defaults(func=cmd_job_retry)
+    p = jsub.add_parser("cancel", parents=[common], help="cancel a job that has not finished",
+                        description="Cancel a non-terminal job (a running attempt is told to "
+                                    "stop).\nExit 1 if the job does not exist or is already "
+                                    "completed, failed or cancelled.")
+    p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
+    p.set_defaults(func=cmd_job_cancel)
+
+    # queue
+    queue = sub.add_parser("queue", help="queue statistics and pausing (stats, pause, resume)",
+                           description="Queue statistics and pausing: stats, pause, resume.")
+    qsub = queue.add_subparsers(dest="queue_command", metavar="SUBCOMMAND", required=True,
+                                title="subcommands")
+    p = qsub.add_parser("stats", parents=[common], help="per-queue job counts",
+                        description="Per-queue job counts by state, completions in the last "
+                                    "hour, lag (age in seconds of the oldest available job) and "
+                                    "whether the queue is paused.")
+    p.set_defaults(func=cmd_queue_stats)
+    p = qsub.add_parser("pause", parents=[common], help="stop workers claiming from a queue",
+                        description="Pause a queue: workers stop claiming its jobs (running "
+                                    "jobs finish).")
+    p.add_argument("queue", metavar="QUEUE", help="queue name")
+    p.add_argument("--by", metavar="WHO", help="who paused it (recorded in queue_meta.paused_by)")
+    p.set_defaults(func=cmd_queue_pause)
+    p = qsub.add_parser("resume", parents=[common], help="let workers claim from a queue again",
+                        description="Resume a paused queue and wake its workers.")
+    p.add_argument("queue", metavar="QUEUE", help="queue name")
+    p.set_defaults(func=cmd_queue_resume)
+
+    # embedded
+    emb = sub.add_parser("embedded", help="manage the persistent embedded PostgreSQL (stop, url)",
+                         description="Manage the persistent embedded PostgreSQL used when no "
+                                     "database URL is configured (data directory: $AWA_PG_DATA, "
+                                     "else ~/.local/share/awa-fast/pg18, or "
+                                     "/var/lib/awa-fast/pg18 as root).")
+    esub = emb.add_subparsers(dest="embedded_command", metavar="SUBCOMMAND", required=True,
+                              title="subcommands")
+    p = esub.add_parser("stop", parents=[common_nodb], help="stop the embedded server",
+                        description="Stop the persistent embedded PostgreSQL if it is running.")
+    p.set_defaults(func=cmd_embedded_stop)
+    p = esub.add_parser("url", parents=[common_nodb],
+                        help="print the embedded server's URL (starting it if needed)",
+                        description="Start the persistent embedded PostgreSQL if needed and "
+                                    "print its connection URL.")
+    p.set_defaults(func=cmd_embedded_url)
+
+    # demo
+    p = sub.add_parser("demo", parents=[common], formatter_class=raw,
+                       help="run a built-in throughput demo on queue 'demo'",
+                       description="Run a built-in example: migrate, delete old rows of queue "
+                                   "'demo', enqueue N jobs with COPY,\nwork them with the awa-fast "
+                                   "runtime and print a summary (enqueue rate, wall time, jobs/s).")
+    p.add_argument("--jobs", type=_positive_int, default=5000, metavar="N",
+                   help="number of jobs to enqueue (default: 5000)")
+    p.add_argument("--processes", type=_positive_int, default=1, metavar="N",
+                   help="worker processes (default: 1 = run the workers in this process)")
+    p.add_argument("--timeout", type=_positive_float, default=300.0, metavar="SECONDS",
+                   help="give up (exit 1) if the jobs are not all finished after this long "
+                        "(default: 300)")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+
+
+def _run_async(fn: Callable[[Session], Any], session: Session) -> int:
+    async def runner() -> int:
+        try:
+            return await fn(session)
+        finally:
+            await session.close()
+
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        return asyncio.run(runner())
+    return uvloop.run(runner())
+
+
+def _error(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    import psycopg
+
+    from awa_fast.embedded import EmbeddedPostgresError
+    from awa_fast.errors import AwaError
+
+    args = build_parser().parse_args(argv)
+    session = Session(args)
+    func = args.func
+    try:
+        if asyncio.iscoroutinefunction(func):
+            return _run_async(func, session)
+        return func(session)
+    except (CliError, AwaError, EmbeddedPostgresError) as exc:
+        return _error(str(exc) or type(exc).__name__)
+    except psycopg.Error as exc:
+        msg = str(exc).strip() or type(exc).__name__
+        return _error(f"database error: {msg}")
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # stdout closed early (e.g. `| head`): exit quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
