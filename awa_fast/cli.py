@@ -533,6 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error(str(exc) or type(exc).__name__)
     except psycopg.Error as exc:
         msg = str(exc).strip() or type(exc).__name__
+        if isinstance(exc, psycopg.OperationalError) and msg.startswith("connection failed"):
+            return _error(f"could not connect to the database: {msg}")
         return _error(f"database error: {msg}")
     except KeyboardInterrupt:
         print(file=sys.stderr)

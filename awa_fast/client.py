@@ -22,6 +22,7 @@ from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare
 from awa_fast.transaction import Transaction
 from awa_fast.worker.registry import Registry
+from awa_fast.worker.consequences import ConsequenceApplier, Settler
 from awa_fast.worker.specs import SpecRunner
 
 
@@ -69,7 +70,10 @@ class AsyncClient:
         self._pool_lock: asyncio.Lock | None = None
         self.registry = Registry()
         self.specs = SpecRunner()
+        self.consequences = ConsequenceApplier(self.registry)
+        self.settler = Settler(self.consequences, self.specs)
         self._runtime = None
+        self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -255,6 +259,25 @@ class AsyncClient:
         await self._fetch(sql.RESUME_QUEUE, (queue,))
         await self._fetch(sql.NOTIFY_QUEUE, (queue,))
 
+    # -- periodic (cron) jobs -------------------------------------------------------------------
+
+    async def list_cron_jobs(self) -> list[dict]:
+        """Every stored periodic schedule as a dict: the ``awa_fast.cron_jobs`` columns
+        (``last_fire_at`` = the scheduled fire time last enqueued, also as awa's
+        ``last_enqueued_at``) plus ``next_fire_at``; timestamps are ISO 8601 strings."""
+        from awa_fast import periodic
+
+        async with (await self.pool()).connection() as conn:
+            return await periodic.list_schedules(conn)
+
+    async def delete_cron_job(self, name: str) -> bool:
+        """Delete a stored schedule; ``True`` if it existed. A process that still registers it
+        upserts it again at its next ``start()``."""
+        from awa_fast import periodic
+
+        async with (await self.pool()).connection() as conn:
+            return await periodic.delete_schedule(conn, name)
+
     # -- workers --------------------------------------------------------------------------------
 
     def task(self, args_type: type, *, kind: str | None = None, queue: str = "default",
@@ -303,6 +326,32 @@ class AsyncClient:
         """Spec for a maintenance rescue: ``fn(args, job, reason)``; inserted best effort in a
         separate transaction *after* the rescue commits (ADR-029's atomicity matrix)."""
         self.specs.register("rescued", trigger_args_type, fn, kind=kind)
+
+    def periodic(self, name: str, cron_expr: str, args_type: type, args: Any, *,
+                 timezone: str = "UTC", queue: str = "default", priority: int = 2,
+                 max_attempts: int = 25, tags: list[str] | None = None,
+                 metadata: dict | None = None, missed_fire_policy: str = "coalesce") -> None:
+        """Register a periodic job (before ``start()``): insert ``args`` (kind from
+        ``args_type``) at each fire time of the 5-field ``cron_expr`` in ``timezone``.
+
+        ``start()`` stores the schedule in ``awa_fast.cron_jobs``; the maintenance leader enqueues
+        each fire time exactly once. A schedule new to the database does not fire retroactively:
+        its first job is for the next fire time. Missed fires (no leader running) become one job
+        for the latest (``"coalesce"``) or one job each (``"catch_up"``). A later registration
+        with the same name replaces the earlier one.
+
+        Raises:
+            ValueError: invalid cron expression, timezone, policy, args or insert option.
+            RuntimeError: the runtime is already started.
+        """
+        from awa_fast import periodic
+
+        if self._runtime is not None:
+            raise RuntimeError("periodic() must be called before start()")
+        job = periodic.build(name, cron_expr, args_type, args, timezone=timezone, queue=queue,
+                             priority=priority, max_attempts=max_attempts, tags=tags,
+                             metadata=metadata, missed_fire_policy=missed_fire_policy)
+        self.periodic_jobs[job.name] = job
 
     async def start(self, queues: Any = None, **options: Any) -> None:
         """Start claiming and running jobs in this process (see ``worker.runtime.RuntimeConfig``
@@ -354,7 +403,7 @@ class Client:
 
     _SYNC = ("migrate", "insert", "insert_many", "insert_many_copy", "get_job", "list_jobs",
              "retry", "cancel", "cancel_by_unique_key", "queue_stats", "pause_queue",
-             "resume_queue")
+             "resume_queue", "list_cron_jobs", "delete_cron_job")
 
     def __init__(self, database_url: str, max_connections: int = 10):
         self._async = AsyncClient(database_url, max_connections)

@@ -7,6 +7,7 @@ One round trip per call: a single row, an ``unnest`` batch, or COPY. Unique viol
 from __future__ import annotations
 
 import contextlib
+import logging
 from datetime import datetime
 from typing import Iterable, Iterator
 
@@ -20,6 +21,7 @@ from awa_fast.job import Job, JobState
 from awa_fast.requests import Prepared
 
 UNIQUE_INDEX = "idx_awa_fast_jobs_unique"
+log = logging.getLogger("awa_fast.enqueue")
 
 
 @contextlib.contextmanager
@@ -116,3 +118,28 @@ async def copy_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list
 
 def wrap_db_error(exc: Exception) -> DatabaseError:
     return DatabaseError(f"database error: {exc}")
+
+
+async def insert_follow_ups(conn: psycopg.AsyncConnection, requests: list[Prepared],
+                            trigger_kind: str, trigger_id: int) -> tuple[int, int]:
+    """Insert follow-ups in order inside the caller's transaction (ADR-029 / ADR-046).
+
+    A unique request is inserted under a savepoint and skipped on a unique conflict (logged at
+    debug with kinds and ids, never args); any other error propagates and rolls the caller's
+    transaction back. Returns ``(inserted, skipped)``.
+    """
+    inserted = skipped = 0
+    for p in requests:
+        if p.unique_key is None:
+            await insert_one(conn, p)
+            inserted += 1
+            continue
+        try:
+            async with conn.transaction():  # a savepoint
+                await insert_one(conn, p)
+            inserted += 1
+        except UniqueConflict:
+            skipped += 1
+            log.debug("follow-up %s of %s job %s skipped: unique key already held",
+                      p.kind, trigger_kind, trigger_id)
+    return inserted, skipped

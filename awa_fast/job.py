@@ -35,6 +35,9 @@ JOB_FIELDS = (
 )
 
 
+_N_FIELDS = len(JOB_FIELDS)
+
+
 def _ts(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
@@ -47,12 +50,13 @@ class Job:
 
     @classmethod
     def from_row(cls, row: tuple) -> "Job":
-        """Build from a row selected with ``awa_fast.sql.JOB_COLUMNS``."""
+        """Build from a row selected with ``awa_fast.sql.JOB_COLUMNS`` (extra trailing columns
+        are ignored)."""
         job = cls.__new__(cls)
         (job.id, job.kind, job.queue, job.args, state, job.priority, job.attempt,
          job.max_attempts, run_at, heartbeat_at, deadline_at, attempted_at, finalized_at,
          created_at, job.errors, job.metadata, job.tags, job.unique_key, job.unique_states,
-         callback_id, callback_timeout_at, job.run_lease, job.progress) = row
+         callback_id, callback_timeout_at, job.run_lease, job.progress) = row[:_N_FIELDS]
         job.state = JobState(state)
         job.run_at = _ts(run_at)
         job.heartbeat_at = _ts(heartbeat_at)

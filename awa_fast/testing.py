@@ -113,6 +113,7 @@ class AwaTestClient:
         if self._finalizer is None:
             self._finalizer = Finalizer(self.client.pool, flushers=0)
         self._finalizer.spec_runner = getattr(self.client, "specs", None)
+        self._finalizer.settler = getattr(self.client, "settler", None)
         outcome = await ex.execute(handler_rec, ctx)
         if outcome.kind == ex.ABANDON:
             return WorkResult(ctx, "abandoned", "deadline exceeded", applied=False)

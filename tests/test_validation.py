@@ -295,6 +295,7 @@ UNIQUE_BAD = [
     ("states_str", {"states": "31"}, "unique_opts.states"),
     ("by_period_str", {"by_period": "x"}, "unique_opts.by_period"),
     ("by_period_float", {"by_period": 1.5}, "unique_opts.by_period"),
+    ("by_period_bool", {"by_period": True}, "unique_opts.by_period"),
     ("by_period_beyond_i64", {"by_period": 2**63}, "unique_opts.by_period"),
 ]
 

@@ -256,3 +256,133 @@ RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, 
           j.deadline_at, j.created_at, j.errors, j.metadata, j.tags, j.run_lease, j.progress"""
 
 CLEAN = f"TRUNCATE {S}.jobs, {S}.queue_meta"
+
+
+# -- periodic (cron) jobs: awa_fast/periodic.py, migration 003 -----------------------------------
+
+CRON_COLUMNS = (
+    "name, cron_expr, timezone, kind, queue, args, priority, max_attempts, tags, metadata, "
+    "missed_fire_policy, last_fire_at, created_at, updated_at"
+)
+
+# Register a schedule. A new row starts at %(initial)s (the latest fire time <= now, so nothing
+# fires retroactively). An unchanged cron_expr + timezone keeps its last_fire_at (so fires missed
+# while no leader ran are still seen); a changed one restarts from max(old, %(initial)s). An
+# identical definition is not rewritten at all.
+CRON_UPSERT = f"""
+INSERT INTO {S}.cron_jobs AS c (name, cron_expr, timezone, kind, queue, args, priority,
+                                max_attempts, tags, metadata, missed_fire_policy, last_fire_at)
+VALUES (%(name)s, %(cron_expr)s, %(timezone)s, %(kind)s, %(queue)s, %(args)s::jsonb,
+        %(priority)s, %(max_attempts)s, %(tags)s::text[], %(metadata)s::jsonb,
+        %(missed_fire_policy)s, %(initial)s)
+ON CONFLICT (name) DO UPDATE SET
+    cron_expr = EXCLUDED.cron_expr, timezone = EXCLUDED.timezone, kind = EXCLUDED.kind,
+    queue = EXCLUDED.queue, args = EXCLUDED.args, priority = EXCLUDED.priority,
+    max_attempts = EXCLUDED.max_attempts, tags = EXCLUDED.tags, metadata = EXCLUDED.metadata,
+    missed_fire_policy = EXCLUDED.missed_fire_policy,
+    last_fire_at = CASE
+        WHEN c.cron_expr = EXCLUDED.cron_expr AND c.timezone = EXCLUDED.timezone
+             AND c.last_fire_at IS NOT NULL THEN c.last_fire_at
+        ELSE GREATEST(c.last_fire_at, EXCLUDED.last_fire_at) END,
+    updated_at = now()
+WHERE (c.cron_expr, c.timezone, c.kind, c.queue, c.args, c.priority, c.max_attempts, c.tags,
+       c.metadata, c.missed_fire_policy)
+      IS DISTINCT FROM
+      (EXCLUDED.cron_expr, EXCLUDED.timezone, EXCLUDED.kind, EXCLUDED.queue, EXCLUDED.args,
+       EXCLUDED.priority, EXCLUDED.max_attempts, EXCLUDED.tags, EXCLUDED.metadata,
+       EXCLUDED.missed_fire_policy)"""
+
+CRON_NOW = "SELECT statement_timestamp()"
+
+# Unlocked scan: which schedules may be due (the locked re-check decides).
+CRON_SCAN = f"""
+SELECT name, cron_expr, timezone, last_fire_at, statement_timestamp()
+FROM {S}.cron_jobs ORDER BY name"""
+
+# Inside the firing transaction: lock one schedule and read it again.
+CRON_LOCK = f"""
+SELECT {CRON_COLUMNS}, statement_timestamp()
+FROM {S}.cron_jobs WHERE name = %s FOR UPDATE"""
+
+CRON_ADVANCE = f"UPDATE {S}.cron_jobs SET last_fire_at = %s WHERE name = %s"
+
+CRON_LIST = f"SELECT {CRON_COLUMNS} FROM {S}.cron_jobs ORDER BY name"
+
+CRON_DELETE = f"DELETE FROM {S}.cron_jobs WHERE name = %s"
+
+# Failure settlement and consequences -------------------------------------------------------------
+
+# Rows of these two carry the consequence columns after JOB_COLUMNS.
+CONSEQUENCE_COLUMNS = "consequence_reason, consequence_path, consequence_attempts"
+
+LOCK_RUNNING = f"""
+SELECT {JOB_COLUMNS}, {CONSEQUENCE_COLUMNS} FROM {S}.jobs
+WHERE id = %s AND run_lease = %s AND state = 'running' FOR UPDATE"""
+
+SETTLE_FAILED = f"""
+UPDATE {S}.jobs
+SET state = 'failed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    callback_id = NULL, callback_timeout_at = NULL,
+    consequence_state = %(consequence)s, consequence_reason = %(reason)s,
+    consequence_path = CASE WHEN %(consequence)s::text = 'applied' THEN %(path)s END,
+    consequence_applied_at = CASE WHEN %(consequence)s::text = 'applied' THEN now() END,
+    consequence_retry_at = NULL, consequence_error = NULL
+WHERE id = %(id)s"""
+
+# A failing job whose consequence did not apply stays consequence_pending (a corrected job stays
+# failed); either way the consequence is owed and retried after retry_in seconds.
+MARK_CONSEQUENCE_PENDING = f"""
+UPDATE {S}.jobs
+SET state = CASE WHEN state = 'failed' THEN state ELSE 'consequence_pending' END,
+    heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL,
+    consequence_state = 'owed', consequence_reason = %(reason)s, consequence_path = %(path)s,
+    consequence_error = %(error)s, consequence_attempts = consequence_attempts + 1,
+    consequence_retry_at = now() + %(retry_in)s * interval '1 second'
+WHERE id = %(id)s"""
+
+MARK_CONSEQUENCE_APPLIED = f"""
+UPDATE {S}.jobs
+SET consequence_state = %(state)s, consequence_path = %(path)s,
+    consequence_applied_at = CASE WHEN %(state)s::text = 'applied' THEN now() END,
+    consequence_retry_at = NULL, consequence_error = NULL
+WHERE id = %(id)s"""
+
+DEAD_LETTER = f"SELECT {S}.dead_letter_if_enabled(%s, %s)"
+
+OWED_DUE = f"""
+SELECT id FROM {S}.jobs
+WHERE consequence_state = 'owed' AND consequence_retry_at <= now()
+ORDER BY consequence_retry_at LIMIT %s"""
+
+LOCK_OWED = f"""
+SELECT {JOB_COLUMNS}, {CONSEQUENCE_COLUMNS} FROM {S}.jobs
+WHERE id = %s AND consequence_state = 'owed' AND consequence_retry_at <= now()
+FOR UPDATE SKIP LOCKED"""
+
+CORRECT_TO_FAILED = f"""
+UPDATE {S}.jobs
+SET state = 'failed', finalized_at = now(), errors = errors || %(error)s::jsonb,
+    consequence_state = %(cstate)s, consequence_reason = 'corrected',
+    consequence_path = 'reconciliation', consequence_retry_at = now(),
+    consequence_applied_at = NULL, consequence_error = NULL
+WHERE id = %(id)s AND state = 'completed'
+RETURNING {JOB_COLUMNS}"""
+
+CONSEQUENCES_OWED = f"""
+SELECT id, kind, queue, state::text, consequence_reason, consequence_path, consequence_attempts,
+       consequence_error, consequence_retry_at,
+       (consequence_attempts > 0 OR consequence_retry_at < now() - interval '60 seconds') AS overdue
+FROM {S}.jobs WHERE consequence_state = 'owed' ORDER BY id LIMIT %s"""
+
+UNVERIFIED_COMPLETED = f"""
+SELECT {JOB_COLUMNS} FROM {S}.jobs
+WHERE kind = ANY(%s) AND state = 'completed' AND verified_at IS NULL
+  AND finalized_at > now() - %s * interval '1 second'
+ORDER BY id LIMIT %s"""
+
+MARK_VERIFIED = f"UPDATE {S}.jobs SET verified_at = now() WHERE id = ANY(%s)"
+
+APPEND_ERROR = f"""
+UPDATE {S}.jobs SET errors = errors || %(error)s::jsonb,
+    progress = COALESCE(%(progress)s::jsonb, progress)
+WHERE id = %(id)s"""

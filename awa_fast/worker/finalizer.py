@@ -61,7 +61,7 @@ class Finalizer:
     """
 
     def __init__(self, pool_getter: Callable[[], Awaitable[Any]], *, batch_size: int = BATCH_SIZE,
-                 flushers: int = FLUSHERS, spec_runner: Any = None):
+                 flushers: int = FLUSHERS, spec_runner: Any = None, settler: Any = None):
         self._pool_getter = pool_getter
         self.batch_size = batch_size
         self._pending: list[tuple[int, int, asyncio.Future]] = []
@@ -70,6 +70,7 @@ class Finalizer:
         self._flushers = [asyncio.create_task(self._flush_loop(), name=f"awa-finalizer-{i}")
                           for i in range(flushers)]
         self.spec_runner = spec_runner
+        self.settler = settler
         # Test hooks for fault injection: awaited with (conn, ctx) inside the per-job
         # transaction just before COMMIT, and after the COMMIT returned.
         self.before_commit: Callable[..., Awaitable[None]] | None = None
@@ -160,6 +161,8 @@ class Finalizer:
         raise AssertionError("unreachable")
 
     async def _finalize_once(self, ctx: JobContext, outcome: ex.Outcome, requests: list) -> bool:
+        if outcome.kind == ex.FAIL and self.settler is not None:
+            return await self._fail_once(ctx, outcome, requests)
         state, delta = _TRANSITIONS[outcome.kind]
         snap = ctx.progress_snapshot()
         params = {
@@ -191,21 +194,37 @@ class Finalizer:
 
     async def insert_follow_ups(self, conn, trigger_kind: str, trigger_id: int,
                                 requests: list) -> None:
-        """Insert follow-ups in order inside the caller's transaction; a unique one under a
-        savepoint, skipped on a unique conflict (logged at debug: kinds and ids, never args)."""
-        for p in requests:
-            if p.unique_key is None:
-                await enqueue.insert_one(conn, p)
-                self.stats["follow_ups_inserted"] += 1
-                continue
+        """Insert follow-ups in the caller's transaction (see ``enqueue.insert_follow_ups``)."""
+        inserted, skipped = await enqueue.insert_follow_ups(conn, requests, trigger_kind,
+                                                            trigger_id)
+        self.stats["follow_ups_inserted"] += inserted
+        self.stats["follow_ups_skipped"] += skipped
+
+    async def _fail_once(self, ctx: JobContext, outcome: ex.Outcome, exhausted: list) -> bool:
+        # Failure path: lock the attempt under its lease, run the kind's failure consequence,
+        # then settle (failed / DLQ + exhausted specs) -- or leave it consequence_pending.
+        snap = ctx.progress_snapshot()
+        pool = await self._pool_getter()
+        async with pool.connection() as conn:
             try:
-                async with conn.transaction():  # a savepoint
-                    await enqueue.insert_one(conn, p)
-                self.stats["follow_ups_inserted"] += 1
-            except enqueue.UniqueConflict:
-                self.stats["follow_ups_skipped"] += 1
-                log.debug("follow-up %s of %s job %s skipped: unique key already held",
-                          p.kind, trigger_kind, trigger_id)
+                async with conn.transaction():
+                    cur = await conn.execute(sql.LOCK_RUNNING, (ctx.id, ctx.run_lease))
+                    row = await cur.fetchone()
+                    if row is None:
+                        raise Stale()
+                    await self.settler.settle_failure(
+                        conn, row, reason=outcome.reason or "terminal_error", path="failure",
+                        error_entry=outcome.error, progress=None if snap is None else snap[1],
+                        exhausted=exhausted)
+                    if self.before_commit is not None:
+                        await self.before_commit(conn, ctx)
+            except Stale:
+                self.stats["stale"] += 1
+                return False
+            if self.after_commit is not None:
+                await self.after_commit(conn, ctx)
+        self.stats["per_job"] += 1
+        return True
 
     async def release(self, ctx: JobContext) -> bool:
         """Give an unfinished attempt back (shutdown): available again, attempt not counted."""

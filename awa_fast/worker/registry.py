@@ -43,11 +43,22 @@ class Handler:
     verify_success: Callable | None = None
 
 
+def check_consequence(kind: str, consequence: Any) -> None:
+    """Raises TypeError unless ``consequence`` is a callable, NO_FAILURE_CONSEQUENCE or unset."""
+    if consequence is UNDECLARED or consequence is NO_FAILURE_CONSEQUENCE or callable(consequence):
+        return
+    raise TypeError(f"failure_consequence of {kind!r} must be an async callable taking a "
+                    "JobFailure, or awa_fast.NO_FAILURE_CONSEQUENCE")
+
+
 class Registry:
     """Handlers keyed by kind (a later registration for a kind replaces the earlier one)."""
 
     def __init__(self) -> None:
         self.handlers: dict[str, Handler] = {}
+        # Consequences declared for kinds whose handler lives elsewhere.
+        self.consequences: dict[str, Any] = {}
+        self.verifiers: dict[str, Callable] = {}
 
     def register(self, args_type: Any, fn: Callable, *, kind: str, queue: str = "default",
                  failure_consequence: Any = UNDECLARED, verify_success: Callable | None = None) -> Handler:
@@ -60,10 +71,30 @@ class Registry:
             raise TypeError(f"handler for {kind!r} must be callable")
         is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             getattr(fn, "__call__", None))
+        check_consequence(kind, failure_consequence)
+        if failure_consequence is UNDECLARED and kind in self.consequences:
+            failure_consequence = self.consequences[kind]
         handler = Handler(kind, args_type, fn, queue, is_async, args_decoder(args_type),
                           failure_consequence, verify_success)
+        if verify_success is not None:
+            self.verifiers[kind] = verify_success
         self.handlers[kind] = handler
         return handler
+
+    def declare_consequence(self, kind: str, consequence: Any) -> None:
+        """Declare ``kind``'s failure consequence without registering a handler here."""
+        if consequence is UNDECLARED:
+            raise TypeError("declare a callable or NO_FAILURE_CONSEQUENCE")
+        check_consequence(kind, consequence)
+        self.consequences[kind] = consequence
+        handler = self.handlers.get(kind)
+        if handler is not None:
+            handler.failure_consequence = consequence
+
+    def undeclared_kinds(self) -> list[str]:
+        """Registered kinds with neither a consequence nor an explicit no-effect declaration."""
+        return sorted(k for k, h in self.handlers.items()
+                      if h.failure_consequence is UNDECLARED and k not in self.consequences)
 
     def get(self, kind: str) -> Handler | None:
         return self.handlers.get(kind)

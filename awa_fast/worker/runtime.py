@@ -123,6 +123,7 @@ class Runtime:
                  finalizer_batch_size: int = 512,
                  sync_handler_threads: int | None = None,
                  maintenance: bool = True,
+                 cron_interval_ms: int | None = None,
                  **ignored: Any):
         unknown = set(ignored) - _IGNORED
         if unknown:
@@ -150,6 +151,9 @@ class Runtime:
                 setattr(mconf, key, value)
         self.maintenance_config = mconf
         self.run_maintenance = maintenance
+        # Periodic jobs: how often the maintenance leader evaluates awa_fast.cron_jobs.
+        self.cron_interval_s = _positive(1000 if cron_interval_ms is None else cron_interval_ms,
+                                         "cron_interval_ms") / 1000
         self.finalizer_batch_size = finalizer_batch_size
         self.thread_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=sync_handler_threads or min(32, (os.cpu_count() or 1) + 4),
@@ -172,8 +176,9 @@ class Runtime:
         pool_getter = self.client.pool
         await pool_getter()
         self.client.specs.frozen = True
+        await self._sync_periodic()
         self.finalizer = Finalizer(pool_getter, batch_size=self.finalizer_batch_size,
-                                   spec_runner=self.client.specs)
+                                   spec_runner=self.client.specs, settler=self.client.settler)
         for q in self.queues:
             self.dispatchers[q.name] = Dispatcher(
                 q.name, pool_getter=pool_getter, spawn=self._spawn, max_workers=q.max_workers,
@@ -187,7 +192,8 @@ class Runtime:
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
         if self.run_maintenance:
             self.maintenance = Maintenance(self.client.database_url, pool_getter,
-                                           self.maintenance_config, on_rescued=self._on_rescued)
+                                           self.maintenance_config, on_rescued=self._on_rescued,
+                                           extra_tasks=[(self.cron_interval_s, self._evaluate_cron)])
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
@@ -280,6 +286,24 @@ class Runtime:
             except Exception:
                 log.exception("rescued follow-up spec of %s job %s failed (best effort)", kind,
                               job_id)
+
+    # -- periodic jobs ----------------------------------------------------------------------------
+
+    async def _sync_periodic(self) -> None:
+        """Upsert the client's registered periodic schedules into awa_fast.cron_jobs."""
+        from awa_fast import periodic
+
+        jobs = list(getattr(self.client, "periodic_jobs", {}).values())
+        if jobs:
+            async with (await self.client.pool()).connection() as conn:
+                await periodic.sync_schedules(conn, jobs)
+
+    async def _evaluate_cron(self) -> int:
+        """Leader only (a Maintenance extra task): enqueue due periodic fires."""
+        from awa_fast import periodic
+
+        async with (await self.client.pool()).connection() as conn:
+            return await periodic.evaluate(conn)
 
     # -- notifications --------------------------------------------------------------------------
 

@@ -1,0 +1,269 @@
+"""Periodic (cron) jobs: registration, storage in ``awa_fast.cron_jobs`` and leader evaluation.
+
+Lifecycle:
+
+1. ``AsyncClient.periodic(...)`` validates a schedule in memory (cron expression with croniter,
+   timezone with :mod:`zoneinfo`, the missed-fire policy, and the args and insert options with
+   :func:`awa_fast.requests.prepare`), so mistakes raise ``ValueError`` at registration.
+2. ``AsyncClient.start()`` upserts the registered schedules (:func:`sync_schedules`). A schedule
+   new to the database starts with ``last_fire_at`` = its most recent fire time at or before now:
+   registering a schedule never fires it retroactively, its first job is the next fire time. A
+   re-registration with the same cron expression and timezone keeps ``last_fire_at`` (missed fires
+   are then handled by the policy); a changed expression or timezone restarts from now.
+3. The maintenance leader (one per database) runs :func:`evaluate` every ``cron_interval_ms``
+   (default 1000). Every schedule in the table is evaluated, whichever process registered it.
+
+Exactly once: a due schedule is fired in one transaction that locks its row
+(``SELECT ... FOR UPDATE``), re-reads ``last_fire_at``, computes the due fire times after it,
+inserts the job(s) and advances ``last_fire_at`` to the last fire time enqueued. A concurrent
+evaluator (a second leader during a failover, a manual call) waits on the lock and then sees the
+advanced ``last_fire_at``, so it finds nothing due. A crash before commit enqueues nothing and the
+next evaluation retries the same fire times.
+
+Missed fires (all fire times in ``(last_fire_at, now]``, e.g. after downtime):
+
+- ``"coalesce"`` (default): one job, for the latest due fire time.
+- ``"catch_up"``: one job per due fire time, oldest first, at most :data:`CATCH_UP_BATCH` per
+  evaluation (the rest follow on the next evaluations).
+
+Each job's metadata carries ``awa:cron_name`` and ``awa:cron_fire_at`` (ISO 8601, UTC).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import datetime, timezone as dt_timezone
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import orjson
+import psycopg
+from croniter import croniter
+
+from awa_fast import enqueue, sql
+from awa_fast.job import Job
+from awa_fast.requests import kind_for_type, prepare
+
+log = logging.getLogger("awa_fast.periodic")
+
+POLICIES = ("coalesce", "catch_up")
+CATCH_UP_BATCH = 1000
+DEFAULT_INTERVAL_MS = 1000
+META_NAME = "awa:cron_name"
+META_FIRE_AT = "awa:cron_fire_at"
+
+
+@dataclasses.dataclass(frozen=True)
+class PeriodicJob:
+    """One validated schedule; ``args`` and ``metadata`` are JSON text."""
+
+    name: str
+    cron_expr: str
+    timezone: str
+    kind: str
+    queue: str
+    args: str
+    priority: int
+    max_attempts: int
+    tags: list[str]
+    metadata: str
+    missed_fire_policy: str
+
+    def params(self, initial: datetime) -> dict:
+        return {**dataclasses.asdict(self), "initial": initial}
+
+
+def check_cron(cron_expr: Any) -> str:
+    """Validate a cron expression: five fields (minute hour day-of-month month day-of-week) or an
+    ``@`` alias (``@hourly``, ``@daily``, ...). Returns it stripped.
+
+    Raises:
+        ValueError: not a valid expression (the message quotes it).
+    """
+    if not isinstance(cron_expr, str):
+        raise ValueError(f"cron expression must be a str, got {type(cron_expr).__name__}")
+    expr = cron_expr.strip()
+    if not expr.startswith("@") and len(expr.split()) != 5:
+        raise ValueError(f"invalid cron expression {cron_expr!r}: expected 5 fields "
+                         "(minute hour day-of-month month day-of-week) or an @alias")
+    try:
+        croniter(expr)
+    except (ValueError, KeyError, TypeError) as exc:  # CroniterError is a ValueError
+        raise ValueError(f"invalid cron expression {cron_expr!r}: {exc}") from exc
+    if expr.lower() == "@reboot":
+        raise ValueError(f"invalid cron expression {cron_expr!r}: @reboot has no fire times")
+    return expr
+
+
+def check_timezone(name: Any) -> ZoneInfo:
+    """The :class:`~zoneinfo.ZoneInfo` named ``name`` (IANA name such as ``"Europe/Paris"``).
+
+    Raises:
+        ValueError: unknown or malformed timezone name.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"timezone must be a non-empty IANA name, got {name!r}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise ValueError(f"unknown timezone {name!r}") from exc
+
+
+def build(name: str, cron_expr: str, args_type: type, args: Any, *, timezone: str = "UTC",
+          queue: str = "default", priority: int = 2, max_attempts: int = 25,
+          tags: list[str] | None = None, metadata: dict | None = None,
+          missed_fire_policy: str = "coalesce") -> PeriodicJob:
+    """Validate one schedule (see ``AsyncClient.periodic``).
+
+    Raises:
+        ValueError: bad name, cron expression, timezone or policy; ``ValidationError`` (a
+            ``ValueError``) for bad args or insert options.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"periodic job name must be a non-empty str, got {name!r}")
+    expr = check_cron(cron_expr)
+    check_timezone(timezone)
+    if missed_fire_policy not in POLICIES:
+        raise ValueError(f"missed_fire_policy must be 'coalesce' or 'catch_up', "
+                         f"got {missed_fire_policy!r}")
+    if not isinstance(args_type, type):
+        raise ValueError(f"args_type must be a type, got {args_type!r}")
+    if not isinstance(args, (dict, args_type)):
+        raise ValueError(f"args must be a {args_type.__name__} instance or a dict, "
+                         f"got {type(args).__name__}")
+    p = prepare(args, kind=kind_for_type(args_type), queue=queue, priority=priority,
+                max_attempts=max_attempts, tags=tags, metadata=metadata)
+    return PeriodicJob(name, expr, timezone, p.kind, p.queue, p.args, p.priority,
+                       p.max_attempts, list(p.tags), p.metadata, missed_fire_policy)
+
+
+# -- fire times ---------------------------------------------------------------------------------
+
+
+def latest_fire(cron_expr: str, tz: str, at: datetime) -> datetime:
+    """The latest fire time ``<= at`` (UTC)."""
+    local = at.astimezone(ZoneInfo(tz))
+    prev = croniter(cron_expr, local).get_prev(datetime)  # strictly before ``at``
+    nxt = croniter(cron_expr, prev).get_next(datetime)
+    if nxt <= local:  # ``at`` is itself a fire time
+        prev = nxt
+    return prev.astimezone(dt_timezone.utc)
+
+
+def next_fire(cron_expr: str, tz: str, after: datetime) -> datetime:
+    """The first fire time strictly after ``after`` (UTC)."""
+    local = after.astimezone(ZoneInfo(tz))
+    return croniter(cron_expr, local).get_next(datetime).astimezone(dt_timezone.utc)
+
+
+def due_fires(cron_expr: str, tz: str, policy: str, last: datetime | None, now: datetime,
+              limit: int = CATCH_UP_BATCH) -> list[datetime]:
+    """The fire times to enqueue now: those in ``(last, now]`` after the policy (coalesce: the
+    latest one; catch_up: the oldest ``limit``). ``last=None`` means "never fired": only the
+    latest fire time <= now is due."""
+    latest = latest_fire(cron_expr, tz, now)
+    if last is not None and latest <= last:
+        return []
+    if policy != "catch_up" or last is None:
+        return [latest]
+    out = []
+    it = croniter(cron_expr, last.astimezone(ZoneInfo(tz)))
+    while len(out) < limit:
+        t = it.get_next(datetime).astimezone(dt_timezone.utc)
+        if t > now:
+            break
+        out.append(t)
+    return out
+
+
+# -- database -----------------------------------------------------------------------------------
+
+
+async def sync_schedules(conn: psycopg.AsyncConnection, jobs: list[PeriodicJob]) -> None:
+    """Upsert the registered schedules (in one transaction)."""
+    if not jobs:
+        return
+    with enqueue.mapped_errors():  # a missing table -> SchemaNotMigrated
+        async with conn.transaction():
+            now = (await (await conn.execute(sql.CRON_NOW)).fetchone())[0]
+            for job in jobs:
+                initial = latest_fire(job.cron_expr, job.timezone, now)
+                await conn.execute(sql.CRON_UPSERT, job.params(initial))
+
+
+async def fire_one(conn: psycopg.AsyncConnection, name: str) -> list[Job]:
+    """Fire schedule ``name`` if due, exactly once: lock, re-check, insert, advance, commit.
+
+    Returns the jobs inserted (empty when nothing was due or the schedule is gone).
+    """
+    async with conn.transaction():
+        cur = await conn.execute(sql.CRON_LOCK, (name,))
+        row = await cur.fetchone()
+        if row is None:
+            return []
+        (name, cron_expr, tz, kind, queue, args, priority, max_attempts, tags, metadata, policy,
+         last, _created, _updated, now) = row
+        fires = due_fires(cron_expr, tz, policy, last, now)
+        if not fires:
+            return []
+        args = _json(args)
+        base_meta = _json(metadata)
+        rows = [prepare(args, kind=kind, queue=queue, priority=priority,
+                        max_attempts=max_attempts, tags=list(tags or ()),
+                        metadata={**base_meta, META_NAME: name,
+                                  META_FIRE_AT: fire.isoformat()})
+                for fire in fires]
+        jobs = await enqueue.insert_many(conn, rows)
+        await conn.execute(sql.CRON_ADVANCE, (fires[-1], name))
+    log.debug("cron %s fired %d job(s), last fire %s", name, len(jobs), fires[-1])
+    return jobs
+
+
+async def evaluate(conn: psycopg.AsyncConnection) -> int:
+    """One evaluation pass over every schedule in the table; returns the jobs enqueued.
+
+    A schedule whose stored expression or timezone no longer parses is logged and skipped.
+    """
+    cur = await conn.execute(sql.CRON_SCAN)
+    total = 0
+    for name, cron_expr, tz, last, now in await cur.fetchall():
+        try:
+            if last is not None and next_fire(cron_expr, tz, last) > now:
+                continue
+            total += len(await fire_one(conn, name))
+        except (ValueError, KeyError, ZoneInfoNotFoundError) as exc:
+            log.warning("cron job %r cannot be evaluated: %s", name, exc)
+    return total
+
+
+async def list_schedules(conn: psycopg.AsyncConnection) -> list[dict]:
+    """Every stored schedule as a dict (timestamps as ISO 8601 strings; ``next_fire_at``
+    computed; ``last_enqueued_at`` is awa's name for ``last_fire_at``)."""
+    cur = await conn.execute(sql.CRON_LIST)
+    names = [c.name for c in cur.description]
+    out = []
+    for row in await cur.fetchall():
+        d = dict(zip(names, row))
+        d["args"], d["metadata"], d["tags"] = _json(d["args"]), _json(d["metadata"]), list(d["tags"])
+        try:
+            base = d["last_fire_at"] or datetime.now(dt_timezone.utc)
+            d["next_fire_at"] = next_fire(d["cron_expr"], d["timezone"], base).isoformat()
+        except (ValueError, KeyError, ZoneInfoNotFoundError):
+            d["next_fire_at"] = None
+        for key in ("last_fire_at", "created_at", "updated_at"):
+            d[key] = None if d[key] is None else d[key].isoformat()
+        d["last_enqueued_at"] = d["last_fire_at"]
+        out.append(d)
+    return out
+
+
+async def delete_schedule(conn: psycopg.AsyncConnection, name: str) -> bool:
+    cur = await conn.execute(sql.CRON_DELETE, (name,))
+    return cur.rowcount > 0
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, (str, bytes)):
+        return orjson.loads(value)
+    return value

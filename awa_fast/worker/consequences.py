@@ -1,0 +1,265 @@
+"""Per-kind failure consequences (ADR-PFM-OPS-003, awa-fast's variant), declared once per kind
+and applied by one applier from both settlement paths.
+
+* Failure path (terminal error, exhaustion, staging poison, ``fail_external``, rescue or callback
+  timeout on the final attempt): the effect runs on the settlement transaction's connection
+  *before* the job settles. If it raises or times out, nothing settles: the job goes to the
+  non-terminal state ``consequence_pending`` (never handed to a handler again) and the reconciler
+  retries the effect with backoff until it succeeds, then settles the job.
+* Reconciliation path (``correct_to_failed`` / ``verify_success``): the job settles first
+  (completed -> failed) and, in that same transaction, the consequence is recorded as *owed*;
+  it is applied afterwards and the reconciler retries owed consequences until they succeed.
+  This closes the seed's admitted gap (a failed effect after settlement had no retry path).
+
+Effects must be repeat-safe: a crash after the effect but before the commit runs it again.
+A successful application is recorded on the job (``consequence_state='applied'``, when, path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any, Awaitable, Callable
+
+import orjson
+import psycopg
+
+from awa_fast import enqueue, sql
+from awa_fast.job import JOB_FIELDS, Job
+from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE, UNDECLARED, Registry
+
+log = logging.getLogger("awa_fast.consequences")
+
+REASONS = ("terminal_error", "exhausted", "rescue_exhausted", "deadline_exhausted",
+           "callback_failed", "callback_timeout", "corrected")
+MAX_BACKOFF_S = 600.0
+
+
+@dataclasses.dataclass
+class JobFailure:
+    """What a failure consequence receives.
+
+    Attributes:
+        job: the job snapshot (``id, kind, queue, args`` -- typed when the kind's args type is
+            registered here --, ``attempt, max_attempts, metadata, errors``).
+        path: ``"failure"`` or ``"reconciliation"``.
+        reason: one of ``terminal_error, exhausted, rescue_exhausted, deadline_exhausted,
+            callback_failed, callback_timeout, corrected``.
+        error: the failure's error text.
+        conn: a psycopg ``AsyncConnection`` inside the settlement transaction: writes made on it
+            commit if and only if the consequence is recorded as applied.
+        idempotency_key: stable per job and failure (the same on every retry of the effect).
+    """
+
+    job: Job
+    path: str
+    reason: str
+    error: str
+    conn: psycopg.AsyncConnection
+    idempotency_key: str
+
+    @property
+    def id(self) -> int:
+        return self.job.id
+
+    @property
+    def kind(self) -> str:
+        return self.job.kind
+
+    @property
+    def args(self) -> Any:
+        return self.job.args
+
+
+def idempotency_key(job_id: int, attempt: int, reason: str) -> str:
+    if reason == "corrected":
+        return f"awa-fast:{job_id}:corrected"
+    return f"awa-fast:{job_id}:attempt-{attempt}:failed"
+
+
+def backoff(attempts: int, base_s: float) -> float:
+    """Seconds before the reconciler retries a failed effect (doubling, capped at 10 min)."""
+    return min(base_s * 2 ** max(attempts - 1, 0), MAX_BACKOFF_S)
+
+
+class ConsequenceApplier:
+    """Runs declared consequences for one client's registry.
+
+    Args:
+        registry: the client's handler registry (declarations live on its handlers and in
+            ``declarations`` for kinds handled elsewhere).
+        timeout_s: how long an effect may run (seconds) before it counts as failed.
+        backoff_base_s: first reconciler retry delay (seconds); doubles per failure.
+    """
+
+    def __init__(self, registry: Registry, *, timeout_s: float = 30.0,
+                 backoff_base_s: float = 1.0):
+        self.registry = registry
+        self.timeout_s = timeout_s
+        self.backoff_base_s = backoff_base_s
+
+    def declaration(self, kind: str) -> Any:
+        """The declared consequence of ``kind``: a callable, ``NO_FAILURE_CONSEQUENCE``, or
+        ``UNDECLARED``."""
+        handler = self.registry.get(kind)
+        if handler is not None and handler.failure_consequence is not UNDECLARED:
+            return handler.failure_consequence
+        return self.registry.consequences.get(kind, UNDECLARED)
+
+    def effect_of(self, kind: str) -> Callable | None:
+        decl = self.declaration(kind)
+        return decl if callable(decl) else None
+
+    def kinds_with_effects(self) -> list[str]:
+        kinds = {k for k in self.registry.consequences if callable(self.registry.consequences[k])}
+        kinds.update(h.kind for h in self.registry.handlers.values()
+                     if callable(h.failure_consequence))
+        return sorted(kinds)
+
+    def snapshot(self, row: tuple) -> Job:
+        """A Job from a ``JOB_COLUMNS`` row, with typed args when the kind is registered."""
+        job = Job.from_row(row)
+        handler = self.registry.get(job.kind)
+        if handler is not None:
+            try:
+                job.args = handler.decode(job.args)
+            except Exception:  # the effect still gets the raw dict
+                pass
+        return job
+
+    async def run_effect(self, conn, fn: Callable[[JobFailure], Awaitable[Any]], job: Job,
+                         path: str, reason: str, error: str) -> str | None:
+        """Run ``fn`` under a savepoint on ``conn``; returns ``None`` on success or the error
+        text (the savepoint is rolled back: the effect's writes are undone)."""
+        failure = JobFailure(job, path, reason, error, conn,
+                             idempotency_key(job.id, job.attempt, reason))
+        try:
+            async with conn.transaction():  # savepoint
+                async with asyncio.timeout(self.timeout_s):
+                    result = fn(failure)
+                    if asyncio.iscoroutine(result):
+                        await result
+        except Exception as exc:  # any failure of the effect keeps the job owed
+            log.warning("failure consequence of %s job %s failed: %s", job.kind, job.id, exc)
+            return f"{type(exc).__qualname__}: {exc}"
+        return None
+
+
+class Settler:
+    """Settles failing jobs the same way from every path: the ordinary failure path (worker
+    outcome, ``fail_external``), rescue on the final attempt, and the reconciler.
+
+    Args:
+        applier: the consequence applier (declarations + effect runner).
+        specs: the client's :class:`~awa_fast.worker.specs.SpecRunner` (exhausted specs).
+    """
+
+    def __init__(self, applier: ConsequenceApplier, specs: Any):
+        self.applier = applier
+        self.specs = specs
+        self.stats = {"applied": 0, "pending": 0, "dead_lettered": 0}
+
+    def _consequence_value(self, kind: str) -> str | None:
+        return "none" if self.applier.declaration(kind) is NO_FAILURE_CONSEQUENCE else None
+
+    async def settle_failure(self, conn, row: tuple, *, reason: str, path: str,
+                             error_entry: dict | None, progress: str | None = None,
+                             exhausted: list | None = None) -> str:
+        """Inside the caller's transaction, with the job's row locked (``row`` from
+        ``sql.LOCK_RUNNING``-style ``JOB_COLUMNS``): run the kind's effect, then settle.
+
+        Returns ``"failed"``, ``"dead_lettered"`` or ``"consequence_pending"`` (the effect
+        failed: nothing settled, the reconciler retries it).
+        """
+        job_id, kind = row[0], row[1]
+        if error_entry is not None or progress is not None:
+            await conn.execute(sql.APPEND_ERROR, {
+                "id": job_id, "progress": progress,
+                "error": None if error_entry is None else orjson.dumps([error_entry]).decode()})
+        error = "" if error_entry is None else error_entry.get("error", "")
+        return await self._apply_and_settle(conn, row, reason, path, error, exhausted)
+
+    async def _apply_and_settle(self, conn, row: tuple, reason: str, path: str, error: str,
+                                exhausted: list | None) -> str:
+        job_id, kind = row[0], row[1]
+        fn = self.applier.effect_of(kind)
+        consequence = self._consequence_value(kind)
+        if fn is not None:
+            failed = await self.applier.run_effect(conn, fn, self.applier.snapshot(row), path,
+                                                   reason, error)
+            if failed is not None:
+                attempts = (row_consequence_attempts(row) or 0) + 1
+                await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
+                    "id": job_id, "reason": reason, "path": path, "error": failed,
+                    "retry_in": backoff(attempts, self.applier.backoff_base_s)})
+                self.stats["pending"] += 1
+                return "consequence_pending"
+            consequence = "applied"
+            self.stats["applied"] += 1
+        await conn.execute(sql.SETTLE_FAILED, {"id": job_id, "consequence": consequence,
+                                               "reason": reason, "path": path})
+        if exhausted is None:
+            job = Job.from_row(row)
+            exhausted = self.specs.requests(kind, "exhausted", job.args, job, job_id,
+                                            job.metadata, error, job.attempt)
+        if exhausted:
+            await enqueue.insert_follow_ups(conn, exhausted, kind, job_id)
+        cur = await conn.execute(sql.DEAD_LETTER, (job_id, reason))
+        if (await cur.fetchone())[0]:
+            self.stats["dead_lettered"] += 1
+            return "dead_lettered"
+        return "failed"
+
+    async def reconcile_one(self, pool, job_id: int) -> str | None:
+        """Retry the owed consequence of one job (reconciler). Returns the new settlement,
+        ``"owed"`` if the effect failed again, or ``None`` when the job was not due/lockable or
+        its kind's consequence is unknown in this process (left owed and visible)."""
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                cur = await conn.execute(sql.LOCK_OWED, (job_id,))
+                row = await cur.fetchone()
+                if row is None:
+                    return None
+                kind, state = row[1], row[4]
+                decl = self.applier.declaration(kind)
+                if decl is UNDECLARED and self.applier.registry.get(kind) is None:
+                    log.warning("consequence of %s job %s is owed but %s is not declared in "
+                                "this process; leaving it owed", kind, job_id, kind)
+                    return None
+                reason, path = row_consequence(row)
+                error = error_text(row[14])
+                if state == "consequence_pending":
+                    return await self._apply_and_settle(conn, row, reason, path, error, None)
+                # A corrected (already settled) job: apply, then record it applied.
+                fn = self.applier.effect_of(kind)
+                if fn is not None:
+                    failed = await self.applier.run_effect(
+                        conn, fn, self.applier.snapshot(row), path, reason, error)
+                    if failed is not None:
+                        attempts = (row_consequence_attempts(row) or 0) + 1
+                        await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
+                            "id": job_id, "reason": reason, "path": path, "error": failed,
+                            "retry_in": backoff(attempts, self.applier.backoff_base_s)})
+                        return "owed"
+                    self.stats["applied"] += 1
+                await conn.execute(sql.MARK_CONSEQUENCE_APPLIED, {
+                    "id": job_id, "path": path,
+                    "state": "applied" if fn is not None else "none"})
+                return "applied" if fn is not None else "none"
+
+
+# Extra columns after JOB_COLUMNS in LOCK_OWED / LOCK_RUNNING rows.
+def row_consequence(row: tuple) -> tuple[str, str]:
+    return row[len(JOB_FIELDS)], row[len(JOB_FIELDS) + 1] or "failure"
+
+
+def row_consequence_attempts(row: tuple) -> int:
+    return row[len(JOB_FIELDS) + 2] if len(row) > len(JOB_FIELDS) + 2 else 0
+
+
+def error_text(errors: list) -> str:
+    if not errors:
+        return ""
+    last = errors[-1]
+    return last.get("error", "") if isinstance(last, dict) else orjson.dumps(last).decode()

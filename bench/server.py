@@ -1,0 +1,110 @@
+"""The PostgreSQL server a benchmark run uses.
+
+``start_durable()`` starts a throwaway cluster from the same binaries as
+``awa_fast.embedded.start_temp()``, but with ``fsync=on`` and ``full_page_writes=on``
+(``start_temp`` passes ``fsync=off`` / ``full_page_writes=off`` on the postgres command line,
+and command-line settings outrank ``ALTER SYSTEM``, so they cannot be switched back on a
+running ``start_temp`` server). ``synchronous_commit=on`` in both cases.
+
+``--unsafe-fsync-off`` uses ``start_temp()`` as is (faster, not durable across an OS crash).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from awa_fast import embedded as emb
+
+DURABLE_SETTINGS = {
+    "fsync": "on",
+    "synchronous_commit": "on",
+    "full_page_writes": "on",
+    "max_connections": "200",
+    "shared_buffers": "128MB",
+}
+
+
+def start_durable(settings: dict[str, str] | None = None, timeout: float = 60.0) -> emb.TempServer:
+    """A throwaway server like ``start_temp()`` with durable settings (or ``settings``)."""
+    settings = dict(DURABLE_SETTINGS if settings is None else settings)
+    bindir = emb.find_bindir()
+    acct = emb._server_account()
+    parent = Path(os.environ.get("AWA_PG_TMPDIR") or "/tmp")
+    emb._remove_stale_temp_dirs(parent)
+    datadir = Path(tempfile.mkdtemp(prefix=f"{emb._TEMP_PREFIX}{os.getpid()}-", dir=parent))
+    try:
+        if acct.switch:
+            emb._check_traversable(datadir, acct)
+            os.chown(datadir, acct.uid, acct.gid)
+        emb._initdb(bindir, datadir, acct, nosync=True)
+        log_path = datadir / "server.log"
+        port = emb._free_port()
+        argv = [str(bindir / "postgres"), "-D", str(datadir), "-p", str(port),
+                "-k", str(datadir), "-h", "127.0.0.1"]
+        for key, value in settings.items():
+            argv += ["-c", f"{key}={value}"]
+        with open(log_path, "wb") as log:
+            if acct.switch:
+                os.fchown(log.fileno(), acct.uid, acct.gid)
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=str(datadir), env=emb._server_env(), preexec_fn=emb._make_pdeathsig_preexec(),
+                start_new_session=True, **acct.popen_kwargs())
+        dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise emb.EmbeddedPostgresError("postgres exited at start" + emb._log_tail(log_path))
+            try:
+                with psycopg.connect(dsn, connect_timeout=2, autocommit=True):
+                    pass
+                return emb.TempServer(proc, port, datadir)
+            except psycopg.OperationalError:
+                pass
+            if time.monotonic() > deadline:
+                emb._stop_proc(proc)
+                raise emb.EmbeddedPostgresError("postgres did not accept connections" + emb._log_tail(log_path))
+            time.sleep(0.05)
+    except BaseException:
+        shutil.rmtree(datadir, ignore_errors=True)
+        raise
+
+
+def server_settings(dsn: str) -> dict[str, str]:
+    names = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_level",
+             "shared_buffers", "max_connections", "max_wal_size", "checkpoint_timeout")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)",
+                            (list(names),)).fetchall()
+    out = {}
+    for name, setting, unit in rows:
+        out[name] = setting if not unit or unit in ("ms", "s") and False else (
+            f"{setting}{'' if not unit else ' x ' + unit}" if unit else setting)
+    return out
+
+
+def create_database(admin_dsn: str, name: str) -> str:
+    """Create a fresh database ``name`` (dropping an old one) and return its DSN."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return dsn_for(admin_dsn, name)
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def dsn_for(admin_dsn: str, dbname: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    params = conninfo_to_dict(admin_dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
