@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 import orjson
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.rows import tuple_row
 
 from awa_fast import sql
 from awa_fast.errors import DatabaseError, UniqueConflict, ValidationError
@@ -62,14 +63,17 @@ def many_params(rows: list[Prepared]) -> tuple:
 async def insert_one(conn: psycopg.AsyncConnection, p: Prepared) -> Job:
     """Insert one prepared job; returns the stored row."""
     with mapped_errors():
-        cur = await conn.execute(sql.INSERT_ONE, one_params(p))
+        # The caller's connection may have any row factory (bridge): read tuples.
+        cur = conn.cursor(row_factory=tuple_row)
+        await cur.execute(sql.INSERT_ONE, one_params(p))
         return Job.from_row(await cur.fetchone())
 
 
 def insert_one_sync(conn: psycopg.Connection, p: Prepared) -> Job:
     """Blocking twin of :func:`insert_one`."""
     with mapped_errors():
-        return Job.from_row(conn.execute(sql.INSERT_ONE, one_params(p)).fetchone())
+        cur = conn.cursor(row_factory=tuple_row)
+        return Job.from_row(cur.execute(sql.INSERT_ONE, one_params(p)).fetchone())
 
 
 async def insert_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list[Job]:
@@ -91,7 +95,8 @@ def _copy_rows(rows: list[Prepared], ids: list[int], now: datetime) -> Iterable[
 
 def copied_job(job_id: int, p: Prepared, now: datetime) -> Job:
     """The Job a COPY wrote, built locally (every column is known: nothing to read back)."""
-    run_at = p.run_at or now
+    # The session's time zone, as a read-back would give it.
+    run_at = p.run_at.astimezone(now.tzinfo) if p.run_at else now
     row = (job_id, p.kind, p.queue, orjson.loads(p.args),
            JobState.Scheduled if run_at > now else JobState.Available, p.priority, 0,
            p.max_attempts, run_at, None, None, None, None, now, [], orjson.loads(p.metadata),

@@ -165,7 +165,7 @@ def due_fires(cron_expr: str, tz: str, policy: str, last: datetime | None, now: 
     latest = latest_fire(cron_expr, tz, now)
     if last is not None and latest <= last:
         return []
-    if policy != "catch_up" or last is None:
+    if last is None:
         return [latest]
     out = []
     it = croniter(cron_expr, last.astimezone(ZoneInfo(tz)))

@@ -93,13 +93,17 @@ def args_to_builtins(args: Any) -> dict:
     """
     if type(args) is dict:
         return args
-    if isinstance(args, msgspec.Struct) or (
-        dataclasses.is_dataclass(args) and not isinstance(args, type)
-    ):
-        return msgspec.to_builtins(args)
-    dump = getattr(args, "model_dump", None)
-    if dump is not None:
-        return dump(mode="json")
+    try:
+        if isinstance(args, msgspec.Struct) or (
+            dataclasses.is_dataclass(args) and not isinstance(args, type)
+        ):
+            return msgspec.to_builtins(args)
+        dump = getattr(args, "model_dump", None)
+        if dump is not None:
+            return dump(mode="json")
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(f"args are not JSON-serializable: {exc}", field="args",
+                                 limit="JSON") from exc
     if isinstance(args, dict):
         return dict(args)
     raise ValidationError(

@@ -283,10 +283,6 @@ async def test_insert_many_copy_options_match_get_job(client, dsn):
     assert q(dsn, "SELECT count(*) AS n FROM awa_fast.jobs WHERE ordering_key = 'ok'::bytea")[0]["n"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: awa_fast/enqueue.py copied_job builds run_at from the Python UTC datetime, while "
-    "insert/get_job format timestamps in the session TimeZone, so insert_many_copy returns a "
-    "different run_at string than get_job (and insert) on a non-UTC session"))
 async def test_insert_many_copy_run_at_matches_get_job_on_non_utc_session(dsn):
     tz_dsn = psycopg.conninfo.make_conninfo(dsn, options="-c TimeZone=Europe/Berlin")
     run_at = datetime(2040, 1, 1, tzinfo=UTC)
@@ -415,11 +411,6 @@ async def test_bridge_rejects_wrong_connection_type(dsn):
     assert count(dsn) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: awa_fast/enqueue.py insert_one/insert_one_sync read the RETURNING row with the "
-    "caller's row_factory; on a bridge connection using dict_row, Job.from_row gets a dict "
-    "(TypeError: unhashable type: 'slice' / ValueError: 'state' is not a valid JobState) "
-    "after the row was already inserted in the caller's transaction"))
 def test_bridge_with_dict_row_connection(dsn):
     with psycopg.connect(dsn, row_factory=dict_row) as conn:
         out = insert_job_sync(conn, {"v": 1}, kind="dict_rows")

@@ -206,10 +206,6 @@ class StructWithObject(msgspec.Struct):
     payload: object
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: awa_fast/requests.py args_to_builtins calls msgspec.to_builtins outside to_json's "
-    "try/except, so an unserializable field of a dataclass/msgspec.Struct raises a bare "
-    "TypeError instead of ValidationError/SerializationError(field='args')"))
 @pytest.mark.parametrize("args_type", [DataclassWithObject, StructWithObject])
 async def test_unserializable_typed_args_raise_validation_error(client, dsn, args_type):
     try:

@@ -139,27 +139,59 @@ SET state = 'cancelled', finalized_at = now(),
 WHERE id = %s"""
 
 # Rescue of attempts whose worker is presumed dead or whose deadline passed. attempt is kept: the
-# next claim counts a new attempt; on the final attempt the job fails (exhausted).
+# next claim counts a new attempt. On the final attempt the job fails -- or, for kinds with a
+# failure consequence, waits in consequence_pending for the reconciler to apply it and settle.
+_RESCUE_SET = f"""
+    state = (CASE WHEN j.attempt < j.max_attempts THEN 'retryable'
+                  WHEN j.kind = ANY(%(consequence_kinds)s) THEN 'consequence_pending'
+                  ELSE 'failed' END)::{S}.job_state,
+    finalized_at = CASE WHEN j.attempt >= j.max_attempts
+                             AND NOT j.kind = ANY(%(consequence_kinds)s) THEN now() END,
+    heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL,
+    consequence_state = CASE WHEN j.attempt >= j.max_attempts
+                                  AND j.kind = ANY(%(consequence_kinds)s) THEN 'owed' END,
+    consequence_reason = CASE WHEN j.attempt >= j.max_attempts THEN r.exhausted_reason END,
+    consequence_path = CASE WHEN j.attempt >= j.max_attempts
+                                 AND j.kind = ANY(%(consequence_kinds)s) THEN 'failure' END,
+    consequence_retry_at = CASE WHEN j.attempt >= j.max_attempts
+                                     AND j.kind = ANY(%(consequence_kinds)s) THEN now() END,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'error', r.message, 'attempt', j.attempt, 'at', now()) ||
+        CASE WHEN j.attempt >= j.max_attempts THEN '{{"terminal": true}}'::jsonb
+             ELSE '{{}}'::jsonb END)"""
+
 RESCUE = f"""
 WITH r AS (
-    SELECT id, (deadline_at IS NOT NULL AND deadline_at < now()) AS by_deadline
+    SELECT id,
+           CASE WHEN deadline_at IS NOT NULL AND deadline_at < now() THEN 'deadline_exceeded'
+                ELSE 'stale_heartbeat' END AS rescue_reason,
+           CASE WHEN deadline_at IS NOT NULL AND deadline_at < now() THEN 'deadline_exhausted'
+                ELSE 'rescue_exhausted' END AS exhausted_reason,
+           CASE WHEN deadline_at IS NOT NULL AND deadline_at < now() THEN 'hard deadline exceeded'
+                ELSE 'heartbeat stale: worker presumed dead' END AS message
     FROM {S}.jobs
     WHERE state = 'running'
       AND (heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
            OR (deadline_at IS NOT NULL AND deadline_at < now()))
     ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
-UPDATE {S}.jobs j
-SET state = (CASE WHEN j.attempt >= j.max_attempts THEN 'failed' ELSE 'retryable' END)::{S}.job_state,
-    finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
-    run_at = now(), heartbeat_at = NULL, deadline_at = NULL,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'error', CASE WHEN r.by_deadline THEN 'hard deadline exceeded'
-                      ELSE 'heartbeat stale: worker presumed dead' END,
-        'attempt', j.attempt, 'at', now()) ||
-        CASE WHEN j.attempt >= j.max_attempts THEN '{{"terminal": true}}'::jsonb ELSE '{{}}'::jsonb END)
+UPDATE {S}.jobs j SET {_RESCUE_SET}, run_at = now()
 FROM r WHERE j.id = r.id
-RETURNING j.id, j.kind, j.state, r.by_deadline"""
+RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
+
+# Parked jobs whose callback timed out: retried with backoff, or failed on the final attempt.
+RESCUE_CALLBACKS = f"""
+WITH r AS (
+    SELECT id, 'expired_callback' AS rescue_reason, 'callback_timeout' AS exhausted_reason,
+           'callback timed out' AS message
+    FROM {S}.jobs
+    WHERE state = 'waiting_external' AND callback_timeout_at < now()
+    ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+UPDATE {S}.jobs j SET {_RESCUE_SET},
+    run_at = now() + LEAST(power(2, j.attempt) * (1 + random() * 0.25), 86400) * interval '1 second'
+FROM r WHERE j.id = r.id
+RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
 
 PRUNE = f"""
 DELETE FROM {S}.jobs WHERE id IN (
@@ -386,3 +418,48 @@ APPEND_ERROR = f"""
 UPDATE {S}.jobs SET errors = errors || %(error)s::jsonb,
     progress = COALESCE(%(progress)s::jsonb, progress)
 WHERE id = %(id)s"""
+
+# External waits (callbacks) ----------------------------------------------------------------------
+
+REGISTER_CALLBACK = f"""
+UPDATE {S}.jobs
+SET callback_id = gen_random_uuid(), callback_timeout_at = now() + %s * interval '1 second'
+WHERE id = %s AND run_lease = %s AND state = 'running'
+RETURNING callback_id, callback_timeout_at"""
+
+PARK_FOR_CALLBACK = f"""
+UPDATE {S}.jobs SET state = 'waiting_external', heartbeat_at = NULL, deadline_at = NULL
+WHERE id = %s AND run_lease = %s AND state = 'running' AND callback_id = %s"""
+
+POLL_CALLBACK_WAIT = f"""
+SELECT state::text, run_lease, callback_id, metadata -> '_awa_callback_result'
+FROM {S}.jobs WHERE id = %s"""
+
+LOCK_BY_CALLBACK = f"""
+SELECT {JOB_COLUMNS}, {CONSEQUENCE_COLUMNS} FROM {S}.jobs
+WHERE callback_id = %s AND state IN ('waiting_external', 'running') FOR UPDATE"""
+
+COMPLETE_EXTERNAL = f"""
+UPDATE {S}.jobs
+SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    progress = NULL, callback_id = NULL, callback_timeout_at = NULL
+WHERE id = %s RETURNING {JOB_COLUMNS}"""
+
+RETRY_EXTERNAL = f"""
+UPDATE {S}.jobs
+SET state = 'available', attempt = 0, run_at = now(), callback_id = NULL,
+    callback_timeout_at = NULL, heartbeat_at = NULL, deadline_at = NULL
+WHERE callback_id = %s AND state = 'waiting_external'
+RETURNING {JOB_COLUMNS}"""
+
+RESUME_EXTERNAL = f"""
+UPDATE {S}.jobs
+SET state = 'running', heartbeat_at = now(), callback_id = NULL, callback_timeout_at = NULL,
+    metadata = metadata || %s::jsonb
+WHERE callback_id = %s AND state = 'waiting_external'
+RETURNING {JOB_COLUMNS}"""
+
+HEARTBEAT_CALLBACK = f"""
+UPDATE {S}.jobs SET callback_timeout_at = now() + %s * interval '1 second'
+WHERE callback_id = %s AND state IN ('waiting_external', 'running')
+RETURNING {JOB_COLUMNS}"""

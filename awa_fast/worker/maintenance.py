@@ -35,23 +35,28 @@ class MaintenanceConfig:
     failed_retention_hours: float = 72.0
     cleanup_batch_size: int = 1000
     promote_batch_size: int = 4096
+    reconcile_interval_ms: int = 1_000
+    verify_window_s: float = 3600.0
 
 
 class Maintenance:
     """Runs the leader election loop and, while leader, the maintenance loops.
 
-    ``on_rescued`` (optional) is awaited with the rescued rows ``(id, kind, state, by_deadline)``
-    after each rescue commits (registered Rescued specs, failure consequences).
+    ``on_rescued`` (optional) is awaited with the rescued rows after each rescue commits
+    (registered Rescued specs). ``consequence_kinds()`` lists the kinds whose final-attempt
+    rescue goes to ``consequence_pending`` instead of ``failed``.
     """
 
     def __init__(self, database_url: str, pool_getter: Callable, config: MaintenanceConfig,
                  on_rescued: Callable[[list[tuple]], Awaitable[None]] | None = None,
-                 extra_tasks: list[tuple[float, Callable[[], Awaitable[Any]]]] | None = None):
+                 extra_tasks: list[tuple[float, Callable[[], Awaitable[Any]]]] | None = None,
+                 consequence_kinds: Callable[[], list[str]] = list):
         self.database_url = database_url
         self._pool_getter = pool_getter
         self.config = config
         self.on_rescued = on_rescued
         self.extra_tasks = extra_tasks or []
+        self.consequence_kinds = consequence_kinds
         self.is_leader = False
         self._lock_conn: psycopg.AsyncConnection | None = None
         self._loops: list[asyncio.Task] = []
@@ -144,12 +149,21 @@ class Maintenance:
         return queues
 
     async def rescue(self) -> list[tuple]:
-        """Rescue running attempts with a stale heartbeat or a passed deadline."""
+        """Rescue running attempts with a stale heartbeat or a passed deadline, and parked jobs
+        whose callback timed out. Final attempts fail (moved to the DLQ when their queue has it)
+        or, for kinds with a failure consequence, wait in ``consequence_pending`` for the
+        reconciler. Returns rows ``(id, kind, new_state, rescue_reason, exhausted_reason)``."""
+        params = {"stale_ms": self.config.heartbeat_staleness_ms, "limit": 500,
+                  "consequence_kinds": self.consequence_kinds()}
         pool = await self._pool_getter()
         async with pool.connection() as conn:
-            cur = await conn.execute(sql.RESCUE, {
-                "stale_ms": self.config.heartbeat_staleness_ms, "limit": 500})
+            cur = await conn.execute(sql.RESCUE, params)
             rows = await cur.fetchall()
+            cur = await conn.execute(sql.RESCUE_CALLBACKS, params)
+            rows += await cur.fetchall()
+            for job_id, _kind, state, _why, exhausted_reason in rows:
+                if state == "failed":
+                    await conn.execute(sql.DEAD_LETTER, (job_id, exhausted_reason))
         if rows:
             self.counts["rescued"] += len(rows)
             log.info("rescued %d job(s)", len(rows))

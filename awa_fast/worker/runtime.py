@@ -120,6 +120,10 @@ class Runtime:
                  deadline_rescue_interval_ms: int | None = None,
                  callback_rescue_interval_ms: int | None = None,
                  cleanup_interval_ms: int | None = None,
+                 reconcile_interval_ms: int | None = None,
+                 consequence_timeout_ms: int | None = None,
+                 consequence_backoff_ms: int | None = None,
+                 dlq_enabled_by_default: bool = False,
                  finalizer_batch_size: int = 512,
                  sync_handler_threads: int | None = None,
                  maintenance: bool = True,
@@ -144,12 +148,22 @@ class Runtime:
             "deadline_rescue_interval_ms": deadline_rescue_interval_ms,
             "callback_rescue_interval_ms": callback_rescue_interval_ms,
             "cleanup_interval_ms": cleanup_interval_ms,
+            "reconcile_interval_ms": reconcile_interval_ms,
         }.items():
             if value is not None:
                 if value <= 0:
                     raise ValueError(f"{key} must be > 0")
                 setattr(mconf, key, value)
         self.maintenance_config = mconf
+        for key, value in (("consequence_timeout_ms", consequence_timeout_ms),
+                           ("consequence_backoff_ms", consequence_backoff_ms)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{key} must be > 0")
+        if consequence_timeout_ms is not None:
+            client.consequences.timeout_s = consequence_timeout_ms / 1000
+        if consequence_backoff_ms is not None:
+            client.consequences.backoff_base_s = consequence_backoff_ms / 1000
+        self.dlq_enabled_by_default = bool(dlq_enabled_by_default)
         self.run_maintenance = maintenance
         # Periodic jobs: how often the maintenance leader evaluates awa_fast.cron_jobs.
         self.cron_interval_s = _positive(1000 if cron_interval_ms is None else cron_interval_ms,
@@ -274,8 +288,7 @@ class Runtime:
         if not wanted:
             return
         pool = await self.client.pool()
-        for job_id, kind, _state, by_deadline in wanted:
-            reason = "deadline_exceeded" if by_deadline else "stale_heartbeat"
+        for job_id, kind, _state, reason, _exhausted in wanted:
             try:
                 job = await self.client.get_job(job_id)
                 requests = specs.requests(kind, "rescued", job.args, job, job_id, job.metadata,
@@ -304,6 +317,13 @@ class Runtime:
 
         async with (await self.client.pool()).connection() as conn:
             return await periodic.evaluate(conn)
+
+    async def reconcile(self) -> dict:
+        """Reconciler tick (leader only): retry owed failure consequences that are due, then
+        run ``verify_success`` hooks once on recently completed jobs of their kinds."""
+        from awa_fast.worker.reconcile import reconcile_tick
+
+        return await reconcile_tick(self.client, self.maintenance_config)
 
     # -- notifications --------------------------------------------------------------------------
 
