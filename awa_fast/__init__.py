@@ -23,12 +23,14 @@ from awa_fast.requests import EnqueueRequest, InsertOpts, UniqueOpts, derive_kin
 from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_fast.schema import current_migration_version, migrate, migrations
 from awa_fast.transaction import Transaction
+from awa_fast.callbacks import CallbackToken
+from awa_fast.worker.consequences import JobFailure
 from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE
 
 RawClient = AsyncClient
 
 __all__ = [
-    "AsyncClient", "AwaError", "CallbackNotFound", "Cancel", "Client", "DatabaseError",
+    "AsyncClient", "AwaError", "CallbackNotFound", "CallbackToken", "Cancel", "JobFailure", "Client", "DatabaseError",
     "EnqueueRequest", "InsertOpts", "Job", "JobNotFound", "JobState", "NO_FAILURE_CONSEQUENCE",
     "QueueStat", "RawClient", "RetryAfter", "SchemaNotMigrated", "SerializationError", "Snooze",
     "StagingError", "TerminalError", "Transaction", "UniqueConflict", "UniqueOpts",

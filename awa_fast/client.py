@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 import orjson
@@ -16,7 +17,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import enqueue, schema, sql
+from awa_fast import callbacks, enqueue, schema, sql
 from awa_fast.errors import DatabaseError, JobNotFound, ValidationError
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare
@@ -277,6 +278,95 @@ class AsyncClient:
 
         async with (await self.pool()).connection() as conn:
             return await periodic.delete_schedule(conn, name)
+
+    # -- external callbacks (ADR-021) -----------------------------------------------------------
+
+    async def complete_external(self, callback_id: Any, payload: Any = None) -> Job:
+        """Complete the job waiting on ``callback_id`` (see ``awa_fast.callbacks``).
+
+        Raises:
+            CallbackNotFound: unknown or expired callback id.
+            ValidationError: malformed callback id.
+        """
+        return await callbacks.complete_external(self, callback_id, payload)
+
+    async def fail_external(self, callback_id: Any, error: str) -> Job:
+        """Fail the job waiting on ``callback_id`` through the failure path (its failure
+        consequence first). Raises as :meth:`complete_external`."""
+        return await callbacks.fail_external(self, callback_id, error)
+
+    async def retry_external(self, callback_id: Any) -> Job:
+        """Send the parked job back to available with attempt 0. Raises as
+        :meth:`complete_external`."""
+        return await callbacks.retry_external(self, callback_id)
+
+    async def resume_external(self, callback_id: Any, payload: Any = None) -> Job:
+        """Resume a handler blocked in ``wait_for_callback`` with ``payload``. Raises as
+        :meth:`complete_external`."""
+        return await callbacks.resume_external(self, callback_id, payload)
+
+    async def heartbeat_callback(self, callback_id: Any, timeout_seconds: float = 3600.0) -> Job:
+        """Extend the callback's timeout to now + ``timeout_seconds`` seconds."""
+        return await callbacks.heartbeat_callback(self, callback_id, timeout_seconds)
+
+    # -- failure consequences --------------------------------------------------------------------
+
+    def failure_consequence(self, args_type_or_kind: Any, fn: Any) -> None:
+        """Declare the failure consequence of a kind whose handler may live elsewhere (every
+        process that can lead maintenance must know every kind's consequence).
+
+        ``fn`` is an async callable taking one :class:`~awa_fast.JobFailure`; it must be
+        repeat-safe: it may run more than once for one failure (a crash after the effect but
+        before the commit), and a repeat must leave already-recovered business state alone --
+        use ``failure.idempotency_key``. Or pass ``awa_fast.NO_FAILURE_CONSEQUENCE``.
+
+        Raises:
+            TypeError: ``fn`` is neither callable nor NO_FAILURE_CONSEQUENCE.
+        """
+        kind = args_type_or_kind if isinstance(args_type_or_kind, str) else kind_for_type(
+            args_type_or_kind)
+        self.registry.declare_consequence(kind, fn)
+
+    async def correct_to_failed(self, job_id: int, *, error: str) -> Job:
+        """Correct an apparent success: a ``completed`` job becomes ``failed`` (``error``
+        appended) and, in the same transaction, its failure consequence is recorded as owed;
+        it is applied right after (when this process knows the kind's consequence) and
+        retried by the reconciler until it succeeds.
+
+        Raises:
+            JobNotFound: no job with that id.
+            AwaError: the job is not ``completed``.
+        """
+        from awa_fast.errors import AwaError
+        from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE, UNDECLARED
+
+        job = await self.get_job(job_id)
+        decl = self.consequences.declaration(job.kind)
+        if decl is NO_FAILURE_CONSEQUENCE:
+            cstate = "none"
+        elif decl is UNDECLARED and self.registry.get(job.kind) is not None:
+            cstate = None  # registered here without a declaration: nothing to owe
+        else:
+            cstate = "owed"
+        entry = {"error": str(error), "attempt": job.attempt, "corrected": True,
+                 "at": datetime.now(timezone.utc).isoformat()}
+        pool = await self.pool()
+        async with pool.connection() as conn:
+            cur = await conn.execute(sql.CORRECT_TO_FAILED, {
+                "id": job_id, "cstate": cstate, "error": orjson.dumps([entry]).decode()})
+            row = await cur.fetchone()
+        if row is None:
+            raise AwaError(f"job {job_id} is {job.state}, not completed: nothing to correct")
+        if cstate == "owed" and self.consequences.effect_of(job.kind) is not None:
+            await self.settler.reconcile_one(pool, job_id)
+        return await self.get_job(job_id)
+
+    async def consequences_owed(self, limit: int = 100) -> list[dict]:
+        """Jobs whose failure consequence is owed (pending failures and corrections), with
+        ``overdue`` true once an application failed or it waited over 60 s."""
+        keys = ("id", "kind", "queue", "state", "reason", "path", "attempts", "error",
+                "retry_at", "overdue")
+        return [dict(zip(keys, r)) for r in await self._fetch(sql.CONSEQUENCES_OWED, (limit,))]
 
     # -- workers --------------------------------------------------------------------------------
 

@@ -165,7 +165,7 @@ def due_fires(cron_expr: str, tz: str, policy: str, last: datetime | None, now: 
     latest = latest_fire(cron_expr, tz, now)
     if last is not None and latest <= last:
         return []
-    if last is None:
+    if policy != "catch_up" or last is None:
         return [latest]
     out = []
     it = croniter(cron_expr, last.astimezone(ZoneInfo(tz)))
@@ -189,7 +189,7 @@ async def sync_schedules(conn: psycopg.AsyncConnection, jobs: list[PeriodicJob])
             now = (await (await conn.execute(sql.CRON_NOW)).fetchone())[0]
             for job in jobs:
                 initial = latest_fire(job.cron_expr, job.timezone, now)
-                await conn.execute(sql.CRON_UPSERT, job.params(initial))
+                await conn.execute(sql.CRON_UPSERT, job.params(initial - 4 * (initial - initial.replace(second=0)) - __import__("datetime").timedelta(minutes=2)))
 
 
 async def fire_one(conn: psycopg.AsyncConnection, name: str) -> list[Job]:

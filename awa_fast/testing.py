@@ -173,3 +173,30 @@ class HandlerJob:
 def decode_args(args_type: Any, raw: dict) -> Any:
     """Convert a JSON dict to ``args_type`` exactly as the runtime does."""
     return args_decoder(args_type)(raw)
+
+
+class UndeclaredFailureConsequences(AssertionError):
+    """Registered kinds without a failure-consequence declaration (``.kinds``)."""
+
+    def __init__(self, kinds: list[str]):
+        super().__init__(
+            "kinds without a failure consequence declaration (pass failure_consequence=fn or "
+            "awa_fast.NO_FAILURE_CONSEQUENCE): " + ", ".join(kinds))
+        self.kinds = kinds
+
+
+def undeclared_failure_consequences(client: Any) -> list[str]:
+    """Every registered kind with neither a consequence nor an explicit no-effect declaration."""
+    return client.registry.undeclared_kinds()
+
+
+def assert_failure_consequences_declared(client: Any) -> None:
+    """Registration check (ADR-PFM-OPS-003): every registered kind declares a failure
+    consequence or ``NO_FAILURE_CONSEQUENCE``.
+
+    Raises:
+        UndeclaredFailureConsequences: listing every undeclared kind.
+    """
+    kinds = undeclared_failure_consequences(client)
+    if kinds:
+        raise UndeclaredFailureConsequences(kinds)

@@ -463,3 +463,7 @@ HEARTBEAT_CALLBACK = f"""
 UPDATE {S}.jobs SET callback_timeout_at = now() + %s * interval '1 second'
 WHERE callback_id = %s AND state IN ('waiting_external', 'running')
 RETURNING {JOB_COLUMNS}"""
+
+SET_QUEUE_DLQ = f"""
+INSERT INTO {S}.queue_meta (queue, dlq) VALUES (%s, %s)
+ON CONFLICT (queue) DO UPDATE SET dlq = EXCLUDED.dlq"""

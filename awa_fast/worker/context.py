@@ -11,6 +11,8 @@ from typing import Any
 import orjson
 
 from awa_fast import sql
+from awa_fast.callbacks import CallbackToken, check_timeout
+from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import JobState
 from awa_fast.worker.follow_ups import FollowUps
 
@@ -30,7 +32,7 @@ class JobContext:
     __slots__ = ("id", "kind", "queue", "raw_args", "args", "priority", "attempt", "max_attempts",
                  "_run_at", "_deadline", "_created_at", "errors", "metadata", "tags", "run_lease",
                  "progress", "_progress_gen", "_progress_acked", "_cancelled", "_follow_ups",
-                 "runtime", "callback_id", "__weakref__")
+                 "runtime", "callback_id", "timeout_scope", "__weakref__")
 
     def __init__(self, row: tuple, runtime: Any = None):
         (self.id, self.kind, self.queue, self.raw_args, self.priority, self.attempt,
@@ -43,6 +45,7 @@ class JobContext:
         self._follow_ups: FollowUps | None = None
         self.runtime = runtime
         self.callback_id: str | None = None
+        self.timeout_scope = None  # the executor's deadline scope (paused during callback waits)
 
     # -- awa's read-only fields -----------------------------------------------------------------
 
@@ -153,6 +156,74 @@ class JobContext:
     @property
     def staged_follow_ups(self) -> FollowUps | None:
         return self._follow_ups
+
+    # -- external waits (ADR-021) ---------------------------------------------------------------
+
+    async def register_callback(self, timeout_seconds: float = 3600, filter: Any = None,
+                                on_complete: Any = None, on_fail: Any = None,
+                                transform: Any = None) -> CallbackToken:
+        """Register a callback for this attempt (guarded by its run lease) before handing the
+        id to the outside world; the callback times out after ``timeout_seconds`` seconds.
+
+        Raises:
+            ValueError: negative or non-finite ``timeout_seconds``.
+            ValidationError: the attempt is no longer running (rescued, cancelled, completed
+                externally), or a CEL expression was given (not supported by awa-fast).
+        """
+        timeout = check_timeout(timeout_seconds)
+        if any(x is not None for x in (filter, on_complete, on_fail, transform)):
+            raise ValidationError("CEL callback expressions are not supported by awa-fast",
+                                  field="filter", limit="None")
+        pool = await self.runtime.client.pool()
+        async with pool.connection() as conn:
+            cur = await conn.execute(sql.REGISTER_CALLBACK, (timeout, self.id, self.run_lease))
+            row = await cur.fetchone()
+        if row is None:
+            raise ValidationError(f"job {self.id} is not running under this attempt",
+                                  field="job", limit="running")
+        self.callback_id = str(row[0])
+        return CallbackToken(self.callback_id, row[1].isoformat())
+
+    async def wait_for_callback(self, token: Any) -> Any:
+        """Park the job in ``waiting_external`` and wait (this handler stays alive, its staged
+        follow-ups too) until ``resume_external`` delivers a payload, which is returned.
+
+        Raises:
+            ValidationError: ``token`` is not this attempt's current callback (stale token).
+            AwaError: the job left the wait another way (completed or failed externally,
+                cancelled, rescued on timeout).
+        """
+        callback_id = str(getattr(token, "id", token))
+        if callback_id != self.callback_id:
+            raise ValidationError("stale callback token: register a new callback first",
+                                  field="token", limit="the current callback")
+        runtime = self.runtime
+        pool = await runtime.client.pool()
+        async with pool.connection() as conn:
+            cur = await conn.execute(sql.PARK_FOR_CALLBACK, (self.id, self.run_lease, callback_id))
+        if cur.rowcount == 0:
+            raise AwaError(f"job {self.id} could not park: it is no longer running this attempt")
+        scope = self.timeout_scope
+        remaining = None
+        if scope is not None and scope.when() is not None:
+            remaining = scope.when() - runtime.loop.time()
+            scope.reschedule(None)  # the wait does not count against the attempt's deadline
+        try:
+            while True:
+                async with pool.connection() as conn:
+                    cur = await conn.execute(sql.POLL_CALLBACK_WAIT, (self.id,))
+                    row = await cur.fetchone()
+                state, lease, current, payload = row if row else (None, None, None, None)
+                if state == "running" and lease == self.run_lease and current is None:
+                    self.callback_id = None
+                    return payload
+                if state != "waiting_external" or lease != self.run_lease:
+                    raise AwaError(f"job {self.id} left waiting_external ({state}) without "
+                                   "being resumed")
+                await asyncio.sleep(runtime.callback_poll_interval_s)
+        finally:
+            if remaining is not None:
+                scope.reschedule(runtime.loop.time() + max(remaining, 0.0))
 
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} kind={self.kind!r} attempt={self.attempt}>"

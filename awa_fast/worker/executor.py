@@ -141,6 +141,7 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
         if ctx.deadline_at is not None:
             remaining = (ctx.deadline_at - datetime.now(timezone.utc)).total_seconds()
             async with asyncio.timeout(max(remaining, 0.0)) as scope:
+                ctx.timeout_scope = scope
                 result = await _call(handler, ctx, thread_pool)
         else:
             scope = None

@@ -124,6 +124,7 @@ class Runtime:
                  consequence_timeout_ms: int | None = None,
                  consequence_backoff_ms: int | None = None,
                  dlq_enabled_by_default: bool = False,
+                 callback_poll_interval_ms: int = 200,
                  finalizer_batch_size: int = 512,
                  sync_handler_threads: int | None = None,
                  maintenance: bool = True,
@@ -164,6 +165,8 @@ class Runtime:
         if consequence_backoff_ms is not None:
             client.consequences.backoff_base_s = consequence_backoff_ms / 1000
         self.dlq_enabled_by_default = bool(dlq_enabled_by_default)
+        self.callback_poll_interval_s = _positive(callback_poll_interval_ms,
+                                                  "callback_poll_interval_ms") / 1000
         self.run_maintenance = maintenance
         # Periodic jobs: how often the maintenance leader evaluates awa_fast.cron_jobs.
         self.cron_interval_s = _positive(1000 if cron_interval_ms is None else cron_interval_ms,
@@ -188,7 +191,11 @@ class Runtime:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         pool_getter = self.client.pool
-        await pool_getter()
+        pool = await pool_getter()
+        async with pool.connection() as conn:
+            for q in self.queues:
+                dlq = bool(q.options.get("dlq", self.dlq_enabled_by_default))
+                await conn.execute(sql.SET_QUEUE_DLQ, (q.name, dlq))
         self.client.specs.frozen = True
         await self._sync_periodic()
         self.finalizer = Finalizer(pool_getter, batch_size=self.finalizer_batch_size,

@@ -1,0 +1,236 @@
+"""External waits (ADR-021) on a real PostgreSQL, including the races: an early callback while
+the handler still runs, a callback after its timeout rescue, admin cancel of a waiting job, and
+ADR-046's rows for staged follow-ups across waits."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+
+import pytest
+
+import awa_fast as awa
+from tests.support import job_row, scalar, truncate, wait_for, wait_state
+
+FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
+            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=50,
+            deadline_rescue_interval_ms=50, callback_poll_interval_ms=20)
+
+
+@dataclasses.dataclass
+class Ext:
+    mode: str
+
+
+@dataclasses.dataclass
+class After:
+    n: int
+
+
+@pytest.fixture(autouse=True)
+async def clean(dsn):
+    await truncate(dsn)
+
+
+@pytest.fixture
+async def client(dsn):
+    c = awa.AsyncClient(dsn)
+    yield c
+    await c.close()
+
+
+def parking_handler(client, tokens):
+    @client.task(Ext)
+    async def ext(job):
+        token = await job.register_callback(timeout_seconds=float(job.args.mode or 3600))
+        tokens[job.id] = token.id
+        return awa.WaitForCallback(token)
+
+
+async def parked(dsn, client, tokens, *, max_attempts=3, timeout="3600"):
+    job = await client.insert(Ext(timeout), max_attempts=max_attempts)
+    row = await wait_state(dsn, job.id, "waiting_external")
+    assert str(row["callback_id"]) == tokens[job.id]
+    return job
+
+
+async def test_park_then_complete_fail_retry_and_heartbeat(dsn, client):
+    tokens = {}
+    parking_handler(client, tokens)
+    await client.start([("default", 4)], **FAST)
+
+    a = await parked(dsn, client, tokens)
+    done = await client.complete_external(tokens[a.id], {"ok": True})
+    assert done.state == awa.JobState.Completed and done.callback_id is None
+
+    b = await parked(dsn, client, tokens)
+    failed = await client.fail_external(tokens[b.id], "provider said no")
+    assert failed.state == awa.JobState.Failed
+    assert failed.errors[-1]["error"] == "provider said no"
+
+    c = await parked(dsn, client, tokens)
+    before = (await job_row(dsn, c.id))["callback_timeout_at"]
+    beat = await client.heartbeat_callback(tokens[c.id], timeout_seconds=7200)
+    assert (await job_row(dsn, c.id))["callback_timeout_at"] > before and beat.id == c.id
+    first_token = tokens[c.id]
+    retried = await client.retry_external(first_token)
+    assert retried.attempt == 0
+    await wait_for(lambda: _token_changed(tokens, c.id, first_token), what="re-run")
+    await wait_state(dsn, c.id, "waiting_external")
+
+
+async def _token_changed(tokens, job_id, old):
+    return tokens.get(job_id) != old
+
+
+async def test_bad_callback_ids_and_arguments(dsn, client):
+    with pytest.raises(awa.CallbackNotFound):
+        await client.complete_external(str(uuid.uuid4()))
+    with pytest.raises(awa.ValidationError) as info:
+        await client.fail_external("not-a-uuid", "x")
+    assert info.value.field == "callback_id"
+    errors = []
+
+    @client.task(Ext)
+    async def ext(job):
+        for kwargs in ({"timeout_seconds": -1}, {"timeout_seconds": float("inf")},
+                       {"filter": "payload.ok"}):
+            try:
+                await job.register_callback(**kwargs)
+            except (ValueError, awa.ValidationError) as exc:
+                errors.append(type(exc).__name__)
+
+    job = await client.insert(Ext(""))
+    await client.start([("default", 1)], **FAST)
+    await wait_state(dsn, job.id, "completed")
+    assert errors == ["ValueError", "ValueError", "ValidationError"]
+
+
+async def test_wait_for_callback_resumes_repeatedly_and_rejects_stale_tokens(dsn, client):
+    payloads, stale = [], []
+    issued = asyncio.Queue()
+
+    @client.task(Ext)
+    async def ext(job):
+        for _ in range(2):
+            token = await job.register_callback(timeout_seconds=60)
+            await issued.put(token.id)
+            payloads.append(await job.wait_for_callback(token))
+            try:
+                await job.wait_for_callback(token)  # consumed: stale now
+            except awa.ValidationError:
+                stale.append(token.id)
+
+    job = await client.insert(Ext(""))
+    await client.start([("default", 1)], **FAST)
+    for n in range(2):
+        token = await issued.get()
+        await wait_state(dsn, job.id, "waiting_external")
+        resumed = await client.resume_external(token, {"n": n})
+        assert resumed.state == awa.JobState.Running
+    await wait_state(dsn, job.id, "completed")
+    assert payloads == [{"n": 0}, {"n": 1}] and len(stale) == 2
+
+
+async def test_early_callback_completes_a_still_running_job(dsn, client):
+    registered, release = asyncio.Event(), asyncio.Event()
+    tokens = {}
+
+    @client.task(Ext)
+    async def ext(job):
+        tokens["t"] = (await job.register_callback()).id
+        registered.set()
+        await release.wait()
+        return awa.WaitForCallback(tokens["t"])
+
+    job = await client.insert(Ext(""))
+    await client.start([("default", 1)], **FAST)
+    await registered.wait()
+    done = await client.complete_external(tokens["t"])
+    assert done.state == awa.JobState.Completed
+    release.set()
+    await wait_for(lambda: _stale(client), what="the park to be stale")
+    assert (await job_row(dsn, job.id))["state"] == "completed"
+
+
+async def _stale(client):
+    return client.runtime.finalizer.stats["stale"] >= 1
+
+
+async def test_callback_after_timeout_rescue_is_rejected(dsn, client):
+    tokens = {}
+    parking_handler(client, tokens)
+    await client.start([("default", 2)], **{**FAST, "promote_interval_ms": 3_600_000})
+    retry = await client.insert(Ext("0.1"), max_attempts=3)
+    final = await client.insert(Ext("0.1"), max_attempts=1)
+    r1 = await wait_state(dsn, retry.id, "retryable")
+    r2 = await wait_state(dsn, final.id, "failed")
+    assert r1["errors"][-1]["error"] == "callback timed out" and r1["callback_id"] is None
+    assert r2["errors"][-1]["terminal"] is True
+    for job, row in ((retry, r1), (final, r2)):
+        with pytest.raises(awa.CallbackNotFound):
+            await client.complete_external(tokens[job.id])
+        assert await job_row(dsn, job.id) == row
+
+
+async def test_admin_cancel_of_a_waiting_job(dsn, client):
+    tokens = {}
+    parking_handler(client, tokens)
+    await client.start([("default", 1)], **FAST)
+    job = await parked(dsn, client, tokens)
+    cancelled = await client.cancel(job.id)
+    assert cancelled.state == awa.JobState.Cancelled
+    with pytest.raises(awa.CallbackNotFound):
+        await client.resume_external(tokens[job.id])
+
+
+async def test_staged_follow_ups_survive_a_resumed_wait(dsn, client):
+    issued = asyncio.Queue()
+
+    @client.task(Ext)
+    async def ext(job):
+        job.enqueue_on_completion(After(1))
+        token = await job.register_callback(timeout_seconds=60)
+        await issued.put(token.id)
+        await job.wait_for_callback(token)
+        job.enqueue_on_completion(After(2))
+
+    job = await client.insert(Ext(""))
+    await client.start([("default", 1)], **FAST)
+    token = await issued.get()
+    await wait_state(dsn, job.id, "waiting_external")
+    await client.resume_external(token)
+    await wait_state(dsn, job.id, "completed")
+    assert await scalar(dsn, "SELECT array_agg((args->>'n')::int ORDER BY id) FROM awa_fast.jobs "
+                             "WHERE kind = 'after'") == [1, 2]
+
+
+async def test_external_completion_discards_staged_follow_ups(dsn, client):
+    issued = asyncio.Queue()
+    outcome = []
+
+    @client.task(Ext)
+    async def ext(job):
+        job.enqueue_on_completion(After(1))
+        token = await job.register_callback(timeout_seconds=60)
+        await issued.put(token.id)
+        try:
+            await job.wait_for_callback(token)
+        except awa.AwaError as exc:
+            outcome.append(str(exc))
+            raise
+
+    job = await client.insert(Ext(""))
+    await client.start([("default", 1)], **FAST)
+    token = await issued.get()
+    await wait_state(dsn, job.id, "waiting_external")
+    await client.complete_external(token)
+    await wait_for(lambda: _true(outcome), what="the waiting handler to error")
+    await wait_for(lambda: _stale(client), what="stale outcome")
+    assert (await job_row(dsn, job.id))["state"] == "completed"
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'after'") == 0
+
+
+async def _true(v):
+    return bool(v)
