@@ -293,6 +293,188 @@ async def cmd_queue_resume(s: Session) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# admin: failed jobs, runs, draining
+
+
+async def cmd_job_dump_run(s: Session) -> int:
+    client = await s.client()
+    print(await client.dump_run(s.args.id, s.args.attempt))
+    return 0
+
+
+async def cmd_job_retry_failed(s: Session) -> int:
+    client = await s.client()
+    jobs = await client.retry_failed(kind=s.args.kind, queue=s.args.queue)
+    what = f"kind {s.args.kind}" if s.args.kind else f"queue {s.args.queue}"
+    if s.json:
+        _print_json([j.to_dict() for j in jobs])
+    else:
+        print(f"retried {len(jobs)} failed job(s) of {what}")
+        if jobs:
+            print(format_table(JOB_COLUMNS, [_job_row(j) for j in jobs]))
+    return 0
+
+
+async def cmd_job_discard(s: Session) -> int:
+    client = await s.client()
+    n = await client.discard_failed(s.args.kind)
+    if s.json:
+        _print_json({"kind": s.args.kind, "discarded": n})
+    else:
+        print(f"discarded {n} failed job(s) of kind {s.args.kind}")
+    return 0
+
+
+async def cmd_queue_drain(s: Session) -> int:
+    client = await s.client()
+    n = await client.drain_queue(s.args.queue)
+    if s.json:
+        _print_json({"queue": s.args.queue, "drained": n})
+    else:
+        print(f"drained queue {s.args.queue}: {n} waiting job(s) cancelled")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# dead-letter queue
+
+
+def _last_error(errors: list, width: int = 60) -> str | None:
+    if not errors:
+        return None
+    last = errors[-1]
+    text = str(last.get("error", last) if isinstance(last, dict) else last)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+DLQ_COLUMNS = ("ID", "KIND", "QUEUE", "ATTEMPT", "REASON", "DLQ_AT", "LAST_ERROR")
+
+
+def _dlq_filters(a: argparse.Namespace) -> dict:
+    out = {"kind": a.kind, "queue": a.queue, "tag": a.tag}
+    if hasattr(a, "before_id"):
+        out.update(before_id=a.before_id, before_dlq_at=a.before_dlq_at)
+    return out
+
+
+async def cmd_dlq_list(s: Session) -> int:
+    client = await s.client()
+    entries = await client.list_dlq(**_dlq_filters(s.args), limit=s.args.limit)
+    if s.json:
+        _print_json([e.to_dict() for e in entries])
+    elif entries:
+        print(format_table(DLQ_COLUMNS, [
+            [e.job.id, e.job.kind, e.job.queue, f"{e.job.attempt}/{e.job.max_attempts}",
+             e.reason, _short_time(e.dlq_at.isoformat()), _last_error(e.job.errors)]
+            for e in entries]))
+    else:
+        print("DLQ is empty" if not any(_dlq_filters(s.args).values())
+              else "no matching DLQ entries")
+    return 0
+
+
+async def cmd_dlq_depth(s: Session) -> int:
+    client = await s.client()
+    if s.args.queue is not None:
+        n = await client.dlq_depth(queue=s.args.queue)
+        if s.json:
+            _print_json({"queue": s.args.queue, "depth": n})
+        else:
+            print(n)
+        return 0
+    by_queue = await client.dlq_depth_by_queue()
+    total = sum(by_queue.values())
+    if s.json:
+        _print_json({"total": total, "by_queue": by_queue})
+    elif by_queue:
+        print(format_table(("QUEUE", "DEPTH"), [[q, n] for q, n in by_queue.items()]))
+        print(f"total: {total}")
+    else:
+        print("DLQ is empty")
+    return 0
+
+
+async def cmd_dlq_retry(s: Session) -> int:
+    client = await s.client()
+    job = await client.retry_from_dlq(s.args.id)  # UniqueConflict: exit 1 with its message
+    if job is None:
+        raise CliError(f"job {s.args.id} is not in the DLQ")
+    if s.json:
+        _print_json(job.to_dict())
+    else:
+        print(f"job {job.id} retried from the DLQ (now {job.state}, queue {job.queue})")
+    return 0
+
+
+def _check_all_or_filter(s: Session, filters: dict) -> None:
+    given = any(v is not None for v in filters.values())
+    if s.args.all and given:
+        s.args.parser.error("--all cannot be combined with a filter")
+    if not s.args.all and not given:
+        s.args.parser.error("give at least one filter, or --all for every DLQ entry")
+
+
+async def cmd_dlq_retry_all(s: Session) -> int:
+    filters = _dlq_filters(s.args)
+    _check_all_or_filter(s, filters)
+    client = await s.client()
+    n = await client.bulk_retry_from_dlq(**filters, allow_all=s.args.all)
+    if s.json:
+        _print_json({"retried": n})
+    else:
+        print(f"retried {n} job(s) from the DLQ")
+    return 0
+
+
+async def cmd_dlq_purge(s: Session) -> int:
+    filters = _dlq_filters(s.args)
+    _check_all_or_filter(s, filters)
+    client = await s.client()
+    n = await client.purge_dlq(**filters, allow_all=s.args.all)
+    if s.json:
+        _print_json({"purged": n})
+    else:
+        print(f"purged {n} DLQ entr{'y' if n == 1 else 'ies'}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# periodic (cron) jobs
+
+
+CRON_COLUMNS = (("NAME", "name"), ("CRON", "cron_expr"), ("TIMEZONE", "timezone"),
+                ("KIND", "kind"), ("QUEUE", "queue"), ("POLICY", "missed_fire_policy"),
+                ("LAST_FIRE", "last_fire_at"), ("NEXT_FIRE", "next_fire_at"))
+
+
+async def cmd_cron_list(s: Session) -> int:
+    client = await s.client()
+    jobs = await client.list_cron_jobs()
+    if s.json:
+        _print_json(jobs)
+    elif jobs:
+        times = {"last_fire_at", "next_fire_at"}
+        print(format_table([h for h, _ in CRON_COLUMNS], [
+            [_short_time(j.get(f)) if f in times else j.get(f) for _, f in CRON_COLUMNS]
+            for j in jobs]))
+    else:
+        print("no cron jobs")
+    return 0
+
+
+async def cmd_cron_remove(s: Session) -> int:
+    client = await s.client()
+    if not await client.delete_cron_job(s.args.name):
+        raise CliError(f"no cron job named {s.args.name!r}")
+    if s.json:
+        _print_json({"name": s.args.name, "removed": True})
+    else:
+        print(f"cron job {s.args.name} removed")
+    return 0
+
+
 def cmd_embedded_stop(s: Session) -> int:
     from awa_fast import embedded
 
@@ -349,6 +531,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _iso_time(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid ISO 8601 timestamp: {text!r}") from None
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
 def _common(with_db: bool = True) -> argparse.ArgumentParser:
     """Options accepted both before and after a subcommand (SUPPRESS keeps the global value)."""
     p = argparse.ArgumentParser(add_help=False)
@@ -376,7 +566,10 @@ examples:
   awa-fast migrate
   awa-fast job list --state failed --limit 20
   awa-fast job dump 42
+  awa-fast job retry-failed --kind send_email
   awa-fast --json queue stats
+  awa-fast dlq list --queue billing
+  awa-fast dlq retry-all --kind send_email
   awa-fast demo --jobs 10000"""
 
 
@@ -407,8 +600,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_migrate)
 
     # job
-    job = sub.add_parser("job", help="inspect and manage jobs (list, dump, retry, cancel)",
-                         description="Inspect and manage jobs: list, dump, retry, cancel.")
+    job = sub.add_parser("job", help="inspect and manage jobs (list, dump, dump-run, retry, "
+                                     "cancel, retry-failed, discard)",
+                         description="Inspect and manage jobs: list, dump, dump-run, retry, "
+                                     "cancel, retry-failed, discard.")
     jsub = job.add_subparsers(dest="job_command", metavar="SUBCOMMAND", required=True,
                               title="subcommands")
     p = jsub.add_parser("list", parents=[common], help="list jobs, newest first",
@@ -436,10 +631,36 @@ def build_parser() -> argparse.ArgumentParser:
                                     "completed, failed or cancelled.")
     p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
     p.set_defaults(func=cmd_job_cancel)
+    p = jsub.add_parser("dump-run", parents=[common], help="print one attempt of a job as JSON",
+                        description="Print one attempt (run) of a job as JSON: the attempt "
+                                    "number, the error recorded for it, progress, run lease, "
+                                    "timestamps and the whole job.\nDead-lettered jobs are read "
+                                    "from the DLQ. Exit 1 if no such job or attempt.")
+    p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
+    p.add_argument("--attempt", type=_positive_int, metavar="N",
+                   help="attempt number (default: the latest)")
+    p.set_defaults(func=cmd_job_dump_run)
+    p = jsub.add_parser("retry-failed", parents=[common],
+                        help="make every failed job of a kind or queue available again",
+                        description="Make every failed job of one kind or one queue available "
+                                    "again with attempt 0 (give exactly one of --kind, --queue)."
+                                    "\nJobs whose unique key is now held by another live job are "
+                                    "skipped and stay failed.")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--kind", help="retry the failed jobs of this kind")
+    g.add_argument("--queue", help="retry the failed jobs in this queue")
+    p.set_defaults(func=cmd_job_retry_failed)
+    p = jsub.add_parser("discard", parents=[common], help="delete the failed jobs of a kind",
+                        description="Delete every failed job of one kind (jobs whose failure "
+                                    "consequence is still owed are kept). Prints how many.")
+    p.add_argument("--kind", required=True, help="job kind")
+    p.set_defaults(func=cmd_job_discard)
 
     # queue
-    queue = sub.add_parser("queue", help="queue statistics and pausing (stats, pause, resume)",
-                           description="Queue statistics and pausing: stats, pause, resume.")
+    queue = sub.add_parser("queue", help="queue statistics, pausing and draining (stats, pause, "
+                                         "resume, drain)",
+                           description="Queue statistics, pausing and draining: stats, pause, "
+                                       "resume, drain.")
     qsub = queue.add_subparsers(dest="queue_command", metavar="SUBCOMMAND", required=True,
                                 title="subcommands")
     p = qsub.add_parser("stats", parents=[common], help="per-queue job counts",
@@ -457,6 +678,82 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Resume a paused queue and wake its workers.")
     p.add_argument("queue", metavar="QUEUE", help="queue name")
     p.set_defaults(func=cmd_queue_resume)
+    p = qsub.add_parser("drain", parents=[common], help="cancel every waiting job of a queue",
+                        description="Drain a queue: cancel every job waiting to run (available, "
+                                    "scheduled, retryable). Running and waiting_external jobs "
+                                    "are left alone. Prints how many were cancelled.")
+    p.add_argument("queue", metavar="QUEUE", help="queue name")
+    p.set_defaults(func=cmd_queue_drain)
+
+    # dlq
+    dlq = sub.add_parser("dlq", help="dead-letter queue (list, depth, retry, retry-all, purge)",
+                         description="Dead-letter queue: failed jobs of queues with DLQ enabled "
+                                     "(or moved there by an admin), never claimed.\nSubcommands: "
+                                     "list, depth, retry, retry-all, purge.")
+    dsub = dlq.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND", required=True,
+                              title="subcommands")
+
+    def dlq_filters(p: argparse.ArgumentParser, *, paging: bool) -> None:
+        p.add_argument("--kind", help="only entries of this kind")
+        p.add_argument("--queue", help="only entries from this queue")
+        p.add_argument("--tag", help="only entries carrying this tag")
+        if paging:
+            p.add_argument("--before-id", type=_positive_int, metavar="N",
+                           help="only entries with a job id below N")
+            p.add_argument("--before-dlq-at", type=_iso_time, metavar="ISO",
+                           help="only entries dead-lettered before this ISO 8601 time "
+                                "(naive = UTC)")
+
+    p = dsub.add_parser("list", parents=[common], help="list DLQ entries, newest first",
+                        description="List dead-lettered jobs, newest first, with the reason, "
+                                    "when, and the last error.")
+    dlq_filters(p, paging=True)
+    p.add_argument("--limit", type=_positive_int, default=50, metavar="N",
+                   help="at most N entries (default: 50)")
+    p.set_defaults(func=cmd_dlq_list)
+    p = dsub.add_parser("depth", parents=[common], help="number of DLQ entries (per queue)",
+                        description="Number of dead-lettered jobs: per queue with a total, or "
+                                    "for one --queue (prints just the number).")
+    p.add_argument("--queue", help="only this queue")
+    p.set_defaults(func=cmd_dlq_depth)
+    p = dsub.add_parser("retry", parents=[common], help="re-enqueue one DLQ entry",
+                        description="Move one dead-lettered job back to the job table under the "
+                                    "same id, available with attempt 0 (errors kept).\nExit 1 if "
+                                    "it is not in the DLQ, or if a live job holds its unique key "
+                                    "(nothing changes).")
+    p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
+    p.set_defaults(func=cmd_dlq_retry)
+    p = dsub.add_parser("retry-all", parents=[common], help="re-enqueue matching DLQ entries",
+                        description="Re-enqueue every matching DLQ entry (as `dlq retry`). Give "
+                                    "at least one filter, or --all.\nEntries whose unique key is "
+                                    "held by a live job are skipped. Prints how many were retried.")
+    dlq_filters(p, paging=False)
+    p.add_argument("--all", action="store_true", help="every DLQ entry (no filter)")
+    p.set_defaults(func=cmd_dlq_retry_all, parser=p)
+    p = dsub.add_parser("purge", parents=[common], help="delete matching DLQ entries",
+                        description="Delete matching DLQ entries for good. Give at least one "
+                                    "filter, or --all. Prints how many were deleted.")
+    dlq_filters(p, paging=True)
+    p.add_argument("--all", action="store_true", help="every DLQ entry (no filter)")
+    p.set_defaults(func=cmd_dlq_purge, parser=p)
+
+    # cron
+    cron = sub.add_parser("cron", help="periodic (cron) schedules (list, remove)",
+                          description="Periodic (cron) schedules stored in the database: list, "
+                                      "remove.")
+    csub = cron.add_subparsers(dest="cron_command", metavar="SUBCOMMAND", required=True,
+                               title="subcommands")
+    p = csub.add_parser("list", parents=[common], help="list the stored schedules",
+                        description="List every stored periodic schedule with its cron "
+                                    "expression, timezone, kind, queue, missed-fire policy, last "
+                                    "and next fire time.")
+    p.set_defaults(func=cmd_cron_list)
+    p = csub.add_parser("remove", parents=[common], help="delete a stored schedule",
+                        description="Delete a stored periodic schedule (exit 1 if there is none "
+                                    "by that name).\nA process that still registers it stores it "
+                                    "again at its next start().")
+    p.add_argument("name", metavar="NAME", help="schedule name")
+    p.set_defaults(func=cmd_cron_remove)
 
     # embedded
     emb = sub.add_parser("embedded", help="manage the persistent embedded PostgreSQL (stop, url)",

@@ -18,6 +18,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from awa_fast import callbacks, enqueue, schema, sql
+from awa_fast.admin import AdminMixin
 from awa_fast.errors import DatabaseError, JobNotFound, ValidationError
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare
@@ -50,7 +51,7 @@ async def _configure(conn: psycopg.AsyncConnection) -> None:
     set_json_loads(orjson.loads, conn)
 
 
-class AsyncClient:
+class AsyncClient(AdminMixin):
     """Async client: insert jobs, administer them, and run workers.
 
     Args:
@@ -323,9 +324,11 @@ class AsyncClient:
         Raises:
             TypeError: ``fn`` is neither callable nor NO_FAILURE_CONSEQUENCE.
         """
-        kind = args_type_or_kind if isinstance(args_type_or_kind, str) else kind_for_type(
-            args_type_or_kind)
-        self.registry.declare_consequence(kind, fn)
+        if isinstance(args_type_or_kind, str):
+            self.registry.declare_consequence(args_type_or_kind, fn)
+        else:
+            self.registry.declare_consequence(kind_for_type(args_type_or_kind), fn,
+                                              args_type_or_kind)
 
     async def correct_to_failed(self, job_id: int, *, error: str) -> Job:
         """Correct an apparent success: a ``completed`` job becomes ``failed`` (``error``
@@ -493,7 +496,12 @@ class Client:
 
     _SYNC = ("migrate", "insert", "insert_many", "insert_many_copy", "get_job", "list_jobs",
              "retry", "cancel", "cancel_by_unique_key", "queue_stats", "pause_queue",
-             "resume_queue", "list_cron_jobs", "delete_cron_job")
+             "resume_queue", "list_cron_jobs", "delete_cron_job",
+             # admin and dead-letter queue (awa_fast/admin.py)
+             "retry_failed", "discard_failed", "drain_queue", "dump_job", "dump_run",
+             "health_check", "list_dlq", "get_dlq_job", "dlq_depth", "dlq_depth_by_queue",
+             "retry_from_dlq", "bulk_retry_from_dlq", "move_failed_to_dlq",
+             "bulk_move_failed_to_dlq", "purge_dlq_job", "purge_dlq")
 
     def __init__(self, database_url: str, max_connections: int = 10):
         self._async = AsyncClient(database_url, max_connections)

@@ -77,19 +77,6 @@ def start_durable(settings: dict[str, str] | None = None, timeout: float = 60.0)
         raise
 
 
-def server_settings(dsn: str) -> dict[str, str]:
-    names = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_level",
-             "shared_buffers", "max_connections", "max_wal_size", "checkpoint_timeout")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute("SELECT name, setting, unit FROM pg_settings WHERE name = ANY(%s)",
-                            (list(names),)).fetchall()
-    out = {}
-    for name, setting, unit in rows:
-        out[name] = setting if not unit or unit in ("ms", "s") and False else (
-            f"{setting}{'' if not unit else ' x ' + unit}" if unit else setting)
-    return out
-
-
 def create_database(admin_dsn: str, name: str) -> str:
     """Create a fresh database ``name`` (dropping an old one) and return its DSN."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:

@@ -467,3 +467,144 @@ RETURNING {JOB_COLUMNS}"""
 SET_QUEUE_DLQ = f"""
 INSERT INTO {S}.queue_meta (queue, dlq) VALUES (%s, %s)
 ON CONFLICT (queue) DO UPDATE SET dlq = EXCLUDED.dlq"""
+
+
+# -- dead-letter queue and admin operations: awa_fast/admin.py -------------------------------------
+
+# DLQ rows carry the job columns (JOB_COLUMNS order) followed by these three.
+DLQ_COLUMNS = f"{JOB_COLUMNS}, dlq_reason, dlq_at, original_run_lease"
+
+# Shared filter of the DLQ list / bulk statements (every parameter NULL = no filter).
+_DLQ_FILTER = """
+    (%(kind)s::text IS NULL OR kind = %(kind)s)
+    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    AND (%(tag)s::text IS NULL OR %(tag)s = ANY(tags))
+    AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s)
+    AND (%(before_dlq_at)s::timestamptz IS NULL OR dlq_at < %(before_dlq_at)s)"""
+
+DLQ_LIST = f"""
+SELECT {DLQ_COLUMNS} FROM {S}.dlq
+WHERE {_DLQ_FILTER}
+ORDER BY dlq_at DESC, id DESC LIMIT %(limit)s"""
+
+DLQ_GET = f"SELECT {DLQ_COLUMNS} FROM {S}.dlq WHERE id = %s"
+
+DLQ_DEPTH = f"SELECT count(*) FROM {S}.dlq WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)"
+
+DLQ_DEPTH_BY_QUEUE = f"SELECT queue, count(*) FROM {S}.dlq GROUP BY queue ORDER BY queue"
+
+# Re-enqueue dead-lettered rows under their own ids: attempt 0, run_lease 0, errors kept,
+# available (scheduled for a future run_at), optional priority / queue overrides. A unique-key
+# collision with a live job raises unique_violation and rolls the whole statement back.
+_DLQ_REINSERT = f"""
+INSERT INTO {S}.jobs (id, kind, queue, args, state, priority, attempt, max_attempts, run_at,
+                      created_at, errors, metadata, tags, unique_key, unique_states,
+                      ordering_key, run_lease)
+SELECT d.id, d.kind, COALESCE(%(queue)s::text, d.queue), d.args,
+       (CASE WHEN %(run_at)s::timestamptz > now() THEN 'scheduled'
+             ELSE 'available' END)::{S}.job_state,
+       COALESCE(%(priority)s::smallint, d.priority), 0, d.max_attempts,
+       GREATEST(COALESCE(%(run_at)s::timestamptz, now()), now()), d.created_at, d.errors,
+       d.metadata, d.tags, d.unique_key, d.unique_states, d.ordering_key, 0
+FROM d ORDER BY d.id
+RETURNING {JOB_COLUMNS}"""
+
+DLQ_RETRY = f"""
+WITH d AS (DELETE FROM {S}.dlq WHERE id = %(id)s RETURNING *)
+{_DLQ_REINSERT}"""
+
+DLQ_RETRY_BULK = f"""
+WITH d AS (
+    DELETE FROM {S}.dlq WHERE id IN (
+        SELECT id FROM {S}.dlq WHERE {_DLQ_FILTER} ORDER BY id FOR UPDATE SKIP LOCKED)
+    RETURNING *)
+{_DLQ_REINSERT}"""
+
+DLQ_MATCHING_IDS = f"SELECT id FROM {S}.dlq WHERE {_DLQ_FILTER} ORDER BY id"
+
+# The live job holding a unique key (to name it in a UniqueConflict message).
+UNIQUE_HOLDER = f"""
+SELECT id, state::text FROM {S}.jobs
+WHERE unique_key = %s AND unique_key IS NOT NULL
+  AND (unique_states & (1 << {S}.state_bit(state))) <> 0
+ORDER BY id LIMIT 1"""
+
+# Admin move of failed jobs to the DLQ (whatever the queue's policy). Jobs whose failure
+# consequence is still owed stay: the reconciler only sees awa_fast.jobs.
+_MOVE_TO_DLQ = f"""
+WITH d AS (
+    DELETE FROM {S}.jobs WHERE id IN (
+        SELECT id FROM {S}.jobs
+        WHERE state = 'failed' AND consequence_state IS DISTINCT FROM 'owed' AND {{where}}
+        ORDER BY id FOR UPDATE SKIP LOCKED)
+    RETURNING *)
+INSERT INTO {S}.dlq SELECT d.*, %(reason)s, now(), d.run_lease FROM d"""
+
+DLQ_MOVE_ONE = _MOVE_TO_DLQ.format(where="id = %(id)s")
+DLQ_MOVE_BULK = _MOVE_TO_DLQ.format(
+    where="(%(kind)s::text IS NULL OR kind = %(kind)s) "
+          "AND (%(queue)s::text IS NULL OR queue = %(queue)s)")
+
+DLQ_PURGE_ONE = f"DELETE FROM {S}.dlq WHERE id = %s"
+DLQ_PURGE = f"DELETE FROM {S}.dlq WHERE {_DLQ_FILTER}"
+
+# Maintenance: DLQ retention (independent of the jobs' retention).
+PRUNE_DLQ = f"""
+DELETE FROM {S}.dlq WHERE id IN (
+    SELECT id FROM {S}.dlq WHERE dlq_at < now() - %(dlq_s)s * interval '1 second'
+    LIMIT %(limit)s)"""
+
+# retry_failed: failed -> available, attempt 0 (as RETRY_JOB), by kind or queue.
+_RETRY_FAILED_SET = f"""
+UPDATE {S}.jobs
+SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
+    heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL"""
+
+RETRY_FAILED = f"""{_RETRY_FAILED_SET}
+WHERE id IN (SELECT id FROM {S}.jobs
+             WHERE state = 'failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+               AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+             ORDER BY id FOR UPDATE SKIP LOCKED)
+RETURNING {JOB_COLUMNS}"""
+
+FAILED_IDS = f"""
+SELECT id FROM {S}.jobs
+WHERE state = 'failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY id"""
+
+RETRY_FAILED_ONE = f"""{_RETRY_FAILED_SET}
+WHERE id = %s AND state = 'failed'
+RETURNING {JOB_COLUMNS}"""
+
+# Jobs whose failure consequence is still owed are kept (deleting them would lose it).
+DISCARD_FAILED = f"""
+DELETE FROM {S}.jobs
+WHERE kind = %s AND state = 'failed' AND consequence_state IS DISTINCT FROM 'owed'"""
+
+_DRAIN_SET = f"""
+UPDATE {S}.jobs
+SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    callback_id = NULL, callback_timeout_at = NULL,
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'error', 'cancelled: queue drained by admin', 'attempt', attempt, 'at', now()))"""
+
+DRAIN_QUEUE = f"""{_DRAIN_SET}
+WHERE id IN (SELECT id FROM {S}.jobs
+             WHERE queue = %s AND state IN ('available', 'scheduled', 'retryable')
+             ORDER BY id FOR UPDATE SKIP LOCKED)"""
+
+DRAINABLE_IDS = f"""
+SELECT id FROM {S}.jobs
+WHERE queue = %s AND state IN ('available', 'scheduled', 'retryable') ORDER BY id"""
+
+DRAIN_ONE = f"""{_DRAIN_SET}
+WHERE id = %s AND state IN ('available', 'scheduled', 'retryable')"""
+
+# Whole rows as JSON (every column, consequence bookkeeping included).
+DUMP_JOB = f"SELECT to_jsonb(j) FROM {S}.jobs j WHERE id = %s"
+DUMP_DLQ_JOB = f"SELECT to_jsonb(d) FROM {S}.dlq d WHERE id = %s"
+
+HEALTH_AVAILABLE = f"""
+SELECT queue, count(*) FROM {S}.jobs WHERE state = 'available' AND queue = ANY(%s)
+GROUP BY queue"""

@@ -120,10 +120,10 @@ class ConsequenceApplier:
     def snapshot(self, row: tuple) -> Job:
         """A Job from a ``JOB_COLUMNS`` row, with typed args when the kind is registered."""
         job = Job.from_row(row)
-        handler = self.registry.get(job.kind)
-        if handler is not None:
+        decode = self.registry.decoder(job.kind)
+        if decode is not None:
             try:
-                job.args = handler.decode(job.args)
+                job.args = decode(job.args)
             except Exception:  # the effect still gets the raw dict
                 pass
         return job
@@ -223,7 +223,7 @@ class Settler:
                     return None
                 kind, state = row[1], row[4]
                 decl = self.applier.declaration(kind)
-                if decl is UNDECLARED and self.applier.registry.get(kind) is None:
+                if decl is UNDECLARED and self.applier.registry.get(kind) is None:  # unknown here
                     log.warning("consequence of %s job %s is owed but %s is not declared in "
                                 "this process; leaving it owed", kind, job_id, kind)
                     return None

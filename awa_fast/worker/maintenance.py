@@ -33,6 +33,7 @@ class MaintenanceConfig:
     cleanup_interval_ms: int = 60_000
     completed_retention_hours: float = 24.0
     failed_retention_hours: float = 72.0
+    dlq_retention_days: float = 30.0
     cleanup_batch_size: int = 1000
     promote_batch_size: int = 4096
     reconcile_interval_ms: int = 1_000
@@ -172,12 +173,17 @@ class Maintenance:
         return rows
 
     async def prune(self) -> int:
-        """Delete terminal jobs older than their retention."""
+        """Delete terminal jobs older than their retention, and DLQ entries older than
+        ``dlq_retention_days``. Returns the rows deleted (both tables)."""
         c = self.config
         pool = await self._pool_getter()
         async with pool.connection() as conn:
             cur = await conn.execute(sql.PRUNE, {
                 "completed_s": c.completed_retention_hours * 3600,
                 "failed_s": c.failed_retention_hours * 3600, "limit": c.cleanup_batch_size})
-        self.counts["pruned"] += cur.rowcount
-        return cur.rowcount
+            pruned = cur.rowcount
+            cur = await conn.execute(sql.PRUNE_DLQ, {"dlq_s": c.dlq_retention_days * 86400,
+                                                     "limit": c.cleanup_batch_size})
+            pruned += cur.rowcount
+        self.counts["pruned"] += pruned
+        return pruned

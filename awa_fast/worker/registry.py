@@ -58,6 +58,7 @@ class Registry:
         self.handlers: dict[str, Handler] = {}
         # Consequences declared for kinds whose handler lives elsewhere.
         self.consequences: dict[str, Any] = {}
+        self.decoders: dict[str, Callable[[dict], Any]] = {}  # args types known from declarations
         self.verifiers: dict[str, Callable] = {}
 
     def register(self, args_type: Any, fn: Callable, *, kind: str, queue: str = "default",
@@ -81,12 +82,15 @@ class Registry:
         self.handlers[kind] = handler
         return handler
 
-    def declare_consequence(self, kind: str, consequence: Any) -> None:
-        """Declare ``kind``'s failure consequence without registering a handler here."""
+    def declare_consequence(self, kind: str, consequence: Any, args_type: Any = None) -> None:
+        """Declare ``kind``'s failure consequence without registering a handler here
+        (``args_type``, when given, types the args the consequence sees)."""
         if consequence is UNDECLARED:
             raise TypeError("declare a callable or NO_FAILURE_CONSEQUENCE")
         check_consequence(kind, consequence)
         self.consequences[kind] = consequence
+        if args_type is not None:
+            self.decoders[kind] = args_decoder(args_type)
         handler = self.handlers.get(kind)
         if handler is not None:
             handler.failure_consequence = consequence
@@ -95,6 +99,11 @@ class Registry:
         """Registered kinds with neither a consequence nor an explicit no-effect declaration."""
         return sorted(k for k, h in self.handlers.items()
                       if h.failure_consequence is UNDECLARED and k not in self.consequences)
+
+    def decoder(self, kind: str) -> Callable[[dict], Any] | None:
+        """How to type ``kind``'s args: its handler's args type, else a declared one."""
+        handler = self.handlers.get(kind)
+        return handler.decode if handler is not None else self.decoders.get(kind)
 
     def get(self, kind: str) -> Handler | None:
         return self.handlers.get(kind)

@@ -112,6 +112,7 @@ class Runtime:
                  global_max_workers: int | None = None, heartbeat_interval_ms: int | None = None,
                  completed_retention_hours: float | None = None,
                  failed_retention_hours: float | None = None,
+                 dlq_retention_days: float | None = None,
                  cleanup_batch_size: int | None = None,
                  leader_election_interval_ms: int | None = None,
                  promote_interval_ms: int | None = None,
@@ -141,6 +142,7 @@ class Runtime:
         for key, value in {
             "completed_retention_hours": completed_retention_hours,
             "failed_retention_hours": failed_retention_hours,
+            "dlq_retention_days": dlq_retention_days,
             "cleanup_batch_size": cleanup_batch_size,
             "leader_election_interval_ms": leader_election_interval_ms,
             "promote_interval_ms": promote_interval_ms,
@@ -212,9 +214,12 @@ class Runtime:
         self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="awa-heartbeat"))
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
         if self.run_maintenance:
-            self.maintenance = Maintenance(self.client.database_url, pool_getter,
-                                           self.maintenance_config, on_rescued=self._on_rescued,
-                                           extra_tasks=[(self.cron_interval_s, self._evaluate_cron)])
+            mc = self.maintenance_config
+            self.maintenance = Maintenance(
+                self.client.database_url, pool_getter, mc, on_rescued=self._on_rescued,
+                consequence_kinds=self.client.consequences.kinds_with_effects,
+                extra_tasks=[(self.cron_interval_s, self._evaluate_cron),
+                             (mc.reconcile_interval_ms / 1000, self.reconcile)])
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:

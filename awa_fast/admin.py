@@ -1,0 +1,417 @@
+"""Admin and dead-letter-queue operations of :class:`~awa_fast.client.AsyncClient` (awa-pg's names).
+
+Dead-letter queue (ADR-020): a failed job of a queue with DLQ enabled (``{"name": "q",
+"max_workers": 4, "dlq": True}`` in ``start()``, or ``start(dlq_enabled_by_default=True)``) is
+moved from ``awa_fast.jobs`` to ``awa_fast.dlq`` with a reason and its last run lease; DLQ rows are
+never claimed. They come back with :meth:`AdminMixin.retry_from_dlq` (same id, attempt 0) or go
+away with :meth:`AdminMixin.purge_dlq` / the maintenance retention (``dlq_retention_days``,
+default 30). Bulk operations without a filter need ``allow_all=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+from psycopg import errors as pg_errors
+
+from awa_fast import enqueue, sql
+from awa_fast.errors import AwaError, JobNotFound, UniqueConflict
+from awa_fast.job import JOB_FIELDS, Job
+
+log = logging.getLogger("awa_fast.admin")
+
+_N = len(JOB_FIELDS)
+
+
+@dataclasses.dataclass(frozen=True)
+class DlqEntry:
+    """A dead-lettered job: its snapshot (``job.state`` is ``failed``), why and when it was
+    dead-lettered, and the run lease of its last attempt."""
+
+    job: Job
+    reason: str
+    dlq_at: datetime
+    original_run_lease: int
+
+    @classmethod
+    def from_row(cls, row: tuple) -> "DlqEntry":
+        return cls(Job.from_row(row), row[_N], row[_N + 1], row[_N + 2])
+
+    def to_dict(self) -> dict:
+        """JSON-compatible: the job's fields plus ``dlq_reason``, ``dlq_at``,
+        ``original_run_lease``."""
+        out = self.job.to_dict()
+        out.update(dlq_reason=self.reason, dlq_at=self.dlq_at.isoformat(),
+                   original_run_lease=self.original_run_lease)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueHealth:
+    """One queue this process works: attempts running here, its worker limit, and the
+    ``available`` jobs waiting in the database."""
+
+    queue: str
+    in_flight: int
+    max_workers: int
+    available: int
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthCheck:
+    """``healthy`` = postgres reachable and, when this client runs a runtime, every dispatcher
+    loop and the heartbeat loop alive and not shutting down. Without a runtime only postgres
+    is checked (the loop fields are then ``False`` and ``queues`` is empty)."""
+
+    healthy: bool
+    postgres_connected: bool
+    poll_loop_alive: bool
+    heartbeat_alive: bool
+    shutting_down: bool
+    leader: bool
+    queues: dict[str, QueueHealth]
+
+
+def _when(value: Any, name: str) -> datetime | None:
+    """A datetime or ISO 8601 string (naive = UTC) as an aware datetime."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{name}: not an ISO 8601 timestamp: {value!r}") from None
+    if not isinstance(value, datetime):
+        raise TypeError(f"{name} must be a datetime or ISO 8601 string, got {type(value).__name__}")
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+
+def _require_filter(op: str, allow_all: bool, **filters: Any) -> None:
+    if not allow_all and all(v is None for v in filters.values()):
+        names = ", ".join(filters)
+        raise ValueError(f"{op} without a filter ({names}) affects every row: pass allow_all=True")
+
+
+def _hexify(row: dict) -> dict:
+    # to_jsonb renders bytea as "\\x..."; show keys as plain hex like Job.to_dict.
+    for key in ("unique_key", "ordering_key"):
+        value = row.get(key)
+        if isinstance(value, str) and value.startswith("\\x"):
+            row[key] = value[2:]
+    return row
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False, default=str)
+
+
+class AdminMixin:
+    """Admin and DLQ methods of :class:`~awa_fast.client.AsyncClient` (``self`` is the client)."""
+
+    # -- dead-letter queue ----------------------------------------------------------------------
+
+    async def list_dlq(self, *, kind: str | None = None, queue: str | None = None,
+                       tag: str | None = None, before_id: int | None = None,
+                       before_dlq_at: datetime | str | None = None,
+                       limit: int = 100) -> list[DlqEntry]:
+        """Dead-lettered jobs, newest first (``dlq_at``, then id). ``before_id`` /
+        ``before_dlq_at`` page backwards (strictly older)."""
+        rows = await self._fetch(sql.DLQ_LIST, {
+            "kind": kind, "queue": queue, "tag": tag, "before_id": before_id,
+            "before_dlq_at": _when(before_dlq_at, "before_dlq_at"), "limit": limit})
+        return [DlqEntry.from_row(r) for r in rows]
+
+    async def get_dlq_job(self, job_id: int) -> DlqEntry | None:
+        """The DLQ entry of job ``job_id``, or ``None``."""
+        rows = await self._fetch(sql.DLQ_GET, (job_id,))
+        return DlqEntry.from_row(rows[0]) if rows else None
+
+    async def dlq_depth(self, *, queue: str | None = None) -> int:
+        """Number of dead-lettered jobs (of ``queue``, or in all)."""
+        return (await self._fetch(sql.DLQ_DEPTH, {"queue": queue}))[0][0]
+
+    async def dlq_depth_by_queue(self) -> dict[str, int]:
+        """``{queue: dead-lettered jobs}`` for every queue with at least one."""
+        return {q: n for q, n in await self._fetch(sql.DLQ_DEPTH_BY_QUEUE)}
+
+    async def retry_from_dlq(self, job_id: int, *, run_at: datetime | str | None = None,
+                             priority: int | None = None, queue: str | None = None) -> Job | None:
+        """Move a dead-lettered job back to ``awa_fast.jobs`` under the same id: attempt 0,
+        run lease 0, errors kept, ``available`` (``scheduled`` for a future ``run_at``), with
+        optional ``priority`` / ``queue`` overrides. Returns the job, or ``None`` if job
+        ``job_id`` is not in the DLQ.
+
+        Raises:
+            UniqueConflict: a live job holds its unique key; nothing changes (the DLQ row stays).
+            ValidationError: an override breaks a rule (e.g. priority outside 1..4).
+        """
+        params = {"id": job_id, "run_at": _when(run_at, "run_at"), "priority": priority,
+                  "queue": queue}
+        async with (await self.pool()).connection() as conn:
+            try:
+                with enqueue.mapped_errors():
+                    async with conn.transaction():
+                        cur = await conn.execute(sql.DLQ_RETRY, params)
+                        row = await cur.fetchone()
+                        if row is not None and str(row[4]) == "available":
+                            await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
+            except UniqueConflict as exc:
+                raise await self._dlq_conflict(conn, job_id, exc) from exc
+        return None if row is None else Job.from_row(row)
+
+    async def _dlq_conflict(self, conn, job_id: int, exc: UniqueConflict) -> UniqueConflict:
+        cur = await conn.execute("SELECT unique_key FROM awa_fast.dlq WHERE id = %s", (job_id,))
+        key_row = await cur.fetchone()
+        holder = None
+        if key_row is not None and key_row[0] is not None:
+            cur = await conn.execute(sql.UNIQUE_HOLDER, (key_row[0],))
+            holder = await cur.fetchone()
+        held = f"job {holder[0]} ({holder[1]})" if holder else "another live job"
+        return UniqueConflict(
+            f"cannot retry DLQ job {job_id}: its unique key is held by {held}; the job stays "
+            "in the DLQ (nothing changed)", constraint=exc.constraint)
+
+    async def bulk_retry_from_dlq(self, *, kind: str | None = None, queue: str | None = None,
+                                  tag: str | None = None, allow_all: bool = False) -> int:
+        """Retry every matching DLQ entry (as :meth:`retry_from_dlq`); returns how many.
+        Entries whose unique key is held by a live job are skipped and stay in the DLQ.
+
+        Raises:
+            ValueError: no filter and not ``allow_all``.
+        """
+        _require_filter("bulk_retry_from_dlq", allow_all, kind=kind, queue=queue, tag=tag)
+        params = {"kind": kind, "queue": queue, "tag": tag, "before_id": None,
+                  "before_dlq_at": None, "run_at": None, "priority": None}
+        async with (await self.pool()).connection() as conn:
+            async with conn.transaction():
+                try:
+                    async with conn.transaction():  # savepoint: fall back row by row
+                        cur = await conn.execute(sql.DLQ_RETRY_BULK, {**params, "queue": queue})
+                        rows = await cur.fetchall()
+                except pg_errors.UniqueViolation:
+                    rows = await self._retry_dlq_one_by_one(conn, params)
+                for q in sorted({r[2] for r in rows if str(r[4]) == "available"}):
+                    await conn.execute(sql.NOTIFY_QUEUE, (q,))
+        return len(rows)
+
+    async def _retry_dlq_one_by_one(self, conn, params: dict) -> list[tuple]:
+        cur = await conn.execute(sql.DLQ_MATCHING_IDS, params)
+        rows = []
+        for (job_id,) in await cur.fetchall():
+            try:
+                async with conn.transaction():
+                    c = await conn.execute(sql.DLQ_RETRY, {**params, "id": job_id, "queue": None})
+                    row = await c.fetchone()
+                if row is not None:
+                    rows.append(row)
+            except pg_errors.UniqueViolation:
+                log.info("DLQ job %s not retried: its unique key is held by a live job", job_id)
+        return rows
+
+    async def move_failed_to_dlq(self, job_id: int, reason: str = "manual") -> bool:
+        """Move a ``failed`` job to the DLQ (whatever its queue's DLQ setting). ``False`` if
+        the job is not failed (or its failure consequence is still owed)."""
+        async with (await self.pool()).connection() as conn:
+            cur = await conn.execute(sql.DLQ_MOVE_ONE, {"id": job_id, "reason": reason})
+            return cur.rowcount > 0
+
+    async def bulk_move_failed_to_dlq(self, *, kind: str | None = None, queue: str | None = None,
+                                      reason: str = "manual", allow_all: bool = False) -> int:
+        """Move every matching ``failed`` job to the DLQ; returns how many.
+
+        Raises:
+            ValueError: no filter and not ``allow_all``.
+        """
+        _require_filter("bulk_move_failed_to_dlq", allow_all, kind=kind, queue=queue)
+        async with (await self.pool()).connection() as conn:
+            cur = await conn.execute(sql.DLQ_MOVE_BULK,
+                                     {"kind": kind, "queue": queue, "reason": reason})
+            return cur.rowcount
+
+    async def purge_dlq_job(self, job_id: int) -> bool:
+        """Delete one DLQ entry; ``True`` if it existed."""
+        async with (await self.pool()).connection() as conn:
+            cur = await conn.execute(sql.DLQ_PURGE_ONE, (job_id,))
+            return cur.rowcount > 0
+
+    async def purge_dlq(self, *, kind: str | None = None, queue: str | None = None,
+                        tag: str | None = None, before_id: int | None = None,
+                        before_dlq_at: datetime | str | None = None,
+                        allow_all: bool = False) -> int:
+        """Delete matching DLQ entries; returns how many.
+
+        Raises:
+            ValueError: no filter and not ``allow_all``.
+        """
+        _require_filter("purge_dlq", allow_all, kind=kind, queue=queue, tag=tag,
+                        before_id=before_id, before_dlq_at=before_dlq_at)
+        async with (await self.pool()).connection() as conn:
+            cur = await conn.execute(sql.DLQ_PURGE, {
+                "kind": kind, "queue": queue, "tag": tag, "before_id": before_id,
+                "before_dlq_at": _when(before_dlq_at, "before_dlq_at")})
+            return cur.rowcount
+
+    # -- failed jobs ----------------------------------------------------------------------------
+
+    async def retry_failed(self, *, kind: str | None = None, queue: str | None = None) -> list[Job]:
+        """Make every ``failed`` job of ``kind`` or of ``queue`` (exactly one) available again
+        with attempt 0; returns them. A job whose unique key is now held by another live job
+        is skipped (it stays failed).
+
+        Raises:
+            ValueError: neither or both of ``kind`` and ``queue``.
+        """
+        if (kind is None) == (queue is None):
+            raise ValueError("retry_failed needs exactly one of kind= or queue=")
+        params = {"kind": kind, "queue": queue}
+        async with (await self.pool()).connection() as conn:
+            async with conn.transaction():
+                try:
+                    async with conn.transaction():
+                        cur = await conn.execute(sql.RETRY_FAILED, params)
+                        rows = await cur.fetchall()
+                except pg_errors.UniqueViolation:
+                    rows = []
+                    cur = await conn.execute(sql.FAILED_IDS, params)
+                    for (job_id,) in await cur.fetchall():
+                        try:
+                            async with conn.transaction():
+                                c = await conn.execute(sql.RETRY_FAILED_ONE, (job_id,))
+                                row = await c.fetchone()
+                            if row is not None:
+                                rows.append(row)
+                        except pg_errors.UniqueViolation:
+                            log.info("failed job %s not retried: its unique key is held", job_id)
+                for q in sorted({r[2] for r in rows}):
+                    await conn.execute(sql.NOTIFY_QUEUE, (q,))
+        return [Job.from_row(r) for r in rows]
+
+    async def discard_failed(self, kind: str) -> int:
+        """Delete the ``failed`` jobs of ``kind`` (not those whose failure consequence is still
+        owed); returns how many."""
+        async with (await self.pool()).connection() as conn:
+            cur = await conn.execute(sql.DISCARD_FAILED, (kind,))
+            return cur.rowcount
+
+    async def drain_queue(self, queue: str) -> int:
+        """Cancel every job of ``queue`` that is waiting to run (``available``, ``scheduled``,
+        ``retryable``); running and parked jobs are left alone. Returns how many."""
+        async with (await self.pool()).connection() as conn:
+            try:
+                async with conn.transaction():
+                    cur = await conn.execute(sql.DRAIN_QUEUE, (queue,))
+                    return cur.rowcount
+            except pg_errors.UniqueViolation:
+                # A cancelled row would collide with another holder of its key (a mask that
+                # holds 'cancelled'): drain the rest, leave that one.
+                drained = 0
+                cur = await conn.execute(sql.DRAINABLE_IDS, (queue,))
+                for (job_id,) in await cur.fetchall():
+                    try:
+                        async with conn.transaction():
+                            c = await conn.execute(sql.DRAIN_ONE, (job_id,))
+                            drained += c.rowcount
+                    except pg_errors.UniqueViolation:
+                        log.warning("job %s not drained: cancelling it would collide on its "
+                                    "unique key", job_id)
+                return drained
+
+    # -- inspection -----------------------------------------------------------------------------
+
+    async def _row_json(self, job_id: int) -> tuple[dict, bool]:
+        rows = await self._fetch(sql.DUMP_JOB, (job_id,))
+        if rows:
+            return _hexify(rows[0][0]), False
+        rows = await self._fetch(sql.DUMP_DLQ_JOB, (job_id,))
+        if rows:
+            return _hexify(rows[0][0]), True
+        raise JobNotFound(f"job not found: {job_id}")
+
+    async def dump_job(self, job_id: int) -> str:
+        """Every column of the job as indented JSON (failure-consequence bookkeeping included).
+        A dead-lettered job is dumped from the DLQ, with ``"in_dlq": true`` and its
+        ``dlq_reason`` / ``dlq_at`` / ``original_run_lease``.
+
+        Raises:
+            JobNotFound: no such job in ``awa_fast.jobs`` nor the DLQ.
+        """
+        row, in_dlq = await self._row_json(job_id)
+        row["in_dlq"] = in_dlq
+        return _dumps(row)
+
+    async def dump_run(self, job_id: int, attempt: int | None = None) -> str:
+        """One attempt of a job as indented JSON: the job, the attempt number, the ``errors``
+        entry recorded for it (``null`` if it did not fail), progress, run lease and timestamps.
+        ``attempt`` defaults to the latest.
+
+        Raises:
+            JobNotFound: no such job.
+            AwaError: the job has no such attempt (or has never run).
+        """
+        row, in_dlq = await self._row_json(job_id)
+        current = row["attempt"]
+        if attempt is None:
+            if current < 1:
+                raise AwaError(f"job {job_id} has not run yet (attempt 0)")
+            attempt = current
+        elif not 1 <= attempt <= max(current, _max_error_attempt(row["errors"])):
+            raise AwaError(f"job {job_id} has no attempt {attempt} (attempts so far: {current})")
+        entries = [e for e in row["errors"] if isinstance(e, dict) and e.get("attempt") == attempt]
+        latest = attempt == current
+        run = {
+            "job_id": job_id, "kind": row["kind"], "queue": row["queue"], "state": row["state"],
+            "in_dlq": in_dlq, "attempt": attempt, "current_attempt": current,
+            "max_attempts": row["max_attempts"], "latest": latest,
+            "error": entries[-1] if entries else None, "errors": entries,
+            # progress, lease and attempt timestamps describe the latest attempt only.
+            "run_lease": row.get("original_run_lease", row["run_lease"]) if in_dlq else row["run_lease"],
+            "progress": row["progress"] if latest else None,
+            "timestamps": {k: row[k] for k in ("created_at", "run_at", "attempted_at",
+                                               "heartbeat_at", "deadline_at", "finalized_at")}
+            if latest else {"created_at": row["created_at"]},
+            "job": row,
+        }
+        if in_dlq:
+            run["dlq_reason"], run["dlq_at"] = row["dlq_reason"], row["dlq_at"]
+        return _dumps(run)
+
+    async def health_check(self) -> HealthCheck:
+        """Postgres reachability plus, when this client runs a runtime, its loops, leadership
+        and per-queue load (see :class:`HealthCheck`)."""
+        available: dict[str, int] = {}
+        runtime = self.runtime
+        names = list(runtime.dispatchers) if runtime is not None else []
+        try:
+            rows = await self._fetch(sql.HEALTH_AVAILABLE, (names,))
+            available = dict(rows)
+            connected = True
+        except Exception as exc:  # any failure to reach postgres means "not connected"
+            log.warning("health check: postgres unreachable: %s", exc)
+            connected = False
+        if runtime is None:
+            return HealthCheck(connected, connected, False, False, False, False, {})
+        tasks = {t.get_name(): t for t in getattr(runtime, "_tasks", [])}
+        dispatch = [t for n, t in tasks.items() if n.startswith("awa-dispatch-")]
+        poll_alive = bool(dispatch) and all(not t.done() for t in dispatch)
+        hb = tasks.get("awa-heartbeat")
+        heartbeat_alive = hb is not None and not hb.done()
+        shutting_down = any(getattr(d, "_stopping", False) for d in runtime.dispatchers.values())
+        leader = bool(runtime.maintenance is not None and runtime.maintenance.is_leader)
+        running: dict[str, int] = {}
+        for ctx in list(runtime.in_flight.values()):
+            running[ctx.queue] = running.get(ctx.queue, 0) + 1
+        queues = {name: QueueHealth(name, running.get(name, 0), d.max_workers,
+                                    available.get(name, 0))
+                  for name, d in runtime.dispatchers.items()}
+        healthy = connected and poll_alive and heartbeat_alive and not shutting_down
+        return HealthCheck(healthy, connected, poll_alive, heartbeat_alive, shutting_down,
+                           leader, queues)
+
+
+def _max_error_attempt(errors: list) -> int:
+    return max((e.get("attempt") or 0 for e in errors if isinstance(e, dict)), default=0)

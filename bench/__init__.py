@@ -1,0 +1,1 @@
+"""awa-fast benchmark suite: ``python -m bench --help`` (see docs/benchmarking.md)."""

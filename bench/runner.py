@@ -1,0 +1,603 @@
+"""The benchmark runner: ``python -m bench [options]`` or ``bench.runner:main(argv)``.
+
+Scenarios (``--scenarios``, comma separated; default all):
+
+* ``enqueue``   single ``insert`` rate, ``insert_many`` in batches, COPY ``insert_many_copy``,
+  unique enqueue (``unique_opts={}``).
+* ``drain``     end-to-end drain of pre-enqueued no-op jobs with 1 and N worker processes:
+  durable finalized jobs/s counted in the database, plus WAL bytes and commits per completed job
+  from the server's own counters (``pg_current_wal_lsn()``, ``pg_stat_database.xact_commit``).
+* ``pipeline``  stage-A handlers stage one stage-B job each through
+  ``job.enqueue_on_completion(..., unique_opts={})`` (every B value staged by two A's).
+* ``failures``  1/3 RetryAfter(0) once, 1/3 TerminalError, 1/3 Snooze(0) once.
+* ``latency``   pickup latency through LISTEN/NOTIFY on an idle queue (large poll interval).
+
+Every system runs in its own fresh database on the same server. See docs/benchmarking.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+from bench import server as srv
+from bench.systems import NAMES, NotSupported, dist_version, load
+
+SCENARIOS = ("enqueue", "drain", "pipeline", "failures", "latency")
+ENQUEUE_MODES = ("single", "many", "copy", "unique")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_async(coro):
+    try:
+        import uvloop
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+# -- arguments ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compare", action="store_true",
+                   help="also run the peers (awa-pg, pgqueuer, procrastinate) and print ratios")
+    p.add_argument("--systems", default=None,
+                   help=f"comma-separated subset of {','.join(NAMES)} (default: awa_fast, or all with --compare)")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    p.add_argument("--jobs", type=int, default=20_000,
+                   help="jobs for insert_many / COPY / unique enqueue and the drains (default 20000)")
+    p.add_argument("--single-jobs", type=int, default=None,
+                   help="jobs for the single-insert rate (default jobs/10, i.e. 2000)")
+    p.add_argument("--failure-jobs", type=int, default=None,
+                   help="jobs of the failure mix (default jobs/2)")
+    p.add_argument("--batch", type=int, default=1000, help="insert_many batch size (default 1000)")
+    p.add_argument("--processes", type=int, default=2, help="worker processes of the N-process drain")
+    p.add_argument("--max-workers", type=int, default=512, help="per-process worker slots (default 512)")
+    p.add_argument("--latency-iterations", type=int, default=200)
+    p.add_argument("--poll-ms", type=int, default=5000,
+                   help="poll interval of the latency scenario, so pickups come from NOTIFY")
+    p.add_argument("--timeout", type=float, default=90.0,
+                   help="seconds before a drain gives up and reports its partial rate (default 90)")
+    p.add_argument("--database-url", default=None,
+                   help="use this server (scratch databases are created and dropped on it) "
+                        "instead of a throwaway one")
+    p.add_argument("--unsafe-fsync-off", action="store_true",
+                   help="throwaway server with fsync=off/full_page_writes=off (awa_fast.embedded.start_temp "
+                        "defaults): faster, NOT durable numbers")
+    p.add_argument("--out", default=None,
+                   help="JSONL output (default bench/results/<timestamp>.jsonl)")
+    p.add_argument("--plot", nargs="?", const="", default=None,
+                   help="write a PNG chart (default path: the JSONL path with .png)")
+    args = p.parse_args(argv)
+    args.single_jobs = args.single_jobs or max(1, args.jobs // 10)
+    args.failure_jobs = args.failure_jobs or max(3, args.jobs // 2)
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    for s in args.scenarios:
+        if s not in SCENARIOS:
+            p.error(f"unknown scenario {s!r} (choose from {', '.join(SCENARIOS)})")
+    if args.systems:
+        args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+        for s in args.systems:
+            if s not in NAMES:
+                p.error(f"unknown system {s!r} (choose from {', '.join(NAMES)})")
+    else:
+        args.systems = list(NAMES) if args.compare else ["awa_fast"]
+    return args
+
+
+# -- environment ------------------------------------------------------------------------------------
+
+
+def environment(admin_dsn: str, args: argparse.Namespace, server_kind: str) -> dict:
+    names = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_level",
+             "shared_buffers", "max_connections", "max_wal_size", "checkpoint_timeout")
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        settings = {n: conn.execute(f"SHOW {n}").fetchone()[0] for n in names}
+    try:
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+    except Exception:  # noqa: BLE001
+        git = ""
+    return {
+        "awa_fast_version": dist_version("awa-fast"),
+        "awa_fast_git": git,
+        "peers": {"awa-pg": dist_version("awa-pg"), "pgqueuer": dist_version("pgqueuer"),
+                  "asyncpg": dist_version("asyncpg"), "procrastinate": dist_version("procrastinate")},
+        "psycopg": dist_version("psycopg"),
+        "uvloop": dist_version("uvloop"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cores": os.cpu_count(),
+        "postgres": settings.pop("server_version"),
+        "pg_settings": settings,
+        "server": server_kind,
+        "options": {"jobs": args.jobs, "single_jobs": args.single_jobs,
+                    "failure_jobs": args.failure_jobs, "batch": args.batch,
+                    "processes": args.processes, "max_workers": args.max_workers,
+                    "latency_iterations": args.latency_iterations, "poll_ms": args.poll_ms},
+    }
+
+
+# -- output -----------------------------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self, path: Path, env: dict):
+        self.path = path
+        self.env = env
+        self.records: list[dict] = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(path, "w")
+        self._fh.write(json.dumps({"type": "header", **env}) + "\n")
+        self._fh.flush()
+
+    def add(self, rec: dict) -> None:
+        rec = {"type": "result", **rec, "env": self.env,
+               "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        self.records.append(rec)
+        self._fh.write(json.dumps(rec, default=str) + "\n")
+        self._fh.flush()
+        print(format_row(rec), flush=True)
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+HEAD = f"{'scenario':<22} {'system':<14} {'n':>7} {'rate/s':>10} {'details':<52} method"
+
+
+def _details(rec: dict) -> str:
+    if rec.get("error"):
+        return "ERROR: " + str(rec["error"])[:60]
+    parts = []
+    if "p50_ms" in rec:
+        parts.append(f"p50 {rec['p50_ms']:.1f} p95 {rec['p95_ms']:.1f} p99 {rec['p99_ms']:.1f} ms")
+    if "wal_bytes_per_job" in rec:
+        parts.append(f"WAL {rec['wal_bytes_per_job']:.0f} B/job, {rec['commits_per_job']:.3f} commits/job")
+    if "elapsed_s" in rec and "p50_ms" not in rec:
+        parts.append(f"{rec['elapsed_s']:.2f} s")
+    if "compact_share" in rec:
+        parts.append(f"batched {rec['compact_share']:.0%} (compact {rec['compact']}, per_job {rec['per_job']})")
+    if "vs_plain_drain" in rec:
+        parts.append(f"{rec['vs_plain_drain']:.2f}x plain drain")
+    if rec.get("timed_out"):
+        parts.append(f"TIMEOUT ({rec['finalized']} of {rec['target']})")
+    return "; ".join(parts)
+
+
+def format_row(rec: dict) -> str:
+    rate = rec.get("rate")
+    rate_s = "n/a" if rate is None else f"{rate:,.0f}"
+    return (f"{rec['scenario']:<22} {rec['system']:<14} {rec.get('n', ''):>7} {rate_s:>10} "
+            f"{_details(rec):<52} {rec.get('method', '')}")
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+class Databases:
+    def __init__(self, admin_dsn: str, run_id: str):
+        self.admin = admin_dsn
+        self.run_id = run_id
+
+    def fresh(self, system: str, label: str) -> tuple[str, str]:
+        name = f"bench_{self.run_id}_{system}_{label}"[:63]
+        return name, srv.create_database(self.admin, name)
+
+    def drop(self, name: str) -> None:
+        try:
+            srv.drop_database(self.admin, name)
+        except Exception as exc:  # noqa: BLE001
+            log(f"could not drop {name}: {exc}")
+
+
+def _count(conn: psycopg.Connection, query: str, seeded: int) -> int:
+    if "%(seeded)s" in query:
+        return int(conn.execute(query, {"seeded": seeded}).fetchone()[0])
+    return int(conn.execute(query).fetchone()[0])
+
+
+def _wal_lsn(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return int(conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])
+
+
+def _commits(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return int(conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()[0])
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+# -- scenarios --------------------------------------------------------------------------------------
+
+
+def scenario_enqueue(adapter, dbs: Databases, args, rec: Recorder) -> None:
+    for mode in ENQUEUE_MODES:
+        n = args.single_jobs if mode == "single" else args.jobs
+        if adapter.name == "procrastinate" and mode == "unique":
+            n = args.single_jobs  # one job per call: keep it as long as the single-insert run
+        name, dsn = dbs.fresh(adapter.name, f"enq_{mode}")
+        base = {"scenario": f"enqueue_{mode}", "system": adapter.name, "version": adapter.version, "n": n}
+        try:
+            setup = run_async(adapter.setup(dsn))
+            log(f"{adapter.name}: enqueue {mode} x {n}")
+            r = run_async(adapter.enqueue(dsn, mode, n, args.batch))
+            rec.add({**base, **setup, "rate": n / r["elapsed"], "elapsed_s": r["elapsed"],
+                     "method": r["method"], **({"alternatives_per_s": r["alternatives_per_s"]}
+                                              if "alternatives_per_s" in r else {})})
+        except NotSupported:
+            rec.add({**base, "rate": None, "method": "not supported"})
+        except Exception as exc:  # noqa: BLE001
+            rec.add({**base, "rate": None, "error": repr(exc)})
+        finally:
+            dbs.drop(name)
+
+
+def _spawn_children(system: str, dsn: str, workload: str, processes: int, max_workers: int):
+    children = []
+    cfg = json.dumps({"system": system, "dsn": dsn, "workload": workload, "max_workers": max_workers})
+    for _ in range(processes):
+        children.append(subprocess.Popen(
+            [sys.executable, "-m", "bench.child", cfg], cwd=str(REPO), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, bufsize=1))
+    for ch in children:
+        while True:
+            line = ch.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{system} worker exited before READY (status {ch.wait()})")
+            if line.strip() == "READY":
+                break
+    return children
+
+
+def _stop_children(children) -> list[dict]:
+    stats = []
+    for ch in children:
+        try:
+            ch.stdin.write("STOP\n")
+            ch.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+    for ch in children:
+        try:
+            out, _ = ch.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            ch.kill()
+            out, _ = ch.communicate()
+        for line in (out or "").splitlines():
+            if line.startswith("STATS "):
+                stats.append(json.loads(line[6:]))
+    return stats
+
+
+def drain(adapter, dbs: Databases, args, workload: str, processes: int, label: str) -> dict:
+    """Seed ``workload``, start ``processes`` workers, time until every job is finalized."""
+    name, dsn = dbs.fresh(adapter.name, label)
+    try:
+        setup = run_async(adapter.setup(dsn))
+        n = args.failure_jobs if workload == "failmix" else args.jobs
+        log(f"{adapter.name}: seeding {n} {workload} jobs")
+        target = run_async(adapter.seed(dsn, workload, n))
+        query = adapter.count_query(workload)
+        children = _spawn_children(adapter.name, dsn, workload, processes, args.max_workers)
+        try:
+            time.sleep(1.2)  # let setup statistics reach pg_stat_database
+            wal0, commits0 = _wal_lsn(dsn), _commits(dsn)
+            own_commits = 2  # the two snapshot statements above run in dsn's database
+            mon = psycopg.connect(dsn, autocommit=True)
+            for ch in children:
+                ch.stdin.write("GO\n")
+                ch.stdin.flush()
+            t0 = time.perf_counter()
+            done, last_log, timed_out = 0, t0, False
+            while True:
+                done = _count(mon, query, n)
+                own_commits += 1
+                now = time.perf_counter()
+                if done >= target:
+                    break
+                if now - t0 > args.timeout:
+                    timed_out = True
+                    break
+                if now - last_log > 5:
+                    log(f"{adapter.name}: {label} {done}/{target} finalized after {now - t0:.1f} s")
+                    last_log = now
+                time.sleep(0.05)
+            elapsed = now - t0
+            wal1 = _wal_lsn(dsn)
+            mon.close()
+        finally:
+            stats = _stop_children(children)
+        time.sleep(0.3)
+        commits1 = _commits(dsn)
+        own_commits += 2
+        commits = max(0, commits1 - commits0 - own_commits)
+        out = {"system": adapter.name, "version": adapter.version, **setup, "n": target,
+               "target": target, "finalized": done, "timed_out": timed_out,
+               "rate": done / elapsed, "elapsed_s": elapsed, "processes": processes,
+               "wal_bytes": wal1 - wal0, "commits": commits,
+               "wal_bytes_per_job": (wal1 - wal0) / max(done, 1),
+               "commits_per_job": commits / max(done, 1), "child_stats": stats}
+        if stats and any("compact" in s for s in stats):
+            agg = {k: sum(s.get(k, 0) for s in stats) for k in ("compact", "per_job", "stale", "batches",
+                                                                 "follow_ups_inserted", "follow_ups_skipped")}
+            out.update(agg)
+            total = agg["compact"] + agg["per_job"]
+            out["compact_share"] = agg["compact"] / total if total else 0.0
+        return out
+    finally:
+        dbs.drop(name)
+
+
+def scenario_drain(adapter, dbs, args, rec: Recorder, rates: dict) -> None:
+    for procs in (1, args.processes):
+        label = f"drain_{procs}p"
+        base = {"scenario": label, "system": adapter.name, "version": adapter.version}
+        try:
+            r = drain(adapter, dbs, args, "noop", procs, label)
+            rates[(adapter.name, procs)] = r["rate"]
+            rec.add({**base, **r, "method": f"{procs} process(es) x {args.max_workers} slots"})
+        except Exception as exc:  # noqa: BLE001
+            rec.add({**base, "rate": None, "error": repr(exc)})
+
+
+def scenario_pipeline(adapter, dbs, args, rec: Recorder, rates: dict) -> None:
+    base = {"scenario": f"pipeline_{args.processes}p", "system": adapter.name, "version": adapter.version}
+    if not adapter.supports("pipeline"):
+        rec.add({**base, "rate": None, "method": "not supported (no handler-staged follow-ups)"})
+        return
+    try:
+        r = drain(adapter, dbs, args, "pipeline", args.processes, "pipeline")
+        plain = rates.get((adapter.name, args.processes))
+        if plain:
+            r["vs_plain_drain"] = r["rate"] / plain
+        rec.add({**base, **r, "method": "A stages B via enqueue_on_completion(unique_opts={})"})
+    except Exception as exc:  # noqa: BLE001
+        rec.add({**base, "rate": None, "error": repr(exc)})
+
+
+def scenario_failures(adapter, dbs, args, rec: Recorder) -> None:
+    base = {"scenario": "failure_mix_1p", "system": adapter.name, "version": adapter.version}
+    try:
+        r = drain(adapter, dbs, args, "failmix", 1, "failures")
+        rec.add({**base, **r, "method": "1/3 retry once, 1/3 terminal, 1/3 snooze once"})
+    except Exception as exc:  # noqa: BLE001
+        rec.add({**base, "rate": None, "error": repr(exc)})
+
+
+def scenario_latency(adapter, dbs, args, rec: Recorder) -> None:
+    base = {"scenario": "pickup_latency", "system": adapter.name, "version": adapter.version,
+            "n": args.latency_iterations}
+    name, dsn = dbs.fresh(adapter.name, "latency")
+    try:
+        setup = run_async(adapter.setup(dsn))
+        log(f"{adapter.name}: pickup latency x {args.latency_iterations}")
+        lat = run_async(adapter.pickup_latency(dsn, args.latency_iterations, args.poll_ms))
+        rec.add({**base, **setup, "rate": None, "p50_ms": percentile(lat, 0.5),
+                 "p95_ms": percentile(lat, 0.95), "p99_ms": percentile(lat, 0.99),
+                 "mean_ms": statistics.fmean(lat), "max_ms": max(lat),
+                 "method": f"insert -> handler start, poll {args.poll_ms} ms (NOTIFY wakes)"})
+    except Exception as exc:  # noqa: BLE001
+        rec.add({**base, "rate": None, "error": repr(exc)})
+    finally:
+        dbs.drop(name)
+
+
+# -- summary ----------------------------------------------------------------------------------------
+
+
+def _by(records: list[dict]) -> dict:
+    return {(r["scenario"], r["system"]): r for r in records}
+
+
+def ratios(records: list[dict], systems: list[str]) -> list[str]:
+    idx = _by(records)
+    peers = [s for s in systems if s != "awa_fast"]
+    if not peers:
+        return []
+    lines = [f"{'ratio awa_fast/peer':<22} " + " ".join(f"{p:>14}" for p in peers)]
+    for scen in dict.fromkeys(r["scenario"] for r in records):
+        me = idx.get((scen, "awa_fast"))
+        if me is None:
+            continue
+        cells = []
+        for p in peers:
+            other = idx.get((scen, p))
+            if scen == "pickup_latency":
+                a, b = (me or {}).get("p95_ms"), (other or {}).get("p95_ms")
+                cells.append(f"{b / a:>13.2f}x" if a and b else f"{'n/a':>14}")  # lower is better
+            else:
+                a, b = (me or {}).get("rate"), (other or {}).get("rate")
+                cells.append(f"{a / b:>13.2f}x" if a and b else f"{'n/a':>14}")
+        lines.append(f"{scen:<22} " + " ".join(cells))
+    lines.append("(pickup_latency: peer p95 / awa_fast p95, higher = awa_fast faster; "
+                 "wal: see the drain rows)")
+    return lines
+
+
+def targets(records: list[dict], processes: int) -> list[str]:
+    idx = _by(records)
+
+    def rate(scen, sys_):
+        r = idx.get((scen, sys_))
+        return None if r is None else r.get("rate")
+
+    out = []
+
+    def check(label, value, goal, fmt="{:.2f}x", lower_is_better=False):
+        if value is None:
+            out.append(f"  {label:<58} n/a")
+            return
+        ok = value <= goal if lower_is_better else value >= goal
+        out.append(f"  {label:<58} {fmt.format(value):>10}  goal {'<=' if lower_is_better else '>='} "
+                   f"{fmt.format(goal)}  {'MET' if ok else 'NOT MET'}")
+
+    def ratio(scen, peer):
+        a, b = rate(scen, "awa_fast"), rate(scen, peer)
+        return a / b if a and b else None
+
+    d = f"drain_{processes}p"
+    check(f"no-op drain {processes} processes vs awa-pg", ratio(d, "awa_pg"), 3.0)
+    check(f"no-op drain {processes} processes vs pgqueuer", ratio(d, "pgqueuer"), 1.2)
+    check("COPY enqueue vs awa-pg insert_many_copy", ratio("enqueue_copy", "awa_pg"), 1.0)
+    check("single insert vs awa-pg", ratio("enqueue_single", "awa_pg"), 2.0)
+    check("unique enqueue vs awa-pg", ratio("enqueue_unique", "awa_pg"), 1.0)
+    lat = idx.get(("pickup_latency", "awa_fast"))
+    check("pickup latency idle p95 (ms)", lat and lat.get("p95_ms"), 20.0, "{:.1f}", lower_is_better=True)
+    pipe = idx.get((f"pipeline_{processes}p", "awa_fast"))
+    check("stage-A/stage-B vs plain drain", pipe and pipe.get("vs_plain_drain"), 0.5)
+    walr = idx.get(("drain_1p", "awa_fast"))
+    check("WAL per completed no-op job, 1 process (B)", walr and walr.get("wal_bytes_per_job"),
+          1.8 * 1024, "{:.0f}", lower_is_better=True)
+    walr = idx.get((d, "awa_fast"))
+    check(f"WAL per completed no-op job, {processes} processes (B)", walr and walr.get("wal_bytes_per_job"),
+          1.8 * 1024, "{:.0f}", lower_is_better=True)
+    return out
+
+
+def plot(records: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot needs matplotlib: pip install matplotlib", file=sys.stderr)
+        return
+    systems = list(dict.fromkeys(r["system"] for r in records))
+    rate_scen = [s for s in dict.fromkeys(r["scenario"] for r in records) if s != "pickup_latency"]
+    idx = _by(records)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5.5), gridspec_kw={"width_ratios": [4, 1]})
+    width = 0.8 / max(1, len(systems))
+    for i, sys_ in enumerate(systems):
+        vals = [(idx.get((s, sys_)) or {}).get("rate") or 0 for s in rate_scen]
+        ax1.bar([x + i * width for x in range(len(rate_scen))], vals, width, label=sys_)
+    ax1.set_xticks([x + width * (len(systems) - 1) / 2 for x in range(len(rate_scen))])
+    ax1.set_xticklabels(rate_scen, rotation=30, ha="right")
+    ax1.set_yscale("log")
+    ax1.set_ylabel("jobs/s (log)")
+    ax1.set_title("throughput (durable, finalized in the database)")
+    ax1.legend()
+    for i, sys_ in enumerate(systems):
+        r = idx.get(("pickup_latency", sys_)) or {}
+        ax2.bar([i - 0.2, i + 0.2], [r.get("p50_ms") or 0, r.get("p95_ms") or 0], 0.4,
+                color=["C%d" % i, "C%d" % i], alpha=1.0)
+    ax2.set_xticks(range(len(systems)))
+    ax2.set_xticklabels(systems, rotation=30, ha="right")
+    ax2.set_ylabel("ms (left bar p50, right bar p95)")
+    ax2.set_title("pickup latency")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"chart: {path}")
+
+
+# -- main -------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"{stamp}.jsonl"
+    server = None
+    if args.database_url:
+        admin, server_kind = args.database_url, "external (--database-url)"
+    elif args.unsafe_fsync_off:
+        from awa_fast.embedded import start_temp
+        log("starting a throwaway PostgreSQL (start_temp: fsync=off, full_page_writes=off)")
+        server = start_temp()
+        admin, server_kind = server.dsn, "throwaway start_temp() -- fsync=off, NOT durable"
+    else:
+        log("starting a throwaway PostgreSQL with fsync=on, full_page_writes=on, synchronous_commit=on")
+        server = srv.start_durable()
+        admin, server_kind = server.dsn, "throwaway, durable settings (bench/server.py start_durable)"
+    try:
+        env = environment(admin, args, server_kind)
+        adapters, skipped = [], {}
+        for name in args.systems:
+            try:
+                adapters.append(load(name))
+            except ImportError as exc:
+                skipped[name] = f"not importable: {exc}"
+        env["skipped_systems"] = skipped
+        print(f"awa-fast {env['awa_fast_version']} ({env['awa_fast_git']}) | peers "
+              + ", ".join(f"{k} {v}" for k, v in env["peers"].items()))
+        print(f"Python {env['python']} | PostgreSQL {env['postgres']} | {env['cores']} cores | "
+              f"{env['server']}")
+        print("settings: " + ", ".join(f"{k}={v}" for k, v in env["pg_settings"].items()))
+        print("options: " + ", ".join(f"{k}={v}" for k, v in env["options"].items()))
+        for k, v in skipped.items():
+            print(f"skipped {k}: {v}")
+        print(HEAD)
+        rec = Recorder(out, env)
+        dbs = Databases(admin, stamp.replace("-", ""))
+        rates: dict = {}
+        t_all = time.perf_counter()
+        for scen in SCENARIOS:
+            if scen not in args.scenarios:
+                continue
+            for a in adapters:
+                if scen == "enqueue":
+                    scenario_enqueue(a, dbs, args, rec)
+                elif scen == "drain":
+                    scenario_drain(a, dbs, args, rec, rates)
+                elif scen == "pipeline":
+                    if a.name == "awa_fast" and (a.name, args.processes) not in rates:
+                        # the ratio needs the plain drain with the same process count
+                        try:
+                            r = drain(a, dbs, args, "noop", args.processes, "plain_for_pipeline")
+                            rates[(a.name, args.processes)] = r["rate"]
+                        except Exception as exc:  # noqa: BLE001
+                            log(f"plain drain for the pipeline ratio failed: {exc!r}")
+                    scenario_pipeline(a, dbs, args, rec, rates)
+                elif scen == "failures":
+                    if a.supports("failmix"):
+                        scenario_failures(a, dbs, args, rec)
+                elif scen == "latency":
+                    scenario_latency(a, dbs, args, rec)
+        rec.close()
+        print()
+        print(HEAD)
+        for r in rec.records:
+            print(format_row(r))
+        lines = ratios(rec.records, [a.name for a in adapters])
+        if lines:
+            print()
+            print("\n".join(lines))
+        print()
+        print("targets (from the issue):")
+        print("\n".join(targets(rec.records, args.processes)))
+        print(f"\nresults: {out} ({time.perf_counter() - t_all:.0f} s)")
+        if args.plot is not None:
+            plot(rec.records, Path(args.plot) if args.plot else out.with_suffix(".png"))
+        return 0
+    finally:
+        if server is not None:
+            server.stop()

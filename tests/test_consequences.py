@@ -1,0 +1,320 @@
+"""Per-kind failure consequences (ADR-PFM-OPS-003 as issue 5 states it) on a real PostgreSQL:
+every failure reason, both settlement paths, a SIGKILLed worker, a failing effect, a correction
+that must survive restarts, a crash between effect and commit, and the registration check."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+import awa_fast as awa
+from awa_fast.testing import UndeclaredFailureConsequences, assert_failure_consequences_declared
+from tests.consequence_app import Reserve
+from tests.support import job_row, scalar, truncate, wait_for, wait_state
+
+FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
+            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=50,
+            deadline_rescue_interval_ms=50, reconcile_interval_ms=50,
+            consequence_backoff_ms=50, callback_poll_interval_ms=20,
+            heartbeat_staleness_ms=500)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+async def business(dsn):
+    await truncate(dsn)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("""
+            CREATE TABLE IF NOT EXISTS public.released (job_id bigint PRIMARY KEY, reason text);
+            CREATE TABLE IF NOT EXISTS public.effect_log (job_id bigint, reason text);
+            CREATE TABLE IF NOT EXISTS public.reservations (
+                job_id bigint PRIMARY KEY, qty int NOT NULL, released boolean NOT NULL DEFAULT false);
+            CREATE TABLE IF NOT EXISTS public.stock (item text PRIMARY KEY, available int NOT NULL);
+            TRUNCATE public.released, public.effect_log, public.reservations, public.stock;
+            INSERT INTO public.stock VALUES ('widget', 10);""")
+
+
+@pytest.fixture
+async def client(dsn):
+    c = awa.AsyncClient(dsn)
+    yield c
+    await c.close()
+
+
+@dataclasses.dataclass
+class Order:
+    mode: str
+
+
+def with_release(client, calls, fail_times=0):
+    """A repeat-safe effect writing on the settlement connection; fails ``fail_times`` times."""
+    async def release(failure: awa.JobFailure) -> None:
+        calls.append((failure.id, failure.path, failure.reason, failure.idempotency_key))
+        await failure.conn.execute(
+            "INSERT INTO public.released (job_id, reason) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (failure.id, failure.reason))
+        if len([c for c in calls if c[0] == failure.id]) <= fail_times:
+            raise RuntimeError("inventory service unavailable")
+    return release
+
+
+async def released(dsn) -> dict:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT job_id, reason FROM public.released")
+        return dict(await cur.fetchall())
+
+
+async def test_each_failure_reason_applies_and_retries_or_success_never_do(dsn, client):
+    calls = []
+
+    @client.task(Order, failure_consequence=with_release(client, calls))
+    async def order(job):
+        mode = job.args.mode
+        if mode == "terminal":
+            raise awa.TerminalError("declined")
+        if mode in ("exhausted", "retry"):
+            raise ValueError("flaky")
+        if mode == "poison":
+            try:
+                job.enqueue_on_completion(Order("x"), priority=0)
+            except awa.StagingError:
+                pass
+            return None
+        if mode == "retry_after":
+            return awa.RetryAfter(60)
+        if mode in ("external", "timeout"):
+            token = await job.register_callback(timeout_seconds=0.1 if mode == "timeout" else 60)
+            return awa.WaitForCallback(token)
+        return None
+
+    ids = {}
+    for mode, attempts in (("terminal", 3), ("exhausted", 1), ("poison", 3), ("retry", 3),
+                           ("retry_after", 3), ("ok", 3), ("external", 3), ("timeout", 1)):
+        ids[mode] = (await client.insert(Order(mode), max_attempts=attempts)).id
+    # Rescue on the final attempt (stale heartbeat / passed deadline) and with attempts left.
+    for mode, attempts in (("stale", 1), ("deadline", 1), ("stale_retry", 3)):
+        job = await client.insert(Order("ok"), max_attempts=attempts, queue="elsewhere")
+        ids[mode] = job.id
+        await _simulate_running(dsn, job.id, deadline=(mode == "deadline"))
+    await client.start([("default", 8)], **{**FAST, "promote_interval_ms": 3_600_000})
+    await wait_state(dsn, ids["external"], "waiting_external")
+    token = str((await job_row(dsn, ids["external"]))["callback_id"])
+    await client.fail_external(token, "provider failed")
+    await wait_state(dsn, ids["ok"], "completed")
+    correct = await client.correct_to_failed(ids["ok"], error="shipment never left")
+    assert correct.state == awa.JobState.Failed
+
+    expect = {"terminal": "terminal_error", "exhausted": "exhausted", "poison": "terminal_error",
+              "external": "callback_failed", "timeout": "callback_timeout",
+              "stale": "rescue_exhausted", "deadline": "deadline_exhausted", "ok": "corrected"}
+    for mode, reason in expect.items():
+        row = await wait_state(dsn, ids[mode], "failed")
+        assert (row["consequence_state"], row["consequence_reason"]) == ("applied", reason), mode
+        assert row["consequence_applied_at"] is not None
+        assert row["consequence_path"] == ("reconciliation" if mode == "ok" else "failure")
+    await wait_state(dsn, ids["retry"], "retryable")
+    await wait_state(dsn, ids["retry_after"], "retryable")
+    row = await wait_state(dsn, ids["stale_retry"], "retryable", "available")
+    assert row["consequence_state"] is None and row["attempt"] == 1
+    assert await released(dsn) == {ids[m]: r for m, r in expect.items()}
+    assert sorted(c[0] for c in calls) == sorted(ids[m] for m in expect)  # each exactly once
+
+
+async def _simulate_running(dsn, job_id, *, deadline=False):
+    """An attempt whose worker died (stale heartbeat) or overran its deadline."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'running', attempt = attempt + 1, "
+            "run_lease = run_lease + 1, heartbeat_at = now() - interval '1 hour' * %s, "
+            "deadline_at = CASE WHEN %s THEN now() - interval '1 second' END WHERE id = %s",
+            (0 if deadline else 1, deadline, job_id))
+
+
+async def test_effect_failing_twice_keeps_the_job_pending_and_visible_then_settles(dsn, client):
+    calls, handled = [], []
+    gate = asyncio.Event()
+
+    async def flaky(failure):
+        await with_release(client, calls, fail_times=2)(failure)
+        if len(calls) == 2:
+            await gate.wait()  # hold the second failure so the test can look at the pending job
+
+    @client.task(Order, failure_consequence=flaky)
+    async def order(job):
+        handled.append(job.attempt)
+        raise awa.TerminalError("declined")
+
+    job = await client.insert(Order("x"), max_attempts=5)
+    await client.start([("default", 2)], **FAST)
+    await wait_for(lambda: _calls(calls, 2), what="second application")
+    row = await job_row(dsn, job.id)
+    assert row["state"] == "consequence_pending" and row["consequence_state"] == "owed"
+    assert (await client.get_job(job.id)).state == awa.JobState.ConsequencePending
+    assert [j.id for j in await client.list_jobs(state="consequence_pending")] == [job.id]
+    stats = {s.queue: s for s in await client.queue_stats()}
+    assert stats["default"].consequence_pending == 1
+    owed = await client.consequences_owed()
+    assert owed[0]["id"] == job.id and owed[0]["overdue"] is True
+    assert "inventory service unavailable" in owed[0]["error"]
+    gate.set()
+    row = await wait_state(dsn, job.id, "failed")
+    assert row["consequence_state"] == "applied" and row["consequence_attempts"] == 2
+    assert handled == [1]  # never handed to its handler again
+    assert len(calls) == 3 and len({c[3] for c in calls}) == 1  # one idempotency key
+    assert await released(dsn) == {job.id: "terminal_error"}  # written once
+
+
+async def _calls(calls, n):
+    return len(calls) >= n
+
+
+async def test_correction_whose_effect_fails_survives_a_restart_of_every_process(dsn):
+    first = awa.AsyncClient(dsn)
+    calls = []
+    try:
+        @first.task(Order, failure_consequence=with_release(first, calls, fail_times=10**6))
+        async def order(job):
+            return None
+
+        job = await first.insert(Order("x"))
+        await first.start([("default", 1)], **FAST)
+        await wait_state(dsn, job.id, "completed")
+        await first.correct_to_failed(job.id, error="the parcel was lost")
+        row = await job_row(dsn, job.id)
+        assert row["state"] == "failed" and row["consequence_state"] == "owed"
+        await wait_for(lambda: _calls(calls, 2), what="reconciler retry")
+    finally:
+        await first.close()
+    assert await released(dsn) == {}
+    assert (await job_row(dsn, job.id))["consequence_state"] == "owed"
+
+    second = awa.AsyncClient(dsn)
+    calls2 = []
+    try:
+        second.failure_consequence(Order, with_release(second, calls2))
+        await second.start([("other", 1)], **FAST)  # a maintenance-only process
+        row = await wait_for(lambda: _applied(dsn, job.id), what="owed consequence applied")
+        assert row["consequence_path"] == "reconciliation" and row["consequence_reason"] == "corrected"
+        assert await released(dsn) == {job.id: "corrected"}
+    finally:
+        await second.close()
+
+
+async def _applied(dsn, job_id):
+    row = await job_row(dsn, job_id)
+    return row if row["consequence_state"] == "applied" else None
+
+
+async def test_verify_success_corrects_jobs_reported_not_done(dsn, client):
+    calls = []
+
+    @client.task(Order, failure_consequence=with_release(client, calls),
+                 verify_success=lambda job: job.args.mode != "lost")
+    async def order(job):
+        return None
+
+    good = await client.insert(Order("fine"))
+    lost = await client.insert(Order("lost"))
+    await client.start([("default", 2)], **FAST)
+    row = await wait_for(lambda: _applied(dsn, lost.id), what="correction")
+    assert row["state"] == "failed" and row["errors"][-1]["corrected"] is True
+    await wait_for(lambda: _verified(dsn, good.id), what="good job verified")
+    assert (await job_row(dsn, good.id))["state"] == "completed"
+    assert [c[0] for c in calls] == [lost.id]
+
+
+async def _verified(dsn, job_id):
+    return (await job_row(dsn, job_id))["verified_at"] is not None
+
+
+async def _start_app(dsn, **env):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.consequence_app", cwd=ROOT, stdout=subprocess.PIPE,
+        env={**os.environ, "AWA_FAST_APP_DSN": dsn, **env})
+    return proc
+
+
+async def test_sigkilled_worker_on_the_final_attempt_gets_its_consequence(dsn, client):
+    job = await client.insert(Reserve("widget", 3, "hang"), max_attempts=1)
+    proc = await _start_app(dsn)
+    try:
+        assert (await asyncio.wait_for(proc.stdout.readline(), 30)).split()[0] == b"ready"
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert line.split() == [b"started", str(job.id).encode()]
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    from tests.consequence_app import release_reservation
+
+    await _reserve(dsn, job.id, 3)
+    client.failure_consequence(Reserve, release_reservation)
+    await client.start([("nothing", 1)], **FAST)  # maintenance only: rescue + reconcile
+    row = await wait_state(dsn, job.id, "failed", timeout=30)
+    assert (row["consequence_state"], row["consequence_reason"]) == ("applied", "rescue_exhausted")
+    assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # reservation released
+
+
+async def _reserve(dsn, job_id, qty):
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("INSERT INTO public.reservations (job_id, qty) VALUES (%s, %s)",
+                           (job_id, qty))
+        await conn.execute("UPDATE public.stock SET available = available - %s", (qty,))
+
+
+async def test_crash_between_effect_and_commit_repeats_a_repeat_safe_effect(dsn, client):
+    job = await client.insert(Reserve("widget", 4, "fail"), max_attempts=1)
+    await _reserve(dsn, job.id, 4)
+    proc = await _start_app(dsn, CRASH_AFTER_EFFECT="1")
+    try:
+        assert await asyncio.wait_for(proc.wait(), 30) == -signal.SIGKILL
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    row = await job_row(dsn, job.id)
+    assert row["state"] == "running"  # the settlement never committed
+    assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 1
+    assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # released once
+    from tests.consequence_app import release_reservation
+
+    client.failure_consequence(Reserve, release_reservation)
+    await client.start([("nothing", 1)], **FAST)
+    row = await wait_state(dsn, job.id, "failed", timeout=30)
+    assert row["consequence_state"] == "applied"
+    assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 2  # ran again
+    assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # still recovered once
+
+
+def test_registration_check(dsn):
+    client = awa.AsyncClient(dsn)
+
+    @client.task(Order, kind="undeclared_one")
+    async def a(job):
+        return None
+
+    @client.task(Order, kind="declared_none", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def b(job):
+        return None
+
+    @client.task(Order, kind="declared_elsewhere")
+    async def c(job):
+        return None
+
+    client.failure_consequence("declared_elsewhere", awa.NO_FAILURE_CONSEQUENCE)
+    with pytest.raises(UndeclaredFailureConsequences) as info:
+        assert_failure_consequences_declared(client)
+    assert info.value.kinds == ["undeclared_one"]
+    client.failure_consequence("undeclared_one", awa.NO_FAILURE_CONSEQUENCE)
+    assert_failure_consequences_declared(client)
+    with pytest.raises(TypeError):
+        client.failure_consequence("x", "not callable")
