@@ -16,7 +16,6 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
-import orjson
 from psycopg import errors as pg_errors
 
 from awa_fast import enqueue, sql

@@ -210,6 +210,8 @@ class AsyncClient(AdminMixin):
             with enqueue.mapped_errors():
                 cur = await conn.execute(sql.RETRY_JOB, (job_id,))
                 row = await cur.fetchone()
+            if row is not None:
+                await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
         return None if row is None else Job.from_row(row)
 
     async def cancel(self, job_id: int) -> Job | None:

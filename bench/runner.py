@@ -75,8 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--latency-iterations", type=int, default=200)
     p.add_argument("--poll-ms", type=int, default=5000,
                    help="poll interval of the latency scenario, so pickups come from NOTIFY")
-    p.add_argument("--timeout", type=float, default=90.0,
-                   help="seconds before a drain gives up and reports its partial rate (default 90)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds before a drain gives up and reports its partial rate (default 60)")
     p.add_argument("--database-url", default=None,
                    help="use this server (scratch databases are created and dropped on it) "
                         "instead of a throwaway one")
@@ -179,6 +179,8 @@ def _details(rec: dict) -> str:
         parts.append(f"batched {rec['compact_share']:.0%} (compact {rec['compact']}, per_job {rec['per_job']})")
     if "vs_plain_drain" in rec:
         parts.append(f"{rec['vs_plain_drain']:.2f}x plain drain")
+    if rec.get("alternatives_per_s"):
+        parts.append("alt/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in rec["alternatives_per_s"].items() if v))
     if rec.get("timed_out"):
         parts.append(f"TIMEOUT ({rec['finalized']} of {rec['target']})")
     return "; ".join(parts)
@@ -469,6 +471,10 @@ def targets(records: list[dict], processes: int) -> list[str]:
     check(f"no-op drain {processes} processes vs awa-pg", ratio(d, "awa_pg"), 3.0)
     check(f"no-op drain {processes} processes vs pgqueuer", ratio(d, "pgqueuer"), 1.2)
     check("COPY enqueue vs awa-pg insert_many_copy", ratio("enqueue_copy", "awa_pg"), 1.0)
+    alt = (idx.get(("enqueue_copy", "awa_pg")) or {}).get("alternatives_per_s") or {}
+    me = rate("enqueue_copy", "awa_fast")
+    if alt.get("enqueue_many_copy") and me:
+        check("COPY enqueue vs awa-pg enqueue_many_copy (info)", me / alt["enqueue_many_copy"], 1.0)
     check("single insert vs awa-pg", ratio("enqueue_single", "awa_pg"), 2.0)
     check("unique enqueue vs awa-pg", ratio("enqueue_unique", "awa_pg"), 1.0)
     lat = idx.get(("pickup_latency", "awa_fast"))

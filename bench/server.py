@@ -91,7 +91,17 @@ def drop_database(admin_dsn: str, name: str) -> None:
 
 
 def dsn_for(admin_dsn: str, dbname: str) -> str:
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
-    params = conninfo_to_dict(admin_dsn)
-    params["dbname"] = dbname
-    return make_conninfo(**params)
+    """A ``postgresql://`` URL for ``dbname`` on the server of ``admin_dsn`` (URL form: asyncpg
+    and awa-pg accept only URLs)."""
+    from urllib.parse import quote
+
+    from psycopg.conninfo import conninfo_to_dict
+    p = conninfo_to_dict(admin_dsn)
+    user = quote(p.get("user") or "postgres", safe="")
+    auth = user + (":" + quote(p["password"], safe="") if p.get("password") else "")
+    host = p.get("host") or "localhost"
+    query = ""
+    if host.startswith("/"):
+        query, host = f"?host={quote(host, safe='/')}", ""
+    port = f":{p['port']}" if p.get("port") else ""
+    return f"postgresql://{auth}@{host}{port}/{quote(dbname, safe='')}{query}"

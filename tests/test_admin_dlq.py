@@ -502,7 +502,11 @@ async def test_health_check(dsn, client):
     await client.insert({"mode": "ok"}, kind="not_handled_here", queue="idle")
     await client.pause_queue("idle")
     await client.start([("hq", 3), ("idle", 2)], **FAST)
-    h = await wait_for(client.health_check, what="healthy")
+    async def healthy():
+        h = await client.health_check()
+        return h if h.healthy else None
+
+    h = await wait_for(healthy, what="healthy")
     assert h.healthy and h.postgres_connected and h.poll_loop_alive and h.heartbeat_alive
     assert not h.shutting_down
     assert h.queues["hq"] == QueueHealth("hq", 0, 3, 0)

@@ -228,6 +228,243 @@ def test_queue_pause_resume_stats(dsn, jobs):
 
 
 # ---------------------------------------------------------------------------------------------
+# admin: dump-run, retry-failed, discard, drain
+
+
+def _make_failed(dsn: str, client, kind: str, queue: str, *, unique: bool = False,
+                 args: dict | None = None, attempts: int = 2) -> int:
+    """Insert a job and turn it into a failed one with one errors entry per attempt."""
+    job = client.insert(args or {"n": 1}, kind=kind, queue=queue, tags=["cli"],
+                        unique_opts={} if unique else None)
+    errors = [{"error": f"boom {i}", "attempt": i, "at": "2024-01-01T00:00:00+00:00"}
+              for i in range(1, attempts + 1)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE awa_fast.jobs SET state = 'failed', attempt = %s, run_lease = %s, "
+                     "finalized_at = now(), attempted_at = now(), errors = %s::jsonb "
+                     "WHERE id = %s", (attempts, attempts, json.dumps(errors), job.id))
+    return job.id
+
+
+def _state(client, job_id: int) -> str:
+    return str(client.get_job(job_id).state)
+
+
+def test_job_dump_run(dsn, client):
+    job_id = _make_failed(dsn, client, "cli_run", "cli_run_q", attempts=3)
+    run = json.loads(ok("job", "dump-run", str(job_id), dsn=dsn))
+    assert run["job_id"] == job_id and run["attempt"] == 3 and run["current_attempt"] == 3
+    assert run["error"]["error"] == "boom 3" and run["run_lease"] == 3
+    assert run["job"]["kind"] == "cli_run" and run["in_dlq"] is False
+    first = ok_json("job", "dump-run", str(job_id), "--attempt", "1", dsn=dsn)
+    assert first["attempt"] == 1 and first["error"]["error"] == "boom 1"
+
+    r = cli("job", "dump-run", str(job_id), "--attempt", "9", dsn=dsn)
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"awa-fast: error: job {job_id} has no attempt 9 (attempts so far: 3)"
+    r = cli("job", "dump-run", "987654321", dsn=dsn)
+    assert r.returncode == 1 and r.stderr.strip() == "awa-fast: error: job not found: 987654321"
+
+
+def test_job_retry_failed_and_discard(dsn, client):
+    a = _make_failed(dsn, client, "cli_rf", "cli_rf_q1")
+    b = _make_failed(dsn, client, "cli_rf", "cli_rf_q2")
+    c = _make_failed(dsn, client, "cli_rf_other", "cli_rf_q1")
+
+    out = ok("job", "retry-failed", "--kind", "cli_rf", dsn=dsn)
+    lines = out.strip().splitlines()
+    assert lines[0] == "retried 2 failed job(s) of kind cli_rf"
+    assert lines[1].split() == ["ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "RUN_AT",
+                                "CREATED_AT"]
+    rows = [line.split() for line in lines[3:]]
+    assert sorted(int(r[0]) for r in rows) == [a, b]
+    assert all(r[3] == "available" and r[5] == "0/25" for r in rows)
+    assert _state(client, a) == _state(client, b) == "available"
+    assert _state(client, c) == "failed"
+
+    retried = ok_json("job", "retry-failed", "--queue", "cli_rf_q1", dsn=dsn)
+    assert [j["id"] for j in retried] == [c] and retried[0]["state"] == "available"
+    assert ok("job", "retry-failed", "--queue", "cli_rf_q1", dsn=dsn).strip() == \
+        "retried 0 failed job(s) of queue cli_rf_q1"
+
+    d1 = _make_failed(dsn, client, "cli_disc", "cli_disc_q")
+    d2 = _make_failed(dsn, client, "cli_disc", "cli_disc_q")
+    keep = client.insert({"x": 1}, kind="cli_disc", queue="cli_disc_q")
+    assert ok("job", "discard", "--kind", "cli_disc", dsn=dsn).strip() == \
+        "discarded 2 failed job(s) of kind cli_disc"
+    for job_id in (d1, d2):
+        with pytest.raises(awa.JobNotFound):
+            client.get_job(job_id)
+    assert _state(client, keep.id) == "available"
+    assert ok_json("job", "discard", "--kind", "cli_disc", dsn=dsn) == {"kind": "cli_disc",
+                                                                         "discarded": 0}
+
+
+def test_queue_drain(dsn, client):
+    ids = [client.insert({"i": i}, kind="cli_drain", queue="cli_drain_q").id for i in range(3)]
+    failed = _make_failed(dsn, client, "cli_drain", "cli_drain_q")
+    assert ok("queue", "drain", "cli_drain_q", dsn=dsn).strip() == \
+        "drained queue cli_drain_q: 3 waiting job(s) cancelled"
+    assert {_state(client, i) for i in ids} == {"cancelled"}
+    assert _state(client, failed) == "failed"
+    assert ok_json("queue", "drain", "cli_drain_q", dsn=dsn) == {"queue": "cli_drain_q",
+                                                                  "drained": 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# dead-letter queue
+
+
+def _dead_letter(dsn: str, client, kind: str, queue: str, **kw) -> int:
+    job_id = _make_failed(dsn, client, kind, queue, **kw)
+    assert client.move_failed_to_dlq(job_id, "manual")
+    return job_id
+
+
+def test_dlq_list_and_depth(dsn, client):
+    a = _dead_letter(dsn, client, "cli_dlq_a", "cli_dlq_q1")
+    b = _dead_letter(dsn, client, "cli_dlq_b", "cli_dlq_q1")
+    c = _dead_letter(dsn, client, "cli_dlq_a", "cli_dlq_q2")
+
+    lines = ok("dlq", "list", "--kind", "cli_dlq_a", dsn=dsn).strip().splitlines()
+    assert lines[0].split() == ["ID", "KIND", "QUEUE", "ATTEMPT", "REASON", "DLQ_AT",
+                                "LAST_ERROR"]
+    assert set(lines[1]) <= {"-", " "}
+    rows = [line.split() for line in lines[2:]]
+    assert [int(r[0]) for r in rows] == [c, a]  # newest first
+    assert rows[1][1:5] == ["cli_dlq_a", "cli_dlq_q1", "2/25", "manual"]
+    assert rows[1][-2:] == ["boom", "2"]
+    # aligned: every row's REASON and LAST_ERROR cells start under their headers
+    for header, value in (("REASON", "manual"), ("LAST_ERROR", "boom 2")):
+        col = lines[0].index(header)
+        assert all(line[col:].startswith(value) for line in lines[2:])
+
+    listed = ok_json("dlq", "list", "--queue", "cli_dlq_q1", dsn=dsn)
+    assert [e["id"] for e in listed] == [b, a]
+    assert listed[0]["dlq_reason"] == "manual" and listed[0]["original_run_lease"] == 2
+    assert listed[0]["state"] == "failed" and listed[0]["kind"] == "cli_dlq_b"
+    assert [e["id"] for e in ok_json("dlq", "list", "--queue", "cli_dlq_q1", "--before-id",
+                                     str(b), dsn=dsn)] == [a]
+    assert len(ok_json("dlq", "list", "--tag", "cli", "--limit", "1", dsn=dsn)) == 1
+    future = "2999-01-01T00:00:00"
+    assert {e["id"] for e in ok_json("dlq", "list", "--before-dlq-at", future, dsn=dsn)} >= {a, b, c}
+    assert ok("dlq", "list", "--kind", "nothing_here", dsn=dsn).strip() == "no matching DLQ entries"
+
+    assert ok("dlq", "depth", "--queue", "cli_dlq_q1", dsn=dsn).strip() == "2"
+    assert ok_json("dlq", "depth", "--queue", "cli_dlq_q2", dsn=dsn) == {"queue": "cli_dlq_q2",
+                                                                          "depth": 1}
+    depth = ok_json("dlq", "depth", dsn=dsn)
+    assert depth["by_queue"]["cli_dlq_q1"] == 2 and depth["by_queue"]["cli_dlq_q2"] == 1
+    assert depth["total"] == sum(depth["by_queue"].values())
+    lines = ok("dlq", "depth", dsn=dsn).strip().splitlines()
+    assert lines[0].split() == ["QUEUE", "DEPTH"]
+    assert ["cli_dlq_q1", "2"] in [line.split() for line in lines[2:]]
+    assert lines[-1] == f"total: {depth['total']}"
+
+
+def test_dlq_retry(dsn, client):
+    job_id = _dead_letter(dsn, client, "cli_dlq_r", "cli_dlq_rq")
+    assert ok("dlq", "retry", str(job_id), dsn=dsn).strip() == \
+        f"job {job_id} retried from the DLQ (now available, queue cli_dlq_rq)"
+    job = client.get_job(job_id)
+    assert str(job.state) == "available" and job.attempt == 0 and job.run_lease == 0
+
+    r = cli("dlq", "retry", str(job_id), dsn=dsn)
+    assert r.returncode == 1
+    assert r.stderr.strip() == f"awa-fast: error: job {job_id} is not in the DLQ"
+
+    other = _dead_letter(dsn, client, "cli_dlq_r", "cli_dlq_rq")
+    retried = ok_json("dlq", "retry", str(other), dsn=dsn)
+    assert retried["id"] == other and retried["state"] == "available"
+
+
+def test_dlq_retry_unique_conflict_exits_1_and_changes_nothing(dsn, client):
+    dead = _dead_letter(dsn, client, "cli_dlq_u", "cli_dlq_uq", unique=True, args={"o": 1})
+    live = client.insert({"o": 1}, kind="cli_dlq_u", queue="cli_dlq_uq", unique_opts={})
+    r = cli("dlq", "retry", str(dead), dsn=dsn)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip() == (f"awa-fast: error: cannot retry DLQ job {dead}: its unique key "
+                                f"is held by job {live.id} (available); the job stays in the DLQ "
+                                "(nothing changed)")
+    assert client.get_dlq_job(dead) is not None
+    assert str(client.get_job(live.id).state) == "available"
+    # retry-all skips it
+    assert ok("dlq", "retry-all", "--kind", "cli_dlq_u", dsn=dsn).strip() == \
+        "retried 0 job(s) from the DLQ"
+    assert client.get_dlq_job(dead) is not None
+
+
+def test_dlq_retry_all_and_purge(dsn, client):
+    a = _dead_letter(dsn, client, "cli_dlq_bulk", "cli_dlq_bq")
+    b = _dead_letter(dsn, client, "cli_dlq_bulk", "cli_dlq_bq")
+    c = _dead_letter(dsn, client, "cli_dlq_bulk2", "cli_dlq_bq")
+    assert ok("dlq", "retry-all", "--kind", "cli_dlq_bulk", dsn=dsn).strip() == \
+        "retried 2 job(s) from the DLQ"
+    assert _state(client, a) == _state(client, b) == "available"
+    assert ok_json("dlq", "retry-all", "--queue", "cli_dlq_bq", "--tag", "cli", dsn=dsn) == \
+        {"retried": 1}
+    assert _state(client, c) == "available"
+
+    p1 = _dead_letter(dsn, client, "cli_dlq_p", "cli_dlq_pq")
+    p2 = _dead_letter(dsn, client, "cli_dlq_p", "cli_dlq_pq")
+    assert ok("dlq", "purge", "--kind", "cli_dlq_p", "--before-id", str(p2), dsn=dsn).strip() == \
+        "purged 1 DLQ entry"
+    assert client.get_dlq_job(p1) is None and client.get_dlq_job(p2) is not None
+    assert ok_json("dlq", "purge", "--queue", "cli_dlq_pq", dsn=dsn) == {"purged": 1}
+    _dead_letter(dsn, client, "cli_dlq_p", "cli_dlq_pq")
+    assert ok("dlq", "purge", "--all", dsn=dsn).strip().startswith("purged ")
+    assert ok_json("dlq", "depth", dsn=dsn) == {"total": 0, "by_queue": {}}
+    assert ok("dlq", "depth", dsn=dsn).strip() == "DLQ is empty"
+    assert ok("dlq", "list", dsn=dsn).strip() == "DLQ is empty"
+    assert ok_json("dlq", "retry-all", "--all", dsn=dsn) == {"retried": 0}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["dlq", "retry-all"], "give at least one filter, or --all"),
+    (["dlq", "purge"], "give at least one filter, or --all"),
+    (["dlq", "retry-all", "--all", "--kind", "k"], "--all cannot be combined with a filter"),
+    (["dlq", "purge", "--all", "--before-id", "5"], "--all cannot be combined with a filter"),
+])
+def test_dlq_bulk_needs_filter_or_all(args, message):
+    r = cli(*args, dsn=CLOSED_PORT_DSN)  # a usage error: the database is never contacted
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"usage: awa-fast {' '.join(args[:2])}")
+    assert message in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# cron
+
+
+def test_cron_list_and_remove(dsn, client):
+    assert ok("cron", "list", dsn=dsn).strip() == "no cron jobs"
+    assert ok_json("cron", "list", dsn=dsn) == []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO awa_fast.cron_jobs (name, cron_expr, timezone, kind, queue, "
+                     "last_fire_at) VALUES ('cli_nightly', '0 3 * * *', 'Europe/Paris', "
+                     "'cli_report', 'cli_cron_q', '2024-05-01T01:00:00Z'), "
+                     "('cli_often', '*/5 * * * *', 'UTC', 'cli_tick', 'default', NULL)")
+
+    lines = ok("cron", "list", dsn=dsn).strip().splitlines()
+    assert lines[0].split() == ["NAME", "CRON", "TIMEZONE", "KIND", "QUEUE", "POLICY",
+                                "LAST_FIRE", "NEXT_FIRE"]
+    assert lines[2].startswith("cli_nightly  0 3 * * *")
+    assert "Europe/Paris  cli_report  cli_cron_q  coalesce  2024-05-01 01:00:00Z  " \
+           "2024-05-02 01:00:00Z" in lines[2]
+    assert lines[3].startswith("cli_often")
+    listed = ok_json("cron", "list", dsn=dsn)
+    assert [j["name"] for j in listed] == ["cli_nightly", "cli_often"]
+    assert listed[0]["cron_expr"] == "0 3 * * *" and listed[0]["kind"] == "cli_report"
+    assert listed[0]["next_fire_at"].startswith("2024-05-02T01:00:00")
+
+    assert ok("cron", "remove", "cli_nightly", dsn=dsn).strip() == "cron job cli_nightly removed"
+    assert ok_json("cron", "remove", "cli_often", dsn=dsn) == {"name": "cli_often", "removed": True}
+    r = cli("cron", "remove", "cli_often", dsn=dsn)
+    assert r.returncode == 1
+    assert r.stderr.strip() == "awa-fast: error: no cron job named 'cli_often'"
+    assert client.list_cron_jobs() == []
+
+
+# ---------------------------------------------------------------------------------------------
 # errors, URL resolution
 
 
@@ -242,6 +479,18 @@ def test_queue_pause_resume_stats(dsn, jobs):
     ["job", "list", "--limit", "0"],
     ["queue", "pause"],
     ["demo", "--jobs", "-5"],
+    ["job", "dump-run"],
+    ["job", "dump-run", "1", "--attempt", "0"],
+    ["job", "retry-failed"],
+    ["job", "retry-failed", "--kind", "k", "--queue", "q"],
+    ["job", "discard"],
+    ["queue", "drain"],
+    ["dlq"],
+    ["dlq", "retry"],
+    ["dlq", "list", "--before-dlq-at", "yesterday"],
+    ["dlq", "list", "--limit", "0"],
+    ["cron"],
+    ["cron", "remove"],
 ])
 def test_usage_errors_exit_2(args):
     r = cli(*args, dsn=CLOSED_PORT_DSN)
@@ -277,15 +526,30 @@ def test_database_url_from_environment(dsn, jobs):
 
 
 @pytest.mark.parametrize("args, words", [
-    ([], ["migrate", "job", "queue", "embedded", "demo", "--database-url", "--json",
-          "AWA_FAST_DATABASE_URL", "DATABASE_URL"]),
+    ([], ["migrate", "job", "queue", "dlq", "cron", "embedded", "demo", "--database-url",
+          "--json", "AWA_FAST_DATABASE_URL", "DATABASE_URL"]),
     (["migrate"], ["--sql"]),
-    (["job"], ["list", "dump", "retry", "cancel"]),
+    (["job"], ["list", "dump", "dump-run", "retry", "cancel", "retry-failed", "discard"]),
     (["job", "list"], ["--state", "--kind", "--queue", "--limit", "--json"]),
     (["job", "dump"], ["ID", "JSON"]),
     (["job", "retry"], ["ID", "failed", "cancelled"]),
     (["job", "cancel"], ["ID"]),
-    (["queue"], ["stats", "pause", "resume"]),
+    (["job", "dump-run"], ["ID", "--attempt", "latest", "JSON", "--json"]),
+    (["job", "retry-failed"], ["--kind", "--queue", "exactly one", "attempt 0", "unique key"]),
+    (["job", "discard"], ["--kind", "failed"]),
+    (["queue"], ["stats", "pause", "resume", "drain"]),
+    (["queue", "drain"], ["QUEUE", "available", "scheduled", "retryable", "Running"]),
+    (["dlq"], ["list", "depth", "retry", "retry-all", "purge"]),
+    (["dlq", "list"], ["--kind", "--queue", "--tag", "--before-id", "--before-dlq-at",
+                       "--limit", "default: 50", "newest first", "--json"]),
+    (["dlq", "depth"], ["--queue", "total"]),
+    (["dlq", "retry"], ["ID", "same id", "attempt 0", "unique key"]),
+    (["dlq", "retry-all"], ["--kind", "--queue", "--tag", "--all", "filter"]),
+    (["dlq", "purge"], ["--kind", "--queue", "--tag", "--before-id", "--before-dlq-at",
+                        "--all"]),
+    (["cron"], ["list", "remove"]),
+    (["cron", "list"], ["cron", "timezone", "next", "--json"]),
+    (["cron", "remove"], ["NAME"]),
     (["queue", "stats"], ["paused", "--json"]),
     (["queue", "pause"], ["QUEUE", "--by"]),
     (["queue", "resume"], ["QUEUE"]),

@@ -124,7 +124,7 @@ class Runtime:
                  reconcile_interval_ms: int | None = None,
                  consequence_timeout_ms: int | None = None,
                  consequence_backoff_ms: int | None = None,
-                 dlq_enabled_by_default: bool = False,
+                 dlq_enabled_by_default: bool | None = None,
                  callback_poll_interval_ms: int = 200,
                  finalizer_batch_size: int = 512,
                  sync_handler_threads: int | None = None,
@@ -166,7 +166,7 @@ class Runtime:
             client.consequences.timeout_s = consequence_timeout_ms / 1000
         if consequence_backoff_ms is not None:
             client.consequences.backoff_base_s = consequence_backoff_ms / 1000
-        self.dlq_enabled_by_default = bool(dlq_enabled_by_default)
+        self.dlq_enabled_by_default = dlq_enabled_by_default
         self.callback_poll_interval_s = _positive(callback_poll_interval_ms,
                                                   "callback_poll_interval_ms") / 1000
         self.run_maintenance = maintenance
@@ -196,8 +196,11 @@ class Runtime:
         pool = await pool_getter()
         async with pool.connection() as conn:
             for q in self.queues:
-                dlq = bool(q.options.get("dlq", self.dlq_enabled_by_default))
-                await conn.execute(sql.SET_QUEUE_DLQ, (q.name, dlq))
+                # Only an explicit setting is written: a process that says nothing about DLQ
+                # leaves the queue's stored policy alone.
+                dlq = q.options.get("dlq", self.dlq_enabled_by_default)
+                if dlq is not None:
+                    await conn.execute(sql.SET_QUEUE_DLQ, (q.name, bool(dlq)))
         self.client.specs.frozen = True
         await self._sync_periodic()
         self.finalizer = Finalizer(pool_getter, batch_size=self.finalizer_batch_size,

@@ -177,7 +177,9 @@ class Adapter:
         return {}
 
     async def pickup_latency(self, dsn: str, iterations: int, poll_ms: int) -> list[float]:
-        client = self._client(dsn, 4)
+        # max_connections 10 (awa's default): with 4 the runtime's own connections starve the
+        # producer's insert ("pool timed out").
+        client = self._client(dsn, 10)
         started: dict[int, float] = {}
         events: dict[int, asyncio.Event] = {}
 

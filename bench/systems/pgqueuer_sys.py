@@ -13,12 +13,13 @@ an exception with the default ``on_failure="delete"``.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from datetime import timedelta
 
 from bench.systems import NotSupported, dist_version
 
-BATCH_SIZE = 100
+BATCH_SIZE = int(os.environ.get("BENCH_PGQUEUER_BATCH", "100"))
 
 
 class Adapter:
@@ -104,9 +105,10 @@ class Adapter:
         from pgqueuer.db import AsyncpgDriver
         from pgqueuer.errors import RetryRequested
         from pgqueuer.qm import QueueManager
+        from pgqueuer.queries import Queries
 
         conn = await asyncpg.connect(dsn)
-        qm = QueueManager(AsyncpgDriver(conn))
+        qm = QueueManager(Queries(AsyncpgDriver(conn)))
 
         @qm.entrypoint("noop")
         async def noop(job):
@@ -143,9 +145,10 @@ class Adapter:
         import asyncpg
         from pgqueuer.db import AsyncpgDriver
         from pgqueuer.qm import QueueManager
+        from pgqueuer.queries import Queries
 
         wconn = await asyncpg.connect(dsn)
-        qm = QueueManager(AsyncpgDriver(wconn))
+        qm = QueueManager(Queries(AsyncpgDriver(wconn)))
         started: dict[int, float] = {}
         events: dict[int, asyncio.Event] = {}
 
