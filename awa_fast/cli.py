@@ -255,7 +255,8 @@ async def cmd_job_cancel(s: Session) -> int:
 STAT_COLUMNS = (("QUEUE", "queue"), ("QUEUED", "total_queued"), ("SCHEDULED", "scheduled"),
                 ("AVAILABLE", "available"), ("RETRYABLE", "retryable"), ("RUNNING", "running"),
                 ("FAILED", "failed"), ("WAITING_EXT", "waiting_external"),
-                ("CONSEQ_PENDING", "consequence_pending"), ("DONE_1H", "completed_last_hour"),
+                ("CONSEQ_PENDING", "consequence_pending"), ("OWED", "consequences_owed"),
+                ("OVERDUE", "consequences_overdue"), ("DONE_1H", "completed_last_hour"),
                 ("LAG_S", "lag_seconds"), ("PAUSED", "paused"))
 
 
@@ -497,6 +498,41 @@ def cmd_embedded_url(s: Session) -> int:
         _print_json({"url": url, "data_dir": str(embedded.default_data_dir())})
     else:
         print(url)
+    return 0
+
+
+def cmd_check(s: Session) -> int:
+    from awa_fast.app_loader import load_client
+    from awa_fast.testing import undeclared_failure_consequences
+
+    try:
+        client = load_client(s.args.app)
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from exc
+    kinds = undeclared_failure_consequences(client)
+    if s.json:
+        _print_json({"undeclared": kinds, "registered": sorted(client.registry.handlers)})
+    elif kinds:
+        print("kinds without a failure consequence declaration "
+              "(failure_consequence=fn or awa_fast.NO_FAILURE_CONSEQUENCE):")
+        for kind in kinds:
+            print(f"  {kind}")
+    else:
+        print(f"all {len(client.registry.handlers)} registered kinds declare a failure consequence")
+    return 1 if kinds else 0
+
+
+async def cmd_consequences(s: Session) -> int:
+    client = await s.client()
+    rows = await client.consequences_owed(limit=s.args.limit)
+    if s.json:
+        _print_json(rows)
+        return 0
+    print(format_table(["id", "kind", "queue", "state", "reason", "path", "attempts", "overdue",
+                  "error"],
+                 [[r["id"], r["kind"], r["queue"], r["state"], r["reason"], r["path"],
+                   r["attempts"], "yes" if r["overdue"] else "no",
+                   (r["error"] or "")[:60]] for r in rows]))
     return 0
 
 
@@ -771,6 +807,22 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Start the persistent embedded PostgreSQL if needed and "
                                     "print its connection URL.")
     p.set_defaults(func=cmd_embedded_url)
+
+    # failure consequences
+    p = sub.add_parser("check", parents=[common_nodb],
+                       help="check that every registered kind declares a failure consequence",
+                       description="Import APP (module:client) and list every registered kind "
+                                   "without a failure-consequence declaration; exit 1 when any.")
+    p.add_argument("app", metavar="APP", help="the application, as package.module:client")
+    p.set_defaults(func=cmd_check)
+    p = sub.add_parser("consequences", parents=[common],
+                       help="list jobs whose failure consequence is owed (pending or overdue)",
+                       description="List jobs whose failure consequence is still owed: failures "
+                                   "waiting in consequence_pending and corrected jobs; 'overdue' "
+                                   "means an application already failed or it waited > 60 s.")
+    p.add_argument("--limit", type=_positive_int, default=100, metavar="N",
+                   help="most rows to show (default: 100)")
+    p.set_defaults(func=cmd_consequences)
 
     # demo
     p = sub.add_parser("demo", parents=[common], formatter_class=raw,

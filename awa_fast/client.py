@@ -30,8 +30,9 @@ from awa_fast.worker.specs import SpecRunner
 
 @dataclasses.dataclass(frozen=True)
 class QueueStat:
-    """Counts per queue (awa's fields, plus ``consequence_pending``). ``lag_seconds`` is the age
-    of the oldest available job, in seconds."""
+    """Counts per queue (awa's fields, plus ``consequence_pending`` and the failure
+    consequences still owed / overdue). ``lag_seconds`` is the age of the oldest available job,
+    in seconds."""
 
     queue: str
     total_queued: int
@@ -42,6 +43,8 @@ class QueueStat:
     failed: int
     waiting_external: int
     consequence_pending: int
+    consequences_owed: int
+    consequences_overdue: int
     completed_last_hour: int
     lag_seconds: float
     paused: bool
@@ -247,11 +250,11 @@ class AsyncClient(AdminMixin):
     async def queue_stats(self) -> list[QueueStat]:
         """Per-queue counts (see :class:`QueueStat`)."""
         out = []
-        for (queue, scheduled, available, retryable, running, failed, waiting, pending,
-             completed_hour, lag, paused) in await self._fetch(sql.QUEUE_STATS):
+        for (queue, scheduled, available, retryable, running, failed, waiting, pending, owed,
+             overdue, completed_hour, lag, paused) in await self._fetch(sql.QUEUE_STATS):
             out.append(QueueStat(queue, scheduled + available + retryable, scheduled, available,
-                                 retryable, running, failed, waiting, pending, completed_hour,
-                                 float(lag), paused))
+                                 retryable, running, failed, waiting, pending, owed, overdue,
+                                 completed_hour, float(lag), paused))
         return out
 
     async def pause_queue(self, queue: str, paused_by: str | None = None) -> None:

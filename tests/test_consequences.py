@@ -160,6 +160,7 @@ async def test_effect_failing_twice_keeps_the_job_pending_and_visible_then_settl
     assert [j.id for j in await client.list_jobs(state="consequence_pending")] == [job.id]
     stats = {s.queue: s for s in await client.queue_stats()}
     assert stats["default"].consequence_pending == 1
+    assert stats["default"].consequences_owed == 1 and stats["default"].consequences_overdue == 1
     owed = await client.consequences_owed()
     assert owed[0]["id"] == job.id and owed[0]["overdue"] is True
     assert "inventory service unavailable" in owed[0]["error"]
@@ -318,3 +319,24 @@ def test_registration_check(dsn):
     assert_failure_consequences_declared(client)
     with pytest.raises(TypeError):
         client.failure_consequence("x", "not callable")
+
+
+def test_check_command_lists_undeclared_kinds(dsn, tmp_path):
+    import subprocess as sp
+
+    app = tmp_path / "check_app.py"
+    app.write_text(
+        "import awa_fast as awa\n"
+        "client = awa.AsyncClient('postgresql://unused')\n"
+        "@client.task(dict, kind='alpha')\n"
+        "async def a(job): pass\n"
+        "@client.task(dict, kind='beta', failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
+        "async def b(job): pass\n")
+    run = lambda: sp.run([sys.executable, "-m", "awa_fast", "check", "check_app:client"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    res = run()
+    assert res.returncode == 1 and "alpha" in res.stdout and "beta" not in res.stdout
+    app.write_text(app.read_text().replace("kind='alpha'",
+                                           "kind='alpha', failure_consequence=awa.NO_FAILURE_CONSEQUENCE"))
+    res = run()
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -247,6 +247,9 @@ WITH q AS (
            count(*) FILTER (WHERE state = 'failed') AS failed,
            count(*) FILTER (WHERE state = 'waiting_external') AS waiting_external,
            count(*) FILTER (WHERE state = 'consequence_pending') AS consequence_pending,
+           count(*) FILTER (WHERE consequence_state = 'owed') AS owed,
+           count(*) FILTER (WHERE consequence_state = 'owed' AND (consequence_attempts > 0
+                            OR consequence_retry_at < now() - interval '60 seconds')) AS overdue,
            count(*) FILTER (WHERE state = 'completed' AND finalized_at > now() - interval '1 hour')
                AS completed_last_hour,
            COALESCE(EXTRACT(EPOCH FROM now() - min(run_at) FILTER (WHERE state = 'available')), 0)
@@ -256,6 +259,7 @@ WITH q AS (
 SELECT COALESCE(q.queue, m.queue), COALESCE(q.scheduled, 0), COALESCE(q.available, 0),
        COALESCE(q.retryable, 0), COALESCE(q.running, 0), COALESCE(q.failed, 0),
        COALESCE(q.waiting_external, 0), COALESCE(q.consequence_pending, 0),
+       COALESCE(q.owed, 0), COALESCE(q.overdue, 0),
        COALESCE(q.completed_last_hour, 0), COALESCE(q.lag_seconds, 0)::float8,
        COALESCE(m.paused, false)
 FROM q FULL JOIN {S}.queue_meta m ON m.queue = q.queue
