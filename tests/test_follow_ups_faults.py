@@ -1,0 +1,94 @@
+"""ADR-046's guarantee under faults: many A jobs, worker processes SIGKILLed at random and
+backends terminated during finalization. Afterwards every B traces to a completed A, no key has
+two live Bs, and every completed A that staged has its B (or a row holding its key)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+import awa_fast as awa
+from tests.pipeline_app import PipeA
+from tests.support import scalar, truncate, wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+APP_NAME = "awa_fast_pipeline_app"
+
+
+async def _spawn(dsn):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.pipeline_app", cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "AWA_FAST_APP_DSN": f"{dsn} application_name={APP_NAME}"})
+    assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"ready"
+    return proc
+
+
+@pytest.mark.slow
+async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn):
+    await truncate(dsn)
+    rng = random.Random(46)
+    client = awa.AsyncClient(dsn)
+    procs = []
+    terminated = 0
+    try:
+        await client.insert_many([PipeA(n) for n in range(600)], max_attempts=25)
+        procs = [await _spawn(dsn) for _ in range(2)]
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+            for round_ in range(12):
+                await asyncio.sleep(0.15)
+                if round_ % 3 == 0:  # SIGKILL a worker process and start a fresh one
+                    victim = procs.pop(rng.randrange(len(procs)))
+                    victim.send_signal(signal.SIGKILL)
+                    await victim.wait()
+                    procs.append(await _spawn(dsn))
+                # terminate backends busy with job statements (claims, finalizations)
+                cur = await admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s AND state IN ('active', 'idle in transaction') "
+                    "AND query ILIKE %s", (APP_NAME, "%awa_fast.jobs%"))
+                terminated += len(await cur.fetchall())
+
+        async def settled():
+            return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE state NOT IN "
+                                     "('completed', 'failed', 'cancelled')") == 0
+
+        await wait_for(settled, timeout=120, what="every job settled")
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+        await client.close()
+
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        a_states = dict(await (await conn.execute(
+            "SELECT state::text, count(*) FROM awa_fast.jobs WHERE kind = 'pipe_a' "
+            "GROUP BY 1")).fetchall())
+        orphans = await (await conn.execute(
+            "SELECT b.id FROM awa_fast.jobs b LEFT JOIN awa_fast.jobs a "
+            "ON a.id = (b.metadata->>'awa:triggered_by')::bigint "
+            "WHERE b.kind = 'pipe_b' AND (a.id IS NULL OR a.state <> 'completed')")).fetchall()
+        dup_keys = await (await conn.execute(
+            "SELECT unique_key FROM awa_fast.jobs WHERE kind = 'pipe_b' "
+            "GROUP BY unique_key HAVING count(*) > 1")).fetchall()
+        missing = await (await conn.execute(
+            "SELECT a.id FROM awa_fast.jobs a WHERE a.kind = 'pipe_a' AND a.state = 'completed' "
+            "AND NOT EXISTS (SELECT 1 FROM awa_fast.jobs b WHERE b.kind = 'pipe_b' "
+            "AND (b.args->>'value')::int = (a.args->>'n')::int % 37)")).fetchall()
+        b_count = await (await conn.execute(
+            "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'pipe_b'")).fetchone()
+        retried = await (await conn.execute(
+            "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'pipe_a' AND attempt > 1")).fetchone()
+    # The faults really hit: backends were terminated and killed attempts ran again.
+    assert terminated > 0 and retried[0] > 0, (terminated, retried)
+    assert a_states == {"completed": 600}, a_states
+    assert orphans == [] and dup_keys == [] and missing == []
+    assert b_count[0] == 37
