@@ -1,0 +1,506 @@
+"""The multi-process launcher behind ``awa-fast worker module:client`` (DESIGN.md section 5).
+
+The parent imports nothing of the application. It starts ``processes`` children, each a fresh
+interpreter (``python -m awa_fast.worker.supervisor --child ...``, so every connection is opened
+after the child exists -- nothing is inherited from a fork). A child:
+
+1. imports ``module`` and looks up ``client`` (an :class:`~awa_fast.client.AsyncClient`, like
+   uvicorn's ``module:app``); an optional module-level ``START_OPTIONS`` dict is passed to
+   ``client.start()`` as keywords (``poll_interval_ms``, ``heartbeat_staleness_ms``, ...);
+2. runs on uvloop (when installed): ``await client.start(queues, **START_OPTIONS)`` -- queues
+   from ``--queues name:max_workers,...``, else the client's registered queues;
+3. on SIGTERM/SIGINT stops claiming and runs ``client.shutdown(timeout_ms=drain_timeout*1000)``
+   (in-flight handlers finish up to the timeout, the rest go back to ``available``, the finalizer
+   is flushed), closes the pool and exits 0.
+
+Each child logs to stderr as ``<time> [child N pid P] LEVEL logger: message`` and reports its
+state (ready, maintenance leader, in-flight and finished counts) to the parent over a pipe.
+
+The parent prints one status line per child event on its output, e.g.::
+
+    awa-fast worker: child 0 pid 4242 started
+    awa-fast worker: child 0 pid 4242 ready (queues: default:10)
+    awa-fast worker: child 0 pid 4242 became maintenance leader
+    awa-fast worker: child 1 pid 4243 exited with code -9; restarting in 0.5 s
+    awa-fast worker: child 0 pid 4242 status: alive, leader, in-flight 3, completed 120, ...
+
+plus a status line per child every ``status_interval`` seconds. A crashed child is restarted
+after a backoff (0.5 s doubling to 10 s, reset once a child has run for 30 s); a child that dies
+more than 5 times within 60 s makes the parent drain the others and exit 1. SIGTERM/SIGINT are
+forwarded as SIGTERM for a graceful drain (a second signal kills the children); the parent exits
+0 when every child drained cleanly. Maintenance runs in exactly one child: the runtime's leader
+election (a session advisory lock on ``sql.LEADER_LOCK_KEY``) picks it, and another child takes
+over when it dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, TextIO
+
+PREFIX = "awa-fast worker:"
+EXIT_BAD_APP = 78  # child: the module:client spec cannot be resolved (not retried)
+RESTART_BACKOFF_INITIAL_S = 0.5
+RESTART_BACKOFF_MAX_S = 10.0
+STABLE_AFTER_S = 30.0
+CRASH_LIMIT = 5
+CRASH_WINDOW_S = 60.0
+KILL_GRACE_S = 10.0  # beyond the drain timeout: finalizer flush and pool close
+CHILD_REPORT_S = 0.25
+
+
+class AppSpecError(Exception):
+    """A ``module:attribute`` spec that does not name an ``AsyncClient``."""
+
+
+def load_client(spec: str) -> tuple[Any, Any]:
+    """Import ``module:attr`` (``attr`` may be dotted) and return ``(client, module)``.
+
+    Raises:
+        AppSpecError: malformed spec, module not found, missing attribute, or not an AsyncClient.
+        Exception: whatever importing the module raised (an application error).
+    """
+    from awa_fast.client import AsyncClient
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise AppSpecError(f"invalid application {spec!r}: expected 'module:client'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise AppSpecError(f"cannot import module {module_name!r}: {exc}") from exc
+        raise
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AppSpecError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, AsyncClient):
+        raise AppSpecError(f"{spec} is a {type(obj).__name__}, not an awa_fast AsyncClient")
+    return obj, module
+
+
+def parse_queues(text: str | None) -> list[tuple[str, int]] | None:
+    """``"default:10,emails:4"`` -> ``[("default", 10), ("emails", 4)]`` (a bare name gets 10
+    workers); ``None``/empty -> ``None`` (the client's registered queues).
+
+    Raises:
+        ValueError: a malformed entry or a max_workers that is not a positive integer.
+    """
+    if not text:
+        return None
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, n = item.rpartition(":")
+        if not sep:
+            name, n = item, "10"
+        if not name:
+            raise ValueError(f"invalid queue {item!r}: expected name:max_workers")
+        try:
+            workers = int(n)
+        except ValueError:
+            raise ValueError(f"invalid queue {item!r}: max_workers must be an integer") from None
+        if workers < 1:
+            raise ValueError(f"invalid queue {item!r}: max_workers must be >= 1")
+        out.append((name, workers))
+    return out or None
+
+
+# ---------------------------------------------------------------------------------------------
+# the child
+
+
+def _child_logging(index: int, level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        f"%(asctime)s [child {index} pid {os.getpid()}] %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+class _Reporter:
+    def __init__(self, fd: int | None):
+        self._file = os.fdopen(fd, "w", buffering=1) if fd is not None else None
+
+    def send(self, **msg: Any) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(json.dumps(msg) + "\n")
+        except (OSError, ValueError):  # parent gone: keep working, stop reporting
+            self._file = None
+
+
+def _runtime_status(client: Any) -> dict:
+    rt = client.runtime
+    if rt is None:
+        return {"leader": False, "in_flight": 0}
+    leader = bool(rt.maintenance is not None and rt.maintenance.is_leader)
+    stats = rt.finalizer.stats if rt.finalizer is not None else {}
+    return {"leader": leader, "in_flight": len(rt.in_flight), "outcomes": dict(rt.outcomes),
+            "follow_ups_inserted": stats.get("follow_ups_inserted", 0),
+            "follow_ups_skipped": stats.get("follow_ups_skipped", 0)}
+
+
+async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
+    log = logging.getLogger("awa_fast.worker")
+    try:
+        client, module = load_client(args.app)
+    except AppSpecError as exc:
+        log.error("%s", exc)
+        reporter.send(event="error", error=str(exc))
+        return EXIT_BAD_APP
+    if args.database_url:
+        client.database_url = args.database_url
+    options = dict(getattr(module, "START_OPTIONS", None) or {})
+    queues = parse_queues(args.queues)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await client.start(queues, **options)
+    names = ",".join(f"{q.name}:{q.max_workers}" for q in client.runtime.queues)
+    log.info("started (queues: %s)", names)
+    reporter.send(event="ready", queues=names)
+    last: dict = {}
+    last_sent = 0.0
+    parent = os.getppid()
+    while not stop.is_set():
+        if os.getppid() != parent:
+            log.warning("the launcher (pid %s) is gone; draining", parent)
+            break
+        status = _runtime_status(client)
+        now = time.monotonic()
+        if status.get("leader") != last.get("leader") or now - last_sent >= 1.0:
+            reporter.send(event="status", **status)
+            last, last_sent = status, now
+        try:
+            await asyncio.wait_for(stop.wait(), CHILD_REPORT_S)
+        except asyncio.TimeoutError:
+            pass
+    log.info("draining (timeout %g s)", args.drain_timeout)
+    reporter.send(event="draining")
+    await client.shutdown(timeout_ms=int(args.drain_timeout * 1000))
+    await client.close()
+    log.info("stopped")
+    return 0
+
+
+def child_entry(argv: list[str]) -> int:
+    """Entry point of one worker child (``python -m awa_fast.worker.supervisor --child ...``)."""
+    p = argparse.ArgumentParser(prog="awa-fast-worker-child")
+    p.add_argument("--child", action="store_true")
+    p.add_argument("--app", required=True)
+    p.add_argument("--index", type=int, default=0)
+    p.add_argument("--queues")
+    p.add_argument("--drain-timeout", type=float, default=10.0)
+    p.add_argument("--database-url")
+    p.add_argument("--status-fd", type=int)
+    p.add_argument("--log-level", default="info")
+    args = p.parse_args(argv)
+    _child_logging(args.index, args.log_level)
+    reporter = _Reporter(args.status_fd)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        runner: Callable = asyncio.run
+    else:
+        runner = uvloop.run
+    try:
+        return runner(_child_main(args, reporter))
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        logging.getLogger("awa_fast.worker").exception("worker child failed")
+        return 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the parent
+
+
+@dataclasses.dataclass
+class Child:
+    """One child slot (index) and its current process."""
+
+    index: int
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    restart_at: float | None = None
+    backoff: float = RESTART_BACKOFF_INITIAL_S
+    deaths: collections.deque = dataclasses.field(default_factory=collections.deque)
+    status: dict = dataclasses.field(default_factory=dict)
+    ready: bool = False
+    exit_code: int | None = None
+    reader: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class Supervisor:
+    """Starts, watches, restarts and drains worker children.
+
+    Non-blocking building blocks (``start``, ``check``, ``drain``) so that another program (the
+    demo) can drive it from its own loop; :meth:`run` is the CLI's blocking loop.
+
+    Args:
+        app: ``module:client``.
+        processes: number of children (default: one per core).
+        queues: ``name:max_workers,...`` or ``None`` for the client's registered queues.
+        drain_timeout: seconds a draining child lets in-flight handlers finish.
+        database_url: overrides the client's URL in the children.
+        out: where status lines go (default stdout).
+        status_interval: seconds between periodic status lines (0 = none).
+        log_level: the children's logging level.
+        extra_env: added to the children's environment.
+    """
+
+    def __init__(self, app: str, processes: int | None = None, *, queues: str | None = None,
+                 drain_timeout: float = 10.0, database_url: str | None = None,
+                 out: TextIO | None = None, status_interval: float = 10.0,
+                 log_level: str = "info", extra_env: dict | None = None):
+        self.app = app
+        self.processes = processes or os.cpu_count() or 1
+        self.queues = queues
+        self.drain_timeout = drain_timeout
+        self.database_url = database_url
+        self.out = out
+        self.status_interval = status_interval
+        self.log_level = log_level
+        self.extra_env = extra_env or {}
+        self.children = [Child(i) for i in range(self.processes)]
+        self.failed: str | None = None  # why the supervisor gave up
+        self._print_lock = threading.Lock()
+        self._next_status = 0.0
+
+    # -- output ---------------------------------------------------------------------------------
+
+    def say(self, message: str) -> None:
+        out = self.out or sys.stdout
+        with self._print_lock:
+            try:
+                print(f"{PREFIX} {message}", file=out, flush=True)
+            except (OSError, ValueError):
+                pass
+
+    def _describe(self, c: Child) -> str:
+        return f"child {c.index} pid {c.pid}"
+
+    def status_line(self, c: Child) -> str:
+        if not c.alive:
+            if c.restart_at is not None:
+                return f"child {c.index}: restarting in {max(c.restart_at - time.monotonic(), 0):.1f} s"
+            return f"child {c.index}: exited ({c.exit_code})"
+        s = c.status
+        parts = ["alive" if c.ready else "starting"]
+        if s.get("leader"):
+            parts.append("leader")
+        parts.append(f"in-flight {s.get('in_flight', 0)}")
+        for name, n in sorted((s.get("outcomes") or {}).items()):
+            parts.append(f"{name} {n}")
+        return f"{self._describe(c)} status: " + ", ".join(parts)
+
+    # -- children -------------------------------------------------------------------------------
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        cwd = os.getcwd()
+        path = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = cwd + (os.pathsep + path if path else "")
+        env.update(self.extra_env)
+        return env
+
+    def _spawn(self, c: Child) -> None:
+        rfd, wfd = os.pipe()
+        argv = [sys.executable, "-m", "awa_fast.worker.supervisor", "--child", "--app", self.app,
+                "--index", str(c.index), "--drain-timeout", str(self.drain_timeout),
+                "--status-fd", str(wfd), "--log-level", self.log_level]
+        if self.queues:
+            argv += ["--queues", self.queues]
+        if self.database_url:
+            argv += ["--database-url", self.database_url]
+        try:
+            # Own process group: a terminal's Ctrl-C reaches the parent only, which forwards it.
+            c.proc = subprocess.Popen(argv, env=self._env(), pass_fds=(wfd,), process_group=0)
+        finally:
+            os.close(wfd)
+        c.started_at = time.monotonic()
+        c.restart_at = None
+        c.ready = False
+        c.status = {}
+        c.exit_code = None
+        c.reader = threading.Thread(target=self._read_status, args=(c, c.proc, rfd),
+                                    name=f"awa-fast-child-{c.index}", daemon=True)
+        c.reader.start()
+        self.say(f"{self._describe(c)} started")
+
+    def _read_status(self, c: Child, proc: subprocess.Popen, rfd: int) -> None:
+        with os.fdopen(rfd, "r") as f:
+            for line in f:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if c.proc is not proc:
+                    continue
+                event = msg.pop("event", None)
+                who = f"child {c.index} pid {proc.pid}"
+                if event == "ready":
+                    c.ready = True
+                    self.say(f"{who} ready (queues: {msg.get('queues')})")
+                elif event == "status":
+                    was = bool(c.status.get("leader"))
+                    c.status = msg
+                    if msg.get("leader") and not was:
+                        self.say(f"{who} became maintenance leader")
+                elif event == "draining":
+                    self.say(f"{who} draining")
+                elif event == "error":
+                    self.say(f"{who} error: {msg.get('error')}")
+
+    def start(self) -> None:
+        """Start every child."""
+        for c in self.children:
+            self._spawn(c)
+        self._next_status = time.monotonic() + self.status_interval
+
+    def check(self) -> bool:
+        """Reap dead children, schedule and perform restarts, print periodic status.
+
+        Returns False once the supervisor gave up (``self.failed`` says why)."""
+        now = time.monotonic()
+        for c in self.children:
+            if c.proc is not None and c.restart_at is None and c.proc.poll() is not None:
+                code = c.proc.returncode
+                c.exit_code = code
+                if code == EXIT_BAD_APP:
+                    self.failed = f"{self._describe(c)} cannot load {self.app}; giving up"
+                    self.say(f"{self._describe(c)} exited with code {code}")
+                    return False
+                if now - c.started_at >= STABLE_AFTER_S:
+                    c.backoff = RESTART_BACKOFF_INITIAL_S
+                c.deaths.append(now)
+                while c.deaths and now - c.deaths[0] > CRASH_WINDOW_S:
+                    c.deaths.popleft()
+                if len(c.deaths) > CRASH_LIMIT:
+                    self.say(f"{self._describe(c)} exited with code {code}")
+                    self.failed = (f"child {c.index} died {len(c.deaths)} times within "
+                                   f"{CRASH_WINDOW_S:g} s; giving up")
+                    return False
+                c.restart_at = now + c.backoff
+                self.say(f"{self._describe(c)} exited with code {code}; restarting in "
+                         f"{c.backoff:g} s")
+                c.backoff = min(c.backoff * 2, RESTART_BACKOFF_MAX_S)
+            elif c.restart_at is not None and now >= c.restart_at:
+                self._spawn(c)
+        if self.status_interval and now >= self._next_status:
+            for c in self.children:
+                self.say(self.status_line(c))
+            self._next_status = now + self.status_interval
+        return True
+
+    def signal_all(self, sig: int) -> None:
+        for c in self.children:
+            if c.alive:
+                try:
+                    c.proc.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+
+    def drain(self, timeout: float | None = None, *, interrupted: Callable[[], bool] = lambda: False
+              ) -> bool:
+        """SIGTERM every child and wait for them (up to the drain timeout plus a grace period for
+        the finalizer flush, then SIGKILL). Pending restarts are dropped. Returns True when every
+        running child exited 0."""
+        for c in self.children:
+            c.restart_at = None
+        running = [c for c in self.children if c.alive]
+        if running:
+            self.say(f"draining {len(running)} child(ren) (timeout {self.drain_timeout:g} s)")
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + (self.drain_timeout if timeout is None else timeout) \
+            + KILL_GRACE_S
+        clean = True
+        for c in running:
+            while c.proc.poll() is None:
+                if time.monotonic() >= deadline or interrupted():
+                    self.say(f"{self._describe(c)} did not stop in time; killing it")
+                    c.proc.kill()
+                    c.proc.wait()
+                    break
+                time.sleep(0.05)
+            c.exit_code = c.proc.returncode
+            if c.exit_code != 0:
+                clean = False
+            self.say(f"{self._describe(c)} exited with code {c.exit_code}")
+        for c in running:
+            if c.reader is not None:
+                c.reader.join(timeout=1.0)
+        return clean
+
+    def kill_all(self) -> None:
+        self.signal_all(signal.SIGKILL)
+
+    def run(self) -> int:
+        """The CLI loop: start, supervise until SIGTERM/SIGINT (drain; a second signal kills) or
+        a crash loop. Returns the exit status (0 after a clean drain, 1 otherwise)."""
+        signals: list[int] = []
+
+        def on_signal(signum, _frame):
+            signals.append(signum)
+            if len(signals) > 1:
+                self.kill_all()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.say(f"starting {self.processes} worker process(es) for {self.app} "
+                     f"(pid {os.getpid()})")
+            self.start()
+            ok = True
+            while not signals:
+                if not self.check():
+                    ok = False
+                    break
+                time.sleep(0.05)
+            if not ok:
+                self.say(self.failed or "giving up")
+                self.drain()
+                return 1
+            name = signal.Signals(signals[0]).name
+            self.say(f"received {name}; stopping")
+            clean = self.drain(interrupted=lambda: len(signals) > 1)
+            self.say("all children stopped" if clean else "children stopped with errors")
+            return 0 if clean else 1
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+if __name__ == "__main__":
+    if "--child" in sys.argv[1:]:
+        sys.exit(child_entry(sys.argv[1:]))
+    sys.exit("usage: awa-fast worker module:client [options]")
