@@ -539,8 +539,25 @@ async def cmd_consequences(s: Session) -> int:
 def cmd_demo(s: Session) -> int:
     from awa_fast.demo import run_demo
 
-    return run_demo(s.database_url, s.args.jobs, s.args.processes, timeout=s.args.timeout,
+    return run_demo(s.database_url, processes=s.args.processes, limit=s.args.limit,
+                    extra_paths=s.args.extra_path or [], timeout=s.args.timeout,
                     json_output=s.json)
+
+
+def cmd_worker(s: Session) -> int:
+    from awa_fast.worker.supervisor import Supervisor, parse_queues
+
+    a = s.args
+    try:
+        parse_queues(a.queues)
+    except ValueError as exc:
+        a.parser.error(str(exc))
+    # No fallback to $AWA_FAST_DATABASE_URL or the embedded server: the application's client
+    # carries its own URL unless --database-url overrides it.
+    sup = Supervisor(a.app, a.processes, queues=a.queues, drain_timeout=a.drain_timeout,
+                     database_url=getattr(a, "database_url", None),
+                     status_interval=a.status_interval, log_level=a.log_level)
+    return sup.run()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -606,7 +623,8 @@ examples:
   awa-fast --json queue stats
   awa-fast dlq list --queue billing
   awa-fast dlq retry-all --kind send_email
-  awa-fast demo --jobs 10000"""
+  awa-fast demo
+  awa-fast worker myapp.jobs:client --processes 4 --queues default:10,emails:4"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -824,19 +842,62 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most rows to show (default: 100)")
     p.set_defaults(func=cmd_consequences)
 
+    # worker
+    p = sub.add_parser("worker", parents=[common], formatter_class=raw,
+                       help="run an application's workers in N processes (the launcher)",
+                       description="Run the registered handlers of an application's AsyncClient "
+                                   "in worker processes\n(one per core by default). APP is "
+                                   "module:attribute, e.g. myapp.jobs:client; the module may\n"
+                                   "define START_OPTIONS, a dict of keywords for client.start() "
+                                   "(poll_interval_ms, ...).\nEach child runs uvloop and opens "
+                                   "its own connections. The launcher restarts a crashed child\n"
+                                   "(backoff 0.5 s doubling to 10 s) and exits 1 if a child dies "
+                                   "more than 5 times within\n60 s. SIGTERM/SIGINT drain "
+                                   "gracefully: stop claiming, finish in-flight jobs up to\n"
+                                   "--drain-timeout, flush; exit 0. One status line per child "
+                                   "event on stdout; child logs\non stderr as [child N pid P]. "
+                                   "Without --database-url the client's own URL is used.")
+    p.add_argument("app", metavar="APP", help="module:client, an awa_fast.AsyncClient")
+    p.add_argument("--processes", type=_positive_int, default=None, metavar="N",
+                   help=f"worker processes (default: one per core, {os.cpu_count() or 1} here)")
+    p.add_argument("--queues", metavar="NAME:N,...",
+                   help="queues and max workers per process, e.g. default:10,emails:4 "
+                        "(default: the client's registered queues, 10 workers each)")
+    p.add_argument("--drain-timeout", type=_positive_float, default=10.0, metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, let in-flight jobs finish for up to this long "
+                        "(default: 10)")
+    p.add_argument("--status-interval", type=_positive_float, default=10.0, metavar="SECONDS",
+                   help="print a status line per child this often (default: 10)")
+    p.add_argument("--log-level", default="info",
+                   choices=("debug", "info", "warning", "error"),
+                   help="log level of the worker processes (default: info)")
+    p.set_defaults(func=cmd_worker, parser=p)
+
     # demo
     p = sub.add_parser("demo", parents=[common], formatter_class=raw,
-                       help="run a built-in throughput demo on queue 'demo'",
-                       description="Run a built-in example: migrate, delete old rows of queue "
-                                   "'demo', enqueue N jobs with COPY,\nwork them with the awa-fast "
-                                   "runtime and print a summary (enqueue rate, wall time, jobs/s).")
-    p.add_argument("--jobs", type=_positive_int, default=5000, metavar="N",
-                   help="number of jobs to enqueue (default: 5000)")
-    p.add_argument("--processes", type=_positive_int, default=1, metavar="N",
-                   help="worker processes (default: 1 = run the workers in this process)")
-    p.add_argument("--timeout", type=_positive_float, default=300.0, metavar="SECONDS",
-                   help="give up (exit 1) if the jobs are not all finished after this long "
-                        "(default: 300)")
+                       help="import-graph pipeline over this Python's standard library",
+                       description="Run the built-in demo: a two-stage pipeline over the "
+                                   "standard library of the running Python.\nStage A "
+                                   "(demo_parse_imports), one job per .py file, parses its "
+                                   "imports and stages one\nstage-B job (demo_resolve_module) "
+                                   "per imported top-level module with default unique\noptions, "
+                                   "so each distinct module gets exactly one B. Stage B resolves "
+                                   "the module\n(found or not, file size). Workers run in "
+                                   "--processes worker processes (the launcher).\nPrints files, "
+                                   "failures, distinct modules, B jobs inserted vs skipped as "
+                                   "duplicates,\nwall time and jobs/s, and checks the B count "
+                                   "against a direct computation (exit 1 on\nmismatch). Rows of "
+                                   "a previous demo run are deleted first.")
+    p.add_argument("--processes", type=_positive_int, default=None, metavar="N",
+                   help=f"worker processes (default: one per core, {os.cpu_count() or 1} here)")
+    p.add_argument("--limit", type=_positive_int, default=None, metavar="N",
+                   help="only the first N standard-library files (sorted by path)")
+    p.add_argument("--extra-path", action="append", metavar="PATH",
+                   help="also process this .py file, or the .py files under this directory "
+                        "(repeatable)")
+    p.add_argument("--timeout", type=_positive_float, default=600.0, metavar="SECONDS",
+                   help="give up (exit 1) if the pipeline has not finished after this long "
+                        "(default: 600)")
     p.set_defaults(func=cmd_demo)
     return parser
 

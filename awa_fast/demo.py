@@ -1,180 +1,388 @@
-"""The built-in demo behind ``awa-fast demo``: enqueue N jobs, work them, report throughput.
+"""The built-in demo behind ``awa-fast demo``: an import-graph pipeline over the standard library
+of the Python that runs it, worked by the multi-process launcher.
 
-Steps: migrate; delete the previous rows of queue ``demo`` (and resume it, in case a previous
-run left it paused); enqueue N :class:`DemoJob` jobs in one COPY (``insert_many_copy``); start
-workers; poll the database until all N are terminal (bounded by ``timeout``), printing a progress
-line to stderr every second; stop the workers and print a summary.
+Stage A (``demo_parse_imports``, args :class:`ParseImports`), one job per ``.py`` file under
+``sysconfig.get_paths()["stdlib"]`` (``site-packages`` skipped, test directories included):
+read the file, ``ast.parse`` it and collect the top-level names of its absolute imports
+(``import a.b`` and ``from a.b import c`` give ``a``; relative imports are skipped). For each
+distinct name it stages a stage-B job with ``job.enqueue_on_completion(ResolveModule(name),
+unique_opts={})`` (ADR-046): the B rows are inserted in the same transaction that completes A,
+and the default unique options (kind + args, states including ``completed``) make every distinct
+module get exactly one B however many files import it; the other requests are skipped as
+duplicates. A file that cannot be read or parsed (the test suite holds deliberately broken ones)
+fails its A job with a ``TerminalError`` naming the file and the error; it is counted, not fatal.
 
-With ``processes == 1`` the runtime runs in this process (``AsyncClient.start``). With more, this
-process only enqueues and watches, and ``processes`` child processes (``spawn``) each run a
-runtime on queue ``demo``.
+ADR-046 allows at most 16 staged follow-ups per attempt. A file importing more than 16 distinct
+modules stages the first 15 (in sorted order) plus one continuation A job,
+``ParseImports(path, offset=15)``, which re-parses the file and stages the next chunk, and so
+on. Names are staged in sorted order everywhere so that concurrent completions take their unique
+claims in one global order (ADR-046's multi-insert deadlock note).
+
+Stage B (``demo_resolve_module``, args :class:`ResolveModule`, priority 1 so that Bs run as
+soon as they appear, alongside the remaining As): ``importlib.util.find_spec`` on
+the top-level name (no module code runs) against the worker's ``sys.path``; the result (found,
+origin, file size) is upserted into the table ``awa_fast_demo_modules`` (created by the demo).
+
+The demo parent: migrate; delete the rows of a previous run (both kinds, DLQ included; empty the
+result table); enqueue every A job with one COPY (``insert_many_copy``); start ``processes``
+worker children with :class:`~awa_fast.worker.supervisor.Supervisor` (this module's ``client``,
+queue ``demo``); print a progress line to stderr every second; when every A and B job is
+terminal, drain the children and print the report. The check re-parses the files directly
+(a plain process pool, no queue): the B rows must be exactly the distinct set of top-level modules imported by the
+successfully parsed files (and the failed A jobs exactly the files that do not parse), else
+``check: MISMATCH`` and exit status 1. "Skipped as duplicates" is the number of staged requests
+(the sum over parsed files of their distinct-module counts) minus the B rows.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import dataclasses
+import importlib.util
 import json
-import multiprocessing
+import os
 import sys
+import sysconfig
 import time
+import warnings
 from typing import Any
 
+import awa_fast as awa
+from awa_fast.errors import AwaError, TerminalError
+
 DEMO_QUEUE = "demo"
-WORKERS_PER_PROCESS = 256
-POLL_INTERVAL_S = 0.05
+KIND_PARSE = "demo_parse_imports"
+KIND_RESOLVE = "demo_resolve_module"
+KINDS = (KIND_PARSE, KIND_RESOLVE)
+RESULTS_TABLE = "awa_fast_demo_modules"
+MAX_STAGED = 16  # ADR-046
+WORKERS_PER_PROCESS = 32
+POLL_INTERVAL_S = 0.1
 PROGRESS_INTERVAL_S = 1.0
+SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
-_COUNT_SQL = """
-SELECT count(*) FILTER (WHERE state = 'completed'),
-       count(*) FILTER (WHERE state IN ('failed', 'consequence_pending')),
-       count(*) FILTER (WHERE state = 'cancelled')
-FROM awa_fast.jobs WHERE queue = %s"""
-
-
-@dataclasses.dataclass
-class DemoJob:
-    """Args of the demo's job kind (``demo_job``)."""
-
-    n: int
-
-
-async def handle_demo(job: Any) -> None:
-    """The demo handler: a trivial computation on the job's number."""
-    n = job.args.n
-    _ = (n * 2654435761) & 0xFFFFFFFF
-
-
-def make_client(database_url: str, max_connections: int = 10):
-    """An AsyncClient with the demo handler registered on queue ``demo``."""
-    from awa_fast import NO_FAILURE_CONSEQUENCE, AsyncClient
-
-    client = AsyncClient(database_url, max_connections=max_connections)
-    client.task(DemoJob, queue=DEMO_QUEUE, failure_consequence=NO_FAILURE_CONSEQUENCE)(handle_demo)
-    return client
+# Parsing old or deliberately odd files warns (invalid escapes...): not the demo's business.
+warnings.filterwarnings("ignore", category=SyntaxWarning)
+warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
 @dataclasses.dataclass
-class DemoResult:
-    """What a demo run measured (seconds, jobs per second)."""
+class ParseImports:
+    """Stage A: parse ``path``; stage B jobs for its distinct imported modules from ``offset``."""
 
-    jobs: int
-    processes: int
-    completed: int
-    failed: int
-    cancelled: int
-    enqueue_seconds: float
-    enqueue_rate: float
-    process_seconds: float
-    jobs_per_second: float
-    wall_seconds: float
-    timed_out: bool
+    path: str
+    offset: int = 0
+
+
+@dataclasses.dataclass
+class ResolveModule:
+    """Stage B: resolve the top-level module ``name``."""
+
+    name: str
+
+
+# The worker children load this client (``awa_fast.demo:client``); the launcher passes the
+# database URL with --database-url.
+client = awa.AsyncClient(os.environ.get("AWA_FAST_DEMO_DATABASE_URL", ""), max_connections=8)
+START_OPTIONS = {"poll_interval_ms": 100, "leader_election_interval_ms": 1000}
 
 
 # ---------------------------------------------------------------------------------------------
-# worker processes (processes > 1)
+# the stages
 
 
-def _child_main(database_url: str, stop: Any) -> None:
-    """Entry point of a worker child: run a runtime on queue ``demo`` until ``stop`` is set."""
+def imported_modules(source: bytes, filename: str = "<unknown>") -> list[str]:
+    """Sorted distinct top-level names of the absolute imports in ``source``.
+
+    Raises:
+        SyntaxError, ValueError: ``source`` does not parse (bad syntax, encoding, NUL bytes).
+    """
+    tree = ast.parse(source, filename=filename)
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return sorted(names)
+
+
+def file_modules(path: str) -> list[str]:
+    """:func:`imported_modules` of the file ``path``.
+
+    Raises:
+        TerminalError: the file cannot be read or parsed (message names the file and error).
+    """
     try:
-        _run_loop(_child(database_url, stop))
-    except KeyboardInterrupt:
-        pass
-
-
-async def _child(database_url: str, stop: Any) -> None:
-    client = make_client(database_url)
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        raise TerminalError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     try:
-        await client.start([(DEMO_QUEUE, WORKERS_PER_PROCESS)])
-        while not stop.is_set():
-            await asyncio.sleep(POLL_INTERVAL_S)
-    finally:
-        await client.close()
+        return imported_modules(source, path)
+    except SyntaxError as exc:
+        where = f" (line {exc.lineno})" if exc.lineno else ""
+        raise TerminalError(f"{path}: {type(exc).__name__}: {exc.msg}{where}") from exc
+    except (ValueError, UnicodeError) as exc:
+        raise TerminalError(f"{path}: {type(exc).__name__}: {exc}") from exc
+
+
+def chunk(names: list[str], offset: int) -> tuple[list[str], int | None]:
+    """The names an A attempt at ``offset`` stages, and the continuation's offset (or None):
+    all the rest if they fit in 16 follow-ups, else 15 plus one continuation."""
+    rest = names[offset:]
+    if len(rest) <= MAX_STAGED:
+        return rest, None
+    return rest[: MAX_STAGED - 1], offset + MAX_STAGED - 1
+
+
+@client.task(ParseImports, kind=KIND_PARSE, queue=DEMO_QUEUE,
+             failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+def parse_imports(job) -> None:
+    """Stage A (a ``def`` handler: parsing is CPU work, it runs in the thread pool)."""
+    args = job.args
+    names, next_offset = chunk(file_modules(args.path), args.offset)
+    for name in names:
+        job.enqueue_on_completion(ResolveModule(name), kind=KIND_RESOLVE, queue=DEMO_QUEUE,
+                                  priority=1, unique_opts={})
+    if next_offset is not None:
+        job.enqueue_on_completion(ParseImports(args.path, next_offset), kind=KIND_PARSE,
+                                  queue=DEMO_QUEUE)
+
+
+def resolve(name: str) -> tuple[bool, str | None, int | None]:
+    """``(found, origin, size in bytes of the origin file or None)`` of top-level ``name``."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False, None, None
+    if spec is None:
+        return False, None, None
+    origin = spec.origin
+    size = None
+    if origin and os.path.isfile(origin):
+        size = os.path.getsize(origin)
+    elif origin is None and spec.submodule_search_locations:
+        origin = "namespace package"
+    return True, origin, size
+
+
+_UPSERT = f"""
+INSERT INTO {RESULTS_TABLE} (name, found, origin, size) VALUES (%s, %s, %s, %s)
+ON CONFLICT (name) DO UPDATE SET found = EXCLUDED.found, origin = EXCLUDED.origin,
+                                 size = EXCLUDED.size"""
+
+
+@client.task(ResolveModule, kind=KIND_RESOLVE, queue=DEMO_QUEUE,
+             failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+async def resolve_module(job) -> None:
+    """Stage B: resolve the module and record the result (idempotent upsert)."""
+    found, origin, size = resolve(job.args.name)
+    pool = await client.pool()
+    async with pool.connection() as conn:
+        await conn.execute(_UPSERT, (job.args.name, found, origin, size))
 
 
 # ---------------------------------------------------------------------------------------------
 # the run
 
 
+def stdlib_files(limit: int | None = None) -> list[str]:
+    """The ``.py`` files of this Python's standard library, sorted (``site-packages`` and
+    ``__pycache__`` skipped), at most ``limit``."""
+    return _walk(sysconfig.get_paths()["stdlib"])[:limit]
+
+
+def _walk(root: str) -> list[str]:
+    if os.path.isfile(root):
+        return [os.path.abspath(root)]
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS)
+        out.extend(os.path.join(d, f) for f in files if f.endswith(".py"))
+    return sorted(os.path.abspath(p) for p in out)
+
+
+@dataclasses.dataclass
+class DemoResult:
+    """What a demo run measured and checked."""
+
+    files: int
+    processes: int
+    a_jobs: int
+    a_completed: int
+    a_failed: int
+    continuations: int
+    failures: list  # [{"path", "error"}], first few
+    distinct_modules: int
+    b_inserted: int
+    b_staged: int
+    b_skipped_duplicates: int
+    b_completed: int
+    b_failed: int
+    found: int
+    not_found: int
+    total_size: int
+    enqueue_seconds: float
+    pipeline_seconds: float
+    jobs_per_second: float
+    wall_seconds: float
+    expected_modules: int
+    check_ok: bool
+    check_message: str
+    timed_out: bool
+
+
 def _log(message: str) -> None:
     print(f"demo: {message}", file=sys.stderr, flush=True)
 
 
-async def _counts(client) -> tuple[int, int, int]:
-    rows = await client._fetch(_COUNT_SQL, (DEMO_QUEUE,))
-    return tuple(rows[0])  # type: ignore[return-value]
+_COUNTS_SQL = """
+SELECT kind, state::text, count(*) FROM awa_fast.jobs
+WHERE kind = ANY(%s) GROUP BY 1, 2"""
 
 
-async def _demo(database_url: str, jobs: int, processes: int, timeout: float) -> DemoResult:
-    t_wall = time.perf_counter()
-    from awa_fast.errors import AwaError
+async def _counts(c) -> dict[tuple[str, str], int]:
+    return {(k, s): n for k, s, n in await c._fetch(_COUNTS_SQL, (list(KINDS),))}
 
-    client = make_client(database_url)
-    children: list = []
-    stop = None
+
+async def _prepare(c) -> None:
+    await c.migrate()
+    await c._fetch("DELETE FROM awa_fast.jobs WHERE kind = ANY(%s)", (list(KINDS),))
+    await c._fetch("DELETE FROM awa_fast.dlq WHERE kind = ANY(%s)", (list(KINDS),))
+    await c.resume_queue(DEMO_QUEUE)
+    await c._fetch(f"CREATE TABLE IF NOT EXISTS {RESULTS_TABLE} (name text PRIMARY KEY, "
+                   "found boolean NOT NULL, origin text, size bigint)")
+    await c._fetch(f"TRUNCATE {RESULTS_TABLE}")
+
+
+def _check_one(path: str) -> tuple[str, list[str] | None, str | None]:
     try:
-        await client.migrate()
-        await client._fetch("DELETE FROM awa_fast.jobs WHERE queue = %s", (DEMO_QUEUE,))
-        await client.resume_queue(DEMO_QUEUE)
+        return path, file_modules(path), None
+    except TerminalError as exc:
+        return path, None, str(exc)
 
+
+def _direct(files: list[str], processes: int) -> tuple[set[str], int, dict[str, str]]:
+    """Re-parse ``files`` without the queue (a plain process pool): (distinct modules of the
+    parsed files, staged requests = sum of their distinct counts, {unparsable path: error})."""
+    import concurrent.futures
+    import multiprocessing
+
+    expected: set[str] = set()
+    staged = 0
+    failures: dict[str, str] = {}
+    with concurrent.futures.ProcessPoolExecutor(
+            max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for path, names, error in pool.map(_check_one, files, chunksize=32):
+            if names is None:
+                failures[path] = error or ""
+                continue
+            expected.update(names)
+            staged += len(names)
+    return expected, staged, failures
+
+
+async def _demo(database_url: str, processes: int, files: list[str], timeout: float) -> DemoResult:
+    from awa_fast.worker.supervisor import Supervisor
+
+    t_wall = time.perf_counter()
+    c = awa.AsyncClient(database_url, max_connections=2)
+    sup = None
+    try:
+        await _prepare(c)
         t0 = time.perf_counter()
-        await client.insert_many_copy([DemoJob(i) for i in range(jobs)], queue=DEMO_QUEUE)
+        await c.insert_many_copy([ParseImports(p) for p in files], kind=KIND_PARSE,
+                                 queue=DEMO_QUEUE)
         enqueue_s = time.perf_counter() - t0
-        _log(f"enqueued {jobs} jobs in {enqueue_s:.3f} s ({jobs / enqueue_s:,.0f} jobs/s)")
+        _log(f"enqueued {len(files)} stage-A jobs in {enqueue_s:.3f} s; starting {processes} "
+             f"worker process(es)")
 
         t_start = time.perf_counter()
-        if processes == 1:
-            await client.start([(DEMO_QUEUE, WORKERS_PER_PROCESS)])
-        else:
-            ctx = multiprocessing.get_context("spawn")
-            stop = ctx.Event()
-            for _ in range(processes):
-                proc = ctx.Process(target=_child_main, args=(database_url, stop),
-                                   name="awa-fast-demo-worker", daemon=True)
-                proc.start()
-                children.append(proc)
-            _log(f"started {processes} worker processes")
-
+        sup = Supervisor(f"{__name__}:client", processes,
+                         queues=f"{DEMO_QUEUE}:{WORKERS_PER_PROCESS}", database_url=database_url,
+                         out=sys.stderr, status_interval=0, log_level="warning",
+                         extra_env={"PYTHONWARNINGS": "ignore"})
+        sup.start()
         deadline = t_start + timeout
-        next_progress = time.perf_counter() + PROGRESS_INTERVAL_S
-        completed = failed = cancelled = 0
+        next_progress = t_start + PROGRESS_INTERVAL_S
         timed_out = False
         while True:
-            completed, failed, cancelled = await _counts(client)
+            counts = await _counts(c)
+            live = sum(n for (_, s), n in counts.items()
+                       if s not in ("completed", "failed", "cancelled"))
             now = time.perf_counter()
-            if completed + failed + cancelled >= jobs:
+            if live == 0 and counts:
                 break
+            if not sup.check():
+                raise AwaError(f"demo workers: {sup.failed}")
             if now >= deadline:
                 timed_out = True
                 break
-            dead = [p for p in children if not p.is_alive()]
-            if dead:
-                raise AwaError(f"demo worker process {dead[0].pid} exited with code "
-                                   f"{dead[0].exitcode}")
             if now >= next_progress:
-                elapsed = now - t_start
-                _log(f"{completed}/{jobs} completed, {failed} failed "
-                     f"({completed / elapsed:,.0f} jobs/s)")
+                a_done = counts.get((KIND_PARSE, "completed"), 0)
+                a_fail = counts.get((KIND_PARSE, "failed"), 0)
+                b_done = counts.get((KIND_RESOLVE, "completed"), 0)
+                b_all = sum(n for (k, _), n in counts.items() if k == KIND_RESOLVE)
+                _log(f"{now - t_start:5.1f} s: A {a_done} completed, {a_fail} failed; "
+                     f"B {b_done}/{b_all} completed")
                 next_progress += PROGRESS_INTERVAL_S
             await asyncio.sleep(POLL_INTERVAL_S)
-        process_s = time.perf_counter() - t_start
+        pipeline_s = time.perf_counter() - t_start
+        await asyncio.to_thread(sup.drain)
+        sup = None
+
+        counts = await _counts(c)
+        fail_rows = await c._fetch(
+            "SELECT args->>'path', split_part(errors->-1->>'error', E'\\n', 1) FROM awa_fast.jobs "
+            "WHERE kind = %s AND state = 'failed' ORDER BY args->>'path'", (KIND_PARSE,))
+        b_names = {r[0] for r in await c._fetch(
+            "SELECT args->>'name' FROM awa_fast.jobs WHERE kind = %s", (KIND_RESOLVE,))}
+        found, not_found, total_size = (await c._fetch(
+            f"SELECT count(*) FILTER (WHERE found), count(*) FILTER (WHERE NOT found), "
+            f"coalesce(sum(size), 0) FROM {RESULTS_TABLE}"))[0]
+        continuations = (await c._fetch(
+            "SELECT count(*) FROM awa_fast.jobs WHERE kind = %s AND (args->>'offset')::int > 0",
+            (KIND_PARSE,)))[0][0]
     finally:
-        if stop is not None:
-            stop.set()
-        await client.close()
-        for proc in children:
-            await asyncio.to_thread(proc.join, 10)
-            if proc.is_alive():
-                proc.terminate()
-                await asyncio.to_thread(proc.join, 5)
-    wall_s = time.perf_counter() - t_wall
+        if sup is not None:
+            await asyncio.to_thread(sup.drain)
+        await c.close()
+
+    expected, staged, direct_failures = await asyncio.to_thread(_direct, files, processes)
+    problems = []
+    if timed_out:
+        problems.append(f"timed out after {timeout:g} s")
+    missing, extra = sorted(expected - b_names), sorted(b_names - expected)
+    if missing or extra:
+        problems.append(f"B modules differ from the direct computation: missing {missing[:5]}"
+                        f"{'...' if len(missing) > 5 else ''}, unexpected {extra[:5]}"
+                        f"{'...' if len(extra) > 5 else ''}")
+    failed_paths = {p for p, _ in fail_rows}
+    if failed_paths != set(direct_failures):
+        problems.append(f"failed A jobs {len(failed_paths)} != unparsable files "
+                        f"{len(direct_failures)}")
+    b_count = len(b_names)
+    b_done = counts.get((KIND_RESOLVE, "completed"), 0)
+    if b_done != b_count:
+        problems.append(f"{b_count - b_done} B job(s) did not complete")
+    a_jobs = sum(n for (k, _), n in counts.items() if k == KIND_PARSE)
+    finalized = sum(n for (_, s), n in counts.items() if s in ("completed", "failed", "cancelled"))
+    check = (f"OK ({b_count} B jobs == {len(expected)} distinct modules computed directly)"
+             if not problems else "MISMATCH: " + "; ".join(problems))
     return DemoResult(
-        jobs=jobs, processes=processes, completed=completed, failed=failed, cancelled=cancelled,
-        enqueue_seconds=enqueue_s, enqueue_rate=jobs / enqueue_s if enqueue_s else 0.0,
-        process_seconds=process_s, jobs_per_second=completed / process_s if process_s else 0.0,
-        wall_seconds=wall_s, timed_out=timed_out,
-    )
+        files=len(files), processes=processes, a_jobs=a_jobs,
+        a_completed=counts.get((KIND_PARSE, "completed"), 0),
+        a_failed=counts.get((KIND_PARSE, "failed"), 0), continuations=continuations,
+        failures=[{"path": p, "error": e} for p, e in fail_rows],
+        distinct_modules=b_count, b_inserted=b_count, b_staged=staged,
+        b_skipped_duplicates=staged - b_count, b_completed=b_done,
+        b_failed=counts.get((KIND_RESOLVE, "failed"), 0), found=found, not_found=not_found,
+        total_size=int(total_size), enqueue_seconds=enqueue_s, pipeline_seconds=pipeline_s,
+        jobs_per_second=finalized / pipeline_s if pipeline_s else 0.0,
+        wall_seconds=time.perf_counter() - t_wall, expected_modules=len(expected),
+        check_ok=not problems, check_message=check, timed_out=timed_out)
 
 
 def _run_loop(coro) -> Any:
@@ -185,46 +393,62 @@ def _run_loop(coro) -> Any:
     return uvloop.run(coro)
 
 
-def format_summary(r: DemoResult) -> str:
-    """The human-readable summary printed by ``awa-fast demo``."""
+def format_report(r: DemoResult, max_failures: int = 5) -> str:
+    """The human-readable report printed by ``awa-fast demo``."""
     lines = [
-        ("jobs enqueued", f"{r.jobs}"),
-        ("completed", f"{r.completed}"),
-        ("failed", f"{r.failed}"),
-        ("enqueue rate", f"{r.enqueue_rate:,.0f} jobs/s ({r.enqueue_seconds:.3f} s, COPY)"),
-        ("processing time", f"{r.process_seconds:.3f} s ({r.processes} process"
-                            f"{'es' if r.processes > 1 else ''}, {WORKERS_PER_PROCESS} workers each)"),
-        ("throughput", f"{r.jobs_per_second:,.0f} jobs/s"),
-        ("wall time", f"{r.wall_seconds:.3f} s"),
+        ("files processed", f"{r.files} ({r.processes} worker process"
+                            f"{'es' if r.processes != 1 else ''})"),
+        ("stage A jobs", f"{r.a_jobs} ({r.files} files + {r.continuations} continuations for "
+                         f"files importing > {MAX_STAGED} modules)"),
+        ("A completed", f"{r.a_completed}"),
+        ("A failed", f"{r.a_failed} (files that cannot be read or parsed)"),
+        ("distinct modules", f"{r.distinct_modules}"),
+        ("B jobs inserted", f"{r.b_inserted}"),
+        ("B skipped as dup", f"{r.b_skipped_duplicates} (of {r.b_staged} staged requests)"),
+        ("B completed", f"{r.b_completed} ({r.b_failed} failed)"),
+        ("modules found", f"{r.found} ({r.not_found} not found; {r.total_size:,} bytes of "
+                          "module files)"),
+        ("enqueue", f"{r.files} A jobs in {r.enqueue_seconds:.3f} s (COPY)"),
+        ("wall time", f"{r.pipeline_seconds:.2f} s pipeline, {r.wall_seconds:.2f} s total"),
+        ("throughput", f"{r.jobs_per_second:,.0f} jobs/s (A+B finalized)"),
     ]
-    if r.cancelled:
-        lines.insert(3, ("cancelled", f"{r.cancelled}"))
     width = max(len(k) for k, _ in lines)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in lines)
+    out = [f"{k.ljust(width)}  {v}" for k, v in lines]
+    if r.failures:
+        out.append("first failures:")
+        for f in r.failures[:max_failures]:
+            out.append(f"  {f['error']}")
+        if len(r.failures) > max_failures:
+            out.append(f"  ... and {len(r.failures) - max_failures} more")
+    out.append(f"check: {r.check_message}")
+    return "\n".join(out)
 
 
-def run_demo(database_url: str, jobs: int = 5000, processes: int = 1, *, timeout: float = 300.0,
+def run_demo(database_url: str, processes: int | None = None, *, limit: int | None = None,
+             extra_paths: list[str] | None = None, timeout: float = 600.0,
              json_output: bool = False) -> int:
-    """Run the demo against ``database_url``; print the summary to stdout (JSON if
-    ``json_output``). Returns the exit status: 0 when every job completed, else 1.
+    """Run the demo against ``database_url`` with ``processes`` worker processes (default one
+    per core) over the first ``limit`` standard-library files plus ``extra_paths`` (files or
+    directories); print the report (JSON if ``json_output``). Returns 0 when the check passed,
+    else 1.
 
     Raises:
-        ValueError: ``jobs`` or ``processes`` is below 1.
-        AwaError, psycopg.Error: the database failed (the CLI reports these).
+        ValueError: ``processes`` or ``limit`` below 1, or an extra path that does not exist.
+        AwaError, psycopg.Error: the database or the worker processes failed.
     """
-    if jobs < 1 or processes < 1:
-        raise ValueError("jobs and processes must be >= 1")
-    result = _run_loop(_demo(database_url, jobs, processes, timeout))
+    processes = processes or os.cpu_count() or 1
+    if processes < 1 or (limit is not None and limit < 1):
+        raise ValueError("processes and limit must be >= 1")
+    files = stdlib_files(limit)
+    for extra in extra_paths or []:
+        if not os.path.exists(extra):
+            raise AwaError(f"--extra-path {extra}: no such file or directory")
+        files.extend(p for p in _walk(extra) if p not in files)
+    if not files:
+        raise AwaError("no .py files to process")
+    result = _run_loop(_demo(database_url, processes, files, timeout))
     if json_output:
         print(json.dumps(dataclasses.asdict(result), indent=2))
     else:
-        print(format_summary(result))
-    if result.timed_out:
-        print(f"awa-fast: error: demo timed out after {timeout:g} s: "
-              f"{result.completed}/{jobs} completed", file=sys.stderr)
-        return 1
-    if result.completed != jobs:
-        print(f"awa-fast: error: {jobs - result.completed} of {jobs} demo jobs did not complete",
-              file=sys.stderr)
-        return 1
-    return 0
+        print(format_report(result))
+    return 0 if result.check_ok else 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from datetime import datetime
 
 
 class JobState(enum.StrEnum):
@@ -38,15 +37,26 @@ JOB_FIELDS = (
 _N_FIELDS = len(JOB_FIELDS)
 
 
-def _ts(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+_TIMESTAMPS = ("run_at", "heartbeat_at", "deadline_at", "attempted_at", "finalized_at",
+               "created_at", "callback_timeout_at")
+
+
+def _timestamp_property(name: str) -> property:
+    slot = "_" + name
+
+    def get(self) -> str | None:
+        value = getattr(self, slot)
+        return None if value is None else value.isoformat()
+
+    return property(get, doc=f"``{name}`` as an RFC 3339 string, or ``None``.")
 
 
 class Job:
-    """A job row. Timestamps are RFC 3339 strings (awa-pg's shape); ``args`` is the JSON dict
-    (a handler's job carries the typed args instead); ``state`` is a :class:`JobState`."""
+    """A job row. Timestamps are RFC 3339 strings (awa-pg's shape; converted when read, the
+    aware datetime is kept in ``_<name>``); ``args`` is the JSON dict (a handler's job carries
+    the typed args instead); ``state`` is a :class:`JobState`."""
 
-    __slots__ = JOB_FIELDS
+    __slots__ = tuple(("_" + f) if f in _TIMESTAMPS else f for f in JOB_FIELDS)
 
     @classmethod
     def from_row(cls, row: tuple) -> "Job":
@@ -54,18 +64,12 @@ class Job:
         are ignored)."""
         job = cls.__new__(cls)
         (job.id, job.kind, job.queue, job.args, state, job.priority, job.attempt,
-         job.max_attempts, run_at, heartbeat_at, deadline_at, attempted_at, finalized_at,
-         created_at, job.errors, job.metadata, job.tags, job.unique_key, job.unique_states,
-         callback_id, callback_timeout_at, job.run_lease, job.progress) = row[:_N_FIELDS]
+         job.max_attempts, job._run_at, job._heartbeat_at, job._deadline_at, job._attempted_at,
+         job._finalized_at, job._created_at, job.errors, job.metadata, job.tags, job.unique_key,
+         job.unique_states, callback_id, job._callback_timeout_at, job.run_lease,
+         job.progress) = row[:_N_FIELDS]
         job.state = JobState(state)
-        job.run_at = _ts(run_at)
-        job.heartbeat_at = _ts(heartbeat_at)
-        job.deadline_at = _ts(deadline_at)
-        job.attempted_at = _ts(attempted_at)
-        job.finalized_at = _ts(finalized_at)
-        job.created_at = _ts(created_at)
         job.callback_id = None if callback_id is None else str(callback_id)
-        job.callback_timeout_at = _ts(callback_timeout_at)
         return job
 
     @property
@@ -83,3 +87,7 @@ class Job:
 
     def __repr__(self) -> str:
         return f"<Job id={self.id} kind={self.kind!r} queue={self.queue!r} state={self.state}>"
+
+
+for _name in _TIMESTAMPS:
+    setattr(Job, _name, _timestamp_property(_name))

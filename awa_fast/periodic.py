@@ -189,7 +189,7 @@ async def sync_schedules(conn: psycopg.AsyncConnection, jobs: list[PeriodicJob])
             now = (await (await conn.execute(sql.CRON_NOW)).fetchone())[0]
             for job in jobs:
                 initial = latest_fire(job.cron_expr, job.timezone, now)
-                await conn.execute(sql.CRON_UPSERT, job.params(initial - __import__("datetime").timedelta(minutes=2)))
+                await conn.execute(sql.CRON_UPSERT, job.params(initial))
 
 
 async def fire_one(conn: psycopg.AsyncConnection, name: str) -> list[Job]:

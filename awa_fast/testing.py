@@ -115,8 +115,6 @@ class AwaTestClient:
         self._finalizer.spec_runner = getattr(self.client, "specs", None)
         self._finalizer.settler = getattr(self.client, "settler", None)
         outcome = await ex.execute(handler_rec, ctx)
-        if outcome.kind == ex.ABANDON:
-            return WorkResult(ctx, "abandoned", "deadline exceeded", applied=False)
         applied = await self._finalizer.finalize(ctx, outcome)
         error = None if outcome.error is None else outcome.error["error"]
         return WorkResult(ctx, _OUTCOME_NAMES[outcome.kind], error, applied)

@@ -380,3 +380,26 @@ async def test_start_rejects_bad_queue_configs(client):
     with pytest.raises(TypeError):
         await client.start([("q", 1)], not_an_option=1)
     assert client.runtime is None
+
+
+async def test_deadline_abandons_the_handler_and_rescue_retries_it(dsn, client):
+    attempts, cancelled = [], []
+
+    @client.task(Work)
+    async def work(job):
+        attempts.append(job.attempt)
+        if job.attempt == 1:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(job.id)
+                raise
+        return None
+
+    job = await client.insert(Work("x"), max_attempts=3)
+    await client.start([{"name": "default", "max_workers": 1, "deadline_duration_ms": 300}],
+                       **FAST)
+    row = await wait_state(dsn, job.id, "completed")
+    assert attempts == [1, 2] and cancelled == [job.id]
+    assert row["errors"][0]["error"] == "hard deadline exceeded"
+    assert client.runtime.outcomes.get("abandoned") == 1

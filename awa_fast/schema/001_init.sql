@@ -55,8 +55,9 @@ CREATE INDEX idx_awa_fast_jobs_claim ON awa_fast.jobs (queue, priority, run_at, 
 -- Promotion of due scheduled / retryable rows.
 CREATE INDEX idx_awa_fast_jobs_due ON awa_fast.jobs (run_at)
     WHERE state IN ('scheduled', 'retryable');
--- Rescue scans: running attempts and parked callbacks.
-CREATE INDEX idx_awa_fast_jobs_running ON awa_fast.jobs (heartbeat_at)
+-- Rescue scans: running attempts and parked callbacks. Keyed by id, not heartbeat_at, so a
+-- heartbeat changes no indexed column (HOT-eligible) and guarded lookups by id can use it.
+CREATE INDEX idx_awa_fast_jobs_running ON awa_fast.jobs (id)
     WHERE state = 'running';
 CREATE INDEX idx_awa_fast_jobs_waiting ON awa_fast.jobs (callback_timeout_at)
     WHERE state = 'waiting_external';

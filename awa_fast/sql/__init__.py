@@ -612,3 +612,37 @@ DUMP_DLQ_JOB = f"SELECT to_jsonb(d) FROM {S}.dlq d WHERE id = %s"
 HEALTH_AVAILABLE = f"""
 SELECT queue, count(*) FROM {S}.jobs WHERE state = 'available' AND queue = ANY(%s)
 GROUP BY queue"""
+
+# The per-job completion of a job with follow-ups (registered specs first, then staged requests,
+# in order), as ONE statement: the guarded transition, then the inserts only if it matched.
+# A follow-up whose unique key is held is skipped (ON CONFLICT on the dedup index, which also
+# sees the trigger's own just-completed row); any other error fails the whole statement.
+UNIQUE_CONFLICT_TARGET = (
+    "(unique_key) WHERE unique_key IS NOT NULL "
+    f"AND (unique_states & (1 << {S}.state_bit(state))) <> 0")
+
+COMPLETE_WITH_FOLLOW_UPS = f"""
+WITH done AS (
+    UPDATE {S}.jobs
+    SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+        progress = NULL, callback_id = NULL, callback_timeout_at = NULL
+    WHERE id = %s AND run_lease = %s AND state = 'running'
+    RETURNING id
+), ins AS (
+    {_INSERT_TARGET}{_INSERT_PROJECTION}
+    FROM (SELECT u.kind, u.queue, u.args, u.priority, u.max_attempts, u.run_at, u.metadata,
+                 CASE WHEN u.tags = '[]' THEN '{{}}'::text[]
+                      ELSE ARRAY(SELECT jsonb_array_elements_text(u.tags::jsonb)) END AS tags,
+                 u.unique_key, u.unique_states, u.ordering_key, u.ord
+          FROM unnest(%s::text[], %s::text[], %s::text[], %s::smallint[], %s::smallint[],
+                      %s::timestamptz[], %s::text[], %s::text[], %s::bytea[], %s::smallint[],
+                      %s::bytea[]) WITH ORDINALITY
+               AS u(kind, queue, args, priority, max_attempts, run_at, metadata, tags,
+                    unique_key, unique_states, ordering_key, ord)) AS v
+    WHERE EXISTS (SELECT 1 FROM done)
+    ORDER BY v.ord
+    ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING
+    RETURNING unique_key
+)
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM ins),
+       ARRAY(SELECT unique_key FROM ins WHERE unique_key IS NOT NULL)"""

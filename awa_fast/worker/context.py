@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import orjson
@@ -32,7 +32,8 @@ class JobContext:
     __slots__ = ("id", "kind", "queue", "raw_args", "args", "priority", "attempt", "max_attempts",
                  "_run_at", "_deadline", "_created_at", "errors", "metadata", "tags", "run_lease",
                  "progress", "_progress_gen", "_progress_acked", "_cancelled", "_follow_ups",
-                 "runtime", "callback_id", "timeout_scope", "__weakref__")
+                 "runtime", "callback_id", "waiting", "deadline_expired", "returned",
+                 "__weakref__")
 
     def __init__(self, row: tuple, runtime: Any = None):
         (self.id, self.kind, self.queue, self.raw_args, self.priority, self.attempt,
@@ -45,7 +46,9 @@ class JobContext:
         self._follow_ups: FollowUps | None = None
         self.runtime = runtime
         self.callback_id: str | None = None
-        self.timeout_scope = None  # the executor's deadline scope (paused during callback waits)
+        self.waiting = False  # in wait_for_callback: the deadline does not run
+        self.deadline_expired = False  # set by the runtime's deadline sweeper
+        self.returned = False  # the handler returned: never cancel it any more
 
     # -- awa's read-only fields -----------------------------------------------------------------
 
@@ -203,11 +206,10 @@ class JobContext:
             cur = await conn.execute(sql.PARK_FOR_CALLBACK, (self.id, self.run_lease, callback_id))
         if cur.rowcount == 0:
             raise AwaError(f"job {self.id} could not park: it is no longer running this attempt")
-        scope = self.timeout_scope
-        remaining = None
-        if scope is not None and scope.when() is not None:
-            remaining = scope.when() - runtime.loop.time()
-            scope.reschedule(None)  # the wait does not count against the attempt's deadline
+        # The wait does not count against the attempt's deadline: the rest of it resumes after.
+        remaining = (None if self._deadline is None
+                     else self._deadline - datetime.now(timezone.utc))
+        self.waiting = True
         try:
             while True:
                 async with pool.connection() as conn:
@@ -222,8 +224,9 @@ class JobContext:
                                    "being resumed")
                 await asyncio.sleep(runtime.callback_poll_interval_s)
         finally:
+            self.waiting = False
             if remaining is not None:
-                scope.reschedule(runtime.loop.time() + max(remaining, 0.0))
+                self._deadline = datetime.now(timezone.utc) + remaining
 
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} kind={self.kind!r} attempt={self.attempt}>"

@@ -30,6 +30,7 @@ CANCEL = "cancelled"
 WAIT = "waiting_external"
 FAIL = "failed"
 ABANDON = "abandoned"  # deadline expired: nothing is written, rescue takes the attempt over
+# (counted in Runtime.outcomes; never finalized)
 
 MAX_BACKOFF_S = 86400.0
 TRACE_LINES = 10
@@ -127,10 +128,11 @@ def map_result(ctx: JobContext, result: Any) -> Outcome:
 
 
 async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) -> Outcome:
-    """Run ``handler`` for ``ctx`` under the attempt's deadline and map the result.
+    """Run ``handler`` for ``ctx`` and map the result.
 
     ``def`` handlers run in ``thread_pool`` (an executor) so they never block the loop.
-    Returns an :class:`Outcome` with kind :data:`ABANDON` when the deadline expired first.
+    Raises ``asyncio.CancelledError`` when the runtime cancels the attempt (deadline expired,
+    shutdown gave up waiting); the caller decides what that means.
     """
     try:
         ctx.args = handler.decode(ctx.raw_args)
@@ -138,21 +140,12 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
         return _discarding(ctx, Outcome(FAIL, reason="terminal_error", error=error_entry(
             f"args conversion failed: {format_error(exc)}", ctx.attempt, True)))
     try:
-        if ctx.deadline_at is not None:
-            remaining = (ctx.deadline_at - datetime.now(timezone.utc)).total_seconds()
-            async with asyncio.timeout(max(remaining, 0.0)) as scope:
-                ctx.timeout_scope = scope
-                result = await _call(handler, ctx, thread_pool)
-        else:
-            scope = None
-            result = await _call(handler, ctx, thread_pool)
+        # The attempt's deadline is enforced by the runtime's deadline sweeper, which cancels
+        # this task (cheaper than a timer per job); see Runtime._sweep_deadlines.
+        result = await _call(handler, ctx, thread_pool)
     except TerminalError as exc:
         return _discarding(ctx, Outcome(FAIL, reason="terminal_error",
                                         error=error_entry(format_error(exc), ctx.attempt, True)))
-    except TimeoutError as exc:
-        if scope is not None and scope.expired():
-            return _discarding(ctx, Outcome(ABANDON))
-        return _discarding(ctx, failed(ctx, format_error(exc), terminal=False))
     except Exception as exc:
         log.debug("job %s (%s) attempt %s raised", ctx.id, ctx.kind, ctx.attempt, exc_info=True)
         return _discarding(ctx, failed(ctx, format_error(exc), terminal=False))

@@ -163,6 +163,9 @@ class Finalizer:
     async def _finalize_once(self, ctx: JobContext, outcome: ex.Outcome, requests: list) -> bool:
         if outcome.kind == ex.FAIL and self.settler is not None:
             return await self._fail_once(ctx, outcome, requests)
+        if outcome.kind == ex.COMPLETED and requests and self.before_commit is None \
+                and self.after_commit is None:
+            return await self._complete_with_follow_ups(ctx, requests)
         state, delta = _TRANSITIONS[outcome.kind]
         snap = ctx.progress_snapshot()
         params = {
@@ -199,6 +202,31 @@ class Finalizer:
                                                             trigger_id)
         self.stats["follow_ups_inserted"] += inserted
         self.stats["follow_ups_skipped"] += skipped
+
+    async def _complete_with_follow_ups(self, ctx: JobContext, requests: list) -> bool:
+        # One statement, one round trip, one commit (autocommit): see
+        # sql.COMPLETE_WITH_FOLLOW_UPS. A lost connection is retried by finalize(); a commit
+        # whose acknowledgement was lost then replays as stale and inserts nothing.
+        pool = await self._pool_getter()
+        async with pool.connection() as conn:
+            with enqueue.mapped_errors():
+                cur = await conn.execute(sql.COMPLETE_WITH_FOLLOW_UPS,
+                                         (ctx.id, ctx.run_lease, *enqueue.many_params(requests)))
+                applied, inserted, keys = await cur.fetchone()
+        if not applied:
+            self.stats["stale"] += 1
+            return False
+        self.stats["per_job"] += 1
+        self.stats["follow_ups_inserted"] += inserted
+        skipped = len(requests) - inserted
+        if skipped:
+            self.stats["follow_ups_skipped"] += skipped
+            if log.isEnabledFor(logging.DEBUG):
+                held = set(keys)
+                kinds = [p.kind for p in requests if p.unique_key and p.unique_key not in held]
+                log.debug("follow-ups %s of %s job %s skipped: unique key already held",
+                          kinds, ctx.kind, ctx.id)
+        return True
 
     async def _fail_once(self, ctx: JobContext, outcome: ex.Outcome, exhausted: list) -> bool:
         # Failure path: lock the attempt under its lease, run the kind's failure consequence,

@@ -8,6 +8,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+from datetime import datetime, timezone
 from typing import Any
 
 import orjson
@@ -26,6 +27,7 @@ log = logging.getLogger("awa_fast.runtime")
 DEFAULT_MAX_WORKERS = 10
 DEFAULT_DEADLINE_MS = 300_000
 DEFAULT_CLAIM_BATCH = 512
+DEADLINE_SWEEP_S = 0.5
 
 # awa-pg keywords accepted for compatibility that have no effect on awa-fast's single engine.
 _IGNORED = {
@@ -215,6 +217,7 @@ class Runtime:
         self._tasks = [asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
                        for d in self.dispatchers.values()]
         self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="awa-heartbeat"))
+        self._tasks.append(asyncio.create_task(self._sweep_deadlines(), name="awa-deadlines"))
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
         if self.run_maintenance:
             mc = self.maintenance_config
@@ -267,18 +270,21 @@ class Runtime:
                 try:
                     outcome = await ex.execute(handler, ctx, self.thread_pool)
                 except asyncio.CancelledError:
-                    # Shutdown gave up waiting: hand the attempt back, uncounted.
                     if ctx.staged_follow_ups is not None:
-                        ctx.staged_follow_ups.discard("shutdown", ctx.kind)
+                        ctx.staged_follow_ups.discard("abandoned", ctx.kind)
                     dispatcher.slot_freed()
                     released = True
+                    if ctx.deadline_expired:
+                        # Abandoned at its deadline: nothing is written, rescue takes it over.
+                        self.outcomes[ex.ABANDON] = self.outcomes.get(ex.ABANDON, 0) + 1
+                        return
+                    # Shutdown gave up waiting: hand the attempt back, uncounted.
                     await self.finalizer.release(ctx)
                     return
+                ctx.returned = True
             dispatcher.slot_freed()
             released = True
             self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
-            if outcome.kind == ex.ABANDON:
-                return
             if outcome.kind == ex.COMPLETED and not outcome.follow_ups and not self._has_specs(ctx):
                 await self.finalizer.complete(ctx.id, ctx.run_lease)
             else:
@@ -291,6 +297,22 @@ class Runtime:
                 dispatcher.slot_freed()
             self.in_flight.pop(ctx.id, None)
             self._handler_tasks.pop(ctx.id, None)
+
+    async def _sweep_deadlines(self) -> None:
+        """Cancel handlers whose attempt deadline passed (checked every half second)."""
+        while True:
+            await asyncio.sleep(DEADLINE_SWEEP_S)
+            now = datetime.now(timezone.utc)
+            for ctx in list(self.in_flight.values()):
+                deadline = ctx.deadline_at
+                if (deadline is not None and deadline <= now and not ctx.returned
+                        and not ctx.waiting and not ctx.deadline_expired):
+                    ctx.deadline_expired = True
+                    task = self._handler_tasks.get(ctx.id)
+                    if task is not None:
+                        log.warning("job %s (%s) passed its deadline: abandoning the attempt",
+                                    ctx.id, ctx.kind)
+                        task.cancel()
 
     def _has_specs(self, ctx: JobContext) -> bool:
         runner = self.finalizer.spec_runner
@@ -330,8 +352,15 @@ class Runtime:
         """Leader only (a Maintenance extra task): enqueue due periodic fires."""
         from awa_fast import periodic
 
-        async with (await self.client.pool()).connection() as conn:
-            return await periodic.evaluate(conn)
+        try:
+            async with (await self.client.pool()).connection() as conn:
+                return await periodic.evaluate(conn)
+        finally:
+            # On Python 3.11 a cancel racing psycopg_pool's getconn (asyncio.wait_for) can be
+            # swallowed; re-raise it so shutdown does not wait on this loop forever.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
 
     async def reconcile(self) -> dict:
         """Reconciler tick (leader only): retry owed failure consequences that are due, then

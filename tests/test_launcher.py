@@ -1,0 +1,259 @@
+"""The multi-process launcher (``awa-fast worker module:client``) on a real PostgreSQL: graceful
+drain on SIGTERM loses nothing, a SIGKILLed child is restarted and its jobs rescued, exactly one
+child holds the maintenance leader lock (and another takes over when it dies), a crash loop ends
+with a non-zero exit.
+
+The launcher runs ``tests.launcher_app:client`` as a subprocess from the repository root; the
+tests wait on its status lines and poll the database (bounded)."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from awa_fast import sql
+from awa_fast.worker.supervisor import parse_queues
+from tests.launcher_app import Nap
+
+ROOT = Path(__file__).resolve().parent.parent
+KIND = "nap"
+QUEUE = "launch_q"
+
+
+class Launcher:
+    """``python -m awa_fast worker tests.launcher_app:client ...`` with its stdout lines queued."""
+
+    def __init__(self, dsn: str, *args: str, fail: str | None = None):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")}
+        env["AWA_FAST_LAUNCHER_DSN"] = dsn
+        if fail:
+            env["AWA_FAST_LAUNCHER_FAIL"] = fail
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "awa_fast", "worker", "tests.launcher_app:client", *args],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        self.seen: list[str] = []
+        self.stderr: list[str] = []
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines), daemon=True).start()
+        err: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, err), daemon=True).start()
+        self._err = err
+
+    @staticmethod
+    def _pump(stream, q) -> None:
+        for line in stream:
+            q.put(line.rstrip("\n"))
+        q.put(None)
+
+    def wait_line(self, pattern: str, timeout: float = 30.0) -> re.Match:
+        """The next stdout line matching ``pattern`` (earlier non-matching lines are kept in
+        ``seen``)."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no line matching {pattern!r} in {timeout}s; seen:\n"
+                                     + "\n".join(self.seen) + "\nstderr:\n" + self.drain_stderr())
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"launcher output ended before {pattern!r}; seen:\n"
+                                     + "\n".join(self.seen) + "\nstderr:\n" + self.drain_stderr())
+            self.seen.append(line)
+            m = rx.search(line)
+            if m:
+                return m
+
+    def drain_stderr(self) -> str:
+        while True:
+            try:
+                line = self._err.get_nowait()
+            except queue.Empty:
+                break
+            if line is not None:
+                self.stderr.append(line)
+        return "\n".join(self.stderr[-40:])
+
+    def ready_pids(self, n: int) -> dict[int, int]:
+        """Wait for ``n`` children to report ready: ``{index: pid}``."""
+        pids: dict[int, int] = {}
+        while len(pids) < n:
+            m = self.wait_line(r"child (\d+) pid (\d+) ready")
+            pids[int(m.group(1))] = int(m.group(2))
+        return pids
+
+    def wait(self, timeout: float = 60.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        # children live in their own process groups; a killed parent leaves them to notice
+        # (they drain when their parent pid changes)
+
+
+@pytest.fixture
+def launchers():
+    started: list[Launcher] = []
+    yield started
+    for launcher in started:
+        launcher.stop()
+
+
+@pytest.fixture(autouse=True)
+def clean(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq")
+
+
+def enqueue(dsn: str, n: int, ms: int) -> None:
+    import awa_fast as awa
+
+    with awa.Client(dsn) as c:
+        c.insert_many_copy([Nap(ms) for _ in range(n)], queue=QUEUE)
+
+
+def counts(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn) as conn:
+        return dict(conn.execute("SELECT state::text, count(*) FROM awa_fast.jobs "
+                                 "WHERE kind = %s GROUP BY 1", (KIND,)).fetchall())
+
+
+def poll(fn, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def leader_backends(dsn: str) -> list[int]:
+    """Backend pids holding the maintenance leader advisory lock in this database."""
+    key = sql.LEADER_LOCK_KEY
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND classid = %s::oid AND objid = %s::oid AND objsubid = 1",
+            (key >> 32, key & 0xFFFFFFFF)).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_parse_queues():
+    assert parse_queues("default:10, emails:4") == [("default", 10), ("emails", 4)]
+    assert parse_queues("solo") == [("solo", 10)]
+    assert parse_queues(None) is None and parse_queues("") is None
+    for bad in ("q:0", "q:x", ":3"):
+        with pytest.raises(ValueError):
+            parse_queues(bad)
+
+
+def test_graceful_drain_on_sigterm_loses_nothing(dsn, launchers):
+    total = 200
+    enqueue(dsn, total, 400)
+    launcher = Launcher(dsn, "--processes", "2", "--queues", f"{QUEUE}:8", "--drain-timeout", "10")
+    launchers.append(launcher)
+    launcher.ready_pids(2)
+    # mid-run: some finished, many in flight and many still waiting
+    poll(lambda: counts(dsn).get("completed", 0) >= 16, 30, "16 completed")
+    running_before = counts(dsn).get("running", 0)
+    assert running_before > 0
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0, launcher.seen
+    launcher.wait_line(r"all children stopped", 5)
+    final = counts(dsn)
+    assert "running" not in final, final
+    assert set(final) <= {"completed", "available"}, final
+    assert sum(final.values()) == total  # none lost
+    assert final.get("available", 0) > 0  # it stopped claiming
+    # in-flight handlers were allowed to finish: no attempt was cut short and released
+    with psycopg.connect(dsn) as conn:
+        errors = conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE errors <> '[]'").fetchone()[0]
+    assert errors == 0
+
+
+def test_sigkilled_child_is_restarted_and_its_jobs_rescued(dsn, launchers):
+    total = 60
+    enqueue(dsn, total, 1500)
+    launcher = Launcher(dsn, "--processes", "2", "--queues", f"{QUEUE}:5")
+    launchers.append(launcher)
+    pids = launcher.ready_pids(2)
+    poll(lambda: counts(dsn).get("running", 0) >= 10, 30, "both children busy")
+    victim = pids[0]
+    os.kill(victim, signal.SIGKILL)
+    launcher.wait_line(rf"child 0 pid {victim} exited with code -9; restarting", 10)
+    m = launcher.wait_line(r"child 0 pid (\d+) ready", 30)
+    assert int(m.group(1)) != victim
+    poll(lambda: counts(dsn) == {"completed": total}, 90, f"all {total} completed")
+    with psycopg.connect(dsn) as conn:
+        rescued = conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE attempt > 1").fetchone()[0]
+    assert rescued >= 1  # the killed child's in-flight jobs were rescued and ran again
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0
+
+
+def test_exactly_one_leader_and_failover(dsn, launchers):
+    launcher = Launcher(dsn, "--processes", "3", "--queues", f"{QUEUE}:2")
+    launchers.append(launcher)
+    pids = launcher.ready_pids(3)
+    m = launcher.wait_line(r"child (\d+) pid (\d+) became maintenance leader", 20)
+    leader_index, leader_pid = int(m.group(1)), int(m.group(2))
+    assert pids[leader_index] == leader_pid
+    holders = poll(lambda: leader_backends(dsn), 10, "a leader lock holder")
+    assert len(holders) == 1
+    # stays exactly one over several election intervals (200 ms each)
+    for _ in range(10):
+        assert len(leader_backends(dsn)) == 1
+        time.sleep(0.1)
+    old_backend = holders[0]
+
+    os.kill(leader_pid, signal.SIGKILL)
+    launcher.wait_line(rf"child {leader_index} pid {leader_pid} exited with code -9", 10)
+    m = launcher.wait_line(r"child (\d+) pid (\d+) became maintenance leader", 20)
+    assert int(m.group(2)) != leader_pid
+    new = poll(lambda: [h for h in leader_backends(dsn) if h != old_backend], 10, "new leader")
+    assert len(new) == 1 and len(leader_backends(dsn)) == 1
+    launcher.wait_line(rf"child {leader_index} pid \d+ ready", 30)  # the restarted child
+    for _ in range(10):
+        assert len(leader_backends(dsn)) == 1
+        time.sleep(0.1)
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0
+
+
+@pytest.mark.parametrize("fail", ["import", "start"])
+def test_children_that_keep_dying_make_the_launcher_give_up(dsn, launchers, fail):
+    t0 = time.monotonic()
+    launcher = Launcher(dsn, "--processes", "1", fail=fail)
+    launchers.append(launcher)
+    launcher.wait_line(r"child 0 pid \d+ exited with code 1; restarting in 0.5 s", 30)
+    assert launcher.wait(90) == 1
+    assert time.monotonic() - t0 < 90
+    launcher.wait_line(r"child 0 died 6 times within 60 s; giving up", 5)
+
+
+def test_bad_application_spec_exits_at_once():
+    for spec in ("tests.no_such_module:client", "tests.launcher_app:nope", "tests.launcher_app:Nap"):
+        r = subprocess.run([sys.executable, "-m", "awa_fast", "worker", spec, "--processes", "1"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1, (spec, r.stdout, r.stderr)
+        assert "cannot load" in r.stdout and "giving up" in r.stdout
+        assert "restarting" not in r.stdout
