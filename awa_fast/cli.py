@@ -536,6 +536,20 @@ async def cmd_consequences(s: Session) -> int:
     return 0
 
 
+def cmd_bench(s: Session) -> int:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "bench" / "runner.py").is_file():
+        raise CliError("the benchmark suite ships with the source checkout: run `awa-fast bench` "
+                       "from an editable install (pip install -e .) of the repository")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from bench.runner import main as bench_main
+
+    return bench_main(list(s.args.bench_args))
+
+
 def cmd_demo(s: Session) -> int:
     from awa_fast.demo import run_demo
 
@@ -826,6 +840,16 @@ def build_parser() -> argparse.ArgumentParser:
                                     "print its connection URL.")
     p.set_defaults(func=cmd_embedded_url)
 
+    # benchmarks
+    p = sub.add_parser("bench", help="run the benchmark suite (bench/), optionally vs the peers",
+                       description="Run the end-to-end benchmark suite in bench/ (from a source "
+                                   "checkout). Arguments after 'bench' go to the suite: see "
+                                   "`awa-fast bench --help`, e.g. --compare --plot.",
+                       add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="arguments for the suite (--compare, --scenarios, --jobs, --plot, ...)")
+    p.set_defaults(func=cmd_bench)
+
     # failure consequences
     p = sub.add_parser("check", parents=[common_nodb],
                        help="check that every registered kind declares a failure consequence",
@@ -932,6 +956,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from awa_fast.embedded import EmbeddedPostgresError
     from awa_fast.errors import AwaError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # Everything after 'bench' belongs to the suite's own parser (argparse's REMAINDER
+        # would not pass leading options such as --help through).
+        argv = ["bench", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
     session = Session(args)
     func = args.func
