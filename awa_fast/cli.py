@@ -547,7 +547,10 @@ def cmd_bench(s: Session) -> int:
         sys.path.insert(0, str(root))
     from bench.runner import main as bench_main
 
-    return bench_main(list(s.args.bench_args))
+    bench_args = list(s.args.bench_args)
+    if bench_args[:1] == ["--"]:
+        bench_args = bench_args[1:]
+    return bench_main(bench_args)
 
 
 def cmd_demo(s: Session) -> int:

@@ -76,12 +76,15 @@ async def cron_jobs(dsn, name: str) -> list[dict]:
     return sorted(rows, key=lambda r: (r["fire_at"], r["id"]))
 
 
-async def start_client(dsn, name: str, policy: str = "coalesce", **kw) -> awa.AsyncClient:
+async def start_client(dsn, name: str, policy: str = "coalesce", *,
+                       maintenance: bool = True) -> awa.AsyncClient:
+    """A runtime that registers schedule ``name``. Tests that evaluate by hand or only need the
+    registration pass ``maintenance=False`` (no leader, no background evaluation)."""
     client = awa.AsyncClient(dsn)
     client.periodic(name, "* * * * *", Tick, Tick(7), queue="cron_q", priority=3,
                     max_attempts=5, tags=["cron"], metadata={"team": "ops"},
-                    missed_fire_policy=policy, **kw)
-    await client.start(IDLE, **FAST)
+                    missed_fire_policy=policy)
+    await client.start(IDLE, maintenance=maintenance, **FAST)
     return client
 
 
@@ -157,13 +160,12 @@ def test_due_fires_policies_cap_and_timezone():
 
 async def test_registration_stores_schedule_without_retroactive_fire(dsn):
     latest = await away_from_minute_boundary(dsn)
-    client = await start_client(dsn, "reg")
+    client = await start_client(dsn, "reg", maintenance=False)
     try:
         # A new schedule starts at its newest fire time <= now: that minute is not enqueued.
         assert await last_fire(dsn, "reg") == latest
         with pytest.raises(RuntimeError):
             client.periodic("late", "* * * * *", Tick, Tick())
-        await wait_leader(client)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             assert await periodic.evaluate(conn) == 0
         assert await cron_jobs(dsn, "reg") == []
@@ -270,9 +272,8 @@ async def test_two_runtimes_one_fire(dsn):
 @pytest.mark.parametrize("policy, missed, expected", [("coalesce", 5, 1), ("catch_up", 5, 5)])
 async def test_restart_across_missed_fires(dsn, policy, missed, expected):
     name = f"restart_{policy}"
-    client = await start_client(dsn, name, policy)
-    await wait_leader(client)
-    await client.close()  # the process stops ...
+    client = await start_client(dsn, name, policy, maintenance=False)  # registers and runs
+    await client.close()  # ... then the process stops ...
 
     latest = await away_from_minute_boundary(dsn)
     await truncate(dsn)
@@ -303,13 +304,13 @@ async def test_restart_across_missed_fires(dsn, policy, missed, expected):
 
 
 async def test_changed_expression_restarts_from_now(dsn):
-    client = await start_client(dsn, "changed")
+    client = await start_client(dsn, "changed", maintenance=False)
     await client.close()
     latest = await away_from_minute_boundary(dsn)
     await set_last_fire(dsn, "changed", latest - 30 * MINUTE)
     client = awa.AsyncClient(dsn)
     client.periodic("changed", "*/2 * * * *", Tick, Tick(), missed_fire_policy="catch_up")
-    await client.start(IDLE, **FAST)
+    await client.start(IDLE, maintenance=False, **FAST)
     try:
         stored = await last_fire(dsn, "changed")
         # Not 30 minutes back: a new expression does not catch up the old one's history.
@@ -329,7 +330,7 @@ async def test_list_and_delete_cron_jobs(dsn):
     client.periodic("b_daily", "0 9 * * *", Tick, Tick(1), timezone="Europe/Paris",
                     queue="reports", tags=["t"], metadata={"m": 1}, missed_fire_policy="catch_up")
     client.periodic("a_minutely", "* * * * *", Tick, {"n": 2})
-    await client.start(IDLE, **FAST)
+    await client.start(IDLE, maintenance=False, **FAST)
     try:
         rows = await client.list_cron_jobs()
         assert [r["name"] for r in rows] == ["a_minutely", "b_daily"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import asyncio
 import dataclasses
 import time
@@ -127,7 +128,7 @@ class Adapter:
 
     async def run_worker(self, dsn: str, workload: str, max_workers: int,
                          go: asyncio.Event, stop: asyncio.Event, ready) -> dict:
-        client = awa.AsyncClient(dsn, max_connections=10)
+        client = awa.AsyncClient(dsn, max_connections=int(os.environ.get("BENCH_AWA_FAST_CONNECTIONS", "10")))
         snoozed: set[int] = set()
 
         @client.task(Noop, queue=QUEUE)
