@@ -6,6 +6,7 @@ EXTENSIONS = [
     Extension("awa_fast._ext.validate", ["_ext/validate.pyx"]),
     Extension("awa_fast._ext.unique", ["_ext/unique.pyx"]),
     Extension("awa_fast._ext.sizing", ["_ext/sizing.pyx"]),
+    Extension("awa_fast._ext.batch", ["_ext/batch.pyx"]),
 ]
 
 setup(

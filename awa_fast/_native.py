@@ -7,6 +7,7 @@ with an error that says how to build them. :func:`native_extensions` reports wha
 from __future__ import annotations
 
 try:
+    from awa_fast._ext import batch as _batch
     from awa_fast._ext import sizing as _sizing
     from awa_fast._ext import unique as _unique
     from awa_fast._ext import validate as _validate
@@ -25,8 +26,11 @@ unique_key = _unique.unique_key
 STATE_BITS = _unique.STATE_BITS
 request_size = _sizing.request_size
 StagingBudget = _sizing.StagingBudget
+encode_many = _batch.encode_many
+keys_many = _batch.keys_many
+copy_block = _batch.copy_block
 
-_MODULES = {"validate": _validate, "unique": _unique, "sizing": _sizing}
+_MODULES = {"validate": _validate, "unique": _unique, "sizing": _sizing, "batch": _batch}
 
 
 def native_extensions() -> dict[str, str]:

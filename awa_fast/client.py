@@ -21,7 +21,7 @@ from awa_fast import callbacks, enqueue, schema, sql
 from awa_fast.admin import AdminMixin
 from awa_fast.errors import DatabaseError, JobNotFound, ValidationError
 from awa_fast.job import Job
-from awa_fast.requests import kind_for_type, prepare
+from awa_fast.requests import kind_for_type, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
 from awa_fast.worker.registry import Registry
 from awa_fast.worker.consequences import ConsequenceApplier, Settler
@@ -164,10 +164,23 @@ class AsyncClient(AdminMixin):
 
     async def insert_many_copy(self, jobs: list, **opts: Any) -> list[Job]:
         """Bulk insert with COPY (for 10k+ rows); same arguments and errors as :meth:`insert_many`."""
-        rows = _prepare_all(jobs, opts)
+        return await self._copy(jobs, opts, want_jobs=True)
+
+    async def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
+        """Like :meth:`insert_many_copy` but returns only the number of jobs written (awa-pg's
+        ``enqueue_many_copy``): no Job objects are built."""
+        return await self._copy(jobs, opts, want_jobs=False)
+
+    async def _copy(self, jobs: list, opts: dict, *, want_jobs: bool) -> Any:
+        # Args of one type with shared options take the compiled path (one COPY block).
+        batch = prepare_uniform(jobs, **opts)
+        rows = None if batch is not None else _prepare_all(jobs, opts)
         async with (await self.pool()).connection() as conn:
             async with conn.transaction():
-                return await enqueue.copy_many(conn, rows)
+                if batch is not None:
+                    return await enqueue.copy_uniform(conn, batch, want_jobs=want_jobs)
+                copied = await enqueue.copy_many(conn, rows)
+                return copied if want_jobs else len(copied)
 
     async def transaction(self) -> Transaction:
         """Begin a transaction: ``async with await client.transaction() as tx``."""
@@ -499,7 +512,7 @@ class Client:
     of the async client's producer/admin surface is available here without ``await``.
     """
 
-    _SYNC = ("migrate", "insert", "insert_many", "insert_many_copy", "get_job", "list_jobs",
+    _SYNC = ("migrate", "insert", "insert_many", "insert_many_copy", "enqueue_many_copy", "get_job", "list_jobs",
              "retry", "cancel", "cancel_by_unique_key", "queue_stats", "pause_queue",
              "resume_queue", "list_cron_jobs", "delete_cron_job",
              # admin and dead-letter queue (awa_fast/admin.py)

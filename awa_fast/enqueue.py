@@ -19,7 +19,8 @@ from psycopg.rows import tuple_row
 from awa_fast import sql
 from awa_fast.errors import DatabaseError, UniqueConflict, ValidationError
 from awa_fast.job import Job, JobState
-from awa_fast.requests import Prepared
+from awa_fast import _native
+from awa_fast.requests import Prepared, UniformBatch
 
 UNIQUE_INDEX = "idx_awa_fast_jobs_unique"
 log = logging.getLogger("awa_fast.enqueue")
@@ -119,6 +120,52 @@ async def copy_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list
             for record in _copy_rows(rows, ids, now):
                 await copy.write_row(record)
     return [copied_job(i, p, now) for i, p in zip(ids, rows)]
+
+
+def copy_escape(text: str) -> str:
+    """Escape a value for PostgreSQL's COPY text format."""
+    return (text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
+            .replace("\r", "\\r"))
+
+
+def _array_literal(values: list[str]) -> str:
+    quoted = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    return "{" + ",".join(quoted) + "}"
+
+
+def _bytea_text(value: bytes | None) -> str:
+    return "\\N" if value is None else "\\\\x" + value.hex()
+
+
+async def copy_uniform(conn: psycopg.AsyncConnection, batch: UniformBatch, *,
+                       want_jobs: bool) -> list[Job] | int:
+    """COPY a :class:`UniformBatch` as one text block built in ``_ext`` (inside the caller's
+    transaction). Returns the jobs (``want_jobs``) or their count."""
+    n = len(batch.jsons)
+    with mapped_errors():
+        cur = await conn.execute(sql.COPY_RESERVE, (n,))
+        now, ids = await cur.fetchone()
+        run_at = batch.run_at.astimezone(now.tzinfo) if batch.run_at else now
+        state = "scheduled" if run_at > now else "available"
+        head = f"{copy_escape(batch.kind)}\t{copy_escape(batch.queue)}".encode()
+        mid = (f"{state}\t{batch.priority}\t{batch.max_attempts}\t{run_at.isoformat()}\t"
+               f"{copy_escape(batch.metadata.decode())}\t"
+               f"{copy_escape(_array_literal(batch.tags))}").encode()
+        ustates = "\\N" if batch.unique_states is None else str(batch.unique_states)
+        tail = f"{ustates}\t{_bytea_text(batch.ordering_key)}\t{now.isoformat()}".encode()
+        block = _native.copy_block(ids, batch.jsons, batch.keys, head, mid, tail)
+        async with conn.cursor().copy(sql.COPY_JOBS) as copy:
+            await copy.write(block)
+    if not want_jobs:
+        return n
+    job_state = JobState(state)
+    keys = batch.keys or [None] * n
+    loads = orjson.loads
+    return [Job.from_row((job_id, batch.kind, batch.queue, args, job_state, batch.priority, 0,
+                          batch.max_attempts, run_at, None, None, None, None, now, [],
+                          loads(batch.metadata), list(batch.tags), key, batch.unique_states,
+                          None, None, 0, None))
+            for job_id, args, key in zip(ids, batch.args, keys)]
 
 
 def wrap_db_error(exc: Exception) -> DatabaseError:

@@ -193,6 +193,74 @@ def prepare(
     )
 
 
+class UniformBatch(msgspec.Struct, gc=False):
+    """Many args of one type with shared options, validated once (see :func:`prepare_uniform`).
+    ``args`` holds the JSON-compatible dicts, ``jsons`` their canonical JSON, ``keys`` the unique
+    keys (or ``None``)."""
+
+    kind: str
+    queue: str
+    priority: int
+    max_attempts: int
+    tags: list[str]
+    metadata: bytes
+    run_at: datetime | None
+    unique_states: int | None
+    ordering_key: bytes | None
+    args: list
+    jsons: list
+    keys: list | None
+
+
+def prepare_uniform(items: list, *, kind: str | None = None, queue: str = "default",
+                    priority: int = 2, max_attempts: int = 25, tags: list[str] | None = None,
+                    metadata: dict | None = None, run_at: datetime | str | None = None,
+                    unique_opts: dict | UniqueOpts | None = None,
+                    ordering_key: bytes | str | None = None) -> UniformBatch | None:
+    """Validate a bulk insert whose elements are all args of one type, sharing one set of
+    options: the options once, the per-row loops (JSON, NUL scan, unique keys) in ``_ext``.
+
+    Returns ``None`` when the batch is not uniform (mixed types or ``EnqueueRequest`` items);
+    the caller then prepares row by row. Raises as :func:`prepare`.
+    """
+    if not items:
+        return None
+    first = type(items[0])
+    if first is EnqueueRequest or any(type(x) is not first for x in items):
+        return None
+    if kind is None:
+        if issubclass(first, dict):
+            raise ValidationError("kind is required when args is a dict", field="kind", limit="required")
+        kind = kind_for_type(first)
+    tags = _native.validate_insert(kind, queue, priority, max_attempts, tags)
+    if metadata is None:
+        meta_json = b"{}"
+    elif isinstance(metadata, dict):
+        meta_json = to_json(metadata, "metadata")
+    else:
+        raise ValidationError("metadata must be a dict or None", field="metadata", limit="dict")
+    run_at = _native.normalize_run_at(run_at)
+    okey = _ordering_key(ordering_key)
+    unique = _unique_tuple(unique_opts)
+    if first is dict:
+        builtins = items
+    elif issubclass(first, msgspec.Struct) or dataclasses.is_dataclass(first):
+        try:
+            builtins = msgspec.to_builtins(items)  # one C call for the whole list
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"args are not JSON-serializable: {exc}", field="args",
+                                     limit="JSON") from exc
+    else:
+        builtins = [args_to_builtins(x) for x in items]
+    jsons = _native.encode_many(builtins, "args")
+    keys = None
+    if unique is not None:
+        by_queue, by_args, by_period, _ = unique
+        keys = _native.keys_many(kind, queue, jsons, by_queue, by_args, by_period)
+    return UniformBatch(kind, queue, priority, max_attempts, tags, meta_json, run_at,
+                        None if unique is None else unique[3], okey, builtins, jsons, keys)
+
+
 class EnqueueRequest:
     """A job to insert, as a value: ``EnqueueRequest(args, kind=..., queue=..., ...)`` with the
     same keywords and defaults as ``insert``. Used for staged follow-ups (ADR-046) and as the

@@ -277,3 +277,43 @@ class StagingBudget:
             )
         self._count += 1
         self._bytes_used += n
+
+
+# ----------------------------------------------------------------------------- batch
+
+
+def encode_many(objs, field):
+    import orjson
+
+    from awa_fast.errors import SerializationError
+
+    out = []
+    for i, obj in enumerate(objs):
+        try:
+            data = orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
+        except TypeError as exc:
+            raise SerializationError(f"{field}[{i}] is not JSON-serializable: {exc}",
+                                     field=f"{field}[{i}]", limit="JSON") from exc
+        check_json_nul(data, f"{field}[{i}]")
+        out.append(data)
+    return out
+
+
+def keys_many(kind, queue, jsons, by_queue, by_args, by_period):
+    return [unique_key(kind, queue, j, by_queue, by_args, by_period) for j in jsons]
+
+
+def _copy_escape(data: bytes) -> bytes:
+    return (data.replace(b"\\", b"\\\\").replace(b"\t", b"\\t").replace(b"\n", b"\\n")
+            .replace(b"\r", b"\\r"))
+
+
+def copy_block(ids, jsons, keys, head, mid, tail):
+    if len(jsons) != len(ids) or (keys is not None and len(keys) != len(ids)):
+        raise ValueError("ids, jsons and keys must have the same length")
+    rows = []
+    for i, job_id in enumerate(ids):
+        key = b"\\N" if keys is None else b"\\\\x" + keys[i].hex().encode()
+        rows.append(b"\t".join([str(job_id).encode(), head, _copy_escape(jsons[i]), mid, key,
+                                tail]) + b"\n")
+    return b"".join(rows)

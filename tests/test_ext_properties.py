@@ -19,7 +19,7 @@ from blake3 import blake3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from awa_fast._ext import sizing, unique, validate
+from awa_fast._ext import batch, sizing, unique, validate
 from awa_fast.errors import StagingError, ValidationError
 
 
@@ -218,7 +218,7 @@ periods = st.one_of(
 
 
 def test_compiled_modules_active():
-    for module in (validate, unique, sizing):
+    for module in (validate, unique, sizing, batch):
         path = module.__file__
         assert path is not None
         assert not path.endswith((".py", ".pyx", ".pyc")), path
@@ -575,3 +575,32 @@ def test_staging_budget_byte_limit(impl):
         fresh.charge(-1)
     with pytest.raises(TypeError):
         fresh.charge(1.0)
+
+
+
+# ----------------------------------------------------------------------------- batch (bulk COPY)
+
+
+@SETTINGS
+@given(st.lists(json_values, max_size=6))
+def test_encode_many_matches_reference(values):
+    same(batch.encode_many, ref.encode_many, values, "args")
+
+
+@SETTINGS
+@given(texts, texts, st.lists(json_values, max_size=5), st.booleans(), st.booleans(), periods)
+def test_keys_many_matches_reference(kind, queue, values, by_queue, by_args, by_period):
+    jsons = [dumps(v) for v in values]
+    same(batch.keys_many, ref.keys_many, kind, queue, jsons, by_queue, by_args, by_period)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(min_value=1, max_value=2**62),
+                          st.binary(max_size=40), st.binary(min_size=16, max_size=16)),
+                max_size=6),
+       st.booleans(), st.binary(max_size=10), st.binary(max_size=10), st.binary(max_size=10))
+def test_copy_block_matches_reference(rows, with_keys, head, mid, tail):
+    ids = [r[0] for r in rows]
+    jsons = [r[1] for r in rows]
+    keys = [r[2] for r in rows] if with_keys else None
+    same(batch.copy_block, ref.copy_block, ids, jsons, keys, head, mid, tail)

@@ -291,7 +291,7 @@ FROM c WHERE j.id = c.id
 RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, j.run_at,
           j.deadline_at, j.created_at, j.errors, j.metadata, j.tags, j.run_lease, j.progress"""
 
-CLEAN = f"TRUNCATE {S}.jobs, {S}.queue_meta"
+CLEAN = f"TRUNCATE {S}.jobs, {S}.queue_meta, {S}.dlq, {S}.cron_jobs"
 
 
 # -- periodic (cron) jobs: awa_fast/periodic.py, migration 003 -----------------------------------

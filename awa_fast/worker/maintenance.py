@@ -117,6 +117,10 @@ class Maintenance:
                 await fn()
             except (psycopg.Error, OSError) as exc:
                 log.warning("maintenance task %s failed: %s", getattr(fn, "__name__", fn), exc)
+            # Python 3.11's wait_for (inside the pool) can swallow a cancel that lands as a
+            # connection is handed out: honour a pending cancel here so shutdown never hangs.
+            if asyncio.current_task().cancelling():
+                raise asyncio.CancelledError
             await asyncio.sleep(interval_s)
 
     async def promote(self) -> int:
