@@ -70,26 +70,33 @@ class Adapter:
                     await client.insert_many(jobs[k:k + batch], queue=QUEUE)
                 return {"elapsed": time.perf_counter() - t, "method": f"insert_many (batches of {batch})"}
             if mode == "copy":
-                jobs = [Noop(i) for i in range(n)]
-                t = time.perf_counter()
-                await client.insert_many_copy(jobs, queue=QUEUE)
-                return {"elapsed": time.perf_counter() - t, "method": "insert_many_copy (one call)"}
+                # insert_many_copy (returns Jobs) is the target's reference; enqueue_many_copy
+                # (returns a count, like awa-pg's) is measured too and kept in alternatives.
+                results = {}
+                for off, method in enumerate(("insert_many_copy", "enqueue_many_copy")):
+                    jobs = [Noop(off * n + i) for i in range(n)]
+                    t = time.perf_counter()
+                    await getattr(client, method)(jobs, queue=QUEUE)
+                    results[method] = time.perf_counter() - t
+                return {"elapsed": results["insert_many_copy"], "method": "insert_many_copy (one call)",
+                        "alternatives_per_s": {k: round(n / v, 1) for k, v in results.items()}}
             if mode == "unique":
                 # unique_opts={} (awa's defaults: by args). Both paths, on disjoint args so the
                 # keys do not collide; the faster one is reported, the other kept alongside.
                 results = {}
-                for off, method in enumerate(("insert_many_copy", "insert_many")):
+                for off, method in enumerate(("insert_many_copy", "enqueue_many_copy",
+                                              "insert_many")):
                     jobs = [Noop(off * n + i) for i in range(n)]
                     fn = getattr(client, method)
                     t = time.perf_counter()
-                    if method == "insert_many_copy":
+                    if method != "insert_many":
                         await fn(jobs, queue=QUEUE, unique_opts={})
                     else:
                         for k in range(0, n, batch):
                             await fn(jobs[k:k + batch], queue=QUEUE, unique_opts={})
                     results[method] = time.perf_counter() - t
                 best = min(results, key=results.get)
-                label = best if best == "insert_many_copy" else f"insert_many (batches of {batch})"
+                label = best if best != "insert_many" else f"insert_many (batches of {batch})"
                 return {"elapsed": results[best], "method": f"{label}, unique_opts={{}}",
                         "alternatives_per_s": {k: round(n / v, 1) for k, v in results.items()}}
             raise NotSupported(mode)
