@@ -629,16 +629,15 @@ WITH done AS (
     WHERE id = %s AND run_lease = %s AND state = 'running'
     RETURNING id
 ), ins AS (
-    {_INSERT_TARGET}{_INSERT_PROJECTION}
-    FROM (SELECT u.kind, u.queue, u.args, u.priority, u.max_attempts, u.run_at, u.metadata,
-                 CASE WHEN u.tags = '[]' THEN '{{}}'::text[]
-                      ELSE ARRAY(SELECT jsonb_array_elements_text(u.tags::jsonb)) END AS tags,
-                 u.unique_key, u.unique_states, u.ordering_key, u.ord
-          FROM unnest(%s::text[], %s::text[], %s::text[], %s::smallint[], %s::smallint[],
-                      %s::timestamptz[], %s::text[], %s::text[], %s::bytea[], %s::smallint[],
-                      %s::bytea[]) WITH ORDINALITY
-               AS u(kind, queue, args, priority, max_attempts, run_at, metadata, tags,
-                    unique_key, unique_states, ordering_key, ord)) AS v
+    {_INSERT_TARGET}
+    SELECT v.kind, v.queue, v.args,
+           (CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
+           v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata, v.tags,
+           decode(v.unique_key, 'hex'), v.unique_states, decode(v.ordering_key, 'hex')
+    FROM jsonb_to_recordset(%s::jsonb)
+         AS v(ord int, kind text, queue text, args jsonb, priority smallint,
+              max_attempts smallint, run_at timestamptz, metadata jsonb, tags text[],
+              unique_key text, unique_states smallint, ordering_key text)
     WHERE EXISTS (SELECT 1 FROM done)
     ORDER BY v.ord
     ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING

@@ -210,8 +210,8 @@ class Finalizer:
         pool = await self._pool_getter()
         async with pool.connection() as conn:
             with enqueue.mapped_errors():
-                cur = await conn.execute(sql.COMPLETE_WITH_FOLLOW_UPS,
-                                         (ctx.id, ctx.run_lease, *enqueue.many_params(requests)))
+                cur = await conn.execute(sql.COMPLETE_WITH_FOLLOW_UPS, (
+                    ctx.id, ctx.run_lease, enqueue.follow_ups_json(requests)))
                 applied, inserted, keys = await cur.fetchone()
         if not applied:
             self.stats["stale"] += 1
