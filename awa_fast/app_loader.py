@@ -8,28 +8,36 @@ import sys
 from typing import Any
 
 
-def load_client(spec: str) -> Any:
-    """Import ``module`` and return its ``attribute`` (an :class:`~awa_fast.AsyncClient`).
+class AppSpecError(Exception):
+    """A ``module:attribute`` spec that does not name an ``AsyncClient``."""
 
-    The current directory is put on ``sys.path`` first, as ``python -m`` would.
+
+def load_client(spec: str) -> tuple[Any, Any]:
+    """Import ``module:attr`` (``attr`` may be dotted) and return ``(client, module)``.
 
     Raises:
-        ValueError: ``spec`` is not ``module:attribute``, or the attribute is missing or not
-            an AsyncClient.
-        ImportError: the module cannot be imported.
+        AppSpecError: malformed spec, module not found, missing attribute, or not an AsyncClient.
+        Exception: whatever importing the module raised (an application error).
     """
     from awa_fast.client import AsyncClient
 
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"application spec must look like 'package.module:client', got {spec!r}")
-    if os.getcwd() not in sys.path:
+        raise AppSpecError(f"invalid application {spec!r}: expected 'module:client'")
+    if os.getcwd() not in sys.path:  # as `python -m` would
         sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
     try:
-        client = getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(client, AsyncClient):
-        raise ValueError(f"{spec} is a {type(client).__name__}, not an awa_fast.AsyncClient")
-    return client
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise AppSpecError(f"cannot import module {module_name!r}: {exc}") from exc
+        raise
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AppSpecError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, AsyncClient):
+        raise AppSpecError(f"{spec} is a {type(obj).__name__}, not an awa_fast AsyncClient")
+    return obj, module

@@ -502,12 +502,12 @@ def cmd_embedded_url(s: Session) -> int:
 
 
 def cmd_check(s: Session) -> int:
-    from awa_fast.app_loader import load_client
+    from awa_fast.app_loader import AppSpecError, load_client
     from awa_fast.testing import undeclared_failure_consequences
 
     try:
-        client = load_client(s.args.app)
-    except (ValueError, ImportError) as exc:
+        client, _module = load_client(s.args.app)
+    except AppSpecError as exc:
         raise CliError(str(exc)) from exc
     kinds = undeclared_failure_consequences(client)
     if s.json:

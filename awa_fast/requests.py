@@ -144,6 +144,21 @@ def _unique_tuple(unique_opts: Any) -> tuple | None:
     return _native.parse_unique_opts(unique_opts)
 
 
+def _shared_options(kind: str, queue: str, priority: int, max_attempts: int, tags: Any,
+                    metadata: Any, run_at: Any, unique_opts: Any, ordering_key: Any) -> tuple:
+    """Validate everything but the args: ``(tags, metadata_json, run_at, ordering_key,
+    unique tuple or None)``. Raises ValidationError."""
+    tags = _native.validate_insert(kind, queue, priority, max_attempts, tags)
+    if metadata is None:
+        meta_json = b"{}"
+    elif isinstance(metadata, dict):
+        meta_json = to_json(metadata, "metadata")
+    else:
+        raise ValidationError("metadata must be a dict or None", field="metadata", limit="dict")
+    return (tags, meta_json, _native.normalize_run_at(run_at), _ordering_key(ordering_key),
+            _unique_tuple(unique_opts))
+
+
 def prepare(
     args: Any,
     *,
@@ -170,17 +185,9 @@ def prepare(
         if isinstance(args, dict):
             raise ValidationError("kind is required when args is a dict", field="kind", limit="required")
         kind = kind_for_type(type(args))
-    tags = _native.validate_insert(kind, queue, priority, max_attempts, tags)
+    tags, meta_json, run_at, okey, unique = _shared_options(
+        kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
     args_json = to_json(args_to_builtins(args), "args")
-    if metadata is None:
-        meta_json = b"{}"
-    elif isinstance(metadata, dict):
-        meta_json = to_json(metadata, "metadata")
-    else:
-        raise ValidationError("metadata must be a dict or None", field="metadata", limit="dict")
-    run_at = _native.normalize_run_at(run_at)
-    okey = _ordering_key(ordering_key)
-    unique = _unique_tuple(unique_opts)
     if unique is None:
         ukey = ustates = None
     else:
@@ -232,16 +239,8 @@ def prepare_uniform(items: list, *, kind: str | None = None, queue: str = "defau
         if issubclass(first, dict):
             raise ValidationError("kind is required when args is a dict", field="kind", limit="required")
         kind = kind_for_type(first)
-    tags = _native.validate_insert(kind, queue, priority, max_attempts, tags)
-    if metadata is None:
-        meta_json = b"{}"
-    elif isinstance(metadata, dict):
-        meta_json = to_json(metadata, "metadata")
-    else:
-        raise ValidationError("metadata must be a dict or None", field="metadata", limit="dict")
-    run_at = _native.normalize_run_at(run_at)
-    okey = _ordering_key(ordering_key)
-    unique = _unique_tuple(unique_opts)
+    tags, meta_json, run_at, okey, unique = _shared_options(
+        kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
     if first is dict:
         builtins = items
     elif issubclass(first, msgspec.Struct) or dataclasses.is_dataclass(first):

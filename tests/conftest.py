@@ -62,3 +62,21 @@ def dsn(request, pg_base_dsn):
     finally:
         with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+async def clean(dsn):
+    """Empty the module's database before a test (use with ``pytest.mark.usefixtures``)."""
+    from tests.support import truncate
+
+    await truncate(dsn)
+
+
+@pytest.fixture
+async def client(dsn):
+    """An :class:`awa_fast.AsyncClient` on the module's database, closed after the test."""
+    import awa_fast
+
+    c = awa_fast.AsyncClient(dsn)
+    yield c
+    await c.close()

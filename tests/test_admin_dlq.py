@@ -28,17 +28,7 @@ class DlqWork:
     n: int = 0
 
 
-@pytest.fixture(autouse=True)
-async def clean(dsn):
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq")
-
-
-@pytest.fixture
-async def client(dsn):
-    c = awa.AsyncClient(dsn)
-    yield c
-    await c.close()
+pytestmark = pytest.mark.usefixtures("clean")
 
 
 def register(client: awa.AsyncClient, calls: dict | None = None) -> None:

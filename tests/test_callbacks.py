@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 import awa_fast as awa
-from tests.support import job_row, scalar, truncate, wait_for, wait_state
+from tests.support import job_row, scalar, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
             leader_election_interval_ms=100, heartbeat_rescue_interval_ms=50,
@@ -28,16 +28,7 @@ class After:
     n: int
 
 
-@pytest.fixture(autouse=True)
-async def clean(dsn):
-    await truncate(dsn)
-
-
-@pytest.fixture
-async def client(dsn):
-    c = awa.AsyncClient(dsn)
-    yield c
-    await c.close()
+pytestmark = pytest.mark.usefixtures("clean")
 
 
 def parking_handler(client, tokens):

@@ -41,13 +41,6 @@ async def business(dsn):
             INSERT INTO public.stock VALUES ('widget', 10);""")
 
 
-@pytest.fixture
-async def client(dsn):
-    c = awa.AsyncClient(dsn)
-    yield c
-    await c.close()
-
-
 @dataclasses.dataclass
 class Order:
     mode: str

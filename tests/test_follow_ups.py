@@ -14,7 +14,7 @@ import pytest
 import awa_fast as awa
 from awa_fast.testing import AwaTestClient, HandlerJob
 from awa_fast.worker import executor as ex
-from tests.support import job_row, scalar, truncate, wait_for, wait_state
+from tests.support import job_row, scalar, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
             leader_election_interval_ms=100)
@@ -31,16 +31,7 @@ class StageB:
     item: str
 
 
-@pytest.fixture(autouse=True)
-async def clean(dsn):
-    await truncate(dsn)
-
-
-@pytest.fixture
-async def client(dsn):
-    c = awa.AsyncClient(dsn)
-    yield c
-    await c.close()
+pytestmark = pytest.mark.usefixtures("clean")
 
 
 async def b_items(dsn) -> list[str]:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import awa_fast as awa
-from tests.support import job_row, scalar, truncate, wait_for, wait_state
+from tests.support import job_row, scalar, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
             leader_election_interval_ms=100, heartbeat_rescue_interval_ms=100,
@@ -28,16 +28,7 @@ class Work:
     n: int = 0
 
 
-@pytest.fixture(autouse=True)
-async def clean(dsn):
-    await truncate(dsn)
-
-
-@pytest.fixture
-async def client(dsn):
-    c = awa.AsyncClient(dsn)
-    yield c
-    await c.close()
+pytestmark = pytest.mark.usefixtures("clean")
 
 
 def register_modes(client: awa.AsyncClient) -> None:

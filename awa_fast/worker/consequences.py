@@ -172,7 +172,7 @@ class Settler:
         Returns ``"failed"``, ``"dead_lettered"`` or ``"consequence_pending"`` (the effect
         failed: nothing settled, the reconciler retries it).
         """
-        job_id, kind = row[0], row[1]
+        job_id = row[0]
         if error_entry is not None or progress is not None:
             await conn.execute(sql.APPEND_ERROR, {
                 "id": job_id, "progress": progress,

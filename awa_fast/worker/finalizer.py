@@ -174,17 +174,25 @@ class Finalizer:
             "progress": None if snap is None else snap[1],
             "id": ctx.id, "lease": ctx.run_lease,
         }
+        async def body(conn) -> None:
+            cur = await conn.execute(sql.TRANSITION, params)
+            if cur.rowcount == 0:
+                raise Stale()
+            if requests:
+                await self.insert_follow_ups(conn, ctx.kind, ctx.id, requests)
+            if state == "available":
+                await conn.execute(sql.NOTIFY_QUEUE, (ctx.queue,))
+
+        return await self._guarded_transaction(ctx, body)
+
+    async def _guarded_transaction(self, ctx: JobContext, body: Callable) -> bool:
+        # One per-job transaction around ``body`` (which raises Stale when its guard misses),
+        # with the fault-injection hooks around COMMIT.
         pool = await self._pool_getter()
         async with pool.connection() as conn:
             try:
                 async with conn.transaction():
-                    cur = await conn.execute(sql.TRANSITION, params)
-                    if cur.rowcount == 0:
-                        raise Stale()
-                    if requests:
-                        await self.insert_follow_ups(conn, ctx.kind, ctx.id, requests)
-                    if state == "available":
-                        await conn.execute(sql.NOTIFY_QUEUE, (ctx.queue,))
+                    await body(conn)
                     if self.before_commit is not None:
                         await self.before_commit(conn, ctx)
             except Stale:
@@ -232,27 +240,18 @@ class Finalizer:
         # Failure path: lock the attempt under its lease, run the kind's failure consequence,
         # then settle (failed / DLQ + exhausted specs) -- or leave it consequence_pending.
         snap = ctx.progress_snapshot()
-        pool = await self._pool_getter()
-        async with pool.connection() as conn:
-            try:
-                async with conn.transaction():
-                    cur = await conn.execute(sql.LOCK_RUNNING, (ctx.id, ctx.run_lease))
-                    row = await cur.fetchone()
-                    if row is None:
-                        raise Stale()
-                    await self.settler.settle_failure(
-                        conn, row, reason=outcome.reason or "terminal_error", path="failure",
-                        error_entry=outcome.error, progress=None if snap is None else snap[1],
-                        exhausted=exhausted)
-                    if self.before_commit is not None:
-                        await self.before_commit(conn, ctx)
-            except Stale:
-                self.stats["stale"] += 1
-                return False
-            if self.after_commit is not None:
-                await self.after_commit(conn, ctx)
-        self.stats["per_job"] += 1
-        return True
+
+        async def body(conn) -> None:
+            cur = await conn.execute(sql.LOCK_RUNNING, (ctx.id, ctx.run_lease))
+            row = await cur.fetchone()
+            if row is None:
+                raise Stale()
+            await self.settler.settle_failure(
+                conn, row, reason=outcome.reason or "terminal_error", path="failure",
+                error_entry=outcome.error, progress=None if snap is None else snap[1],
+                exhausted=exhausted)
+
+        return await self._guarded_transaction(ctx, body)
 
     async def release(self, ctx: JobContext) -> bool:
         """Give an unfinished attempt back (shutdown): available again, attempt not counted."""

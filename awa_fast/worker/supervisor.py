@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import collections
 import dataclasses
-import importlib
 import json
 import logging
 import os
@@ -50,6 +49,8 @@ import threading
 import time
 from typing import Any, Callable, TextIO
 
+from awa_fast.app_loader import AppSpecError, load_client
+
 PREFIX = "awa-fast worker:"
 EXIT_BAD_APP = 78  # child: the module:client spec cannot be resolved (not retried)
 RESTART_BACKOFF_INITIAL_S = 0.5
@@ -59,39 +60,6 @@ CRASH_LIMIT = 5
 CRASH_WINDOW_S = 60.0
 KILL_GRACE_S = 10.0  # beyond the drain timeout: finalizer flush and pool close
 CHILD_REPORT_S = 0.25
-
-
-class AppSpecError(Exception):
-    """A ``module:attribute`` spec that does not name an ``AsyncClient``."""
-
-
-def load_client(spec: str) -> tuple[Any, Any]:
-    """Import ``module:attr`` (``attr`` may be dotted) and return ``(client, module)``.
-
-    Raises:
-        AppSpecError: malformed spec, module not found, missing attribute, or not an AsyncClient.
-        Exception: whatever importing the module raised (an application error).
-    """
-    from awa_fast.client import AsyncClient
-
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise AppSpecError(f"invalid application {spec!r}: expected 'module:client'")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise AppSpecError(f"cannot import module {module_name!r}: {exc}") from exc
-        raise
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise AppSpecError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(obj, AsyncClient):
-        raise AppSpecError(f"{spec} is a {type(obj).__name__}, not an awa_fast AsyncClient")
-    return obj, module
 
 
 def parse_queues(text: str | None) -> list[tuple[str, int]] | None:

@@ -7,7 +7,6 @@ import asyncio
 import dataclasses
 import time
 
-import psycopg
 
 import awa_fast as awa
 from bench.systems import NotSupported, dist_version  # noqa: F401
