@@ -69,7 +69,10 @@ SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
                        THEN now() + %(deadline_ms)s * interval '1 millisecond' END
 FROM c WHERE j.id = c.id
 RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, j.run_at,
-          j.deadline_at, j.created_at, j.errors, j.metadata, j.tags, j.run_lease, j.progress"""
+          j.deadline_at, j.created_at, j.errors::text, j.metadata::text, j.tags, j.run_lease,
+          j.progress"""
+
+# (errors and metadata come back as text: the handler's job decodes them only when read.)
 
 # The compact path: one guarded statement per batch; the caller sorts ids so batches lock in order.
 COMPLETE_MANY = f"""
@@ -289,7 +292,8 @@ SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
     attempted_at = now(), heartbeat_at = now(), deadline_at = now() + interval '5 minutes'
 FROM c WHERE j.id = c.id
 RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, j.run_at,
-          j.deadline_at, j.created_at, j.errors, j.metadata, j.tags, j.run_lease, j.progress"""
+          j.deadline_at, j.created_at, j.errors::text, j.metadata::text, j.tags, j.run_lease,
+          j.progress"""
 
 CLEAN = f"TRUNCATE {S}.jobs, {S}.queue_meta, {S}.dlq, {S}.cron_jobs"
 

@@ -30,15 +30,15 @@ class JobContext:
     """
 
     __slots__ = ("id", "kind", "queue", "raw_args", "args", "priority", "attempt", "max_attempts",
-                 "_run_at", "_deadline", "_created_at", "errors", "metadata", "tags", "run_lease",
+                 "_run_at", "_deadline", "_created_at", "_errors", "_metadata", "tags", "run_lease",
                  "progress", "_progress_gen", "_progress_acked", "_cancelled", "_follow_ups",
                  "runtime", "callback_id", "waiting", "deadline_expired", "returned",
                  "__weakref__")
 
     def __init__(self, row: tuple, runtime: Any = None):
         (self.id, self.kind, self.queue, self.raw_args, self.priority, self.attempt,
-         self.max_attempts, self._run_at, self._deadline, self._created_at, self.errors,
-         self.metadata, self.tags, self.run_lease, self.progress) = row
+         self.max_attempts, self._run_at, self._deadline, self._created_at, self._errors,
+         self._metadata, self.tags, self.run_lease, self.progress) = row
         self.args = self.raw_args
         self._progress_gen = 0
         self._progress_acked = 0
@@ -51,6 +51,20 @@ class JobContext:
         self.returned = False  # the handler returned: never cancel it any more
 
     # -- awa's read-only fields -----------------------------------------------------------------
+
+    @property
+    def errors(self) -> list:
+        """Earlier attempts' ``errors[]`` entries (decoded on first read)."""
+        if isinstance(self._errors, str):
+            self._errors = orjson.loads(self._errors)
+        return self._errors
+
+    @property
+    def metadata(self) -> dict:
+        """The job's metadata (decoded on first read)."""
+        if isinstance(self._metadata, str):
+            self._metadata = orjson.loads(self._metadata)
+        return self._metadata
 
     @property
     def state(self) -> JobState:
