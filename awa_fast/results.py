@@ -5,31 +5,47 @@ Returning ``None`` or any other value completes the job.
 
 from __future__ import annotations
 
+import math
+
+# Longest RetryAfter / Snooze: 10 years, so run_at always stays a representable timestamp.
+MAX_DELAY_S = 10 * 365 * 86400.0
+
+
+def _delay(seconds: float, what: str) -> float:
+    value = float(seconds)
+    if not math.isfinite(value) or value < 0 or value > MAX_DELAY_S:
+        raise ValueError(f"{what} seconds must be a finite number between 0 and {MAX_DELAY_S:.0f}"
+                         f" (10 years), got {seconds!r}")
+    return value
+
 
 class RetryAfter:
-    """Fail this attempt and retry after ``seconds`` (float seconds, >= 0). On the final attempt
-    the job is exhausted (failed) instead."""
+    """Fail this attempt and retry after ``seconds`` (float seconds, 0 to 10 years). On the final
+    attempt the job is exhausted (failed) instead.
+
+    Raises:
+        ValueError: ``seconds`` is negative, not finite or over 10 years."""
 
     __slots__ = ("seconds",)
 
     def __init__(self, seconds: float):
-        if seconds < 0:
-            raise ValueError("RetryAfter seconds must be >= 0")
-        self.seconds = float(seconds)
+        self.seconds = _delay(seconds, "RetryAfter")
 
     def __repr__(self) -> str:
         return f"RetryAfter({self.seconds})"
 
 
 class Snooze:
-    """Put the job back for ``seconds`` (float seconds, >= 0) without counting the attempt."""
+    """Put the job back for ``seconds`` (float seconds, 0 to 10 years) without counting the
+    attempt.
+
+    Raises:
+        ValueError: ``seconds`` is negative, not finite or over 10 years."""
 
     __slots__ = ("seconds",)
 
     def __init__(self, seconds: float):
-        if seconds < 0:
-            raise ValueError("Snooze seconds must be >= 0")
-        self.seconds = float(seconds)
+        self.seconds = _delay(seconds, "Snooze")
 
     def __repr__(self) -> str:
         return f"Snooze({self.seconds})"

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from awa_fast import enqueue
@@ -50,13 +51,20 @@ class Transaction:
         return self._conn
 
     async def insert(self, args: Any, **opts: Any) -> Job:
-        """Insert a job inside this transaction (keywords as ``AsyncClient.insert``)."""
-        return await enqueue.insert_one(self._check(), prepare(args, **opts))
+        """Insert a job inside this transaction (keywords as ``AsyncClient.insert``).
+
+        Runs under a savepoint: a caught ``UniqueConflict`` leaves the transaction usable.
+        """
+        p = prepare(args, **opts)
+        async with self._check().transaction():
+            return await enqueue.insert_one(self._conn, p)
 
     async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
-        """Insert many jobs with shared options inside this transaction (all or none)."""
+        """Insert many jobs with shared options inside this transaction (all or none, under a
+        savepoint)."""
         rows = [prepare(a, **opts) for a in jobs]
-        return await enqueue.insert_many(self._check(), rows)
+        async with self._check().transaction():
+            return await enqueue.insert_many(self._conn, rows)
 
     async def execute(self, query: str, *args: Any) -> int:
         """Run a statement; returns the affected row count."""
@@ -83,11 +91,15 @@ class Transaction:
         if not self._open:
             return
         self._open = False
+        failed = self._conn.info.transaction_status == TransactionStatus.INERROR
         try:
             # Pooled connections are in autocommit mode; the client opened this one with BEGIN.
-            await self._conn.execute("COMMIT" if commit else "ROLLBACK")
+            await self._conn.execute("COMMIT" if commit and not failed else "ROLLBACK")
         finally:
             await self._pool.putconn(self._conn)
+        if commit and failed:
+            raise AwaError("the transaction was aborted by an earlier error and has been rolled "
+                           "back: nothing in it was committed")
 
     async def commit(self) -> None:
         await self._finish(True)

@@ -151,7 +151,8 @@ async def test_retry_from_dlq_puts_it_back_and_it_runs(dsn, client):
     retried = await client.retry_from_dlq(job.id)
     assert retried.id == job.id
     assert retried.state == awa.JobState.Available
-    assert retried.attempt == 0 and retried.run_lease == 0
+    # attempt restarts; the run lease is kept so a zombie of the old attempt stays stale
+    assert retried.attempt == 0 and retried.run_lease == before.original_run_lease
     assert retried.errors == before.job.errors  # history kept
     assert await client.get_dlq_job(job.id) is None
     assert await client.retry_from_dlq(job.id) is None  # not in the DLQ any more
@@ -161,7 +162,7 @@ async def test_retry_from_dlq_puts_it_back_and_it_runs(dsn, client):
         register(c2)
         await c2.start([{"name": "dq", "max_workers": 2, "dlq": True}], **FAST)
         row = await wait_state(dsn, job.id, "completed")
-        assert row["attempt"] == 1 and row["run_lease"] == 1
+        assert row["attempt"] == 1 and row["run_lease"] == before.original_run_lease + 1
     finally:
         await c2.close()
 
@@ -280,7 +281,8 @@ async def test_bulk_retry_filters_and_skips_unique_conflicts(dsn, client):
     assert await client.get_dlq_job(b.id) is not None
     assert await client.bulk_retry_from_dlq(queue="b1") == 1
     job = await client.get_job(c.id)
-    assert job.state == awa.JobState.Available and job.attempt == 0 and job.run_lease == 0
+    assert job.state == awa.JobState.Available and job.attempt == 0
+    assert job.run_lease == 5  # kept from the DLQ row (make_failed's lease)
     assert await client.get_dlq_job(b.id) is not None
     assert (await client.get_job(live.id)).state == awa.JobState.Available
 

@@ -222,6 +222,7 @@ UPDATE {S}.jobs
 SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
     heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
 WHERE id = %s AND state IN ('failed', 'cancelled', 'waiting_external')
+  AND consequence_state IS DISTINCT FROM 'owed'
 RETURNING {JOB_COLUMNS}"""
 
 CANCEL_JOB = f"""
@@ -397,6 +398,7 @@ ORDER BY consequence_retry_at LIMIT %s"""
 LOCK_OWED = f"""
 SELECT {JOB_COLUMNS}, {CONSEQUENCE_COLUMNS} FROM {S}.jobs
 WHERE id = %s AND consequence_state = 'owed' AND consequence_retry_at <= now()
+  AND state IN ('consequence_pending', 'failed')
 FOR UPDATE SKIP LOCKED"""
 
 CORRECT_TO_FAILED = f"""
@@ -513,7 +515,8 @@ SELECT d.id, d.kind, COALESCE(%(queue)s::text, d.queue), d.args,
              ELSE 'available' END)::{S}.job_state,
        COALESCE(%(priority)s::smallint, d.priority), 0, d.max_attempts,
        GREATEST(COALESCE(%(run_at)s::timestamptz, now()), now()), d.created_at, d.errors,
-       d.metadata, d.tags, d.unique_key, d.unique_states, d.ordering_key, 0
+       d.metadata, d.tags, d.unique_key, d.unique_states, d.ordering_key,
+       d.run_lease  -- kept: a lease value is never reused, so a zombie attempt stays stale
 FROM d ORDER BY d.id
 RETURNING {JOB_COLUMNS}"""
 
@@ -572,6 +575,7 @@ RETRY_FAILED = f"""{_RETRY_FAILED_SET}
 WHERE id IN (SELECT id FROM {S}.jobs
              WHERE state = 'failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s)
                AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+               AND consequence_state IS DISTINCT FROM 'owed'
              ORDER BY id FOR UPDATE SKIP LOCKED)
 RETURNING {JOB_COLUMNS}"""
 

@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from awa_fast import enqueue, sql
 from awa_fast.job import JOB_FIELDS, Job
@@ -72,10 +73,11 @@ class JobFailure:
         return self.job.args
 
 
-def idempotency_key(job_id: int, attempt: int, reason: str) -> str:
-    if reason == "corrected":
-        return f"awa-fast:{job_id}:corrected"
-    return f"awa-fast:{job_id}:attempt-{attempt}:failed"
+def idempotency_key(job_id: int, run_lease: int, reason: str) -> str:
+    """Stable per job and failure: the failing attempt's run lease (never reused, not even by
+    admin or DLQ retries) and whether it was a failure or a correction."""
+    what = "corrected" if reason == "corrected" else "failed"
+    return f"awa-fast:{job_id}:lease-{run_lease}:{what}"
 
 
 def backoff(attempts: int, base_s: float) -> float:
@@ -133,16 +135,21 @@ class ConsequenceApplier:
         """Run ``fn`` under a savepoint on ``conn``; returns ``None`` on success or the error
         text (the savepoint is rolled back: the effect's writes are undone)."""
         failure = JobFailure(job, path, reason, error, conn,
-                             idempotency_key(job.id, job.attempt, reason))
+                             idempotency_key(job.id, job.run_lease, reason))
+        await conn.execute("SAVEPOINT awa_fast_effect")
         try:
-            async with conn.transaction():  # savepoint
-                async with asyncio.timeout(self.timeout_s):
-                    result = fn(failure)
-                    if asyncio.iscoroutine(result):
-                        await result
+            async with asyncio.timeout(self.timeout_s):
+                result = fn(failure)
+                if asyncio.iscoroutine(result):
+                    await result
+            if conn.info.transaction_status == TransactionStatus.INERROR:
+                raise RuntimeError("the effect left the transaction aborted (it caught a "
+                                   "database error)")
         except Exception as exc:  # any failure of the effect keeps the job owed
             log.warning("failure consequence of %s job %s failed: %s", job.kind, job.id, exc)
+            await conn.execute("ROLLBACK TO SAVEPOINT awa_fast_effect")
             return f"{type(exc).__qualname__}: {exc}"
+        await conn.execute("RELEASE SAVEPOINT awa_fast_effect")
         return None
 
 

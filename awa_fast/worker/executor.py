@@ -10,6 +10,7 @@ job terminally.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import traceback
@@ -92,6 +93,16 @@ def failed(ctx: JobContext, text: str, *, terminal: bool) -> Outcome:
     return Outcome(RETRY, delay=backoff_seconds(ctx.attempt), error=error_entry(text, ctx.attempt))
 
 
+def handler_error(ctx: JobContext, exc: BaseException) -> Outcome:
+    """The outcome of a handler that raised ``exc`` (discarding its staged follow-ups)."""
+    if isinstance(exc, TerminalError):
+        outcome = Outcome(FAIL, reason="terminal_error",
+                          error=error_entry(format_error(exc), ctx.attempt, True))
+    else:
+        outcome = failed(ctx, format_error(exc), terminal=False)
+    return _discarding(ctx, outcome)
+
+
 def map_result(ctx: JobContext, result: Any) -> Outcome:
     """Map a handler's return value (not an exception) to an outcome, applying ADR-046's
     sealing, poisoning and discard rules to the attempt's staging buffer."""
@@ -143,19 +154,19 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
         # The attempt's deadline is enforced by the runtime's deadline sweeper, which cancels
         # this task (cheaper than a timer per job); see Runtime._sweep_deadlines.
         result = await _call(handler, ctx, thread_pool)
-    except TerminalError as exc:
-        return _discarding(ctx, Outcome(FAIL, reason="terminal_error",
-                                        error=error_entry(format_error(exc), ctx.attempt, True)))
     except Exception as exc:
         log.debug("job %s (%s) attempt %s raised", ctx.id, ctx.kind, ctx.attempt, exc_info=True)
-        return _discarding(ctx, failed(ctx, format_error(exc), terminal=False))
+        return handler_error(ctx, exc)
     return map_result(ctx, result)
 
 
 async def _call(handler: Handler, ctx: JobContext, thread_pool: Any) -> Any:
     if handler.is_async:
         return await handler.fn(ctx)
-    return await asyncio.get_running_loop().run_in_executor(thread_pool, handler.fn, ctx)
+    result = await asyncio.get_running_loop().run_in_executor(thread_pool, handler.fn, ctx)
+    if inspect.isawaitable(result):  # a plain callable that returns a coroutine (lambda, wrapper)
+        result = await result
+    return result
 
 
 def _discarding(ctx: JobContext, outcome: Outcome) -> Outcome:

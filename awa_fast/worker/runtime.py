@@ -180,7 +180,7 @@ class Runtime:
             max_workers=sync_handler_threads or min(32, (os.cpu_count() or 1) + 4),
             thread_name_prefix="awa-fast-handler")
         self.in_flight: dict[int, JobContext] = {}
-        self._handler_tasks: dict[int, asyncio.Task] = {}
+        self._handler_tasks: dict[tuple[int, int], asyncio.Task] = {}
         self.dispatchers: dict[str, Dispatcher] = {}
         self._tasks: list[asyncio.Task] = []
         self._listen_conn: psycopg.AsyncConnection | None = None
@@ -253,7 +253,7 @@ class Runtime:
     def _spawn(self, row: tuple) -> None:
         ctx = JobContext(row, self)
         self.in_flight[ctx.id] = ctx
-        self._handler_tasks[ctx.id] = self.loop.create_task(self._run(ctx))
+        self._handler_tasks[ctx.id, ctx.run_lease] = self.loop.create_task(self._run(ctx))
 
     def _heartbeat_targets(self):
         return list(self.in_flight.values())
@@ -269,18 +269,23 @@ class Runtime:
             else:
                 try:
                     outcome = await ex.execute(handler, ctx, self.thread_pool)
-                except asyncio.CancelledError:
-                    if ctx.staged_follow_ups is not None:
-                        ctx.staged_follow_ups.discard("abandoned", ctx.kind)
-                    dispatcher.slot_freed()
-                    released = True
-                    if ctx.deadline_expired:
-                        # Abandoned at its deadline: nothing is written, rescue takes it over.
-                        self.outcomes[ex.ABANDON] = self.outcomes.get(ex.ABANDON, 0) + 1
+                except asyncio.CancelledError as exc:
+                    if not asyncio.current_task().cancelling():
+                        # Raised by the handler's own code (an inner task was cancelled): an
+                        # ordinary failure of this attempt, not ours to release.
+                        outcome = ex.handler_error(ctx, exc)
+                    else:
+                        if ctx.staged_follow_ups is not None:
+                            ctx.staged_follow_ups.discard("abandoned", ctx.kind)
+                        dispatcher.slot_freed()
+                        released = True
+                        if ctx.deadline_expired:
+                            # Abandoned at its deadline: nothing written, rescue takes it over.
+                            self.outcomes[ex.ABANDON] = self.outcomes.get(ex.ABANDON, 0) + 1
+                            return
+                        # Shutdown gave up waiting: hand the attempt back, uncounted.
+                        await self.finalizer.release(ctx)
                         return
-                    # Shutdown gave up waiting: hand the attempt back, uncounted.
-                    await self.finalizer.release(ctx)
-                    return
                 ctx.returned = True
             dispatcher.slot_freed()
             released = True
@@ -295,8 +300,10 @@ class Runtime:
         finally:
             if not released:
                 dispatcher.slot_freed()
-            self.in_flight.pop(ctx.id, None)
-            self._handler_tasks.pop(ctx.id, None)
+            # A newer attempt of the same job may already be in flight here: drop only ours.
+            if self.in_flight.get(ctx.id) is ctx:
+                del self.in_flight[ctx.id]
+            self._handler_tasks.pop((ctx.id, ctx.run_lease), None)
 
     async def _sweep_deadlines(self) -> None:
         """Cancel handlers whose attempt deadline passed (checked every half second)."""
@@ -308,7 +315,7 @@ class Runtime:
                 if (deadline is not None and deadline <= now and not ctx.returned
                         and not ctx.waiting and not ctx.deadline_expired):
                     ctx.deadline_expired = True
-                    task = self._handler_tasks.get(ctx.id)
+                    task = self._handler_tasks.get((ctx.id, ctx.run_lease))
                     if task is not None:
                         log.warning("job %s (%s) passed its deadline: abandoning the attempt",
                                     ctx.id, ctx.kind)
