@@ -61,6 +61,7 @@ async def _locked(conn, callback_id: uuid.UUID) -> tuple:
     return row
 
 
+@enqueue.maps_errors
 async def complete_external(client: Any, callback_id: Any, payload: Any = None) -> Job:
     """Complete the job waiting on ``callback_id`` (``waiting_external``, or still ``running``:
     an early callback). Registered Completed specs fire in the same transaction; staged
@@ -85,6 +86,7 @@ async def complete_external(client: Any, callback_id: Any, payload: Any = None) 
     return done
 
 
+@enqueue.maps_errors
 async def fail_external(client: Any, callback_id: Any, error: str) -> Job:
     """Fail the job waiting on ``callback_id`` through the failure path (its failure
     consequence, then failed / DLQ and exhausted specs; or ``consequence_pending``).
@@ -108,6 +110,7 @@ async def fail_external(client: Any, callback_id: Any, error: str) -> Job:
     return Job.from_row(found)
 
 
+@enqueue.maps_errors
 async def retry_external(client: Any, callback_id: Any) -> Job:
     """Send a parked job back to ``available`` with attempt 0.
 
@@ -117,6 +120,7 @@ async def retry_external(client: Any, callback_id: Any) -> Job:
     return await _one(client, sql.RETRY_EXTERNAL, parse_callback_id(callback_id), notify=True)
 
 
+@enqueue.maps_errors
 async def resume_external(client: Any, callback_id: Any, payload: Any = None) -> Job:
     """Resume a handler blocked in ``job.wait_for_callback``: the job is ``running`` again and
     the payload becomes ``wait_for_callback``'s return value. The token is consumed.
@@ -135,6 +139,7 @@ async def resume_external(client: Any, callback_id: Any, payload: Any = None) ->
     return Job.from_row(row)
 
 
+@enqueue.maps_errors
 async def heartbeat_callback(client: Any, callback_id: Any, timeout_seconds: float = 3600.0) -> Job:
     """Push the callback's timeout to now + ``timeout_seconds`` seconds."""
     cid = parse_callback_id(callback_id)

@@ -7,6 +7,7 @@ One round trip per call: a single row, an ``unnest`` batch, or COPY. Unique viol
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from datetime import datetime
 from typing import Iterable, Iterator
@@ -43,6 +44,15 @@ def mapped_errors() -> Iterator[None]:
         from awa_fast.errors import SchemaNotMigrated
 
         raise SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`") from exc
+
+
+def maps_errors(fn):
+    """Decorator: run the coroutine function ``fn`` under :func:`mapped_errors`."""
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        with mapped_errors():
+            return await fn(*args, **kwargs)
+    return wrapper
 
 
 def one_params(p: Prepared) -> tuple:

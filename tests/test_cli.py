@@ -363,10 +363,11 @@ def test_dlq_list_and_depth(dsn, client):
 
 def test_dlq_retry(dsn, client):
     job_id = _dead_letter(dsn, client, "cli_dlq_r", "cli_dlq_rq")
+    lease = client.get_dlq_job(job_id).original_run_lease
     assert ok("dlq", "retry", str(job_id), dsn=dsn).strip() == \
         f"job {job_id} retried from the DLQ (now available, queue cli_dlq_rq)"
     job = client.get_job(job_id)
-    assert str(job.state) == "available" and job.attempt == 0 and job.run_lease == 0
+    assert str(job.state) == "available" and job.attempt == 0 and job.run_lease == lease
 
     r = cli("dlq", "retry", str(job_id), dsn=dsn)
     assert r.returncode == 1

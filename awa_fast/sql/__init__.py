@@ -133,9 +133,30 @@ DUE_IDS = f"""
 SELECT id FROM {S}.jobs WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
 ORDER BY run_at LIMIT %s"""
 
+RESCUE_CANDIDATES = f"""
+SELECT id FROM {S}.jobs
+WHERE state = 'running' AND (heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
+                             OR (deadline_at IS NOT NULL AND deadline_at < now()))
+ORDER BY id LIMIT %(limit)s"""
+
+RESCUE_CALLBACK_CANDIDATES = f"""
+SELECT id FROM {S}.jobs WHERE state = 'waiting_external' AND callback_timeout_at < now()
+ORDER BY id LIMIT %(limit)s"""
+
+# An attempt whose completion would take a unique key another job holds: cancelled as a duplicate.
+CANCEL_DUPLICATE_ATTEMPT = f"""
+UPDATE {S}.jobs
+SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    callback_id = NULL, callback_timeout_at = NULL,
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'error', 'cancelled as duplicate: another job holds its unique key',
+        'attempt', attempt, 'at', now()))
+WHERE id = %s AND run_lease = %s AND state = 'running'"""
+
 CANCEL_AS_DUPLICATE = f"""
 UPDATE {S}.jobs
-SET state = 'cancelled', finalized_at = now(),
+SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    callback_id = NULL, callback_timeout_at = NULL,
     errors = errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled as duplicate: another job holds its unique key',
         'attempt', attempt, 'at', now()))
@@ -144,20 +165,20 @@ WHERE id = %s"""
 # Rescue of attempts whose worker is presumed dead or whose deadline passed. attempt is kept: the
 # next claim counts a new attempt. On the final attempt the job fails -- or, for kinds with a
 # failure consequence, waits in consequence_pending for the reconciler to apply it and settle.
+# A kind owes a consequence when this process knows it has one -- or does not know the kind at
+# all (its declaration lives elsewhere): then it waits, owed and visible, for a reconciler that does.
+_OWES = ("(j.kind = ANY(%(consequence_kinds)s) OR NOT j.kind = ANY(%(known_kinds)s))")
+
 _RESCUE_SET = f"""
     state = (CASE WHEN j.attempt < j.max_attempts THEN 'retryable'
-                  WHEN j.kind = ANY(%(consequence_kinds)s) THEN 'consequence_pending'
+                  WHEN {_OWES} THEN 'consequence_pending'
                   ELSE 'failed' END)::{S}.job_state,
-    finalized_at = CASE WHEN j.attempt >= j.max_attempts
-                             AND NOT j.kind = ANY(%(consequence_kinds)s) THEN now() END,
+    finalized_at = CASE WHEN j.attempt >= j.max_attempts AND NOT {_OWES} THEN now() END,
     heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL,
-    consequence_state = CASE WHEN j.attempt >= j.max_attempts
-                                  AND j.kind = ANY(%(consequence_kinds)s) THEN 'owed' END,
+    consequence_state = CASE WHEN j.attempt >= j.max_attempts AND {_OWES} THEN 'owed' END,
     consequence_reason = CASE WHEN j.attempt >= j.max_attempts THEN r.exhausted_reason END,
-    consequence_path = CASE WHEN j.attempt >= j.max_attempts
-                                 AND j.kind = ANY(%(consequence_kinds)s) THEN 'failure' END,
-    consequence_retry_at = CASE WHEN j.attempt >= j.max_attempts
-                                     AND j.kind = ANY(%(consequence_kinds)s) THEN now() END,
+    consequence_path = CASE WHEN j.attempt >= j.max_attempts AND {_OWES} THEN 'failure' END,
+    consequence_retry_at = CASE WHEN j.attempt >= j.max_attempts AND {_OWES} THEN now() END,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'error', r.message, 'attempt', j.attempt, 'at', now()) ||
         CASE WHEN j.attempt >= j.max_attempts THEN '{{"terminal": true}}'::jsonb
@@ -176,6 +197,7 @@ WITH r AS (
     WHERE state = 'running'
       AND (heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
            OR (deadline_at IS NOT NULL AND deadline_at < now()))
+      AND (%(only)s::bigint IS NULL OR id = %(only)s)
     ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 UPDATE {S}.jobs j SET {_RESCUE_SET}, run_at = now()
@@ -189,6 +211,7 @@ WITH r AS (
            'callback timed out' AS message
     FROM {S}.jobs
     WHERE state = 'waiting_external' AND callback_timeout_at < now()
+      AND (%(only)s::bigint IS NULL OR id = %(only)s)
     ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 UPDATE {S}.jobs j SET {_RESCUE_SET},

@@ -119,6 +119,13 @@ class ConsequenceApplier:
                      if callable(h.failure_consequence))
         return sorted(kinds)
 
+    def known_kinds(self) -> list[str]:
+        """Kinds this process registers or declares a consequence for."""
+        return sorted(set(self.registry.handlers) | set(self.registry.consequences))
+
+    def knows(self, kind: str) -> bool:
+        return kind in self.registry.handlers or kind in self.registry.consequences
+
     def snapshot(self, row: tuple) -> Job:
         """A Job from a ``JOB_COLUMNS`` row, with typed args when the kind is registered."""
         job = Job.from_row(row)
@@ -172,12 +179,13 @@ class Settler:
 
     async def settle_failure(self, conn, row: tuple, *, reason: str, path: str,
                              error_entry: dict | None, progress: str | None = None,
-                             exhausted: list | None = None) -> str:
+                             exhausted: list | None = None, owe_unknown: bool = True) -> str:
         """Inside the caller's transaction, with the job's row locked (``row`` from
         ``sql.LOCK_RUNNING``-style ``JOB_COLUMNS``): run the kind's effect, then settle.
 
         Returns ``"failed"``, ``"dead_lettered"`` or ``"consequence_pending"`` (the effect
-        failed: nothing settled, the reconciler retries it).
+        failed, or -- with ``owe_unknown`` -- this process does not know the kind: nothing
+        settled, the reconciler retries it).
         """
         job_id = row[0]
         if error_entry is not None or progress is not None:
@@ -185,6 +193,14 @@ class Settler:
                 "id": job_id, "progress": progress,
                 "error": None if error_entry is None else orjson.dumps([error_entry]).decode()})
         error = "" if error_entry is None else error_entry.get("error", "")
+        if owe_unknown and not self.applier.knows(row[1]):
+            # This process cannot know the kind's consequence (declared elsewhere): leave it
+            # owed and visible for a reconciler that does, instead of settling without it.
+            await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
+                "id": job_id, "reason": reason, "path": path, "retry_in": 0,
+                "error": "consequence not declared in the settling process"})
+            self.stats["pending"] += 1
+            return "consequence_pending"
         return await self._apply_and_settle(conn, row, reason, path, error, exhausted)
 
     async def _apply_and_settle(self, conn, row: tuple, reason: str, path: str, error: str,

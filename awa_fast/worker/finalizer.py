@@ -76,7 +76,8 @@ class Finalizer:
         self.before_commit: Callable[..., Awaitable[None]] | None = None
         self.after_commit: Callable[..., Awaitable[None]] | None = None
         self.stats = {"compact": 0, "per_job": 0, "stale": 0, "batches": 0, "retries": 0,
-                      "follow_ups_inserted": 0, "follow_ups_skipped": 0}
+                      "follow_ups_inserted": 0, "follow_ups_skipped": 0,
+                      "duplicates_cancelled": 0}
 
     # -- compact path ---------------------------------------------------------------------------
 
@@ -111,6 +112,11 @@ class Finalizer:
                     cur = await conn.execute(sql.COMPLETE_MANY, (ids, leases))
                     applied = {r[0] for r in await cur.fetchall()}
                 break
+            except pg_errors.UniqueViolation:
+                # A job whose unique mask holds 'completed' but not 'running' collided with a
+                # completed duplicate: complete the batch one by one so only it is affected.
+                await self._complete_one_by_one(batch)
+                return
             except _RETRYABLE as exc:
                 self.stats["retries"] += 1
                 log.warning("completion batch of %d failed (%s); retry %d", len(batch), exc,
@@ -132,6 +138,31 @@ class Finalizer:
             self.stats["compact" if ok else "stale"] += 1
             fut.set_result(ok)
 
+    async def _complete_one_by_one(self, batch: list) -> None:
+        pool = await self._pool_getter()
+        async with pool.connection() as conn:
+            for job_id, lease, fut in batch:
+                try:
+                    async with conn.transaction():
+                        cur = await conn.execute(sql.COMPLETE_MANY, ([job_id], [lease]))
+                        ok = bool(await cur.fetchall())
+                except pg_errors.UniqueViolation:
+                    await self._cancel_duplicate(conn, job_id, lease)
+                    ok = False
+                except Exception as exc:  # never leave a waiter hanging
+                    if not fut.done():
+                        fut.set_exception(exc)
+                    continue
+                self.stats["compact" if ok else "stale"] += 1
+                if not fut.done():
+                    fut.set_result(ok)
+
+    async def _cancel_duplicate(self, conn, job_id: int, lease: int) -> None:
+        await conn.execute(sql.CANCEL_DUPLICATE_ATTEMPT, (job_id, lease))
+        self.stats["duplicates_cancelled"] += 1
+        log.warning("job %s cancelled as a duplicate: its new state would take a unique key "
+                    "another job holds", job_id)
+
     # -- per-job path ---------------------------------------------------------------------------
 
     async def finalize(self, ctx: JobContext, outcome: ex.Outcome) -> bool:
@@ -151,6 +182,13 @@ class Finalizer:
         for attempt in range(MAX_FINALIZE_RETRIES + 1):
             try:
                 return await self._finalize_once(ctx, outcome, requests)
+            except (pg_errors.UniqueViolation, enqueue.UniqueConflict):
+                # The transition itself would take a key a duplicate holds (not a follow-up:
+                # those skip on conflict): cancel this attempt's job as a duplicate.
+                pool = await self._pool_getter()
+                async with pool.connection() as conn:
+                    await self._cancel_duplicate(conn, ctx.id, ctx.run_lease)
+                return False
             except _RETRYABLE as exc:
                 if attempt == MAX_FINALIZE_RETRIES:
                     log.error("finalize of job %s gave up after %d retries: %s", ctx.id,
@@ -249,7 +287,7 @@ class Finalizer:
             await self.settler.settle_failure(
                 conn, row, reason=outcome.reason or "terminal_error", path="failure",
                 error_entry=outcome.error, progress=None if snap is None else snap[1],
-                exhausted=exhausted)
+                exhausted=exhausted, owe_unknown=False)  # a worker knows its kinds
 
         return await self._guarded_transaction(ctx, body)
 

@@ -51,13 +51,15 @@ class Maintenance:
     def __init__(self, database_url: str, pool_getter: Callable, config: MaintenanceConfig,
                  on_rescued: Callable[[list[tuple]], Awaitable[None]] | None = None,
                  extra_tasks: list[tuple[float, Callable[[], Awaitable[Any]]]] | None = None,
-                 consequence_kinds: Callable[[], list[str]] = list):
+                 consequence_kinds: Callable[[], list[str]] = list,
+                 known_kinds: Callable[[], list[str]] = list):
         self.database_url = database_url
         self._pool_getter = pool_getter
         self.config = config
         self.on_rescued = on_rescued
         self.extra_tasks = extra_tasks or []
         self.consequence_kinds = consequence_kinds
+        self.known_kinds = known_kinds
         self.is_leader = False
         self._lock_conn: psycopg.AsyncConnection | None = None
         self._loops: list[asyncio.Task] = []
@@ -159,13 +161,13 @@ class Maintenance:
         or, for kinds with a failure consequence, wait in ``consequence_pending`` for the
         reconciler. Returns rows ``(id, kind, new_state, rescue_reason, exhausted_reason)``."""
         params = {"stale_ms": self.config.heartbeat_staleness_ms, "limit": 500,
-                  "consequence_kinds": self.consequence_kinds()}
+                  "consequence_kinds": self.consequence_kinds(), "known_kinds": self.known_kinds(),
+                  "only": None}
         pool = await self._pool_getter()
         async with pool.connection() as conn:
-            cur = await conn.execute(sql.RESCUE, params)
-            rows = await cur.fetchall()
-            cur = await conn.execute(sql.RESCUE_CALLBACKS, params)
-            rows += await cur.fetchall()
+            rows = await self._rescue_with(conn, sql.RESCUE, sql.RESCUE_CANDIDATES, params)
+            rows += await self._rescue_with(conn, sql.RESCUE_CALLBACKS,
+                                            sql.RESCUE_CALLBACK_CANDIDATES, params)
             for job_id, _kind, state, _why, exhausted_reason in rows:
                 if state == "failed":
                     await conn.execute(sql.DEAD_LETTER, (job_id, exhausted_reason))
@@ -174,6 +176,25 @@ class Maintenance:
             log.info("rescued %d job(s)", len(rows))
             if self.on_rescued is not None:
                 await self.on_rescued(rows)
+        return rows
+
+    async def _rescue_with(self, conn, query: str, candidates: str, params: dict) -> list[tuple]:
+        # One statement for the whole batch; if a row's new state would take a unique key a
+        # newer duplicate holds, redo it row by row and cancel that row as a duplicate.
+        try:
+            async with conn.transaction():
+                return await (await conn.execute(query, params)).fetchall()
+        except pg_errors.UniqueViolation:
+            pass
+        rows = []
+        for (job_id,) in await (await conn.execute(candidates, params)).fetchall():
+            try:
+                async with conn.transaction():
+                    cur = await conn.execute(query, {**params, "only": job_id})
+                    rows += await cur.fetchall()
+            except pg_errors.UniqueViolation:
+                await conn.execute(sql.CANCEL_AS_DUPLICATE, (job_id,))
+                log.warning("rescued job %s cancelled as a duplicate of a newer job", job_id)
         return rows
 
     async def prune(self) -> int:

@@ -224,6 +224,7 @@ class Runtime:
             self.maintenance = Maintenance(
                 self.client.database_url, pool_getter, mc, on_rescued=self._on_rescued,
                 consequence_kinds=self.client.consequences.kinds_with_effects,
+                known_kinds=self.client.consequences.known_kinds,
                 extra_tasks=[(self.cron_interval_s, self._evaluate_cron),
                              (mc.reconcile_interval_ms / 1000, self.reconcile)])
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
