@@ -29,6 +29,7 @@ cdef long MAX_ATTEMPTS_MAX = 1000
 cdef Py_ssize_t TAGS_MAX = 20
 
 NUL_LIMIT = "no NUL bytes"
+UTF8_LIMIT = "valid UTF-8 (no lone surrogates)"
 RUN_AT_TYPES_LIMIT = "datetime, RFC 3339 str or None"
 RUN_AT_FORMAT_LIMIT = "RFC 3339 timestamp"
 RUN_AT_RANGE_LIMIT = "years 1..9999"
@@ -62,6 +63,17 @@ cdef _check_name(object value, str field, Py_ssize_t max_chars):
             field=field,
             limit=NUL_LIMIT,
         )
+    _check_utf8(<str>value, field)
+
+
+cdef _check_utf8(str value, str field):
+    # Lone surrogates cannot be encoded as UTF-8 (Postgres text would reject them).
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationError(f"{field} must be valid Unicode (no lone surrogates)",
+                                  field=field, limit=UTF8_LIMIT) from None
 
 
 cdef _check_int(object value, str field, long lo, long hi):
@@ -141,6 +153,7 @@ def validate_insert(kind, queue, priority, max_attempts, tags):
                 field="tags",
                 limit=NUL_LIMIT,
             )
+        _check_utf8(<str>tag, "tags")
     return out
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from psycopg import errors as pg_errors
 
-from awa_fast import enqueue, sql
+from awa_fast import _native, enqueue, sql
 from awa_fast.errors import AwaError, JobNotFound, UniqueConflict
 from awa_fast.job import JOB_FIELDS, Job
 
@@ -141,7 +141,7 @@ class AdminMixin:
     async def retry_from_dlq(self, job_id: int, *, run_at: datetime | str | None = None,
                              priority: int | None = None, queue: str | None = None) -> Job | None:
         """Move a dead-lettered job back to ``awa_fast.jobs`` under the same id: attempt 0,
-        run lease 0, errors kept, ``available`` (``scheduled`` for a future ``run_at``), with
+        run lease kept (never reused, so a zombie attempt stays stale), errors kept, ``available`` (``scheduled`` for a future ``run_at``), with
         optional ``priority`` / ``queue`` overrides. Returns the job, or ``None`` if job
         ``job_id`` is not in the DLQ.
 
@@ -149,6 +149,9 @@ class AdminMixin:
             UniqueConflict: a live job holds its unique key; nothing changes (the DLQ row stays).
             ValidationError: an override breaks a rule (e.g. priority outside 1..4).
         """
+        # Overrides obey the insert rules (validated in _ext, with placeholders for the rest).
+        _native.validate_insert("kind", "default" if queue is None else queue,
+                                2 if priority is None else priority, 1, None)
         params = {"id": job_id, "run_at": _when(run_at, "run_at"), "priority": priority,
                   "queue": queue}
         async with (await self.pool()).connection() as conn:

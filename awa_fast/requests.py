@@ -132,7 +132,11 @@ def _ordering_key(value: bytes | str | None) -> bytes | None:
     if value is None or type(value) is bytes:
         return value
     if isinstance(value, str):
-        return value.encode()
+        try:
+            return value.encode()
+        except UnicodeEncodeError:
+            raise ValidationError("ordering_key must be valid Unicode (no lone surrogates)",
+                                  field="ordering_key", limit="valid UTF-8") from None
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     raise ValidationError("ordering_key must be bytes, str or None", field="ordering_key", limit="bytes | str")

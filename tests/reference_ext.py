@@ -30,6 +30,15 @@ def _check_name(value, field, max_chars):
         raise ValidationError(f"{field} must be 1 to {max_chars} characters, got {len(value)}", field=field, limit=limit)
     if "\x00" in value:
         raise ValidationError(f"{field} must not contain NUL characters", field=field, limit=NUL_LIMIT)
+    _check_utf8(value, field)
+
+
+def _check_utf8(value, field):
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{field} must be valid Unicode (no lone surrogates)", field=field,
+                              limit="valid UTF-8 (no lone surrogates)") from None
 
 
 def _check_int(value, field, lo, hi):
@@ -62,6 +71,7 @@ def validate_insert(kind, queue, priority, max_attempts, tags):
             raise ValidationError(f"tags[{i}] must be a str, got {type(tag).__name__}", field="tags", limit="<= 20")
         if "\x00" in tag:
             raise ValidationError(f"tags[{i}] must not contain NUL characters", field="tags", limit=NUL_LIMIT)
+        _check_utf8(tag, "tags")
     return out
 
 
