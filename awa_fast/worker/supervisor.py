@@ -47,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from awa_fast.app_loader import AppSpecError, load_client
@@ -205,6 +206,14 @@ def child_entry(argv: list[str]) -> int:
 # the parent
 
 
+# Children are fresh interpreters (connections are opened in them, never inherited). They put
+# this installation of awa_fast first on sys.path, then run the child entry point.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+_CHILD_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+               "from awa_fast.worker.supervisor import child_entry; "
+               "sys.exit(child_entry(sys.argv[1:]))")
+
+
 @dataclasses.dataclass
 class Child:
     """One child slot (index) and its current process."""
@@ -295,6 +304,9 @@ class Supervisor:
     # -- children -------------------------------------------------------------------------------
 
     def _env(self) -> dict:
+        # The application's modules resolve from the launcher's directory; awa_fast itself is
+        # pinned to this installation by _CHILD_BOOT (a source checkout in the current
+        # directory must not shadow an installed, compiled awa_fast).
         env = dict(os.environ)
         cwd = os.getcwd()
         path = env.get("PYTHONPATH")
@@ -304,7 +316,7 @@ class Supervisor:
 
     def _spawn(self, c: Child) -> None:
         rfd, wfd = os.pipe()
-        argv = [sys.executable, "-m", "awa_fast.worker.supervisor", "--child", "--app", self.app,
+        argv = [sys.executable, "-c", _CHILD_BOOT, _PACKAGE_ROOT, "--child", "--app", self.app,
                 "--index", str(c.index), "--drain-timeout", str(self.drain_timeout),
                 "--status-fd", str(wfd), "--log-level", self.log_level]
         if self.queues:
