@@ -132,18 +132,26 @@ async def copy_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list
     return [copied_job(i, p, now) for i, p in zip(ids, rows)]
 
 
-def follow_ups_json(rows: list[Prepared]) -> str:
+def _follow_up_record(p: Prepared, ord_: int, trigger: int | None) -> dict:
+    fragment = orjson.Fragment
+    return {"trigger": trigger, "ord": ord_, "kind": p.kind, "queue": p.queue,
+            "args": fragment(p.args), "priority": p.priority, "max_attempts": p.max_attempts,
+            "run_at": p.run_at, "metadata": fragment(p.metadata), "tags": p.tags,
+            "unique_key": None if p.unique_key is None else p.unique_key.hex(),
+            "unique_states": p.unique_states,
+            "ordering_key": None if p.ordering_key is None else p.ordering_key.hex()}
+
+
+def follow_ups_json(rows: list[Prepared], trigger: int | None = None) -> str:
     """Requests as one JSON array for ``jsonb_to_recordset`` (one parameter instead of eleven
     arrays: psycopg's array dumping dominated the per-job completion)."""
-    fragment = orjson.Fragment
-    return orjson.dumps([
-        {"ord": i, "kind": p.kind, "queue": p.queue, "args": fragment(p.args),
-         "priority": p.priority, "max_attempts": p.max_attempts, "run_at": p.run_at,
-         "metadata": fragment(p.metadata), "tags": p.tags,
-         "unique_key": None if p.unique_key is None else p.unique_key.hex(),
-         "unique_states": p.unique_states,
-         "ordering_key": None if p.ordering_key is None else p.ordering_key.hex()}
-        for i, p in enumerate(rows)]).decode()
+    return orjson.dumps([_follow_up_record(p, i, trigger) for i, p in enumerate(rows)]).decode()
+
+
+def batch_follow_ups_json(items: list[tuple[int, list[Prepared]]]) -> str:
+    """``(trigger_id, requests)`` pairs as one JSON array (see :func:`follow_ups_json`)."""
+    return orjson.dumps([_follow_up_record(p, i, trigger) for trigger, rows in items
+                         for i, p in enumerate(rows)]).decode()
 
 
 def copy_escape(text: str) -> str:

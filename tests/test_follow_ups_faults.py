@@ -22,17 +22,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP_NAME = "awa_fast_pipeline_app"
 
 
-async def _spawn(dsn):
+async def _spawn(dsn, mode):
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.pipeline_app", cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "AWA_FAST_APP_DSN": f"{dsn} application_name={APP_NAME}"})
+        env={**os.environ, "AWA_FAST_APP_DSN": f"{dsn} application_name={APP_NAME}",
+             "STAGED_COMPLETIONS": mode})
     assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"ready"
     return proc
 
 
 @pytest.mark.slow
-async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn):
+@pytest.mark.parametrize("mode", ["per_job", "batched"])
+async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn, mode):
     await truncate(dsn)
     rng = random.Random(46)
     client = awa.AsyncClient(dsn)
@@ -40,7 +42,7 @@ async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn):
     terminated = 0
     try:
         await client.insert_many([PipeA(n) for n in range(600)], max_attempts=25)
-        procs = [await _spawn(dsn) for _ in range(2)]
+        procs = [await _spawn(dsn, mode) for _ in range(2)]
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
             for round_ in range(12):
                 await asyncio.sleep(0.15)
@@ -48,7 +50,7 @@ async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn):
                     victim = procs.pop(rng.randrange(len(procs)))
                     victim.send_signal(signal.SIGKILL)
                     await victim.wait()
-                    procs.append(await _spawn(dsn))
+                    procs.append(await _spawn(dsn, mode))
                 # Terminate backends busy with job statements (claims, finalizations); when
                 # none is caught mid-statement, drop the pooled connections that last ran one.
                 for states in (("active", "idle in transaction"), ("idle",)):

@@ -676,3 +676,32 @@ WITH done AS (
 )
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM ins),
        ARRAY(SELECT unique_key FROM ins WHERE unique_key IS NOT NULL)"""
+
+# Opt-in (start(staged_completions="batched")): many completions with follow-ups in ONE
+# statement. Each trigger's follow-ups are inserted only if its own guarded transition matched,
+# in (trigger, order) order; duplicate keys are skipped. Any other error fails the statement
+# and the finalizer redoes the batch job by job (so one bad job cannot roll back the others).
+COMPLETE_MANY_WITH_FOLLOW_UPS = f"""
+WITH done AS (
+    UPDATE {S}.jobs j
+    SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+        progress = NULL, callback_id = NULL, callback_timeout_at = NULL
+    FROM unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
+    WHERE j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
+    RETURNING j.id
+), ins AS (
+    {_INSERT_TARGET}
+    SELECT v.kind, v.queue, v.args,
+           (CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
+           v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata, v.tags,
+           decode(v.unique_key, 'hex'), v.unique_states, decode(v.ordering_key, 'hex')
+    FROM jsonb_to_recordset(%s::jsonb)
+         AS v(trigger bigint, ord int, kind text, queue text, args jsonb, priority smallint,
+              max_attempts smallint, run_at timestamptz, metadata jsonb, tags text[],
+              unique_key text, unique_states smallint, ordering_key text)
+    WHERE v.trigger IN (SELECT id FROM done)
+    ORDER BY v.trigger, v.ord
+    ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING
+    RETURNING 1
+)
+SELECT ARRAY(SELECT id FROM done), (SELECT count(*) FROM ins)"""

@@ -65,6 +65,8 @@ class Finalizer:
         self._pool_getter = pool_getter
         self.batch_size = batch_size
         self._pending: list[tuple[int, int, asyncio.Future]] = []
+        # Opt-in batched completions with follow-ups: (ctx, requests, future).
+        self._staged: list[tuple[JobContext, list, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self._closing = False
         self._flushers = [asyncio.create_task(self._flush_loop(), name=f"awa-finalizer-{i}")
@@ -77,7 +79,7 @@ class Finalizer:
         self.after_commit: Callable[..., Awaitable[None]] | None = None
         self.stats = {"compact": 0, "per_job": 0, "stale": 0, "batches": 0, "retries": 0,
                       "follow_ups_inserted": 0, "follow_ups_skipped": 0,
-                      "duplicates_cancelled": 0}
+                      "duplicates_cancelled": 0, "staged_batched": 0}
 
     # -- compact path ---------------------------------------------------------------------------
 
@@ -88,17 +90,30 @@ class Finalizer:
         self._wake.set()
         return fut
 
+    def complete_with_follow_ups(self, ctx: JobContext, requests: list) -> asyncio.Future:
+        """Queue a completion with follow-ups for the opt-in batched path
+        (``start(staged_completions="batched")``); resolves like :meth:`complete`."""
+        fut = asyncio.get_running_loop().create_future()
+        self._staged.append((ctx, requests, fut))
+        self._wake.set()
+        return fut
+
     async def _flush_loop(self) -> None:
         while True:
-            if not self._pending:
+            if not self._pending and not self._staged:
                 if self._closing:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch = self._pending[: self.batch_size]
-            del self._pending[: self.batch_size]
-            await self._flush(batch)
+            if self._staged:
+                staged = self._staged[: self.batch_size]
+                del self._staged[: self.batch_size]
+                await self._flush_staged(staged)
+            if self._pending:
+                batch = self._pending[: self.batch_size]
+                del self._pending[: self.batch_size]
+                await self._flush(batch)
 
     async def _flush(self, batch: list) -> None:
         batch.sort(key=lambda item: item[0])
@@ -138,6 +153,53 @@ class Finalizer:
             self.stats["compact" if ok else "stale"] += 1
             fut.set_result(ok)
 
+    async def _flush_staged(self, batch: list) -> None:
+        # One guarded statement for many triggers and all their follow-ups, one commit. On a
+        # deadlock or lost connection the same batch is re-run (a trigger already completed
+        # replays as stale and inserts nothing); on any other error each job is redone alone.
+        batch.sort(key=lambda item: item[0].id)
+        ids = [ctx.id for ctx, _, _ in batch]
+        leases = [ctx.run_lease for ctx, _, _ in batch]
+        payload = enqueue.batch_follow_ups_json([(ctx.id, reqs) for ctx, reqs, _ in batch])
+        done = None
+        for attempt in range(MAX_FINALIZE_RETRIES + 1):
+            try:
+                pool = await self._pool_getter()
+                async with pool.connection() as conn:
+                    cur = await conn.execute(sql.COMPLETE_MANY_WITH_FOLLOW_UPS,
+                                             (ids, leases, payload))
+                    done, inserted = await cur.fetchone()
+                break
+            except _RETRYABLE as exc:
+                self.stats["retries"] += 1
+                log.warning("staged completion batch of %d failed (%s); retry %d", len(batch),
+                            exc, attempt + 1)
+            except Exception as exc:  # one job's follow-up failed: isolate it
+                log.warning("staged completion batch of %d failed (%s); completing job by job",
+                            len(batch), exc)
+                break
+        if done is None:
+            for ctx, reqs, fut in batch:
+                try:
+                    ok = await self._finalize_requests(ctx, ex.Outcome(ex.COMPLETED), reqs)
+                except Exception as exc:  # never leave a waiter hanging
+                    if not fut.done():
+                        fut.set_exception(exc)
+                    continue
+                if not fut.done():
+                    fut.set_result(ok)
+            return
+        applied = set(done)
+        staged = sum(len(reqs) for ctx, reqs, _ in batch if ctx.id in applied)
+        self.stats["batches"] += 1
+        self.stats["follow_ups_inserted"] += inserted
+        self.stats["follow_ups_skipped"] += staged - inserted
+        for ctx, _, fut in batch:
+            ok = ctx.id in applied
+            self.stats["staged_batched" if ok else "stale"] += 1
+            if not fut.done():
+                fut.set_result(ok)
+
     async def _complete_one_by_one(self, batch: list) -> None:
         pool = await self._pool_getter()
         async with pool.connection() as conn:
@@ -175,10 +237,18 @@ class Finalizer:
             psycopg.Error: a non-retryable error, or retries exhausted (the attempt stays
                 running until rescue, ADR-046 "prompt failure" is an open extension).
         """
-        # Built once: every retry carries the same sealed follow-ups (never drained).
+        return await self._finalize_requests(ctx, outcome, self.requests_for(ctx, outcome))
+
+    def requests_for(self, ctx: JobContext, outcome: ex.Outcome) -> list:
+        """The follow-ups an outcome inserts: registered specs first, then (completed only) the
+        sealed staged requests in staging order. Built once: every retry reuses them."""
         requests = [] if self.spec_runner is None else self.spec_runner.for_outcome(ctx, outcome)
         if outcome.kind == ex.COMPLETED and outcome.follow_ups:
             requests.extend(outcome.follow_ups)
+        return requests
+
+    async def _finalize_requests(self, ctx: JobContext, outcome: ex.Outcome,
+                                 requests: list) -> bool:
         for attempt in range(MAX_FINALIZE_RETRIES + 1):
             try:
                 return await self._finalize_once(ctx, outcome, requests)

@@ -128,6 +128,7 @@ class Runtime:
                  consequence_backoff_ms: int | None = None,
                  dlq_enabled_by_default: bool | None = None,
                  callback_poll_interval_ms: int = 200,
+                 staged_completions: str = "per_job",
                  finalizer_batch_size: int = 512,
                  sync_handler_threads: int | None = None,
                  maintenance: bool = True,
@@ -169,6 +170,10 @@ class Runtime:
         if consequence_backoff_ms is not None:
             client.consequences.backoff_base_s = consequence_backoff_ms / 1000
         self.dlq_enabled_by_default = dlq_enabled_by_default
+        if staged_completions not in ("per_job", "batched"):
+            raise ValueError("staged_completions must be 'per_job' (ADR-046, the default) or "
+                             f"'batched', got {staged_completions!r}")
+        self.staged_completions = staged_completions
         self.callback_poll_interval_s = _positive(callback_poll_interval_ms,
                                                   "callback_poll_interval_ms") / 1000
         self.run_maintenance = maintenance
@@ -293,6 +298,9 @@ class Runtime:
             self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
             if outcome.kind == ex.COMPLETED and not outcome.follow_ups and not self._has_specs(ctx):
                 await self.finalizer.complete(ctx.id, ctx.run_lease)
+            elif outcome.kind == ex.COMPLETED and self.staged_completions == "batched":
+                await self.finalizer.complete_with_follow_ups(
+                    ctx, self.finalizer.requests_for(ctx, outcome))
             else:
                 await self.finalizer.finalize(ctx, outcome)
         except Exception:
