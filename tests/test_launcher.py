@@ -99,6 +99,17 @@ class Launcher:
     def wait(self, timeout: float = 60.0) -> int:
         return self.proc.wait(timeout=timeout)
 
+    def transcript(self) -> str:
+        """Everything the launcher printed so far (for assertion messages)."""
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is not None:
+                self.seen.append(line)
+        return "stdout:\n" + "\n".join(self.seen) + "\nstderr:\n" + self.drain_stderr()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -177,7 +188,7 @@ def test_graceful_drain_on_sigterm_loses_nothing(dsn, launchers):
     running_before = counts(dsn).get("running", 0)
     assert running_before > 0
     launcher.proc.send_signal(signal.SIGTERM)
-    assert launcher.wait(60) == 0, launcher.seen
+    assert launcher.wait(60) == 0, launcher.transcript()
     launcher.wait_line(r"all children stopped", 5)
     final = counts(dsn)
     assert "running" not in final, final
