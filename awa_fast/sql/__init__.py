@@ -652,6 +652,17 @@ UNIQUE_CONFLICT_TARGET = (
     "(unique_key) WHERE unique_key IS NOT NULL "
     f"AND (unique_states & (1 << {S}.state_bit(state))) <> 0")
 
+# Follow-up requests passed as one JSON array (enqueue.follow_ups_json), read back as rows.
+_FOLLOW_UPS_FROM_JSON = f"""
+    SELECT v.kind, v.queue, v.args,
+           (CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
+           v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata, v.tags,
+           decode(v.unique_key, 'hex'), v.unique_states, decode(v.ordering_key, 'hex')
+    FROM jsonb_to_recordset(%s::jsonb)
+         AS v(trigger bigint, ord int, kind text, queue text, args jsonb, priority smallint,
+              max_attempts smallint, run_at timestamptz, metadata jsonb, tags text[],
+              unique_key text, unique_states smallint, ordering_key text)"""
+
 COMPLETE_WITH_FOLLOW_UPS = f"""
 WITH done AS (
     UPDATE {S}.jobs
@@ -661,14 +672,7 @@ WITH done AS (
     RETURNING id
 ), ins AS (
     {_INSERT_TARGET}
-    SELECT v.kind, v.queue, v.args,
-           (CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
-           v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata, v.tags,
-           decode(v.unique_key, 'hex'), v.unique_states, decode(v.ordering_key, 'hex')
-    FROM jsonb_to_recordset(%s::jsonb)
-         AS v(ord int, kind text, queue text, args jsonb, priority smallint,
-              max_attempts smallint, run_at timestamptz, metadata jsonb, tags text[],
-              unique_key text, unique_states smallint, ordering_key text)
+{_FOLLOW_UPS_FROM_JSON}
     WHERE EXISTS (SELECT 1 FROM done)
     ORDER BY v.ord
     ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING
@@ -691,14 +695,7 @@ WITH done AS (
     RETURNING j.id
 ), ins AS (
     {_INSERT_TARGET}
-    SELECT v.kind, v.queue, v.args,
-           (CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
-           v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata, v.tags,
-           decode(v.unique_key, 'hex'), v.unique_states, decode(v.ordering_key, 'hex')
-    FROM jsonb_to_recordset(%s::jsonb)
-         AS v(trigger bigint, ord int, kind text, queue text, args jsonb, priority smallint,
-              max_attempts smallint, run_at timestamptz, metadata jsonb, tags text[],
-              unique_key text, unique_states smallint, ordering_key text)
+{_FOLLOW_UPS_FROM_JSON}
     WHERE v.trigger IN (SELECT id FROM done)
     ORDER BY v.trigger, v.ord
     ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING
