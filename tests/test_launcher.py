@@ -225,7 +225,10 @@ def test_exactly_one_leader_and_failover(dsn, launchers):
     launcher = Launcher(dsn, "--processes", "3", "--queues", f"{QUEUE}:2")
     launchers.append(launcher)
     pids = launcher.ready_pids(3)
-    m = launcher.wait_line(r"child (\d+) pid (\d+) became maintenance leader", 20)
+    # The leader line may have come before every child was ready (already consumed).
+    pattern = r"child (\d+) pid (\d+) became maintenance leader"
+    m = next((m for m in map(re.compile(pattern).search, launcher.seen) if m), None) \
+        or launcher.wait_line(pattern, 20)
     leader_index, leader_pid = int(m.group(1)), int(m.group(2))
     assert pids[leader_index] == leader_pid
     holders = poll(lambda: leader_backends(dsn), 10, "a leader lock holder")
