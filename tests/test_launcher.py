@@ -239,13 +239,19 @@ def test_exactly_one_leader_and_failover(dsn, launchers):
         time.sleep(0.1)
     old_backend = holders[0]
 
+    mark = len(launcher.seen)
     os.kill(leader_pid, signal.SIGKILL)
-    launcher.wait_line(rf"child {leader_index} pid {leader_pid} exited with code -9", 10)
-    m = launcher.wait_line(r"child (\d+) pid (\d+) became maintenance leader", 20)
+
+    def line(pat, timeout):  # lines may arrive in any order after the kill
+        found = next((m for m in map(re.compile(pat).search, launcher.seen[mark:]) if m), None)
+        return found or launcher.wait_line(pat, timeout)
+
+    line(rf"child {leader_index} pid {leader_pid} exited with code -9", 10)
+    m = line(r"child (\d+) pid (\d+) became maintenance leader", 20)
     assert int(m.group(2)) != leader_pid
     new = poll(lambda: [h for h in leader_backends(dsn) if h != old_backend], 10, "new leader")
     assert len(new) == 1 and len(leader_backends(dsn)) == 1
-    launcher.wait_line(rf"child {leader_index} pid \d+ ready", 30)  # the restarted child
+    line(rf"child {leader_index} pid \d+ ready", 30)  # the restarted child
     for _ in range(10):
         assert len(leader_backends(dsn)) == 1
         time.sleep(0.1)
