@@ -89,6 +89,15 @@ def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
 
 
+def _report(s: "Session", data: Any, text: str) -> int:
+    """Print ``data`` as JSON with ``--json``, else ``text``; exit status 0."""
+    if s.json:
+        _print_json(data)
+    else:
+        print(text)
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # database URL and client
 
@@ -232,11 +241,7 @@ async def cmd_job_retry(s: Session) -> int:
         state = await _state_of(client, s.args.id)
         raise CliError(f"job {s.args.id} is {state}; only failed, cancelled or waiting_external "
                        "jobs can be retried")
-    if s.json:
-        _print_json(job.to_dict())
-    else:
-        print(f"job {job.id} retried (now {job.state}, queue {job.queue})")
-    return 0
+    return _report(s, job.to_dict(), f"job {job.id} retried (now {job.state}, queue {job.queue})")
 
 
 async def cmd_job_cancel(s: Session) -> int:
@@ -245,11 +250,7 @@ async def cmd_job_cancel(s: Session) -> int:
     if job is None:
         state = await _state_of(client, s.args.id)
         raise CliError(f"job {s.args.id} is already {state}; only non-terminal jobs can be cancelled")
-    if s.json:
-        _print_json(job.to_dict())
-    else:
-        print(f"job {job.id} cancelled")
-    return 0
+    return _report(s, job.to_dict(), f"job {job.id} cancelled")
 
 
 STAT_COLUMNS = (("QUEUE", "queue"), ("QUEUED", "total_queued"), ("SCHEDULED", "scheduled"),
@@ -287,11 +288,7 @@ async def cmd_queue_pause(s: Session) -> int:
 async def cmd_queue_resume(s: Session) -> int:
     client = await s.client()
     await client.resume_queue(s.args.queue)
-    if s.json:
-        _print_json({"queue": s.args.queue, "paused": False})
-    else:
-        print(f"queue {s.args.queue} resumed")
-    return 0
+    return _report(s, {"queue": s.args.queue, "paused": False}, f"queue {s.args.queue} resumed")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,21 +317,13 @@ async def cmd_job_retry_failed(s: Session) -> int:
 async def cmd_job_discard(s: Session) -> int:
     client = await s.client()
     n = await client.discard_failed(s.args.kind)
-    if s.json:
-        _print_json({"kind": s.args.kind, "discarded": n})
-    else:
-        print(f"discarded {n} failed job(s) of kind {s.args.kind}")
-    return 0
+    return _report(s, {"kind": s.args.kind, "discarded": n}, f"discarded {n} failed job(s) of kind {s.args.kind}")
 
 
 async def cmd_queue_drain(s: Session) -> int:
     client = await s.client()
     n = await client.drain_queue(s.args.queue)
-    if s.json:
-        _print_json({"queue": s.args.queue, "drained": n})
-    else:
-        print(f"drained queue {s.args.queue}: {n} waiting job(s) cancelled")
-    return 0
+    return _report(s, {"queue": s.args.queue, "drained": n}, f"drained queue {s.args.queue}: {n} waiting job(s) cancelled")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,11 +391,7 @@ async def cmd_dlq_retry(s: Session) -> int:
     job = await client.retry_from_dlq(s.args.id)  # UniqueConflict: exit 1 with its message
     if job is None:
         raise CliError(f"job {s.args.id} is not in the DLQ")
-    if s.json:
-        _print_json(job.to_dict())
-    else:
-        print(f"job {job.id} retried from the DLQ (now {job.state}, queue {job.queue})")
-    return 0
+    return _report(s, job.to_dict(), f"job {job.id} retried from the DLQ (now {job.state}, queue {job.queue})")
 
 
 def _check_all_or_filter(s: Session, filters: dict) -> None:
@@ -422,11 +407,7 @@ async def cmd_dlq_retry_all(s: Session) -> int:
     _check_all_or_filter(s, filters)
     client = await s.client()
     n = await client.bulk_retry_from_dlq(**filters, allow_all=s.args.all)
-    if s.json:
-        _print_json({"retried": n})
-    else:
-        print(f"retried {n} job(s) from the DLQ")
-    return 0
+    return _report(s, {"retried": n}, f"retried {n} job(s) from the DLQ")
 
 
 async def cmd_dlq_purge(s: Session) -> int:
@@ -434,11 +415,7 @@ async def cmd_dlq_purge(s: Session) -> int:
     _check_all_or_filter(s, filters)
     client = await s.client()
     n = await client.purge_dlq(**filters, allow_all=s.args.all)
-    if s.json:
-        _print_json({"purged": n})
-    else:
-        print(f"purged {n} DLQ entr{'y' if n == 1 else 'ies'}")
-    return 0
+    return _report(s, {"purged": n}, f"purged {n} DLQ entr{'y' if n == 1 else 'ies'}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,11 +446,7 @@ async def cmd_cron_remove(s: Session) -> int:
     client = await s.client()
     if not await client.delete_cron_job(s.args.name):
         raise CliError(f"no cron job named {s.args.name!r}")
-    if s.json:
-        _print_json({"name": s.args.name, "removed": True})
-    else:
-        print(f"cron job {s.args.name} removed")
-    return 0
+    return _report(s, {"name": s.args.name, "removed": True}, f"cron job {s.args.name} removed")
 
 
 def cmd_embedded_stop(s: Session) -> int:
@@ -494,11 +467,7 @@ def cmd_embedded_url(s: Session) -> int:
     from awa_fast import embedded
 
     url = embedded.ensure_running()
-    if s.json:
-        _print_json({"url": url, "data_dir": str(embedded.default_data_dir())})
-    else:
-        print(url)
-    return 0
+    return _report(s, {"url": url, "data_dir": str(embedded.default_data_dir())}, url)
 
 
 def cmd_check(s: Session) -> int:
