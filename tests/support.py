@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any, Awaitable, Callable
 
@@ -48,3 +49,22 @@ async def scalar(dsn: str, query: str, params: Any = None) -> Any:
 async def truncate(dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq")
+
+
+@contextlib.asynccontextmanager
+async def exploding_inserts(dsn: str, kind: str = "explode"):
+    """A trigger added outside awa-fast that makes every insert of ``kind`` fail (ADR-046's
+    example of an unpredictable insert error); removed afterwards."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(f"""
+            CREATE OR REPLACE FUNCTION public.explode() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'trigger added outside awa-fast'; END $$;
+            DROP TRIGGER IF EXISTS explode ON awa_fast.jobs;
+            CREATE TRIGGER explode BEFORE INSERT ON awa_fast.jobs FOR EACH ROW
+                WHEN (NEW.kind = '{kind}') EXECUTE FUNCTION public.explode();""")
+    try:
+        yield
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("DROP TRIGGER explode ON awa_fast.jobs; "
+                               "DROP FUNCTION public.explode()")

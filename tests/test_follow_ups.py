@@ -14,7 +14,7 @@ import pytest
 import awa_fast as awa
 from awa_fast.testing import AwaTestClient, HandlerJob
 from awa_fast.worker import executor as ex
-from tests.support import job_row, scalar, wait_for, wait_state
+from tests.support import exploding_inserts, job_row, scalar, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
             leader_election_interval_ms=100)
@@ -245,13 +245,7 @@ async def test_staging_error_reasons_and_limits(dsn, client):
 
 
 async def test_insert_error_other_than_duplicate_rolls_the_completion_back(dsn, client):
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("""
-            CREATE FUNCTION public.explode() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'trigger added outside awa-fast'; END $$;
-            CREATE TRIGGER explode BEFORE INSERT ON awa_fast.jobs FOR EACH ROW
-                WHEN (NEW.kind = 'explode') EXECUTE FUNCTION public.explode();""")
-    try:
+    async with exploding_inserts(dsn):
         @client.task(StageA)
         async def stage_a(job):
             job.enqueue_on_completion(StageB("fine"))
@@ -263,9 +257,6 @@ async def test_insert_error_other_than_duplicate_rolls_the_completion_back(dsn, 
         await wait_for(lambda: _no_in_flight(client), what="finalize attempt over")
         assert (await job_row(dsn, job.id))["state"] == "running"  # until rescue
         assert await b_items(dsn) == []
-    finally:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute("DROP TRIGGER explode ON awa_fast.jobs; DROP FUNCTION public.explode()")
 
 
 async def _no_in_flight(client):

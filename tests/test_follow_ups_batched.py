@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import awa_fast as awa
-from tests.support import job_row, scalar, wait_for, wait_state
+from tests.support import exploding_inserts, job_row, scalar, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
             leader_election_interval_ms=100, staged_completions="batched")
@@ -79,14 +79,7 @@ async def test_batched_dedup_consequences_and_order(dsn, client):
 
 
 async def test_one_bad_follow_up_rolls_back_only_its_own_completion(dsn, client):
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("""
-            CREATE OR REPLACE FUNCTION public.explode_b() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'trigger added outside awa-fast'; END $$;
-            DROP TRIGGER IF EXISTS explode_b ON awa_fast.jobs;
-            CREATE TRIGGER explode_b BEFORE INSERT ON awa_fast.jobs FOR EACH ROW
-                WHEN (NEW.kind = 'explode') EXECUTE FUNCTION public.explode_b();""")
-    try:
+    async with exploding_inserts(dsn):
         gate = asyncio.Event()
 
         @client.task(StageA)
@@ -106,10 +99,6 @@ async def test_one_bad_follow_up_rolls_back_only_its_own_completion(dsn, client)
         await wait_for(lambda: _idle(client), what="finalization over")
         assert (await job_row(dsn, bad.id))["state"] == "running"  # until rescue
         assert sorted(await b_items(dsn)) == [f"g{i}" for i in range(5)]
-    finally:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute("DROP TRIGGER explode_b ON awa_fast.jobs; "
-                               "DROP FUNCTION public.explode_b()")
 
 
 async def _running(dsn, n):
