@@ -132,9 +132,10 @@ async def copy_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list
     return [copied_job(i, p, now) for i, p in zip(ids, rows)]
 
 
-def _follow_up_record(p: Prepared, ord_: int, trigger: int | None) -> dict:
+def _follow_up_record(p: Prepared, ord_: int, trigger: int | None,
+                      lease: int | None = None) -> dict:
     fragment = orjson.Fragment
-    return {"trigger": trigger, "ord": ord_, "kind": p.kind, "queue": p.queue,
+    return {"trigger": trigger, "lease": lease, "ord": ord_, "kind": p.kind, "queue": p.queue,
             "args": fragment(p.args), "priority": p.priority, "max_attempts": p.max_attempts,
             "run_at": p.run_at, "metadata": fragment(p.metadata), "tags": p.tags,
             "unique_key": None if p.unique_key is None else p.unique_key.hex(),
@@ -148,9 +149,10 @@ def follow_ups_json(rows: list[Prepared], trigger: int | None = None) -> str:
     return orjson.dumps([_follow_up_record(p, i, trigger) for i, p in enumerate(rows)]).decode()
 
 
-def batch_follow_ups_json(items: list[tuple[int, list[Prepared]]]) -> str:
-    """``(trigger_id, requests)`` pairs as one JSON array (see :func:`follow_ups_json`)."""
-    return orjson.dumps([_follow_up_record(p, i, trigger) for trigger, rows in items
+def batch_follow_ups_json(items: list[tuple[int, int, list[Prepared]]]) -> str:
+    """``(trigger_id, trigger_run_lease, requests)`` triples as one JSON array (see
+    :func:`follow_ups_json`)."""
+    return orjson.dumps([_follow_up_record(p, i, trigger, lease) for trigger, lease, rows in items
                          for i, p in enumerate(rows)]).decode()
 
 

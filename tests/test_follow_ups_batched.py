@@ -134,3 +134,27 @@ async def _stale(client):
 async def test_unknown_mode_is_rejected(client):
     with pytest.raises(ValueError):
         await client.start([("q", 1)], staged_completions="sometimes")
+
+
+async def test_two_attempts_of_one_job_in_one_batch_only_the_current_inserts(dsn, client):
+    both = asyncio.Event()
+    leases = []
+
+    @client.task(StageA)
+    async def stage_a(job):
+        leases.append(job.run_lease)
+        if len(leases) >= 2:
+            both.set()
+        await both.wait()  # both attempts return in the same tick: one batch
+        job.enqueue_on_completion(StageB(f"lease-{job.run_lease}"))
+
+    job = await client.insert(StageA("a"), max_attempts=5)
+    # Heartbeats effectively off: the first attempt is rescued while its handler still runs,
+    # and this same runtime claims the job again.
+    await client.start([("default", 4)], **{**FAST, "heartbeat_interval_ms": 60_000,
+                                            "heartbeat_staleness_ms": 300,
+                                            "heartbeat_rescue_interval_ms": 100})
+    row = await wait_state(dsn, job.id, "completed", timeout=20)
+    await wait_for(lambda: _stale(client), what="the first attempt reported stale")
+    assert row["run_lease"] == 2 and leases == [1, 2]
+    assert await b_items(dsn) == ["lease-2"]

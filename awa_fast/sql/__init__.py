@@ -153,6 +153,20 @@ SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at 
         'attempt', attempt, 'at', now()))
 WHERE id = %s AND run_lease = %s AND state = 'running'"""
 
+# Rescue's per-row fallback: only a row that is still the stale attempt being rescued.
+CANCEL_RESCUED_DUPLICATE = f"""
+UPDATE {S}.jobs
+SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+    callback_id = NULL, callback_timeout_at = NULL,
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'error', 'cancelled as duplicate: another job holds its unique key',
+        'attempt', attempt, 'at', now()))
+WHERE id = %(id)s
+  AND ((state = 'running'
+        AND (heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
+             OR (deadline_at IS NOT NULL AND deadline_at < now())))
+       OR (state = 'waiting_external' AND callback_timeout_at < now()))"""
+
 CANCEL_AS_DUPLICATE = f"""
 UPDATE {S}.jobs
 SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
@@ -160,7 +174,7 @@ SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at 
     errors = errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled as duplicate: another job holds its unique key',
         'attempt', attempt, 'at', now()))
-WHERE id = %s"""
+WHERE id = %s AND state IN ('scheduled', 'retryable')"""
 
 # Rescue of attempts whose worker is presumed dead or whose deadline passed. attempt is kept: the
 # next claim counts a new attempt. On the final attempt the job fails -- or, for kinds with a
@@ -659,7 +673,7 @@ _FOLLOW_UPS_FROM_JSON = f"""
            v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata, v.tags,
            decode(v.unique_key, 'hex'), v.unique_states, decode(v.ordering_key, 'hex')
     FROM jsonb_to_recordset(%s::jsonb)
-         AS v(trigger bigint, ord int, kind text, queue text, args jsonb, priority smallint,
+         AS v(trigger bigint, lease bigint, ord int, kind text, queue text, args jsonb, priority smallint,
               max_attempts smallint, run_at timestamptz, metadata jsonb, tags text[],
               unique_key text, unique_states smallint, ordering_key text)"""
 
@@ -692,13 +706,15 @@ WITH done AS (
         progress = NULL, callback_id = NULL, callback_timeout_at = NULL
     FROM unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
     WHERE j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
-    RETURNING j.id
+    RETURNING j.id, j.run_lease
 ), ins AS (
     {_INSERT_TARGET}
 {_FOLLOW_UPS_FROM_JSON}
-    WHERE v.trigger IN (SELECT id FROM done)
+    -- by (job, lease): two attempts of one job may share a batch; only the current one counts
+    WHERE (v.trigger, v.lease) IN (SELECT id, run_lease FROM done)
     ORDER BY v.trigger, v.ord
     ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING
     RETURNING 1
 )
-SELECT ARRAY(SELECT id FROM done), (SELECT count(*) FROM ins)"""
+SELECT ARRAY(SELECT id FROM done), ARRAY(SELECT run_lease FROM done),
+       (SELECT count(*) FROM ins)"""

@@ -160,7 +160,8 @@ class Finalizer:
         batch.sort(key=lambda item: item[0].id)
         ids = [ctx.id for ctx, _, _ in batch]
         leases = [ctx.run_lease for ctx, _, _ in batch]
-        payload = enqueue.batch_follow_ups_json([(ctx.id, reqs) for ctx, reqs, _ in batch])
+        payload = enqueue.batch_follow_ups_json(
+            [(ctx.id, ctx.run_lease, reqs) for ctx, reqs, _ in batch])
         done = None
         for attempt in range(MAX_FINALIZE_RETRIES + 1):
             try:
@@ -168,7 +169,8 @@ class Finalizer:
                 async with pool.connection() as conn:
                     cur = await conn.execute(sql.COMPLETE_MANY_WITH_FOLLOW_UPS,
                                              (ids, leases, payload))
-                    done, inserted = await cur.fetchone()
+                    done_ids, done_leases, inserted = await cur.fetchone()
+                    done = set(zip(done_ids, done_leases))
                 break
             except _RETRYABLE as exc:
                 self.stats["retries"] += 1
@@ -189,13 +191,14 @@ class Finalizer:
                 if not fut.done():
                     fut.set_result(ok)
             return
-        applied = set(done)
-        staged = sum(len(reqs) for ctx, reqs, _ in batch if ctx.id in applied)
+        # Applied by (job, lease): a stale attempt of a job whose newer attempt completed in the
+        # same batch is stale.
+        staged = sum(len(reqs) for ctx, reqs, _ in batch if (ctx.id, ctx.run_lease) in done)
         self.stats["batches"] += 1
         self.stats["follow_ups_inserted"] += inserted
         self.stats["follow_ups_skipped"] += staged - inserted
         for ctx, _, fut in batch:
-            ok = ctx.id in applied
+            ok = (ctx.id, ctx.run_lease) in done
             self.stats["staged_batched" if ok else "stale"] += 1
             if not fut.done():
                 fut.set_result(ok)

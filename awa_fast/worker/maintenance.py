@@ -193,8 +193,9 @@ class Maintenance:
                     cur = await conn.execute(query, {**params, "only": job_id})
                     rows += await cur.fetchall()
             except pg_errors.UniqueViolation:
-                await conn.execute(sql.CANCEL_AS_DUPLICATE, (job_id,))
-                log.warning("rescued job %s cancelled as a duplicate of a newer job", job_id)
+                cur = await conn.execute(sql.CANCEL_RESCUED_DUPLICATE, {**params, "id": job_id})
+                if cur.rowcount:
+                    log.warning("rescued job %s cancelled as a duplicate of a newer job", job_id)
         return rows
 
     async def prune(self) -> int:
