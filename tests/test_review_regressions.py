@@ -264,3 +264,19 @@ async def test_lone_surrogates_are_validation_errors(client, field):
 async def test_dlq_retry_overrides_are_validated(client, override):
     with pytest.raises(awa.ValidationError):
         await client.retry_from_dlq(1, **override)
+
+
+async def test_rescue_duplicate_cancel_leaves_a_job_that_completed_meanwhile(dsn, client):
+    from awa_fast import sql
+
+    job = await client.insert(Job("x"))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        # The rescue saw it stale, then its worker completed it before the cancel ran.
+        await conn.execute("UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() "
+                           "WHERE id = %s", (job.id,))
+        cur = await conn.execute(sql.CANCEL_RESCUED_DUPLICATE, {"id": job.id, "stale_ms": 1})
+        assert cur.rowcount == 0
+        # ... and a promotion fallback leaves a job that is no longer due alone too.
+        cur = await conn.execute(sql.CANCEL_AS_DUPLICATE, (job.id,))
+        assert cur.rowcount == 0
+    assert (await job_row(dsn, job.id))["state"] == "completed"
