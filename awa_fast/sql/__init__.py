@@ -143,38 +143,29 @@ RESCUE_CALLBACK_CANDIDATES = f"""
 SELECT id FROM {S}.jobs WHERE state = 'waiting_external' AND callback_timeout_at < now()
 ORDER BY id LIMIT %(limit)s"""
 
-# An attempt whose completion would take a unique key another job holds: cancelled as a duplicate.
-CANCEL_DUPLICATE_ATTEMPT = f"""
+# A row whose next state would take a unique key another job holds: cancelled as a duplicate.
+# Each use adds its own guard, so a row that moved on meanwhile is left alone.
+_CANCEL_DUPLICATE = f"""
 UPDATE {S}.jobs
 SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
     callback_id = NULL, callback_timeout_at = NULL,
     errors = errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled as duplicate: another job holds its unique key',
         'attempt', attempt, 'at', now()))
-WHERE id = %s AND run_lease = %s AND state = 'running'"""
+"""
+
+# ... an attempt whose completion (finalizer) collided.
+CANCEL_DUPLICATE_ATTEMPT = f"""{_CANCEL_DUPLICATE}WHERE id = %s AND run_lease = %s AND state = 'running'"""
 
 # Rescue's per-row fallback: only a row that is still the stale attempt being rescued.
-CANCEL_RESCUED_DUPLICATE = f"""
-UPDATE {S}.jobs
-SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
-    callback_id = NULL, callback_timeout_at = NULL,
-    errors = errors || jsonb_build_array(jsonb_build_object(
-        'error', 'cancelled as duplicate: another job holds its unique key',
-        'attempt', attempt, 'at', now()))
-WHERE id = %(id)s
+CANCEL_RESCUED_DUPLICATE = f"""{_CANCEL_DUPLICATE}WHERE id = %(id)s
   AND ((state = 'running'
         AND (heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
              OR (deadline_at IS NOT NULL AND deadline_at < now())))
        OR (state = 'waiting_external' AND callback_timeout_at < now()))"""
 
-CANCEL_AS_DUPLICATE = f"""
-UPDATE {S}.jobs
-SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
-    callback_id = NULL, callback_timeout_at = NULL,
-    errors = errors || jsonb_build_array(jsonb_build_object(
-        'error', 'cancelled as duplicate: another job holds its unique key',
-        'attempt', attempt, 'at', now()))
-WHERE id = %s AND state IN ('scheduled', 'retryable')"""
+# ... a due scheduled/retryable row whose promotion collided.
+CANCEL_AS_DUPLICATE = f"""{_CANCEL_DUPLICATE}WHERE id = %s AND state IN ('scheduled', 'retryable')"""
 
 # Rescue of attempts whose worker is presumed dead or whose deadline passed. attempt is kept: the
 # next claim counts a new attempt. On the final attempt the job fails -- or, for kinds with a
