@@ -427,13 +427,16 @@ class TempServer:
     """
 
     def __init__(self, proc: subprocess.Popen, port: int, datadir: Path):
-        self._proc = proc
         self.port = port
         self.datadir = datadir
-        self.pid = proc.pid
         self.log_path = datadir / "server.log"
         self.dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-        self._finalizer = weakref.finalize(self, _shutdown, proc, str(datadir))
+        self._adopt(proc)
+
+    def _adopt(self, proc: subprocess.Popen) -> None:
+        self._proc = proc
+        self.pid = proc.pid
+        self._finalizer = weakref.finalize(self, _shutdown, proc, str(self.datadir))
 
     @property
     def socket_dsn(self) -> str:
@@ -449,6 +452,33 @@ class TempServer:
         """Fast shutdown (SIGINT), wait for the postmaster to exit (up to 30 s, then SIGQUIT/SIGKILL),
         and remove the data directory. Safe to call more than once."""
         self._finalizer()
+
+    def restart(self, mode: str = "fast", *, timeout: float = START_TIMEOUT) -> None:
+        """Stop the postmaster and start it again on the same port and data directory.
+
+        For fault tests: every connection is dropped. ``mode="fast"`` is a clean shutdown
+        (SIGINT, checkpoint); ``mode="immediate"`` is SIGQUIT, so the restart runs crash
+        recovery from the WAL, as after a power loss of the server process.
+
+        Raises:
+            ValueError: *mode* is not ``"fast"`` or ``"immediate"``.
+            EmbeddedPostgresError: the server did not accept connections again within *timeout*
+                seconds, or its port was taken in between.
+        """
+        sig = {"fast": signal.SIGINT, "immediate": signal.SIGQUIT}.get(mode)
+        if sig is None:
+            raise ValueError(f"restart mode must be 'fast' or 'immediate', not {mode!r}")
+        self._finalizer.detach()  # keep the data directory
+        if self._proc.poll() is None:
+            self._proc.send_signal(sig)
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        proc = _spawn_postgres(find_bindir(), self.datadir, _server_account(), self.port)
+        self._adopt(proc)
+        _await_accepting(proc, self.dsn, self.log_path, self.datadir, timeout)
 
     def __enter__(self) -> TempServer:
         return self
@@ -501,59 +531,79 @@ def start_temp(*, timeout: float = START_TIMEOUT) -> TempServer:
         raise
 
 
-def _start_temp_postgres(bindir: Path, datadir: Path, acct: _Account, timeout: float) -> TempServer:
+def _spawn_postgres(bindir: Path, datadir: Path, acct: _Account, port: int) -> subprocess.Popen:
+    """Start the postmaster of the throwaway cluster *datadir* on *port* (log appended)."""
+    argv = [
+        str(bindir / "postgres"), "-D", str(datadir), "-p", str(port),
+        "-k", str(datadir), "-h", "127.0.0.1",
+        "-c", "fsync=off", "-c", "synchronous_commit=on", "-c", "full_page_writes=off",
+        "-c", "max_connections=200", "-c", "shared_buffers=128MB",
+    ]  # fmt: skip
+    with open(datadir / "server.log", "ab") as log:
+        if acct.switch:
+            os.fchown(log.fileno(), acct.uid, acct.gid)
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(datadir),
+            env=_server_env(),
+            preexec_fn=_make_pdeathsig_preexec(),
+            start_new_session=True,  # a Ctrl-C in the terminal must not kill it mid-teardown
+            **acct.popen_kwargs(),
+        )
+
+
+class _PortClash(Exception):
+    pass
+
+
+def _await_accepting(proc: subprocess.Popen, dsn: str, log_path: Path, datadir: Path, timeout: float) -> None:
+    """Wait until *proc* accepts connections on *dsn*.
+
+    Raises:
+        _PortClash: the postmaster exited because its port was taken.
+        EmbeddedPostgresError: it exited otherwise, or did not accept within *timeout* seconds.
+    """
     import psycopg
 
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            text = log_path.read_text(errors="replace")
+            if "could not bind" in text or "Address already in use" in text:
+                raise _PortClash(f"postgres exited with status {proc.returncode}")
+            raise EmbeddedPostgresError(
+                f"postgres exited with status {proc.returncode} while starting in {datadir}" + _log_tail(log_path))
+        try:
+            with psycopg.connect(dsn, connect_timeout=2, autocommit=True):
+                return
+        except psycopg.OperationalError:
+            pass
+        if time.monotonic() > deadline:
+            _stop_proc(proc)
+            raise EmbeddedPostgresError(
+                f"PostgreSQL in {datadir} did not accept connections within {timeout:.0f} s" + _log_tail(log_path))
+        try:  # doubles as the poll interval and as early-exit detection
+            proc.wait(timeout=0.02)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _start_temp_postgres(bindir: Path, datadir: Path, acct: _Account, timeout: float) -> TempServer:
     log_path = datadir / "server.log"
-    preexec = _make_pdeathsig_preexec()
     last_error = ""
     for _attempt in range(3):
         port = _free_port()
-        argv = [
-            str(bindir / "postgres"), "-D", str(datadir), "-p", str(port),
-            "-k", str(datadir), "-h", "127.0.0.1",
-            "-c", "fsync=off", "-c", "synchronous_commit=on", "-c", "full_page_writes=off",
-            "-c", "max_connections=200", "-c", "shared_buffers=128MB",
-        ]  # fmt: skip
-        with open(log_path, "wb") as log:
-            if acct.switch:
-                os.fchown(log.fileno(), acct.uid, acct.gid)
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=str(datadir),
-                env=_server_env(),
-                preexec_fn=preexec,
-                start_new_session=True,  # a Ctrl-C in the terminal must not kill it mid-teardown
-                **acct.popen_kwargs(),
-            )
-        dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                text = log_path.read_text(errors="replace")
-                last_error = f"postgres exited with status {proc.returncode}"
-                if "could not bind" in text or "Address already in use" in text:
-                    break  # port clash: retry with another port
-                raise EmbeddedPostgresError(f"{last_error} while starting in {datadir}" + _log_tail(log_path))
-            try:
-                with psycopg.connect(dsn, connect_timeout=2, autocommit=True):
-                    pass
-                return TempServer(proc, port, datadir)
-            except psycopg.OperationalError:
-                pass
-            if time.monotonic() > deadline:
-                _stop_proc(proc)
-                raise EmbeddedPostgresError(
-                    f"PostgreSQL in {datadir} did not accept connections within {timeout:.0f} s"
-                    + _log_tail(log_path)
-                )
-            try:  # doubles as the poll interval and as early-exit detection
-                proc.wait(timeout=0.02)
-            except subprocess.TimeoutExpired:
-                pass
+        log_path.unlink(missing_ok=True)  # a clash's log must not be read as the next try's
+        proc = _spawn_postgres(bindir, datadir, acct, port)
+        try:
+            _await_accepting(proc, f"postgresql://postgres@127.0.0.1:{port}/postgres", log_path, datadir, timeout)
+        except _PortClash as clash:
+            last_error = str(clash)
+            continue
+        return TempServer(proc, port, datadir)
     raise EmbeddedPostgresError(f"could not find a free port after 3 attempts ({last_error})" + _log_tail(log_path))
 
 

@@ -7,6 +7,8 @@ every worker process starts its own server.
 ``dsn`` (module): a fresh database on that server, named after the test module plus a random
 suffix, migrated with ``awa_fast.schema.migrate_sync`` and dropped (``WITH (FORCE)``) afterwards.
 
+``own_server`` (module): a server of the module's own that its tests may restart.
+
 A server that cannot be started is an error, never a skip.
 """
 
@@ -80,3 +82,23 @@ async def client(dsn):
     c = awa_fast.AsyncClient(dsn)
     yield c
     await c.close()
+
+
+@pytest.fixture(scope="module")
+def own_server():
+    """A throwaway server of this test module's own, for tests that restart or crash it
+    (``own_server.restart("fast" | "immediate")``) without disturbing the shared one. Its
+    ``awa`` database is migrated; ``own_server.awa_dsn`` is its DSN."""
+    from awa_fast.embedded import start_temp
+
+    server = start_temp()
+    try:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE awa")
+        params = conninfo_to_dict(server.dsn)
+        params["dbname"] = "awa"
+        server.awa_dsn = make_conninfo(**params)
+        migrate_sync(server.awa_dsn)
+        yield server
+    finally:
+        server.stop()

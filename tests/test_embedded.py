@@ -70,6 +70,27 @@ def test_start_temp_connects_and_stop_removes_dir():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_restart_keeps_data_and_drops_connections(mode):
+    """The fault tests' server restart: same port and data, every old connection gone; an
+    immediate restart runs crash recovery."""
+    with start_temp() as server:
+        old = psycopg.connect(server.dsn, autocommit=True)
+        old.execute("CREATE TABLE kept (n int); INSERT INTO kept VALUES (7)")
+        pid = server.pid
+        server.restart(mode)
+        assert server.pid != pid and server.running
+        with pytest.raises(psycopg.OperationalError):
+            old.execute("SELECT 1")
+        old.close()
+        with psycopg.connect(server.dsn) as conn:
+            assert conn.execute("SELECT n FROM kept").fetchone() == (7,)
+        recovery = "database system was interrupted" if mode == "immediate" else "database system was shut down"
+        assert recovery in server.log_path.read_text()
+        with pytest.raises(ValueError, match="restart mode"):
+            server.restart("smart")
+
+
 def test_two_temp_servers_at_once():
     with start_temp() as a, start_temp() as b:
         assert a.port != b.port and a.datadir != b.datadir
