@@ -17,6 +17,7 @@ from awa_fast.errors import (
     TerminalError,
     UniqueConflict,
     UnknownJobKind,
+    Unsupported,
     ValidationError,
 )
 from awa_fast.job import Job, JobState
@@ -24,6 +25,7 @@ from awa_fast.requests import EnqueueRequest, InsertOpts, UniqueOpts, derive_kin
 from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_fast.schema import current_migration_version, migrate, migrations
 from awa_fast.transaction import Transaction
+from awa_fast.unsupported import init_telemetry, shutdown_telemetry
 from awa_fast.callbacks import CallbackToken
 from awa_fast.worker.consequences import JobFailure
 from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE
@@ -36,5 +38,6 @@ __all__ = [
     "QueueStat", "RawClient", "RetryAfter", "SchemaNotMigrated", "SerializationError", "Snooze",
     "StagingError", "TerminalError", "Transaction", "UniqueConflict", "UniqueOpts",
     "UnknownJobKind", "ValidationError", "WaitForCallback", "current_migration_version",
-    "derive_kind", "migrate", "migrations", "native_extensions",
+    "derive_kind", "init_telemetry", "migrate", "migrations", "native_extensions",
+    "shutdown_telemetry", "Unsupported",
 ]

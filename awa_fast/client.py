@@ -23,6 +23,7 @@ from awa_fast.errors import DatabaseError, JobNotFound, ValidationError
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
+from awa_fast.unsupported import UnsupportedMixin
 from awa_fast.worker.registry import Registry
 from awa_fast.worker.consequences import ConsequenceApplier, Settler
 from awa_fast.worker.specs import SpecRunner
@@ -54,7 +55,7 @@ async def _configure(conn: psycopg.AsyncConnection) -> None:
     set_json_loads(orjson.loads, conn)
 
 
-class AsyncClient(AdminMixin):
+class AsyncClient(AdminMixin, UnsupportedMixin):
     """Async client: insert jobs, administer them, and run workers.
 
     Args:
@@ -505,7 +506,7 @@ def _prepare_all(jobs: list, opts: dict) -> list:
     return out
 
 
-class Client:
+class Client(UnsupportedMixin):
     """Blocking client for producers and admin (awa-pg's sync ``Client``), usable as ``with``.
 
     It drives an :class:`AsyncClient` on a private event loop in a daemon thread; every method

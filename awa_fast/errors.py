@@ -82,3 +82,29 @@ class StagingError(TerminalError):
         super().__init__(message)
         self.reason = reason
         self.limit = limit
+
+
+class Unsupported(ValidationError):
+    """An awa-pg option or call that awa-fast does not implement yet: rejected, never ignored.
+
+    Attributes:
+        field: the keyword or method name (``"rate_limit"``, ``"queue_descriptor"``, ...).
+    """
+
+    def __init__(self, field: str, detail: str = ""):
+        super().__init__(f"{field} is not implemented by awa-fast yet"
+                         + (f" ({detail})" if detail else ""), field=field)
+
+
+# awa 0.7 storage-transition errors. awa-fast has one storage engine and no transition, so it
+# never raises these; they exist so that applications catching them keep working.
+class StorageNotFinalized(AwaError):
+    """awa: the queue-storage transition has not been finalized."""
+
+
+class LiveRuntimesRequireExclusiveWindow(AwaError):
+    """awa: a storage transition step needs no live runtimes."""
+
+
+class RuntimeVersionFloorNotMet(AwaError):
+    """awa: a live runtime is older than the storage transition requires."""

@@ -709,3 +709,27 @@ WITH done AS (
 )
 SELECT ARRAY(SELECT id FROM done), ARRAY(SELECT run_lease FROM done),
        (SELECT count(*) FROM ins)"""
+
+# Priority aging (awa's ADR-005 rule): an available job waiting k whole intervals has priority
+# max(1, original - k); the original is kept in metadata._awa_original_priority. Computed from
+# run_at, so repeated or concurrent passes agree (no leader needed). Params: queue, interval_ms,
+# limit. Returns the aged ids.
+AGE_PRIORITIES = f"""
+WITH c AS (
+    SELECT id, COALESCE((metadata->>'_awa_original_priority')::int, priority) AS orig,
+           GREATEST(1, COALESCE((metadata->>'_awa_original_priority')::int, priority)
+               - floor(extract(epoch FROM now() - run_at) * 1000 / %(interval_ms)s))::smallint AS p
+    FROM {S}.jobs
+    WHERE state = 'available' AND queue = %(queue)s AND priority > 1
+      AND run_at <= now() - %(interval_ms)s * interval '1 millisecond'
+      AND GREATEST(1, COALESCE((metadata->>'_awa_original_priority')::int, priority)
+               - floor(extract(epoch FROM now() - run_at) * 1000 / %(interval_ms)s)) < priority
+    ORDER BY run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {S}.jobs j
+SET priority = c.p,
+    metadata = j.metadata || jsonb_build_object('_awa_original_priority', c.orig)
+FROM c WHERE j.id = c.id AND j.state = 'available'
+RETURNING j.id"""

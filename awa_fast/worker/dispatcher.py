@@ -14,6 +14,7 @@ from typing import Callable
 import psycopg
 
 from awa_fast import sql
+from awa_fast.worker.rate_limit import TokenBucket
 
 log = logging.getLogger("awa_fast.dispatcher")
 
@@ -27,11 +28,13 @@ class Dispatcher:
         deadline_ms: per-attempt deadline in milliseconds (0 disables).
         claim_batch_size: most rows one claim takes.
         poll_interval_s: seconds between claims when nothing wakes the dispatcher.
+        rate_limit: optional ``(max_rate, burst)``: a token bucket bounding claimed jobs per
+            second (``worker/rate_limit.py``).
     """
 
     def __init__(self, queue: str, *, pool_getter: Callable, spawn: Callable[[tuple], None],
                  max_workers: int, deadline_ms: int, claim_batch_size: int,
-                 poll_interval_s: float):
+                 poll_interval_s: float, rate_limit: tuple[float, int] | None = None):
         self.queue = queue
         self.max_workers = max_workers
         self.free = max_workers
@@ -40,6 +43,7 @@ class Dispatcher:
         self.poll_interval_s = poll_interval_s
         self._pool_getter = pool_getter
         self._spawn = spawn
+        self.bucket = TokenBucket(*rate_limit) if rate_limit else None
         self._wake = asyncio.Event()
         self._wake.set()
         self._more = True  # the last claim was full: more rows are probably waiting
@@ -77,6 +81,13 @@ class Dispatcher:
             if self.free <= 0:
                 continue
             limit = min(self.free, self.claim_batch_size)
+            if self.bucket is not None:
+                limit = min(limit, self.bucket.available())
+                if limit <= 0:  # rate limited: claim again when a token is due
+                    self._more = True
+                    await asyncio.sleep(min(self.bucket.wait_s(), self.poll_interval_s))
+                    self._wake.set()
+                    continue
             try:
                 rows = await self._claim(limit)
             except (psycopg.Error, OSError) as exc:
@@ -88,6 +99,8 @@ class Dispatcher:
             if self._more:
                 self._wake.set()
             self.free -= len(rows)
+            if self.bucket is not None:
+                self.bucket.take(len(rows))
             self.claimed += len(rows)
             for row in rows:
                 self._spawn(row)

@@ -15,7 +15,9 @@ import orjson
 import psycopg
 
 from awa_fast import sql
+from awa_fast.errors import Unsupported, ValidationError
 from awa_fast.worker import executor as ex
+from awa_fast.worker.aging import run_aging
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.finalizer import Finalizer
@@ -29,14 +31,22 @@ DEFAULT_DEADLINE_MS = 300_000
 DEFAULT_CLAIM_BATCH = 512
 DEADLINE_SWEEP_S = 0.5
 
-# awa-pg keywords accepted for compatibility that have no effect on awa-fast's single engine.
-_IGNORED = {
-    "descriptor_retention_days", "terminal_count_rollup_interval_ms", "queue_storage_schema",
-    "queue_storage_queue_slot_count", "queue_storage_lease_slot_count",
+# awa-pg start() keywords for features awa-fast does not have (awa's queue-storage engine and
+# storage transition, descriptors, terminal-count rollups, weighted concurrency): rejected
+# unless left at "not given" (None; "auto" for storage_transition_role), never ignored.
+_UNSUPPORTED = {
+    "global_max_workers", "descriptor_retention_days", "terminal_count_rollup_interval_ms",
+    "queue_storage_schema", "queue_storage_queue_slot_count", "queue_storage_lease_slot_count",
     "queue_storage_claim_slot_count", "queue_storage_queue_stripe_count",
     "queue_storage_queue_rotate_interval_ms", "queue_storage_lease_rotate_interval_ms",
     "queue_storage_claim_rotate_interval_ms", "storage_transition_role",
 }
+# Per-queue dict keys awa-fast honours; awa's others are rejected by name.
+_QUEUE_KEYS = {"name", "max_workers", "deadline_duration_ms", "claim_batch_size", "claimers",
+               "rate_limit", "priority_aging_interval_ms", "dlq"}
+_QUEUE_UNSUPPORTED = {"min_workers": "weighted concurrency", "weight": "weighted concurrency",
+                      "retention": "per-queue retention; use completed_retention_hours / "
+                                   "failed_retention_hours of start()"}
 
 
 @dataclasses.dataclass
@@ -48,62 +58,98 @@ class QueueConfig:
     max_workers: int = DEFAULT_MAX_WORKERS
     deadline_duration_ms: int = DEFAULT_DEADLINE_MS
     claim_batch_size: int = DEFAULT_CLAIM_BATCH
+    rate_limit: tuple[float, int] | None = None  # (max claims per second, burst)
+    priority_aging_interval_ms: int = 0  # 0 = no aging
     options: dict = dataclasses.field(default_factory=dict)
 
 
-def parse_queues(queues: Any, registered: list[str], global_max_workers: int | None) -> list[QueueConfig]:
+def parse_queues(queues: Any, registered: list[str]) -> list[QueueConfig]:
     """awa's queue forms: ``None`` (one queue per registered handler queue, 10 workers), a list of
-    ``(name, max_workers)`` tuples, or a list of dicts with ``name`` and either ``max_workers`` or
-    ``min_workers`` + ``weight`` (weighted mode, needs ``global_max_workers``), plus optional
-    ``deadline_duration_ms``, ``claim_batch_size``, ``claimers``, ``rate_limit``, ``retention``,
-    ``priority_aging_interval_ms``, ``dlq``.
+    ``(name, max_workers)`` tuples, a list of dicts with ``name`` and ``max_workers`` plus
+    optional ``deadline_duration_ms``, ``claim_batch_size``, ``claimers`` (1 only: one claim
+    loop per queue and process), ``rate_limit=(max_rate, burst)`` (claims per second, bucket
+    size), ``priority_aging_interval_ms`` and ``dlq``; or ``PartitionedQueue`` configs.
 
     Raises:
-        ValueError: an invalid combination (awa's rules), naming the queue.
+        ValidationError: an invalid value, naming the queue and key; ``Unsupported`` (a
+            ValidationError) for awa's weighted mode (``min_workers``/``weight``), per-queue
+            ``retention``, ``claimers`` > 1 and unknown keys.
     """
     if queues is None:
-        if global_max_workers is not None:
-            raise ValueError("global_max_workers requires explicit queues")
         return [QueueConfig(q) for q in (registered or ["default"])]
     out = []
     for item in queues:
         if isinstance(item, tuple):
-            if global_max_workers is not None:
-                raise ValueError("tuple queue configs cannot be combined with global_max_workers")
             name, max_workers = item
             out.append(QueueConfig(name, _positive(max_workers, f"{name}: max_workers")))
             continue
         if not isinstance(item, dict) or "name" not in item:
-            raise ValueError("each queue must be a (name, max_workers) tuple or a dict with 'name'")
+            raise ValidationError("each queue must be a (name, max_workers) tuple or a dict with "
+                                  "'name'", field="queues")
         cfg = dict(item)
         name = cfg.pop("name")
-        has_max, has_min = "max_workers" in cfg, "min_workers" in cfg
-        if has_max and has_min:
-            raise ValueError(f"queue {name!r}: give max_workers or min_workers, not both")
-        if has_min:
-            if global_max_workers is None:
-                raise ValueError(f"queue {name!r}: weighted mode (min_workers) needs global_max_workers")
-            if cfg.get("weight", 1) <= 0:
-                raise ValueError(f"queue {name!r}: weight must be > 0")
-            # Work-conserving approximation: a weighted queue may use the whole global budget.
-            max_workers = global_max_workers
-            cfg.pop("min_workers"), cfg.pop("weight", None)
-        else:
-            max_workers = _positive(cfg.pop("max_workers", DEFAULT_MAX_WORKERS), f"{name}: max_workers")
+        if "max_workers" in cfg and "min_workers" in cfg:
+            raise ValidationError(f"queue {name!r}: give max_workers or min_workers, not both",
+                                  field="min_workers")
+        for key in cfg:
+            if key in _QUEUE_UNSUPPORTED:
+                raise Unsupported(key, f"queue {name!r}: {_QUEUE_UNSUPPORTED[key]}")
+            if key not in _QUEUE_KEYS:
+                raise Unsupported(key, f"queue {name!r}: unknown queue option")
         for key in ("claimers", "claim_batch_size"):
-            if key in cfg and cfg[key] <= 0:
-                raise ValueError(f"queue {name!r}: {key} must be > 0")
+            if key in cfg:
+                _positive(cfg[key], f"queue {name!r}: {key}")
+        if cfg.pop("claimers", 1) != 1:
+            raise Unsupported("claimers", f"queue {name!r}: awa-fast runs one claim loop per "
+                                          "queue and process; use more processes")
         out.append(QueueConfig(
-            name, max_workers,
+            name, _positive(cfg.pop("max_workers", DEFAULT_MAX_WORKERS), f"{name}: max_workers"),
             deadline_duration_ms=int(cfg.pop("deadline_duration_ms", DEFAULT_DEADLINE_MS)),
             claim_batch_size=int(cfg.pop("claim_batch_size", DEFAULT_CLAIM_BATCH)),
+            rate_limit=parse_rate_limit(name, cfg.pop("rate_limit", None)),
+            priority_aging_interval_ms=_aging_ms(name, cfg.pop("priority_aging_interval_ms", None)),
             options=cfg))
     return out
 
 
+def parse_rate_limit(queue: str, value: Any) -> tuple[float, int] | None:
+    """``(max_rate, burst)``: ``max_rate`` > 0 claims per second, ``burst`` >= 1 claims.
+
+    Raises:
+        ValidationError: any other shape or value, naming the queue.
+    """
+    if value is None:
+        return None
+    try:
+        rate, burst = value
+    except (TypeError, ValueError):
+        raise ValidationError(f"queue {queue!r}: rate_limit must be (max_rate, burst), got "
+                              f"{value!r}", field="rate_limit") from None
+    if (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0
+            or rate == float("inf")):
+        raise ValidationError(f"queue {queue!r}: rate_limit max_rate must be a finite number "
+                              f"> 0 (claims per second), got {rate!r}", field="rate_limit",
+                              limit="> 0")
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        raise ValidationError(f"queue {queue!r}: rate_limit burst must be an int >= 1, got "
+                              f"{burst!r}", field="rate_limit", limit=">= 1")
+    return float(rate), burst
+
+
+def _aging_ms(queue: str, value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationError(f"queue {queue!r}: priority_aging_interval_ms must be an int >= 0 "
+                              f"(0 disables aging), got {value!r}",
+                              field="priority_aging_interval_ms", limit=">= 0")
+    return value
+
+
 def _positive(value: Any, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
+        raise ValidationError(f"{what} must be a positive int, got {value!r}",
+                              field=what.rsplit(" ", 1)[-1], limit="> 0")
     return value
 
 
@@ -133,12 +179,18 @@ class Runtime:
                  sync_handler_threads: int | None = None,
                  maintenance: bool = True,
                  cron_interval_ms: int | None = None,
-                 **ignored: Any):
-        unknown = set(ignored) - _IGNORED
+                 **unsupported: Any):
+        unknown = set(unsupported) - _UNSUPPORTED
         if unknown:
             raise TypeError(f"start() got unexpected keyword(s): {', '.join(sorted(unknown))}")
+        if global_max_workers is not None:
+            unsupported["global_max_workers"] = global_max_workers
+        for key, value in sorted(unsupported.items()):
+            if value is not None and not (key == "storage_transition_role" and value == "auto"):
+                raise Unsupported(key, "awa-fast has one storage engine and hard-reserved "
+                                       "workers per queue")
         self.client = client
-        self.queues = parse_queues(queues, client.registry.queues(), global_max_workers)
+        self.queues = parse_queues(queues, client.registry.queues())
         self.poll_interval_s = _positive(poll_interval_ms, "poll_interval_ms") / 1000
         self.heartbeat_interval_s = (heartbeat_interval_ms or 30_000) / 1000
         mconf = MaintenanceConfig()
@@ -216,7 +268,7 @@ class Runtime:
             self.dispatchers[q.name] = Dispatcher(
                 q.name, pool_getter=pool_getter, spawn=self._spawn, max_workers=q.max_workers,
                 deadline_ms=q.deadline_duration_ms, claim_batch_size=q.claim_batch_size,
-                poll_interval_s=self.poll_interval_s)
+                poll_interval_s=self.poll_interval_s, rate_limit=q.rate_limit)
         self.heartbeat = Heartbeat(pool_getter, self._heartbeat_targets, self.heartbeat_interval_s)
         await self._listen_connect()
         self._tasks = [asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
@@ -224,6 +276,10 @@ class Runtime:
         self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="awa-heartbeat"))
         self._tasks.append(asyncio.create_task(self._sweep_deadlines(), name="awa-deadlines"))
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
+        self._tasks += [asyncio.create_task(run_aging(pool_getter, q.name,
+                                                      q.priority_aging_interval_ms),
+                                            name=f"awa-aging-{q.name}")
+                        for q in self.queues if q.priority_aging_interval_ms > 0]
         if self.run_maintenance:
             mc = self.maintenance_config
             self.maintenance = Maintenance(

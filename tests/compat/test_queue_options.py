@@ -1,0 +1,177 @@
+"""awa-pg's start() and per-queue options: each is honoured or rejected by name (never ignored).
+
+Rate limiting (token bucket bounding claims) and priority aging (an old low-priority job
+overtakes a newer high-priority one) are observed on a real PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import pytest
+
+import awa_fast as awa
+from awa_fast.worker.aging import age_once
+from tests.support import job_row, scalar, wait_for
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+FAST = dict(poll_interval_ms=50, maintenance=False)
+
+
+@dataclasses.dataclass
+class Tick:
+    n: int
+
+
+@pytest.mark.parametrize("options", [
+    {"global_max_workers": 8},
+    {"descriptor_retention_days": 3},
+    {"terminal_count_rollup_interval_ms": 1000},
+    {"queue_storage_schema": "awa"},
+    {"queue_storage_queue_slot_count": 16},
+    {"queue_storage_lease_slot_count": 8},
+    {"queue_storage_claim_slot_count": 8},
+    {"queue_storage_queue_stripe_count": 2},
+    {"queue_storage_queue_rotate_interval_ms": 1000},
+    {"queue_storage_lease_rotate_interval_ms": 250},
+    {"queue_storage_claim_rotate_interval_ms": 100},
+    {"storage_transition_role": "queue_storage_target"},
+])
+async def test_unimplemented_start_keywords_are_rejected_by_name(client, options):
+    (key,) = options
+    with pytest.raises(awa.ValidationError, match=f"{key} is not implemented by awa-fast yet") as e:
+        await client.start([("q", 1)], **options)
+    assert e.value.field == key
+    assert client.runtime is None
+
+
+@pytest.mark.parametrize("queue, key", [
+    ({"name": "q", "min_workers": 1, "weight": 2}, "min_workers"),
+    ({"name": "q", "max_workers": 2, "weight": 2}, "weight"),
+    ({"name": "q", "max_workers": 2, "retention": {"completed_hours": 1}}, "retention"),
+    ({"name": "q", "max_workers": 2, "claimers": 2}, "claimers"),
+    ({"name": "q", "max_workers": 2, "no_such_option": 1}, "no_such_option"),
+])
+async def test_unimplemented_queue_keys_are_rejected_by_name(client, queue, key):
+    with pytest.raises(awa.ValidationError, match=f"{key} is not implemented by awa-fast yet") as e:
+        await client.start([queue])
+    assert e.value.field == key
+    assert client.runtime is None
+
+
+@pytest.mark.parametrize("rate_limit", [(0, 1), (-1.0, 5), (10.0, 0), (10.0, 1.5), "fast",
+                                        (float("inf"), 1), (True, 1)])
+async def test_bad_rate_limit_is_a_validation_error(client, rate_limit):
+    with pytest.raises(awa.ValidationError, match="rate_limit") as e:
+        await client.start([{"name": "q", "max_workers": 1, "rate_limit": rate_limit}])
+    assert e.value.field == "rate_limit"
+
+
+async def test_bad_aging_interval_is_a_validation_error(client):
+    with pytest.raises(awa.ValidationError, match="priority_aging_interval_ms"):
+        await client.start([{"name": "q", "max_workers": 1, "priority_aging_interval_ms": -5}])
+
+
+async def test_accepted_defaults_start(client):
+    # awa's defaults (nothing asked) start fine; claimers=1 is what awa-fast does.
+    await client.start([{"name": "q", "max_workers": 1, "claimers": 1}],
+                       storage_transition_role="auto", queue_storage_schema=None, **FAST)
+    await client.shutdown()
+
+
+async def test_rate_limit_bounds_claims_per_second(dsn, client):
+    rate, burst, total = 20.0, 5, 30
+    started: list[float] = []
+    done = asyncio.Event()
+
+    @client.task(Tick, queue="rl")
+    async def tick(job):
+        started.append(time.monotonic())
+        if len(started) == total:
+            done.set()
+
+    await client.insert_many([Tick(i) for i in range(total)], queue="rl")
+    t0 = time.monotonic()
+    await client.start([{"name": "rl", "max_workers": 50, "rate_limit": (rate, burst)}], **FAST)
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        await client.shutdown()
+    started.sort()
+    # Token bucket: the i-th claimed job (1-based) cannot be claimed before (i - burst) / rate
+    # seconds after the bucket was made (after t0). Without the limit all 30 start at once.
+    for i, at in enumerate(started, start=1):
+        assert at - t0 >= (i - burst) / rate - 0.005, (i, at - t0)
+    assert client.runtime is None
+
+
+async def test_priority_aging_lets_an_old_low_priority_job_overtake(dsn, client):
+    order: list[str] = []
+    done = asyncio.Event()
+
+    @dataclasses.dataclass
+    class Aged:
+        name: str
+
+    @client.task(Aged, queue="aging")
+    async def run(job):
+        order.append(job.args.name)
+        if len(order) == 2:
+            done.set()
+
+    old = await client.insert(Aged("old"), queue="aging", priority=4)
+    # It has waited 1 s, i.e. 5 intervals of 200 ms (set directly: the test does not sleep).
+    await scalar(dsn, "UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' "
+                      "WHERE id = %s RETURNING 1", (old.id,))
+    await client.insert(Aged("new"), queue="aging", priority=2)
+    await client.pause_queue("aging")
+    await client.start([{"name": "aging", "max_workers": 1, "priority_aging_interval_ms": 200}],
+                       **FAST)
+    try:
+        async def aged():
+            return (await job_row(dsn, old.id))["priority"] == 1
+        await wait_for(aged, what="the aging pass to raise the old job's priority")
+        row = await job_row(dsn, old.id)
+        assert row["metadata"]["_awa_original_priority"] == 4
+        await client.resume_queue("aging")
+        await asyncio.wait_for(done.wait(), 15)
+    finally:
+        await client.shutdown()
+    assert order == ["old", "new"]
+
+
+async def test_aging_pass_is_idempotent_and_bounded_by_wait(dsn, client):
+    fresh = await client.insert({"n": 1}, kind="k", queue="age2", priority=3)
+    waited = await client.insert({"n": 2}, kind="k", queue="age2", priority=4)
+    await scalar(dsn, "UPDATE awa_fast.jobs SET run_at = now() - interval '250 ms' "
+                      "WHERE id = %s RETURNING 1", (waited.id,))
+    pool = await client.pool()
+    assert await age_once(pool, "age2", 100) == 1
+    assert await age_once(pool, "age2", 100) == 0  # a repeated pass changes nothing
+    assert (await job_row(dsn, waited.id))["priority"] == 2  # 2 whole intervals waited
+    assert (await job_row(dsn, fresh.id))["priority"] == 3
+
+
+@pytest.mark.parametrize("name", [
+    "queue_descriptor", "job_kind_descriptor", "preview_batch_operation",
+    "submit_batch_operation", "preview_set_priority", "set_priority", "preview_move_queue",
+    "move_queue", "list_batch_operations", "get_batch_operation", "cancel_batch_operation",
+    "purge_batch_operations"])
+def test_unimplemented_client_calls_raise_by_name(dsn, name):
+    for c in (awa.AsyncClient(dsn), awa.Client(dsn)):
+        try:
+            with pytest.raises(awa.ValidationError, match=f"{name} is not implemented") as e:
+                getattr(c, name)("x")
+            assert isinstance(e.value, awa.Unsupported) and e.value.field == name
+        finally:
+            if isinstance(c, awa.Client):
+                c.close()
+
+
+def test_init_telemetry_is_rejected_not_ignored():
+    with pytest.raises(awa.Unsupported, match="init_telemetry"):
+        awa.init_telemetry("http://localhost:4317", "svc")
+    assert awa.shutdown_telemetry() is None
