@@ -30,7 +30,8 @@ def load_client(spec: str) -> tuple[Any, Any]:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise AppSpecError(f"cannot import module {module_name!r}: {exc}") from exc
+            raise AppSpecError(f"cannot import module {module_name!r}: {exc} (searched the "
+                               f"current directory {os.getcwd()}, then sys.path)") from exc
         raise
     obj: Any = module
     for part in attr.split("."):

@@ -19,8 +19,9 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
+from awa_fast.database_url import resolve_database_url
+
 PROG = "awa-fast"
-ENV_VARS = ("AWA_FAST_DATABASE_URL", "DATABASE_URL")
 JOB_STATES = ("scheduled", "available", "running", "completed", "retryable", "failed",
               "cancelled", "waiting_external", "consequence_pending")
 CONNECT_TIMEOUT_S = 10
@@ -100,20 +101,6 @@ def _report(s: "Session", data: Any, text: str) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # database URL and client
-
-
-def resolve_database_url(explicit: str | None) -> str:
-    """``--database-url``, else ``$AWA_FAST_DATABASE_URL``, else ``$DATABASE_URL``, else the
-    persistent embedded PostgreSQL (started on first use by ``embedded.ensure_running``)."""
-    if explicit:
-        return explicit
-    for var in ENV_VARS:
-        value = os.environ.get(var)
-        if value:
-            return value
-    from awa_fast import embedded
-
-    return embedded.ensure_running()
 
 
 async def _probe(url: str, *, need_schema: bool) -> None:
@@ -538,8 +525,8 @@ def cmd_worker(s: Session) -> int:
         parse_queues(a.queues)
     except ValueError as exc:
         a.parser.error(str(exc))
-    # No fallback to $AWA_FAST_DATABASE_URL or the embedded server: the application's client
-    # carries its own URL unless --database-url overrides it.
+    # --database-url overrides the client's URL; a client built without one resolves it like
+    # every command (the launcher does that once, before starting children).
     sup = Supervisor(a.app, a.processes, queues=a.queues, drain_timeout=a.drain_timeout,
                      database_url=getattr(a, "database_url", None),
                      status_interval=a.status_interval, log_level=a.log_level)
@@ -578,16 +565,19 @@ def _iso_time(text: str) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
 
 
-def _common(with_db: bool = True) -> argparse.ArgumentParser:
+DB_HELP = "PostgreSQL URL (default: $AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server)"
+WORKER_DB_HELP = ("PostgreSQL URL, overriding the client's (default: the URL the client was built "
+                  "with, else $AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server)")
+
+
+def _common(with_db: bool = True, db_help: str = DB_HELP) -> argparse.ArgumentParser:
     """Options accepted both before and after a subcommand (SUPPRESS keeps the global value)."""
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("common options")
     g.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                    help="print machine-readable JSON instead of tables/text")
     if with_db:
-        g.add_argument("--database-url", metavar="URL", default=argparse.SUPPRESS,
-                       help="PostgreSQL URL (default: $AWA_FAST_DATABASE_URL, $DATABASE_URL, "
-                            "else the embedded server)")
+        g.add_argument("--database-url", metavar="URL", default=argparse.SUPPRESS, help=db_help)
     return p
 
 
@@ -620,9 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=raw)
-    parser.add_argument("--database-url", metavar="URL", default=None,
-                        help="PostgreSQL URL (default: $AWA_FAST_DATABASE_URL, $DATABASE_URL, "
-                             "else the embedded server)")
+    parser.add_argument("--database-url", metavar="URL", default=None, help=DB_HELP)
     parser.add_argument("--json", action="store_true", default=False,
                         help="print machine-readable JSON instead of tables/text")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
@@ -839,7 +827,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_consequences)
 
     # worker
-    p = sub.add_parser("worker", parents=[common], formatter_class=raw,
+    p = sub.add_parser("worker", parents=[_common(db_help=WORKER_DB_HELP)], formatter_class=raw,
                        help="run an application's workers in N processes (the launcher)",
                        description="Run the registered handlers of an application's AsyncClient "
                                    "in worker processes\n(one per core by default). APP is "
@@ -852,7 +840,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "gracefully: stop claiming, finish in-flight jobs up to\n"
                                    "--drain-timeout, flush; exit 0. One status line per child "
                                    "event on stdout; child logs\non stderr as [child N pid P]. "
-                                   "Without --database-url the client's own URL is used.")
+                                   "Database: --database-url, else the URL the client was built\nwith, else "
+                                   "$AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server.")
     p.add_argument("app", metavar="APP", help="module:client, an awa_fast.AsyncClient")
     p.add_argument("--processes", type=_positive_int, default=None, metavar="N",
                    help=f"worker processes (default: one per core, {os.cpu_count() or 1} here)")

@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from awa_fast import callbacks, enqueue, schema, sql
 from awa_fast.admin import AdminMixin
+from awa_fast.database_url import resolve_database_url
 from awa_fast.errors import DatabaseError, JobNotFound, ValidationError
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare, prepare_uniform
@@ -59,7 +60,9 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
     """Async client: insert jobs, administer them, and run workers.
 
     Args:
-        database_url: a libpq connection string or URI.
+        database_url: a libpq connection string or URI; ``None`` (the default) resolves it as
+            the CLI does (:func:`awa_fast.database_url.resolve_database_url`:
+            ``$AWA_FAST_DATABASE_URL``, ``$DATABASE_URL``, else the embedded server), on first use.
         max_connections: the pool size (connections, not processes). The runtime also opens
             one dedicated LISTEN connection and one leader-lock connection.
 
@@ -67,10 +70,11 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
     parent is safe to fork). Use as ``async with AsyncClient(url) as client``.
     """
 
-    def __init__(self, database_url: str, max_connections: int = 10):
+    def __init__(self, database_url: str | None = None, max_connections: int = 10):
         if not isinstance(max_connections, int) or max_connections < 1:
             raise ValidationError("max_connections must be an int >= 1", field="max_connections", limit=">= 1")
-        self.database_url = database_url
+        self.explicit_database_url = database_url or None
+        self._database_url: str | None = database_url or None
         self.max_connections = max_connections
         self._pool: AsyncConnectionPool | None = None
         self._pool_lock: asyncio.Lock | None = None
@@ -83,6 +87,23 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
 
     # -- connections ----------------------------------------------------------------------------
 
+    @property
+    def database_url(self) -> str:
+        """The URL in use: the one given, else resolved (once) from the environment or the
+        embedded server. Raises EmbeddedPostgresError if that server cannot start."""
+        if self._database_url is None:
+            self._database_url = resolve_database_url(None)
+        return self._database_url
+
+    @database_url.setter
+    def database_url(self, value: str) -> None:
+        self._database_url = self.explicit_database_url = value
+
+    async def _resolved_url(self) -> str:
+        if self._database_url is None:  # may start the embedded server: off the loop
+            await asyncio.to_thread(lambda: self.database_url)
+        return self.database_url
+
     async def pool(self) -> AsyncConnectionPool:
         """The open connection pool (opened on first call).
 
@@ -91,12 +112,13 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         """
         if self._pool is not None:
             return self._pool
+        url = await self._resolved_url()
         if self._pool_lock is None:
             self._pool_lock = asyncio.Lock()
         async with self._pool_lock:
             if self._pool is None:
                 pool = AsyncConnectionPool(
-                    self.database_url, min_size=1, max_size=self.max_connections, open=False,
+                    url, min_size=1, max_size=self.max_connections, open=False,
                     kwargs={"autocommit": True}, configure=_configure, timeout=30,
                 )
                 try:
@@ -124,7 +146,7 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
 
     async def migrate(self) -> list[int]:
         """Create or upgrade the ``awa_fast`` schema (idempotent, safe concurrently)."""
-        return await schema.migrate(self.database_url)
+        return await schema.migrate(await self._resolved_url())
 
     # -- producers ------------------------------------------------------------------------------
 
@@ -522,7 +544,7 @@ class Client(UnsupportedMixin):
              "retry_from_dlq", "bulk_retry_from_dlq", "move_failed_to_dlq",
              "bulk_move_failed_to_dlq", "purge_dlq_job", "purge_dlq")
 
-    def __init__(self, database_url: str, max_connections: int = 10):
+    def __init__(self, database_url: str | None = None, max_connections: int = 10):
         self._async = AsyncClient(database_url, max_connections)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="awa-fast-client",

@@ -84,7 +84,7 @@ class ResolveModule:
 
 # The worker children load this client (``awa_fast.demo:client``); the launcher passes the
 # database URL with --database-url.
-client = awa.AsyncClient(os.environ.get("AWA_FAST_DEMO_DATABASE_URL", ""), max_connections=8)
+client = awa.AsyncClient(max_connections=8)
 START_OPTIONS = {"poll_interval_ms": 100, "leader_election_interval_ms": 1000}
 
 

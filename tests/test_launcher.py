@@ -259,10 +259,9 @@ def test_exactly_one_leader_and_failover(dsn, launchers):
     assert launcher.wait(60) == 0
 
 
-@pytest.mark.parametrize("fail", ["import", "start"])
-def test_children_that_keep_dying_make_the_launcher_give_up(dsn, launchers, fail):
+def test_children_that_keep_dying_make_the_launcher_give_up(dsn, launchers):
     t0 = time.monotonic()
-    launcher = Launcher(dsn, "--processes", "1", fail=fail)
+    launcher = Launcher(dsn, "--processes", "1", fail="start")
     launchers.append(launcher)
     launcher.wait_line(r"child 0 pid \d+ exited with code 1; restarting in 0.5 s", 30)
     assert launcher.wait(90) == 1
@@ -270,10 +269,30 @@ def test_children_that_keep_dying_make_the_launcher_give_up(dsn, launchers, fail
     launcher.wait_line(r"child 0 died 6 times within 60 s; giving up", 5)
 
 
-def test_bad_application_spec_exits_at_once():
-    for spec in ("tests.no_such_module:client", "tests.launcher_app:nope", "tests.launcher_app:Nap"):
-        r = subprocess.run([sys.executable, "-m", "awa_fast", "worker", spec, "--processes", "1"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=60)
-        assert r.returncode == 1, (spec, r.stdout, r.stderr)
-        assert "cannot load" in r.stdout and "giving up" in r.stdout
-        assert "restarting" not in r.stdout
+def _worker(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "awa_fast", "worker", *args, "--processes", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("tests.no_such_module:client", "cannot import module 'tests.no_such_module': No module "
+                                    f"named 'tests.no_such_module' (searched the current "
+                                    f"directory {ROOT}, then sys.path)"),
+    ("tests.launcher_app:nope", "module 'tests.launcher_app' has no attribute 'nope'"),
+    ("tests.launcher_app:Nap", "tests.launcher_app:Nap is a type, not an awa_fast AsyncClient"),
+])
+def test_bad_application_spec_is_a_usage_error_reported_once(spec, message):
+    r = _worker(spec)
+    assert r.returncode == 2, (spec, r.stdout, r.stderr)
+    assert r.stderr == f"awa-fast worker: error: {message}\n"
+    assert r.stdout == ""  # no child was started
+
+
+def test_failing_application_import_is_reported_once(dsn):
+    env = {**os.environ, "AWA_FAST_LAUNCHER_FAIL": "import", "AWA_FAST_LAUNCHER_DSN": dsn}
+    r = _worker("tests.launcher_app:client", env=env)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith("awa-fast worker: error: importing tests.launcher_app:client "
+                               "failed:\nTraceback")
+    assert r.stderr.count("RuntimeError: launcher_app: failing at import on purpose") == 1
+    assert r.stdout == ""

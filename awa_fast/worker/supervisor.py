@@ -173,10 +173,23 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
     return 0
 
 
+def _check_app(app: str) -> int:
+    """The launcher's preflight (``--check``): import the application once and print
+    ``{"explicit_url": bool}``; a bad spec prints its message on stderr and exits EXIT_BAD_APP."""
+    try:
+        client, _module = load_client(app)
+    except AppSpecError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_APP
+    print(json.dumps({"explicit_url": client.explicit_database_url is not None}))
+    return 0
+
+
 def child_entry(argv: list[str]) -> int:
     """Entry point of one worker child (``python -m awa_fast.worker.supervisor --child ...``)."""
     p = argparse.ArgumentParser(prog="awa-fast-worker-child")
     p.add_argument("--child", action="store_true")
+    p.add_argument("--check", action="store_true")
     p.add_argument("--app", required=True)
     p.add_argument("--index", type=int, default=0)
     p.add_argument("--queues")
@@ -185,6 +198,8 @@ def child_entry(argv: list[str]) -> int:
     p.add_argument("--status-fd", type=int)
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
+    if args.check:
+        return _check_app(args.app)
     _child_logging(args.index, args.log_level)
     reporter = _Reporter(args.status_fd)
     try:
@@ -236,6 +251,16 @@ class Child:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+class AppLoadError(Exception):
+    """The launcher's preflight could not load the application (reported once, before any
+    child starts). ``usage`` is True for a bad ``module:client`` spec (exit status 2), False
+    when importing the module raised (exit status 1)."""
+
+    def __init__(self, message: str, *, usage: bool):
+        super().__init__(message)
+        self.usage = usage
 
 
 class Supervisor:
@@ -300,6 +325,30 @@ class Supervisor:
         for name, n in sorted((s.get("outcomes") or {}).items()):
             parts.append(f"{name} {n}")
         return f"{self._describe(c)} status: " + ", ".join(parts)
+
+    # -- preflight ------------------------------------------------------------------------------
+
+    def preflight(self) -> None:
+        """Import the application once, in a child interpreter like the workers', before any
+        worker starts; then, when neither ``database_url`` nor the client names a database,
+        resolve it here once (:func:`~awa_fast.database_url.resolve_database_url`, which may
+        start the embedded server) and hand it to every child.
+
+        Raises:
+            AppLoadError: the spec names no AsyncClient (``usage``), or importing it failed.
+            EmbeddedPostgresError: no URL is configured and the embedded server cannot start.
+        """
+        r = subprocess.run([sys.executable, "-c", _CHILD_BOOT, _PACKAGE_ROOT, "--check",
+                            "--app", self.app], env=self._env(), capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL)
+        if r.returncode == EXIT_BAD_APP:
+            raise AppLoadError(r.stderr.strip(), usage=True)
+        if r.returncode != 0:
+            raise AppLoadError(f"importing {self.app} failed:\n{r.stderr.rstrip()}", usage=False)
+        if not self.database_url and not json.loads(r.stdout.splitlines()[-1])["explicit_url"]:
+            from awa_fast.database_url import resolve_database_url
+
+            self.database_url = resolve_database_url(None)
 
     # -- children -------------------------------------------------------------------------------
 
@@ -446,8 +495,9 @@ class Supervisor:
         self.signal_all(signal.SIGKILL)
 
     def run(self) -> int:
-        """The CLI loop: start, supervise until SIGTERM/SIGINT (drain; a second signal kills) or
-        a crash loop. Returns the exit status (0 after a clean drain, 1 otherwise)."""
+        """The CLI loop: :meth:`preflight`, start, supervise until SIGTERM/SIGINT (drain; a
+        second signal kills) or a crash loop. Returns the exit status: 0 after a clean drain, 2
+        when the spec names no AsyncClient (reported once, no child started), 1 otherwise."""
         signals: list[int] = []
 
         def on_signal(signum, _frame):
@@ -455,6 +505,11 @@ class Supervisor:
             if len(signals) > 1:
                 self.kill_all()
 
+        try:
+            self.preflight()
+        except AppLoadError as exc:
+            print(f"{PREFIX} error: {exc}", file=sys.stderr, flush=True)
+            return 2 if exc.usage else 1
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.say(f"starting {self.processes} worker process(es) for {self.app} "

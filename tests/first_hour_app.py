@@ -1,0 +1,31 @@
+"""The application of tests/test_first_hour.py: a client built without a URL (it resolves
+``$AWA_FAST_DATABASE_URL`` / ``$DATABASE_URL`` / the embedded server like the CLI)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import awa_fast as awa
+
+client = awa.AsyncClient(max_connections=4)
+START_OPTIONS = dict(poll_interval_ms=50, leader_election_interval_ms=200)
+
+
+@dataclasses.dataclass
+class Ping:
+    n: int
+
+
+@dataclasses.dataclass
+class Pay:
+    cents: int
+
+
+@client.task(Ping, queue="fh_q", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+async def ping(job):
+    return None
+
+
+@client.task(Pay, queue="fh_pay", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+async def pay(job):
+    return None

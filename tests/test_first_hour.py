@@ -1,0 +1,109 @@
+"""The first hour of a new user, as they meet it: the README example run as written, one
+database-URL rule for the library, the CLI and the launcher (real subprocesses, real
+PostgreSQL)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import awa_fast as awa
+from tests.first_hour_app import Ping
+
+ROOT = Path(__file__).resolve().parent.parent
+CLOSED_PORT_DSN = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=5"
+TIMEOUT_S = 120
+
+
+def _env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")}
+    env.update(extra)
+    return env
+
+
+def readme_block(heading: str) -> str:
+    """The first ```python block after ``## heading`` in README.md."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(f"## {heading}\n"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def _poll(fn, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (value := fn()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+    return value
+
+
+def _state(dsn: str, job_id: int) -> str:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT state::text FROM awa_fast.jobs WHERE id = %s",
+                            (job_id,)).fetchone()[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# one database-URL story
+
+
+def test_readme_example_runs_as_written(dsn, tmp_path):
+    script = tmp_path / "readme_example.py"
+    script.write_text(readme_block("Using it"))
+    assert "localhost" not in script.read_text()
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=TIMEOUT_S, cwd=tmp_path,
+                       env=_env(AWA_FAST_DATABASE_URL=dsn, DATABASE_URL=CLOSED_PORT_DSN))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stdout == "sending to a@example.com\n"
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE kind = 'send_email' "
+                            "AND state = 'completed'").fetchone()[0] >= 1
+
+
+def test_clients_without_url_resolve_like_the_cli(dsn, monkeypatch):
+    monkeypatch.setenv("AWA_FAST_DATABASE_URL", dsn)
+    monkeypatch.setenv("DATABASE_URL", CLOSED_PORT_DSN)
+    with awa.Client() as c:  # the sync client, through the same resolver
+        assert c.async_client.database_url == dsn
+        job = c.insert(Ping(1), queue="fh_env")
+        assert c.get_job(job.id).queue == "fh_env"
+    monkeypatch.delenv("AWA_FAST_DATABASE_URL")
+    monkeypatch.setenv("DATABASE_URL", dsn)
+    assert awa.AsyncClient().database_url == dsn
+    # an explicit URL wins over the environment
+    assert awa.AsyncClient(CLOSED_PORT_DSN).database_url == CLOSED_PORT_DSN
+
+
+def test_worker_without_url_uses_the_environment(dsn):
+    with awa.Client(dsn) as c:
+        job = c.insert(Ping(2), queue="fh_q")
+    env = _env(AWA_FAST_DATABASE_URL=dsn, DATABASE_URL=CLOSED_PORT_DSN)
+    proc = subprocess.Popen([sys.executable, "-m", "awa_fast", "worker", "tests.first_hour_app:client",
+                             "--processes", "1", "--queues", "fh_q:2"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        _poll(lambda: _state(dsn, job.id) == "completed", 60, "the worker to complete the job")
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out, err)
+    assert "ready (queues: fh_q:2)" in out
+
+
+def test_worker_help_tells_one_story():
+    r = subprocess.run([sys.executable, "-m", "awa_fast", "worker", "--help"], capture_output=True,
+                       text=True, timeout=TIMEOUT_S, env=_env())
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "--database-url, else the URL the client was built with, else " \
+           "$AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server" in text
+    assert "the client's own URL is used" not in text
