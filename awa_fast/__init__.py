@@ -7,6 +7,7 @@ from awa_fast._native import native_extensions
 from awa_fast.admin import DlqEntry, HealthCheck, QueueHealth
 from awa_fast.client import AsyncClient, Client, QueueStat
 from awa_fast.errors import (
+    AttemptStillRunning,
     AwaError,
     CallbackNotFound,
     DatabaseError,
@@ -33,7 +34,7 @@ from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE
 RawClient = AsyncClient
 
 __all__ = [
-    "AsyncClient", "AwaError", "DlqEntry", "HealthCheck", "QueueHealth", "CallbackNotFound", "CallbackToken", "Cancel", "JobFailure", "Client", "DatabaseError",
+    "AsyncClient", "AttemptStillRunning", "AwaError", "DlqEntry", "HealthCheck", "QueueHealth", "CallbackNotFound", "CallbackToken", "Cancel", "JobFailure", "Client", "DatabaseError",
     "EnqueueRequest", "InsertOpts", "Job", "JobNotFound", "JobState", "NO_FAILURE_CONSEQUENCE",
     "QueueStat", "RawClient", "RetryAfter", "SchemaNotMigrated", "SerializationError", "Snooze",
     "StagingError", "TerminalError", "Transaction", "UniqueConflict", "UniqueOpts",

@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from awa_fast import callbacks, enqueue, schema, sql
 from awa_fast.admin import AdminMixin
 from awa_fast.database_url import resolve_database_url
-from awa_fast.errors import DatabaseError, JobNotFound, ValidationError
+from awa_fast.errors import AttemptStillRunning, DatabaseError, JobNotFound, ValidationError
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
@@ -242,16 +242,40 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
 
         Returns the job, or ``None`` if it is in another state.
 
+        A job cancelled while running is retried only once its cancelled attempt is over (the
+        worker acknowledged it, or the worker's heartbeat went stale): two attempts of one job
+        never run at once (docs/architecture.md, "Cancel, then retry").
+
         Raises:
             UniqueConflict: another live job now holds its unique key (nothing changes).
+            AttemptStillRunning: the job's cancelled attempt is still running (nothing
+                changes); retry after it ends.
         """
+        params = {"id": job_id, "stale_ms": self._staleness_ms()}
         async with (await self.pool()).connection() as conn:
             with enqueue.mapped_errors():
-                cur = await conn.execute(sql.RETRY_JOB, (job_id,))
+                cur = await conn.execute(sql.RETRY_JOB, params)
                 row = await cur.fetchone()
             if row is not None:
                 await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
+            else:
+                cur = await conn.execute(sql.CANCELLED_ATTEMPT_RUNS, params)
+                running = await cur.fetchone()
+                if running is not None:
+                    raise AttemptStillRunning(
+                        f"job {job_id} was cancelled but its attempt is still running (last "
+                        f"heartbeat {running[0].isoformat()}); retry once it has ended",
+                        job_id=job_id)
         return None if row is None else Job.from_row(row)
+
+    def _staleness_ms(self) -> int:
+        # How old a heartbeat must be for its attempt to count as dead: the running runtime's
+        # setting, else the default rescue uses.
+        from awa_fast.worker.maintenance import MaintenanceConfig
+
+        runtime = self._runtime
+        conf = runtime.maintenance_config if runtime is not None else MaintenanceConfig()
+        return int(conf.heartbeat_staleness_ms)
 
     async def cancel(self, job_id: int) -> Job | None:
         """Cancel a non-terminal job; a running attempt is told through ``job.is_cancelled()``.

@@ -56,6 +56,19 @@ class CallbackNotFound(AwaError):
     """No job waits on the given callback id (or the token is stale)."""
 
 
+class AttemptStillRunning(AwaError):
+    """An admin action would start a new attempt of a job while an earlier attempt of it is
+    still running (``retry()`` of a job cancelled mid-run whose handler has not ended).
+
+    Attributes:
+        job_id: the job.
+    """
+
+    def __init__(self, message: str, *, job_id: int | None = None):
+        super().__init__(message)
+        self.job_id = job_id
+
+
 class JobNotFound(AwaError):
     """No job has the given id."""
 

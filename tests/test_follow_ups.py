@@ -255,7 +255,10 @@ async def test_insert_error_other_than_duplicate_rolls_the_completion_back(dsn, 
         await client.start([("default", 1)], **FAST, maintenance=False)
         await wait_for(lambda: _true(client.runtime.outcomes.get("completed")), what="handler")
         await wait_for(lambda: _no_in_flight(client), what="finalize attempt over")
-        assert (await job_row(dsn, job.id))["state"] == "running"  # until rescue
+        # ADR-046 prompt failure: a failed attempt at once, with the error (not left running).
+        row = await job_row(dsn, job.id)
+        assert row["state"] == "retryable" and row["run_lease"] == 1
+        assert "trigger added outside awa-fast" in row["errors"][-1]["error"]
         assert await b_items(dsn) == []
 
 

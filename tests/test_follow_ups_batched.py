@@ -97,7 +97,10 @@ async def test_one_bad_follow_up_rolls_back_only_its_own_completion(dsn, client)
         for job_id in good:
             await wait_state(dsn, job_id, "completed")
         await wait_for(lambda: _idle(client), what="finalization over")
-        assert (await job_row(dsn, bad.id))["state"] == "running"  # until rescue
+        # ADR-046 prompt failure: a failed attempt at once, with the error (not left running).
+        row = await job_row(dsn, bad.id)
+        assert row["state"] == "retryable" and row["run_lease"] == 1
+        assert "trigger added outside awa-fast" in row["errors"][-1]["error"]
         assert sorted(await b_items(dsn)) == [f"g{i}" for i in range(5)]
 
 

@@ -93,12 +93,14 @@ async def test_a_reclaimed_job_keeps_its_in_flight_bookkeeping(dsn, client):
     job = await client.insert(Job("x"))
     await client.start([("default", 4)], **FAST)
     await first_started.wait()
-    await client.cancel(job.id)
-    await client.retry(job.id)
+    # Superseded as rescue would (cancel + retry now refuses while the attempt runs):
+    # the row is re-claimed under lease 2 while the first handler still runs.
+    await scalar(dsn, "UPDATE awa_fast.jobs SET state = 'available', heartbeat_at = NULL "
+                      "WHERE id = %s RETURNING id", (job.id,))
     await second_started.wait()
     release_first.set()  # the old attempt ends while the new one runs
     await wait_for(lambda: _true(client.runtime.finalizer.stats["stale"]), what="stale old attempt")
-    ctx = client.runtime.in_flight.get(job.id)
+    ctx = client.runtime.in_flight.get((job.id, 2))
     assert ctx is not None and ctx.run_lease == 2  # still tracked: heartbeats continue
     release_second.set()
     row = await wait_state(dsn, job.id, "completed")

@@ -101,16 +101,27 @@ SET state = %(state)s::{S}.job_state,
 WHERE id = %(id)s AND run_lease = %(lease)s AND state = 'running'
 RETURNING id"""
 
-# Rows another statement holds are skipped: they are being finalized right now.
+# Rows another statement holds are skipped: they are being finalized right now. The attempts
+# that were beaten come back as (id, run_lease): only their progress counts as written. A
+# cancelled attempt whose handler still runs keeps its mark fresh (see CANCEL_JOB).
 HEARTBEAT = f"""
 WITH b AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[]) AS b(id, lease, progress)),
 l AS (
-    SELECT j.id, b.progress FROM {S}.jobs j JOIN b ON j.id = b.id AND j.run_lease = b.lease
-    WHERE j.state = 'running' ORDER BY j.id FOR UPDATE OF j SKIP LOCKED
+    SELECT j.id, j.state, b.progress FROM {S}.jobs j JOIN b ON j.id = b.id AND j.run_lease = b.lease
+    WHERE j.state = 'running' OR (j.state = 'cancelled' AND j.heartbeat_at IS NOT NULL)
+    ORDER BY j.id FOR UPDATE OF j SKIP LOCKED
 )
-UPDATE {S}.jobs j SET heartbeat_at = now(), progress = COALESCE(l.progress, j.progress)
+UPDATE {S}.jobs j SET heartbeat_at = now(),
+    progress = CASE WHEN l.state = 'running' THEN COALESCE(l.progress, j.progress)
+                    ELSE j.progress END
 FROM l WHERE j.id = l.id
-RETURNING j.id"""
+RETURNING j.id, j.run_lease"""
+
+# The worker is done with a cancelled attempt (its handler returned or its thread finished):
+# clear the "still running" mark CANCEL_JOB left, so retry() may start a new attempt.
+ACK_CANCELLED = f"""
+UPDATE {S}.jobs SET heartbeat_at = NULL
+WHERE id = %s AND run_lease = %s AND state = 'cancelled' AND heartbeat_at IS NOT NULL"""
 
 FLUSH_PROGRESS = f"""
 UPDATE {S}.jobs SET progress = %s::jsonb
@@ -209,6 +220,20 @@ UPDATE {S}.jobs j SET {_RESCUE_SET}, run_at = now()
 FROM r WHERE j.id = r.id
 RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
 
+# Prompt failure (ADR-046's open extension): an attempt whose finalize failed for good is failed
+# at once, guarded by its lease, the way rescue would fail it -- retryable with backoff, or on
+# the final attempt failed / consequence_pending -- but with the real error and no inserts.
+FAIL_ATTEMPT = f"""
+WITH r AS (
+    SELECT id, 'exhausted' AS exhausted_reason, %(message)s::text AS message
+    FROM {S}.jobs WHERE id = %(id)s AND run_lease = %(lease)s AND state = 'running'
+    FOR UPDATE
+)
+UPDATE {S}.jobs j SET {_RESCUE_SET},
+    run_at = now() + LEAST(power(2, j.attempt) * (1 + random() * 0.25), 86400) * interval '1 second'
+FROM r WHERE j.id = r.id
+RETURNING j.state::text"""
+
 # Parked jobs whose callback timed out: retried with backoff, or failed on the final attempt.
 RESCUE_CALLBACKS = f"""
 WITH r AS (
@@ -245,18 +270,31 @@ WHERE (%(state)s::text IS NULL OR state::text = %(state)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY id DESC LIMIT %(limit)s"""
 
+# A cancelled job whose cancelled attempt still runs somewhere (a fresh heartbeat mark, see
+# CANCEL_JOB) is not retried: the new attempt would overlap the old one.
+_CANCELLED_ATTEMPT_RUNS = """state = 'cancelled' AND heartbeat_at IS NOT NULL
+      AND heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond'"""
+
 RETRY_JOB = f"""
 UPDATE {S}.jobs
 SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
     heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
-WHERE id = %s AND state IN ('failed', 'cancelled', 'waiting_external')
+WHERE id = %(id)s AND state IN ('failed', 'cancelled', 'waiting_external')
   AND consequence_state IS DISTINCT FROM 'owed'
+  AND NOT ({_CANCELLED_ATTEMPT_RUNS})
 RETURNING {JOB_COLUMNS}"""
 
+CANCELLED_ATTEMPT_RUNS = f"""
+SELECT heartbeat_at FROM {S}.jobs WHERE id = %(id)s AND {_CANCELLED_ATTEMPT_RUNS}"""
+
+# A running job keeps its heartbeat_at as the mark "the cancelled attempt still runs": the
+# worker's heartbeat keeps it fresh until the handler is done (ACK_CANCELLED clears it); a dead
+# worker's mark goes stale.
 CANCEL_JOB = f"""
 WITH old AS (SELECT id, state, run_lease FROM {S}.jobs WHERE id = %s FOR UPDATE)
 UPDATE {S}.jobs j
-SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+SET state = 'cancelled', finalized_at = now(), deadline_at = NULL,
+    heartbeat_at = CASE WHEN old.state = 'running' THEN j.heartbeat_at END,
     callback_id = NULL, callback_timeout_at = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled: cancelled by admin', 'attempt', j.attempt, 'at', now()))

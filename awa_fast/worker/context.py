@@ -14,6 +14,7 @@ from awa_fast import sql
 from awa_fast.callbacks import CallbackToken, check_timeout
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import JobState
+from awa_fast.worker import storable
 from awa_fast.worker.follow_ups import FollowUps
 
 
@@ -33,7 +34,7 @@ class JobContext:
                  "_run_at", "_deadline", "_created_at", "_errors", "_metadata", "tags", "run_lease",
                  "progress", "_progress_gen", "_progress_acked", "_cancelled", "_follow_ups",
                  "runtime", "callback_id", "waiting", "deadline_expired", "returned",
-                 "__weakref__")
+                 "thread", "__weakref__")
 
     def __init__(self, row: tuple, runtime: Any = None):
         (self.id, self.kind, self.queue, self.raw_args, self.priority, self.attempt,
@@ -49,6 +50,8 @@ class JobContext:
         self.waiting = False  # in wait_for_callback: the deadline does not run
         self.deadline_expired = False  # set by the runtime's deadline sweeper
         self.returned = False  # the handler returned: never cancel it any more
+        # A ``def`` handler's concurrent.futures.Future (its thread may outlive a cancel).
+        self.thread: Any = None
 
     # -- awa's read-only fields -----------------------------------------------------------------
 
@@ -100,10 +103,13 @@ class JobContext:
 
     def set_progress(self, percent: int, message: str | None = None) -> None:
         """Record progress in memory (flushed with heartbeats, :meth:`flush_progress` or the
-        final transition). ``percent`` is clamped to 100.
+        final transition). ``percent`` is clamped to 100. A rejected call changes nothing.
 
         Raises:
             OverflowError: ``percent`` is below 0 or above 255 (awa's u8 rule).
+            ValidationError: ``message`` holds a NUL character or a lone surrogate
+                (``field="progress.message"``), or the progress would exceed 64 KiB as JSON
+                (``storable.MAX_PROGRESS_BYTES``): PostgreSQL could not store it.
         """
         percent = int(percent)
         if percent < 0 or percent > 255:
@@ -114,29 +120,38 @@ class JobContext:
             progress.pop("message", None)
         else:
             progress["message"] = str(message)
+            storable.check_progress(progress["message"], "progress.message")
+        storable.check_progress(progress, "progress")
         self.progress = progress
         self._progress_gen += 1
 
     def update_metadata(self, updates: dict) -> None:
-        """Shallow-merge ``updates`` into ``progress["metadata"]``.
+        """Shallow-merge ``updates`` into ``progress["metadata"]``. A rejected call changes
+        nothing.
 
         Raises:
             ValueError: ``updates`` is not a dict.
+            ValidationError: ``updates`` is not JSON-serializable (``SerializationError``),
+                holds a NUL character or a lone surrogate (``field="metadata"``), or the
+                progress would exceed 64 KiB as JSON (``storable.MAX_PROGRESS_BYTES``).
         """
         if not isinstance(updates, dict):
             raise ValueError("update_metadata expects a dict")
+        storable.check_progress(updates, "metadata")
         progress = dict(self.progress or {})
         merged = dict(progress.get("metadata") or {})
         merged.update(copy.deepcopy(updates))
         progress["metadata"] = merged
+        storable.check_progress(progress, "progress")
         self.progress = progress
         self._progress_gen += 1
 
     def progress_snapshot(self) -> tuple[int, str] | None:
-        """``(generation, json)`` of unflushed progress, or ``None`` when all is flushed."""
+        """``(generation, json)`` of unflushed progress, or ``None`` when all is flushed. The
+        JSON is always storable, even if a handler wrote into :attr:`progress` directly."""
         if self._progress_gen == self._progress_acked or self.progress is None:
             return None
-        return self._progress_gen, orjson.dumps(self.progress).decode()
+        return self._progress_gen, storable.json_text(self.progress)
 
     def progress_acked(self, generation: int) -> None:
         self._progress_acked = max(self._progress_acked, generation)

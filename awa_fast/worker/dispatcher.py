@@ -72,6 +72,7 @@ class Dispatcher:
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
             except TimeoutError:
                 pass
+            _raise_if_cancelling()
             if self._stopping:
                 return
             # Let handlers finishing in this loop iteration free their slots first, so one
@@ -92,6 +93,7 @@ class Dispatcher:
                 rows = await self._claim(limit)
             except (psycopg.Error, OSError) as exc:
                 log.warning("claim from queue %r failed: %s", self.queue, exc)
+                _raise_if_cancelling()
                 await asyncio.sleep(min(self.poll_interval_s, 1.0))
                 continue
             self.claims += 1
@@ -104,6 +106,7 @@ class Dispatcher:
             self.claimed += len(rows)
             for row in rows:
                 self._spawn(row)
+            _raise_if_cancelling()  # after spawning: claimed rows always get their handler
 
     async def _claim(self, limit: int) -> list[tuple]:
         pool = await self._pool_getter()
@@ -111,3 +114,11 @@ class Dispatcher:
             cur = await conn.execute(sql.CLAIM, {"queue": self.queue, "limit": limit,
                                                  "deadline_ms": self.deadline_ms})
             return await cur.fetchall()
+
+
+def _raise_if_cancelling() -> None:
+    # Python 3.11: a cancel that races asyncio.wait_for (ours, or psycopg_pool's getconn) can be
+    # swallowed; without this check asyncio.run() waits forever for this task at exit.
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -5,6 +5,12 @@ final attempt); ``Snooze`` -> scheduled, attempt not counted; ``Cancel`` -> canc
 ``WaitForCallback`` -> waiting_external; ``TerminalError`` -> failed; any other exception ->
 retryable with backoff, or failed once attempts are exhausted. Args that do not convert fail the
 job terminally.
+
+The mapping is total (issue 9, class 2): every text and value a handler produced is made
+storable (:mod:`awa_fast.worker.storable`), a ``BaseException`` other than the runtime's own
+cancellation (``KeyboardInterrupt``, ``SystemExit`` raised inside a handler) is an ordinary
+failure of the attempt, and an error while mapping (a result whose attribute access, ``__eq__``
+or ``__class__`` raises) fails the attempt terminally with that error.
 """
 
 from __future__ import annotations
@@ -12,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import random
 import traceback
 from datetime import datetime, timezone
 from typing import Any
 
 from awa_fast.errors import TerminalError
-from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
+from awa_fast.results import MAX_DELAY_S, Cancel, RetryAfter, Snooze, WaitForCallback
+from awa_fast.worker import storable
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.registry import Handler
 
@@ -68,17 +76,23 @@ def backoff_seconds(attempt: int) -> float:
 
 
 def format_error(exc: BaseException) -> str:
-    """``"<Qualname>: <message>"`` and the traceback's last 10 lines (awa's shape)."""
-    head = f"{type(exc).__qualname__}: {exc}"
-    lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    """``"<Qualname>: <message>"`` and the traceback's last 10 lines (awa's shape). Never
+    raises: an exception whose ``__str__``/``__repr__`` raises is described by its type."""
+    head = f"{type(exc).__qualname__}: {storable.describe(exc)}"
+    try:
+        lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    except BaseException as err:  # noqa: BLE001 - a pathological exception object
+        lines = [f"(traceback unavailable: {type(err).__qualname__})"]
     if len(lines) > TRACE_LINES:
         cut = len(lines) - TRACE_LINES
         lines = [f"... ({cut} lines truncated, full trace in logs)"] + lines[-TRACE_LINES:]
     return head + "\n" + "\n".join(lines)
 
 
-def error_entry(text: str, attempt: int, terminal: bool = False) -> dict:
-    entry = {"error": text, "attempt": attempt, "at": datetime.now(timezone.utc).isoformat()}
+def error_entry(text: Any, attempt: int, terminal: bool = False) -> dict:
+    """An ``errors[]`` entry; ``text`` is made storable (NUL, lone surrogates, size)."""
+    entry = {"error": storable.text(text), "attempt": attempt,
+             "at": datetime.now(timezone.utc).isoformat()}
     if terminal:
         entry["terminal"] = True
     return entry
@@ -105,24 +119,35 @@ def handler_error(ctx: JobContext, exc: BaseException) -> Outcome:
 
 def map_result(ctx: JobContext, result: Any) -> Outcome:
     """Map a handler's return value (not an exception) to an outcome, applying ADR-046's
-    sealing, poisoning and discard rules to the attempt's staging buffer."""
+    sealing, poisoning and discard rules to the attempt's staging buffer. Never raises: a
+    result that cannot be mapped fails the attempt terminally, naming the error."""
+    try:
+        return _map_result(ctx, result)
+    except BaseException as exc:  # noqa: BLE001 - see the module docstring
+        return _discarding(ctx, Outcome(FAIL, reason="terminal_error", error=error_entry(
+            f"handler result could not be mapped: {format_error(exc)}", ctx.attempt, True)))
+
+
+def _map_result(ctx: JobContext, result: Any) -> Outcome:
     fu = ctx.staged_follow_ups
     if isinstance(result, RetryAfter):
+        delay = _delay(result.seconds, "RetryAfter")
         if ctx.attempt >= ctx.max_attempts:
             outcome = Outcome(FAIL, reason="exhausted", error=error_entry(
-                f"RetryAfter({result.seconds}) on the final attempt", ctx.attempt))
+                f"RetryAfter({delay}) on the final attempt", ctx.attempt))
         else:
-            outcome = Outcome(RETRY, delay=result.seconds)
+            outcome = Outcome(RETRY, delay=delay)
     elif isinstance(result, Snooze):
-        outcome = Outcome(SNOOZE, delay=result.seconds)
+        outcome = Outcome(SNOOZE, delay=_delay(result.seconds, "Snooze"))
     elif isinstance(result, Cancel):
-        outcome = Outcome(CANCEL, error=error_entry(f"cancelled: {result.reason}", ctx.attempt))
+        outcome = Outcome(CANCEL, error=error_entry(
+            f"cancelled: {storable.describe(result.reason)}", ctx.attempt))
     elif isinstance(result, WaitForCallback):
         if fu is not None and fu.staged:
             metrics["staged_discarded_on_wait_for_callback"] += 1
             log.warning("job %s (%s) returned WaitForCallback: discarding %d staged follow-up(s)",
                         ctx.id, ctx.kind, len(fu.staged))
-        if ctx.callback_id is None or ctx.callback_id != result.callback_id:
+        if ctx.callback_id is None or ctx.callback_id != str(result.callback_id):
             outcome = Outcome(FAIL, reason="terminal_error", error=error_entry(
                 "WaitForCallback without a registered callback", ctx.attempt, True))
         else:
@@ -154,16 +179,33 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
         # The attempt's deadline is enforced by the runtime's deadline sweeper, which cancels
         # this task (cheaper than a timer per job); see Runtime._sweep_deadlines.
         result = await _call(handler, ctx, thread_pool)
-    except Exception as exc:
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt/SystemExit from a handler
         log.debug("job %s (%s) attempt %s raised", ctx.id, ctx.kind, ctx.attempt, exc_info=True)
         return handler_error(ctx, exc)
     return map_result(ctx, result)
 
 
+def _delay(seconds: Any, what: str) -> float:
+    # RetryAfter/Snooze validate at construction; a handler may still have replaced .seconds.
+    value = float(seconds)
+    if not math.isfinite(value) or value < 0 or value > MAX_DELAY_S:
+        raise ValueError(f"{what} seconds must be a finite number between 0 and "
+                         f"{MAX_DELAY_S:.0f}, got {storable.describe(seconds)}")
+    return value
+
+
 async def _call(handler: Handler, ctx: JobContext, thread_pool: Any) -> Any:
     if handler.is_async:
         return await handler.fn(ctx)
-    result = await asyncio.get_running_loop().run_in_executor(thread_pool, handler.fn, ctx)
+    if thread_pool is None:
+        result = await asyncio.get_running_loop().run_in_executor(None, handler.fn, ctx)
+    else:
+        # The thread's own future is kept on the attempt: the runtime must know whether the
+        # thread still runs before it gives the attempt back (see Runtime._run).
+        ctx.thread = thread_pool.submit(handler.fn, ctx)
+        result = await asyncio.wrap_future(ctx.thread)
     if inspect.isawaitable(result):  # a plain callable that returns a coroutine (lambda, wrapper)
         result = await result
     return result

@@ -7,9 +7,14 @@
   run in their own transaction: the guarded transition, then registered specs, then staged
   requests in staging order, each unique insert under a savepoint (a unique conflict is skipped,
   anything else rolls the completion back) -- ADR-029 / ADR-046.
-* ``finalize_with_retry``: a deadlock or lost connection re-runs the whole transaction with the
-  same sealed follow-ups, at most 3 more times; a commit whose acknowledgement was lost replays
-  as stale (the guard no longer matches) and inserts nothing.
+* ``finalize_with_retry``: a deadlock re-runs the whole transaction with the same sealed
+  follow-ups, at most 3 more times, a lost connection at most 6 more times; each retry waits a
+  jittered, doubling pause, and after a connection error the pool's idle connections are
+  checked first (after a server restart they are all dead). A commit whose acknowledgement was
+  lost replays as stale (the guard no longer matches) and inserts nothing.
+* Prompt failure (ADR-046's open extension, :meth:`Finalizer.fail_promptly`): an attempt whose
+  finalize failed for good is failed at once, guarded by its lease, with the error -- it does
+  not wait ``running`` for heartbeat rescue.
 
 Every waiter learns ``True`` (applied) or ``False`` (stale: rescued, cancelled or superseded).
 """
@@ -18,19 +23,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from typing import Any, Awaitable, Callable
 
-import orjson
 import psycopg
 from psycopg import errors as pg_errors
 
 from awa_fast import enqueue, sql
 from awa_fast.worker import executor as ex
+from awa_fast.worker import storable
 from awa_fast.worker.context import JobContext
 
 log = logging.getLogger("awa_fast.finalizer")
 
-MAX_FINALIZE_RETRIES = 3
+MAX_FINALIZE_RETRIES = 3  # deadlock / serialization failure (ADR-046)
+MAX_CONNECTION_RETRIES = 6  # lost connection: the pauses below span a server restart
+RETRY_PAUSE_S = 0.1  # first pause; doubles per retry, jittered x0.5..1.5, capped
+RETRY_PAUSE_MAX_S = 2.0
 BATCH_SIZE = 512
 FLUSHERS = 2
 
@@ -79,7 +88,7 @@ class Finalizer:
         self.after_commit: Callable[..., Awaitable[None]] | None = None
         self.stats = {"compact": 0, "per_job": 0, "stale": 0, "batches": 0, "retries": 0,
                       "follow_ups_inserted": 0, "follow_ups_skipped": 0,
-                      "duplicates_cancelled": 0, "staged_batched": 0}
+                      "duplicates_cancelled": 0, "staged_batched": 0, "prompt_failures": 0}
 
     # -- compact path ---------------------------------------------------------------------------
 
@@ -114,13 +123,18 @@ class Finalizer:
                 batch = self._pending[: self.batch_size]
                 del self._pending[: self.batch_size]
                 await self._flush(batch)
+            # Python 3.11: a cancel racing the pool's getconn (asyncio.wait_for) can be lost.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
 
     async def _flush(self, batch: list) -> None:
         batch.sort(key=lambda item: item[0])
         ids = [b[0] for b in batch]
         leases = [b[1] for b in batch]
         applied: set[int] | None = None
-        for attempt in range(MAX_FINALIZE_RETRIES + 1):
+        attempt = 0
+        while True:
             try:
                 pool = await self._pool_getter()
                 async with pool.connection() as conn:
@@ -133,9 +147,11 @@ class Finalizer:
                 await self._complete_one_by_one(batch)
                 return
             except _RETRYABLE as exc:
-                self.stats["retries"] += 1
+                if not await self._may_retry(attempt, exc):
+                    break
+                attempt += 1
                 log.warning("completion batch of %d failed (%s); retry %d", len(batch), exc,
-                            attempt + 1)
+                            attempt)
             except Exception as exc:  # never leave waiters hanging
                 log.exception("completion batch of %d failed", len(batch))
                 for _, _, fut in batch:
@@ -163,7 +179,8 @@ class Finalizer:
         payload = enqueue.batch_follow_ups_json(
             [(ctx.id, ctx.run_lease, reqs) for ctx, reqs, _ in batch])
         done = None
-        for attempt in range(MAX_FINALIZE_RETRIES + 1):
+        attempt = 0
+        while True:
             try:
                 pool = await self._pool_getter()
                 async with pool.connection() as conn:
@@ -173,9 +190,11 @@ class Finalizer:
                     done = set(zip(done_ids, done_leases))
                 break
             except _RETRYABLE as exc:
-                self.stats["retries"] += 1
+                if not await self._may_retry(attempt, exc):
+                    break
+                attempt += 1
                 log.warning("staged completion batch of %d failed (%s); retry %d", len(batch),
-                            exc, attempt + 1)
+                            exc, attempt)
             except Exception as exc:  # one job's follow-up failed: isolate it
                 log.warning("staged completion batch of %d failed (%s); completing job by job",
                             len(batch), exc)
@@ -237,8 +256,8 @@ class Finalizer:
         Returns True if applied, False if stale.
 
         Raises:
-            psycopg.Error: a non-retryable error, or retries exhausted (the attempt stays
-                running until rescue, ADR-046 "prompt failure" is an open extension).
+            psycopg.Error: a non-retryable error, or retries exhausted; the caller then records
+                a prompt failure (:meth:`fail_promptly`).
         """
         return await self._finalize_requests(ctx, outcome, self.requests_for(ctx, outcome))
 
@@ -250,9 +269,63 @@ class Finalizer:
             requests.extend(outcome.follow_ups)
         return requests
 
+    async def _may_retry(self, attempt: int, exc: BaseException) -> bool:
+        """After failed try number ``attempt`` (0-based) with the retryable ``exc``: False
+        when its retries are spent, else pause (jittered, doubling) and return True. After a
+        connection error the pool's idle connections are checked first: after a server restart
+        they are all dead, and back-to-back retries on them fail within milliseconds."""
+        limit = (MAX_CONNECTION_RETRIES if isinstance(exc, psycopg.OperationalError)
+                 else MAX_FINALIZE_RETRIES)
+        if attempt >= limit:
+            return False
+        self.stats["retries"] += 1
+        if isinstance(exc, psycopg.OperationalError):
+            try:
+                await (await self._pool_getter()).check()
+            except Exception as err:  # the server may still be down: the pause covers it
+                log.debug("pool check after a connection error failed: %s", err)
+        pause = min(RETRY_PAUSE_S * 2 ** attempt, RETRY_PAUSE_MAX_S)
+        await asyncio.sleep(pause * (0.5 + random.random()))
+        return True
+
+    async def fail_promptly(self, ctx: JobContext, cause: BaseException) -> bool:
+        """ADR-046's prompt failure: ``ctx``'s finalize failed for good with ``cause``; record
+        a lease-guarded failure of the attempt now, with the error, instead of leaving it
+        ``running`` until heartbeat rescue. The failure is an ordinary failed attempt
+        (retryable with backoff, or on the final attempt failed / settled with the kind's
+        consequence and exhausted specs); if even that cannot be written, the rescue-shaped
+        ``sql.FAIL_ATTEMPT`` (no inserts) records it.
+
+        Returns True if recorded, False if stale (the attempt was rescued, cancelled or
+        superseded meanwhile).
+
+        Raises:
+            psycopg.Error: nothing could be written (database unreachable); the attempt stays
+                running until rescue.
+        """
+        text = f"finalize failed: {type(cause).__qualname__}: {storable.describe(cause)}"
+        outcome = ex.failed(ctx, text, terminal=False)
+        try:
+            ok = await self._finalize_requests(ctx, outcome, self.requests_for(ctx, outcome))
+        except Exception as exc:
+            log.warning("prompt failure of job %s through the failure path failed (%s); "
+                        "recording it without inserts", ctx.id, exc)
+            applier = None if self.settler is None else self.settler.applier
+            pool = await self._pool_getter()
+            async with pool.connection() as conn:
+                cur = await conn.execute(sql.FAIL_ATTEMPT, {
+                    "id": ctx.id, "lease": ctx.run_lease, "message": outcome.error["error"],
+                    "consequence_kinds": [] if applier is None else applier.kinds_with_effects(),
+                    "known_kinds": [ctx.kind] if applier is None else applier.known_kinds()})
+                ok = await cur.fetchone() is not None
+        if ok:
+            self.stats["prompt_failures"] += 1
+        return ok
+
     async def _finalize_requests(self, ctx: JobContext, outcome: ex.Outcome,
                                  requests: list) -> bool:
-        for attempt in range(MAX_FINALIZE_RETRIES + 1):
+        attempt = 0
+        while True:
             try:
                 return await self._finalize_once(ctx, outcome, requests)
             except (pg_errors.UniqueViolation, enqueue.UniqueConflict):
@@ -263,13 +336,12 @@ class Finalizer:
                     await self._cancel_duplicate(conn, ctx.id, ctx.run_lease)
                 return False
             except _RETRYABLE as exc:
-                if attempt == MAX_FINALIZE_RETRIES:
+                if not await self._may_retry(attempt, exc):
                     log.error("finalize of job %s gave up after %d retries: %s", ctx.id,
-                              MAX_FINALIZE_RETRIES, exc)
+                              attempt, exc)
                     raise
-                self.stats["retries"] += 1
-                log.warning("finalize of job %s failed (%s); retry %d", ctx.id, exc, attempt + 1)
-        raise AssertionError("unreachable")
+                attempt += 1
+                log.warning("finalize of job %s failed (%s); retry %d", ctx.id, exc, attempt)
 
     async def _finalize_once(self, ctx: JobContext, outcome: ex.Outcome, requests: list) -> bool:
         if outcome.kind == ex.FAIL and self.settler is not None:
@@ -281,7 +353,7 @@ class Finalizer:
         snap = ctx.progress_snapshot()
         params = {
             "state": state, "attempt_delta": delta, "delay": outcome.delay,
-            "error": None if outcome.error is None else orjson.dumps([outcome.error]).decode(),
+            "error": None if outcome.error is None else storable.json_text([outcome.error]),
             "progress": None if snap is None else snap[1],
             "id": ctx.id, "lease": ctx.run_lease,
         }

@@ -18,7 +18,14 @@ CHUNK = 500
 
 class Heartbeat:
     """Every ``interval_s`` seconds, one guarded statement per 500 attempts refreshes
-    ``heartbeat_at`` (and writes progress that changed since the last flush)."""
+    ``heartbeat_at`` (and writes progress that changed since the last flush).
+
+    One bad row never fails the others: a chunk whose statement fails with anything but a lost
+    connection (say a trigger rejects one row) is beaten again row by row; a row whose progress
+    is refused is beaten without it and that progress is dropped with a warning.
+    Progress counts as written only for attempts the statement returned: a row that ``SKIP
+    LOCKED`` skipped (being finalized) keeps its progress pending.
+    """
 
     def __init__(self, pool_getter: Callable, in_flight: Callable[[], Iterable[JobContext]],
                  interval_s: float):
@@ -26,6 +33,7 @@ class Heartbeat:
         self._in_flight = in_flight
         self.interval_s = interval_s
         self.beats = 0
+        self.progress_dropped = 0
 
     async def run(self) -> None:
         while True:
@@ -34,10 +42,16 @@ class Heartbeat:
                 await self.beat()
             except (psycopg.Error, OSError) as exc:
                 log.warning("heartbeat failed: %s", exc)
+            except Exception:  # never let one beat end the loop
+                log.exception("heartbeat failed")
+            # Python 3.11: a cancel racing the pool's getconn (asyncio.wait_for) can be lost.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
 
     async def beat(self) -> None:
         """Send one round of heartbeats now."""
-        ctxs = sorted(self._in_flight(), key=lambda c: c.id)
+        ctxs = sorted(self._in_flight(), key=lambda c: (c.id, c.run_lease))
         if not ctxs:
             return
         pool = await self._pool_getter()
@@ -45,10 +59,42 @@ class Heartbeat:
             for start in range(0, len(ctxs), CHUNK):
                 chunk = ctxs[start:start + CHUNK]
                 snaps = [c.progress_snapshot() for c in chunk]
-                await conn.execute(sql.HEARTBEAT, (
-                    [c.id for c in chunk], [c.run_lease for c in chunk],
-                    [None if s is None else s[1] for s in snaps]))
+                try:
+                    beaten = await self._beat(conn, chunk, snaps)
+                except psycopg.Error as exc:
+                    if isinstance(exc, psycopg.OperationalError):
+                        raise
+                    # Not a lost connection: one row's write was refused. Beat row by row.
+                    log.warning("heartbeat of %d attempts failed (%s); beating them one by one",
+                                len(chunk), exc)
+                    for c, s in zip(chunk, snaps):
+                        await self._beat_alone(conn, c, s)
+                    continue
                 for c, s in zip(chunk, snaps):
-                    if s is not None:
+                    if s is not None and (c.id, c.run_lease) in beaten:
                         c.progress_acked(s[0])
         self.beats += 1
+
+    async def _beat(self, conn, chunk: list, snaps: list) -> set:
+        cur = await conn.execute(sql.HEARTBEAT, (
+            [c.id for c in chunk], [c.run_lease for c in chunk],
+            [None if s is None else s[1] for s in snaps]))
+        return {(r[0], r[1]) for r in await cur.fetchall()}
+
+    async def _beat_alone(self, conn, c: JobContext, snap: tuple | None) -> None:
+        # With its progress; if that is refused, without it (the progress is dropped).
+        for attempt in ([snap], [None]) if snap is not None else ([None],):
+            try:
+                beaten = await self._beat(conn, [c], attempt)
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError):
+                    raise
+                log.warning("heartbeat of job %s (%s) failed: %s", c.id, c.kind, exc)
+                continue
+            if snap is not None and (c.id, c.run_lease) in beaten:
+                if attempt[0] is None:
+                    self.progress_dropped += 1
+                    log.warning("progress of job %s (%s) cannot be stored; dropped", c.id,
+                                c.kind)
+                c.progress_acked(snap[0])
+            return

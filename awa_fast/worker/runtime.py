@@ -146,6 +146,29 @@ def _aging_ms(queue: str, value: Any) -> int:
     return value
 
 
+def _thread_runs(ctx: JobContext) -> bool:
+    """True when ``ctx``'s ``def`` handler thread has started and not finished (a thread that
+    had not started is cancelled here and never will)."""
+    thread = ctx.thread
+    return thread is not None and not thread.cancel() and not thread.done()
+
+
+async def _cancel_and_wait(tasks: list, grace_s: float = 0.0) -> None:
+    """Let ``tasks`` end by themselves for ``grace_s`` seconds, then cancel them until they
+    are done: on Python 3.11 a cancel racing ``asyncio.wait_for`` (psycopg_pool's getconn) can
+    be swallowed, so one cancel is not enough."""
+    live = [t for t in tasks if not t.done()]
+    if live and grace_s > 0:
+        _, pending = await asyncio.wait(live, timeout=grace_s)
+        live = list(pending)
+    while live:
+        for t in live:
+            t.cancel()
+        _, pending = await asyncio.wait(live, timeout=1.0)
+        live = list(pending)
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _positive(value: Any, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValidationError(f"{what} must be a positive int, got {value!r}",
@@ -236,7 +259,11 @@ class Runtime:
         self.thread_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=sync_handler_threads or min(32, (os.cpu_count() or 1) + 4),
             thread_name_prefix="awa-fast-handler")
-        self.in_flight: dict[int, JobContext] = {}
+        # Every structure is keyed by attempt (job id, run_lease).
+        self.in_flight: dict[tuple[int, int], JobContext] = {}
+        self.threads_pending = 0  # def-handler attempts waiting for their thread to release
+        self.attempts_ended = 0  # attempts whose task ended (finalized, released, abandoned)
+        self._attempt_ended = asyncio.Event()
         self._handler_tasks: dict[tuple[int, int], asyncio.Task] = {}
         self.dispatchers: dict[str, Dispatcher] = {}
         self._tasks: list[asyncio.Task] = []
@@ -291,20 +318,30 @@ class Runtime:
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
-        """Stop claiming; wait up to ``timeout_ms`` ms for handlers; release the rest; flush."""
+        """Stop in this order (docs/architecture.md, "Shutdown"): stop claiming (wait for a
+        claim in flight to hand over its rows); tell every attempt it is cancelled and wait up
+        to ``timeout_ms`` ms for the handlers; cancel the ones still running and give their
+        attempts back (a ``def`` handler's attempt only once its thread has finished); let
+        every attempt that already returned finish its finalize; stop the background loops;
+        flush the finalizer. The caller closes the pool after this returns."""
+        timeout_s = max(timeout_ms, 0) / 1000
         for d in self.dispatchers.values():
             d.stop()
+        dispatching = [t for t in self._tasks if t.get_name().startswith("awa-dispatch-")]
+        if dispatching:
+            await _cancel_and_wait(dispatching, grace_s=timeout_s)
         for ctx in self.in_flight.values():
             ctx.cancel_flag()
-        pending = list(self._handler_tasks.values())
+        pending = dict(self._handler_tasks)
         if pending:
-            _, still = await asyncio.wait(pending, timeout=max(timeout_ms, 0) / 1000)
-            for task in still:
-                task.cancel()
+            _, still = await asyncio.wait(pending.values(), timeout=timeout_s)
+            for key, task in pending.items():
+                ctx = self.in_flight.get(key)
+                # A handler that returned is finalizing: let it finish, never cancel it.
+                if task in still and (ctx is None or not ctx.returned):
+                    task.cancel()
             await asyncio.gather(*still, return_exceptions=True)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await _cancel_and_wait(self._tasks)
         await self.finalizer.close()
         if self._listen_conn is not None:
             await self._listen_conn.close()
@@ -314,8 +351,11 @@ class Runtime:
 
     def _spawn(self, row: tuple) -> None:
         ctx = JobContext(row, self)
-        self.in_flight[ctx.id] = ctx
-        self._handler_tasks[ctx.id, ctx.run_lease] = self.loop.create_task(self._run(ctx))
+        # Keyed by attempt: a superseded attempt of a re-claimed job stays supervised (deadline,
+        # shutdown cancel flag, cancel NOTIFY, heartbeat) until its own task ends.
+        key = (ctx.id, ctx.run_lease)
+        self.in_flight[key] = ctx
+        self._handler_tasks[key] = self.loop.create_task(self._run(ctx))
 
     def _heartbeat_targets(self):
         return list(self.in_flight.values())
@@ -323,6 +363,7 @@ class Runtime:
     async def _run(self, ctx: JobContext) -> None:
         dispatcher = self.dispatchers[ctx.queue]
         released = False
+        applied: bool | None = None
         try:
             handler = self.client.registry.get(ctx.kind)
             if handler is None:
@@ -345,42 +386,110 @@ class Runtime:
                             # Abandoned at its deadline: nothing written, rescue takes it over.
                             self.outcomes[ex.ABANDON] = self.outcomes.get(ex.ABANDON, 0) + 1
                             return
+                        if _thread_runs(ctx):
+                            # A thread cannot be stopped: releasing now would let another
+                            # worker run the job while this thread still does.
+                            self._release_after_thread(ctx)
+                            return
                         # Shutdown gave up waiting: hand the attempt back, uncounted.
-                        await self.finalizer.release(ctx)
+                        applied = await self.finalizer.release(ctx)
                         return
                 ctx.returned = True
             dispatcher.slot_freed()
             released = True
             self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
-            if outcome.kind == ex.COMPLETED and not outcome.follow_ups and not self._has_specs(ctx):
-                await self.finalizer.complete(ctx.id, ctx.run_lease)
-            elif outcome.kind == ex.COMPLETED and self.staged_completions == "batched":
-                await self.finalizer.complete_with_follow_ups(
-                    ctx, self.finalizer.requests_for(ctx, outcome))
-            else:
-                await self.finalizer.finalize(ctx, outcome)
+            try:
+                applied = await self._finalize(ctx, outcome)
+            except Exception as exc:
+                log.warning("finalize of job %s (%s) failed (%s: %s); recording a prompt "
+                            "failure", ctx.id, ctx.kind, type(exc).__name__, exc)
+                applied = await self.finalizer.fail_promptly(ctx, exc)
         except Exception:
             log.exception("finalizing job %s (%s) failed; it stays running until rescue",
                           ctx.id, ctx.kind)
         finally:
             if not released:
                 dispatcher.slot_freed()
-            # A newer attempt of the same job may already be in flight here: drop only ours.
-            if self.in_flight.get(ctx.id) is ctx:
-                del self.in_flight[ctx.id]
+            self.in_flight.pop((ctx.id, ctx.run_lease), None)
             self._handler_tasks.pop((ctx.id, ctx.run_lease), None)
+            self.attempts_ended += 1
+            self._attempt_ended.set()
+            if applied is False:
+                # Stale: maybe cancelled by an admin while it ran. Its handler is done now.
+                await self._ack_cancelled(ctx)
+
+    async def wait_attempts_ended(self, n: int) -> None:
+        """Wait until ``n`` attempts of this runtime have ended: finalized (or their prompt
+        failure recorded), released, or abandoned. A signal for tests and embedders."""
+        while self.attempts_ended < n:
+            self._attempt_ended.clear()
+            await self._attempt_ended.wait()
+
+    async def _finalize(self, ctx: JobContext, outcome: ex.Outcome) -> bool:
+        # A batched completion that fails is redone alone (one bad row must not fail the
+        # others); what fails alone too is the caller's prompt failure.
+        batched = None
+        if outcome.kind == ex.COMPLETED and not outcome.follow_ups and not self._has_specs(ctx):
+            batched = self.finalizer.complete(ctx.id, ctx.run_lease)
+        elif outcome.kind == ex.COMPLETED and self.staged_completions == "batched":
+            batched = self.finalizer.complete_with_follow_ups(
+                ctx, self.finalizer.requests_for(ctx, outcome))
+        if batched is not None:
+            try:
+                return await batched
+            except Exception as exc:
+                log.warning("batched completion of job %s failed (%s); finalizing it alone",
+                            ctx.id, exc)
+        return await self.finalizer.finalize(ctx, outcome)
+
+    async def _ack_cancelled(self, ctx: JobContext) -> None:
+        try:
+            async with (await self.client.pool()).connection() as conn:
+                await conn.execute(sql.ACK_CANCELLED, (ctx.id, ctx.run_lease))
+        except Exception as exc:  # the mark goes stale on its own
+            log.warning("could not acknowledge the end of job %s's attempt: %s", ctx.id, exc)
+
+    def _release_after_thread(self, ctx: JobContext) -> None:
+        """Give ``ctx``'s attempt back once its ``def`` handler's thread has finished: from
+        that thread, on a connection of its own (the pool may be closed by then). Until then
+        the row stays ``running`` under this attempt's lease; if the process dies first,
+        heartbeat rescue takes it over after ``heartbeat_staleness_ms``."""
+        log.warning("job %s (%s): its handler thread is still running; the attempt is given "
+                    "back when the thread finishes", ctx.id, ctx.kind)
+        self.threads_pending += 1
+        snap = ctx.progress_snapshot()
+        params = {"state": "available", "attempt_delta": -1, "delay": 0.0, "error": None,
+                  "progress": None if snap is None else snap[1], "id": ctx.id,
+                  "lease": ctx.run_lease}
+        dsn = self.client.database_url
+
+        def release(_future) -> None:
+            try:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+                    with conn.transaction():
+                        cur = conn.execute(sql.TRANSITION, params)
+                        if cur.rowcount:
+                            conn.execute(sql.NOTIFY_QUEUE, (ctx.queue,))
+                        conn.execute(sql.ACK_CANCELLED, (ctx.id, ctx.run_lease))
+            except Exception:
+                log.exception("job %s: giving the attempt back after its thread finished "
+                              "failed; it stays running until rescue", ctx.id)
+            finally:
+                self.threads_pending -= 1
+
+        ctx.thread.add_done_callback(release)
 
     async def _sweep_deadlines(self) -> None:
         """Cancel handlers whose attempt deadline passed (checked every half second)."""
         while True:
             await asyncio.sleep(DEADLINE_SWEEP_S)
             now = datetime.now(timezone.utc)
-            for ctx in list(self.in_flight.values()):
+            for key, ctx in list(self.in_flight.items()):
                 deadline = ctx.deadline_at
                 if (deadline is not None and deadline <= now and not ctx.returned
                         and not ctx.waiting and not ctx.deadline_expired):
                     ctx.deadline_expired = True
-                    task = self._handler_tasks.get((ctx.id, ctx.run_lease))
+                    task = self._handler_tasks.get(key)
                     if task is not None:
                         log.warning("job %s (%s) passed its deadline: abandoning the attempt",
                                     ctx.id, ctx.kind)
@@ -461,6 +570,9 @@ class Runtime:
             except (psycopg.Error, OSError) as exc:
                 log.warning("LISTEN connection lost (%s); polling until it is back", exc)
                 self._listen_conn = None
+                task = asyncio.current_task()
+                if task.cancelling():  # Python 3.11: a cancel racing a connect can be lost
+                    raise asyncio.CancelledError from None
                 await asyncio.sleep(self.poll_interval_s)
 
     def _on_notify(self, channel: str, payload: str) -> None:
@@ -473,6 +585,6 @@ class Runtime:
                 msg = orjson.loads(payload)
             except orjson.JSONDecodeError:
                 return
-            ctx = self.in_flight.get(msg.get("job_id"))
-            if ctx is not None and ctx.run_lease == msg.get("run_lease"):
+            ctx = self.in_flight.get((msg.get("job_id"), msg.get("run_lease")))
+            if ctx is not None:
                 ctx.cancel_flag()

@@ -1,0 +1,327 @@
+"""Issue 9, class 2: nothing a handler produces may keep its attempt from finalizing.
+
+Every test runs without maintenance (no rescue can finalize the attempt for it) and waits on the
+runtime's ``wait_attempts_ended`` signal, then asserts the final row: the attempt reached its
+real outcome at once, with a stored (sanitized, escaped, bounded) form of what the handler
+produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+
+import psycopg
+import pytest
+
+import awa_fast as awa
+from awa_fast.worker import storable
+from tests.support import job_row, scalar, wait_for
+
+FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+@dataclasses.dataclass
+class Job:
+    mode: str = ""
+
+
+async def _run(client, handler, *modes, max_attempts=3, **start):
+    """Register ``handler``, insert one job per mode, run them to their end; returns rows."""
+    client.task(Job)(handler)
+    jobs = [await client.insert(Job(m), max_attempts=max_attempts) for m in modes]
+    await client.start([("default", 8)], **{**FAST, **start})
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(len(jobs)), 30)
+    return [await job_row(client.database_url, j.id) for j in jobs]
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str for you")
+
+    def __repr__(self):
+        raise RuntimeError("no repr either")
+
+
+class BadEquality(Exception):
+    def __eq__(self, other):
+        raise RuntimeError("no eq")
+
+    def __hash__(self):
+        raise RuntimeError("no hash")
+
+
+async def test_class2_nul_in_error_finalizes_at_once(client):
+    async def work(job):
+        raise ValueError("bad\x00byte")
+
+    (row,) = await _run(client, work, "x", max_attempts=1)
+    assert row["state"] == "failed"
+    assert row["errors"][-1]["error"].startswith("ValueError: bad\\x00byte")
+
+
+async def test_class2_lone_surrogate_in_error_is_retried_with_its_real_error(client):
+    async def work(job):
+        raise RuntimeError("half a pair: \ud800!")
+
+    (row,) = await _run(client, work, "x")
+    assert row["state"] == "retryable" and row["attempt"] == 1
+    assert "half a pair: \\ud800!" in row["errors"][-1]["error"]
+
+
+async def test_class2_exception_whose_str_and_repr_raise(client):
+    async def work(job):
+        raise Unprintable()
+
+    (row,) = await _run(client, work, "x")
+    assert row["state"] == "retryable"
+    assert row["errors"][-1]["error"].startswith("Unprintable: <unprintable Unprintable>")
+
+
+async def test_class2_exception_whose_eq_and_hash_raise(client):
+    def work(job):  # a def handler: the exception crosses the thread boundary too
+        raise BadEquality("odd")
+
+    (row,) = await _run(client, work, "x")
+    assert row["state"] == "retryable"
+    assert row["errors"][-1]["error"].startswith("BadEquality: odd")
+
+
+async def test_class2_cancel_reason_with_nul_and_surrogate_cancels(client):
+    async def work(job):
+        return awa.Cancel("stop\x00now \udc80")
+
+    (row,) = await _run(client, work, "x")
+    assert row["state"] == "cancelled"  # not turned into a retry by a failed write
+    assert row["errors"][-1]["error"] == "cancelled: stop\\x00now \\udc80"
+
+
+async def test_class2_cancel_reason_whose_str_raises(client):
+    async def work(job):
+        return awa.Cancel(Unprintable())
+
+    (row,) = await _run(client, work, "x")
+    assert row["state"] == "cancelled"
+    assert row["errors"][-1]["error"] == "cancelled: <unprintable Unprintable>"
+
+
+async def test_class2_huge_error_is_bounded_and_says_so(client):
+    async def work(job):
+        raise ValueError("x" * 2_000_000)
+
+    (row,) = await _run(client, work, "x", max_attempts=1)
+    assert row["state"] == "failed"
+    text = row["errors"][-1]["error"]
+    assert len(text) < storable.MAX_TEXT_CHARS + 200
+    assert f"[truncated: {storable.MAX_TEXT_CHARS} of" in text
+
+
+async def test_class2_base_exceptions_raised_by_handlers_are_failures(client):
+    async def work(job):
+        if job.args.mode == "interrupt":
+            raise KeyboardInterrupt("from the handler")
+        if job.args.mode == "exit":
+            raise SystemExit(3)
+
+    rows = await _run(client, work, "interrupt", "exit", "plain")
+    assert [r["state"] for r in rows] == ["retryable", "retryable", "completed"]
+    assert rows[0]["errors"][-1]["error"].startswith("KeyboardInterrupt: from the handler")
+    assert rows[1]["errors"][-1]["error"].startswith("SystemExit: 3")
+    # The loop survived: the runtime still claims and completes.
+    later = await client.insert(Job("plain"))
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(4), 30)
+    assert (await job_row(client.database_url, later.id))["state"] == "completed"
+
+
+async def test_class2_def_handler_raising_system_exit(client):
+    def work(job):
+        raise SystemExit("thread exit")
+
+    (row,) = await _run(client, work, "x")
+    assert row["state"] == "retryable"
+    assert row["errors"][-1]["error"].startswith("SystemExit: thread exit")
+
+
+class LyingClass:
+    @property
+    def __class__(self):
+        raise RuntimeError("isinstance cannot look at me")
+
+
+async def test_class2_unexpected_return_values(client):
+    async def work(job):
+        if job.args.mode == "object":
+            return object()
+        if job.args.mode == "liar":
+            return LyingClass()
+        if job.args.mode == "nan-retry":
+            r = awa.RetryAfter(1)
+            r.seconds = math.nan  # replaced after validation
+            return r
+
+    rows = await _run(client, work, "object", "liar", "nan-retry")
+    assert rows[0]["state"] == "completed"  # any value completes (awa's mapping)
+    for row in rows[1:]:  # a result that cannot even be inspected fails, with the reason
+        assert row["state"] == "failed"
+        assert "handler result could not be mapped" in row["errors"][-1]["error"]
+        assert row["errors"][-1]["terminal"] is True
+    assert "isinstance cannot look at me" in rows[1]["errors"][-1]["error"]
+    assert "RetryAfter seconds must be a finite number" in rows[2]["errors"][-1]["error"]
+
+
+async def test_class2_progress_and_metadata_are_validated_at_the_call(client):
+    seen = {}
+
+    async def work(job):
+        bad = {"nul-message": lambda: job.set_progress(50, "a\x00b"),
+               "surrogate-message": lambda: job.set_progress(50, "\ud800"),
+               "nul-metadata": lambda: job.update_metadata({"k": "v\x00"}),
+               "nul-key": lambda: job.update_metadata({"k\x00": 1}),
+               "object": lambda: job.update_metadata({"o": object()}),
+               "huge": lambda: job.update_metadata({"big": "x" * 100_000})}
+        for name, call in bad.items():
+            try:
+                call()
+            except awa.ValidationError as exc:
+                seen[name] = (exc.field, exc.limit)
+        job.set_progress(40, "fine")
+        await job.flush_progress()
+
+    (row,) = await _run(client, work, "x")
+    assert set(seen) == {"nul-message", "surrogate-message", "nul-metadata", "nul-key",
+                         "object", "huge"}
+    assert seen["nul-message"][0] == "progress.message"
+    assert seen["surrogate-message"] == ("progress.message", "JSON")
+    assert seen["nul-metadata"][0] == seen["nul-key"][0] == "metadata"
+    assert seen["object"] == ("metadata", "JSON")
+    assert seen["huge"] == ("metadata", f"<= {storable.MAX_PROGRESS_BYTES} bytes")
+    assert row["state"] == "completed"
+
+
+async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn, client):
+    # A trigger added outside awa-fast refuses one row's progress: the other attempts of the
+    # process keep beating and their progress is written; the bad row beats without it.
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("""
+            CREATE OR REPLACE FUNCTION public.refuse_poison() RETURNS trigger LANGUAGE plpgsql
+            AS $$ BEGIN RAISE EXCEPTION 'poisoned progress refused'; END $$;
+            CREATE TRIGGER refuse_poison BEFORE UPDATE ON awa_fast.jobs FOR EACH ROW
+                WHEN (NEW.progress->>'message' = 'poison') EXECUTE FUNCTION public.refuse_poison();""")
+    started, gate = [], asyncio.Event()
+    try:
+        async def work(job):
+            job.set_progress(50, job.args.mode)
+            started.append(job.id)
+            await gate.wait()
+
+        client.task(Job)(work)
+        jobs = [await client.insert(Job(m)) for m in ("fine", "poison", "also-fine")]
+        # Heartbeats only when the test calls beat().
+        await client.start([("default", 8)], **{**FAST, "heartbeat_interval_ms": 3_600_000})
+        await wait_for(lambda: _true(len(started) == 3), what="three handlers running")
+        before = await scalar(dsn, "SELECT max(heartbeat_at) FROM awa_fast.jobs")
+        hb = client.runtime.heartbeat
+        await hb.beat()
+        rows = [await job_row(dsn, j.id) for j in jobs]
+        assert [r["progress"] and r["progress"].get("message") for r in rows] == \
+            ["fine", None, "also-fine"]
+        assert all(r["heartbeat_at"] > before for r in rows)  # the bad row beat too
+        assert hb.progress_dropped == 1
+        await hb.beat()  # dropped: the next beat is a plain batch again
+        assert hb.progress_dropped == 1
+        gate.set()
+        await asyncio.wait_for(client.runtime.wait_attempts_ended(3), 30)
+        assert {(await job_row(dsn, j.id))["state"] for j in jobs} == {"completed"}
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("DROP TRIGGER refuse_poison ON awa_fast.jobs; "
+                               "DROP FUNCTION public.refuse_poison()")
+
+
+async def _true(value):
+    return bool(value)
+
+
+@pytest.fixture
+async def failing_completion(dsn):
+    """A trigger that fails the statement completing a job of kind ``job`` in mode 'boom'."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("""
+            CREATE OR REPLACE FUNCTION public.fail_completion() RETURNS trigger
+            LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'completion refused by trigger'; END $$;
+            CREATE TRIGGER fail_completion BEFORE UPDATE ON awa_fast.jobs FOR EACH ROW
+                WHEN (NEW.state = 'completed' AND NEW.args->>'mode' = 'boom')
+                EXECUTE FUNCTION public.fail_completion();""")
+    yield
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("DROP TRIGGER fail_completion ON awa_fast.jobs; "
+                           "DROP FUNCTION public.fail_completion()")
+
+
+@pytest.mark.usefixtures("failing_completion")
+async def test_class2_non_retryable_finalize_error_records_a_prompt_failure(client):
+    async def work(job):  # a plain completion: the compact path
+        return None
+
+    rows = await _run(client, work, "boom", "ok")
+    assert rows[1]["state"] == "completed"
+    row = rows[0]
+    assert row["state"] == "retryable" and row["attempt"] == 1  # at once, not at rescue
+    assert "finalize failed" in row["errors"][-1]["error"]
+    assert "completion refused by trigger" in row["errors"][-1]["error"]
+    assert client.runtime.finalizer.stats["prompt_failures"] == 1
+
+
+@pytest.mark.usefixtures("failing_completion")
+async def test_class2_prompt_failure_on_the_final_attempt_fails_the_job(client):
+    async def work(job):
+        job.enqueue_on_completion(Job("child"))  # the per-job path this time
+
+    (row,) = await _run(client, work, "boom", max_attempts=1)
+    assert row["state"] == "failed"
+    assert "completion refused by trigger" in row["errors"][-1]["error"]
+    assert await scalar(client.database_url,
+                        "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'child'") == 0
+
+
+@dataclasses.dataclass
+class Restart:
+    n: int = 0
+
+
+async def test_class2_finalize_backs_off_across_a_server_restart(own_server):
+    # Every pooled connection dies with the restart; the finalize that follows must check the
+    # pool and back off instead of spending its retries in milliseconds on dead connections.
+    c = awa.AsyncClient(own_server.awa_dsn, max_connections=10)
+    try:
+        gate, started = asyncio.Event(), asyncio.Event()
+
+        @c.task(Restart)
+        async def work(job):
+            started.set()
+            await gate.wait()
+            job.enqueue_on_completion(Restart(job.args.n + 1))  # the per-job path
+
+        first = await c.insert(Restart(0), max_attempts=1)
+        # Nothing else touches the pool meanwhile: no polling claims, no heartbeats.
+        await c.start([("default", 4)], poll_interval_ms=3_600_000,
+                      heartbeat_interval_ms=3_600_000, maintenance=False)
+        await started.wait()
+        pool = await c.pool()
+        held = [pool.connection() for _ in range(8)]  # fill the pool: 8 idle connections
+        await asyncio.gather(*(h.__aenter__() for h in held))
+        for h in held:
+            await h.__aexit__(None, None, None)
+        await asyncio.to_thread(own_server.restart, "fast")
+        gate.set()
+        await asyncio.wait_for(c.runtime.wait_attempts_ended(1), 60)
+        row = await job_row(own_server.awa_dsn, first.id)
+        assert row["state"] == "completed"
+        assert c.runtime.finalizer.stats["retries"] >= 1
+        assert await scalar(own_server.awa_dsn, "SELECT count(*) FROM awa_fast.jobs "
+                                                "WHERE (args->>'n')::int = 1") == 1
+    finally:
+        await c.close()
