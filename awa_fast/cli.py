@@ -826,6 +826,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most rows to show (default: 100)")
     p.set_defaults(func=cmd_consequences)
 
+    # serve
+    p = sub.add_parser("serve", parents=[common],
+                       help="run the web dashboard (needs the 'web' extra)",
+                       description="Serve the web dashboard: queues, jobs, lineage, DLQ, failure "
+                                   "consequences, cron schedules, workers. Binding a non-loopback "
+                                   "host needs a token (exit 2 otherwise). See docs/dashboard.md.")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default: 127.0.0.1; anything else needs a token)")
+    p.add_argument("--port", type=int, default=8080, help="port to bind (default: 8080)")
+    p.add_argument("--read-only", action="store_true",
+                   help="hide admin actions and refuse them with 403")
+    p.add_argument("--token", default=None,
+                   help="access token every request must carry (bearer header or login form; "
+                        "default: $AWA_FAST_SERVE_TOKEN)")
+    p.set_defaults(func=cmd_serve)
+
     # worker
     p = sub.add_parser("worker", parents=[_common(db_help=WORKER_DB_HELP)], formatter_class=raw,
                        help="run an application's workers in N processes (the launcher)",
@@ -903,6 +919,28 @@ def _run_async(fn: Callable[[Session], Any], session: Session) -> int:
     except ImportError:  # pragma: no cover - Windows
         return asyncio.run(runner())
     return uvloop.run(runner())
+
+
+def cmd_serve(s: Session) -> int:
+    """Run the web dashboard (awa_fast.web); a non-loopback host without a token exits 2."""
+    try:
+        from awa_fast.web import security, serve
+    except ImportError as exc:
+        raise CliError(f"awa-fast serve needs the web extra (pip install 'awa-fast[web]'): "
+                       f"{exc}") from exc
+    token = serve.resolve_token(s.args.token)
+    reason = security.check_bind(s.args.host, token)
+    if not 0 <= s.args.port <= 65535:
+        reason = f"--port must be 0..65535, got {s.args.port}"
+    if reason is not None:
+        print(f"{PROG} serve: error: {reason}", file=sys.stderr)
+        return 2
+    url = s.database_url
+    asyncio.run(_probe(url, need_schema=True))
+    print(f"{PROG}: dashboard on http://{s.args.host}:{s.args.port}/"
+          f"{' (read-only)' if s.args.read_only else ''}", file=sys.stderr)
+    serve.run(url, host=s.args.host, port=s.args.port, read_only=s.args.read_only, token=token)
+    return 0
 
 
 def _error(message: str) -> int:

@@ -1,0 +1,10 @@
+"""The web dashboard (``awa-fast serve``): queues, jobs, lineage, DLQ, failure consequences,
+cron schedules, workers and the maintenance leader, with CSRF-protected admin actions.
+
+:func:`create_app` builds the Starlette application; :func:`awa_fast.web.serve.run` serves it with
+uvicorn. Needs the ``web`` extra (``pip install 'awa-fast[web]'``). See docs/dashboard.md.
+"""
+
+from awa_fast.web.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,386 @@
+"""The dashboard's ASGI application: pages, admin actions and error pages (Starlette + Jinja2).
+
+Admin actions are POST-only, CSRF-checked and refused with 403 under ``read_only``; they call the
+same :class:`~awa_fast.client.AsyncClient` methods as the CLI. Bad input (an id that is not a
+positive bigint, an unknown state, an over-long filter) gets a 400 page, an unknown id a 404 page,
+an action on a job in the wrong state a 409 page; no page ever shows a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from awa_fast.client import AsyncClient
+from awa_fast.errors import UniqueConflict
+from awa_fast.job import JobState
+from awa_fast.sql import dashboard as bounds
+from awa_fast.web import security
+from awa_fast.web.reads import Reads
+
+log = logging.getLogger("awa_fast.web")
+
+HERE = Path(__file__).parent
+STATES = tuple(str(s) for s in JobState)
+MAX_NAME = 200  # jobs_kind_length / jobs_queue_length in 001_init.sql
+MAX_ID = 2 ** 63 - 1
+RETRYABLE_STATES = ("failed", "cancelled", "waiting_external")
+FINISHED_STATES = ("completed", "failed", "cancelled")
+
+
+# -- rendering -------------------------------------------------------------------------------------
+
+def _ts(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    seconds = (datetime.now(timezone.utc) - value).total_seconds()
+    future = seconds < 0
+    seconds = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            text = f"{seconds / size:.0f}{unit}"
+            break
+    else:
+        text = f"{seconds:.0f}s"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)
+
+
+def _error_parts(entry: Any) -> dict:
+    """An ``errors`` entry as ``{attempt, at, head, trace, terminal, raw}`` for the template."""
+    if not isinstance(entry, dict):
+        return {"attempt": None, "at": None, "head": _pretty(entry), "trace": "",
+                "terminal": False}
+    text = str(entry.get("error", ""))
+    head, _, trace = text.partition("\n")
+    return {"attempt": entry.get("attempt"), "at": entry.get("at"), "head": head,
+            "trace": trace, "terminal": bool(entry.get("terminal"))}
+
+
+def _templates() -> Jinja2Templates:
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    env = templates.env
+    env.filters.update(ts=_ts, ago=_ago, pretty=_pretty)
+    env.globals.update(states=STATES, bounds=bounds, retryable_states=RETRYABLE_STATES,
+                       finished_states=FINISHED_STATES)
+    return templates
+
+
+# -- input -----------------------------------------------------------------------------------------
+
+def _bad(message: str) -> HTTPException:
+    return HTTPException(400, message)
+
+
+def _positive_id(text: str | None, field: str) -> int | None:
+    if text is None or text == "":
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= MAX_ID:
+        raise _bad(f"{field} must be an integer between 1 and {MAX_ID}, got {text[:40]!r}")
+    return int(text)
+
+
+def _path_id(request: Request) -> int:
+    return _positive_id(request.path_params["job_id"], "job id")  # type: ignore[return-value]
+
+
+def _name(text: str | None, field: str) -> str | None:
+    if text is None or text == "":
+        return None
+    if len(text) > MAX_NAME or "\x00" in text:
+        raise _bad(f"{field} must be 1..{MAX_NAME} characters without NUL")
+    return text
+
+
+def _state(text: str | None) -> str | None:
+    if text is None or text == "":
+        return None
+    if text not in STATES:
+        raise _bad(f"state must be one of {', '.join(STATES)}; got {text[:40]!r}")
+    return text
+
+
+# -- application -----------------------------------------------------------------------------------
+
+def create_app(database_url: str, *, read_only: bool = False,
+               token: str | None = None) -> Starlette:
+    """The dashboard for the awa-fast database at ``database_url`` (a libpq URL/DSN).
+
+    Args:
+        read_only: hide admin actions and refuse their POSTs with 403.
+        token: when set, every request needs it (``Authorization: Bearer``, or the login form,
+            which marks the signed session cookie). ``None``: no authentication; only loopback
+            ``Host`` headers are then accepted (DNS-rebinding guard).
+
+    The bind rule (a token off loopback) is enforced by the caller, see
+    :func:`awa_fast.web.security.check_bind`. Connections open on application startup.
+    """
+    templates = _templates()
+    state: dict[str, Any] = {}
+
+    def client() -> AsyncClient:
+        return state["client"]
+
+    def reads() -> Reads:
+        return state["reads"]
+
+    def render(request: HTTPConnection, name: str, context: dict | None = None,
+               status: int = 200) -> Response:
+        ctx = {"read_only": read_only, "auth": token is not None,
+               "csrf": security.csrf_token(request),
+               "flash": request.session.pop("flash", None), **(context or {})}
+        return templates.TemplateResponse(request, name, ctx, status_code=status)  # type: ignore[arg-type]
+
+    def error_page(request: HTTPConnection, status: int, message: str) -> Response:
+        return render(request, "error.html", {"status": status, "message": message}, status)
+
+    def done(request: Request, message: str, url: str) -> Response:
+        request.session["flash"] = message
+        return RedirectResponse(url, status_code=303)
+
+    async def action_form(request: Request):
+        if read_only:
+            raise security.AccessError(403, "the dashboard runs --read-only: actions are disabled")
+        form = await request.form()
+        security.check_csrf(request, form.get("csrf"))
+        return form
+
+    # -- pages -----------------------------------------------------------------------------------
+
+    async def home(request: Request) -> Response:
+        return RedirectResponse("/queues", status_code=303)
+
+    async def queues(request: Request) -> Response:
+        rows = await reads().queues(await client().dlq_depth_by_queue())
+        return render(request, "queues.html", {"nav": "queues", "queues": rows})
+
+    async def jobs(request: Request) -> Response:
+        p = request.query_params
+        filters = {"queue": _name(p.get("queue"), "queue"), "kind": _name(p.get("kind"), "kind"),
+                   "state": _state(p.get("state"))}
+        before = _positive_id(p.get("before"), "before")
+        page = await reads().jobs(**filters, before=before)
+        return render(request, "jobs.html", {"nav": "jobs", "page": page, "filters": filters})
+
+    async def job(request: Request) -> Response:
+        job_id = _path_id(request)
+        row = await reads().job(job_id)
+        if row is None:
+            raise HTTPException(404, f"no job {job_id} (neither in awa_fast.jobs nor in the DLQ)")
+        trigger, trigger_id, children = await reads().lineage(row)
+        errors = [_error_parts(e) for e in (row.get("errors") or [])]
+        return render(request, "job.html", {
+            "nav": "jobs", "job": row, "errors": errors, "trigger": trigger,
+            "trigger_id": trigger_id, "children": children})
+
+    async def dlq(request: Request) -> Response:
+        p = request.query_params
+        filters = {"queue": _name(p.get("queue"), "queue"), "kind": _name(p.get("kind"), "kind")}
+        before = _positive_id(p.get("before"), "before")
+        page = await reads().dlq(**filters, before=before)
+        return render(request, "dlq.html", {
+            "nav": "dlq", "page": page, "filters": filters,
+            "depth": await client().dlq_depth_by_queue()})
+
+    async def consequences(request: Request) -> Response:
+        return render(request, "consequences.html",
+                      {"nav": "consequences", **await reads().consequences()})
+
+    async def cron(request: Request) -> Response:
+        return render(request, "cron.html",
+                      {"nav": "cron", "schedules": await client().list_cron_jobs()})
+
+    async def workers(request: Request) -> Response:
+        return render(request, "workers.html", {"nav": "workers", **await reads().workers()})
+
+    # -- actions ---------------------------------------------------------------------------------
+
+    async def job_retry(request: Request) -> Response:
+        job_id = _path_id(request)
+        await action_form(request)
+        try:
+            retried = await client().retry(job_id)
+        except UniqueConflict as exc:
+            return error_page(request, 409, str(exc))
+        if retried is None:
+            return await _wrong_state(request, job_id, "retried", "only failed, cancelled or "
+                                      "waiting_external jobs whose consequence is not owed")
+        return done(request, f"job {job_id} retried: available again with attempt 0",
+                    f"/jobs/{job_id}")
+
+    async def job_cancel(request: Request) -> Response:
+        job_id = _path_id(request)
+        await action_form(request)
+        if await client().cancel(job_id) is None:
+            return await _wrong_state(request, job_id, "cancelled", "only unfinished jobs")
+        return done(request, f"job {job_id} cancelled", f"/jobs/{job_id}")
+
+    async def _wrong_state(request: Request, job_id: int, verb: str, rule: str) -> Response:
+        row = await reads().job(job_id)
+        if row is None:
+            return error_page(request, 404, f"no job {job_id}")
+        where = "in the DLQ" if row["in_dlq"] else f"{row['state']}"
+        return error_page(request, 409, f"job {job_id} is {where}: not {verb} ({rule} can be)")
+
+    async def queue_pause(request: Request) -> Response:
+        queue = _name(request.path_params["queue"], "queue")
+        await action_form(request)
+        await client().pause_queue(queue, paused_by="dashboard")
+        return done(request, f"queue {queue} paused", "/queues")
+
+    async def queue_resume(request: Request) -> Response:
+        queue = _name(request.path_params["queue"], "queue")
+        await action_form(request)
+        await client().resume_queue(queue)
+        return done(request, f"queue {queue} resumed", "/queues")
+
+    async def dlq_retry(request: Request) -> Response:
+        job_id = _path_id(request)
+        await action_form(request)
+        try:
+            retried = await client().retry_from_dlq(job_id)
+        except UniqueConflict as exc:
+            return error_page(request, 409, str(exc))
+        if retried is None:
+            return error_page(request, 404, f"job {job_id} is not in the DLQ")
+        return done(request, f"job {job_id} moved from the DLQ back to queue {retried.queue}",
+                    f"/jobs/{job_id}")
+
+    async def dlq_purge(request: Request) -> Response:
+        job_id = _path_id(request)
+        await action_form(request)
+        if not await client().purge_dlq_job(job_id):
+            return error_page(request, 404, f"job {job_id} is not in the DLQ")
+        return done(request, f"DLQ entry {job_id} purged", "/dlq")
+
+    async def dlq_purge_matching(request: Request) -> Response:
+        form = await action_form(request)
+        queue = _name(form.get("queue"), "queue")  # type: ignore[arg-type]
+        kind = _name(form.get("kind"), "kind")  # type: ignore[arg-type]
+        if queue is None and kind is None:
+            raise _bad("purging the DLQ needs a queue or kind filter (the dashboard never "
+                       "purges the whole DLQ)")
+        n = await client().purge_dlq(queue=queue, kind=kind)
+        return done(request, f"purged {n} DLQ entries", "/dlq")
+
+    # -- login -----------------------------------------------------------------------------------
+
+    async def login(request: Request) -> Response:
+        if token is None:
+            return RedirectResponse("/queues", status_code=303)
+        if request.method == "GET":
+            return render(request, "login.html", {"nav": None})
+        form = await request.form()
+        security.check_csrf(request, form.get("csrf"))
+        if not security.token_matches(token, form.get("token")):
+            return render(request, "login.html", {"nav": None, "wrong": True}, 401)
+        request.session["authed"] = True
+        return done(request, "signed in", "/queues")
+
+    async def logout(request: Request) -> Response:
+        form = await request.form()
+        security.check_csrf(request, form.get("csrf"))
+        request.session.clear()
+        return RedirectResponse("/login" if token else "/queues", status_code=303)
+
+    async def denied(conn: HTTPConnection) -> Response:
+        return render(conn, "login.html", {"nav": None, "denied": True}, 401)
+
+    # -- errors ----------------------------------------------------------------------------------
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return error_page(request, exc.status_code, str(exc.detail))
+
+    async def access_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, security.AccessError)
+        return error_page(request, exc.status, str(exc))
+
+    async def db_timeout(request: Request, exc: Exception) -> Response:
+        log.warning("dashboard query cancelled on %s: %s", request.url.path, exc)
+        return error_page(request, 503, "the database did not answer in time; try again")
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("dashboard error on %s %s", request.method, request.url.path)
+        return Response("internal error (logged by the server)", status_code=500,
+                        media_type="text/plain")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        state["client"] = AsyncClient(database_url, max_connections=2)
+        state["reads"] = Reads(database_url)
+        try:
+            await state["reads"].open()
+            yield
+        finally:
+            await state["reads"].close()
+            await state["client"].close()
+
+    routes = [
+        Route("/", home),
+        Route("/queues", queues),
+        Route("/queues/{queue}/pause", queue_pause, methods=["POST"]),
+        Route("/queues/{queue}/resume", queue_resume, methods=["POST"]),
+        Route("/jobs", jobs),
+        Route("/jobs/{job_id}", job),
+        Route("/jobs/{job_id}/retry", job_retry, methods=["POST"]),
+        Route("/jobs/{job_id}/cancel", job_cancel, methods=["POST"]),
+        Route("/dlq", dlq),
+        Route("/dlq/purge", dlq_purge_matching, methods=["POST"]),
+        Route("/dlq/{job_id}/retry", dlq_retry, methods=["POST"]),
+        Route("/dlq/{job_id}/purge", dlq_purge, methods=["POST"]),
+        Route("/consequences", consequences),
+        Route("/cron", cron),
+        Route("/workers", workers),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]
+    middleware = []
+    if token is None:
+        middleware.append(Middleware(TrustedHostMiddleware,
+                                     allowed_hosts=security.LOOPBACK_HOSTS))
+    middleware += [
+        # Fresh secret per process: a restart signs everyone out (sessions hold only the CSRF
+        # token and the login mark).
+        Middleware(SessionMiddleware, secret_key=secrets.token_urlsafe(32),
+                   session_cookie="awa_fast_dashboard", same_site="strict", max_age=12 * 3600),
+        Middleware(security.TokenAuth, token=token, on_denied=denied),
+    ]
+    return Starlette(
+        routes=routes, middleware=middleware, lifespan=lifespan,
+        exception_handlers={HTTPException: http_error, security.AccessError: access_error,
+                            psycopg.errors.QueryCanceled: db_timeout, Exception: server_error})

@@ -1,0 +1,169 @@
+"""What each dashboard page shows, read with the bounded statements of ``awa_fast.sql.dashboard``.
+
+Reads go through their own small pool: autocommit, no server-side prepared statements (so each
+statement is planned with its actual parameter values, as the plan test checks) and a statement
+timeout, so a slow page fails with a 503 instead of holding a connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from awa_fast import sql
+from awa_fast.sql import dashboard as q
+
+STATEMENT_TIMEOUT_MS = 5000
+ACTIVE_STATES = ("available", "scheduled", "retryable", "running", "waiting_external",
+                 "consequence_pending")
+
+
+async def _configure(conn) -> None:
+    await conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+
+
+@dataclasses.dataclass
+class Page:
+    """One keyset page: its rows, the id window it examined ``[floor, before)`` and the
+    ``before`` of the next (older) page, or ``None`` when nothing older exists."""
+
+    rows: list[dict]
+    before: int
+    floor: int
+    next_before: int | None
+
+
+class Reads:
+    """The dashboard's read model over ``database_url`` (open with :meth:`open`)."""
+
+    def __init__(self, database_url: str, max_connections: int = 4):
+        self._pool = AsyncConnectionPool(
+            database_url, min_size=1, max_size=max_connections, open=False, timeout=10,
+            kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+            configure=_configure)
+
+    async def open(self) -> None:
+        await self._pool.open(wait=True, timeout=30)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def _all(self, query: str, params: dict | None = None) -> list[dict]:
+        async with self._pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall()
+
+    async def _one(self, query: str, params: dict | None = None) -> dict | None:
+        rows = await self._all(query, params)
+        return rows[0] if rows else None
+
+    # -- queues ----------------------------------------------------------------------------------
+
+    async def queues(self, dlq_depth: dict[str, int]) -> list[dict]:
+        """One dict per queue: active depth by state, oldest available run_at, recent outcomes
+        (newest ``SAMPLE_IDS`` ids), paused flag and DLQ depth."""
+        bounds = await self._one(q.ID_BOUNDS)
+        floor = (bounds["max"] or 0) - q.SAMPLE_IDS + 1
+        out: dict[str, dict[str, Any]] = {}
+
+        def row(name: str) -> dict[str, Any]:
+            return out.setdefault(name, {
+                "queue": name, "depth": dict.fromkeys(ACTIVE_STATES, 0), "oldest": None,
+                "completed": 0, "failed": 0, "cancelled": 0, "completed_5m": 0,
+                "paused": False, "paused_at": None, "paused_by": None, "dlq": 0})
+
+        for r in await self._all(q.QUEUE_DEPTH):
+            entry = row(r["queue"])
+            entry["depth"][r["state"]] = r["n"]
+            if r["oldest"] is not None:
+                entry["oldest"] = r["oldest"]
+        for r in await self._all(q.QUEUE_RECENT, {"floor": floor}):
+            entry = row(r["queue"])
+            for key in ("completed", "failed", "cancelled", "completed_5m"):
+                entry[key] = r[key]
+        for r in await self._all(q.QUEUE_META):
+            entry = row(r["queue"])
+            entry.update(paused=r["paused"], paused_at=r["paused_at"], paused_by=r["paused_by"])
+        for name, n in dlq_depth.items():
+            row(name)["dlq"] = n
+        for entry in out.values():
+            finished = entry["completed"] + entry["failed"] + entry["cancelled"]
+            entry["finished"] = finished
+            entry["success_pct"] = None if not finished else 100.0 * entry["completed"] / finished
+            entry["per_minute"] = entry["completed_5m"] / 5.0
+        return sorted(out.values(), key=lambda e: e["queue"])
+
+    # -- jobs ------------------------------------------------------------------------------------
+
+    async def _page(self, bounds_sql: str, page_sql: str, before: int | None,
+                    filters: dict) -> Page:
+        bounds = await self._one(bounds_sql)
+        lowest, newest = bounds["min"], bounds["max"]
+        if newest is None:
+            return Page([], 0, 0, None)
+        top = newest + 1 if before is None else min(before, newest + 1)
+        floor = max(top - q.SCAN_WINDOW_IDS, lowest)
+        rows = await self._all(page_sql, {**filters, "before": top, "floor": floor,
+                                          "limit": q.PAGE_ROWS})
+        if len(rows) == q.PAGE_ROWS:
+            next_before = rows[-1]["id"]
+        else:
+            next_before = floor if floor > lowest else None
+        if next_before is not None and next_before <= lowest:
+            next_before = None
+        return Page(rows, top, floor, next_before)
+
+    async def jobs(self, *, queue: str | None, kind: str | None, state: str | None,
+                   before: int | None) -> Page:
+        """Newest jobs below id ``before`` matching the filters (see :class:`Page`)."""
+        return await self._page(q.ID_BOUNDS, q.JOB_PAGE, before,
+                                {"queue": queue, "kind": kind, "state": state})
+
+    async def job(self, job_id: int) -> dict | None:
+        """Every column of job ``job_id`` (from the DLQ if it was dead-lettered; ``in_dlq``
+        says which), or ``None``."""
+        row = await self._one(q.JOB_DETAIL, {"id": job_id})
+        if row is None:
+            row = await self._one(q.DLQ_DETAIL, {"id": job_id})
+        return row
+
+    async def lineage(self, job: dict) -> tuple[dict | None, Any, list[dict]]:
+        """``(trigger, trigger_id, follow_ups)``: the job that staged this one (``None`` when
+        unknown or gone; ``trigger_id`` is the raw provenance value) and the follow-ups this job
+        staged (at most ``CHILD_ROWS``)."""
+        raw = (job.get("metadata") or {}).get(q.PROVENANCE_KEY)
+        trigger = None
+        if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw < 2 ** 63:
+            trigger = await self._one(q.JOB_SUMMARY, {"id": raw})
+        children = await self._all(q.JOB_CHILDREN, {"id": job["id"], "limit": q.CHILD_ROWS})
+        return trigger, raw, children
+
+    async def dlq(self, *, queue: str | None, kind: str | None, before: int | None) -> Page:
+        """Newest DLQ entries below id ``before`` matching the filters."""
+        return await self._page(q.DLQ_ID_BOUNDS, q.DLQ_PAGE, before, {"queue": queue, "kind": kind})
+
+    # -- consequences, workers -------------------------------------------------------------------
+
+    async def consequences(self) -> dict:
+        """Owed / overdue counts, the first ``OWED_ROWS`` owed (oldest retry first) and the
+        applied ones among the newest ``SAMPLE_IDS`` job ids."""
+        counts = await self._one(q.CONSEQUENCE_COUNTS)
+        owed = await self._all(q.CONSEQUENCES_OWED, {"limit": q.OWED_ROWS})
+        bounds = await self._one(q.ID_BOUNDS)
+        floor = (bounds["max"] or 0) - q.SAMPLE_IDS + 1
+        applied = await self._all(q.CONSEQUENCES_APPLIED, {"floor": floor, "limit": q.PAGE_ROWS})
+        return {"owed_count": counts["owed"], "overdue_count": counts["overdue"], "owed": owed,
+                "applied": applied}
+
+    async def workers(self) -> dict:
+        """The maintenance leader's backend, client connections to this database and the
+        running attempts (at most ``RUNNING_ROWS``)."""
+        return {
+            "leader": await self._one(q.LEADER, {"key": sql.LEADER_LOCK_KEY}),
+            "connections": await self._all(q.CONNECTIONS),
+            "running_count": (await self._one(q.RUNNING_COUNT))["count"],
+            "running": await self._all(q.RUNNING, {"limit": q.RUNNING_ROWS}),
+        }

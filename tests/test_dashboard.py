@@ -1,0 +1,222 @@
+"""The dashboard over HTTP (Starlette's TestClient, no browser) against a real database: every
+page renders the seeded rows, actions change the rows, and the access rules hold (CSRF, read-only,
+token, bind rule, Host guard); bad input gets a 4xx page, never a traceback."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import psycopg
+import pytest
+from starlette.testclient import TestClient
+
+from awa_fast.sql import dashboard as dq
+from awa_fast.web import create_app
+from awa_fast.web.security import check_bind
+from awa_fast.worker.follow_ups import PROVENANCE_KEY
+from tests.dashboard_seed import seed
+
+BASE = "http://127.0.0.1"
+
+
+@pytest.fixture(scope="module")
+async def ids(dsn):
+    return await seed(dsn)
+
+
+@pytest.fixture
+def web(dsn, ids):
+    with TestClient(create_app(dsn), base_url=BASE, follow_redirects=False) as c:
+        yield c
+
+
+def csrf_of(html: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert m, "page has no CSRF field"
+    return m.group(1)
+
+
+def row(dsn: str, job_id: int) -> dict | None:
+    with psycopg.connect(dsn, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute("SELECT id, state::text AS state, attempt FROM awa_fast.jobs "
+                            "WHERE id = %s", (job_id,)).fetchone()
+
+
+def in_dlq(dsn: str, job_id: int) -> bool:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT 1 FROM awa_fast.dlq WHERE id = %s", (job_id,)).fetchone() \
+            is not None
+
+
+def test_provenance_key_matches_the_staging_code():
+    assert dq.PROVENANCE_KEY == PROVENANCE_KEY
+
+
+def test_every_page_renders_the_seeded_rows(web, ids):
+    r = web.get("/queues")
+    assert r.status_code == 200
+    for queue in ("default", "shipping", "billing"):
+        assert f'data-queue="{queue}"' in r.text
+    assert "paused" not in re.search(r'data-queue="billing".*?</tr>', r.text, re.S).group(0)
+
+    r = web.get("/jobs")
+    assert r.status_code == 200
+    for job_id in (ids["order"], ids["ship"], ids["boom"], ids["later"]):
+        assert f'data-id="{job_id}"' in r.text
+
+    r = web.get(f"/jobs/{ids['order']}")
+    assert r.status_code == 200
+    lineage = r.text[r.text.index('id="lineage"'):]
+    assert f'href="/jobs/{ids["ship"]}"' in lineage  # the follow-up it staged
+    r = web.get(f"/jobs/{ids['ship']}")
+    assert f'href="/jobs/{ids["order"]}"' in r.text[r.text.index('id="lineage"'):]  # its trigger
+
+    r = web.get(f"/jobs/{ids['boom']}")
+    assert "TerminalError: invoice template missing for order 1001" in r.text
+    assert "Traceback" in r.text  # the stored traceback is shown
+    assert "rendering invoice" in r.text and 'value="40"' in r.text  # progress
+
+    r = web.get(f"/jobs/{ids['dead']}")  # dead-lettered: found in the DLQ
+    assert r.status_code == 200 and "in DLQ" in r.text
+
+    r = web.get("/dlq")
+    assert f'data-id="{ids["dead"]}"' in r.text
+
+    r = web.get("/consequences")
+    owed = r.text[r.text.index('id="owed"'):r.text.index('id="applied"')]
+    assert f'data-id="{ids["charge"]}"' in owed
+    assert f'data-id="{ids["refund"]}"' in r.text[r.text.index('id="applied"'):]
+    assert 'id="owed-count">1<' in r.text
+
+    r = web.get("/cron")
+    assert 'data-name="nightly-report"' in r.text and "0 3 * * *" in r.text
+
+    r = web.get("/workers")
+    assert r.status_code == 200
+    assert "No process holds the leader lock" in r.text  # the seeding worker has stopped
+    assert 'id="connections"' in r.text
+
+
+def test_job_list_filters_and_keyset_pages(web, ids):
+    r = web.get("/jobs", params={"state": "failed"})
+    assert f'data-id="{ids["boom"]}"' in r.text and f'data-id="{ids["order"]}"' not in r.text
+    r = web.get("/jobs", params={"queue": "shipping"})
+    assert f'data-id="{ids["ship"]}"' in r.text and f'data-id="{ids["boom"]}"' not in r.text
+    r = web.get("/jobs", params={"kind": "send_invoice"})
+    assert f'data-id="{ids["boom"]}"' in r.text and f'data-id="{ids["ship"]}"' not in r.text
+    # keyset: ids strictly below `before`
+    r = web.get("/jobs", params={"before": ids["ship"]})
+    shown = [int(x) for x in re.findall(r'<tr data-id="(\d+)"', r.text)]
+    assert shown and max(shown) < ids["ship"] and shown == sorted(shown, reverse=True)
+
+
+@pytest.mark.parametrize("url, status", [
+    ("/jobs/999999999", 404),
+    ("/jobs/abc", 400),
+    ("/jobs/0", 400),
+    ("/jobs/99999999999999999999999", 400),
+    ("/jobs?state=exploded", 400),
+    ("/jobs?before=-3", 400),
+    ("/jobs?queue=" + "q" * 201, 400),
+    ("/dlq?kind=" + "k" * 201, 400),
+    ("/nowhere", 404),
+])
+def test_bad_input_gets_a_4xx_page(web, url, status):
+    r = web.get(url)
+    assert r.status_code == status, r.text
+    assert "Traceback" not in r.text and 'class="error"' in r.text
+
+
+def test_actions_need_post_and_the_csrf_token(web, dsn, ids):
+    assert web.get(f"/jobs/{ids['boom']}/retry").status_code == 405
+    r = web.post(f"/jobs/{ids['boom']}/retry", data={})
+    assert r.status_code == 403 and "CSRF" in r.text
+    r = web.post(f"/jobs/{ids['boom']}/retry", data={"csrf": "forged"})
+    assert r.status_code == 403
+    # a token from another session is no good either
+    with TestClient(web.app, base_url=BASE) as other:
+        foreign = csrf_of(other.get(f"/jobs/{ids['boom']}").text)
+    assert web.post(f"/jobs/{ids['boom']}/retry", data={"csrf": foreign}).status_code == 403
+    assert row(dsn, ids["boom"])["state"] == "failed"
+
+
+def test_actions_change_the_rows(web, dsn, ids):
+    token = csrf_of(web.get("/queues").text)
+    # cancel the scheduled job; cancelling it again is a 409
+    r = web.post(f"/jobs/{ids['later']}/cancel", data={"csrf": token})
+    assert r.status_code == 303 and r.headers["location"] == f"/jobs/{ids['later']}"
+    assert row(dsn, ids["later"])["state"] == "cancelled"
+    assert "cancelled" in web.get(r.headers["location"]).text
+    r = web.post(f"/jobs/{ids['later']}/cancel", data={"csrf": token})
+    assert r.status_code == 409 and "not cancelled" in r.text
+    # retrying a completed job is refused (409); an unknown one is 404
+    assert web.post(f"/jobs/{ids['order']}/retry", data={"csrf": token}).status_code == 409
+    assert web.post("/jobs/999999999/retry", data={"csrf": token}).status_code == 404
+    # pause / resume
+    assert web.post("/queues/default/pause", data={"csrf": token}).status_code == 303
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT paused, paused_by FROM awa_fast.queue_meta "
+                            "WHERE queue = 'default'").fetchone() == (True, "dashboard")
+    assert web.post("/queues/default/resume", data={"csrf": token}).status_code == 303
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT paused FROM awa_fast.queue_meta "
+                            "WHERE queue = 'default'").fetchone() == (False,)
+    # purging the whole DLQ without a filter is refused
+    assert web.post("/dlq/purge", data={"csrf": token}).status_code == 400
+    assert web.post("/dlq/999999999/retry", data={"csrf": token}).status_code == 404
+
+
+def test_read_only_hides_and_refuses_actions(dsn, ids):
+    with TestClient(create_app(dsn, read_only=True), base_url=BASE,
+                    follow_redirects=False) as web:
+        page = web.get(f"/jobs/{ids['boom']}").text
+        assert "read-only" in page and f"/jobs/{ids['boom']}/retry" not in page
+        assert "/pause" not in web.get("/queues").text
+        assert 'name="csrf"' not in page  # no action forms at all
+        for url in (f"/jobs/{ids['boom']}/retry", f"/jobs/{ids['boom']}/cancel",
+                    "/queues/default/pause", f"/dlq/{ids['dead']}/retry",
+                    f"/dlq/{ids['dead']}/purge"):
+            r = web.post(url, data={"csrf": "any"})  # refused before the CSRF check
+            assert r.status_code == 403 and "read-only" in r.text, url
+    assert row(dsn, ids["boom"])["state"] == "failed" and in_dlq(dsn, ids["dead"])
+
+
+def test_token_is_required_when_set(dsn, ids):
+    app = create_app(dsn, token="s3cret-token")
+    with TestClient(app, base_url="http://10.1.2.3", follow_redirects=False) as web:
+        r = web.get("/queues")
+        assert r.status_code == 401 and 'action="/login"' in r.text
+        assert web.get("/queues", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert web.get("/queues",
+                       headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
+        token = csrf_of(web.get("/login").text)
+        assert web.post("/login", data={"csrf": token, "token": "nope"}).status_code == 401
+        assert web.post("/login", data={"token": "s3cret-token"}).status_code == 403  # no CSRF
+        r = web.post("/login", data={"csrf": token, "token": "s3cret-token"})
+        assert r.status_code == 303
+        assert web.get("/queues").status_code == 200  # the signed session cookie now suffices
+        assert web.get("/static/style.css").status_code == 200
+
+
+def test_without_a_token_only_loopback_host_headers_are_served(dsn, ids):
+    with TestClient(create_app(dsn), base_url="http://evil.example") as web:
+        assert web.get("/queues").status_code == 400  # DNS-rebinding guard
+
+
+def test_bind_rule():
+    assert check_bind("127.0.0.1", None) is None
+    assert check_bind("::1", None) is None
+    assert check_bind("localhost", None) is None
+    assert "requires a token" in check_bind("0.0.0.0", None)
+    assert check_bind("0.0.0.0", "tok") is None
+    assert "empty" in check_bind("0.0.0.0", " ")
+
+
+def test_serve_off_loopback_without_a_token_exits_2(dsn, monkeypatch):
+    env = {"PATH": "/usr/bin:/bin", "AWA_FAST_DATABASE_URL": dsn}
+    proc = subprocess.run([sys.executable, "-m", "awa_fast", "serve", "--host", "0.0.0.0"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "requires a token" in proc.stderr and "AWA_FAST_SERVE_TOKEN" in proc.stderr
