@@ -937,8 +937,8 @@ def cmd_serve(s: Session) -> int:
         return 2
     url = s.database_url
     asyncio.run(_probe(url, need_schema=True))
-    print(f"{PROG}: dashboard on http://{s.args.host}:{s.args.port}/"
-          f"{' (read-only)' if s.args.read_only else ''}", file=sys.stderr)
+    print(f"{PROG}: serving the dashboard{' read-only' if s.args.read_only else ''}"
+          f"{', token required' if token else ''} (uvicorn prints the address)", file=sys.stderr)
     serve.run(url, host=s.args.host, port=s.args.port, read_only=s.args.read_only, token=token)
     return 0
 

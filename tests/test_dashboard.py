@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
+import awa_fast as awa
 from awa_fast.sql import dashboard as dq
 from awa_fast.web import create_app
 from awa_fast.web.security import check_bind
@@ -220,3 +221,22 @@ def test_serve_off_loopback_without_a_token_exits_2(dsn, monkeypatch):
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2, proc.stderr
     assert "requires a token" in proc.stderr and "AWA_FAST_SERVE_TOKEN" in proc.stderr
+
+
+def test_dlq_purge_one_and_matching(web, dsn):
+    from tests.dashboard_seed import SendInvoice
+
+    with awa.Client(dsn) as client:
+        jobs = [client.insert(SendInvoice(n), queue="purge_me") for n in range(3)]
+        with psycopg.connect(dsn) as conn:
+            conn.execute("UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
+                         "WHERE id = ANY(%s)", ([j.id for j in jobs],))
+        for j in jobs:
+            assert client.move_failed_to_dlq(j.id)
+    token = csrf_of(web.get("/dlq").text)
+    r = web.post(f"/dlq/{jobs[0].id}/purge", data={"csrf": token})
+    assert r.status_code == 303 and not in_dlq(dsn, jobs[0].id)
+    assert web.post(f"/dlq/{jobs[0].id}/purge", data={"csrf": token}).status_code == 404
+    r = web.post("/dlq/purge", data={"csrf": token, "queue": "purge_me"})
+    assert r.status_code == 303 and "purged 2 DLQ entries" in web.get("/dlq").text
+    assert not in_dlq(dsn, jobs[1].id) and not in_dlq(dsn, jobs[2].id)
