@@ -4,17 +4,22 @@
 """
 
 from awa_fast._native import native_extensions
-from awa_fast.admin import DlqEntry, HealthCheck, QueueHealth
-from awa_fast.client import AsyncClient, Client, QueueStat
+from awa_fast import callback_contract
+from awa_fast.admin import DlqEntry, HealthCheck, QueueHealth, RetryFailedResult
+from awa_fast.client import AsyncClient, QueueStat
+from awa_fast.sync_client import Client
 from awa_fast.errors import (
     AttemptStillRunning,
     AwaError,
     CallbackNotFound,
     DatabaseError,
     JobNotFound,
+    LiveRuntimesRequireExclusiveWindow,
+    RuntimeVersionFloorNotMet,
     SchemaNotMigrated,
     SerializationError,
     StagingError,
+    StorageNotFinalized,
     TerminalError,
     UniqueConflict,
     UnknownJobKind,
@@ -27,7 +32,8 @@ from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_fast.schema import current_migration_version, migrate, migrations
 from awa_fast.transaction import Transaction
 from awa_fast.unsupported import init_telemetry, shutdown_telemetry
-from awa_fast.callbacks import CallbackToken
+from awa_fast.callbacks import CallbackToken, ResolveResult
+from awa_fast.partitioned import PartitionedQueue
 from awa_fast.worker.consequences import JobFailure
 from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE
 
@@ -40,5 +46,7 @@ __all__ = [
     "StagingError", "TerminalError", "Transaction", "UniqueConflict", "UniqueOpts",
     "UnknownJobKind", "ValidationError", "WaitForCallback", "current_migration_version",
     "derive_kind", "init_telemetry", "migrate", "migrations", "native_extensions",
-    "shutdown_telemetry", "Unsupported",
+    "shutdown_telemetry", "Unsupported", "LiveRuntimesRequireExclusiveWindow",
+    "RuntimeVersionFloorNotMet", "StorageNotFinalized", "PartitionedQueue", "ResolveResult",
+    "RetryFailedResult", "callback_contract",
 ]

@@ -19,7 +19,7 @@ from typing import Any
 from psycopg import errors as pg_errors
 
 from awa_fast import _native, enqueue, sql
-from awa_fast.errors import AwaError, JobNotFound, UniqueConflict
+from awa_fast.errors import AwaError, JobNotFound, UniqueConflict, Unsupported
 from awa_fast.job import JOB_FIELDS, Job
 
 log = logging.getLogger("awa_fast.admin")
@@ -74,6 +74,25 @@ class HealthCheck:
     shutting_down: bool
     leader: bool
     queues: dict[str, QueueHealth]
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryFailedResult:
+    """awa's ``RetryFailedResult``: ``jobs`` moved back to available, ``matched`` failed jobs the
+    filter found (``matched - len(jobs)`` raced, hold a unique key now taken, or still owe a
+    failure consequence), and ``pruned_failed_count``: always ``None`` -- awa-fast keeps no
+    count of failed rows pruned past retention (awa also gives ``None`` when filtering by kind).
+    Iterating it iterates ``jobs``."""
+
+    jobs: list
+    matched: int
+    pruned_failed_count: int | None = None
+
+    def __iter__(self):
+        return iter(self.jobs)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
 
 
 def _when(value: Any, name: str) -> datetime | None:
@@ -260,19 +279,22 @@ class AdminMixin:
 
     # -- failed jobs ----------------------------------------------------------------------------
 
-    async def retry_failed(self, *, kind: str | None = None, queue: str | None = None) -> list[Job]:
+    async def retry_failed(self, *, kind: str | None = None,
+                           queue: str | None = None) -> RetryFailedResult:
         """Make every ``failed`` job of ``kind`` or of ``queue`` (exactly one) available again
-        with attempt 0; returns them. A job whose unique key is now held by another live job
-        is skipped (it stays failed).
+        with attempt 0; returns a :class:`RetryFailedResult`. A job whose unique key is now held
+        by another live job is skipped (it stays failed).
 
         Raises:
-            ValueError: neither or both of ``kind`` and ``queue``.
+            ValueError: neither or both of ``kind`` and ``queue`` (awa's message).
         """
         if (kind is None) == (queue is None):
-            raise ValueError("retry_failed needs exactly one of kind= or queue=")
+            raise ValueError("Specify exactly one of kind or queue")
         params = {"kind": kind, "queue": queue}
         async with (await self.pool()).connection() as conn:
             async with conn.transaction():
+                cur = await conn.execute(sql.FAILED_IDS, params)
+                matched = len(await cur.fetchall())
                 try:
                     async with conn.transaction():
                         cur = await conn.execute(sql.RETRY_FAILED, params)
@@ -291,7 +313,7 @@ class AdminMixin:
                             log.info("failed job %s not retried: its unique key is held", job_id)
                 for q in sorted({r[2] for r in rows}):
                     await conn.execute(sql.NOTIFY_QUEUE, (q,))
-        return [Job.from_row(r) for r in rows]
+        return RetryFailedResult([Job.from_row(r) for r in rows], matched)
 
     async def discard_failed(self, kind: str) -> int:
         """Delete the ``failed`` jobs of ``kind`` (not those whose failure consequence is still
@@ -414,6 +436,65 @@ class AdminMixin:
         return HealthCheck(healthy, connected, poll_alive, heartbeat_alive, shutting_down,
                            leader, queues)
 
+    # -- storage (awa-pg's start-up calls, answered for awa-fast's one engine) -----------------
+
+    async def flush_admin_metadata(self) -> None:
+        """awa recomputes cached admin counters here; awa-fast caches none (``queue_stats()``
+        counts the jobs table when called), so there is nothing to flush."""
+        await self.pool()
+
+    async def install_queue_storage(self, *, schema: str = "awa", queue_slot_count: int = 16,
+                                    lease_slot_count: int = 8, reset: bool = False) -> None:
+        """awa installs and activates its queue-storage engine here. awa-fast has one engine,
+        the ``awa_fast`` schema, always active: this applies its migrations (idempotent).
+
+        Raises:
+            Unsupported: a non-default ``schema``, slot count, or ``reset=True`` (awa-fast's
+                schema and layout are fixed; it never drops jobs to reset storage).
+        """
+        _storage_defaults(schema=schema, queue_slot_count=queue_slot_count,
+                          lease_slot_count=lease_slot_count, reset=reset)
+        await self.migrate()
+
+    async def prepare_queue_storage_schema(self, *, schema: str = "awa", queue_slot_count: int = 16,
+                                           lease_slot_count: int = 8) -> None:
+        """As :meth:`install_queue_storage` (awa-fast has no separate prepare step)."""
+        _storage_defaults(schema=schema, queue_slot_count=queue_slot_count,
+                          lease_slot_count=lease_slot_count, reset=False)
+        await self.migrate()
+
+    async def storage_status(self) -> str:
+        """awa's storage-status report (pretty JSON, same keys) for awa-fast's one engine:
+        ``current_engine`` = ``active_engine`` = ``"awa_fast"``, state ``"active"``, never a
+        transition (both ``can_*`` false, with the reason as the blocker), timestamps from the
+        schema's migration history, ``details`` with the schema and migration versions."""
+        rows = await self._fetch(sql.STORAGE_HISTORY)
+        first, last, applied = rows[0] if rows else (None, None, None)
+        first, last = (None if t is None else t.isoformat() for t in (first, last))
+        why = ["awa-fast has one storage engine (awa_fast schema); there is no transition"]
+        from awa_fast.schema import current_migration_version
+
+        report = {
+            "current_engine": "awa_fast", "active_engine": "awa_fast", "prepared_engine": None,
+            "state": "active" if applied else "not_migrated", "transition_epoch": 0,
+            "details": {"schema": "awa_fast", "migration_version": applied,
+                        "package_migration_version": current_migration_version()},
+            "entered_at": first, "updated_at": last, "finalized_at": first,
+            "canonical_live_backlog": 0, "prepared_queue_storage_schema": None,
+            "prepared_schema_ready": False, "live_runtime_capability_counts": {},
+            "can_enter_mixed_transition": False, "enter_mixed_transition_blockers": why,
+            "can_finalize": False, "finalize_blockers": why,
+        }
+        return _dumps(report)
+
 
 def _max_error_attempt(errors: list) -> int:
     return max((e.get("attempt") or 0 for e in errors if isinstance(e, dict)), default=0)
+
+
+def _storage_defaults(**given: Any) -> None:
+    defaults = {"schema": "awa", "queue_slot_count": 16, "lease_slot_count": 8, "reset": False}
+    for key, value in given.items():
+        if value != defaults[key]:
+            raise Unsupported(key, "awa-fast has one storage engine with a fixed schema "
+                                   "(awa_fast) and layout")

@@ -3,8 +3,10 @@
 A handler registers a callback (``job.register_callback``), hands its id to the outside world,
 and either returns ``WaitForCallback(token)`` (the job parks in ``waiting_external``) or awaits
 ``job.wait_for_callback(token)`` (the handler stays alive). The outside world then calls one of
-these, by callback id. CEL expressions (awa's ``filter`` / ``on_complete`` / ``transform``) are
-not supported.
+these, by callback id. CEL expressions (awa's ``filter`` / ``on_complete`` / ``on_fail`` /
+``transform``) are not supported: ``register_callback`` rejects them, so
+:func:`resolve_callback` always applies its ``default_action``, which is what awa does for a
+callback registered without expressions.
 """
 
 from __future__ import annotations
@@ -46,10 +48,15 @@ def parse_callback_id(callback_id: Any) -> uuid.UUID:
 
 
 def check_timeout(timeout_seconds: Any) -> float:
-    """Raises ValueError for a negative or non-finite timeout (seconds)."""
-    value = float(timeout_seconds)
+    """Raises :class:`ValidationError` (a ValueError; field ``timeout_seconds``) for a
+    negative, non-finite or non-numeric timeout (seconds)."""
+    try:
+        value = float(timeout_seconds)
+    except (TypeError, ValueError):
+        value = float("nan")
     if not (value >= 0) or value == float("inf"):
-        raise ValueError(f"timeout_seconds must be a finite number >= 0, got {timeout_seconds!r}")
+        raise ValidationError(f"timeout_seconds must be a finite number >= 0, got "
+                              f"{timeout_seconds!r}", field="timeout_seconds", limit=">= 0")
     return value
 
 
@@ -163,3 +170,57 @@ async def _one(client: Any, query: str, cid: uuid.UUID, notify: bool = False) ->
         if notify:
             await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
     return Job.from_row(row)
+
+
+class ResolveResult:
+    """awa's ``ResolveResult``: ``outcome`` is ``"completed"``, ``"failed"`` or ``"ignored"``;
+    ``job`` the job after the transition (``None`` when ignored); ``payload`` the payload a
+    completion carried; ``reason`` why it was ignored."""
+
+    __slots__ = ("outcome", "job", "payload", "reason")
+
+    def __init__(self, outcome: str, job: Job | None = None, payload: Any = None,
+                 reason: str | None = None):
+        self.outcome, self.job, self.payload, self.reason = outcome, job, payload, reason
+
+    def is_completed(self) -> bool:
+        return self.outcome == "completed"
+
+    def is_failed(self) -> bool:
+        return self.outcome == "failed"
+
+    def is_ignored(self) -> bool:
+        return self.outcome == "ignored"
+
+    def __repr__(self) -> str:
+        return f"ResolveResult(outcome={self.outcome!r}, job={self.job!r}, reason={self.reason!r})"
+
+
+# awa's texts for a callback resolved by its default action (awa-model admin.rs apply_default).
+DEFAULT_FAIL_ERROR = "callback failed: default action"
+DEFAULT_IGNORE_REASON = "no expressions configured, default is ignore"
+
+
+@enqueue.maps_errors
+async def resolve_callback(client: Any, callback_id: Any, payload: Any = None,
+                           default_action: str = "ignore") -> ResolveResult:
+    """Resolve a callback by ``default_action``: ``"complete"`` (as :func:`complete_external`,
+    the payload returned in the result), ``"fail"`` (as :func:`fail_external` with awa's error
+    text) or ``"ignore"`` (no change).
+
+    Raises:
+        ValidationError: unknown ``default_action`` (awa's message) or malformed id.
+        CallbackNotFound: no job waits on that callback.
+    """
+    if default_action not in ("complete", "fail", "ignore"):
+        raise ValidationError(f"unknown default_action: {default_action} (expected 'complete', "
+                              "'fail', or 'ignore')", field="default_action")
+    cid = parse_callback_id(callback_id)
+    if default_action == "complete":
+        return ResolveResult("completed", await complete_external(client, cid, payload), payload)
+    if default_action == "fail":
+        return ResolveResult("failed", await fail_external(client, cid, DEFAULT_FAIL_ERROR))
+    async with (await client.pool()).connection() as conn:
+        async with conn.transaction():
+            await _locked(conn, cid)
+    return ResolveResult("ignored", reason=DEFAULT_IGNORE_REASON)

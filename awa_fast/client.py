@@ -1,4 +1,5 @@
-"""The clients: :class:`AsyncClient` (producers, admin, workers) and the blocking :class:`Client`.
+"""The async client :class:`AsyncClient` (producers, admin, workers); the blocking ``Client`` is in
+``awa_fast/sync_client.py``.
 
 Names, keywords and defaults follow awa-pg (``awa.AsyncClient`` / ``awa.Client``), so an
 application moves over with ``import awa_fast as awa``.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
+import warnings
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -186,7 +187,15 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
                 return await enqueue.insert_many(conn, rows)
 
     async def insert_many_copy(self, jobs: list, **opts: Any) -> list[Job]:
-        """Bulk insert with COPY (for 10k+ rows); same arguments and errors as :meth:`insert_many`."""
+        """Bulk insert with COPY (for 10k+ rows); same arguments and errors as :meth:`insert_many`,
+        plus awa's ``opts``: a list (one entry per job, ``None`` or a dict with ``queue`` and/or
+        ``ordering_key``; an explicit ``ordering_key: None`` clears the batch's key) overriding
+        those two options per job.
+
+        Raises:
+            ValidationError: also for an ``opts`` list of the wrong length, a non-dict entry or
+                another key (awa's messages).
+        """
         return await self._copy(jobs, opts, want_jobs=True)
 
     async def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
@@ -195,9 +204,13 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         return await self._copy(jobs, opts, want_jobs=False)
 
     async def _copy(self, jobs: list, opts: dict, *, want_jobs: bool) -> Any:
-        # Args of one type with shared options take the compiled path (one COPY block).
-        batch = prepare_uniform(jobs, **opts)
-        rows = None if batch is not None else _prepare_all(jobs, opts)
+        per_job = opts.pop("opts", None)
+        if per_job is not None:
+            rows, batch = _prepare_with_overrides(jobs, opts, per_job), None
+        else:
+            # Args of one type with shared options take the compiled path (one COPY block).
+            batch = prepare_uniform(jobs, **opts)
+            rows = None if batch is not None else _prepare_all(jobs, opts)
         async with (await self.pool()).connection() as conn:
             async with conn.transaction():
                 if batch is not None:
@@ -375,6 +388,18 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         """Extend the callback's timeout to now + ``timeout_seconds`` seconds."""
         return await callbacks.heartbeat_callback(self, callback_id, timeout_seconds)
 
+    async def resolve_callback(self, callback_id: Any, payload: Any = None,
+                               default_action: str = "ignore") -> callbacks.ResolveResult:
+        """Resolve the callback by ``default_action`` (``"complete"``, ``"fail"``,
+        ``"ignore"``) and return a :class:`~awa_fast.callbacks.ResolveResult`. awa-fast stores no
+        CEL expressions (``register_callback`` rejects them), so the default action always
+        applies, as awa does for callbacks without expressions.
+
+        Raises:
+            CallbackNotFound: unknown callback id. ValidationError: malformed id or action.
+        """
+        return await callbacks.resolve_callback(self, callback_id, payload, default_action)
+
     # -- failure consequences --------------------------------------------------------------------
 
     def failure_consequence(self, args_type_or_kind: Any, fn: Any) -> None:
@@ -453,7 +478,16 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
 
         return decorate
 
-    worker = task
+    def worker(self, args_type: type, *, kind: str | None = None, queue: str = "default",
+               **options: Any) -> Callable:
+        """Deprecated alias of :meth:`task` (awa-pg deprecates it too): warns, then registers.
+
+        Raises:
+            DeprecationWarning: as a warning, every call.
+        """
+        warnings.warn("client.worker() is deprecated, use client.task() instead",
+                      DeprecationWarning, stacklevel=2)
+        return self.task(args_type, kind=kind, queue=queue, **options)
 
     # -- registered follow-up specs (ADR-029) ---------------------------------------------------
 
@@ -552,75 +586,30 @@ def _prepare_all(jobs: list, opts: dict) -> list:
     return out
 
 
-class Client(UnsupportedMixin):
-    """Blocking client for producers and admin (awa-pg's sync ``Client``), usable as ``with``.
-
-    It drives an :class:`AsyncClient` on a private event loop in a daemon thread; every method
-    of the async client's producer/admin surface is available here without ``await``.
-    """
-
-    _SYNC = ("migrate", "insert", "insert_many", "insert_many_copy", "enqueue_many_copy", "get_job", "list_jobs",
-             "retry", "cancel", "cancel_by_unique_key", "queue_stats", "pause_queue",
-             "resume_queue", "list_cron_jobs", "delete_cron_job",
-             # admin and dead-letter queue (awa_fast/admin.py)
-             "retry_failed", "discard_failed", "drain_queue", "dump_job", "dump_run",
-             "health_check", "list_dlq", "get_dlq_job", "dlq_depth", "dlq_depth_by_queue",
-             "retry_from_dlq", "bulk_retry_from_dlq", "move_failed_to_dlq",
-             "bulk_move_failed_to_dlq", "purge_dlq_job", "purge_dlq")
-
-    def __init__(self, database_url: str | None = None, max_connections: int = 10):
-        self._async = AsyncClient(database_url, max_connections)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="awa-fast-client",
-                                        daemon=True)
-        self._thread.start()
-        self._call(self._async.pool())
-
-    @property
-    def async_client(self) -> AsyncClient:
-        return self._async
-
-    def _call(self, coro) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def __getattr__(self, name: str) -> Any:
-        if name in self._SYNC:
-            method = getattr(self._async, name)
-            return lambda *a, **kw: self._call(method(*a, **kw))
-        raise AttributeError(name)
-
-    def transaction(self) -> "SyncTransaction":
-        """Begin a transaction: ``with client.transaction() as tx``."""
-        return SyncTransaction(self, self._call(self._async.transaction()))
-
-    def close(self) -> None:
-        if self._loop.is_running():
-            self._call(self._async.close())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+_PER_JOB_KEYS = ("queue", "ordering_key")
 
 
-class SyncTransaction:
-    """Blocking twin of :class:`~awa_fast.transaction.Transaction` (same methods)."""
+def _prepare_with_overrides(jobs: list, opts: dict, per_job: Any) -> list:
+    """awa's per-job COPY ``opts``: each entry overrides ``queue`` / ``ordering_key``."""
+    if not isinstance(per_job, (list, tuple)) or len(per_job) != len(jobs):
+        got = len(per_job) if isinstance(per_job, (list, tuple)) else type(per_job).__name__
+        raise ValidationError(f"opts length must match jobs length (got {got}, expected "
+                              f"{len(jobs)})", field="opts")
+    merged = []
+    for i, entry in enumerate(per_job):
+        if entry is None:
+            entry = {}
+        if not isinstance(entry, dict):
+            raise ValidationError("each opts entry must be a dict or None", field=f"opts[{i}]")
+        for key in entry:
+            if key not in _PER_JOB_KEYS:
+                raise ValidationError(f"unsupported opts key '{key}'; expected 'queue' or "
+                                      "'ordering_key'", field=f"opts[{i}]")
+        if entry.get("queue", "") is None:
+            entry = {k: v for k, v in entry.items() if k != "queue"}
+        merged.append({**opts, **entry})
+    return [_prepare_all([job], o)[0] for job, o in zip(jobs, merged)]
 
-    def __init__(self, client: Client, tx: Transaction):
-        self._client = client
-        self._tx = tx
 
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._tx, name)
-        if not asyncio.iscoroutinefunction(method):
-            return method
-        return lambda *a, **kw: self._client._call(method(*a, **kw))
-
-    def __enter__(self) -> "SyncTransaction":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self._client._call(self._tx._finish(exc_type is None))
+# The blocking client lives in its own module; importable from here as before.
+from awa_fast.sync_client import Client, SyncTransaction  # noqa: E402

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 from typing import Any, Callable
 
 import orjson
+from psycopg.rows import dict_row
 
 from awa_fast import sql
 from awa_fast.job import Job
@@ -36,10 +39,38 @@ NoJob = _NoJob()
 
 
 @dataclasses.dataclass
+class JobRow:
+    """awa's ``testing.JobRow``: a job row as plain data (``args`` is the stored JSON dict,
+    ``state`` the state name)."""
+
+    id: int
+    kind: str
+    queue: str
+    args: dict
+    attempt: int
+    max_attempts: int
+    priority: int
+    tags: list
+    state: str | None = None
+
+    @classmethod
+    def from_row(cls, row: dict) -> "JobRow":
+        """From a mapping with the column names (extra keys are ignored)."""
+        return cls(id=row["id"], kind=row["kind"], queue=row["queue"], args=row["args"],
+                   attempt=row["attempt"], max_attempts=row["max_attempts"],
+                   priority=row["priority"], tags=list(row.get("tags") or []),
+                   state=None if row.get("state") is None else str(row["state"]))
+
+
+@dataclasses.dataclass
 class WorkResult:
-    """What :meth:`AwaTestClient.work_one` did. ``outcome`` is one of ``completed, retryable,
-    failed, cancelled, snoozed, waiting_external, no_job``; ``applied`` is False when the guarded
-    transition was stale (the job was rescued or cancelled meanwhile)."""
+    """What :meth:`AwaTestClient.work_one` did. ``job`` is a :class:`JobRow` read after the
+    outcome was applied (its final state), or ``NoJob``. ``outcome`` is one of ``completed,
+    retryable, failed, cancelled, snoozed, waiting_external, no_job``. ``error`` follows awa:
+    ``str(exception)`` for a raised error, the reason for ``Cancel``, else ``None`` (a failure
+    with no exception -- args conversion, poisoning -- gives the first line of its ``errors``
+    entry). ``applied`` is False when the guarded transition was stale (the job was rescued or
+    cancelled meanwhile)."""
 
     job: Any
     outcome: str
@@ -109,15 +140,52 @@ class AwaTestClient:
         if row is None:
             return WorkResult(NoJob, "no_job")
         ctx = JobContext(row, None)
-        handler_rec = Registry().register(args_type, handler, kind=kind, queue=queue)
+        raised: list[BaseException] = []
+        handler_rec = Registry().register(args_type, _recording(handler, raised), kind=kind,
+                                          queue=queue)
         if self._finalizer is None:
             self._finalizer = Finalizer(self.client.pool, flushers=0)
         self._finalizer.spec_runner = getattr(self.client, "specs", None)
         self._finalizer.settler = getattr(self.client, "settler", None)
         outcome = await ex.execute(handler_rec, ctx)
         applied = await self._finalizer.finalize(ctx, outcome)
-        error = None if outcome.error is None else outcome.error["error"]
-        return WorkResult(ctx, _OUTCOME_NAMES[outcome.kind], error, applied)
+        async with pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(sql.TESTING_JOB_ROW, (ctx.id,))
+            final = await cur.fetchone()
+        job = JobRow.from_row(final) if final is not None else NoJob  # None: moved to the DLQ
+        return WorkResult(job, _OUTCOME_NAMES[outcome.kind], _error_text(outcome, raised), applied)
+
+
+def _recording(handler: Callable, raised: list) -> Callable:
+    """``handler``, recording what it raises (awa's ``WorkResult.error`` is ``str(exc)``)."""
+    if inspect.iscoroutinefunction(handler):
+        @functools.wraps(handler)
+        async def run(job):
+            try:
+                return await handler(job)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+    else:
+        @functools.wraps(handler)
+        def run(job):
+            try:
+                return handler(job)
+            except BaseException as exc:
+                raised.append(exc)
+                raise
+    return run
+
+
+def _error_text(outcome: Any, raised: list) -> str | None:
+    if raised:
+        return str(raised[-1])
+    if outcome.kind == ex.CANCEL:
+        return outcome.error["error"].removeprefix("cancelled: ")
+    if outcome.kind == ex.FAIL and outcome.error is not None:
+        return outcome.error["error"].splitlines()[0]
+    return None
 
 
 @dataclasses.dataclass

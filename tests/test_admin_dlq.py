@@ -383,7 +383,8 @@ async def test_retry_failed(dsn, client):
     assert (await client.get_job(untouched.id)).attempt == 0
 
     assert [j.id for j in await client.retry_failed(queue="r1")] == [c.id]
-    assert await client.retry_failed(queue="nothing") == []
+    nothing = await client.retry_failed(queue="nothing")
+    assert nothing.jobs == [] and nothing.matched == 0
 
 
 async def test_retry_failed_wakes_workers(dsn, client):

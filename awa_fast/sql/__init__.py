@@ -771,3 +771,12 @@ SET priority = c.p,
     metadata = j.metadata || jsonb_build_object('_awa_original_priority', c.orig)
 FROM c WHERE j.id = c.id AND j.state = 'available'
 RETURNING j.id"""
+
+# storage_status(): when the schema was first and last migrated, and its version.
+STORAGE_HISTORY = f"""
+SELECT min(applied_at), max(applied_at), max(version) FROM {S}.schema_version"""
+
+# awa_fast.testing.work_one: the job after its outcome, as awa's testing.JobRow.
+TESTING_JOB_ROW = f"""
+SELECT id, kind, queue, args, attempt, max_attempts, priority, tags, state::text AS state
+FROM {S}.jobs WHERE id = %s"""

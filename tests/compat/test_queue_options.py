@@ -146,11 +146,11 @@ async def test_priority_aging_lets_an_old_low_priority_job_overtake(dsn, client)
 async def test_aging_pass_is_idempotent_and_bounded_by_wait(dsn, client):
     fresh = await client.insert({"n": 1}, kind="k", queue="age2", priority=3)
     waited = await client.insert({"n": 2}, kind="k", queue="age2", priority=4)
-    await scalar(dsn, "UPDATE awa_fast.jobs SET run_at = now() - interval '250 ms' "
+    await scalar(dsn, "UPDATE awa_fast.jobs SET run_at = now() - interval '25 s' "
                       "WHERE id = %s RETURNING 1", (waited.id,))
     pool = await client.pool()
-    assert await age_once(pool, "age2", 100) == 1
-    assert await age_once(pool, "age2", 100) == 0  # a repeated pass changes nothing
+    assert await age_once(pool, "age2", 10_000) == 1
+    assert await age_once(pool, "age2", 10_000) == 0  # a repeated pass changes nothing
     assert (await job_row(dsn, waited.id))["priority"] == 2  # 2 whole intervals waited
     assert (await job_row(dsn, fresh.id))["priority"] == 3
 

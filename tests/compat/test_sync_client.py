@@ -1,0 +1,154 @@
+"""The blocking Client has a written-out twin of every AsyncClient producer/admin method (same
+name, same parameters), and the external-callback twins, resolve_callback, correct_to_failed,
+storage calls and per-job COPY opts work through it on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+
+import psycopg
+import pytest
+
+import awa_fast as awa
+from awa_fast.client import AsyncClient
+from awa_fast.sync_client import Client, SyncTransaction
+from awa_fast.transaction import Transaction
+
+# Worker lifecycle and registration: async client only, as in awa-pg.
+WORKER_ONLY = {"pool", "task", "worker", "start", "shutdown", "periodic", "failure_consequence",
+               "on_completed_enqueue", "on_retried_enqueue", "on_exhausted_enqueue",
+               "on_cancelled_enqueue", "on_waiting_for_callback_enqueue", "on_rescued_enqueue"}
+
+
+def _public(cls) -> dict:
+    return {n: f for n, f in inspect.getmembers(cls, callable) if not n.startswith("_")}
+
+
+def _params(fn) -> list:
+    return [(p.name, p.kind, p.default) for p in
+            list(inspect.signature(fn).parameters.values())[1:]]
+
+
+def test_every_async_method_has_a_written_out_sync_twin():
+    async_methods = {n: f for n, f in _public(AsyncClient).items() if n not in WORKER_ONLY}
+    sync_methods = _public(Client)
+    assert set(async_methods) == set(sync_methods)
+    assert "__getattr__" not in vars(Client) and "__getattr__" not in vars(SyncTransaction)
+    for name, fn in async_methods.items():
+        assert _params(fn) == _params(sync_methods[name]), name
+        if inspect.iscoroutinefunction(fn):
+            assert not inspect.iscoroutinefunction(sync_methods[name]), name
+    tx_async = {n for n, f in _public(Transaction).items()}
+    tx_sync = {n for n, f in _public(SyncTransaction).items()}
+    assert tx_async == tx_sync
+
+
+@pytest.fixture
+def sync_client(dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq")
+    c = Client(dsn)
+    # awa-fast settles a failure only once its consequence is known (docs/consequences.md)
+    for kind in ("parked", "done_kind"):
+        c.async_client.failure_consequence(kind, awa.NO_FAILURE_CONSEQUENCE)
+    yield c
+    c.close()
+
+
+def _park(dsn: str, client: Client) -> tuple[int, str]:
+    """A job parked in waiting_external on a fresh callback (set up directly in SQL)."""
+    job = client.insert({"n": 1}, kind="parked", max_attempts=3)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cid = conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'waiting_external', attempt = 1, run_lease = 1, "
+            "callback_id = gen_random_uuid(), callback_timeout_at = now() + interval '1 hour' "
+            "WHERE id = %s RETURNING callback_id", (job.id,)).fetchone()[0]
+    return job.id, str(cid)
+
+
+def test_sync_callback_twins(dsn, sync_client):
+    c = sync_client
+    _, cid = _park(dsn, c)
+    assert c.heartbeat_callback(cid, 120).state == awa.JobState.WaitingExternal
+    with pytest.raises(awa.ValidationError, match="timeout_seconds"):
+        c.heartbeat_callback(cid, -1)
+    assert c.complete_external(cid, {"ok": True}).state == awa.JobState.Completed
+    _, cid = _park(dsn, c)
+    assert c.fail_external(cid, "nope").state == awa.JobState.Failed
+    _, cid = _park(dsn, c)
+    job = c.retry_external(cid)
+    assert job.state == awa.JobState.Available and job.attempt == 0
+    with pytest.raises(awa.CallbackNotFound):
+        c.complete_external(str(uuid.uuid4()))
+    with pytest.raises(awa.ValidationError):
+        c.resume_external("not-a-uuid")
+
+
+def test_resolve_callback_default_actions(dsn, sync_client):
+    c = sync_client
+    _, cid = _park(dsn, c)
+    res = c.resolve_callback(cid, {"x": 1})
+    assert res.is_ignored() and res.job is None
+    assert res.reason == "no expressions configured, default is ignore"
+    res = c.resolve_callback(cid, {"x": 1}, default_action="complete")
+    assert res.is_completed() and res.payload == {"x": 1}
+    assert res.job.state == awa.JobState.Completed
+    _, cid = _park(dsn, c)
+    res = c.resolve_callback(cid, default_action="fail")
+    assert res.is_failed() and res.job.state == awa.JobState.Failed
+    assert res.job.errors[-1]["error"] == "callback failed: default action"
+    with pytest.raises(awa.ValidationError, match="unknown default_action: maybe"):
+        c.resolve_callback(cid, default_action="maybe")
+    with pytest.raises(awa.CallbackNotFound):
+        c.resolve_callback(str(uuid.uuid4()))
+
+
+def test_correct_to_failed_and_retry_failed_result(dsn, sync_client):
+    c = sync_client
+    job = c.insert({"n": 1}, kind="done_kind", queue="rf")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE awa_fast.jobs SET state = 'completed', attempt = 1, "
+                     "finalized_at = now() WHERE id = %s", (job.id,))
+    failed = c.correct_to_failed(job.id, error="refund bounced")
+    assert failed.state == awa.JobState.Failed
+    result = c.retry_failed(queue="rf")
+    assert isinstance(result, awa.RetryFailedResult)
+    assert result.matched == 1 and result.pruned_failed_count is None
+    assert [j.id for j in result.jobs] == [job.id] and result.jobs[0].attempt == 0
+    with pytest.raises(ValueError, match="Specify exactly one of kind or queue"):
+        c.retry_failed()
+
+
+def test_storage_calls_answer_for_awa_fast(sync_client):
+    import json
+
+    c = sync_client
+    assert c.install_queue_storage() is None  # migrates (idempotent)
+    assert c.flush_admin_metadata() is None
+    status = json.loads(c.storage_status())
+    assert status["current_engine"] == status["active_engine"] == "awa_fast"
+    assert status["state"] == "active" and status["can_finalize"] is False
+    assert status["details"]["migration_version"] == awa.current_migration_version()
+    for key in ("prepared_engine", "transition_epoch", "entered_at", "finalize_blockers",
+                "canonical_live_backlog", "live_runtime_capability_counts"):
+        assert key in status
+    for kw in ({"schema": "awa_exp"}, {"queue_slot_count": 32}, {"reset": True}):
+        with pytest.raises(awa.Unsupported, match=next(iter(kw))):
+            c.install_queue_storage(**kw)
+
+
+def test_insert_many_copy_per_job_opts(sync_client):
+    c = sync_client
+    jobs = c.insert_many_copy([{"i": 0}, {"i": 1}, {"i": 2}], kind="copy_k", queue="base",
+                              ordering_key="batch",
+                              opts=[None, {"queue": "other"}, {"ordering_key": None, "queue": "x"}])
+    assert [j.queue for j in jobs] == ["base", "other", "x"]
+    with pytest.raises(awa.ValidationError, match="opts length must match jobs length"):
+        c.insert_many_copy([{"i": 0}], kind="copy_k", opts=[])
+    with pytest.raises(awa.ValidationError, match="unsupported opts key 'priority'"):
+        c.insert_many_copy([{"i": 0}], kind="copy_k", opts=[{"priority": 1}])
+    with pytest.raises(awa.ValidationError, match="dict or None"):
+        c.insert_many_copy([{"i": 0}], kind="copy_k", opts=["q"])
+    assert c.enqueue_many_copy([{"i": 5}], kind="copy_k", opts=[{"queue": "y"}]) == 1
+    assert [j.queue for j in c.list_jobs(queue="y")] == ["y"]
