@@ -188,12 +188,24 @@ async def cmd_migrate(s: Session) -> int:
     return 0
 
 
-JOB_COLUMNS = ("ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "RUN_AT", "CREATED_AT")
+JOB_COLUMNS = ("ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "PROGRESS", "RUN_AT",
+               "CREATED_AT")
+
+
+def _progress(progress: dict | None, width: int = 30) -> str | None:
+    """``set_progress``'s percent and message, e.g. ``40% parsing``; None without progress."""
+    if not progress or progress.get("percent") is None:
+        return None
+    text = f"{progress['percent']}%"
+    message = " ".join(str(progress.get("message") or "").split())
+    if message:
+        text += " " + (message if len(message) <= width else message[: width - 3] + "...")
+    return text
 
 
 def _job_row(job) -> list:
     return [job.id, job.kind, job.queue, str(job.state), job.priority,
-            f"{job.attempt}/{job.max_attempts}", _short_time(job.run_at),
+            f"{job.attempt}/{job.max_attempts}", _progress(job.progress), _short_time(job.run_at),
             _short_time(job.created_at)]
 
 
@@ -288,6 +300,9 @@ async def cmd_job_dump_run(s: Session) -> int:
     return 0
 
 
+RETRY_FAILED_SHOWN = 20  # rows listed by `job retry-failed` (the count covers all)
+
+
 async def cmd_job_retry_failed(s: Session) -> int:
     client = await s.client()
     jobs = await client.retry_failed(kind=s.args.kind, queue=s.args.queue)
@@ -296,8 +311,13 @@ async def cmd_job_retry_failed(s: Session) -> int:
         _print_json([j.to_dict() for j in jobs])
     else:
         print(f"retried {len(jobs)} failed job(s) of {what}")
-        if jobs:
-            print(format_table(JOB_COLUMNS, [_job_row(j) for j in jobs]))
+        shown = jobs[:RETRY_FAILED_SHOWN]
+        if shown:
+            print(format_table(JOB_COLUMNS, [_job_row(j) for j in shown]))
+        if len(jobs) > len(shown):
+            flag = f"--kind {s.args.kind}" if s.args.kind else f"--queue {s.args.queue}"
+            print(f"... and {len(jobs) - len(shown)} more (awa-fast job list {flag} "
+                  "--state available)")
     return 0
 
 
@@ -673,7 +693,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Make every failed job of one kind or one queue available "
                                     "again with attempt 0 (give exactly one of --kind, --queue)."
                                     "\nJobs whose unique key is now held by another live job are "
-                                    "skipped and stay failed.")
+                                    f"skipped and stay failed. Prints the count and the first "
+                                    f"{RETRY_FAILED_SHOWN} jobs (--json: all of them).")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--kind", help="retry the failed jobs of this kind")
     g.add_argument("--queue", help="retry the failed jobs in this queue")

@@ -120,14 +120,14 @@ def jobs(client):
 def test_job_list_table(dsn, jobs):
     out = ok("job", "list", "--queue", "cli_q", dsn=dsn)
     lines = out.strip().splitlines()
-    assert lines[0].split() == ["ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "RUN_AT",
-                                "CREATED_AT"]
+    assert lines[0].split() == ["ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "PROGRESS",
+                                "RUN_AT", "CREATED_AT"]
     assert set(lines[1]) <= {"-", " "}
     rows = [line.split() for line in lines[2:]]
     mail_ids = [j.id for j in jobs[:3]]
     assert [int(r[0]) for r in rows] == sorted(mail_ids, reverse=True)  # newest first
     for r in rows:
-        assert r[1:6] == ["cli_mail", "cli_q", "available", "1", "0/25"]
+        assert r[1:7] == ["cli_mail", "cli_q", "available", "1", "0/25", "-"]
     # columns are aligned: every row is as wide as the rule under the header
     assert len({len(line) for line in lines[1:]}) == 1
 
@@ -273,8 +273,8 @@ def test_job_retry_failed_and_discard(dsn, client):
     out = ok("job", "retry-failed", "--kind", "cli_rf", dsn=dsn)
     lines = out.strip().splitlines()
     assert lines[0] == "retried 2 failed job(s) of kind cli_rf"
-    assert lines[1].split() == ["ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "RUN_AT",
-                                "CREATED_AT"]
+    assert lines[1].split() == ["ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "PROGRESS",
+                                "RUN_AT", "CREATED_AT"]
     rows = [line.split() for line in lines[3:]]
     assert sorted(int(r[0]) for r in rows) == [a, b]
     assert all(r[3] == "available" and r[5] == "0/25" for r in rows)

@@ -4,6 +4,8 @@ PostgreSQL)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import re
 import subprocess
@@ -16,6 +18,7 @@ import pytest
 
 import awa_fast as awa
 from tests.first_hour_app import Ping
+from tests.support import job_row
 
 ROOT = Path(__file__).resolve().parent.parent
 CLOSED_PORT_DSN = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=5"
@@ -107,3 +110,80 @@ def test_worker_help_tells_one_story():
     assert "--database-url, else the URL the client was built with, else " \
            "$AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server" in text
     assert "the client's own URL is used" not in text
+
+
+# ---------------------------------------------------------------------------------------------
+# progress: visible while the handler runs, and in `job list`
+
+
+@dataclasses.dataclass
+class Crunch:
+    n: int
+
+
+async def test_progress_is_written_on_its_own_cadence_and_listed(dsn):
+    client = awa.AsyncClient(dsn, max_connections=4)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @client.task(Crunch, queue="fh_prog", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def crunch(job):
+        job.set_progress(40, "halfway there")
+        started.set()
+        await release.wait()
+
+    job = await client.insert(Crunch(1), queue="fh_prog")
+    # heartbeats every 60 s: only the progress cadence can write it while the handler waits
+    await client.start([("fh_prog", 1)], heartbeat_interval_ms=60_000, maintenance=False)
+    try:
+        await asyncio.wait_for(started.wait(), 30)
+        rt = client.runtime
+        ctx = rt.in_flight[job.id]
+        cond = rt.heartbeat.progress_written
+        async with cond:
+            await asyncio.wait_for(cond.wait_for(lambda: ctx.progress_snapshot() is None), 10)
+        row = await job_row(dsn, job.id)
+        assert row["state"] == "running"
+        assert row["progress"] == {"percent": 40, "message": "halfway there"}
+        assert rt.heartbeat.beats == 0
+
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "awa_fast", "--database-url", dsn, "job", "list", "--queue",
+            "fh_prog", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=_env())
+        out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
+        assert proc.returncode == 0, err
+        header, _rule, line = out.decode().splitlines()
+        assert "PROGRESS" in header.split()
+        assert re.search(rf"^\s*{job.id}\s+crunch\s+fh_prog\s+running\s+2\s+1/25\s+"
+                         r"40% halfway there\s+\d{4}-", line), line
+    finally:
+        release.set()
+        await client.shutdown()
+        await client.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI odds and ends
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "awa_fast", *args], capture_output=True,
+                          text=True, timeout=TIMEOUT_S, env=env or _env())
+
+
+def test_retry_failed_prints_a_count_and_the_first_rows(dsn):
+    with awa.Client(dsn) as c:
+        jobs = c.insert_many([{"n": i} for i in range(45)], kind="fh_many", queue="fh_rf")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE awa_fast.jobs SET state = 'failed', attempt = 1, run_lease = 1, "
+                     "finalized_at = now() WHERE kind = 'fh_many'")
+    r = cli("--database-url", dsn, "job", "retry-failed", "--kind", "fh_many")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "retried 45 failed job(s) of kind fh_many"
+    assert len(lines) == 1 + 2 + 20 + 1
+    assert {int(line.split()[0]) for line in lines[3:23]} <= {j.id for j in jobs}
+    assert lines[-1] == ("... and 25 more (awa-fast job list --kind fh_many --state available)")
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE kind = 'fh_many' "
+                            "AND state = 'available'").fetchone()[0] == 45

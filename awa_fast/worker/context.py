@@ -102,8 +102,9 @@ class JobContext:
     # -- progress (ADR-014) ---------------------------------------------------------------------
 
     def set_progress(self, percent: int, message: str | None = None) -> None:
-        """Record progress in memory (flushed with heartbeats, :meth:`flush_progress` or the
-        final transition). ``percent`` is clamped to 100. A rejected call changes nothing.
+        """Record progress in memory; the runtime writes it within about half a second
+        (``heartbeat.PROGRESS_FLUSH_S``, batched), or now with :meth:`flush_progress`, and with
+        the final transition. ``percent`` is clamped to 100. A rejected call changes nothing.
 
         Raises:
             OverflowError: ``percent`` is below 0 or above 255 (awa's u8 rule).

@@ -1,4 +1,5 @@
-"""Batched heartbeats for a process's in-flight attempts, with pending progress piggybacked."""
+"""Batched heartbeats for a process's in-flight attempts, with pending progress piggybacked, and
+a short progress-only cadence so that ``set_progress`` is visible within about half a second."""
 
 from __future__ import annotations
 
@@ -14,11 +15,15 @@ from awa_fast.worker.context import JobContext
 log = logging.getLogger("awa_fast.heartbeat")
 
 CHUNK = 500
+#: Seconds between progress-only flushes (attempts whose progress changed since the last write).
+PROGRESS_FLUSH_S = 0.5
 
 
 class Heartbeat:
     """Every ``interval_s`` seconds, one guarded statement per 500 attempts refreshes
-    ``heartbeat_at`` (and writes progress that changed since the last flush).
+    ``heartbeat_at`` (and writes progress that changed since the last flush). Every
+    ``progress_interval_s`` seconds the same statement runs for the attempts whose progress
+    changed only; :attr:`progress_written` is notified after each write that carried progress.
 
     One bad row never fails the others: a chunk whose statement fails with anything but a lost
     connection (say a trigger rejects one row) is beaten again row by row; a row whose progress
@@ -28,32 +33,44 @@ class Heartbeat:
     """
 
     def __init__(self, pool_getter: Callable, in_flight: Callable[[], Iterable[JobContext]],
-                 interval_s: float):
+                 interval_s: float, progress_interval_s: float = PROGRESS_FLUSH_S):
         self._pool_getter = pool_getter
         self._in_flight = in_flight
         self.interval_s = interval_s
+        self.progress_interval_s = progress_interval_s
         self.beats = 0
         self.progress_dropped = 0
+        self.progress_written = asyncio.Condition()
 
     async def run(self) -> None:
+        await self._every(self.interval_s, progress_only=False, what="heartbeat")
+
+    async def run_progress(self) -> None:
+        await self._every(self.progress_interval_s, progress_only=True, what="progress flush")
+
+    async def _every(self, interval_s: float, *, progress_only: bool, what: str) -> None:
         while True:
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(interval_s)
             try:
-                await self.beat()
+                await self.beat(progress_only=progress_only)
             except (psycopg.Error, OSError) as exc:
-                log.warning("heartbeat failed: %s", exc)
+                log.warning("%s failed: %s", what, exc)
             except Exception:  # never let one beat end the loop
-                log.exception("heartbeat failed")
+                log.exception("%s failed", what)
             # Python 3.11: a cancel racing the pool's getconn (asyncio.wait_for) can be lost.
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise asyncio.CancelledError
 
-    async def beat(self) -> None:
-        """Send one round of heartbeats now."""
+    async def beat(self, progress_only: bool = False) -> None:
+        """Send one round of heartbeats now (only for attempts with unwritten progress when
+        ``progress_only``)."""
         ctxs = sorted(self._in_flight(), key=lambda c: (c.id, c.run_lease))
+        if progress_only:
+            ctxs = [c for c in ctxs if c.progress_snapshot() is not None]
         if not ctxs:
             return
+        wrote_progress = False
         pool = await self._pool_getter()
         async with pool.connection() as conn:
             for start in range(0, len(ctxs), CHUNK):
@@ -69,11 +86,17 @@ class Heartbeat:
                                 len(chunk), exc)
                     for c, s in zip(chunk, snaps):
                         await self._beat_alone(conn, c, s)
+                    wrote_progress = True
                     continue
                 for c, s in zip(chunk, snaps):
                     if s is not None and (c.id, c.run_lease) in beaten:
                         c.progress_acked(s[0])
-        self.beats += 1
+                        wrote_progress = True
+        if not progress_only:
+            self.beats += 1
+        if wrote_progress:  # waiters re-check their own condition
+            async with self.progress_written:
+                self.progress_written.notify_all()
 
     async def _beat(self, conn, chunk: list, snaps: list) -> set:
         cur = await conn.execute(sql.HEARTBEAT, (

@@ -301,6 +301,7 @@ class Runtime:
         self._tasks = [asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
                        for d in self.dispatchers.values()]
         self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="awa-heartbeat"))
+        self._tasks.append(asyncio.create_task(self.heartbeat.run_progress(), name="awa-progress"))
         self._tasks.append(asyncio.create_task(self._sweep_deadlines(), name="awa-deadlines"))
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
         self._tasks += [asyncio.create_task(run_aging(pool_getter, q.name,
