@@ -137,7 +137,7 @@ async def test_progress_is_written_on_its_own_cadence_and_listed(dsn):
     try:
         await asyncio.wait_for(started.wait(), 30)
         rt = client.runtime
-        ctx = rt.in_flight[job.id]
+        ctx = next(c for c in rt.in_flight.values() if c.id == job.id)
         cond = rt.heartbeat.progress_written
         async with cond:
             await asyncio.wait_for(cond.wait_for(lambda: ctx.progress_snapshot() is None), 10)
