@@ -305,7 +305,7 @@ RETRY_FAILED_SHOWN = 20  # rows listed by `job retry-failed` (the count covers a
 
 async def cmd_job_retry_failed(s: Session) -> int:
     client = await s.client()
-    jobs = await client.retry_failed(kind=s.args.kind, queue=s.args.queue)
+    jobs = list(await client.retry_failed(kind=s.args.kind, queue=s.args.queue))
     what = f"kind {s.args.kind}" if s.args.kind else f"queue {s.args.queue}"
     if s.json:
         _print_json([j.to_dict() for j in jobs])
