@@ -953,6 +953,8 @@ def cmd_serve(s: Session) -> int:
     reason = security.check_bind(s.args.host, token)
     if not 0 <= s.args.port <= 65535:
         reason = f"--port must be 0..65535, got {s.args.port}"
+    if s.json:
+        reason = "--json does not apply to serve (it prints no data)"
     if reason is not None:
         print(f"{PROG} serve: error: {reason}", file=sys.stderr)
         return 2

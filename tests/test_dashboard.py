@@ -215,7 +215,7 @@ def test_bind_rule():
     assert "empty" in check_bind("0.0.0.0", " ")
 
 
-def test_serve_off_loopback_without_a_token_exits_2(dsn, monkeypatch):
+def test_serve_off_loopback_without_a_token_exits_2(dsn):
     env = {"PATH": "/usr/bin:/bin", "AWA_FAST_DATABASE_URL": dsn}
     proc = subprocess.run([sys.executable, "-m", "awa_fast", "serve", "--host", "0.0.0.0"],
                           capture_output=True, text=True, timeout=60, env=env)
@@ -240,3 +240,14 @@ def test_dlq_purge_one_and_matching(web, dsn):
     r = web.post("/dlq/purge", data={"csrf": token, "queue": "purge_me"})
     assert r.status_code == 303 and "purged 2 DLQ entries" in web.get("/dlq").text
     assert not in_dlq(dsn, jobs[1].id) and not in_dlq(dsn, jobs[2].id)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "70000"], "--port must be 0..65535"),
+    (["--json"], "--json does not apply"),
+])
+def test_serve_usage_errors_exit_2(dsn, args, message):
+    env = {"PATH": "/usr/bin:/bin", "AWA_FAST_DATABASE_URL": dsn}
+    proc = subprocess.run([sys.executable, "-m", "awa_fast", "serve", *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr

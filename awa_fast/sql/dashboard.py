@@ -135,7 +135,7 @@ ORDER BY id DESC LIMIT %(limit)s"""
 # The backend holding the leader's session advisory lock (sql.LEADER_LOCK_KEY); a bigint key
 # shows in pg_locks as classid = high 32 bits, objid = low 32 bits, objsubid = 1.
 LEADER = """
-SELECT l.pid, a.application_name, a.client_addr::text AS client_addr, a.backend_start,
+SELECT l.pid, a.application_name, host(a.client_addr) AS client_addr, a.backend_start,
        a.state_change
 FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -145,7 +145,7 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 
 # Connections to this database by client (awa-fast registers no worker rows).
 CONNECTIONS = """
-SELECT application_name, client_addr::text AS client_addr, count(*) AS connections,
+SELECT application_name, host(client_addr) AS client_addr, count(*) AS connections,
        count(*) FILTER (WHERE state = 'active') AS active, min(backend_start) AS oldest
 FROM pg_stat_activity
 WHERE datname = current_database() AND backend_type = 'client backend'

@@ -27,13 +27,18 @@ async def _configure(conn) -> None:
 
 @dataclasses.dataclass
 class Page:
-    """One keyset page: its rows, the id window it examined ``[floor, before)`` and the
-    ``before`` of the next (older) page, or ``None`` when nothing older exists."""
+    """One keyset page: its rows, the ids it examined ``[low, before)`` (at most the window
+    ``[floor, before)``; less when the page filled up) and the ``before`` of the next (older)
+    page, or ``None`` when nothing older exists."""
 
     rows: list[dict]
     before: int
     floor: int
     next_before: int | None
+
+    @property
+    def low(self) -> int:
+        return self.rows[-1]["id"] if len(self.rows) == q.PAGE_ROWS else self.floor
 
 
 class Reads:
