@@ -15,6 +15,7 @@ from awa_fast.errors import (
     DatabaseError,
     JobNotFound,
     LiveRuntimesRequireExclusiveWindow,
+    QueueMismatchWarning,
     RuntimeVersionFloorNotMet,
     SchemaNotMigrated,
     SerializationError,
@@ -48,5 +49,5 @@ __all__ = [
     "derive_kind", "init_telemetry", "migrate", "migrations", "native_extensions",
     "shutdown_telemetry", "Unsupported", "LiveRuntimesRequireExclusiveWindow",
     "RuntimeVersionFloorNotMet", "StorageNotFinalized", "PartitionedQueue", "ResolveResult",
-    "RetryFailedResult", "callback_contract",
+    "RetryFailedResult", "callback_contract", "QueueMismatchWarning",
 ]

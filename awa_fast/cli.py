@@ -486,15 +486,24 @@ def cmd_check(s: Session) -> int:
     except AppSpecError as exc:
         raise CliError(str(exc)) from exc
     kinds = undeclared_failure_consequences(client)
+    off_default = dict(sorted(client.registry.off_default.items()))
     if s.json:
-        _print_json({"undeclared": kinds, "registered": sorted(client.registry.handlers)})
-    elif kinds:
+        _print_json({"undeclared": kinds, "registered": sorted(client.registry.handlers),
+                     "registered_off_default": off_default})
+        return 1 if kinds else 0
+    if kinds:
         print("kinds without a failure consequence declaration "
               "(failure_consequence=fn or awa_fast.NO_FAILURE_CONSEQUENCE):")
         for kind in kinds:
             print(f"  {kind}")
     else:
         print(f"all {len(client.registry.handlers)} registered kinds declare a failure consequence")
+    if off_default:
+        print("note: kinds registered for a queue other than 'default': insert them with that "
+              "queue=,\nelse they go to 'default' (awa-pg semantics), which a worker of the "
+              "registered queues does not work:")
+        for kind, queue in off_default.items():
+            print(f"  {kind} -> queue {queue}")
     return 1 if kinds else 0
 
 
@@ -835,7 +844,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", parents=[common_nodb],
                        help="check that every registered kind declares a failure consequence",
                        description="Import APP (module:client) and list every registered kind "
-                                   "without a failure-consequence declaration; exit 1 when any.")
+                                   "without a failure-consequence declaration; exit 1 when any. "
+                                   "Also notes the kinds registered for a queue other than "
+                                   "'default' (an insert without queue= puts them in 'default').")
     p.add_argument("app", metavar="APP", help="the application, as package.module:client")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("consequences", parents=[common],

@@ -21,7 +21,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from awa_fast import callbacks, enqueue, schema, sql
 from awa_fast.admin import AdminMixin
 from awa_fast.database_url import resolve_database_url
-from awa_fast.errors import AttemptStillRunning, DatabaseError, JobNotFound, ValidationError
+from awa_fast.errors import (AttemptStillRunning, DatabaseError, JobNotFound,
+                             QueueMismatchWarning, ValidationError)
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
@@ -85,6 +86,7 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         self.settler = Settler(self.consequences, self.specs)
         self._runtime = None
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
+        self._off_queue_warned: set[str] = set()  # kinds warned about (QueueMismatchWarning)
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -152,7 +154,7 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
     # -- producers ------------------------------------------------------------------------------
 
     async def insert(
-        self, args: Any, *, kind: str | None = None, queue: str = "default", priority: int = 2,
+        self, args: Any, *, kind: str | None = None, queue: str | None = None, priority: int = 2,
         max_attempts: int = 25, tags: list[str] | None = None, metadata: dict | None = None,
         run_at: Any = None, unique_opts: dict | None = None, ordering_key: bytes | str | None = None,
     ) -> Job:
@@ -161,14 +163,18 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         ``args`` is a dict (then ``kind`` is required), a dataclass, a ``msgspec.Struct`` or a
         pydantic model. A future ``run_at`` (datetime, naive = UTC, or ISO 8601 str) makes the job
         ``scheduled``. ``unique_opts`` is ``{by_queue, by_args, by_period, states}`` ({} = defaults).
+        ``queue`` ``None`` means ``"default"``, as in awa-pg, even for a kind registered here
+        with ``task(..., queue=X)``; that case warns once per kind (:class:`QueueMismatchWarning`).
 
         Raises:
             ValidationError: a field breaks an insert rule (nothing is written).
             UniqueConflict: another job holds the same unique key.
         """
-        p = prepare(args, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts,
-                    tags=tags, metadata=metadata, run_at=run_at, unique_opts=unique_opts,
-                    ordering_key=ordering_key)
+        p = prepare(args, kind=kind, queue="default" if queue is None else queue,
+                    priority=priority, max_attempts=max_attempts, tags=tags, metadata=metadata,
+                    run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key)
+        if queue is None:
+            self._warn_off_queue((p,))
         async with (await self.pool()).connection() as conn:
             return await enqueue.insert_one(conn, p)
 
@@ -182,6 +188,8 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
             UniqueConflict: any element's unique key is held (no row is written).
         """
         rows = _prepare_all(jobs, opts)
+        if "queue" not in opts:
+            self._warn_off_queue(rows)
         async with (await self.pool()).connection() as conn:
             async with conn.transaction():
                 return await enqueue.insert_many(conn, rows)
@@ -211,12 +219,29 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
             # Args of one type with shared options take the compiled path (one COPY block).
             batch = prepare_uniform(jobs, **opts)
             rows = None if batch is not None else _prepare_all(jobs, opts)
+            if "queue" not in opts:
+                self._warn_off_queue((batch,) if batch is not None else rows, stacklevel=4)
         async with (await self.pool()).connection() as conn:
             async with conn.transaction():
                 if batch is not None:
                     return await enqueue.copy_uniform(conn, batch, want_jobs=want_jobs)
                 copied = await enqueue.copy_many(conn, rows)
                 return copied if want_jobs else len(copied)
+
+    def _warn_off_queue(self, rows: Any, stacklevel: int = 3) -> None:
+        """Warn once per kind when rows inserted without a queue land in ``default`` although
+        this client registered their kind's handler for another queue (no worker may run there)."""
+        if not self.registry.off_default:
+            return
+        for row in rows:
+            queue = self.registry.off_default.get(row.kind)
+            if queue is None or row.queue != "default" or row.kind in self._off_queue_warned:
+                continue
+            self._off_queue_warned.add(row.kind)
+            warnings.warn(QueueMismatchWarning(
+                f"job kind {row.kind!r} is registered for queue {queue!r} on this client but was "
+                f"inserted without queue=, so it went to 'default' (awa-pg semantics); pass "
+                f"queue={queue!r} or work 'default' too"), stacklevel=stacklevel)
 
     async def transaction(self) -> Transaction:
         """Begin a transaction: ``async with await client.transaction() as tx``."""

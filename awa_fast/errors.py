@@ -97,6 +97,12 @@ class StagingError(TerminalError):
         self.limit = limit
 
 
+class QueueMismatchWarning(UserWarning):
+    """A job was inserted without ``queue=`` into ``default`` although the inserting client
+    registered its kind's handler for another queue (awa-pg semantics: the insert's queue
+    decides, so no worker of that queue sees it). Warned once per kind and client."""
+
+
 class Unsupported(ValidationError):
     """An awa-pg option or call that awa-fast does not implement yet: rejected, never ignored.
 

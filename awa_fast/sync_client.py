@@ -88,7 +88,7 @@ class Client(UnsupportedMixin):
 
     # -- producers ---------------------------------------------------------------------------
 
-    def insert(self, args: Any, *, kind: str | None = None, queue: str = "default",
+    def insert(self, args: Any, *, kind: str | None = None, queue: str | None = None,
                priority: int = 2, max_attempts: int = 25, tags: list[str] | None = None,
                metadata: dict | None = None, run_at: Any = None, unique_opts: dict | None = None,
                ordering_key: bytes | str | None = None):

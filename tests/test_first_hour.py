@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import os
 import re
+import warnings
 import subprocess
 import sys
 import time
@@ -187,3 +188,42 @@ def test_retry_failed_prints_a_count_and_the_first_rows(dsn):
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE kind = 'fh_many' "
                             "AND state = 'available'").fetchone()[0] == 45
+
+
+# ---------------------------------------------------------------------------------------------
+# a kind registered for queue X, inserted without queue=
+
+
+async def test_insert_without_queue_of_a_kind_registered_elsewhere_warns_once(dsn):
+    from tests.first_hour_app import Pay
+
+    client = awa.AsyncClient(dsn)
+    client.task(Pay, queue="fh_pay2", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)(
+        lambda job: None)
+    try:
+        with pytest.warns(awa.QueueMismatchWarning, match=r"job kind 'pay' is registered for "
+                          r"queue 'fh_pay2' on this client but was inserted without queue=, "
+                          r"so it went to 'default'") as record:
+            job = await client.insert(Pay(1))
+        assert job.queue == "default"  # awa-pg's semantics are kept
+        assert record[0].filename == __file__  # points at the caller's insert
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            await client.insert(Pay(2))  # once per kind
+            await client.insert(Pay(3), queue="fh_pay2")  # explicit queue: no warning
+            await client.insert(Ping(1))  # a kind without a registration here
+        other = awa.AsyncClient(dsn)
+        other.task(Pay, queue="fh_pay2")(lambda job: None)
+        with pytest.warns(awa.QueueMismatchWarning):
+            rows = await other.insert_many([Pay(4), Pay(5)])
+        assert {r.queue for r in rows} == {"default"}
+        await other.close()
+    finally:
+        await client.close()
+
+
+def test_check_notes_kinds_registered_off_default():
+    r = cli("check", "tests.first_hour_app:client", env=_env(PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    assert "note: kinds registered for a queue other than 'default'" in r.stdout
+    assert "  pay -> queue fh_pay\n" in r.stdout and "  ping -> queue fh_q\n" in r.stdout

@@ -60,6 +60,8 @@ class Registry:
         self.consequences: dict[str, Any] = {}
         self.decoders: dict[str, Callable[[dict], Any]] = {}  # args types known from declarations
         self.verifiers: dict[str, Callable] = {}
+        # kind -> its handler's queue, for kinds registered for a queue other than "default"
+        self.off_default: dict[str, str] = {}
 
     def register(self, args_type: Any, fn: Callable, *, kind: str, queue: str = "default",
                  failure_consequence: Any = UNDECLARED, verify_success: Callable | None = None) -> Handler:
@@ -80,6 +82,10 @@ class Registry:
         if verify_success is not None:
             self.verifiers[kind] = verify_success
         self.handlers[kind] = handler
+        if queue == "default":
+            self.off_default.pop(kind, None)
+        else:
+            self.off_default[kind] = queue
         return handler
 
     def declare_consequence(self, kind: str, consequence: Any, args_type: Any = None) -> None:
