@@ -535,7 +535,7 @@ def cmd_bench(s: Session) -> int:
     bench_args = list(s.args.bench_args)
     if bench_args[:1] == ["--"]:
         bench_args = bench_args[1:]
-    return bench_main(bench_args)
+    return bench_main(bench_args, prog=f"{PROG} bench")
 
 
 def cmd_demo(s: Session) -> int:
@@ -632,6 +632,15 @@ examples:
   awa-fast worker myapp.jobs:client --processes 4 --queues default:10,emails:4"""
 
 
+def _version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("awa-fast")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the whole CLI (each command's handler in ``func``)."""
     common = _common()
@@ -642,6 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--database-url", metavar="URL", default=None, help=DB_HELP)
     parser.add_argument("--json", action="store_true", default=False,
                         help="print machine-readable JSON instead of tables/text")
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 title="commands")
 

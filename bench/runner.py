@@ -1,4 +1,5 @@
-"""The benchmark runner: ``python -m bench [options]`` or ``bench.runner:main(argv)``.
+"""The end-to-end benchmark suite: ``awa-fast bench [options]`` (or ``python -m bench`` in a
+source checkout, or ``bench.runner:main(argv)``).
 
 Scenarios (``--scenarios``, comma separated; default all):
 
@@ -12,7 +13,9 @@ Scenarios (``--scenarios``, comma separated; default all):
 * ``failures``  1/3 RetryAfter(0) once, 1/3 TerminalError, 1/3 Snooze(0) once.
 * ``latency``   pickup latency through LISTEN/NOTIFY on an idle queue (large poll interval).
 
-Every system runs in its own fresh database on the same server. See docs/benchmarking.md.
+Every system runs in its own fresh database on the same server. Results (one JSONL record per
+row, with the environment) go to ``--out``, default ``$AWA_FAST_BENCH_DIR``, else
+``$XDG_DATA_HOME/awa-fast/bench`` (``~/.local/share/awa-fast/bench``). See docs/benchmarking.md.
 """
 
 from __future__ import annotations
@@ -54,8 +57,19 @@ def run_async(coro):
 # -- arguments ------------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+def results_dir() -> Path:
+    """Where results go without ``--out``: ``$AWA_FAST_BENCH_DIR``, else
+    ``$XDG_DATA_HOME/awa-fast/bench``, else ``~/.local/share/awa-fast/bench`` (never the
+    installed package)."""
+    env = os.environ.get("AWA_FAST_BENCH_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "awa-fast" / "bench"
+
+
+def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.replace("``", "`"),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--compare", action="store_true",
                    help="also run the peers (awa-pg, pgqueuer, procrastinate) and print ratios")
@@ -84,7 +98,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="throwaway server with fsync=off/full_page_writes=off (awa_fast.embedded.start_temp "
                         "defaults): faster, NOT durable numbers")
     p.add_argument("--out", default=None,
-                   help="JSONL output (default bench/results/<timestamp>.jsonl)")
+                   help=f"JSONL output (default {results_dir()}/<timestamp>.jsonl)")
     p.add_argument("--plot", nargs="?", const="", default=None,
                    help="write a PNG chart (default path: the JSONL path with .png)")
     args = p.parse_args(argv)
@@ -162,7 +176,8 @@ class Recorder:
         self._fh.close()
 
 
-HEAD = f"{'scenario':<22} {'system':<14} {'n':>7} {'rate/s':>10} {'details':<52} method"
+METHOD_WIDTH = 52  # the longest method text; details come last, so nothing overflows into
+HEAD = f"{'scenario':<22} {'system':<14} {'n':>7} {'rate/s':>10} {'method':<{METHOD_WIDTH}} details"
 
 
 def _details(rec: dict) -> str:
@@ -190,7 +205,7 @@ def format_row(rec: dict) -> str:
     rate = rec.get("rate")
     rate_s = "n/a" if rate is None else f"{rate:,.0f}"
     return (f"{rec['scenario']:<22} {rec['system']:<14} {rec.get('n', ''):>7} {rate_s:>10} "
-            f"{_details(rec):<52} {rec.get('method', '')}")
+            f"{rec.get('method', ''):<{METHOD_WIDTH}} {_details(rec)}").rstrip()
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -528,10 +543,10 @@ def plot(records: list[dict], path: Path) -> None:
 # -- main -------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
+    args = parse_args(argv, prog)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"{stamp}.jsonl"
+    out = Path(args.out) if args.out else results_dir() / f"{stamp}.jsonl"
     server = None
     if args.database_url:
         admin, server_kind = args.database_url, "external (--database-url)"

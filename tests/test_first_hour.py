@@ -227,3 +227,37 @@ def test_check_notes_kinds_registered_off_default():
     assert r.returncode == 0, r.stderr
     assert "note: kinds registered for a queue other than 'default'" in r.stdout
     assert "  pay -> queue fh_pay\n" in r.stdout and "  ping -> queue fh_q\n" in r.stdout
+
+
+def test_version():
+    r = cli("--version")
+    assert r.returncode == 0
+    assert re.fullmatch(r"awa-fast \d+\.\d+\.\d+\S*\n", r.stdout), r.stdout
+
+
+def test_bench_help_names_the_command_and_every_scenario():
+    r = cli("bench", "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: awa-fast bench ")
+    for scenario in ("enqueue", "drain", "pipeline", "failures", "latency"):
+        assert re.search(rf"^\* `{scenario}`\s+\S", r.stdout, re.M), scenario
+    assert "~/.local/share/awa-fast/bench" in r.stdout
+
+
+def test_bench_results_go_to_the_user_directory_with_a_method_column(pg_base_dsn, tmp_path):
+    env = _env(XDG_DATA_HOME=str(tmp_path))
+    env.pop("AWA_FAST_BENCH_DIR", None)
+    r = cli("bench", "--scenarios", "enqueue", "--jobs", "40", "--database-url", pg_base_dsn,
+            env=env)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    written = list((tmp_path / "awa-fast" / "bench").glob("*.jsonl"))
+    assert len(written) == 1 and f"results: {written[0]} " in r.stdout
+    lines = r.stdout.splitlines()
+    head = max(i for i, line in enumerate(lines) if line.startswith("scenario "))
+    header = lines[head]
+    assert header.split() == ["scenario", "system", "n", "rate/s", "method", "details"]
+    at = header.index("method")
+    rows = [line for line in lines[head + 1:] if line.startswith("enqueue_")]
+    assert len(rows) == 4
+    for row in rows:  # every method starts in its own column, after a blank
+        assert row[at - 1] == " " and row[at] != " ", row
