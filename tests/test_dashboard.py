@@ -113,6 +113,27 @@ def test_job_list_filters_and_keyset_pages(web, ids):
     assert shown and max(shown) < ids["ship"] and shown == sorted(shown, reverse=True)
 
 
+def test_keyset_pages_walk_every_match_exactly_once(web, dsn, monkeypatch):
+    """With a 3-id window and 2-row pages, following "Older" links yields every matching job
+    once, newest first, including across windows with no match."""
+    monkeypatch.setattr(dq, "SCAN_WINDOW_IDS", 3)
+    monkeypatch.setattr(dq, "PAGE_ROWS", 2)
+    filters = [{}, {"state": "completed"}, {"state": "failed"}, {"kind": "place_order"},
+               {"queue": "shipping", "state": "completed"}]
+    for f in filters:
+        seen, url = [], "/jobs?" + "&".join(f"{k}={v}" for k, v in f.items())
+        while url:
+            page = web.get(url).text
+            seen += [int(x) for x in re.findall(r'<tr data-id="(\d+)"', page)]
+            m = re.search(r'href="([^"]+)">Older', page)
+            url = m.group(1).replace("&amp;", "&") if m else None
+        where = " AND ".join([f"{k}::text = %s" for k in f] or ["true"])
+        with psycopg.connect(dsn) as conn:
+            want = [r[0] for r in conn.execute(
+                f"SELECT id FROM awa_fast.jobs WHERE {where} ORDER BY id DESC", list(f.values()))]
+        assert seen == want and want, f
+
+
 @pytest.mark.parametrize("url, status", [
     ("/jobs/999999999", 404),
     ("/jobs/abc", 400),
@@ -155,12 +176,15 @@ def test_actions_change_the_rows(web, dsn, ids):
     # retrying a completed job is refused (409); an unknown one is 404
     assert web.post(f"/jobs/{ids['order']}/retry", data={"csrf": token}).status_code == 409
     assert web.post("/jobs/999999999/retry", data={"csrf": token}).status_code == 404
-    # pause / resume
-    assert web.post("/queues/default/pause", data={"csrf": token}).status_code == 303
+    # pause / resume (a queue name may contain "/")
+    assert web.post("/queues/pause", data={"csrf": token, "queue": "a/b"}).status_code == 303
+    assert 'data-queue="a/b"' in web.get("/queues").text
+    assert web.post("/queues/pause", data={"csrf": token}).status_code == 400
+    assert web.post("/queues/pause", data={"csrf": token, "queue": "default"}).status_code == 303
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT paused, paused_by FROM awa_fast.queue_meta "
                             "WHERE queue = 'default'").fetchone() == (True, "dashboard")
-    assert web.post("/queues/default/resume", data={"csrf": token}).status_code == 303
+    assert web.post("/queues/resume", data={"csrf": token, "queue": "default"}).status_code == 303
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT paused FROM awa_fast.queue_meta "
                             "WHERE queue = 'default'").fetchone() == (False,)
@@ -174,10 +198,10 @@ def test_read_only_hides_and_refuses_actions(dsn, ids):
                     follow_redirects=False) as web:
         page = web.get(f"/jobs/{ids['boom']}").text
         assert "read-only" in page and f"/jobs/{ids['boom']}/retry" not in page
-        assert "/pause" not in web.get("/queues").text
+        assert "/queues/pause" not in web.get("/queues").text
         assert 'name="csrf"' not in page  # no action forms at all
         for url in (f"/jobs/{ids['boom']}/retry", f"/jobs/{ids['boom']}/cancel",
-                    "/queues/default/pause", f"/dlq/{ids['dead']}/retry",
+                    "/queues/pause", f"/dlq/{ids['dead']}/retry",
                     f"/dlq/{ids['dead']}/purge"):
             r = web.post(url, data={"csrf": "any"})  # refused before the CSRF check
             assert r.status_code == 403 and "read-only" in r.text, url
@@ -251,3 +275,19 @@ def test_serve_usage_errors_exit_2(dsn, args, message):
     proc = subprocess.run([sys.executable, "-m", "awa_fast", "serve", *args],
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_dlq_retry_blocked_by_a_unique_key_is_a_409_and_changes_nothing(web, dsn):
+    from tests.dashboard_seed import SendInvoice
+
+    with awa.Client(dsn) as client:
+        first = client.insert(SendInvoice(4242), queue="uniq", unique_opts={})
+        with psycopg.connect(dsn) as conn:
+            conn.execute("UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
+                         "WHERE id = %s", (first.id,))
+        assert client.move_failed_to_dlq(first.id)
+        holder = client.insert(SendInvoice(4242), queue="uniq", unique_opts={})
+    token = csrf_of(web.get("/dlq").text)
+    r = web.post(f"/dlq/{first.id}/retry", data={"csrf": token})
+    assert r.status_code == 409 and f"job {holder.id}" in r.text
+    assert in_dlq(dsn, first.id) and row(dsn, first.id) is None

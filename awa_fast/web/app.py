@@ -125,6 +125,14 @@ def _name(text: str | None, field: str) -> str | None:
     return text
 
 
+def _queue_field(form) -> str:
+    value = form.get("queue")
+    queue = _name(value if isinstance(value, str) else None, "queue")
+    if queue is None:
+        raise _bad("the form names no queue")
+    return queue
+
+
 def _state(text: str | None) -> str | None:
     if text is None or text == "":
         return None
@@ -231,10 +239,7 @@ def create_app(database_url: str, *, read_only: bool = False,
     async def job_retry(request: Request) -> Response:
         job_id = _path_id(request)
         await action_form(request)
-        try:
-            retried = await client().retry(job_id)
-        except UniqueConflict as exc:
-            return error_page(request, 409, str(exc))
+        retried = await client().retry(job_id)  # UniqueConflict: the 409 handler
         if retried is None:
             return await _wrong_state(request, job_id, "retried", "only failed, cancelled or "
                                       "waiting_external jobs whose consequence is not owed")
@@ -255,25 +260,21 @@ def create_app(database_url: str, *, read_only: bool = False,
         where = "in the DLQ" if row["in_dlq"] else f"{row['state']}"
         return error_page(request, 409, f"job {job_id} is {where}: not {verb} ({rule} can be)")
 
+    # The queue travels in the form, not the path: a queue name may contain "/".
     async def queue_pause(request: Request) -> Response:
-        queue = _name(request.path_params["queue"], "queue")
-        await action_form(request)
+        queue = _queue_field(await action_form(request))
         await client().pause_queue(queue, paused_by="dashboard")
         return done(request, f"queue {queue} paused", "/queues")
 
     async def queue_resume(request: Request) -> Response:
-        queue = _name(request.path_params["queue"], "queue")
-        await action_form(request)
+        queue = _queue_field(await action_form(request))
         await client().resume_queue(queue)
         return done(request, f"queue {queue} resumed", "/queues")
 
     async def dlq_retry(request: Request) -> Response:
         job_id = _path_id(request)
         await action_form(request)
-        try:
-            retried = await client().retry_from_dlq(job_id)
-        except UniqueConflict as exc:
-            return error_page(request, 409, str(exc))
+        retried = await client().retry_from_dlq(job_id)  # UniqueConflict: the 409 handler
         if retried is None:
             return error_page(request, 404, f"job {job_id} is not in the DLQ")
         return done(request, f"job {job_id} moved from the DLQ back to queue {retried.queue}",
@@ -329,6 +330,9 @@ def create_app(database_url: str, *, read_only: bool = False,
         assert isinstance(exc, security.AccessError)
         return error_page(request, exc.status, str(exc))
 
+    async def conflict(request: Request, exc: Exception) -> Response:
+        return error_page(request, 409, str(exc))  # nothing changed (UniqueConflict's promise)
+
     async def db_timeout(request: Request, exc: Exception) -> Response:
         log.warning("dashboard query cancelled on %s: %s", request.url.path, exc)
         return error_page(request, 503, "the database did not answer in time; try again")
@@ -352,8 +356,8 @@ def create_app(database_url: str, *, read_only: bool = False,
     routes = [
         Route("/", home),
         Route("/queues", queues),
-        Route("/queues/{queue}/pause", queue_pause, methods=["POST"]),
-        Route("/queues/{queue}/resume", queue_resume, methods=["POST"]),
+        Route("/queues/pause", queue_pause, methods=["POST"]),
+        Route("/queues/resume", queue_resume, methods=["POST"]),
         Route("/jobs", jobs),
         Route("/jobs/{job_id}", job),
         Route("/jobs/{job_id}/retry", job_retry, methods=["POST"]),
@@ -383,4 +387,5 @@ def create_app(database_url: str, *, read_only: bool = False,
     return Starlette(
         routes=routes, middleware=middleware, lifespan=lifespan,
         exception_handlers={HTTPException: http_error, security.AccessError: access_error,
+                            UniqueConflict: conflict,
                             psycopg.errors.QueryCanceled: db_timeout, Exception: server_error})
