@@ -413,11 +413,13 @@ class Runtime:
                 dispatcher.slot_freed()
             self.in_flight.pop((ctx.id, ctx.run_lease), None)
             self._handler_tasks.pop((ctx.id, ctx.run_lease), None)
-            self.attempts_ended += 1
-            self._attempt_ended.set()
-            if applied is False:
-                # Stale: maybe cancelled by an admin while it ran. Its handler is done now.
-                await self._ack_cancelled(ctx)
+            try:
+                if applied is False:
+                    # Stale: maybe cancelled by an admin while it ran. Its handler is done now.
+                    await self._ack_cancelled(ctx)
+            finally:
+                self.attempts_ended += 1
+                self._attempt_ended.set()
 
     async def wait_attempts_ended(self, n: int) -> None:
         """Wait until ``n`` attempts of this runtime have ended: finalized (or their prompt

@@ -1,0 +1,325 @@
+"""Issue 9, class 4: shutdown and admin never produce two concurrent executions or stuck rows.
+
+Each test asserts the final rows; waits are on runtime signals (``wait_attempts_ended``, the
+dispatchers' claim counters) or on the database state the fault leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psycopg
+import pytest
+
+import awa_fast as awa
+from tests.support import job_row, scalar, wait_for, wait_state
+
+FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+
+@dataclasses.dataclass
+class Job:
+    mode: str = ""
+
+
+async def _true(value):
+    return bool(value)
+
+
+async def test_class4_def_handler_thread_still_running_is_not_released_at_shutdown(dsn):
+    # Worker A's def handler outlives A's shutdown: its attempt must not go back to
+    # 'available' (worker B would run it while A's thread still does) until the thread ends.
+    spans: list[tuple[str, float, float]] = []
+    gate, entered = threading.Event(), threading.Event()
+
+    def work_a(job):
+        start = time.monotonic()
+        entered.set()
+        gate.wait(30)
+        spans.append(("a", start, time.monotonic()))
+
+    def work_b(job):
+        start = time.monotonic()
+        spans.append(("b", start, time.monotonic()))
+
+    a, b = awa.AsyncClient(dsn), awa.AsyncClient(dsn)
+    try:
+        a.task(Job)(work_a)
+        b.task(Job)(work_b)
+        job = await a.insert(Job())
+        await a.start([("default", 2)], **FAST)
+        await asyncio.to_thread(entered.wait, 10)
+        await a.shutdown(timeout_ms=100)
+        row = await job_row(dsn, job.id)
+        assert row["state"] == "running" and row["run_lease"] == 1  # kept, not released
+        assert a._runtime is None
+        await b.start([("default", 2)], **FAST)
+        claims = b.runtime.dispatchers["default"]
+        await wait_for(lambda: _true(claims.claims >= 3), what="B polled a few times")
+        assert spans == []  # B has not run it
+        gate.set()  # A's thread ends: only now is the attempt given back, and B runs it
+        await asyncio.wait_for(b.runtime.wait_attempts_ended(1), 30)
+        row = await job_row(dsn, job.id)
+        assert row["state"] == "completed" and row["run_lease"] == 2
+        (_, a_start, a_end), (_, b_start, _) = sorted(spans, key=lambda s: s[0])
+        assert b_start >= a_end  # never two executions at once
+    finally:
+        gate.set()
+        await a.close()
+        await b.close()
+
+
+async def test_class4_cancel_then_retry_never_overlaps(dsn, client):
+    first_running, release_first = asyncio.Event(), asyncio.Event()
+    running = []
+
+    @client.task(Job)
+    async def work(job):
+        running.append(job.attempt)
+        assert len(running) - 2 * running.count("done") <= 1  # never two at once
+        if not first_running.is_set():
+            first_running.set()
+            await release_first.wait()  # ignores is_cancelled()
+        running.append("done")
+
+    job = await client.insert(Job())
+    await client.start([("default", 4)], **FAST)
+    await first_running.wait()
+    await client.cancel(job.id)
+    with pytest.raises(awa.AttemptStillRunning) as exc:
+        await client.retry(job.id)
+    assert exc.value.job_id == job.id
+    row = await job_row(dsn, job.id)
+    assert row["state"] == "cancelled" and row["heartbeat_at"] is not None
+    await client.runtime.heartbeat.beat()  # the mark stays fresh while the handler runs
+    with pytest.raises(awa.AttemptStillRunning):
+        await client.retry(job.id)
+    release_first.set()  # the cancelled attempt ends: the worker acknowledges it
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 30)
+    assert (await job_row(dsn, job.id))["heartbeat_at"] is None
+    retried = await client.retry(job.id)
+    assert retried is not None
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
+    row = await job_row(dsn, job.id)
+    assert row["state"] == "completed" and row["run_lease"] == 2
+    assert running == [1, "done", 1, "done"]
+
+
+async def test_class4_retry_after_the_cancelled_workers_death(dsn):
+    # A cancelled attempt whose worker was SIGKILLed is over once its mark is stale.
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import asyncio, sys
+        import awa_fast as awa
+        from tests.test_hardening_shutdown import Job
+        async def main():
+            c = awa.AsyncClient({dsn!r})
+            @c.task(Job)
+            async def work(job):
+                print("running", flush=True)
+                await asyncio.sleep(3600)
+            await c.start([("default", 1)], poll_interval_ms=50, heartbeat_interval_ms=100,
+                          maintenance=False)
+            await asyncio.sleep(3600)
+        asyncio.run(main())
+        """)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    admin = awa.AsyncClient(dsn)
+    try:
+        job = await admin.insert(Job())
+        assert await asyncio.to_thread(proc.stdout.readline) == "running\n"
+        await admin.cancel(job.id)
+        with pytest.raises(awa.AttemptStillRunning):
+            await admin.retry(job.id)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # An admin runtime with a short staleness judges the dead worker's mark.
+        @admin.task(Job, queue="elsewhere")
+        async def unused(job):
+            pass
+        await admin.start([("elsewhere", 1)], heartbeat_staleness_ms=1000, **FAST)
+
+        async def retried():
+            try:
+                return await admin.retry(job.id)
+            except awa.AttemptStillRunning:
+                return None
+
+        assert await wait_for(retried, what="the dead worker's mark to go stale")
+        assert (await job_row(dsn, job.id))["state"] == "available"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await admin.close()
+
+
+async def test_class4_shutdown_hands_over_a_claim_in_flight(dsn, client):
+    # A claim blocked in the database when shutdown starts returns rows after it: they must be
+    # run or given back before the finalizer and the pool close -- never left 'running'.
+    @client.task(Job)
+    def work(job):  # def handlers, per-job finalize (a follow-up each)
+        job.enqueue_on_completion(Job("child"), kind="child")
+
+    await client.start([("default", 8)], **FAST)
+    first = client.runtime.dispatchers["default"].claims
+    await wait_for(lambda: _true(client.runtime.dispatchers["default"].claims > first),
+                   what="an idle claim")
+    async with await psycopg.AsyncConnection.connect(dsn) as locker:
+        await locker.execute("LOCK TABLE awa_fast.queue_meta IN ACCESS EXCLUSIVE MODE")
+        ids = [(await client.insert(Job())).id for _ in range(6)]
+
+        async def blocked():
+            return await scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE "
+                                     "wait_event_type = 'Lock' AND query LIKE '%%queue_meta%%'")
+
+        await wait_for(blocked, what="the claim to block")
+        stopping = asyncio.create_task(client.shutdown(timeout_ms=5000))
+        await asyncio.sleep(0)  # shutdown has begun with the claim still blocked
+        await locker.rollback()  # the claim returns its rows now
+    await stopping
+    await client.close()
+    states = {(await job_row(dsn, i))["state"] for i in ids}
+    assert "running" not in states
+    assert states <= {"completed", "available"}
+
+
+def test_class4_ctrl_c_during_the_demo_leaves_nothing_running(dsn):
+    # The reported defect: SIGINT to `awa-fast demo` right after its workers are ready.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_fast", "--database-url", dsn, "demo", "--limit", "1500",
+         "--processes", "2"], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if " ready (queues" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    log = "".join(seen) + err
+    with psycopg.connect(dsn) as conn:
+        running = conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE state = 'running' "
+                               "AND queue = 'demo'").fetchone()[0]
+    assert running == 0, log[-3000:]
+    assert "already closed" not in log and "until rescue" not in log
+
+
+async def test_class4_a_cancel_racing_the_dispatchers_wake_is_not_lost(client):
+    # Python 3.11's asyncio.wait_for returns the inner result when it completes in the same
+    # iteration as the cancel, swallowing the cancel: asyncio.run() would then wait forever.
+    @client.task(Job)
+    async def work(job):
+        pass
+
+    # A long poll interval: after its first claim the dispatcher sits in wait_for(wake).
+    await client.start([("default", 2)], **{**FAST, "poll_interval_ms": 3_600_000})
+    rt = client.runtime
+    for d in rt.dispatchers.values():
+        task = next(t for t in rt._tasks if t.get_name() == f"awa-dispatch-{d.queue}")
+        await wait_for(lambda: _true(d.claims >= 1), what="the first claim")
+        d.notify()  # the wake completes in the same loop iteration as the cancel
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=10)
+        assert task in done and task.cancelled()
+
+
+def test_class4_main_raising_without_shutdown_exits(dsn, tmp_path):
+    # An application whose main raises (no shutdown()) must exit: asyncio.run cancels every
+    # task once, and none may swallow that cancel.
+    app = tmp_path / "app.py"
+    app.write_text(textwrap.dedent(f"""
+        import asyncio, dataclasses
+        import awa_fast as awa
+
+        @dataclasses.dataclass
+        class Busy:
+            n: int
+
+        async def main():
+            c = awa.AsyncClient({dsn!r})
+            enough = asyncio.Event()
+            done = []
+
+            @c.task(Busy)
+            async def work(job):
+                done.append(job.id)
+                if len(done) >= 200:
+                    enough.set()
+
+            await c.insert_many([Busy(i) for i in range(1000)])
+            await c.start([("default", 4)], poll_interval_ms=50, heartbeat_interval_ms=100)
+            await enough.wait()
+            raise RuntimeError("application bug")
+
+        asyncio.run(main())
+        """))
+    for _ in range(3):
+        r = subprocess.run([sys.executable, str(app)], capture_output=True, text=True,
+                           timeout=60, cwd=os.getcwd())
+        assert r.returncode == 1 and "application bug" in r.stderr
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE state = 'running'"
+                                ).fetchone()[0] == 0
+            conn.execute("TRUNCATE awa_fast.jobs")
+
+
+async def test_class4_superseded_attempt_stays_supervised(dsn, client):
+    # Attempt 1 is superseded (rescued and re-claimed) while its handler still runs. Both
+    # attempts stay supervised: the deadline sweeper abandons both, each under its own key.
+    cancelled, started = [], []
+
+    @client.task(Job)
+    async def work(job):
+        started.append(job.run_lease)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(job.run_lease)
+            raise
+
+    job = await client.insert(Job())
+    await client.start([{"name": "default", "max_workers": 4, "deadline_duration_ms": 1500}],
+                       **FAST)
+    await wait_for(lambda: _true(len(started) == 1), what="attempt 1")
+    await scalar(dsn, "UPDATE awa_fast.jobs SET state = 'available' WHERE id = %s RETURNING id",
+                 (job.id,))
+    await wait_for(lambda: _true(len(started) == 2), what="attempt 2")
+    assert set(client.runtime.in_flight) == {(job.id, 1), (job.id, 2)}
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
+    assert sorted(cancelled) == [1, 2]  # both abandoned at their deadlines
+    assert client.runtime.outcomes.get("abandoned") == 2
+
+
+async def test_class4_heartbeat_acks_progress_only_for_rows_it_beat(dsn, client):
+    gate, started = asyncio.Event(), []
+
+    @client.task(Job)
+    async def work(job):
+        job.set_progress(10, job.args.mode)
+        started.append(job)
+        await gate.wait()
+
+    jobs = [await client.insert(Job(m)) for m in ("locked", "free")]
+    await client.start([("default", 4)], **{**FAST, "heartbeat_interval_ms": 3_600_000})
+    await wait_for(lambda: _true(len(started) == 2), what="both running")
+    ctxs = {c.args.mode: c for c in started}
+    async with await psycopg.AsyncConnection.connect(dsn) as locker:
+        await locker.execute("SELECT 1 FROM awa_fast.jobs WHERE id = %s FOR UPDATE",
+                             (jobs[0].id,))
+        await client.runtime.heartbeat.beat()  # SKIP LOCKED skips the locked row
+        assert ctxs["free"].progress_snapshot() is None  # written
+        assert ctxs["locked"].progress_snapshot() is not None  # still pending
+        assert (await job_row(dsn, jobs[0].id))["progress"] is None
+        await locker.rollback()
+    await client.runtime.heartbeat.beat()
+    assert (await job_row(dsn, jobs[0].id))["progress"]["message"] == "locked"
+    gate.set()
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
