@@ -15,11 +15,12 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-import orjson
 
 from awa_fast import enqueue, sql
 from awa_fast.errors import CallbackNotFound, ValidationError
 from awa_fast.job import Job
+from awa_fast.requests import to_json
+from awa_fast.worker import storable
 
 
 class CallbackToken:
@@ -106,7 +107,7 @@ async def fail_external(client: Any, callback_id: Any, error: str) -> Job:
     async with pool.connection() as conn:
         async with conn.transaction():
             row = await _locked(conn, cid)
-            entry = {"error": str(error), "attempt": row[6],
+            entry = {"error": storable.text(error), "attempt": row[6],
                      "at": datetime.now(timezone.utc).isoformat()}
             await client.settler.settle_failure(conn, row, reason="callback_failed",
                                                 path="failure", error_entry=entry)
@@ -134,9 +135,11 @@ async def resume_external(client: Any, callback_id: Any, payload: Any = None) ->
 
     Raises:
         CallbackNotFound: no job parked on that callback.
+        ValidationError: ``payload`` is not JSON-serializable or holds a NUL character
+            (``field="payload"``): PostgreSQL could not store it.
     """
     cid = parse_callback_id(callback_id)
-    data = orjson.dumps({"_awa_callback_result": payload}).decode()
+    data = to_json({"_awa_callback_result": payload}, "payload").decode()
     pool = await client.pool()
     async with pool.connection() as conn:
         cur = await conn.execute(sql.RESUME_EXTERNAL, (data, cid))

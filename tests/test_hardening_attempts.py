@@ -17,7 +17,7 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.worker import storable
-from tests.support import job_row, scalar, wait_for
+from tests.support import job_row, scalar, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
 
@@ -325,3 +325,35 @@ async def test_class2_finalize_backs_off_across_a_server_restart(own_server):
                                                 "WHERE (args->>'n')::int = 1") == 1
     finally:
         await c.close()
+
+
+async def test_class2_callback_payloads_and_errors_cannot_wedge_a_wait(dsn, client):
+    issued = asyncio.Queue()
+
+    async def work(job):
+        token = await job.register_callback(timeout_seconds=60)
+        await issued.put(token.id)
+        if job.args.mode == "resume":
+            return {"got": await job.wait_for_callback(token)}
+        return awa.WaitForCallback(token)
+
+    client.task(Job)(work)
+    resumed = await client.insert(Job("resume"))
+    await client.start([("default", 1)], **FAST)
+    token = await issued.get()
+    await wait_state(dsn, resumed.id, "waiting_external")
+    with pytest.raises(awa.ValidationError) as exc:  # typed, at the call; nothing changes
+        await client.resume_external(token, {"text": "a\x00b"})
+    assert exc.value.field == "payload"
+    with pytest.raises(awa.SerializationError):
+        await client.resume_external(token, {"obj": object()})
+    assert (await job_row(dsn, resumed.id))["state"] == "waiting_external"
+    await client.resume_external(token, {"text": "fine"})
+    await wait_state(dsn, resumed.id, "completed")
+
+    parked = await client.insert(Job("park"), max_attempts=1)
+    token = await issued.get()
+    await wait_state(dsn, parked.id, "waiting_external")
+    await client.fail_external(token, "external \x00 failure \ud800")  # stored escaped
+    row = await wait_state(dsn, parked.id, "failed")
+    assert "external \\x00 failure \\ud800" in row["errors"][-1]["error"]

@@ -251,7 +251,7 @@ class Finalizer:
 
     async def finalize(self, ctx: JobContext, outcome: ex.Outcome) -> bool:
         """Apply ``outcome`` for ``ctx``'s attempt in its own guarded transaction, retrying a
-        deadlock or lost connection up to 3 times (``finalize_with_retry``).
+        deadlock up to 3 times and a lost connection up to 6 times (``finalize_with_retry``).
 
         Returns True if applied, False if stale.
 
