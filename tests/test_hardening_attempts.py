@@ -357,3 +357,30 @@ async def test_class2_callback_payloads_and_errors_cannot_wedge_a_wait(dsn, clie
     await client.fail_external(token, "external \x00 failure \ud800")  # stored escaped
     row = await wait_state(dsn, parked.id, "failed")
     assert "external \\x00 failure \\ud800" in row["errors"][-1]["error"]
+
+
+async def test_class2_retries_exhausted_record_a_prompt_failure(dsn, client):
+    # Every completion of this job deadlocks (a trigger raising SQLSTATE 40P01): the retries
+    # back off, are spent, and the attempt is failed at once with the error.
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("""
+            CREATE OR REPLACE FUNCTION public.always_deadlock() RETURNS trigger LANGUAGE plpgsql
+            AS $$ BEGIN RAISE EXCEPTION 'simulated deadlock' USING ERRCODE = 'deadlock_detected';
+            END $$;
+            CREATE TRIGGER always_deadlock BEFORE UPDATE ON awa_fast.jobs FOR EACH ROW
+                WHEN (NEW.state = 'completed' AND NEW.args->>'mode' = 'stuck')
+                EXECUTE FUNCTION public.always_deadlock();""")
+    try:
+        async def work(job):
+            job.enqueue_on_completion(Job("child"))
+
+        (row,) = await _run(client, work, "stuck")
+        assert row["state"] == "retryable" and row["attempt"] == 1
+        assert "finalize failed: DeadlockDetected: simulated deadlock" in \
+            row["errors"][-1]["error"]
+        stats = client.runtime.finalizer.stats
+        assert stats["retries"] >= 3 and stats["prompt_failures"] == 1
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("DROP TRIGGER always_deadlock ON awa_fast.jobs; "
+                               "DROP FUNCTION public.always_deadlock()")
