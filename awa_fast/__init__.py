@@ -13,6 +13,7 @@ from awa_fast.errors import (
     AwaError,
     CallbackNotFound,
     DatabaseError,
+    DeadlockError,
     JobNotFound,
     LiveRuntimesRequireExclusiveWindow,
     QueueMismatchWarning,
@@ -41,7 +42,7 @@ from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE
 RawClient = AsyncClient
 
 __all__ = [
-    "AsyncClient", "AttemptStillRunning", "AwaError", "DlqEntry", "HealthCheck", "QueueHealth", "CallbackNotFound", "CallbackToken", "Cancel", "JobFailure", "Client", "DatabaseError",
+    "AsyncClient", "AttemptStillRunning", "AwaError", "DlqEntry", "HealthCheck", "QueueHealth", "CallbackNotFound", "CallbackToken", "Cancel", "JobFailure", "Client", "DatabaseError", "DeadlockError",
     "EnqueueRequest", "InsertOpts", "Job", "JobNotFound", "JobState", "NO_FAILURE_CONSEQUENCE",
     "QueueStat", "RawClient", "RetryAfter", "SchemaNotMigrated", "SerializationError", "Snooze",
     "StagingError", "TerminalError", "Transaction", "UniqueConflict", "UniqueOpts",

@@ -16,9 +16,7 @@ import logging
 from datetime import datetime, timezone
 from typing import Any
 
-from psycopg import errors as pg_errors
-
-from awa_fast import _native, enqueue, sql
+from awa_fast import _native, bulk, enqueue, sql
 from awa_fast.errors import AwaError, JobNotFound, UniqueConflict, Unsupported
 from awa_fast.job import JOB_FIELDS, Job
 
@@ -172,7 +170,7 @@ class AdminMixin:
         _native.validate_insert("kind", "default" if queue is None else queue,
                                 2 if priority is None else priority, 1, None)
         params = {"id": job_id, "run_at": _when(run_at, "run_at"), "priority": priority,
-                  "queue": queue}
+                  "to_queue": queue}
         async with (await self.pool()).connection() as conn:
             try:
                 with enqueue.mapped_errors():
@@ -182,57 +180,55 @@ class AdminMixin:
                         if row is not None and str(row[4]) == "available":
                             await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
             except UniqueConflict as exc:
-                raise await self._dlq_conflict(conn, job_id, exc) from exc
+                raise await enqueue.holder_conflict(conn, job_id, "retry DLQ", exc) from exc
         return None if row is None else Job.from_row(row)
-
-    async def _dlq_conflict(self, conn, job_id: int, exc: UniqueConflict) -> UniqueConflict:
-        cur = await conn.execute("SELECT unique_key FROM awa_fast.dlq WHERE id = %s", (job_id,))
-        key_row = await cur.fetchone()
-        holder = None
-        if key_row is not None and key_row[0] is not None:
-            cur = await conn.execute(sql.UNIQUE_HOLDER, (key_row[0],))
-            holder = await cur.fetchone()
-        held = f"job {holder[0]} ({holder[1]})" if holder else "another live job"
-        return UniqueConflict(
-            f"cannot retry DLQ job {job_id}: its unique key is held by {held}; the job stays "
-            "in the DLQ (nothing changed)", constraint=exc.constraint)
 
     async def bulk_retry_from_dlq(self, *, kind: str | None = None, queue: str | None = None,
                                   tag: str | None = None, allow_all: bool = False) -> int:
         """Retry every matching DLQ entry (as :meth:`retry_from_dlq`); returns how many.
-        Entries whose unique key is held by a live job are skipped and stay in the DLQ.
+        Entries whose unique key is held by a live job are skipped and stay in the DLQ (logged
+        with the holder); so does an entry whose re-insert fails for another reason.
 
         Raises:
             ValueError: no filter and not ``allow_all``.
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
         _require_filter("bulk_retry_from_dlq", allow_all, kind=kind, queue=queue, tag=tag)
         params = {"kind": kind, "queue": queue, "tag": tag, "before_id": None,
-                  "before_dlq_at": None, "run_at": None, "priority": None}
-        async with (await self.pool()).connection() as conn:
-            async with conn.transaction():
-                try:
-                    async with conn.transaction():  # savepoint: fall back row by row
-                        cur = await conn.execute(sql.DLQ_RETRY_BULK, {**params, "queue": queue})
-                        rows = await cur.fetchall()
-                except pg_errors.UniqueViolation:
-                    rows = await self._retry_dlq_one_by_one(conn, params)
-                for q in sorted({r[2] for r in rows if str(r[4]) == "available"}):
-                    await conn.execute(sql.NOTIFY_QUEUE, (q,))
+                  "before_dlq_at": None, "run_at": None, "priority": None, "to_queue": None}
+        rows = await self._isolated_admin("DLQ bulk retry", sql.DLQ_RETRY_BULK,
+                                          sql.DLQ_MATCHING_IDS, sql.DLQ_RETRY_ONE, params,
+                                          notify=lambda r: str(r[4]) == "available")
         return len(rows)
 
-    async def _retry_dlq_one_by_one(self, conn, params: dict) -> list[tuple]:
-        cur = await conn.execute(sql.DLQ_MATCHING_IDS, params)
-        rows = []
-        for (job_id,) in await cur.fetchall():
-            try:
+    async def _isolated_admin(self, what: str, bulk_sql: str, ids_sql: str, one_sql: str,
+                              params: dict, notify=None) -> list[tuple]:
+        # One transaction: the bulk statement, or row by row (bulk.run_isolated) where a row
+        # fails alone (left unchanged, logged; a unique collision names the holder). Queues that
+        # got available rows are woken. A deadlock retries the whole transaction (bounded).
+        async def once() -> list[tuple]:
+            async with (await self.pool()).connection() as conn:
+                async def fetch(query: str, extra: dict | None = None) -> list[tuple]:
+                    cur = await conn.execute(query, {**params, **(extra or {})})
+                    return await cur.fetchall() if cur.description else []
+
+                async def ids() -> list[int]:
+                    return [r[0] for r in await fetch(ids_sql)]
+
+                async def held(job_id: int, exc: Exception) -> None:
+                    conflict = await enqueue.holder_conflict(conn, job_id, what, exc)
+                    log.warning("%s: %s", what, conflict)
+
                 async with conn.transaction():
-                    c = await conn.execute(sql.DLQ_RETRY, {**params, "id": job_id, "queue": None})
-                    row = await c.fetchone()
-                if row is not None:
-                    rows.append(row)
-            except pg_errors.UniqueViolation:
-                log.info("DLQ job %s not retried: its unique key is held by a live job", job_id)
-        return rows
+                    done = await bulk.run_isolated(
+                        conn, what=what, bulk=lambda: fetch(bulk_sql), keys=ids,
+                        one=lambda job_id: fetch(one_sql, {"id": job_id}), on_conflict=held)
+                    if notify is not None:
+                        for q in sorted({r[2] for r in done.rows if notify(r)}):
+                            await conn.execute(sql.NOTIFY_QUEUE, (q,))
+                return done.rows
+
+        return await bulk.retry_deadlocks(once, what=what)
 
     async def move_failed_to_dlq(self, job_id: int, reason: str = "manual") -> bool:
         """Move a ``failed`` job to the DLQ (whatever its queue's DLQ setting). ``False`` if
@@ -282,37 +278,20 @@ class AdminMixin:
     async def retry_failed(self, *, kind: str | None = None,
                            queue: str | None = None) -> RetryFailedResult:
         """Make every ``failed`` job of ``kind`` or of ``queue`` (exactly one) available again
-        with attempt 0; returns a :class:`RetryFailedResult`. A job whose unique key is now held
-        by another live job is skipped (it stays failed).
+        with attempt 0; returns a :class:`RetryFailedResult`. A job whose failure consequence is
+        still owed stays failed; so does a job whose unique key another live job now holds
+        (logged, naming the holder) or whose update fails alone for another reason.
 
         Raises:
             ValueError: neither or both of ``kind`` and ``queue`` (awa's message).
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
         if (kind is None) == (queue is None):
             raise ValueError("Specify exactly one of kind or queue")
         params = {"kind": kind, "queue": queue}
-        async with (await self.pool()).connection() as conn:
-            async with conn.transaction():
-                cur = await conn.execute(sql.FAILED_IDS, params)
-                matched = len(await cur.fetchall())
-                try:
-                    async with conn.transaction():
-                        cur = await conn.execute(sql.RETRY_FAILED, params)
-                        rows = await cur.fetchall()
-                except pg_errors.UniqueViolation:
-                    rows = []
-                    cur = await conn.execute(sql.FAILED_IDS, params)
-                    for (job_id,) in await cur.fetchall():
-                        try:
-                            async with conn.transaction():
-                                c = await conn.execute(sql.RETRY_FAILED_ONE, (job_id,))
-                                row = await c.fetchone()
-                            if row is not None:
-                                rows.append(row)
-                        except pg_errors.UniqueViolation:
-                            log.info("failed job %s not retried: its unique key is held", job_id)
-                for q in sorted({r[2] for r in rows}):
-                    await conn.execute(sql.NOTIFY_QUEUE, (q,))
+        matched = (await self._fetch(sql.FAILED_MATCHING, params))[0][0]
+        rows = await self._isolated_admin("retry_failed", sql.RETRY_FAILED, sql.FAILED_IDS,
+                                          sql.RETRY_FAILED_ONE, params, notify=lambda r: True)
         return RetryFailedResult([Job.from_row(r) for r in rows], matched)
 
     async def discard_failed(self, kind: str) -> int:
@@ -324,26 +303,16 @@ class AdminMixin:
 
     async def drain_queue(self, queue: str) -> int:
         """Cancel every job of ``queue`` that is waiting to run (``available``, ``scheduled``,
-        ``retryable``); running and parked jobs are left alone. Returns how many."""
-        async with (await self.pool()).connection() as conn:
-            try:
-                async with conn.transaction():
-                    cur = await conn.execute(sql.DRAIN_QUEUE, (queue,))
-                    return cur.rowcount
-            except pg_errors.UniqueViolation:
-                # A cancelled row would collide with another holder of its key (a mask that
-                # holds 'cancelled'): drain the rest, leave that one.
-                drained = 0
-                cur = await conn.execute(sql.DRAINABLE_IDS, (queue,))
-                for (job_id,) in await cur.fetchall():
-                    try:
-                        async with conn.transaction():
-                            c = await conn.execute(sql.DRAIN_ONE, (job_id,))
-                            drained += c.rowcount
-                    except pg_errors.UniqueViolation:
-                        log.warning("job %s not drained: cancelling it would collide on its "
-                                    "unique key", job_id)
-                return drained
+        ``retryable``); running and parked jobs are left alone. Returns how many. A job whose
+        cancel fails alone (e.g. its mask holds ``cancelled`` and another cancelled job holds
+        its key) is left waiting (logged).
+
+        Raises:
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
+        """
+        rows = await self._isolated_admin("drain_queue", sql.DRAIN_QUEUE, sql.DRAINABLE_IDS,
+                                          sql.DRAIN_ONE, {"queue": queue})
+        return len(rows)
 
     # -- inspection -----------------------------------------------------------------------------
 

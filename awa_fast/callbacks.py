@@ -15,6 +15,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
+from psycopg import errors as pg_errors
 
 from awa_fast import enqueue, sql
 from awa_fast.errors import CallbackNotFound, ValidationError
@@ -124,8 +125,10 @@ async def retry_external(client: Any, callback_id: Any) -> Job:
 
     Raises:
         CallbackNotFound: no job parked in ``waiting_external`` on that callback.
+        UniqueConflict: another live job holds its unique key (``holder_id`` names it).
     """
-    return await _one(client, sql.RETRY_EXTERNAL, parse_callback_id(callback_id), notify=True)
+    return await _one(client, sql.RETRY_EXTERNAL, parse_callback_id(callback_id), notify=True,
+                      action="retry")
 
 
 @enqueue.maps_errors
@@ -163,10 +166,17 @@ async def heartbeat_callback(client: Any, callback_id: Any, timeout_seconds: flo
     return Job.from_row(row)
 
 
-async def _one(client: Any, query: str, cid: uuid.UUID, notify: bool = False) -> Job:
+async def _one(client: Any, query: str, cid: uuid.UUID, notify: bool = False,
+               action: str = "update") -> Job:
     pool = await client.pool()
     async with pool.connection() as conn:
-        cur = await conn.execute(query, (cid,))
+        try:
+            cur = await conn.execute(query, (cid,))
+        except pg_errors.UniqueViolation as exc:  # the new state would take a held key
+            found = await (await conn.execute(sql.JOB_BY_CALLBACK, (cid,))).fetchone()
+            if found is None:
+                raise
+            raise await enqueue.holder_conflict(conn, found[0], action, exc) from exc
         row = await cur.fetchone()
         if row is None:
             raise CallbackNotFound(f"no job waits on callback {cid}")

@@ -18,11 +18,11 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import callbacks, enqueue, schema, sql
+from awa_fast import bulk, callbacks, enqueue, schema, sql
 from awa_fast.admin import AdminMixin
 from awa_fast.database_url import resolve_database_url
 from awa_fast.errors import (AttemptStillRunning, DatabaseError, JobNotFound,
-                             QueueMismatchWarning, ValidationError)
+                             QueueMismatchWarning, UniqueConflict, ValidationError)
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
@@ -186,13 +186,20 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         Raises:
             ValidationError: any element breaks a rule (no row of the batch is written).
             UniqueConflict: any element's unique key is held (no row is written).
+            DeadlockError: kept deadlocking with concurrent writers after bounded retries
+                (unique keys are taken in one global order, so only writers outside
+                awa-fast's order can cause one; no row is written).
         """
         rows = _prepare_all(jobs, opts)
         if "queue" not in opts:
             self._warn_off_queue(rows)
-        async with (await self.pool()).connection() as conn:
-            async with conn.transaction():
-                return await enqueue.insert_many(conn, rows)
+
+        async def once() -> list[Job]:
+            async with (await self.pool()).connection() as conn:
+                async with conn.transaction():
+                    return await enqueue.insert_many(conn, rows)
+
+        return await bulk.retry_deadlocks(once, what="insert_many")
 
     async def insert_many_copy(self, jobs: list, **opts: Any) -> list[Job]:
         """Bulk insert with COPY (for 10k+ rows); same arguments and errors as :meth:`insert_many`,
@@ -221,12 +228,16 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
             rows = None if batch is not None else _prepare_all(jobs, opts)
             if "queue" not in opts:
                 self._warn_off_queue((batch,) if batch is not None else rows, stacklevel=4)
-        async with (await self.pool()).connection() as conn:
-            async with conn.transaction():
-                if batch is not None:
-                    return await enqueue.copy_uniform(conn, batch, want_jobs=want_jobs)
-                copied = await enqueue.copy_many(conn, rows)
-                return copied if want_jobs else len(copied)
+
+        async def once() -> Any:
+            async with (await self.pool()).connection() as conn:
+                async with conn.transaction():
+                    if batch is not None:
+                        return await enqueue.copy_uniform(conn, batch, want_jobs=want_jobs)
+                    copied = await enqueue.copy_many(conn, rows)
+                    return copied if want_jobs else len(copied)
+
+        return await bulk.retry_deadlocks(once, what="COPY insert")
 
     def _warn_off_queue(self, rows: Any, stacklevel: int = 3) -> None:
         """Warn once per kind when rows inserted without a queue land in ``default`` although
@@ -285,15 +296,19 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         never run at once (docs/architecture.md, "Cancel, then retry").
 
         Raises:
-            UniqueConflict: another live job now holds its unique key (nothing changes).
+            UniqueConflict: another live job now holds its unique key (nothing changes); its
+                ``holder_id`` names that job.
             AttemptStillRunning: the job's cancelled attempt is still running (nothing
                 changes); retry after it ends.
         """
         params = {"id": job_id, "stale_ms": self._staleness_ms()}
         async with (await self.pool()).connection() as conn:
-            with enqueue.mapped_errors():
-                cur = await conn.execute(sql.RETRY_JOB, params)
-                row = await cur.fetchone()
+            try:
+                with enqueue.mapped_errors():
+                    cur = await conn.execute(sql.RETRY_JOB, params)
+                    row = await cur.fetchone()
+            except UniqueConflict as exc:
+                raise await enqueue.holder_conflict(conn, job_id, "retry", exc) from exc
             if row is not None:
                 await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
             else:

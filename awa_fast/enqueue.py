@@ -46,6 +46,24 @@ def mapped_errors() -> Iterator[None]:
         raise SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`") from exc
 
 
+async def holder_conflict(conn: psycopg.AsyncConnection, job_id: int, action: str,
+                          exc: BaseException) -> UniqueConflict:
+    """The :class:`UniqueConflict` of ``action`` on job ``job_id`` (a retry path), naming the job
+    that holds its unique key. ``conn`` must be usable (outside the failed transaction)."""
+    holder = None
+    cur = await conn.execute(sql.UNIQUE_KEY_OF, {"id": job_id})
+    key = await cur.fetchone()
+    if key is not None and key[0] is not None:
+        holder = await (await conn.execute(sql.UNIQUE_HOLDER, (key[0],))).fetchone()
+    held = f"job {holder[0]} ({holder[1]})" if holder else "another live job"
+    constraint = getattr(getattr(exc, "diag", None), "constraint_name", None) \
+        or getattr(exc, "constraint", None)
+    return UniqueConflict(
+        f"cannot {action} job {job_id}: its unique key is held by {held}; nothing changed",
+        constraint=constraint or UNIQUE_INDEX, holder_id=holder[0] if holder else None,
+        holder_state=holder[1] if holder else None)
+
+
 def maps_errors(fn):
     """Decorator: run the coroutine function ``fn`` under :func:`mapped_errors`."""
     @functools.wraps(fn)
@@ -88,12 +106,27 @@ def insert_one_sync(conn: psycopg.Connection, p: Prepared) -> Job:
 
 
 async def insert_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list[Job]:
-    """Insert many prepared jobs in one statement (all or none); returns them in input order."""
+    """Insert many prepared jobs in one statement (all or none); returns them in input order.
+
+    A batch with unique keys takes them in key order (``sql.INSERT_MANY_KEYED``), so concurrent
+    batches over the same keys wait for each other instead of deadlocking; ids still follow
+    the input order."""
     if not rows:
         return []
+    keyed = any(p.unique_key is not None for p in rows)
     with mapped_errors():
-        cur = await conn.execute(sql.INSERT_MANY, many_params(rows))
-        return [Job.from_row(r) for r in await cur.fetchall()]
+        cur = await conn.execute(sql.INSERT_MANY_KEYED if keyed else sql.INSERT_MANY,
+                                 many_params(rows))
+        found = await cur.fetchall()
+    if keyed:
+        found.sort(key=lambda r: r[0])  # ids were drawn in input order
+    return [Job.from_row(r) for r in found]
+
+
+def key_order(keys: list[bytes | None]) -> list[int]:
+    """Positions of ``keys`` in the one global order unique keys are taken in (bytewise, as
+    PostgreSQL sorts bytea; rows without a key last)."""
+    return sorted(range(len(keys)), key=lambda i: (keys[i] is None, keys[i] or b""))
 
 
 def _copy_rows(rows: list[Prepared], ids: list[int], now: datetime) -> Iterable[tuple]:
@@ -126,9 +159,11 @@ async def copy_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list
     with mapped_errors():
         cur = await conn.execute(sql.COPY_RESERVE, (len(rows),))
         now, ids = await cur.fetchone()
+        records = list(_copy_rows(rows, ids, now))
         async with conn.cursor().copy(sql.COPY_JOBS) as copy:
-            for record in _copy_rows(rows, ids, now):
-                await copy.write_row(record)
+            # ids follow the input; rows go in unique-key order (see insert_many)
+            for i in key_order([p.unique_key for p in rows]):
+                await copy.write_row(records[i])
     return [copied_job(i, p, now) for i, p in zip(ids, rows)]
 
 
@@ -187,7 +222,12 @@ async def copy_uniform(conn: psycopg.AsyncConnection, batch: UniformBatch, *,
                f"{copy_escape(_array_literal(batch.tags))}").encode()
         ustates = "\\N" if batch.unique_states is None else str(batch.unique_states)
         tail = f"{ustates}\t{_bytea_text(batch.ordering_key)}\t{now.isoformat()}".encode()
-        block = _native.copy_block(ids, batch.jsons, batch.keys, head, mid, tail)
+        if batch.keys:  # rows in unique-key order, ids in input order (see insert_many)
+            order = key_order(batch.keys)
+            block = _native.copy_block([ids[i] for i in order], [batch.jsons[i] for i in order],
+                                       [batch.keys[i] for i in order], head, mid, tail)
+        else:
+            block = _native.copy_block(ids, batch.jsons, batch.keys, head, mid, tail)
         async with conn.cursor().copy(sql.COPY_JOBS) as copy:
             await copy.write(block)
     if not want_jobs:

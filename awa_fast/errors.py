@@ -33,11 +33,17 @@ class UniqueConflict(AwaError):
 
     Attributes:
         constraint: the index name reported by Postgres.
+        holder_id: the id of the job holding the key, when it was looked up (every retry path
+            does: ``retry``, ``retry_from_dlq``, ``retry_external``, ``retry_failed``), else None.
+        holder_state: that job's state (``"running"``, ``"completed"``, ...), else None.
     """
 
-    def __init__(self, message: str, *, constraint: str | None = None):
+    def __init__(self, message: str, *, constraint: str | None = None,
+                 holder_id: int | None = None, holder_state: str | None = None):
         super().__init__(message)
         self.constraint = constraint
+        self.holder_id = holder_id
+        self.holder_state = holder_state
 
 
 class SchemaNotMigrated(AwaError):
@@ -50,6 +56,11 @@ class UnknownJobKind(AwaError):
 
 class DatabaseError(AwaError):
     """A database operation failed for a reason awa-fast does not map to a narrower error."""
+
+
+class DeadlockError(DatabaseError):
+    """A write kept deadlocking with concurrent work after bounded retries (``awa_fast.bulk``);
+    nothing of it was written, so the caller may retry it."""
 
 
 class CallbackNotFound(AwaError):

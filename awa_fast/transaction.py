@@ -14,7 +14,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from awa_fast import enqueue
+from awa_fast import bulk, enqueue
 from awa_fast.errors import AwaError
 from awa_fast.job import Job
 from awa_fast.requests import prepare
@@ -61,10 +61,16 @@ class Transaction:
 
     async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
         """Insert many jobs with shared options inside this transaction (all or none, under a
-        savepoint)."""
+        savepoint; a deadlock rolls back only the savepoint and is retried a bounded number of
+        times, then raises ``DeadlockError``)."""
         rows = [prepare(a, **opts) for a in jobs]
-        async with self._check().transaction():
-            return await enqueue.insert_many(self._conn, rows)
+        conn = self._check()
+
+        async def once() -> list[Job]:
+            async with conn.transaction():
+                return await enqueue.insert_many(conn, rows)
+
+        return await bulk.retry_deadlocks(once, what="insert_many")
 
     async def execute(self, query: str, *args: Any) -> int:
         """Run a statement; returns the affected row count."""

@@ -52,19 +52,25 @@ async def truncate(dsn: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def exploding_inserts(dsn: str, kind: str = "explode"):
-    """A trigger added outside awa-fast that makes every insert of ``kind`` fail (ADR-046's
-    example of an unpredictable insert error); removed afterwards."""
+async def failing_rows(dsn: str, when: str, *, event: str = "INSERT",
+                       table: str = "awa_fast.jobs", name: str = "explode"):
+    """A trigger added outside awa-fast that fails every ``event`` (INSERT / UPDATE) of a row
+    of ``table`` matching ``when`` (an SQL condition over NEW/OLD), as an unpredictable
+    per-row error would (ADR-046's example); removed afterwards."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(f"""
-            CREATE OR REPLACE FUNCTION public.explode() RETURNS trigger LANGUAGE plpgsql AS $$
+            CREATE OR REPLACE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN RAISE EXCEPTION 'trigger added outside awa-fast'; END $$;
-            DROP TRIGGER IF EXISTS explode ON awa_fast.jobs;
-            CREATE TRIGGER explode BEFORE INSERT ON awa_fast.jobs FOR EACH ROW
-                WHEN (NEW.kind = '{kind}') EXECUTE FUNCTION public.explode();""")
+            DROP TRIGGER IF EXISTS {name} ON {table};
+            CREATE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW
+                WHEN ({when}) EXECUTE FUNCTION public.{name}();""")
     try:
         yield
     finally:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute("DROP TRIGGER explode ON awa_fast.jobs; "
-                               "DROP FUNCTION public.explode()")
+            await conn.execute(f"DROP TRIGGER {name} ON {table}; DROP FUNCTION public.{name}()")
+
+
+def exploding_inserts(dsn: str, kind: str = "explode"):
+    """:func:`failing_rows` for every insert of ``kind`` into ``awa_fast.jobs``."""
+    return failing_rows(dsn, f"NEW.kind = '{kind}'")

@@ -33,16 +33,29 @@ FROM (VALUES (%s::text, %s::text, %s::text, %s::smallint, %s::smallint, %s::time
 RETURNING {JOB_COLUMNS}"""
 
 # Tags travel as one JSON array per row: Postgres arrays cannot be ragged.
-INSERT_MANY = f"""{_INSERT_TARGET}{_INSERT_PROJECTION}
-FROM (SELECT u.kind, u.queue, u.args, u.priority, u.max_attempts, u.run_at, u.metadata,
+_INSERT_MANY_ROWS = """
+FROM (SELECT {id}u.kind, u.queue, u.args, u.priority, u.max_attempts, u.run_at, u.metadata,
              CASE WHEN u.tags = '[]' THEN '{{}}'::text[]
                   ELSE ARRAY(SELECT jsonb_array_elements_text(u.tags::jsonb)) END AS tags,
              u.unique_key, u.unique_states, u.ordering_key
       FROM unnest(%s::text[], %s::text[], %s::text[], %s::smallint[], %s::smallint[],
                   %s::timestamptz[], %s::text[], %s::text[], %s::bytea[], %s::smallint[],
-                  %s::bytea[])
+                  %s::bytea[]){ordinality}
            AS u(kind, queue, args, priority, max_attempts, run_at, metadata, tags, unique_key,
-                unique_states, ordering_key)) AS v
+                unique_states, ordering_key{ord}){order}) AS v"""
+
+INSERT_MANY = f"""{_INSERT_TARGET}{_INSERT_PROJECTION}{_INSERT_MANY_ROWS.format(id="", ordinality="", ord="", order="")}
+RETURNING {JOB_COLUMNS}"""
+
+# A batch with unique keys: ids are drawn in input order, rows are inserted in unique-key order
+# (one global order of key locks, so two batches over the same keys cannot deadlock each other;
+# the caller puts the returned rows back in id order).
+_INSERT_TARGET_WITH_ID = _INSERT_TARGET.replace("(kind,", "(id, kind,", 1)
+INSERT_MANY_KEYED = f"""{_INSERT_TARGET_WITH_ID}
+SELECT v.id, {_INSERT_PROJECTION.split("SELECT ", 1)[1]}
+{_INSERT_MANY_ROWS.format(id=f"nextval('{S}.jobs_id_seq') AS id, ", ordinality=" WITH ORDINALITY",
+                          ord=", ord", order=" ORDER BY u.ord")}
+ORDER BY v.unique_key
 RETURNING {JOB_COLUMNS}"""
 
 COPY_RESERVE = f"SELECT now(), array_agg(nextval('{S}.jobs_id_seq')) FROM generate_series(1, %s)"
@@ -53,24 +66,58 @@ COPY_JOBS = (
 
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM {S}.jobs WHERE id = %s"
 
-CLAIM = f"""
-WITH c AS (
-    SELECT id FROM {S}.jobs
-    WHERE state = 'available' AND queue = %(queue)s
+# A row's unique key is held by ANOTHER row (that row's state is in that row's mask): the
+# predicate of idx_awa_fast_jobs_unique, so the lookup uses that index.
+def _key_held_by_other(alias: str) -> str:
+    return (f"EXISTS (SELECT 1 FROM {S}.jobs h WHERE h.unique_key = {alias}.unique_key "
+            f"AND h.id <> {alias}.id AND h.unique_key IS NOT NULL "
+            f"AND (h.unique_states & (1 << {S}.state_bit(h.state))) <> 0)")
+
+
+# Claim guard (bulk and row by row). A row whose mask holds 'running' (bit 4) is not claimed
+# while another row holds its key: it stays available until the key is free (one running
+# attempt per key), so the claim never collides on idx_awa_fast_jobs_unique.
+_CLAIMABLE = f"""j.state = 'available' AND j.queue = %(queue)s
       AND NOT EXISTS (SELECT 1 FROM {S}.queue_meta m WHERE m.queue = %(queue)s AND m.paused)
-    ORDER BY priority, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
+      AND NOT (j.unique_key IS NOT NULL AND (j.unique_states & 4) <> 0
+               AND {_key_held_by_other("j")})"""
+
+_CLAIM_SET = f"""
 UPDATE {S}.jobs j
 SET state = 'running', attempt = j.attempt + 1, run_lease = j.run_lease + 1,
     attempted_at = now(), heartbeat_at = now(),
     deadline_at = CASE WHEN %(deadline_ms)s > 0
-                       THEN now() + %(deadline_ms)s * interval '1 millisecond' END
-FROM c WHERE j.id = c.id
+                       THEN now() + %(deadline_ms)s * interval '1 millisecond' END"""
+
+_CLAIM_RETURNING = """
 RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, j.run_at,
           j.deadline_at, j.created_at, j.errors::text, j.metadata::text, j.tags, j.run_lease,
           j.progress"""
+
+# Two available rows sharing a key their mask holds in 'running': at most one (the lowest id)
+# is claimed per statement; the other stays available.
+CLAIM = f"""
+WITH c AS (
+    SELECT j.id, j.unique_key, (j.unique_key IS NOT NULL AND (j.unique_states & 4) <> 0) AS takes
+    FROM {S}.jobs j
+    WHERE {_CLAIMABLE}
+    ORDER BY j.priority, j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), k AS (
+    SELECT c.id FROM c
+    WHERE NOT c.takes
+       OR c.id = (SELECT min(o.id) FROM c o WHERE o.takes AND o.unique_key = c.unique_key)
+){_CLAIM_SET}
+FROM k WHERE j.id = k.id{_CLAIM_RETURNING}"""
+
+# Row-by-row twin of CLAIM (same guard): its candidates, then one row each.
+CLAIM_CANDIDATES = f"""
+SELECT j.id FROM {S}.jobs j WHERE {_CLAIMABLE}
+ORDER BY j.priority, j.run_at, j.id LIMIT %(limit)s"""
+
+CLAIM_ONE = f"""{_CLAIM_SET}
+WHERE j.id = %(id)s AND {_CLAIMABLE}{_CLAIM_RETURNING}"""
 
 # (errors and metadata come back as text: the handler's job decodes them only when read.)
 
@@ -81,7 +128,7 @@ SET state = 'completed', finalized_at = now(), heartbeat_at = NULL, deadline_at 
     progress = NULL, callback_id = NULL, callback_timeout_at = NULL
 FROM unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
 WHERE j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
-RETURNING j.id"""
+RETURNING j.id, j.run_lease"""
 
 # Every other outcome of an attempt: one guarded statement. delay is seconds (NULL keeps run_at);
 # error is a one-element JSON array appended to errors (NULL appends nothing).
@@ -127,37 +174,41 @@ FLUSH_PROGRESS = f"""
 UPDATE {S}.jobs SET progress = %s::jsonb
 WHERE id = %s AND run_lease = %s AND state = 'running'"""
 
+# Promotion guard (bulk and row by row): due scheduled / retryable rows.
+_DUE = "j.state IN ('scheduled', 'retryable') AND j.run_at <= now()"
+
 PROMOTE = f"""
 WITH d AS (
-    SELECT id FROM {S}.jobs
-    WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
-    ORDER BY run_at LIMIT %s FOR UPDATE SKIP LOCKED
+    SELECT j.id FROM {S}.jobs j WHERE {_DUE}
+    ORDER BY j.run_at, j.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 UPDATE {S}.jobs j SET state = 'available' FROM d WHERE j.id = d.id
-RETURNING j.queue"""
-
-PROMOTE_ONE = f"""
-UPDATE {S}.jobs SET state = 'available'
-WHERE id = %s AND state IN ('scheduled', 'retryable') RETURNING queue"""
+RETURNING j.id, j.queue"""
 
 DUE_IDS = f"""
-SELECT id FROM {S}.jobs WHERE state IN ('scheduled', 'retryable') AND run_at <= now()
-ORDER BY run_at LIMIT %s"""
+SELECT j.id FROM {S}.jobs j WHERE {_DUE} ORDER BY j.run_at, j.id LIMIT %(limit)s"""
+
+PROMOTE_ONE = f"""
+UPDATE {S}.jobs j SET state = 'available' WHERE j.id = %(id)s AND {_DUE}
+RETURNING j.id, j.queue"""
+
+# Rescue guards (bulk, candidates, row by row and the duplicate cancel share them): a running
+# attempt whose heartbeat is stale or whose deadline passed; a parked job whose callback timed out.
+_STALE = """j.state = 'running'
+      AND (j.heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
+           OR (j.deadline_at IS NOT NULL AND j.deadline_at < now()))"""
+_CALLBACK_EXPIRED = "j.state = 'waiting_external' AND j.callback_timeout_at < now()"
 
 RESCUE_CANDIDATES = f"""
-SELECT id FROM {S}.jobs
-WHERE state = 'running' AND (heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
-                             OR (deadline_at IS NOT NULL AND deadline_at < now()))
-ORDER BY id LIMIT %(limit)s"""
+SELECT j.id FROM {S}.jobs j WHERE {_STALE} ORDER BY j.id LIMIT %(limit)s"""
 
 RESCUE_CALLBACK_CANDIDATES = f"""
-SELECT id FROM {S}.jobs WHERE state = 'waiting_external' AND callback_timeout_at < now()
-ORDER BY id LIMIT %(limit)s"""
+SELECT j.id FROM {S}.jobs j WHERE {_CALLBACK_EXPIRED} ORDER BY j.id LIMIT %(limit)s"""
 
 # A row whose next state would take a unique key another job holds: cancelled as a duplicate.
 # Each use adds its own guard, so a row that moved on meanwhile is left alone.
 _CANCEL_DUPLICATE = f"""
-UPDATE {S}.jobs
+UPDATE {S}.jobs j
 SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
     callback_id = NULL, callback_timeout_at = NULL,
     errors = errors || jsonb_build_array(jsonb_build_object(
@@ -169,14 +220,11 @@ SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at 
 CANCEL_DUPLICATE_ATTEMPT = f"""{_CANCEL_DUPLICATE}WHERE id = %s AND run_lease = %s AND state = 'running'"""
 
 # Rescue's per-row fallback: only a row that is still the stale attempt being rescued.
-CANCEL_RESCUED_DUPLICATE = f"""{_CANCEL_DUPLICATE}WHERE id = %(id)s
-  AND ((state = 'running'
-        AND (heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
-             OR (deadline_at IS NOT NULL AND deadline_at < now())))
-       OR (state = 'waiting_external' AND callback_timeout_at < now()))"""
+CANCEL_RESCUED_DUPLICATE = f"""{_CANCEL_DUPLICATE}WHERE j.id = %(id)s
+  AND (({_STALE}) OR ({_CALLBACK_EXPIRED}))"""
 
 # ... a due scheduled/retryable row whose promotion collided.
-CANCEL_AS_DUPLICATE = f"""{_CANCEL_DUPLICATE}WHERE id = %s AND state IN ('scheduled', 'retryable')"""
+CANCEL_AS_DUPLICATE = f"""{_CANCEL_DUPLICATE}WHERE j.id = %(id)s AND {_DUE}"""
 
 # Rescue of attempts whose worker is presumed dead or whose deadline passed. attempt is kept: the
 # next claim counts a new attempt. On the final attempt the job fails -- or, for kinds with a
@@ -209,10 +257,8 @@ WITH r AS (
                 ELSE 'rescue_exhausted' END AS exhausted_reason,
            CASE WHEN deadline_at IS NOT NULL AND deadline_at < now() THEN 'hard deadline exceeded'
                 ELSE 'heartbeat stale: worker presumed dead' END AS message
-    FROM {S}.jobs
-    WHERE state = 'running'
-      AND (heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
-           OR (deadline_at IS NOT NULL AND deadline_at < now()))
+    FROM {S}.jobs j
+    WHERE {_STALE}
       AND (%(only)s::bigint IS NULL OR id = %(only)s)
     ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
@@ -239,8 +285,8 @@ RESCUE_CALLBACKS = f"""
 WITH r AS (
     SELECT id, 'expired_callback' AS rescue_reason, 'callback_timeout' AS exhausted_reason,
            'callback timed out' AS message
-    FROM {S}.jobs
-    WHERE state = 'waiting_external' AND callback_timeout_at < now()
+    FROM {S}.jobs j
+    WHERE {_CALLBACK_EXPIRED}
       AND (%(only)s::bigint IS NULL OR id = %(only)s)
     ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
@@ -456,6 +502,17 @@ WHERE id = %(id)s"""
 
 DEAD_LETTER = f"SELECT {S}.dead_letter_if_enabled(%s, %s)"
 
+# Rescue's dead-letter moves: the bulk form of DEAD_LETTER (same function, so the same guard).
+DEAD_LETTER_MANY = f"""
+SELECT m.id FROM unnest(%s::bigint[], %s::text[]) AS m(id, reason)
+WHERE {S}.dead_letter_if_enabled(m.id, m.reason)"""
+
+# A failed row whose dead-letter move failed stays failed in jobs: say so in its errors.
+NOTE_DEAD_LETTER_FAILED = f"""
+UPDATE {S}.jobs SET errors = errors || jsonb_build_array(jsonb_build_object(
+    'error', 'dead-letter move failed: ' || %(error)s, 'at', now()))
+WHERE id = %(id)s AND state = 'failed'"""
+
 OWED_DUE = f"""
 SELECT id FROM {S}.jobs
 WHERE consequence_state = 'owed' AND consequence_retry_at <= now()
@@ -528,6 +585,8 @@ SET state = 'available', attempt = 0, run_at = now(), callback_id = NULL,
 WHERE callback_id = %s AND state = 'waiting_external'
 RETURNING {JOB_COLUMNS}"""
 
+JOB_BY_CALLBACK = f"SELECT id FROM {S}.jobs WHERE callback_id = %s"
+
 RESUME_EXTERNAL = f"""
 UPDATE {S}.jobs
 SET state = 'running', heartbeat_at = now(), callback_id = NULL, callback_timeout_at = NULL,
@@ -576,7 +635,7 @@ _DLQ_REINSERT = f"""
 INSERT INTO {S}.jobs (id, kind, queue, args, state, priority, attempt, max_attempts, run_at,
                       created_at, errors, metadata, tags, unique_key, unique_states,
                       ordering_key, run_lease)
-SELECT d.id, d.kind, COALESCE(%(queue)s::text, d.queue), d.args,
+SELECT d.id, d.kind, COALESCE(%(to_queue)s::text, d.queue), d.args,
        (CASE WHEN %(run_at)s::timestamptz > now() THEN 'scheduled'
              ELSE 'available' END)::{S}.job_state,
        COALESCE(%(priority)s::smallint, d.priority), 0, d.max_attempts,
@@ -590,6 +649,7 @@ DLQ_RETRY = f"""
 WITH d AS (DELETE FROM {S}.dlq WHERE id = %(id)s RETURNING *)
 {_DLQ_REINSERT}"""
 
+# Bulk retry and its row-by-row twin share the filter.
 DLQ_RETRY_BULK = f"""
 WITH d AS (
     DELETE FROM {S}.dlq WHERE id IN (
@@ -598,6 +658,15 @@ WITH d AS (
 {_DLQ_REINSERT}"""
 
 DLQ_MATCHING_IDS = f"SELECT id FROM {S}.dlq WHERE {_DLQ_FILTER} ORDER BY id"
+
+DLQ_RETRY_ONE = f"""
+WITH d AS (DELETE FROM {S}.dlq WHERE id = %(id)s AND {_DLQ_FILTER} RETURNING *)
+{_DLQ_REINSERT}"""
+
+# The unique key of a job, live or dead-lettered (to find who holds it after a conflict).
+UNIQUE_KEY_OF = f"""
+SELECT unique_key FROM {S}.jobs WHERE id = %(id)s
+UNION ALL SELECT unique_key FROM {S}.dlq WHERE id = %(id)s LIMIT 1"""
 
 # The live job holding a unique key (to name it in a UniqueConflict message).
 UNIQUE_HOLDER = f"""
@@ -631,53 +700,60 @@ DELETE FROM {S}.dlq WHERE id IN (
     SELECT id FROM {S}.dlq WHERE dlq_at < now() - %(dlq_s)s * interval '1 second'
     LIMIT %(limit)s)"""
 
-# retry_failed: failed -> available, attempt 0 (as RETRY_JOB), by kind or queue.
+# retry_failed: failed -> available, attempt 0 (as RETRY_JOB), by kind or queue. A job whose
+# failure consequence is still owed stays failed (retrying it would lose the consequence).
+_RETRYABLE_FAILED = """j.state = 'failed' AND j.consequence_state IS DISTINCT FROM 'owed'
+      AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)"""
+
 _RETRY_FAILED_SET = f"""
-UPDATE {S}.jobs
+UPDATE {S}.jobs j
 SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
     heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL"""
 
 RETRY_FAILED = f"""{_RETRY_FAILED_SET}
-WHERE id IN (SELECT id FROM {S}.jobs
-             WHERE state = 'failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s)
-               AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-               AND consequence_state IS DISTINCT FROM 'owed'
-             ORDER BY id FOR UPDATE SKIP LOCKED)
-RETURNING {JOB_COLUMNS}"""
+WHERE j.id IN (SELECT j.id FROM {S}.jobs j WHERE {_RETRYABLE_FAILED}
+               ORDER BY j.id FOR UPDATE SKIP LOCKED)
+RETURNING {J_JOB_COLUMNS}"""
 
 FAILED_IDS = f"""
-SELECT id FROM {S}.jobs
-WHERE state = 'failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-ORDER BY id"""
+SELECT j.id FROM {S}.jobs j WHERE {_RETRYABLE_FAILED} ORDER BY j.id"""
+
+# awa's RetryFailedResult.matched: failed jobs the filter finds (owed ones included).
+FAILED_MATCHING = f"""
+SELECT count(*) FROM {S}.jobs j WHERE j.state = 'failed'
+  AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
+  AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)"""
 
 RETRY_FAILED_ONE = f"""{_RETRY_FAILED_SET}
-WHERE id = %s AND state = 'failed'
-RETURNING {JOB_COLUMNS}"""
+WHERE j.id = %(id)s AND {_RETRYABLE_FAILED}
+RETURNING {J_JOB_COLUMNS}"""
 
 # Jobs whose failure consequence is still owed are kept (deleting them would lose it).
 DISCARD_FAILED = f"""
 DELETE FROM {S}.jobs
 WHERE kind = %s AND state = 'failed' AND consequence_state IS DISTINCT FROM 'owed'"""
 
+# drain_queue guard: waiting rows of one queue (running and parked rows are left alone).
+_DRAINABLE = "j.queue = %(queue)s AND j.state IN ('available', 'scheduled', 'retryable')"
+
 _DRAIN_SET = f"""
-UPDATE {S}.jobs
+UPDATE {S}.jobs j
 SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
     callback_id = NULL, callback_timeout_at = NULL,
     errors = errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled: queue drained by admin', 'attempt', attempt, 'at', now()))"""
 
 DRAIN_QUEUE = f"""{_DRAIN_SET}
-WHERE id IN (SELECT id FROM {S}.jobs
-             WHERE queue = %s AND state IN ('available', 'scheduled', 'retryable')
-             ORDER BY id FOR UPDATE SKIP LOCKED)"""
+WHERE j.id IN (SELECT j.id FROM {S}.jobs j WHERE {_DRAINABLE}
+               ORDER BY j.id FOR UPDATE SKIP LOCKED)
+RETURNING j.id"""
 
-DRAINABLE_IDS = f"""
-SELECT id FROM {S}.jobs
-WHERE queue = %s AND state IN ('available', 'scheduled', 'retryable') ORDER BY id"""
+DRAINABLE_IDS = f"SELECT j.id FROM {S}.jobs j WHERE {_DRAINABLE} ORDER BY j.id"
 
 DRAIN_ONE = f"""{_DRAIN_SET}
-WHERE id = %s AND state IN ('available', 'scheduled', 'retryable')"""
+WHERE j.id = %(id)s AND {_DRAINABLE}
+RETURNING j.id"""
 
 # Whole rows as JSON (every column, consequence bookkeeping included).
 DUMP_JOB = f"SELECT to_jsonb(j) FROM {S}.jobs j WHERE id = %s"
@@ -695,16 +771,29 @@ UNIQUE_CONFLICT_TARGET = (
     "(unique_key) WHERE unique_key IS NOT NULL "
     f"AND (unique_states & (1 << {S}.state_bit(state))) <> 0")
 
-# Follow-up requests passed as one JSON array (enqueue.follow_ups_json), read back as rows.
-_FOLLOW_UPS_FROM_JSON = f"""
-    SELECT v.kind, v.queue, v.args,
+# Follow-up requests passed as one JSON array (enqueue.follow_ups_json), read back as rows and
+# inserted with ON CONFLICT DO NOTHING. Ids are drawn in (trigger, order) order among the rows
+# that pass ``where``; rows are inserted in unique-key order, so two completions whose
+# follow-ups share keys wait for each other instead of deadlocking (ADR-046's deadlock-free
+# multi-insert completion).
+def _follow_ups_insert(where: str) -> str:
+    return f"""{_INSERT_TARGET_WITH_ID}
+    SELECT v.id, v.kind, v.queue, v.args,
            (CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
            v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata, v.tags,
-           decode(v.unique_key, 'hex'), v.unique_states, decode(v.ordering_key, 'hex')
-    FROM jsonb_to_recordset(%s::jsonb)
-         AS v(trigger bigint, lease bigint, ord int, kind text, queue text, args jsonb, priority smallint,
-              max_attempts smallint, run_at timestamptz, metadata jsonb, tags text[],
-              unique_key text, unique_states smallint, ordering_key text)"""
+           v.unique_key, v.unique_states, v.ordering_key
+    FROM (SELECT nextval('{S}.jobs_id_seq') AS id, r.kind, r.queue, r.args, r.priority,
+                 r.max_attempts, r.run_at, r.metadata, r.tags,
+                 decode(r.unique_key, 'hex') AS unique_key, r.unique_states,
+                 decode(r.ordering_key, 'hex') AS ordering_key
+          FROM jsonb_to_recordset(%s::jsonb)
+               AS r(trigger bigint, lease bigint, ord int, kind text, queue text, args jsonb,
+                    priority smallint, max_attempts smallint, run_at timestamptz, metadata jsonb,
+                    tags text[], unique_key text, unique_states smallint, ordering_key text)
+          WHERE {where}
+          ORDER BY r.trigger, r.ord) AS v
+    ORDER BY v.unique_key, v.id
+    ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING"""
 
 COMPLETE_WITH_FOLLOW_UPS = f"""
 WITH done AS (
@@ -714,11 +803,7 @@ WITH done AS (
     WHERE id = %s AND run_lease = %s AND state = 'running'
     RETURNING id
 ), ins AS (
-    {_INSERT_TARGET}
-{_FOLLOW_UPS_FROM_JSON}
-    WHERE EXISTS (SELECT 1 FROM done)
-    ORDER BY v.ord
-    ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING
+    {_follow_ups_insert("EXISTS (SELECT 1 FROM done)")}
     RETURNING unique_key
 )
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM ins),
@@ -737,12 +822,8 @@ WITH done AS (
     WHERE j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
     RETURNING j.id, j.run_lease
 ), ins AS (
-    {_INSERT_TARGET}
-{_FOLLOW_UPS_FROM_JSON}
     -- by (job, lease): two attempts of one job may share a batch; only the current one counts
-    WHERE (v.trigger, v.lease) IN (SELECT id, run_lease FROM done)
-    ORDER BY v.trigger, v.ord
-    ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING
+    {_follow_ups_insert("(r.trigger, r.lease) IN (SELECT id, run_lease FROM done)")}
     RETURNING 1
 )
 SELECT ARRAY(SELECT id FROM done), ARRAY(SELECT run_lease FROM done),
@@ -780,3 +861,21 @@ SELECT min(applied_at), max(applied_at), max(version) FROM {S}.schema_version"""
 TESTING_JOB_ROW = f"""
 SELECT id, kind, queue, args, attempt, max_attempts, priority, tags, state::text AS state
 FROM {S}.jobs WHERE id = %s"""
+
+# Every bulk statement run through bulk.run_isolated, with the statements of its row-by-row
+# fallback (candidates, one row, duplicate cancel): each carries the family's one guard
+# fragment (checked by tests/test_hardening_wedge.py). Complete, heartbeat, rescue and the
+# dead-letter move redo rows with the bulk statement itself (one-element arrays / %(only)s).
+ISOLATED = {
+    "claim": (_CLAIMABLE, (CLAIM, CLAIM_CANDIDATES, CLAIM_ONE)),
+    "promote": (_DUE, (PROMOTE, DUE_IDS, PROMOTE_ONE, CANCEL_AS_DUPLICATE)),
+    "rescue": (_STALE, (RESCUE, RESCUE_CANDIDATES, CANCEL_RESCUED_DUPLICATE)),
+    "rescue_callbacks": (_CALLBACK_EXPIRED, (RESCUE_CALLBACKS, RESCUE_CALLBACK_CANDIDATES,
+                                             CANCEL_RESCUED_DUPLICATE)),
+    "retry_failed": (_RETRYABLE_FAILED, (RETRY_FAILED, FAILED_IDS, RETRY_FAILED_ONE)),
+    "drain_queue": (_DRAINABLE, (DRAIN_QUEUE, DRAINABLE_IDS, DRAIN_ONE)),
+    "dlq_retry": (_DLQ_FILTER, (DLQ_RETRY_BULK, DLQ_MATCHING_IDS, DLQ_RETRY_ONE)),
+    "complete": ("j.run_lease = b.lease AND j.state = 'running'", (COMPLETE_MANY,)),
+    "heartbeat": ("j.run_lease = b.lease", (HEARTBEAT,)),
+    "dead_letter": (f"{S}.dead_letter_if_enabled(", (DEAD_LETTER_MANY, DEAD_LETTER)),
+}

@@ -13,7 +13,7 @@ from typing import Callable
 
 import psycopg
 
-from awa_fast import sql
+from awa_fast import bulk, sql
 from awa_fast.worker.rate_limit import TokenBucket
 
 log = logging.getLogger("awa_fast.dispatcher")
@@ -109,11 +109,23 @@ class Dispatcher:
             _raise_if_cancelling()  # after spawning: claimed rows always get their handler
 
     async def _claim(self, limit: int) -> list[tuple]:
+        # One statement; if a row makes it fail (a trigger, or a unique collision with a
+        # concurrent claim of a duplicate), the candidates are claimed one by one and that row
+        # stays available (logged), so it cannot wedge the queue.
+        params = {"queue": self.queue, "limit": limit, "deadline_ms": self.deadline_ms}
         pool = await self._pool_getter()
         async with pool.connection() as conn:
-            cur = await conn.execute(sql.CLAIM, {"queue": self.queue, "limit": limit,
-                                                 "deadline_ms": self.deadline_ms})
-            return await cur.fetchall()
+            async def fetch(query: str, extra: dict | None = None) -> list[tuple]:
+                cur = await conn.execute(query, {**params, **(extra or {})})
+                return await cur.fetchall()
+
+            async def candidates() -> list[int]:
+                return [r[0] for r in await fetch(sql.CLAIM_CANDIDATES)]
+
+            done = await bulk.run_isolated(
+                conn, what=f"claim from queue {self.queue!r}", bulk=lambda: fetch(sql.CLAIM),
+                keys=candidates, one=lambda job_id: fetch(sql.CLAIM_ONE, {"id": job_id}))
+            return done.rows
 
 
 def _raise_if_cancelling() -> None:

@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable
 import psycopg
 from psycopg import errors as pg_errors
 
-from awa_fast import enqueue, sql
+from awa_fast import bulk, enqueue, sql
 from awa_fast.worker import executor as ex
 from awa_fast.worker import storable
 from awa_fast.worker.context import JobContext
@@ -130,22 +130,14 @@ class Finalizer:
 
     async def _flush(self, batch: list) -> None:
         batch.sort(key=lambda item: item[0])
-        ids = [b[0] for b in batch]
-        leases = [b[1] for b in batch]
-        applied: set[int] | None = None
+        done = None
         attempt = 0
         while True:
             try:
                 pool = await self._pool_getter()
                 async with pool.connection() as conn:
-                    cur = await conn.execute(sql.COMPLETE_MANY, (ids, leases))
-                    applied = {r[0] for r in await cur.fetchall()}
+                    done = await self._complete_isolated(conn, [(b[0], b[1]) for b in batch])
                 break
-            except pg_errors.UniqueViolation:
-                # A job whose unique mask holds 'completed' but not 'running' collided with a
-                # completed duplicate: complete the batch one by one so only it is affected.
-                await self._complete_one_by_one(batch)
-                return
             except _RETRYABLE as exc:
                 if not await self._may_retry(attempt, exc):
                     break
@@ -159,15 +151,36 @@ class Finalizer:
                         fut.set_exception(exc)
                 return
         self.stats["batches"] += 1
-        for job_id, _, fut in batch:
+        applied = None if done is None else set(done.rows)
+        for job_id, lease, fut in batch:
             if fut.done():
                 continue
+            failed = None if done is None else done.failed.get((job_id, lease))
             if applied is None:
                 fut.set_exception(psycopg.OperationalError("completion batch kept failing"))
-                continue
-            ok = job_id in applied
-            self.stats["compact" if ok else "stale"] += 1
-            fut.set_result(ok)
+            elif (job_id, lease) in applied:
+                self.stats["compact"] += 1
+                fut.set_result(True)
+            elif failed is not None and not isinstance(failed, pg_errors.UniqueViolation):
+                fut.set_exception(failed)  # this row alone failed to complete
+            else:  # stale, or cancelled as a duplicate
+                self.stats["stale"] += 1
+                fut.set_result(False)
+
+    async def _complete_isolated(self, conn, attempts: list[tuple[int, int]]) -> bulk.Isolated:
+        # One guarded statement for the batch of (id, run_lease); if a row makes it fail, job by
+        # job: a job whose completion would take a key a completed duplicate holds (a mask
+        # holding 'completed' but not 'running') is cancelled as a duplicate, any other failing
+        # row's waiter gets the error; the other jobs complete.
+        async def complete(items: list[tuple[int, int]]) -> list[tuple]:
+            cur = await conn.execute(sql.COMPLETE_MANY, ([i for i, _ in items],
+                                                         [lease for _, lease in items]))
+            return [tuple(r) for r in await cur.fetchall()]
+
+        return await bulk.run_isolated(
+            conn, what="completion batch", bulk=lambda: complete(attempts), keys=attempts,
+            one=lambda attempt: complete([attempt]),
+            on_conflict=lambda attempt, _exc: self._cancel_duplicate(conn, *attempt))
 
     async def _flush_staged(self, batch: list) -> None:
         # One guarded statement for many triggers and all their follow-ups, one commit. On a
@@ -221,25 +234,6 @@ class Finalizer:
             self.stats["staged_batched" if ok else "stale"] += 1
             if not fut.done():
                 fut.set_result(ok)
-
-    async def _complete_one_by_one(self, batch: list) -> None:
-        pool = await self._pool_getter()
-        async with pool.connection() as conn:
-            for job_id, lease, fut in batch:
-                try:
-                    async with conn.transaction():
-                        cur = await conn.execute(sql.COMPLETE_MANY, ([job_id], [lease]))
-                        ok = bool(await cur.fetchall())
-                except pg_errors.UniqueViolation:
-                    await self._cancel_duplicate(conn, job_id, lease)
-                    ok = False
-                except Exception as exc:  # never leave a waiter hanging
-                    if not fut.done():
-                        fut.set_exception(exc)
-                    continue
-                self.stats["compact" if ok else "stale"] += 1
-                if not fut.done():
-                    fut.set_result(ok)
 
     async def _cancel_duplicate(self, conn, job_id: int, lease: int) -> None:
         await conn.execute(sql.CANCEL_DUPLICATE_ATTEMPT, (job_id, lease))

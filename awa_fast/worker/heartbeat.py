@@ -9,7 +9,7 @@ from typing import Callable, Iterable
 
 import psycopg
 
-from awa_fast import sql
+from awa_fast import bulk, sql
 from awa_fast.worker.context import JobContext
 
 log = logging.getLogger("awa_fast.heartbeat")
@@ -26,8 +26,9 @@ class Heartbeat:
     changed only; :attr:`progress_written` is notified after each write that carried progress.
 
     One bad row never fails the others: a chunk whose statement fails with anything but a lost
-    connection (say a trigger rejects one row) is beaten again row by row; a row whose progress
-    is refused is beaten without it and that progress is dropped with a warning.
+    connection (say a trigger rejects one row) is beaten again row by row
+    (``bulk.run_isolated``); a row whose progress is refused is beaten without it and that
+    progress is dropped with a warning.
     Progress counts as written only for attempts the statement returned: a row that ``SKIP
     LOCKED`` skipped (being finalized) keeps its progress pending.
     """
@@ -76,18 +77,7 @@ class Heartbeat:
             for start in range(0, len(ctxs), CHUNK):
                 chunk = ctxs[start:start + CHUNK]
                 snaps = [c.progress_snapshot() for c in chunk]
-                try:
-                    beaten = await self._beat(conn, chunk, snaps)
-                except psycopg.Error as exc:
-                    if isinstance(exc, psycopg.OperationalError):
-                        raise
-                    # Not a lost connection: one row's write was refused. Beat row by row.
-                    log.warning("heartbeat of %d attempts failed (%s); beating them one by one",
-                                len(chunk), exc)
-                    for c, s in zip(chunk, snaps):
-                        await self._beat_alone(conn, c, s)
-                    wrote_progress = True
-                    continue
+                beaten = await self._beat_chunk(conn, chunk, snaps)
                 for c, s in zip(chunk, snaps):
                     if s is not None and (c.id, c.run_lease) in beaten:
                         c.progress_acked(s[0])
@@ -98,26 +88,30 @@ class Heartbeat:
             async with self.progress_written:
                 self.progress_written.notify_all()
 
-    async def _beat(self, conn, chunk: list, snaps: list) -> set:
-        cur = await conn.execute(sql.HEARTBEAT, (
-            [c.id for c in chunk], [c.run_lease for c in chunk],
-            [None if s is None else s[1] for s in snaps]))
-        return {(r[0], r[1]) for r in await cur.fetchall()}
+    async def _beat_chunk(self, conn, chunk: list[JobContext], snaps: list) -> set[tuple]:
+        # One statement per chunk (bulk.run_isolated): a row that makes it fail is beaten
+        # alone; if that fails too, without its progress (dropped, counted, logged); if even
+        # that fails it is skipped this round (logged). Returns the (id, lease) beaten.
+        progress = {(c.id, c.run_lease): None if s is None else s[1] for c, s in zip(chunk, snaps)}
+        kinds = {(c.id, c.run_lease): c.kind for c in chunk}
+        dropped: set[tuple] = set()
 
-    async def _beat_alone(self, conn, c: JobContext, snap: tuple | None) -> None:
-        # With its progress; if that is refused, without it (the progress is dropped).
-        for attempt in ([snap], [None]) if snap is not None else ([None],):
-            try:
-                beaten = await self._beat(conn, [c], attempt)
-            except psycopg.Error as exc:
-                if isinstance(exc, psycopg.OperationalError):
-                    raise
-                log.warning("heartbeat of job %s (%s) failed: %s", c.id, c.kind, exc)
-                continue
-            if snap is not None and (c.id, c.run_lease) in beaten:
-                if attempt[0] is None:
-                    self.progress_dropped += 1
-                    log.warning("progress of job %s (%s) cannot be stored; dropped", c.id,
-                                c.kind)
-                c.progress_acked(snap[0])
-            return
+        async def beat(attempts: list[tuple], with_progress: bool = True) -> list[tuple]:
+            cur = await conn.execute(sql.HEARTBEAT, (
+                [a[0] for a in attempts], [a[1] for a in attempts],
+                [progress[a] if with_progress else None for a in attempts]))
+            return [(r[0], r[1]) for r in await cur.fetchall()]
+
+        async def without_progress(attempt: tuple, exc: Exception) -> None:
+            log.warning("heartbeat of job %s (%s) failed: %s", attempt[0], kinds[attempt], exc)
+            if progress[attempt] is not None and await beat([attempt], with_progress=False):
+                dropped.add(attempt)
+                self.progress_dropped += 1
+                log.warning("progress of job %s (%s) cannot be stored; dropped", attempt[0],
+                            kinds[attempt])
+
+        attempts = list(progress)
+        done = await bulk.run_isolated(conn, what="heartbeat", bulk=lambda: beat(attempts),
+                                       keys=attempts, one=lambda a: beat([a]),
+                                       on_error=without_progress)
+        return set(done.rows) | dropped

@@ -13,9 +13,8 @@ import logging
 from typing import Any, Awaitable, Callable
 
 import psycopg
-from psycopg import errors as pg_errors
 
-from awa_fast import sql
+from awa_fast import bulk, sql
 
 log = logging.getLogger("awa_fast.maintenance")
 
@@ -126,51 +125,51 @@ class Maintenance:
             await asyncio.sleep(interval_s)
 
     async def promote(self) -> int:
-        """Move due scheduled / retryable jobs to available and wake their queues."""
+        """Move due scheduled / retryable jobs to available and wake their queues. A row whose
+        key another job holds is cancelled as a duplicate; any other row that fails alone is
+        left due (logged); the rest are promoted (``bulk.run_isolated``)."""
+        limit = {"limit": self.config.promote_batch_size}
         pool = await self._pool_getter()
         async with pool.connection() as conn:
-            try:
-                cur = await conn.execute(sql.PROMOTE, (self.config.promote_batch_size,))
-                queues = [r[0] for r in await cur.fetchall()]
-            except pg_errors.UniqueViolation:
-                queues = await self._promote_one_by_one(conn)
-            for queue in set(queues):
-                await conn.execute(sql.NOTIFY_QUEUE, (queue,))
-        self.counts["promoted"] += len(queues)
-        return len(queues)
+            async with conn.transaction():
+                done = await bulk.run_isolated(
+                    conn, what="promote",
+                    bulk=lambda: _fetch(conn, sql.PROMOTE, limit),
+                    keys=lambda: _ids(_fetch(conn, sql.DUE_IDS, limit)),
+                    one=lambda job_id: _fetch(conn, sql.PROMOTE_ONE, {"id": job_id}),
+                    on_conflict=lambda job_id, _exc: self._cancel_duplicate(
+                        conn, sql.CANCEL_AS_DUPLICATE, {"id": job_id}))
+                for queue in sorted({queue for _id, queue in done.rows}):
+                    await conn.execute(sql.NOTIFY_QUEUE, (queue,))
+        self.counts["promoted"] += len(done.rows)
+        return len(done.rows)
 
-    async def _promote_one_by_one(self, conn) -> list[str]:
-        # A row moving into a state its mask holds collided with a newer duplicate: that row is
-        # cancelled as a duplicate; the rest are promoted.
-        cur = await conn.execute(sql.DUE_IDS, (self.config.promote_batch_size,))
-        queues = []
-        for (job_id,) in await cur.fetchall():
-            try:
-                async with conn.transaction():
-                    c = await conn.execute(sql.PROMOTE_ONE, (job_id,))
-                    row = await c.fetchone()
-                    if row:
-                        queues.append(row[0])
-            except pg_errors.UniqueViolation:
-                await conn.execute(sql.CANCEL_AS_DUPLICATE, (job_id,))
-        return queues
+    async def _cancel_duplicate(self, conn, query: str, params: dict) -> None:
+        cur = await conn.execute(query, params)
+        if cur.rowcount:
+            log.warning("job %s cancelled as a duplicate: its new state would take a unique "
+                        "key another job holds", params["id"])
 
     async def rescue(self) -> list[tuple]:
         """Rescue running attempts with a stale heartbeat or a passed deadline, and parked jobs
         whose callback timed out. Final attempts fail (moved to the DLQ when their queue has it)
         or, for kinds with a failure consequence, wait in ``consequence_pending`` for the
-        reconciler. Returns rows ``(id, kind, new_state, rescue_reason, exhausted_reason)``."""
+        reconciler. Returns rows ``(id, kind, new_state, rescue_reason, exhausted_reason)``.
+
+        One transaction: the rescue and the dead-letter moves of the rows it failed commit
+        together. A row whose rescue collides on its unique key is cancelled as a duplicate; a
+        row whose dead-letter move fails stays ``failed`` in ``jobs`` with that error appended;
+        any other row that fails alone is left as it was (logged); the rest proceed."""
         params = {"stale_ms": self.config.heartbeat_staleness_ms, "limit": 500,
                   "consequence_kinds": self.consequence_kinds(), "known_kinds": self.known_kinds(),
                   "only": None}
         pool = await self._pool_getter()
         async with pool.connection() as conn:
-            rows = await self._rescue_with(conn, sql.RESCUE, sql.RESCUE_CANDIDATES, params)
-            rows += await self._rescue_with(conn, sql.RESCUE_CALLBACKS,
-                                            sql.RESCUE_CALLBACK_CANDIDATES, params)
-            for job_id, _kind, state, _why, exhausted_reason in rows:
-                if state == "failed":
-                    await conn.execute(sql.DEAD_LETTER, (job_id, exhausted_reason))
+            async with conn.transaction():
+                rows = await self._rescue_with(conn, sql.RESCUE, sql.RESCUE_CANDIDATES, params)
+                rows += await self._rescue_with(conn, sql.RESCUE_CALLBACKS,
+                                                sql.RESCUE_CALLBACK_CANDIDATES, params)
+                await self._dead_letter(conn, [(r[0], r[4]) for r in rows if r[2] == "failed"])
         if rows:
             self.counts["rescued"] += len(rows)
             log.info("rescued %d job(s)", len(rows))
@@ -179,24 +178,31 @@ class Maintenance:
         return rows
 
     async def _rescue_with(self, conn, query: str, candidates: str, params: dict) -> list[tuple]:
-        # One statement for the whole batch; if a row's new state would take a unique key a
-        # newer duplicate holds, redo it row by row and cancel that row as a duplicate.
-        try:
-            async with conn.transaction():
-                return await (await conn.execute(query, params)).fetchall()
-        except pg_errors.UniqueViolation:
-            pass
-        rows = []
-        for (job_id,) in await (await conn.execute(candidates, params)).fetchall():
-            try:
-                async with conn.transaction():
-                    cur = await conn.execute(query, {**params, "only": job_id})
-                    rows += await cur.fetchall()
-            except pg_errors.UniqueViolation:
-                cur = await conn.execute(sql.CANCEL_RESCUED_DUPLICATE, {**params, "id": job_id})
-                if cur.rowcount:
-                    log.warning("rescued job %s cancelled as a duplicate of a newer job", job_id)
-        return rows
+        done = await bulk.run_isolated(
+            conn, what="rescue",
+            bulk=lambda: _fetch(conn, query, params),
+            keys=lambda: _ids(_fetch(conn, candidates, params)),
+            one=lambda job_id: _fetch(conn, query, {**params, "only": job_id}),
+            on_conflict=lambda job_id, _exc: self._cancel_duplicate(
+                conn, sql.CANCEL_RESCUED_DUPLICATE, {**params, "id": job_id}))
+        return done.rows
+
+    async def _dead_letter(self, conn, moves: list[tuple[int, str]]) -> None:
+        # Inside the rescue's transaction; a row whose move fails stays failed (noted).
+        if not moves:
+            return
+
+        async def note(job_id, exc):
+            await conn.execute(sql.NOTE_DEAD_LETTER_FAILED, {"id": job_id, "error": str(exc)})
+
+        reasons = dict(moves)
+        await bulk.run_isolated(
+            conn, what="dead-letter move",
+            bulk=lambda: _fetch(conn, sql.DEAD_LETTER_MANY, ([m[0] for m in moves],
+                                                             [m[1] for m in moves])),
+            keys=[m[0] for m in moves],
+            one=lambda job_id: _fetch(conn, sql.DEAD_LETTER, (job_id, reasons[job_id])),
+            on_conflict=note, on_error=note)
 
     async def prune(self) -> int:
         """Delete terminal jobs older than their retention, and DLQ entries older than
@@ -213,3 +219,11 @@ class Maintenance:
             pruned += cur.rowcount
         self.counts["pruned"] += pruned
         return pruned
+
+
+async def _fetch(conn, query: str, params) -> list[tuple]:
+    return await (await conn.execute(query, params)).fetchall()
+
+
+async def _ids(rows: Awaitable[list[tuple]]) -> list[int]:
+    return [r[0] for r in await rows]

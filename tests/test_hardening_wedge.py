@@ -1,0 +1,427 @@
+"""Issue 9, class 1: one row must never wedge a queue, a sweep or a batch.
+
+Each test puts one bad row (a unique collision, or a trigger added outside awa-fast that fails
+that row's statement) among good ones on a real PostgreSQL, runs the real statement path, and
+asserts the final rows: the bad row gets its documented outcome (docs/architecture.md, "Failure
+path of every statement") and the others proceed. The deadlock tests use two real connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+import psycopg
+import pytest
+
+import awa_fast as awa
+from awa_fast import bulk, enqueue, sql
+from awa_fast.requests import prepare
+from awa_fast.worker.finalizer import Finalizer
+from awa_fast.worker.heartbeat import Heartbeat
+from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+from tests.support import exploding_inserts, failing_rows, job_row, scalar, wait_for
+
+pytestmark = pytest.mark.usefixtures("clean")
+
+RUNNING_ONLY = {"states": 1 << 2}  # the key is held only while running
+FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
+            leader_election_interval_ms=100)
+
+
+@dataclasses.dataclass
+class Held:
+    n: int = 0
+
+
+@dataclasses.dataclass
+class Plain:
+    n: int = 0
+
+
+async def _rows(dsn: str, where: str = "true", params=None) -> dict[int, dict]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = conn.cursor(row_factory=psycopg.rows.dict_row)
+        await cur.execute(f"SELECT * FROM awa_fast.jobs WHERE {where} ORDER BY id", params)
+        return {r["id"]: r for r in await cur.fetchall()}
+
+
+async def _exec(dsn: str, query: str, params=None) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(query, params)
+
+
+async def _make_running(dsn: str, ids: list[int], *, stale: bool = False,
+                        final: bool = False) -> None:
+    """Put jobs in ``running`` under run lease 1 as a claim would (stale: heartbeat long ago;
+    final: on their last attempt)."""
+    await _exec(dsn, """
+        UPDATE awa_fast.jobs SET state = 'running', run_lease = 1, attempt = 1,
+            max_attempts = CASE WHEN %(final)s THEN 1 ELSE max_attempts END,
+            attempted_at = now(),
+            heartbeat_at = now() - CASE WHEN %(stale)s THEN interval '1 hour' ELSE '0' END
+        WHERE id = ANY(%(ids)s)""", {"ids": ids, "stale": stale, "final": final})
+
+
+def _maintenance(client) -> Maintenance:
+    # Kinds known to have no failure consequence: a final-attempt rescue fails them.
+    return Maintenance(client.database_url, client.pool,
+                       MaintenanceConfig(heartbeat_staleness_ms=1000),
+                       known_kinds=lambda: ["plain", "explode"])
+
+
+async def _all_in(dsn: str, ids: list[int], state: str) -> bool:
+    return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) "
+                             "AND state = %s", (ids, state)) == len(ids)
+
+
+# -- claim ------------------------------------------------------------------------------------
+
+
+async def test_class1_claim_does_not_wedge_on_running_only_unique_mask(dsn, client):
+    # Two available jobs share a key their mask holds only in 'running': before the fix the
+    # claim took both in one UPDATE, hit idx_awa_fast_jobs_unique and retried forever.
+    release = asyncio.Event()
+    running_together = []
+
+    @client.task(Held)
+    async def held(job):
+        running_together.append(await scalar(
+            dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'held' AND state = 'running'"))
+        await release.wait()
+
+    @client.task(Plain)
+    async def plain(job):
+        return None
+
+    dups = [await client.insert(Held(1), unique_opts=RUNNING_ONLY) for _ in range(2)]
+    plains = [(await client.insert(Plain(i))).id for i in range(6)]
+    await client.start([("default", 8)], **FAST)
+    # The queue drains around the duplicates: the plain jobs complete ...
+    await wait_for(lambda: _all_in(dsn, plains, "completed"), what="the plain jobs")
+    # ... one duplicate runs, the other waits available for the key.
+    states = sorted(r["state"] for r in (await _rows(dsn, "kind = 'held'")).values())
+    assert states == ["available", "running"]
+    release.set()
+    await wait_for(lambda: _all_in(dsn, [d.id for d in dups], "completed"),
+                   what="both duplicates, one after the other")
+    assert running_together == [1, 1]  # never two running attempts holding the key
+
+
+async def test_class1_claim_takes_one_row_per_key_and_skips_held_keys(dsn, client):
+    a = await client.insert(Held(1), unique_opts=RUNNING_ONLY)
+    b = await client.insert(Held(1), unique_opts=RUNNING_ONLY)
+    c = await client.insert(Held(2), unique_opts=RUNNING_ONLY)
+    p = await client.insert(Plain(1))
+    params = {"queue": "default", "limit": 10, "deadline_ms": 0}
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        first = [r[0] for r in await (await conn.execute(sql.CLAIM, params)).fetchall()]
+        again = [r[0] for r in await (await conn.execute(sql.CLAIM, params)).fetchall()]
+    assert sorted(first) == [a.id, c.id, p.id] and again == []  # b waits: a holds the key
+    assert (await job_row(dsn, b.id))["state"] == "available"
+
+
+async def test_class1_claim_isolates_a_row_its_update_fails(dsn, client):
+    @client.task(Plain)
+    async def plain(job):
+        return None
+
+    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'running'",
+                            event="UPDATE"):
+        bad = await client.insert({"x": 1}, kind="explode", priority=1)  # claimed first
+        plains = [(await client.insert(Plain(i))).id for i in range(5)]
+        await client.start([("default", 4)], **FAST)
+        await wait_for(lambda: _all_in(dsn, plains, "completed"), what="the plain jobs")
+        await client.shutdown()
+    row = await job_row(dsn, bad.id)
+    assert row["state"] == "available" and row["attempt"] == 0  # left as it was, not lost
+
+
+# -- promote ----------------------------------------------------------------------------------
+
+
+async def test_class1_promote_isolates_a_colliding_and_a_failing_row(dsn, client):
+    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'available'",
+                            event="UPDATE"):
+        holder = await client.insert(Held(7), unique_opts={"states": 1 << 1})
+        later = {"run_at": "2000-01-01T00:00:00+00:00"}  # due at once
+        scheduled = [await client.insert(Plain(i), **later) for i in range(3)]
+        await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'scheduled' WHERE id = ANY(%s)",
+                    ([j.id for j in scheduled],))
+        # A scheduled duplicate (scheduled is outside its mask) and a row a trigger rejects.
+        dup = await client.insert(Held(7), unique_opts={"states": 1 << 1},
+                                  run_at="2999-01-01T00:00:00+00:00")
+        bad = await client.insert({"x": 1}, kind="explode", run_at="2999-01-01T00:00:00+00:00")
+        await _exec(dsn, "UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' "
+                         "WHERE id = ANY(%s)", ([dup.id, bad.id],))
+        promoted = await _maintenance(client).promote()
+    rows = await _rows(dsn)
+    assert promoted == 3
+    assert all(rows[j.id]["state"] == "available" for j in scheduled)
+    assert rows[dup.id]["state"] == "cancelled"
+    assert "duplicate" in rows[dup.id]["errors"][-1]["error"]
+    assert rows[bad.id]["state"] == "scheduled"  # left due, retried next pass
+    assert rows[holder.id]["state"] == "available"
+
+
+# -- rescue and its dead-letter moves -----------------------------------------------------------
+
+
+async def test_class1_rescue_dead_letters_every_row_despite_one_failing_move(dsn, client):
+    # Before the fix the rescue committed 'failed' first and moved rows one by one afterwards:
+    # the first failing move stranded every later row as failed in jobs (then pruned).
+    await _exec(dsn, "INSERT INTO awa_fast.queue_meta (queue, dlq) VALUES ('dl', true)")
+    jobs = [await client.insert(Plain(i), queue="dl") for i in range(2)]
+    bad = await client.insert({"x": 1}, kind="explode", queue="dl")
+    jobs += [await client.insert(Plain(i), queue="dl") for i in range(2, 5)]
+    await _make_running(dsn, [j.id for j in jobs] + [bad.id], stale=True, final=True)
+    async with failing_rows(dsn, "NEW.kind = 'explode'", table="awa_fast.dlq"):
+        rescued = await _maintenance(client).rescue()
+    assert len(rescued) == 6
+    dlq = {r[0] for r in await _conn_fetch(dsn, "SELECT id FROM awa_fast.dlq")}
+    assert dlq == {j.id for j in jobs}  # every good row, including those after the bad one
+    row = await job_row(dsn, bad.id)
+    assert row["state"] == "failed"
+    assert row["errors"][-1]["error"].startswith("dead-letter move failed")
+
+
+async def _conn_fetch(dsn, query):
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        return await (await conn.execute(query)).fetchall()
+
+
+async def test_class1_rescue_isolates_a_row_its_update_fails(dsn, client):
+    jobs = [await client.insert(Plain(i)) for i in range(3)]
+    bad = await client.insert({"x": 1}, kind="explode")
+    await _make_running(dsn, [j.id for j in jobs] + [bad.id], stale=True)
+    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'retryable'",
+                            event="UPDATE"):
+        rescued = await _maintenance(client).rescue()
+    assert sorted(r[0] for r in rescued) == [j.id for j in jobs]
+    rows = await _rows(dsn)
+    assert all(rows[j.id]["state"] == "retryable" for j in jobs)
+    assert rows[bad.id]["state"] == "running"  # left stale: the next pass tries it again
+
+
+# -- heartbeat and completion batches -----------------------------------------------------------
+
+
+class _Attempt:
+    """The part of a JobContext the heartbeat reads."""
+
+    def __init__(self, job_id: int):
+        self.id, self.run_lease, self.acked = job_id, 1, None
+
+    def progress_snapshot(self):
+        return 1, '{"percent": 5}'
+
+    def progress_acked(self, version):
+        self.acked = version
+
+
+async def test_class1_heartbeat_isolates_a_row_its_update_fails(dsn, client):
+    jobs = [await client.insert(Plain(i)) for i in range(3)]
+    bad = await client.insert({"x": 1}, kind="explode")
+    await _make_running(dsn, [j.id for j in jobs] + [bad.id], stale=True)
+    attempts = [_Attempt(j.id) for j in jobs] + [_Attempt(bad.id)]
+    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.heartbeat_at > OLD.heartbeat_at",
+                            event="UPDATE"):
+        await Heartbeat(client.pool, lambda: attempts, 1.0).beat()
+    rows = await _rows(dsn)
+    fresh = await _rows(dsn, "heartbeat_at > now() - interval '1 minute'")
+    assert set(fresh) == {j.id for j in jobs}
+    assert all(rows[j.id]["progress"] == {"percent": 5} for j in jobs)
+    assert [a.acked for a in attempts] == [1, 1, 1, None]  # the skipped row keeps its progress
+    assert rows[bad.id]["progress"] is None
+
+
+async def test_class1_completion_batch_isolates_a_row_its_update_fails(dsn, client):
+    jobs = [await client.insert(Plain(i)) for i in range(4)]
+    bad = await client.insert({"x": 1}, kind="explode")
+    ids = [j.id for j in jobs] + [bad.id]
+    await _make_running(dsn, ids)
+    finalizer = Finalizer(client.pool, flushers=1)
+    try:
+        async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'completed'",
+                                event="UPDATE"):
+            results = await asyncio.gather(*(finalizer.complete(i, 1) for i in ids),
+                                           return_exceptions=True)
+    finally:
+        await finalizer.close()
+    assert results[:4] == [True] * 4
+    assert isinstance(results[4], psycopg.Error)  # its waiter learns; the attempt is not lost
+    assert await _all_in(dsn, [j.id for j in jobs], "completed")
+    assert (await job_row(dsn, bad.id))["state"] == "running"
+
+
+# -- admin bulk operations ------------------------------------------------------------------------
+
+
+async def test_class1_retry_failed_row_by_row_keeps_the_owed_consequence_guard(dsn, client):
+    # A key collision forces the row-by-row fallback; before the fix its twin statement lacked
+    # the owed-consequence guard of the bulk statement and retried a job whose consequence was
+    # still owed (losing it).
+    failed = [await client.insert(Plain(i), unique_opts={}) for i in range(3)]
+    owed = await client.insert(Plain(10))
+    colliding = await client.insert(Plain(20), unique_opts={})
+    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
+                     "WHERE id = ANY(%s)", ([j.id for j in failed] + [owed.id, colliding.id],))
+    await _exec(dsn, "UPDATE awa_fast.jobs SET consequence_state = 'owed', "
+                     "consequence_retry_at = now() + interval '1 hour' WHERE id = %s",
+                (owed.id,))
+    holder = await client.insert(Plain(20), unique_opts={})  # now holds colliding's key
+    retried = await client.retry_failed(kind="plain")
+    assert sorted(j.id for j in retried) == [j.id for j in failed]
+    rows = await _rows(dsn)
+    assert rows[owed.id]["state"] == "failed" and rows[owed.id]["consequence_state"] == "owed"
+    assert rows[colliding.id]["state"] == "failed"
+    assert rows[holder.id]["state"] == "available"
+
+
+async def test_class1_drain_queue_isolates_a_row_its_cancel_fails(dsn, client):
+    jobs = [await client.insert(Plain(i), queue="dr") for i in range(3)]
+    bad = await client.insert({"x": 1}, kind="explode", queue="dr")
+    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'cancelled'",
+                            event="UPDATE"):
+        drained = await client.drain_queue("dr")
+    assert drained == 3
+    assert await _all_in(dsn, [j.id for j in jobs], "cancelled")
+    assert (await job_row(dsn, bad.id))["state"] == "available"
+
+
+async def test_class1_dlq_bulk_retry_isolates_a_row_its_reinsert_fails(dsn, client):
+    jobs = [await client.insert(Plain(i)) for i in range(3)]
+    bad = await client.insert({"x": 1}, kind="explode")
+    ids = [j.id for j in jobs] + [bad.id]
+    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
+                     "WHERE id = ANY(%s)", (ids,))
+    assert await client.bulk_move_failed_to_dlq(allow_all=True) == 4
+    async with exploding_inserts(dsn):
+        assert await client.bulk_retry_from_dlq(allow_all=True) == 3
+    assert await _all_in(dsn, [j.id for j in jobs], "available")
+    assert (await client.get_dlq_job(bad.id)) is not None  # stays dead-lettered
+
+
+# -- every bulk / row-by-row pair carries the same guard ------------------------------------------
+
+
+@pytest.mark.parametrize("family", sorted(sql.ISOLATED))
+def test_class1_each_bulk_and_row_by_row_pair_carries_the_same_guard(family):
+    guard, statements = sql.ISOLATED[family]
+    assert guard.strip()
+    for statement in statements:
+        assert guard in statement, f"{family}: a statement lost its guard"
+
+
+# -- unique keys and row locks in one global order ------------------------------------------------
+
+
+def _keys(kind: str, *values: int) -> list:
+    """Prepared unique requests of ``kind`` ordered by their unique key (the global order)."""
+    reqs = [prepare({"v": v}, kind=kind, unique_opts={}) for v in values]
+    return sorted(reqs, key=lambda p: p.unique_key)
+
+
+async def _wait_for_lock_waiter(dsn: str) -> None:
+    async def waiting():
+        return await scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                                 "current_database() AND wait_event_type = 'Lock'")
+    await wait_for(waiting, 10, "a statement waiting on a lock")
+
+
+async def _hold_then_take(dsn, client, kind, second_writer):
+    """Writer 1 holds the low key (uncommitted); ``second_writer(lo, hi)`` takes both keys with
+    the high one first in its input; then writer 1 takes the high key and commits. Taken in
+    input order this deadlocks; in key order the second writer waits on the low key first."""
+    lo, hi = _keys(kind, 1, 2)
+    tx = await client.transaction()
+    try:
+        await enqueue.insert_one(tx.connection, lo)
+        second = asyncio.create_task(second_writer(lo, hi))
+        await _wait_for_lock_waiter(dsn)
+        await enqueue.insert_one(tx.connection, hi)  # not held by the waiting writer
+        await tx.commit()
+    finally:
+        await tx.rollback()  # no-op once committed
+    return await asyncio.gather(second, return_exceptions=True)
+
+
+@pytest.mark.parametrize("method", ["insert_many", "insert_many_copy"])
+async def test_class1_concurrent_batches_over_the_same_keys_do_not_deadlock(dsn, client, method):
+    async def second(lo, hi):
+        async with awa.AsyncClient(dsn, max_connections=1) as other:
+            return await getattr(other, method)([{"v": 2}, {"v": 1}], kind="dl_keys",
+                                                unique_opts={})
+
+    [result] = await _hold_then_take(dsn, client, "dl_keys", second)
+    assert isinstance(result, awa.UniqueConflict), result  # not DeadlockDetected
+    assert len(await _rows(dsn, "kind = 'dl_keys'")) == 2
+
+
+async def test_class1_completions_with_shared_follow_up_keys_do_not_deadlock(dsn, client):
+    # ADR-046's deadlock-free multi-insert completion: follow-ups are taken in key order.
+    trigger = await client.insert(Plain(1))
+    await _make_running(dsn, [trigger.id])
+
+    async def second(lo, hi):
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute(sql.COMPLETE_WITH_FOLLOW_UPS, (
+                trigger.id, 1, enqueue.follow_ups_json([hi, lo])))
+            return await cur.fetchone()
+
+    [(applied, inserted, _keys_)] = await _hold_then_take(dsn, client, "dl_follow", second)
+    assert applied == 1 and inserted == 0  # both keys were held: skipped, no deadlock
+    assert len(await _rows(dsn, "kind = 'dl_follow'")) == 2
+    assert (await job_row(dsn, trigger.id))["state"] == "completed"
+
+
+async def test_class1_a_deadlock_with_another_writer_is_retried(dsn, client, caplog):
+    # A writer outside awa-fast's order (holds the high key, then wants the low one) deadlocks
+    # with insert_many; insert_many is the victim and its retry succeeds.
+    lo, hi = _keys("dl_other", 1, 2)
+    async with await psycopg.AsyncConnection.connect(dsn) as other:
+        await other.execute("SET deadlock_timeout = '10s'")  # insert_many detects it first
+        await enqueue.insert_one(other, hi)
+        with caplog.at_level(logging.INFO, logger="awa_fast.bulk"):
+            batch = asyncio.create_task(client.insert_many([{"v": 1}, {"v": 2}],
+                                                           kind="dl_other", unique_opts={}))
+            await _wait_for_lock_waiter(dsn)
+            await enqueue.insert_one(other, lo)  # waits on insert_many's lo: a deadlock
+            await other.rollback()
+            jobs = await batch
+    assert [j.args for j in jobs] == [{"v": 1}, {"v": 2}]
+    assert any("deadlocked" in r.message for r in caplog.records)
+    assert len(await _rows(dsn, "kind = 'dl_other'")) == 2
+
+
+async def test_class1_a_persisting_deadlock_raises_a_typed_error(dsn):
+    async def deadlocks():
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40P01'; END $$")
+
+    with pytest.raises(awa.DeadlockError) as info:
+        await bulk.retry_deadlocks(deadlocks, what="test", retries=1)
+    assert isinstance(info.value, awa.DatabaseError)
+    assert isinstance(info.value.__cause__, psycopg.errors.DeadlockDetected)
+
+
+# -- a UniqueConflict from a retry path names the holder ----------------------------------------
+
+
+async def test_class1_unique_conflict_of_a_retry_names_the_holder(dsn, client):
+    first = await client.insert(Plain(1), unique_opts={})
+    await client.cancel(first.id)
+    holder = await client.insert(Plain(1), unique_opts={})
+    with pytest.raises(awa.UniqueConflict) as info:
+        await client.retry(first.id)
+    assert info.value.holder_id == holder.id and info.value.holder_state == "available"
+    assert f"job {holder.id}" in str(info.value)
+    # ... and from the DLQ.
+    await client.cancel(holder.id)
+    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed' WHERE id = %s", (first.id,))
+    assert await client.move_failed_to_dlq(first.id)
+    again = await client.insert(Plain(1), unique_opts={})
+    with pytest.raises(awa.UniqueConflict) as info:
+        await client.retry_from_dlq(first.id)
+    assert info.value.holder_id == again.id and f"job {again.id}" in str(info.value)
