@@ -211,7 +211,7 @@ class _Attempt:
     """The part of a JobContext the heartbeat reads."""
 
     def __init__(self, job_id: int):
-        self.id, self.run_lease, self.acked = job_id, 1, None
+        self.id, self.run_lease, self.kind, self.acked = job_id, 1, "k", None
 
     def progress_snapshot(self):
         return 1, '{"percent": 5}'
