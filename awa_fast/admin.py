@@ -180,7 +180,9 @@ class AdminMixin:
                         if row is not None and str(row[4]) == "available":
                             await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
             except UniqueConflict as exc:
-                raise await enqueue.holder_conflict(conn, job_id, "retry DLQ", exc) from exc
+                raise await enqueue.holder_conflict(
+                    conn, job_id, "retry DLQ", exc,
+                    "the job stays in the DLQ (nothing changed)") from exc
         return None if row is None else Job.from_row(row)
 
     async def bulk_retry_from_dlq(self, *, kind: str | None = None, queue: str | None = None,

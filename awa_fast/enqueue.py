@@ -47,7 +47,7 @@ def mapped_errors() -> Iterator[None]:
 
 
 async def holder_conflict(conn: psycopg.AsyncConnection, job_id: int, action: str,
-                          exc: BaseException) -> UniqueConflict:
+                          exc: BaseException, outcome: str = "nothing changed") -> UniqueConflict:
     """The :class:`UniqueConflict` of ``action`` on job ``job_id`` (a retry path), naming the job
     that holds its unique key. ``conn`` must be usable (outside the failed transaction)."""
     holder = None
@@ -59,7 +59,7 @@ async def holder_conflict(conn: psycopg.AsyncConnection, job_id: int, action: st
     constraint = getattr(getattr(exc, "diag", None), "constraint_name", None) \
         or getattr(exc, "constraint", None)
     return UniqueConflict(
-        f"cannot {action} job {job_id}: its unique key is held by {held}; nothing changed",
+        f"cannot {action} job {job_id}: its unique key is held by {held}; {outcome}",
         constraint=constraint or UNIQUE_INDEX, holder_id=holder[0] if holder else None,
         holder_state=holder[1] if holder else None)
 
