@@ -334,17 +334,24 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         """Cancel a non-terminal job; a running attempt is told through ``job.is_cancelled()``.
 
         Returns the cancelled job, or ``None`` if it was already terminal or does not exist.
+
+        Raises:
+            UniqueConflict: its mask holds ``cancelled`` and another job holds its key there
+                (``holder_id`` names it; nothing changes).
         """
         async with (await self.pool()).connection() as conn:
-            async with conn.transaction():
-                cur = await conn.execute(sql.CANCEL_JOB, (job_id,))
-                row = await cur.fetchone()
-                if row is None:
-                    return None
-                old_state, lease = row[0], row[1]
-                if old_state == "running":
-                    payload = orjson.dumps({"job_id": job_id, "run_lease": lease}).decode()
-                    await conn.execute(sql.NOTIFY_CANCEL, (payload,))
+            try:
+                async with conn.transaction():
+                    cur = await conn.execute(sql.CANCEL_JOB, (job_id,))
+                    row = await cur.fetchone()
+                    if row is None:
+                        return None
+                    old_state, lease = row[0], row[1]
+                    if old_state == "running":
+                        payload = orjson.dumps({"job_id": job_id, "run_lease": lease}).decode()
+                        await conn.execute(sql.NOTIFY_CANCEL, (payload,))
+            except psycopg.errors.UniqueViolation as exc:
+                raise await enqueue.holder_conflict(conn, job_id, "cancel", exc) from exc
         return Job.from_row(row[2:])
 
     async def cancel_by_unique_key(self, kind: str, *, queue: str | None = None, args: Any = None,

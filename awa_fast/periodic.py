@@ -41,7 +41,8 @@ import orjson
 import psycopg
 from croniter import croniter
 
-from awa_fast import enqueue, sql
+from awa_fast import bulk, enqueue, sql
+from awa_fast.errors import AwaError
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare
 
@@ -223,7 +224,8 @@ async def fire_one(conn: psycopg.AsyncConnection, name: str) -> list[Job]:
 async def evaluate(conn: psycopg.AsyncConnection) -> int:
     """One evaluation pass over every schedule in the table; returns the jobs enqueued.
 
-    A schedule whose stored expression or timezone no longer parses is logged and skipped.
+    A schedule whose stored expression or timezone no longer parses, or whose fire fails (say
+    its insert is refused), is logged and skipped; the other schedules still fire.
     """
     cur = await conn.execute(sql.CRON_SCAN)
     total = 0
@@ -232,8 +234,13 @@ async def evaluate(conn: psycopg.AsyncConnection) -> int:
             if last is not None and next_fire(cron_expr, tz, last) > now:
                 continue
             total += len(await fire_one(conn, name))
-        except (ValueError, KeyError, ZoneInfoNotFoundError) as exc:
+        except (ValueError, KeyError, ZoneInfoNotFoundError, AwaError) as exc:
             log.warning("cron job %r cannot be evaluated: %s", name, exc)
+        except psycopg.DatabaseError as exc:  # this schedule's fire failed (rolled back) ...
+            if not bulk.is_row_error(exc):
+                raise
+            # ... and it must not keep the schedules after it from firing.
+            log.warning("cron job %r not fired this pass: %s", name, exc)
     return total
 
 

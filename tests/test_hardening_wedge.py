@@ -204,6 +204,35 @@ async def test_class1_rescue_isolates_a_row_its_update_fails(dsn, client):
     assert rows[bad.id]["state"] == "running"  # left stale: the next pass tries it again
 
 
+# -- prune and cron sweeps -----------------------------------------------------------------------
+
+
+async def test_class1_prune_isolates_a_row_its_delete_fails(dsn, client):
+    old = [await client.insert(Plain(i)) for i in range(3)]
+    bad = await client.insert({"x": 1}, kind="explode")
+    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'completed', "
+                     "finalized_at = now() - interval '2 days' WHERE id = ANY(%s)",
+                ([j.id for j in old] + [bad.id],))
+    async with failing_rows(dsn, "OLD.kind = 'explode'", event="DELETE"):
+        assert await _maintenance(client).prune() == 3
+    assert list(await _rows(dsn)) == [bad.id]  # kept; the others are gone
+
+
+async def test_class1_cron_pass_fires_the_schedules_after_a_failing_one(dsn):
+    from awa_fast import periodic
+
+    await _exec(dsn, "INSERT INTO awa_fast.cron_jobs (name, cron_expr, kind, last_fire_at) "
+                     "VALUES ('a_bad', '* * * * *', 'explode', now() - interval '2 minutes'), "
+                     "('b_good', '* * * * *', 'plain', now() - interval '2 minutes')")
+    async with exploding_inserts(dsn):
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            assert await periodic.evaluate(conn) >= 1
+    assert {r["kind"] for r in (await _rows(dsn)).values()} == {"plain"}
+    assert await scalar(dsn, "SELECT last_fire_at < now() - interval '90 seconds' "
+                             "FROM awa_fast.cron_jobs WHERE name = 'a_bad'")  # not advanced
+    await _exec(dsn, "DELETE FROM awa_fast.cron_jobs")
+
+
 # -- heartbeat and completion batches -----------------------------------------------------------
 
 
@@ -425,3 +454,14 @@ async def test_class1_unique_conflict_of_a_retry_names_the_holder(dsn, client):
     with pytest.raises(awa.UniqueConflict) as info:
         await client.retry_from_dlq(first.id)
     assert info.value.holder_id == again.id and f"job {again.id}" in str(info.value)
+
+
+async def test_class1_cancel_into_a_held_key_names_the_holder(dsn, client):
+    only_cancelled = {"states": 1 << 6}
+    a = await client.insert(Plain(5), unique_opts=only_cancelled)
+    b = await client.insert(Plain(5), unique_opts=only_cancelled)
+    await client.cancel(a.id)  # a now holds the key
+    with pytest.raises(awa.UniqueConflict) as info:
+        await client.cancel(b.id)
+    assert info.value.holder_id == a.id and info.value.holder_state == "cancelled"
+    assert (await job_row(dsn, b.id))["state"] == "available"  # nothing changed

@@ -1,8 +1,9 @@
 """Named SQL statements: every query awa-fast runs lives here.
 
 Conventions: every transition after a claim is guarded by ``id``, ``state = 'running'`` and
-``run_lease``; statements that lock many rows lock them in id order or with SKIP LOCKED so two of
-them cannot deadlock each other.
+``run_lease``; statements that lock many rows lock them in id order or with SKIP LOCKED, and
+statements that take many unique keys take them in key order, so two of them cannot deadlock
+each other. Bulk statements and their row-by-row twins share one guard fragment (``ISOLATED``).
 """
 
 S = "awa_fast"
@@ -295,12 +296,20 @@ UPDATE {S}.jobs j SET {_RESCUE_SET},
 FROM r WHERE j.id = r.id
 RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
 
+# Prune guard (bulk and row by row): terminal rows past their retention.
+_PRUNABLE = """((j.state = 'completed'
+        AND j.finalized_at < now() - %(completed_s)s * interval '1 second')
+       OR (j.state IN ('failed', 'cancelled')
+           AND j.finalized_at < now() - %(failed_s)s * interval '1 second'))"""
+
 PRUNE = f"""
 DELETE FROM {S}.jobs WHERE id IN (
-    SELECT id FROM {S}.jobs
-    WHERE (state = 'completed' AND finalized_at < now() - %(completed_s)s * interval '1 second')
-       OR (state IN ('failed', 'cancelled') AND finalized_at < now() - %(failed_s)s * interval '1 second')
-    LIMIT %(limit)s)"""
+    SELECT j.id FROM {S}.jobs j WHERE {_PRUNABLE} LIMIT %(limit)s)
+RETURNING id"""
+
+PRUNE_IDS = f"SELECT j.id FROM {S}.jobs j WHERE {_PRUNABLE} LIMIT %(limit)s"
+
+PRUNE_ONE = f"DELETE FROM {S}.jobs j WHERE j.id = %(id)s AND {_PRUNABLE} RETURNING id"
 
 NOTIFY_QUEUE = "SELECT pg_notify('awa_fast', %s)"
 NOTIFY_CANCEL = "SELECT pg_notify('awa_fast_cancel', %s)"
@@ -695,10 +704,16 @@ DLQ_PURGE_ONE = f"DELETE FROM {S}.dlq WHERE id = %s"
 DLQ_PURGE = f"DELETE FROM {S}.dlq WHERE {_DLQ_FILTER}"
 
 # Maintenance: DLQ retention (independent of the jobs' retention).
+_DLQ_PRUNABLE = "d.dlq_at < now() - %(dlq_s)s * interval '1 second'"
+
 PRUNE_DLQ = f"""
 DELETE FROM {S}.dlq WHERE id IN (
-    SELECT id FROM {S}.dlq WHERE dlq_at < now() - %(dlq_s)s * interval '1 second'
-    LIMIT %(limit)s)"""
+    SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit)s)
+RETURNING id"""
+
+PRUNE_DLQ_IDS = f"SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit)s"
+
+PRUNE_DLQ_ONE = f"DELETE FROM {S}.dlq d WHERE d.id = %(id)s AND {_DLQ_PRUNABLE} RETURNING id"
 
 # retry_failed: failed -> available, attempt 0 (as RETRY_JOB), by kind or queue. A job whose
 # failure consequence is still owed stays failed (retrying it would lose the consequence).
@@ -878,4 +893,6 @@ ISOLATED = {
     "complete": ("j.run_lease = b.lease AND j.state = 'running'", (COMPLETE_MANY,)),
     "heartbeat": ("j.run_lease = b.lease", (HEARTBEAT,)),
     "dead_letter": (f"{S}.dead_letter_if_enabled(", (DEAD_LETTER_MANY, DEAD_LETTER)),
+    "prune": (_PRUNABLE, (PRUNE, PRUNE_IDS, PRUNE_ONE)),
+    "prune_dlq": (_DLQ_PRUNABLE, (PRUNE_DLQ, PRUNE_DLQ_IDS, PRUNE_DLQ_ONE)),
 }

@@ -206,20 +206,25 @@ class Maintenance:
 
     async def prune(self) -> int:
         """Delete terminal jobs older than their retention, and DLQ entries older than
-        ``dlq_retention_days``. Returns the rows deleted (both tables)."""
+        ``dlq_retention_days``. Returns the rows deleted (both tables). A row whose delete
+        fails alone (say a trigger refuses it) is kept (logged); the rest are pruned."""
         c = self.config
+        params = {"completed_s": c.completed_retention_hours * 3600,
+                  "failed_s": c.failed_retention_hours * 3600,
+                  "dlq_s": c.dlq_retention_days * 86400, "limit": c.cleanup_batch_size}
+        pruned = 0
         pool = await self._pool_getter()
         async with pool.connection() as conn:
-            cur = await conn.execute(sql.PRUNE, {
-                "completed_s": c.completed_retention_hours * 3600,
-                "failed_s": c.failed_retention_hours * 3600, "limit": c.cleanup_batch_size})
-            pruned = cur.rowcount
-            cur = await conn.execute(sql.PRUNE_DLQ, {"dlq_s": c.dlq_retention_days * 86400,
-                                                     "limit": c.cleanup_batch_size})
-            pruned += cur.rowcount
+            for what, many, ids, one in (("prune", sql.PRUNE, sql.PRUNE_IDS, sql.PRUNE_ONE),
+                                         ("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS,
+                                          sql.PRUNE_DLQ_ONE)):
+                done = await bulk.run_isolated(
+                    conn, what=what, bulk=lambda q=many: _fetch(conn, q, params),
+                    keys=lambda q=ids: _ids(_fetch(conn, q, params)),
+                    one=lambda job_id, q=one: _fetch(conn, q, {**params, "id": job_id}))
+                pruned += len(done.rows)
         self.counts["pruned"] += pruned
         return pruned
-
 
 async def _fetch(conn, query: str, params) -> list[tuple]:
     return await (await conn.execute(query, params)).fetchall()
