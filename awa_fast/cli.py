@@ -541,7 +541,7 @@ def cmd_bench(s: Session) -> int:
 def cmd_demo(s: Session) -> int:
     from awa_fast.demo import run_demo
 
-    return run_demo(s.database_url, processes=s.args.processes, limit=s.args.limit,
+    return run_demo(getattr(s.args, "database_url", None), processes=s.args.processes, limit=s.args.limit,
                     extra_paths=s.args.extra_path or [], timeout=s.args.timeout,
                     json_output=s.json)
 
@@ -930,7 +930,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "failures, distinct modules, B jobs inserted vs skipped as "
                                    "duplicates,\nwall time and jobs/s, and checks the B count "
                                    "against a direct computation (exit 1 on\nmismatch). Rows of "
-                                   "a previous demo run are deleted first.")
+                                   "a previous demo run are deleted first.\nCtrl-C drains the "
+                                   "workers, deletes the demo's unfinished jobs, prints a summary "
+                                   "and exits 130.\nWithout a database URL it uses the embedded "
+                                   "server and says so first (data directory,\nserver account; "
+                                   "it keeps running: `awa-fast embedded stop`).")
     p.add_argument("--processes", type=_positive_int, default=None, metavar="N",
                    help=f"worker processes (default: one per core, {os.cpu_count() or 1} here)")
     p.add_argument("--limit", type=_positive_int, default=None, metavar="N",

@@ -49,6 +49,7 @@ import warnings
 from typing import Any
 
 import awa_fast as awa
+from awa_fast.database_url import from_environment, resolve_database_url
 from awa_fast.errors import AwaError, TerminalError
 
 DEMO_QUEUE = "demo"
@@ -234,6 +235,18 @@ class DemoResult:
     timed_out: bool
 
 
+@dataclasses.dataclass
+class DemoInterrupted:
+    """What an interrupted demo run (Ctrl-C) did before it stopped."""
+
+    elapsed_seconds: float
+    processes: int
+    files: int
+    counts: dict  # {"kind:state": jobs} just before the clean-up
+    removed_unfinished: int  # demo jobs deleted because they had not finished
+    interrupted: bool = True
+
+
 def _log(message: str) -> None:
     print(f"demo: {message}", file=sys.stderr, flush=True)
 
@@ -284,51 +297,86 @@ def _direct(files: list[str], processes: int) -> tuple[set[str], int, dict[str, 
     return expected, staged, failures
 
 
-async def _demo(database_url: str, processes: int, files: list[str], timeout: float) -> DemoResult:
+async def _wait_for_pipeline(c, sup, t_start: float, timeout: float) -> bool:
+    """Wait until every demo job is terminal (returns False) or ``timeout`` seconds passed
+    (True), with a progress line every second.
+
+    Raises:
+        AwaError: the worker processes failed (the supervisor gave up).
+    """
+    deadline = t_start + timeout
+    next_progress = t_start + PROGRESS_INTERVAL_S
+    while True:
+        counts = await _counts(c)
+        live = sum(n for (_, s), n in counts.items()
+                   if s not in ("completed", "failed", "cancelled"))
+        now = time.perf_counter()
+        if live == 0 and counts:
+            return False
+        if not sup.check():
+            raise AwaError(f"demo workers: {sup.failed}")
+        if now >= deadline:
+            return True
+        if now >= next_progress:
+            a_done = counts.get((KIND_PARSE, "completed"), 0)
+            a_fail = counts.get((KIND_PARSE, "failed"), 0)
+            b_done = counts.get((KIND_RESOLVE, "completed"), 0)
+            b_all = sum(n for (k, _), n in counts.items() if k == KIND_RESOLVE)
+            _log(f"{now - t_start:5.1f} s: A {a_done} completed, {a_fail} failed; "
+                 f"B {b_done}/{b_all} completed")
+            next_progress += PROGRESS_INTERVAL_S
+        await asyncio.sleep(POLL_INTERVAL_S)
+
+
+_REMOVE_UNFINISHED_SQL = """
+DELETE FROM awa_fast.jobs WHERE kind = ANY(%s) AND queue = %s
+AND state IN ('available', 'scheduled', 'retryable', 'running')"""
+
+
+async def _remove_unfinished(c) -> int:
+    """Delete the demo's jobs that did not finish; called after its workers stopped, so a
+    ``running`` row belongs to no one. Returns how many."""
+    async with (await c.pool()).connection() as conn:
+        cur = await conn.execute(_REMOVE_UNFINISHED_SQL, (list(KINDS), DEMO_QUEUE))
+        return cur.rowcount
+
+
+async def _demo(database_url: str, processes: int, files: list[str], timeout: float
+                ) -> "DemoResult | DemoInterrupted":
     from awa_fast.worker.supervisor import Supervisor
 
     t_wall = time.perf_counter()
     c = awa.AsyncClient(database_url, max_connections=2)
     sup = None
+    enqueue_s = 0.0
+    t_start = time.perf_counter()
     try:
-        await _prepare(c)
-        t0 = time.perf_counter()
-        await c.insert_many_copy([ParseImports(p) for p in files], kind=KIND_PARSE,
-                                 queue=DEMO_QUEUE)
-        enqueue_s = time.perf_counter() - t0
-        _log(f"enqueued {len(files)} stage-A jobs in {enqueue_s:.3f} s; starting {processes} "
-             f"worker process(es)")
-
-        t_start = time.perf_counter()
-        sup = Supervisor(f"{__name__}:client", processes,
-                         queues=f"{DEMO_QUEUE}:{WORKERS_PER_PROCESS}", database_url=database_url,
-                         out=sys.stderr, status_interval=0, log_level="warning",
-                         extra_env={"PYTHONWARNINGS": "ignore"})
-        sup.start()
-        deadline = t_start + timeout
-        next_progress = t_start + PROGRESS_INTERVAL_S
-        timed_out = False
-        while True:
+        try:
+            await _prepare(c)
+            t0 = time.perf_counter()
+            await c.insert_many_copy([ParseImports(p) for p in files], kind=KIND_PARSE,
+                                     queue=DEMO_QUEUE)
+            enqueue_s = time.perf_counter() - t0
+            _log(f"enqueued {len(files)} stage-A jobs in {enqueue_s:.3f} s; starting "
+                 f"{processes} worker process(es)")
+            t_start = time.perf_counter()
+            sup = Supervisor(f"{__name__}:client", processes,
+                             queues=f"{DEMO_QUEUE}:{WORKERS_PER_PROCESS}",
+                             database_url=database_url, out=sys.stderr, status_interval=0,
+                             log_level="warning", extra_env={"PYTHONWARNINGS": "ignore"})
+            sup.start()
+            timed_out = await _wait_for_pipeline(c, sup, t_start, timeout)
+        except asyncio.CancelledError:  # Ctrl-C: asyncio.Runner cancels the main task
+            _log("interrupted: stopping the workers, then removing the demo's unfinished jobs")
+            if sup is not None:
+                await asyncio.to_thread(sup.drain)
+                sup = None
             counts = await _counts(c)
-            live = sum(n for (_, s), n in counts.items()
-                       if s not in ("completed", "failed", "cancelled"))
-            now = time.perf_counter()
-            if live == 0 and counts:
-                break
-            if not sup.check():
-                raise AwaError(f"demo workers: {sup.failed}")
-            if now >= deadline:
-                timed_out = True
-                break
-            if now >= next_progress:
-                a_done = counts.get((KIND_PARSE, "completed"), 0)
-                a_fail = counts.get((KIND_PARSE, "failed"), 0)
-                b_done = counts.get((KIND_RESOLVE, "completed"), 0)
-                b_all = sum(n for (k, _), n in counts.items() if k == KIND_RESOLVE)
-                _log(f"{now - t_start:5.1f} s: A {a_done} completed, {a_fail} failed; "
-                     f"B {b_done}/{b_all} completed")
-                next_progress += PROGRESS_INTERVAL_S
-            await asyncio.sleep(POLL_INTERVAL_S)
+            return DemoInterrupted(
+                elapsed_seconds=time.perf_counter() - t_start, processes=processes,
+                files=len(files),
+                counts={f"{k}:{st}": n for (k, st), n in sorted(counts.items())},
+                removed_unfinished=await _remove_unfinished(c))
         pipeline_s = time.perf_counter() - t_start
         await asyncio.to_thread(sup.drain)
         sup = None
@@ -424,13 +472,55 @@ def format_report(r: DemoResult, max_failures: int = 5) -> str:
     return "\n".join(out)
 
 
-def run_demo(database_url: str, processes: int | None = None, *, limit: int | None = None,
-             extra_paths: list[str] | None = None, timeout: float = 600.0,
-             json_output: bool = False) -> int:
-    """Run the demo against ``database_url`` with ``processes`` worker processes (default one
-    per core) over the first ``limit`` standard-library files plus ``extra_paths`` (files or
-    directories); print the report (JSON if ``json_output``). Returns 0 when the check passed,
-    else 1.
+def format_interrupted(r: DemoInterrupted) -> str:
+    """The summary printed when ``awa-fast demo`` is interrupted."""
+    def n(kind: str, *states: str) -> int:
+        return sum(r.counts.get(f"{kind}:{st}", 0) for st in states)
+
+    unfinished = ("available", "scheduled", "retryable", "running")
+    b_all = sum(v for k, v in r.counts.items() if k.startswith(KIND_RESOLVE + ":"))
+    return "\n".join([
+        f"interrupted after {r.elapsed_seconds:.1f} s ({r.processes} worker process"
+        f"{'es' if r.processes != 1 else ''}, {r.files} files)",
+        f"stage A: {n(KIND_PARSE, 'completed')} completed, {n(KIND_PARSE, 'failed')} failed, "
+        f"{n(KIND_PARSE, *unfinished)} unfinished",
+        f"stage B: {n(KIND_RESOLVE, 'completed')} completed of {b_all} staged so far",
+        f"removed {r.removed_unfinished} unfinished demo job(s) from queue '{DEMO_QUEUE}'; "
+        "finished rows stay until the next `awa-fast demo` deletes them",
+    ])
+
+
+def embedded_notice(fp: dict) -> list[str]:
+    """What using the embedded server does to this machine (``embedded.footprint()``), said
+    before it starts."""
+    where = f"in {fp['data_dir']}"
+    who = (f"as the system account '{fp['os_user']}'" if fp["system_account"]
+           else f"as {fp['os_user']}")
+    if fp["running"]:
+        lines = [f"using the embedded PostgreSQL already running {where} ({who})"]
+    else:
+        created = (" (created now with useradd: PostgreSQL refuses to run as root)"
+                   if fp["creates_user"] else "")
+        lines = [f"starting the embedded PostgreSQL 18 {where}, {who}{created}"]
+    remove = f"`rm -rf {fp['data_dir']}`"
+    if fp["system_account"]:
+        remove += f" and `userdel {fp['os_user']}`"
+    lines.append(f"it keeps running after the demo: `awa-fast embedded stop` stops it; then "
+                 f"{remove} removes it")
+    return ["no database configured (--database-url, AWA_FAST_DATABASE_URL, DATABASE_URL):",
+            *("  " + line for line in lines)]
+
+
+def run_demo(database_url: str | None, processes: int | None = None, *,
+             limit: int | None = None, extra_paths: list[str] | None = None,
+             timeout: float = 600.0, json_output: bool = False) -> int:
+    """Run the demo against ``database_url`` (``None``: the shared rule of
+    :mod:`awa_fast.database_url`; the embedded server's footprint is announced before it
+    starts) with ``processes`` worker processes (default one per core) over the first ``limit``
+    standard-library files plus ``extra_paths`` (files or directories); print the report (JSON
+    if ``json_output``). Returns 0 when the check passed, 1 when it did not, 130 when
+    interrupted (Ctrl-C: the workers are drained, the demo's unfinished jobs deleted and a
+    summary printed).
 
     Raises:
         ValueError: ``processes`` or ``limit`` below 1, or an extra path that does not exist.
@@ -446,9 +536,24 @@ def run_demo(database_url: str, processes: int | None = None, *, limit: int | No
         files.extend(p for p in _walk(extra) if p not in files)
     if not files:
         raise AwaError("no .py files to process")
+    _log(f"{len(files)} .py files, {processes} worker process(es), queue '{DEMO_QUEUE}': stage A "
+         "parses each file's imports and stages one stage-B job per distinct module, which "
+         "resolves it; the rows of a previous demo run are deleted first. Ctrl-C stops it, "
+         "prints a summary and removes its unfinished jobs.")
+    if database_url is None:
+        if from_environment() is None:
+            from awa_fast import embedded
+
+            for line in embedded_notice(embedded.footprint()):
+                _log(line)
+        database_url = resolve_database_url(None)
     result = _run_loop(_demo(database_url, processes, files, timeout))
     if json_output:
         print(json.dumps(dataclasses.asdict(result), indent=2))
+    elif isinstance(result, DemoInterrupted):
+        print(format_interrupted(result))
     else:
         print(format_report(result))
+    if isinstance(result, DemoInterrupted):
+        return 130
     return 0 if result.check_ok else 1

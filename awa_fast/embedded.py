@@ -67,6 +67,7 @@ __all__ = [
     "TempServer",
     "default_data_dir",
     "ensure_running",
+    "footprint",
     "find_bindir",
     "start_temp",
     "stop_persistent",
@@ -762,6 +763,37 @@ def ensure_running() -> str:
     major = (datadir / "PG_VERSION").read_text().strip()
     print(f"awa-fast: started embedded PostgreSQL {major} at {datadir}", file=sys.stderr)
     return dsn
+
+
+def footprint() -> dict:
+    """What the persistent server of :func:`ensure_running` leaves on this machine, without
+    starting or creating anything.
+
+    Returns:
+        ``{"data_dir": str, "os_user": str, "system_account": bool, "creates_user": bool,
+        "running": bool, "binaries_copy": str | None}``: ``os_user`` runs the server (as root
+        the system account ``awa-postgres`` or ``$AWA_PG_OS_USER``: ``system_account`` True;
+        else the current user); ``creates_user`` is True when that account does not exist yet
+        and would be created with ``useradd``; ``running`` is True when a server answers on its
+        socket; ``binaries_copy`` is the ``/tmp/awa-pg-bin-<version>`` copy of the binaries
+        made for that account (root only), if any.
+    """
+    datadir = default_data_dir()
+    root = os.geteuid() == 0
+    if root:
+        user = os.environ.get("AWA_PG_OS_USER") or DEFAULT_OS_USER
+        try:
+            pwd.getpwnam(user)
+            creates = False
+        except KeyError:
+            creates = True
+    else:
+        user, creates = pwd.getpwuid(os.geteuid()).pw_name, False
+    copies = sorted(str(p) for p in Path("/tmp").glob("awa-pg-bin-*") if p.is_dir()) if root else []
+    running = (datadir / "postmaster.pid").exists() and _can_connect(_socket_dsn(datadir))
+    return {"data_dir": str(datadir), "os_user": user, "system_account": root,
+            "creates_user": creates, "running": running,
+            "binaries_copy": copies[-1] if copies else None}
 
 
 def stop_persistent() -> bool:

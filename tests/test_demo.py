@@ -6,10 +6,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import psycopg
+import pytest
 
 from awa_fast.demo import MAX_STAGED, chunk, imported_modules
 
@@ -85,3 +91,81 @@ def test_demo_pipeline_with_a_broken_file(dsn, tmp_path):
     assert result["check_ok"] is True and result["a_failed"] == 1
     assert result["distinct_modules"] == distinct and result["b_staged"] == staged
     assert result["failures"][0]["path"] == str(broken)
+
+
+def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
+    """A real SIGINT while stage B is held back (a SHARE lock on the results table blocks its
+    upserts, so the pipeline cannot finish first)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_fast", "--database-url", dsn, "demo", "--processes", "1",
+         "--limit", "200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    seen = []
+    try:
+        with psycopg.connect(dsn) as lock:
+            for line in proc.stderr:
+                seen.append(line)
+                if "enqueued 200 stage-A jobs" in line:  # the results table exists and is empty
+                    lock.execute("LOCK TABLE awa_fast_demo_modules IN SHARE MODE")
+                if re.search(r"worker: child 0 pid \d+ ready", line):
+                    break
+            else:
+                raise AssertionError("".join(seen))
+            with psycopg.connect(dsn) as conn:  # wait until B is held at the lock
+                deadline = time.monotonic() + 60
+                while not conn.execute(
+                        "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'demo_resolve_module' "
+                        "AND state = 'running'").fetchone()[0]:
+                    assert time.monotonic() < deadline, "no stage-B job started"
+                    time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            lock.rollback()  # let the held upserts go so that the drain is quick
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(seen) + err
+    assert proc.returncode == 130, (out, err)
+    assert "demo: 200 .py files, 1 worker process(es), queue 'demo'" in err
+    assert "Ctrl-C stops it, prints a summary and removes its unfinished jobs" in err
+    assert "demo: interrupted: stopping the workers" in err
+    assert "Traceback" not in err
+    lines = out.splitlines()
+    assert re.fullmatch(r"interrupted after \d+\.\d s \(1 worker process, 200 files\)", lines[0])
+    assert re.fullmatch(r"stage A: \d+ completed, \d+ failed, \d+ unfinished", lines[1])
+    removed = int(re.fullmatch(r"removed (\d+) unfinished demo job\(s\) from queue 'demo'; "
+                               r"finished rows stay until the next `awa-fast demo` deletes them",
+                               lines[3]).group(1))
+    assert removed > 0
+    with psycopg.connect(dsn) as conn:
+        left = conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE queue = 'demo' AND state "
+                            "IN ('available', 'scheduled', 'retryable', 'running')").fetchone()[0]
+    assert left == 0
+
+
+@pytest.mark.slow
+def test_demo_on_the_embedded_server_says_what_it_does_first():
+    parent = Path(tempfile.mkdtemp(prefix="awa-pg-demo", dir="/tmp"))
+    os.chmod(parent, 0o755)  # the server account must be able to enter it when we are root
+    datadir = parent / "pg"
+    env = {**_env(), "AWA_PG_DATA": str(datadir)}
+    try:
+        r = subprocess.run([sys.executable, "-m", "awa_fast", "demo", "--limit", "5",
+                            "--processes", "1"], capture_output=True, text=True,
+                           timeout=TIMEOUT_S, env=env)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        err = r.stderr
+        notice = err.index("demo: no database configured (--database-url, "
+                           "AWA_FAST_DATABASE_URL, DATABASE_URL):")
+        started = err.index(f"awa-fast: started embedded PostgreSQL 18 at {datadir}")
+        assert notice < started  # said before it happens
+        assert f"demo:   starting the embedded PostgreSQL 18 in {datadir}, as " in err
+        assert (f"demo:   it keeps running after the demo: `awa-fast embedded stop` stops it; "
+                f"then `rm -rf {datadir}`") in err
+        if os.geteuid() == 0:
+            assert "as the system account 'awa-postgres'" in err and "`userdel awa-postgres`" in err
+        assert "check: OK" in r.stdout
+    finally:
+        subprocess.run([sys.executable, "-m", "awa_fast", "embedded", "stop"], env=env,
+                       capture_output=True, timeout=TIMEOUT_S)
+        shutil.rmtree(parent, ignore_errors=True)
