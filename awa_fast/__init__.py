@@ -31,7 +31,7 @@ from awa_fast.errors import (
 from awa_fast.job import Job, JobState
 from awa_fast.requests import EnqueueRequest, InsertOpts, UniqueOpts, derive_kind
 from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
-from awa_fast.schema import current_migration_version, migrate, migrations
+from awa_fast.schema import current_migration_version, migrate, migrations, migrations_range
 from awa_fast.transaction import Transaction
 from awa_fast.unsupported import init_telemetry, shutdown_telemetry
 from awa_fast.callbacks import CallbackToken, ResolveResult
@@ -47,7 +47,7 @@ __all__ = [
     "QueueStat", "RawClient", "RetryAfter", "SchemaNotMigrated", "SerializationError", "Snooze",
     "StagingError", "TerminalError", "Transaction", "UniqueConflict", "UniqueOpts",
     "UnknownJobKind", "ValidationError", "WaitForCallback", "current_migration_version",
-    "derive_kind", "init_telemetry", "migrate", "migrations", "native_extensions",
+    "derive_kind", "init_telemetry", "migrate", "migrations", "migrations_range", "native_extensions",
     "shutdown_telemetry", "Unsupported", "LiveRuntimesRequireExclusiveWindow",
     "RuntimeVersionFloorNotMet", "StorageNotFinalized", "PartitionedQueue", "ResolveResult",
     "RetryFailedResult", "callback_contract", "QueueMismatchWarning",

@@ -304,8 +304,9 @@ class AdminMixin:
             return cur.rowcount
 
     async def drain_queue(self, queue: str) -> int:
-        """Cancel every job of ``queue`` that is waiting to run (``available``, ``scheduled``,
-        ``retryable``); running and parked jobs are left alone. Returns how many. A job whose
+        """Cancel every job of ``queue`` that is waiting (``available``, ``scheduled``,
+        ``retryable``, and parked in ``waiting_external``, as awa-pg does); running attempts are
+        left alone. Returns how many. A job whose
         cancel fails alone (e.g. its mask holds ``cancelled`` and another cancelled job holds
         its key) is left waiting (logged).
 

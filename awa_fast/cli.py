@@ -166,12 +166,25 @@ class Session:
 async def cmd_migrate(s: Session) -> int:
     from awa_fast import schema
 
-    if s.args.sql:
-        for version, description, text in schema.migrations():
-            print(f"-- awa-fast migration {version:03d}: {description}")
-            print(text.rstrip())
-            print()
-        return 0
+    a = s.args
+    if a.pending:
+        # awa's --pending: the SQL of the migrations this database has not applied yet.
+        client = await s.client(need_schema=False)
+        rows = await client._fetch("SELECT to_regclass('awa_fast.schema_version') IS NOT NULL")
+        applied = (await client._fetch(f"SELECT COALESCE(max(version), 0) FROM "
+                                       f"{schema.SCHEMA}.schema_version"))[0][0] if rows[0][0] else 0
+        return _print_migrations(applied, schema.current_migration_version())
+    if a.sql or a.version is not None or a.from_version is not None or a.to is not None:
+        # SQL-printing modes (awa-pg's): no database needed.
+        latest = schema.current_migration_version()
+        if a.version is not None:
+            if not 1 <= a.version <= latest:
+                print(f"Version {a.version} is out of range. Valid versions: 1..{latest}",
+                      file=sys.stderr)
+                return 1
+            return _print_migrations(a.version - 1, a.version)
+        return _print_migrations(0 if a.from_version is None else a.from_version,
+                                 latest if a.to is None else a.to)
     client = await s.client(need_schema=False)
     applied = await client.migrate()
     rows = await client._fetch(f"SELECT max(version) FROM {schema.SCHEMA}.schema_version")
@@ -304,13 +317,21 @@ RETRY_FAILED_SHOWN = 20  # rows listed by `job retry-failed` (the count covers a
 
 
 async def cmd_job_retry_failed(s: Session) -> int:
+    if bool(s.args.kind) == bool(s.args.queue):
+        # awa-pg's message and exit status, before any connection
+        print("Specify exactly one of --kind or --queue", file=sys.stderr)
+        return 1
     client = await s.client()
-    jobs = list(await client.retry_failed(kind=s.args.kind, queue=s.args.queue))
+    result = await client.retry_failed(kind=s.args.kind, queue=s.args.queue)
+    jobs = result.jobs
     what = f"kind {s.args.kind}" if s.args.kind else f"queue {s.args.queue}"
     if s.json:
         _print_json([j.to_dict() for j in jobs])
     else:
-        print(f"retried {len(jobs)} failed job(s) of {what}")
+        skipped = result.matched - len(jobs)
+        print(f"retried {len(jobs)} failed job(s) of {what}"
+              + (f" (matched {result.matched}; {skipped} raced, hold a taken unique key or "
+                 "still owe a failure consequence)" if skipped > 0 else ""))
         shown = jobs[:RETRY_FAILED_SHOWN]
         if shown:
             print(format_table(JOB_COLUMNS, [_job_row(j) for j in shown]))
@@ -664,6 +685,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sql", action="store_true",
                    help="print the SQL of all migrations instead of applying them "
                         "(needs no database)")
+    p.add_argument("--version", type=int, metavar="N",
+                   help="print the SQL of migration N only (needs no database; exit 1 if out "
+                        "of range)")
+    p.add_argument("--from", type=int, dest="from_version", metavar="N",
+                   help="print the SQL of migrations after N (exclusive; needs no database)")
+    p.add_argument("--to", type=int, metavar="N",
+                   help="print the SQL of migrations up to N (inclusive; needs no database)")
+    p.add_argument("--pending", action="store_true",
+                   help="print the SQL of the migrations this database has not applied")
     p.set_defaults(func=cmd_migrate)
 
     # job
@@ -714,9 +744,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "\nJobs whose unique key is now held by another live job are "
                                     f"skipped and stay failed. Prints the count and the first "
                                     f"{RETRY_FAILED_SHOWN} jobs (--json: all of them).")
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--kind", help="retry the failed jobs of this kind")
-    g.add_argument("--queue", help="retry the failed jobs in this queue")
+    # awa-pg checks "exactly one" itself (exit 1), not through argparse (exit 2).
+    p.add_argument("--kind", help="retry the failed jobs of this kind")
+    p.add_argument("--queue", help="retry the failed jobs in this queue")
     p.set_defaults(func=cmd_job_retry_failed)
     p = jsub.add_parser("discard", parents=[common], help="delete the failed jobs of a kind",
                         description="Delete every failed job of one kind (jobs whose failure "
@@ -736,6 +766,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "hour, lag (age in seconds of the oldest available job) and "
                                     "whether the queue is paused.")
     p.set_defaults(func=cmd_queue_stats)
+    # awa-pg's hidden top-level alias of `queue stats`
+    sub.add_parser("queue-stats", parents=[common]).set_defaults(func=cmd_queue_stats)
+    sub._choices_actions = [c for c in sub._choices_actions if c.dest != "queue-stats"]
     p = qsub.add_parser("pause", parents=[common], help="stop workers claiming from a queue",
                         description="Pause a queue: workers stop claiming its jobs (running "
                                     "jobs finish).")
@@ -988,6 +1021,18 @@ def cmd_serve(s: Session) -> int:
     print(f"{PROG}: serving the dashboard{' read-only' if s.args.read_only else ''}"
           f"{', token required' if token else ''} (uvicorn prints the address)", file=sys.stderr)
     serve.run(url, host=s.args.host, port=s.args.port, read_only=s.args.read_only, token=token)
+    return 0
+
+
+def _print_migrations(after: int, upto: int) -> int:
+    """Print the SQL of migrations ``after < version <= upto`` (awa-pg's format)."""
+    from awa_fast import schema
+
+    if after >= upto:
+        print(f"No migrations in range ({after}, {upto}].", file=sys.stderr)
+        return 0
+    for version, description, text in schema.migrations_range(after, upto):
+        print(f"-- Migration V{version}: {description}\n{text}\n")
     return 0
 
 

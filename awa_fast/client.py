@@ -58,6 +58,14 @@ async def _configure(conn: psycopg.AsyncConnection) -> None:
     set_json_loads(orjson.loads, conn)
 
 
+def _check_reachable(url: str) -> None:
+    """Connect once and close (awa-pg connects at construction). Raises DatabaseError."""
+    try:
+        psycopg.connect(url, connect_timeout=10, autocommit=True).close()
+    except psycopg.Error as exc:
+        raise DatabaseError(f"could not connect to the database: {exc}") from exc
+
+
 class AsyncClient(AdminMixin, UnsupportedMixin):
     """Async client: insert jobs, administer them, and run workers.
 
@@ -68,8 +76,15 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         max_connections: the pool size (connections, not processes). The runtime also opens
             one dedicated LISTEN connection and one leader-lock connection.
 
-    Connections are opened lazily on first use (so a client built at import time in a launcher
-    parent is safe to fork). Use as ``async with AsyncClient(url) as client``.
+    Like awa-pg, a client given a URL connects once at construction to check that the
+    database is reachable (one short-lived connection, closed at once, so a client built at
+    import time in a launcher parent is still safe to fork); the pool opens on first use.
+    Without a URL the check happens at first use (resolving may start the embedded server).
+    Use as ``async with AsyncClient(url) as client``.
+
+    Raises:
+        DatabaseError: the given database cannot be reached (awa-pg's eager connect).
+        ValidationError: ``max_connections`` < 1.
     """
 
     def __init__(self, database_url: str | None = None, max_connections: int = 10):
@@ -87,6 +102,8 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         self._runtime = None
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
         self._off_queue_warned: set[str] = set()  # kinds warned about (QueueMismatchWarning)
+        if self.explicit_database_url is not None:
+            _check_reachable(self.explicit_database_url)
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -580,7 +597,8 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         with the same name replaces the earlier one.
 
         Raises:
-            ValueError: invalid cron expression, timezone, policy, args or insert option.
+            ValidationError (a ValueError, as awa-pg): invalid cron expression, timezone,
+                policy, args or insert option.
             RuntimeError: the runtime is already started.
         """
         from awa_fast import periodic

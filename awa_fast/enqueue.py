@@ -132,7 +132,7 @@ def key_order(keys: list[bytes | None]) -> list[int]:
 def _copy_rows(rows: list[Prepared], ids: list[int], now: datetime) -> Iterable[tuple]:
     for job_id, p in zip(ids, rows):
         run_at = p.run_at or now
-        state = "scheduled" if run_at > now else "available"
+        state = "available" if p.run_at is None else "scheduled"  # awa: any explicit run_at
         yield (job_id, p.kind, p.queue, p.args, state, p.priority, p.max_attempts, run_at,
                p.metadata, p.tags, p.unique_key, p.unique_states, p.ordering_key, now)
 
@@ -142,7 +142,7 @@ def copied_job(job_id: int, p: Prepared, now: datetime) -> Job:
     # The session's time zone, as a read-back would give it.
     run_at = p.run_at.astimezone(now.tzinfo) if p.run_at else now
     row = (job_id, p.kind, p.queue, orjson.loads(p.args),
-           JobState.Scheduled if run_at > now else JobState.Available, p.priority, 0,
+           JobState.Available if p.run_at is None else JobState.Scheduled, p.priority, 0,
            p.max_attempts, run_at, None, None, None, None, now, [], orjson.loads(p.metadata),
            p.tags, p.unique_key, p.unique_states, None, None, 0, None)
     return Job.from_row(row)
@@ -215,7 +215,7 @@ async def copy_uniform(conn: psycopg.AsyncConnection, batch: UniformBatch, *,
         cur = await conn.execute(sql.COPY_RESERVE, (n,))
         now, ids = await cur.fetchone()
         run_at = batch.run_at.astimezone(now.tzinfo) if batch.run_at else now
-        state = "scheduled" if run_at > now else "available"
+        state = "available" if batch.run_at is None else "scheduled"  # awa: any explicit run_at
         head = f"{copy_escape(batch.kind)}\t{copy_escape(batch.queue)}".encode()
         mid = (f"{state}\t{batch.priority}\t{batch.max_attempts}\t{run_at.isoformat()}\t"
                f"{copy_escape(batch.metadata.decode())}\t"

@@ -4,7 +4,8 @@ Lifecycle:
 
 1. ``AsyncClient.periodic(...)`` validates a schedule in memory (cron expression with croniter,
    timezone with :mod:`zoneinfo`, the missed-fire policy, and the args and insert options with
-   :func:`awa_fast.requests.prepare`), so mistakes raise ``ValueError`` at registration.
+   :func:`awa_fast.requests.prepare`), so mistakes raise ``ValidationError`` (a ``ValueError``,
+   as awa-pg) at registration.
 2. ``AsyncClient.start()`` upserts the registered schedules (:func:`sync_schedules`). A schedule
    new to the database starts with ``last_fire_at`` = its most recent fire time at or before now:
    registering a schedule never fires it retroactively, its first job is the next fire time. A
@@ -42,7 +43,7 @@ import psycopg
 from croniter import croniter
 
 from awa_fast import bulk, enqueue, sql
-from awa_fast.errors import AwaError
+from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare
 
@@ -80,20 +81,24 @@ def check_cron(cron_expr: Any) -> str:
     ``@`` alias (``@hourly``, ``@daily``, ...). Returns it stripped.
 
     Raises:
-        ValueError: not a valid expression (the message quotes it).
+        ValidationError: not a valid expression (the message quotes it).
     """
     if not isinstance(cron_expr, str):
-        raise ValueError(f"cron expression must be a str, got {type(cron_expr).__name__}")
+        raise ValidationError(f"cron expression must be a str, got {type(cron_expr).__name__}",
+                              field="cron_expr")
     expr = cron_expr.strip()
     if not expr.startswith("@") and len(expr.split()) != 5:
-        raise ValueError(f"invalid cron expression {cron_expr!r}: expected 5 fields "
-                         "(minute hour day-of-month month day-of-week) or an @alias")
+        raise ValidationError(f"invalid cron expression {cron_expr!r}: expected 5 fields "
+                              "(minute hour day-of-month month day-of-week) or an @alias",
+                              field="cron_expr")
     try:
         croniter(expr)
     except (ValueError, KeyError, TypeError) as exc:  # CroniterError is a ValueError
-        raise ValueError(f"invalid cron expression {cron_expr!r}: {exc}") from exc
+        raise ValidationError(f"invalid cron expression {cron_expr!r}: {exc}",
+                              field="cron_expr") from exc
     if expr.lower() == "@reboot":
-        raise ValueError(f"invalid cron expression {cron_expr!r}: @reboot has no fire times")
+        raise ValidationError(f"invalid cron expression {cron_expr!r}: @reboot has no fire "
+                              "times", field="cron_expr")
     return expr
 
 
@@ -101,14 +106,15 @@ def check_timezone(name: Any) -> ZoneInfo:
     """The :class:`~zoneinfo.ZoneInfo` named ``name`` (IANA name such as ``"Europe/Paris"``).
 
     Raises:
-        ValueError: unknown or malformed timezone name.
+        ValidationError: unknown or malformed timezone name.
     """
     if not isinstance(name, str) or not name:
-        raise ValueError(f"timezone must be a non-empty IANA name, got {name!r}")
+        raise ValidationError(f"timezone must be a non-empty IANA name, got {name!r}",
+                              field="timezone")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-        raise ValueError(f"unknown timezone {name!r}") from exc
+        raise ValidationError(f"unknown timezone {name!r}", field="timezone") from exc
 
 
 def build(name: str, cron_expr: str, args_type: type, args: Any, *, timezone: str = "UTC",
@@ -118,21 +124,22 @@ def build(name: str, cron_expr: str, args_type: type, args: Any, *, timezone: st
     """Validate one schedule (see ``AsyncClient.periodic``).
 
     Raises:
-        ValueError: bad name, cron expression, timezone or policy; ``ValidationError`` (a
-            ``ValueError``) for bad args or insert options.
+        ValidationError (a ValueError): bad name, cron expression, timezone, policy, args or
+            insert option.
     """
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"periodic job name must be a non-empty str, got {name!r}")
+        raise ValidationError(f"periodic job name must be a non-empty str, got {name!r}",
+                              field="name")
     expr = check_cron(cron_expr)
     check_timezone(timezone)
     if missed_fire_policy not in POLICIES:
-        raise ValueError(f"missed_fire_policy must be 'coalesce' or 'catch_up', "
-                         f"got {missed_fire_policy!r}")
+        raise ValidationError(f"missed_fire_policy must be 'coalesce' or 'catch_up', "
+                              f"got {missed_fire_policy!r}", field="missed_fire_policy")
     if not isinstance(args_type, type):
-        raise ValueError(f"args_type must be a type, got {args_type!r}")
+        raise ValidationError(f"args_type must be a type, got {args_type!r}", field="args_type")
     if not isinstance(args, (dict, args_type)):
-        raise ValueError(f"args must be a {args_type.__name__} instance or a dict, "
-                         f"got {type(args).__name__}")
+        raise ValidationError(f"args must be a {args_type.__name__} instance or a dict, "
+                              f"got {type(args).__name__}", field="args")
     p = prepare(args, kind=kind_for_type(args_type), queue=queue, priority=priority,
                 max_attempts=max_attempts, tags=tags, metadata=metadata)
     return PeriodicJob(name, expr, timezone, p.kind, p.queue, p.args, p.priority,

@@ -17,6 +17,7 @@ import orjson
 
 from awa_fast import _native
 from awa_fast.errors import SerializationError, ValidationError
+from awa_fast.typed_args import check_round_trip, needs_check
 
 _SORT = orjson.OPT_SORT_KEYS
 DEFAULT_UNIQUE_STATES = 31
@@ -89,7 +90,9 @@ def args_to_builtins(args: Any) -> dict:
     """Convert job args to a JSON-compatible dict.
 
     Accepts a ``dict``, a dataclass instance, a ``msgspec.Struct`` or an object with
-    ``model_dump`` (pydantic). Raises :class:`ValidationError` (field ``args``) for anything else.
+    ``model_dump`` (pydantic). Raises :class:`ValidationError` (field ``args``) for anything else,
+    and (field ``args.<name>``) for a dataclass/Struct value that would reach the handler
+    changed (``awa_fast/typed_args.py``).
     """
     if type(args) is dict:
         return args
@@ -97,13 +100,19 @@ def args_to_builtins(args: Any) -> dict:
         if isinstance(args, msgspec.Struct) or (
             dataclasses.is_dataclass(args) and not isinstance(args, type)
         ):
-            return msgspec.to_builtins(args)
-        dump = getattr(args, "model_dump", None)
+            # deterministic: a set's elements in sorted order (stable JSON and unique keys)
+            out = msgspec.to_builtins(args, order="deterministic")
+        else:
+            out = None
+        dump = None if out is not None else getattr(args, "model_dump", None)
         if dump is not None:
             return dump(mode="json")
     except (TypeError, ValueError) as exc:
         raise SerializationError(f"args are not JSON-serializable: {exc}", field="args",
                                  limit="JSON") from exc
+    if out is not None:
+        check_round_trip(args, out)
+        return out
     if isinstance(args, dict):
         return dict(args)
     raise ValidationError(
@@ -249,10 +258,14 @@ def prepare_uniform(items: list, *, kind: str | None = None, queue: str = "defau
         builtins = items
     elif issubclass(first, msgspec.Struct) or dataclasses.is_dataclass(first):
         try:
-            builtins = msgspec.to_builtins(items)  # one C call for the whole list
+            # one C call for the whole list
+            builtins = msgspec.to_builtins(items, order="deterministic")
         except (TypeError, ValueError) as exc:
             raise SerializationError(f"args are not JSON-serializable: {exc}", field="args",
                                      limit="JSON") from exc
+        if needs_check(first):
+            for item, out in zip(items, builtins):
+                check_round_trip(item, out)
     else:
         builtins = [args_to_builtins(x) for x in items]
     jsons = _native.encode_many(builtins, "args")

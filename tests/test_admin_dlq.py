@@ -517,7 +517,7 @@ async def test_health_check(dsn, client):
     h = await client.health_check()
     assert not h.healthy and not h.poll_loop_alive and h.heartbeat_alive
 
-    bad = awa.AsyncClient("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")
+    bad = awa.AsyncClient(dsn)  # reachable at construction; its pool then fails
 
     async def broken_pool():
         raise awa.DatabaseError("could not connect to the database: refused")

@@ -320,7 +320,7 @@ def test_check_command_lists_undeclared_kinds(dsn, tmp_path):
     app = tmp_path / "check_app.py"
     app.write_text(
         "import awa_fast as awa\n"
-        "client = awa.AsyncClient('postgresql://unused')\n"
+        f"client = awa.AsyncClient({dsn!r})\n"  # connects once at construction, as awa-pg
         "@client.task(dict, kind='alpha')\n"
         "async def a(job): pass\n"
         "@client.task(dict, kind='beta', failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"

@@ -82,8 +82,9 @@ def test_clients_without_url_resolve_like_the_cli(dsn, monkeypatch):
     monkeypatch.delenv("AWA_FAST_DATABASE_URL")
     monkeypatch.setenv("DATABASE_URL", dsn)
     assert awa.AsyncClient().database_url == dsn
-    # an explicit URL wins over the environment
-    assert awa.AsyncClient(CLOSED_PORT_DSN).database_url == CLOSED_PORT_DSN
+    # an explicit URL wins over the environment (and is connected to at once, as in awa-pg)
+    with pytest.raises(awa.DatabaseError, match="could not connect"):
+        awa.AsyncClient(CLOSED_PORT_DSN)
 
 
 def test_worker_without_url_uses_the_environment(dsn):

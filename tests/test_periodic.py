@@ -101,24 +101,24 @@ async def wait_leader(*clients: awa.AsyncClient) -> awa.AsyncClient:
 
 @pytest.mark.parametrize("expr", ["not a cron", "61 * * * *", "* * * *", "*/5 * * * * *",
                                   "* * 32 * *", "", "@reboot", "@sometimes"])
-async def test_invalid_cron_expression_fails_at_registration(expr):
-    client = awa.AsyncClient("postgresql://unused")  # registration needs no database
-    with pytest.raises(ValueError) as info:
+async def test_invalid_cron_expression_fails_at_registration(dsn, expr):
+    client = awa.AsyncClient(dsn)  # registration itself needs no database
+    with pytest.raises(awa.ValidationError) as info:
         client.periodic("bad", expr, Tick, Tick())
     assert repr(expr) in str(info.value)
     assert client.periodic_jobs == {}
 
 
 @pytest.mark.parametrize("tz", ["Mars/Olympus_Mons", "", "../etc/passwd", "UTC+99"])
-async def test_invalid_timezone_fails_at_registration(tz):
-    client = awa.AsyncClient("postgresql://unused")
-    with pytest.raises(ValueError, match="timezone"):
+async def test_invalid_timezone_fails_at_registration(dsn, tz):
+    client = awa.AsyncClient(dsn)
+    with pytest.raises(awa.ValidationError, match="timezone"):
         client.periodic("bad", "* * * * *", Tick, Tick(), timezone=tz)
     assert client.periodic_jobs == {}
 
 
-async def test_invalid_policy_and_options_fail_at_registration():
-    client = awa.AsyncClient("postgresql://unused")
+async def test_invalid_policy_and_options_fail_at_registration(dsn):
+    client = awa.AsyncClient(dsn)
     with pytest.raises(ValueError, match="missed_fire_policy"):
         client.periodic("bad", "* * * * *", Tick, Tick(), missed_fire_policy="skip")
     with pytest.raises(ValueError):  # ValidationError is a ValueError

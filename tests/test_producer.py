@@ -190,8 +190,9 @@ async def test_args_types_and_kind_derivation(client, dsn):
 @pytest.mark.parametrize("delta, state", [
     (timedelta(hours=1), JobState.Scheduled),
     (timedelta(days=365 * 50), JobState.Scheduled),
-    (timedelta(seconds=-1), JobState.Available),
-    (timedelta(days=-3650), JobState.Available),
+    # awa-pg: any explicit run_at, even past, makes the job scheduled (promotion follows)
+    (timedelta(seconds=-1), JobState.Scheduled),
+    (timedelta(days=-3650), JobState.Scheduled),
 ])
 async def test_run_at_decides_state(client, dsn, delta, state):
     run_at = datetime.now(UTC) + delta
@@ -205,7 +206,7 @@ async def test_run_at_string_future_is_scheduled(client):
     future = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     past = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S")
     assert (await client.insert({}, kind="s", run_at=future)).state == JobState.Scheduled
-    assert (await client.insert({}, kind="s", run_at=past)).state == JobState.Available
+    assert (await client.insert({}, kind="s", run_at=past)).state == JobState.Scheduled
 
 
 # -- insert_many ------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ async def test_insert_many_copy_options_match_get_job(client, dsn):
         EnqueueRequest({"a": 2}, kind="c2", run_at=past, ordering_key="ok"),
         {"a": 3},
     ], kind="c3", metadata={"x": [1, 2]})
-    assert [j.state for j in jobs] == [JobState.Scheduled, JobState.Available, JobState.Available]
+    assert [j.state for j in jobs] == [JobState.Scheduled, JobState.Scheduled, JobState.Available]
     assert ts(jobs[0].run_at) == future and ts(jobs[1].run_at) == past
     for j in jobs:
         assert (await client.get_job(j.id)).to_dict() == j.to_dict()

@@ -1,5 +1,8 @@
 -- 001: the job table, queue metadata, unique-key index and wakeup notifications.
 
+-- (migrate() also creates the schema first; here so that migrations() SQL run by hand works.)
+CREATE SCHEMA IF NOT EXISTS awa_fast;
+
 CREATE TYPE awa_fast.job_state AS ENUM (
     'scheduled', 'available', 'running', 'completed', 'retryable',
     'failed', 'cancelled', 'waiting_external', 'consequence_pending'

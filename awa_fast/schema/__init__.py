@@ -30,6 +30,12 @@ def migrations() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
+def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str, str]]:
+    """awa-pg's ``migrations_range``: the migrations with ``from_version < version <=
+    to_version``, in order."""
+    return [m for m in migrations() if from_version < m[0] <= to_version]
+
+
 def current_migration_version() -> int:
     """The newest migration version this package ships."""
     return migrations()[-1][0]

@@ -19,10 +19,11 @@ _INSERT_TARGET = (
     f"INSERT INTO {S}.jobs (kind, queue, args, state, priority, max_attempts, run_at, metadata, "
     "tags, unique_key, unique_states, ordering_key)"
 )
-# A future run_at makes the job scheduled; judged by the database clock.
+# Any explicit run_at, even past, makes the job scheduled (awa-pg's rule; promotion makes it
+# available when due); none makes it available now.
 _INSERT_PROJECTION = f"""
 SELECT v.kind, v.queue, v.args::jsonb,
-       (CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
+       (CASE WHEN v.run_at IS NOT NULL THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
        v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata::jsonb, v.tags,
        v.unique_key, v.unique_states, v.ordering_key"""
 
@@ -749,8 +750,10 @@ DISCARD_FAILED = f"""
 DELETE FROM {S}.jobs
 WHERE kind = %s AND state = 'failed' AND consequence_state IS DISTINCT FROM 'owed'"""
 
-# drain_queue guard: waiting rows of one queue (running and parked rows are left alone).
-_DRAINABLE = "j.queue = %(queue)s AND j.state IN ('available', 'scheduled', 'retryable')"
+# drain_queue guard: waiting rows of one queue, parked (waiting_external) ones included as in
+# awa-pg; running attempts are left alone.
+_DRAINABLE = ("j.queue = %(queue)s "
+              "AND j.state IN ('available', 'scheduled', 'retryable', 'waiting_external')")
 
 _DRAIN_SET = f"""
 UPDATE {S}.jobs j
@@ -794,7 +797,7 @@ UNIQUE_CONFLICT_TARGET = (
 def _follow_ups_insert(where: str) -> str:
     return f"""{_INSERT_TARGET_WITH_ID}
     SELECT v.id, v.kind, v.queue, v.args,
-           (CASE WHEN v.run_at > now() THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
+           (CASE WHEN v.run_at IS NOT NULL THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
            v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata, v.tags,
            v.unique_key, v.unique_states, v.ordering_key
     FROM (SELECT nextval('{S}.jobs_id_seq') AS id, r.kind, r.queue, r.args, r.priority,

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import orjson
+import psycopg
 
 from awa_fast import sql
 from awa_fast.callbacks import CallbackToken, check_timeout
@@ -169,10 +170,25 @@ class JobContext:
         self.progress_acked(snap[0])
 
     def flush_progress_sync(self) -> None:
-        """Blocking :meth:`flush_progress`, for ``def`` handlers running in the thread pool."""
+        """Blocking :meth:`flush_progress`: for ``def`` handlers in the thread pool, and also
+        safe from an ``async def`` handler (awa-pg allows both)."""
         if self.runtime is None:
             return
-        asyncio.run_coroutine_threadsafe(self.flush_progress(), self.runtime.loop).result()
+        try:
+            on_loop = asyncio.get_running_loop() is self.runtime.loop
+        except RuntimeError:
+            on_loop = False
+        if not on_loop:
+            asyncio.run_coroutine_threadsafe(self.flush_progress(), self.runtime.loop).result()
+            return
+        # On the runtime's own loop, waiting for it would deadlock: write on a short-lived
+        # blocking connection instead (the loop stalls one round trip, as awa-pg's call does).
+        snap = self.progress_snapshot()
+        if snap is None:
+            return
+        with psycopg.connect(self.runtime.client.database_url, autocommit=True) as conn:
+            conn.execute(sql.FLUSH_PROGRESS, (snap[1], self.id, self.run_lease))
+        self.progress_acked(snap[0])
 
     # -- staged follow-ups (ADR-046) ------------------------------------------------------------
 

@@ -8,6 +8,8 @@ from typing import Any, Callable
 
 import msgspec
 
+from awa_fast.typed_args import dataclass_decoder
+
 # Marker for "declared with no business effect on failure" (issue: failure consequences).
 NO_FAILURE_CONSEQUENCE = object()
 UNDECLARED = object()
@@ -17,7 +19,8 @@ def args_decoder(args_type: Any) -> Callable[[dict], Any]:
     """A function converting a job's JSON dict to an instance of ``args_type``.
 
     pydantic-style types use ``model_validate``; ``msgspec.Struct`` types ``msgspec.convert``;
-    dataclasses ``args_type(**args)``; anything else (e.g. ``dict``) gets the dict itself.
+    dataclasses get their declared field types through msgspec (``awa_fast/typed_args.py``);
+    anything else (e.g. ``dict``) gets the dict itself.
     """
     validate = getattr(args_type, "model_validate", None)
     if validate is not None:
@@ -25,7 +28,7 @@ def args_decoder(args_type: Any) -> Callable[[dict], Any]:
     if isinstance(args_type, type) and issubclass(args_type, msgspec.Struct):
         return lambda raw: msgspec.convert(raw, args_type)
     if dataclasses.is_dataclass(args_type):
-        return lambda raw: args_type(**raw)
+        return dataclass_decoder(args_type)
     return lambda raw: raw
 
 
