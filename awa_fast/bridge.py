@@ -1,16 +1,29 @@
-"""Insert a job through the caller's own psycopg 3 connection (awa-pg's ``awa.bridge``).
+"""Insert a job through the caller's own connection, inside the caller's transaction (awa-pg's
+``awa.bridge``): the job exists if and only if the caller commits.
 
-The insert joins whatever transaction the caller has open on that connection, so the job exists
-if and only if the caller commits. Same rules and errors as ``AsyncClient.insert``.
+Drivers, detected from the connection's type:
+- psycopg 3 ``AsyncConnection`` / ``Connection``;
+- asyncpg ``Connection`` (or a pool's connection proxy);
+- SQLAlchemy ``Connection`` / ``Session`` (sync) and ``AsyncConnection`` / ``AsyncSession``
+  (async), on any PostgreSQL dialect (psycopg, psycopg2, asyncpg);
+- a Django database connection (``django.db.connection``, PostgreSQL backend).
+
+Async connections go to :func:`insert_job`, sync ones to :func:`insert_job_sync`. Same rules
+and errors as ``AsyncClient.insert`` (awa-fast also accepts ``unique_opts`` here, awa-pg does
+not); the result is the job as a dict (``Job.to_dict()``: timestamps as RFC 3339 strings,
+``unique_key`` as hex).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import psycopg
 
-from awa_fast import enqueue
+from awa_fast import enqueue, sql
+from awa_fast.errors import DatabaseError, SchemaNotMigrated, UniqueConflict, ValidationError
+from awa_fast.job import JOB_FIELDS
 from awa_fast.requests import prepare
 
 
@@ -21,25 +34,131 @@ def _kind_from_dict(args: Any, kind: str | None) -> str | None:
     return kind
 
 
-async def insert_job(conn: psycopg.AsyncConnection, args: Any, *, kind: str | None = None,
-                     **opts: Any) -> dict:
-    """Insert on an async psycopg connection; returns the job as a dict.
+def _driver(conn: Any) -> str:
+    if isinstance(conn, psycopg.AsyncConnection):
+        return "psycopg_async"
+    if isinstance(conn, psycopg.Connection):
+        return "psycopg_sync"
+    module, name = type(conn).__module__ or "", type(conn).__name__
+    if module.startswith("asyncpg"):
+        return "asyncpg"
+    if module.startswith("sqlalchemy"):
+        return "sqlalchemy_async" if name.startswith("Async") else "sqlalchemy_sync"
+    if module.startswith("django") and getattr(conn, "vendor", None) == "postgresql":
+        return "django"
+    raise TypeError(f"unsupported connection type {type(conn).__qualname__} ({module}): "
+                    "awa_fast.bridge takes psycopg 3, asyncpg, SQLAlchemy (Connection, Session, "
+                    "async or not) and Django PostgreSQL connections")
+
+
+def _sqlstate(exc: BaseException) -> tuple[str | None, BaseException]:
+    """The SQLSTATE of a driver error, looking through SQLAlchemy's ``.orig`` and Django's
+    ``__cause__`` wrappers."""
+    seen = exc
+    for _ in range(4):
+        code = getattr(seen, "sqlstate", None) or getattr(seen, "pgcode", None)
+        if isinstance(code, str):
+            return code, seen
+        nxt = getattr(seen, "orig", None) or seen.__cause__
+        if nxt is None:
+            break
+        seen = nxt
+    return None, exc
+
+
+def _mapped(exc: BaseException) -> BaseException:
+    code, orig = _sqlstate(exc)
+    if code == "23505":
+        name = getattr(orig, "constraint_name", None) or getattr(
+            getattr(orig, "diag", None), "constraint_name", None)
+        return UniqueConflict(f"unique key already held by another job "
+                              f"({name or enqueue.UNIQUE_INDEX})", constraint=name)
+    if code == "23514":
+        return ValidationError(str(orig))
+    if code == "42P01":
+        return SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`")
+    return DatabaseError(f"database error: {orig}")
+
+
+def _job_dict(text: str) -> dict:
+    row = orjson.loads(text)
+    out = {name: row.get(name) for name in JOB_FIELDS}
+    key = out["unique_key"]
+    if isinstance(key, str) and key.startswith("\\x"):
+        out["unique_key"] = key[2:]
+    return out
+
+
+def _sqlalchemy_query(conn: Any) -> str:
+    style = getattr(conn.dialect, "paramstyle", "format")
+    if style in ("format", "pyformat"):
+        return sql.BRIDGE_INSERT
+    if style == "numeric_dollar":
+        return sql.BRIDGE_INSERT_DOLLAR
+    raise TypeError(f"SQLAlchemy paramstyle {style!r} is not supported by awa_fast.bridge")
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    return _sqlstate(exc)[0] is not None
+
+
+async def insert_job(conn: Any, args: Any, *, kind: str | None = None, **opts: Any) -> dict:
+    """Insert on an async connection (psycopg ``AsyncConnection``, asyncpg, SQLAlchemy
+    ``AsyncConnection``/``AsyncSession``) inside its current transaction; returns the job.
 
     Raises:
         ValidationError: bad input (nothing is written).
         UniqueConflict: ``unique_opts`` given and the key is held.
-        TypeError: ``conn`` is not a psycopg ``AsyncConnection``.
+        DatabaseError: the driver reported another database error.
+        TypeError: not an async connection of a supported driver (use insert_job_sync).
     """
-    if not isinstance(conn, psycopg.AsyncConnection):
-        raise TypeError("insert_job needs a psycopg.AsyncConnection (use insert_job_sync for sync)")
+    driver = _driver(conn)
+    if driver not in ("psycopg_async", "asyncpg", "sqlalchemy_async"):
+        raise TypeError(f"insert_job needs an async connection; use insert_job_sync for "
+                        f"{type(conn).__qualname__}")
     p = prepare(args, kind=_kind_from_dict(args, kind), **opts)
-    return (await enqueue.insert_one(conn, p)).to_dict()
+    if driver == "psycopg_async":
+        return (await enqueue.insert_one(conn, p)).to_dict()
+    params = enqueue.one_params(p)
+    try:
+        if driver == "asyncpg":
+            text = await conn.fetchval(sql.BRIDGE_INSERT_DOLLAR, *params)
+        else:
+            if hasattr(conn, "exec_driver_sql"):
+                target = conn
+            else:  # AsyncSession: its connection, inside the session's transaction
+                target = await conn.connection()
+            result = await target.exec_driver_sql(_sqlalchemy_query(target), params)
+            text = result.scalar_one()
+    except Exception as exc:
+        if _is_driver_error(exc):
+            raise _mapped(exc) from exc
+        raise
+    return _job_dict(text)
 
 
-def insert_job_sync(conn: psycopg.Connection, args: Any, *, kind: str | None = None,
-                    **opts: Any) -> dict:
-    """Blocking twin of :func:`insert_job` for a sync psycopg ``Connection``."""
-    if not isinstance(conn, psycopg.Connection):
-        raise TypeError("insert_job_sync needs a psycopg.Connection")
+def insert_job_sync(conn: Any, args: Any, *, kind: str | None = None, **opts: Any) -> dict:
+    """Blocking twin of :func:`insert_job` for psycopg ``Connection``, SQLAlchemy
+    ``Connection``/``Session`` and Django connections. Raises as :func:`insert_job`
+    (TypeError for an async connection)."""
+    driver = _driver(conn)
+    if driver not in ("psycopg_sync", "sqlalchemy_sync", "django"):
+        raise TypeError(f"insert_job_sync needs a sync connection; use insert_job for "
+                        f"{type(conn).__qualname__}")
     p = prepare(args, kind=_kind_from_dict(args, kind), **opts)
-    return enqueue.insert_one_sync(conn, p).to_dict()
+    if driver == "psycopg_sync":
+        return enqueue.insert_one_sync(conn, p).to_dict()
+    params = enqueue.one_params(p)
+    try:
+        if driver == "django":
+            with conn.cursor() as cur:
+                cur.execute(sql.BRIDGE_INSERT, params)
+                text = cur.fetchone()[0]
+        else:
+            target = conn if hasattr(conn, "exec_driver_sql") else conn.connection()
+            text = target.exec_driver_sql(_sqlalchemy_query(target), params).scalar_one()
+    except Exception as exc:
+        if _is_driver_error(exc):
+            raise _mapped(exc) from exc
+        raise
+    return _job_dict(text)

@@ -899,3 +899,12 @@ ISOLATED = {
     "prune": (_PRUNABLE, (PRUNE, PRUNE_IDS, PRUNE_ONE)),
     "prune_dlq": (_DLQ_PRUNABLE, (PRUNE_DLQ, PRUNE_DLQ_IDS, PRUNE_DLQ_ONE)),
 }
+
+# awa_fast.bridge for drivers other than psycopg 3 (asyncpg, SQLAlchemy, Django): the same
+# insert returning the row as one JSON text value, so every driver reads it the same way.
+BRIDGE_INSERT = f"WITH j AS ({INSERT_ONE}) SELECT row_to_json(j)::text FROM j"
+# ... with $1..$n placeholders (asyncpg, SQLAlchemy's numeric_dollar paramstyle).
+BRIDGE_INSERT_DOLLAR = BRIDGE_INSERT
+for _n in range(1, BRIDGE_INSERT.count("%s") + 1):
+    BRIDGE_INSERT_DOLLAR = BRIDGE_INSERT_DOLLAR.replace("%s", f"${_n}", 1)
+del _n
