@@ -121,17 +121,30 @@ def test_keyset_pages_walk_every_match_exactly_once(web, dsn, monkeypatch):
     filters = [{}, {"state": "completed"}, {"state": "failed"}, {"kind": "place_order"},
                {"queue": "shipping", "state": "completed"}]
     for f in filters:
-        seen, url = [], "/jobs?" + "&".join(f"{k}={v}" for k, v in f.items())
-        while url:
-            page = web.get(url).text
-            seen += [int(x) for x in re.findall(r'<tr data-id="(\d+)"', page)]
-            m = re.search(r'href="([^"]+)">Older', page)
-            url = m.group(1).replace("&amp;", "&") if m else None
+        seen = walk(web, "/jobs?" + "&".join(f"{k}={v}" for k, v in f.items()))
         where = " AND ".join([f"{k}::text = %s" for k in f] or ["true"])
         with psycopg.connect(dsn) as conn:
             want = [r[0] for r in conn.execute(
                 f"SELECT id FROM awa_fast.jobs WHERE {where} ORDER BY id DESC", list(f.values()))]
         assert seen == want and want, f
+
+
+def walk(web, url: str) -> list[int]:
+    """The row ids of every page from ``url`` on, following the "Older" links."""
+    seen: list[int] = []
+    while url:
+        page = web.get(url).text
+        seen += [int(x) for x in re.findall(r'<tr data-id="(\d+)"', page)]
+        m = re.search(r'href="([^"]+)">Older', page)
+        url = m.group(1).replace("&amp;", "&") if m else None
+    return seen
+
+
+def test_dlq_keyset_pages(web, dsn, monkeypatch):
+    monkeypatch.setattr(dq, "PAGE_ROWS", 1)
+    with psycopg.connect(dsn) as conn:
+        want = [r[0] for r in conn.execute("SELECT id FROM awa_fast.dlq ORDER BY id DESC")]
+    assert want and walk(web, "/dlq") == want
 
 
 @pytest.mark.parametrize("url, status", [
@@ -291,3 +304,14 @@ def test_dlq_retry_blocked_by_a_unique_key_is_a_409_and_changes_nothing(web, dsn
     r = web.post(f"/dlq/{first.id}/retry", data={"csrf": token})
     assert r.status_code == 409 and f"job {holder.id}" in r.text
     assert in_dlq(dsn, first.id) and row(dsn, first.id) is None
+
+
+def test_stored_text_is_escaped(web, dsn):
+    from tests.dashboard_seed import SendInvoice
+
+    evil = "</pre><script>alert(1)</script>"
+    with awa.Client(dsn) as client:
+        job = client.insert(SendInvoice(1), queue="xss", metadata={"note": evil}, tags=["<b>t</b>"])
+    page = web.get(f"/jobs/{job.id}").text
+    assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
+    assert "<b>t</b>" not in page and "&lt;b&gt;t&lt;/b&gt;" in page

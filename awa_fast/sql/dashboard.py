@@ -4,6 +4,7 @@ Every statement is bounded so a page stays fast on a table of millions of finish
 (docs/adr/008-dashboard-bounded-queries.md): it reads through a partial index whose size is the *active* set (available, scheduled,
 retryable, running, waiting, owed), through the primary key within a window of ids, or one row by
 id. None counts or sorts the whole job table; lists page by keyset (``id < before``), never OFFSET.
+The DLQ, kept small by its retention, is paged by keyset without a window.
 ``tests/test_dashboard_plans.py`` runs EXPLAIN on each against 200k finished rows.
 
 Parameters are named (``%(name)s``); the web layer runs these on connections without server-side
@@ -13,7 +14,7 @@ prepared statements, so each is planned with its actual values.
 from awa_fast.sql import S
 
 # Bounds (ids, rows) shared with the web layer, which shows them on the pages.
-SCAN_WINDOW_IDS = 50_000  # a filtered job / DLQ list page examines at most this many ids
+SCAN_WINDOW_IDS = 50_000  # a job list page examines at most this many ids
 SAMPLE_IDS = 20_000  # "recent" figures come from the newest this many job ids
 PAGE_ROWS = 50
 OWED_ROWS = 200
@@ -96,16 +97,16 @@ SELECT * FROM (
 
 # -- dead-letter queue -------------------------------------------------------------------------
 
+# The DLQ is kept small by retention (dlq_retention_days) and its ids are sparse job ids, so its
+# pages are plain keyset pages over its primary key, without an id window.
 DLQ_PAGE = f"""
 SELECT id, kind, queue, attempt, max_attempts, dlq_reason, dlq_at, created_at,
        errors -> -1 ->> 'error' AS last_error
 FROM {S}.dlq
-WHERE id < %(before)s AND id >= %(floor)s
+WHERE id < %(before)s
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
 ORDER BY id DESC LIMIT %(limit)s"""
-
-DLQ_ID_BOUNDS = f"SELECT min(id), max(id) FROM {S}.dlq"
 
 # -- failure consequences ----------------------------------------------------------------------
 

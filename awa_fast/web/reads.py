@@ -35,6 +35,7 @@ class Page:
     before: int
     floor: int
     next_before: int | None
+    windowed: bool = True
 
     @property
     def low(self) -> int:
@@ -103,16 +104,19 @@ class Reads:
 
     # -- jobs ------------------------------------------------------------------------------------
 
-    async def _page(self, bounds_sql: str, page_sql: str, before: int | None,
-                    filters: dict) -> Page:
-        bounds = await self._one(bounds_sql)
+    async def jobs(self, *, queue: str | None, kind: str | None, state: str | None,
+                   before: int | None) -> Page:
+        """Newest jobs below id ``before`` matching the filters, within one id window (see
+        :class:`Page`)."""
+        filters = {"queue": queue, "kind": kind, "state": state}
+        bounds = await self._one(q.ID_BOUNDS)
         lowest, newest = bounds["min"], bounds["max"]
         if newest is None:
             return Page([], 0, 0, None)
         top = newest + 1 if before is None else min(before, newest + 1)
         floor = max(top - q.SCAN_WINDOW_IDS, lowest)
-        rows = await self._all(page_sql, {**filters, "before": top, "floor": floor,
-                                          "limit": q.PAGE_ROWS})
+        rows = await self._all(q.JOB_PAGE, {**filters, "before": top, "floor": floor,
+                                            "limit": q.PAGE_ROWS})
         if len(rows) == q.PAGE_ROWS:
             next_before = rows[-1]["id"]
         else:
@@ -120,12 +124,6 @@ class Reads:
         if next_before is not None and next_before <= lowest:
             next_before = None
         return Page(rows, top, floor, next_before)
-
-    async def jobs(self, *, queue: str | None, kind: str | None, state: str | None,
-                   before: int | None) -> Page:
-        """Newest jobs below id ``before`` matching the filters (see :class:`Page`)."""
-        return await self._page(q.ID_BOUNDS, q.JOB_PAGE, before,
-                                {"queue": queue, "kind": kind, "state": state})
 
     async def job(self, job_id: int) -> dict | None:
         """Every column of job ``job_id`` (from the DLQ if it was dead-lettered; ``in_dlq``
@@ -147,8 +145,12 @@ class Reads:
         return trigger, raw, children
 
     async def dlq(self, *, queue: str | None, kind: str | None, before: int | None) -> Page:
-        """Newest DLQ entries below id ``before`` matching the filters."""
-        return await self._page(q.DLQ_ID_BOUNDS, q.DLQ_PAGE, before, {"queue": queue, "kind": kind})
+        """Newest DLQ entries below id ``before`` matching the filters (keyset, no window)."""
+        top = before if before is not None else 2 ** 63 - 1
+        rows = await self._all(q.DLQ_PAGE, {"queue": queue, "kind": kind, "before": top,
+                                            "limit": q.PAGE_ROWS})
+        full = len(rows) == q.PAGE_ROWS
+        return Page(rows, top, 0, rows[-1]["id"] if full else None, windowed=False)
 
     # -- consequences, workers -------------------------------------------------------------------
 
