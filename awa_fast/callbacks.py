@@ -18,7 +18,7 @@ from typing import Any
 from psycopg import errors as pg_errors
 
 from awa_fast import enqueue, sql
-from awa_fast.errors import CallbackNotFound, ValidationError
+from awa_fast.errors import AttemptStillRunning, CallbackNotFound, ValidationError
 from awa_fast.job import Job
 from awa_fast.requests import to_json
 from awa_fast.worker import storable
@@ -112,6 +112,10 @@ async def fail_external(client: Any, callback_id: Any, error: str) -> Job:
                      "at": datetime.now(timezone.utc).isoformat()}
             await client.settler.settle_failure(conn, row, reason="callback_failed",
                                                 path="failure", error_entry=entry)
+            if row[4] == "running" or row[9] is not None:
+                # The handler lives on (an early callback, or parked in wait_for_callback):
+                # keep its "still running" mark so retry() cannot overlap it.
+                await conn.execute(sql.KEEP_ATTEMPT_MARK, {"id": row[0], "at": row[9]})
         cur = await conn.execute(sql.GET_JOB, (row[0],))
         found = await cur.fetchone()
     if found is None:  # moved to the DLQ
@@ -126,9 +130,24 @@ async def retry_external(client: Any, callback_id: Any) -> Job:
     Raises:
         CallbackNotFound: no job parked in ``waiting_external`` on that callback.
         UniqueConflict: another live job holds its unique key (``holder_id`` names it).
+        AttemptStillRunning: its handler is still waiting in ``wait_for_callback`` (nothing
+            changes): cancel the job, or resume it, instead.
     """
-    return await _one(client, sql.RETRY_EXTERNAL, parse_callback_id(callback_id), notify=True,
-                      action="retry")
+    cid = parse_callback_id(callback_id)
+    params = {"cid": cid, "stale_ms": client.staleness_ms()}
+    try:
+        return await _one(client, sql.RETRY_EXTERNAL, cid, notify=True, action="retry",
+                          params=params)
+    except CallbackNotFound:
+        pool = await client.pool()
+        async with pool.connection() as conn:
+            cur = await conn.execute(sql.ATTEMPT_STILL_RUNS_BY_CALLBACK, params)
+            live = await cur.fetchone()
+        if live is not None:
+            raise AttemptStillRunning(
+                f"job {live[0]}'s handler is still waiting for callback {cid}; cancel or "
+                "resume it instead", job_id=live[0]) from None
+        raise
 
 
 @enqueue.maps_errors
@@ -167,11 +186,11 @@ async def heartbeat_callback(client: Any, callback_id: Any, timeout_seconds: flo
 
 
 async def _one(client: Any, query: str, cid: uuid.UUID, notify: bool = False,
-               action: str = "update") -> Job:
+               action: str = "update", params: Any = None) -> Job:
     pool = await client.pool()
     async with pool.connection() as conn:
         try:
-            cur = await conn.execute(query, (cid,))
+            cur = await conn.execute(query, (cid,) if params is None else params)
         except pg_errors.UniqueViolation as exc:  # the new state would take a held key
             found = await (await conn.execute(sql.JOB_BY_CALLBACK, (cid,))).fetchone()
             if found is None:

@@ -308,17 +308,18 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
 
         Returns the job, or ``None`` if it is in another state.
 
-        A job cancelled while running is retried only once its cancelled attempt is over (the
-        worker acknowledged it, or the worker's heartbeat went stale): two attempts of one job
-        never run at once (docs/architecture.md, "Cancel, then retry").
+        A job cancelled (or failed externally, or parked by a handler still in
+        ``wait_for_callback``) while its handler runs is retried only once that attempt is over
+        (the worker acknowledged it, or the worker's heartbeat went stale): two attempts of one
+        job never run at once (docs/architecture.md, "Cancel, then retry").
 
         Raises:
             UniqueConflict: another live job now holds its unique key (nothing changes); its
                 ``holder_id`` names that job.
-            AttemptStillRunning: the job's cancelled attempt is still running (nothing
-                changes); retry after it ends.
+            AttemptStillRunning: the job's last attempt is still running (nothing changes);
+                retry after it ends.
         """
-        params = {"id": job_id, "stale_ms": self._staleness_ms()}
+        params = {"id": job_id, "stale_ms": self.staleness_ms()}
         async with (await self.pool()).connection() as conn:
             try:
                 with enqueue.mapped_errors():
@@ -329,18 +330,18 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
             if row is not None:
                 await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
             else:
-                cur = await conn.execute(sql.CANCELLED_ATTEMPT_RUNS, params)
+                cur = await conn.execute(sql.ATTEMPT_STILL_RUNS, params)
                 running = await cur.fetchone()
                 if running is not None:
                     raise AttemptStillRunning(
-                        f"job {job_id} was cancelled but its attempt is still running (last "
-                        f"heartbeat {running[0].isoformat()}); retry once it has ended",
+                        f"job {job_id} left 'running' but its attempt's handler is still running "
+                        f"(last heartbeat {running[0].isoformat()}); retry once it has ended",
                         job_id=job_id)
         return None if row is None else Job.from_row(row)
 
-    def _staleness_ms(self) -> int:
-        # How old a heartbeat must be for its attempt to count as dead: the running runtime's
-        # setting, else the default rescue uses.
+    def staleness_ms(self) -> int:
+        """How old (milliseconds) a heartbeat must be for its attempt to count as dead: this
+        process's runtime setting, else the default rescue uses (90 s)."""
         from awa_fast.worker.maintenance import MaintenanceConfig
 
         runtime = self._runtime

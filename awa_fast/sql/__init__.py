@@ -151,13 +151,15 @@ WHERE id = %(id)s AND run_lease = %(lease)s AND state = 'running'
 RETURNING id"""
 
 # Rows another statement holds are skipped: they are being finalized right now. The attempts
-# that were beaten come back as (id, run_lease): only their progress counts as written. A
-# cancelled attempt whose handler still runs keeps its mark fresh (see CANCEL_JOB).
+# that were beaten come back as (id, run_lease): only their progress counts as written. An
+# attempt whose row left 'running' while its handler lives on (cancelled, parked in
+# wait_for_callback, failed or completed externally) keeps its "still running" mark fresh
+# (heartbeat_at; see _ATTEMPT_STILL_RUNS).
 HEARTBEAT = f"""
 WITH b AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[]) AS b(id, lease, progress)),
 l AS (
     SELECT j.id, j.state, b.progress FROM {S}.jobs j JOIN b ON j.id = b.id AND j.run_lease = b.lease
-    WHERE j.state = 'running' OR (j.state = 'cancelled' AND j.heartbeat_at IS NOT NULL)
+    WHERE j.state = 'running' OR j.heartbeat_at IS NOT NULL
     ORDER BY j.id FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE {S}.jobs j SET heartbeat_at = now(),
@@ -166,11 +168,11 @@ UPDATE {S}.jobs j SET heartbeat_at = now(),
 FROM l WHERE j.id = l.id
 RETURNING j.id, j.run_lease"""
 
-# The worker is done with a cancelled attempt (its handler returned or its thread finished):
-# clear the "still running" mark CANCEL_JOB left, so retry() may start a new attempt.
-ACK_CANCELLED = f"""
+# The worker is done with an attempt whose row had left 'running' (its handler returned or its
+# thread finished): clear the "still running" mark, so a retry may start a new attempt.
+ACK_ATTEMPT_ENDED = f"""
 UPDATE {S}.jobs SET heartbeat_at = NULL
-WHERE id = %s AND run_lease = %s AND state = 'cancelled' AND heartbeat_at IS NOT NULL"""
+WHERE id = %s AND run_lease = %s AND state <> 'running' AND heartbeat_at IS NOT NULL"""
 
 FLUSH_PROGRESS = f"""
 UPDATE {S}.jobs SET progress = %s::jsonb
@@ -326,9 +328,12 @@ WHERE (%(state)s::text IS NULL OR state::text = %(state)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY id DESC LIMIT %(limit)s"""
 
-# A cancelled job whose cancelled attempt still runs somewhere (a fresh heartbeat mark, see
-# CANCEL_JOB) is not retried: the new attempt would overlap the old one.
-_CANCELLED_ATTEMPT_RUNS = """state = 'cancelled' AND heartbeat_at IS NOT NULL
+# "The attempt still runs": a row that is not 'running' but whose heartbeat_at is set and fresh.
+# Only a live handler keeps it so (the worker's heartbeat refreshes it, ACK_ATTEMPT_ENDED
+# clears it, a dead worker's mark goes stale); every other transition out of 'running' clears
+# heartbeat_at. Admin paths that would start a new attempt refuse such a row: the new attempt
+# would overlap the old one.
+_ATTEMPT_STILL_RUNS = """state <> 'running' AND heartbeat_at IS NOT NULL
       AND heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond'"""
 
 RETRY_JOB = f"""
@@ -337,20 +342,25 @@ SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
     heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL
 WHERE id = %(id)s AND state IN ('failed', 'cancelled', 'waiting_external')
   AND consequence_state IS DISTINCT FROM 'owed'
-  AND NOT ({_CANCELLED_ATTEMPT_RUNS})
+  AND NOT ({_ATTEMPT_STILL_RUNS})
 RETURNING {JOB_COLUMNS}"""
 
-CANCELLED_ATTEMPT_RUNS = f"""
-SELECT heartbeat_at FROM {S}.jobs WHERE id = %(id)s AND {_CANCELLED_ATTEMPT_RUNS}"""
+ATTEMPT_STILL_RUNS = f"""
+SELECT heartbeat_at FROM {S}.jobs WHERE id = %(id)s AND {_ATTEMPT_STILL_RUNS}"""
 
-# A running job keeps its heartbeat_at as the mark "the cancelled attempt still runs": the
-# worker's heartbeat keeps it fresh until the handler is done (ACK_CANCELLED clears it); a dead
-# worker's mark goes stale.
+# An external transition (fail_external) of a row whose handler lives on keeps its mark.
+KEEP_ATTEMPT_MARK = f"""
+UPDATE {S}.jobs SET heartbeat_at = %(at)s
+WHERE id = %(id)s AND state <> 'running' AND heartbeat_at IS NULL"""
+
+ATTEMPT_STILL_RUNS_BY_CALLBACK = f"""
+SELECT id, heartbeat_at FROM {S}.jobs WHERE callback_id = %(cid)s AND {_ATTEMPT_STILL_RUNS}"""
+
+# heartbeat_at is kept: a running (or waiting) attempt's handler lives on until it notices.
 CANCEL_JOB = f"""
 WITH old AS (SELECT id, state, run_lease FROM {S}.jobs WHERE id = %s FOR UPDATE)
 UPDATE {S}.jobs j
 SET state = 'cancelled', finalized_at = now(), deadline_at = NULL,
-    heartbeat_at = CASE WHEN old.state = 'running' THEN j.heartbeat_at END,
     callback_id = NULL, callback_timeout_at = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled: cancelled by admin', 'attempt', j.attempt, 'at', now()))
@@ -570,8 +580,9 @@ SET callback_id = gen_random_uuid(), callback_timeout_at = now() + %s * interval
 WHERE id = %s AND run_lease = %s AND state = 'running'
 RETURNING callback_id, callback_timeout_at"""
 
+# The parked handler lives on in wait_for_callback: heartbeat_at stays as its mark.
 PARK_FOR_CALLBACK = f"""
-UPDATE {S}.jobs SET state = 'waiting_external', heartbeat_at = NULL, deadline_at = NULL
+UPDATE {S}.jobs SET state = 'waiting_external', heartbeat_at = now(), deadline_at = NULL
 WHERE id = %s AND run_lease = %s AND state = 'running' AND callback_id = %s"""
 
 POLL_CALLBACK_WAIT = f"""
@@ -592,7 +603,7 @@ RETRY_EXTERNAL = f"""
 UPDATE {S}.jobs
 SET state = 'available', attempt = 0, run_at = now(), callback_id = NULL,
     callback_timeout_at = NULL, heartbeat_at = NULL, deadline_at = NULL
-WHERE callback_id = %s AND state = 'waiting_external'
+WHERE callback_id = %(cid)s AND state = 'waiting_external' AND NOT ({_ATTEMPT_STILL_RUNS})
 RETURNING {JOB_COLUMNS}"""
 
 JOB_BY_CALLBACK = f"SELECT id FROM {S}.jobs WHERE callback_id = %s"

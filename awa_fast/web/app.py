@@ -29,7 +29,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from awa_fast.client import AsyncClient
-from awa_fast.errors import UniqueConflict
+from awa_fast.errors import AttemptStillRunning, UniqueConflict
 from awa_fast.job import JobState
 from awa_fast.sql import dashboard as bounds
 from awa_fast.web import security
@@ -387,5 +387,5 @@ def create_app(database_url: str, *, read_only: bool = False,
     return Starlette(
         routes=routes, middleware=middleware, lifespan=lifespan,
         exception_handlers={HTTPException: http_error, security.AccessError: access_error,
-                            UniqueConflict: conflict,
+                            UniqueConflict: conflict, AttemptStillRunning: conflict,
                             psycopg.errors.QueryCanceled: db_timeout, Exception: server_error})

@@ -18,14 +18,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import math
 import random
 import traceback
 from datetime import datetime, timezone
 from typing import Any
 
 from awa_fast.errors import TerminalError
-from awa_fast.results import MAX_DELAY_S, Cancel, RetryAfter, Snooze, WaitForCallback
+from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_fast.worker import storable
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.registry import Handler
@@ -131,14 +130,14 @@ def map_result(ctx: JobContext, result: Any) -> Outcome:
 def _map_result(ctx: JobContext, result: Any) -> Outcome:
     fu = ctx.staged_follow_ups
     if isinstance(result, RetryAfter):
-        delay = _delay(result.seconds, "RetryAfter")
+        delay = RetryAfter(result.seconds).seconds  # re-validated: .seconds may be replaced
         if ctx.attempt >= ctx.max_attempts:
             outcome = Outcome(FAIL, reason="exhausted", error=error_entry(
                 f"RetryAfter({delay}) on the final attempt", ctx.attempt))
         else:
             outcome = Outcome(RETRY, delay=delay)
     elif isinstance(result, Snooze):
-        outcome = Outcome(SNOOZE, delay=_delay(result.seconds, "Snooze"))
+        outcome = Outcome(SNOOZE, delay=Snooze(result.seconds).seconds)
     elif isinstance(result, Cancel):
         outcome = Outcome(CANCEL, error=error_entry(
             f"cancelled: {storable.describe(result.reason)}", ctx.attempt))
@@ -185,15 +184,6 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
         log.debug("job %s (%s) attempt %s raised", ctx.id, ctx.kind, ctx.attempt, exc_info=True)
         return handler_error(ctx, exc)
     return map_result(ctx, result)
-
-
-def _delay(seconds: Any, what: str) -> float:
-    # RetryAfter/Snooze validate at construction; a handler may still have replaced .seconds.
-    value = float(seconds)
-    if not math.isfinite(value) or value < 0 or value > MAX_DELAY_S:
-        raise ValueError(f"{what} seconds must be a finite number between 0 and "
-                         f"{MAX_DELAY_S:.0f}, got {storable.describe(seconds)}")
-    return value
 
 
 async def _call(handler: Handler, ctx: JobContext, thread_pool: Any) -> Any:

@@ -415,8 +415,9 @@ class Runtime:
             self._handler_tasks.pop((ctx.id, ctx.run_lease), None)
             try:
                 if applied is False:
-                    # Stale: maybe cancelled by an admin while it ran. Its handler is done now.
-                    await self._ack_cancelled(ctx)
+                    # Stale: maybe cancelled or failed externally while it ran; its handler is
+                # done now, so clear the row's "still running" mark.
+                    await self._ack_ended(ctx)
             finally:
                 self.attempts_ended += 1
                 self._attempt_ended.set()
@@ -445,10 +446,10 @@ class Runtime:
                             ctx.id, exc)
         return await self.finalizer.finalize(ctx, outcome)
 
-    async def _ack_cancelled(self, ctx: JobContext) -> None:
+    async def _ack_ended(self, ctx: JobContext) -> None:
         try:
             async with (await self.client.pool()).connection() as conn:
-                await conn.execute(sql.ACK_CANCELLED, (ctx.id, ctx.run_lease))
+                await conn.execute(sql.ACK_ATTEMPT_ENDED, (ctx.id, ctx.run_lease))
         except Exception as exc:  # the mark goes stale on its own
             log.warning("could not acknowledge the end of job %s's attempt: %s", ctx.id, exc)
 
@@ -473,7 +474,7 @@ class Runtime:
                         cur = conn.execute(sql.TRANSITION, params)
                         if cur.rowcount:
                             conn.execute(sql.NOTIFY_QUEUE, (ctx.queue,))
-                        conn.execute(sql.ACK_CANCELLED, (ctx.id, ctx.run_lease))
+                        conn.execute(sql.ACK_ATTEMPT_ENDED, (ctx.id, ctx.run_lease))
             except Exception:
                 log.exception("job %s: giving the attempt back after its thread finished "
                               "failed; it stays running until rescue", ctx.id)
