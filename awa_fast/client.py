@@ -629,7 +629,9 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
         """Stop claiming, let in-flight handlers finish for up to ``timeout_ms`` milliseconds,
-        release the rest back to ``available`` (nothing is lost), flush the finalizer."""
+        release the rest back to ``available`` (nothing is lost; a ``def`` handler's attempt
+        only once its thread has finished), flush the finalizer. Close the pool after this
+        (:meth:`close` does both). Order: docs/architecture.md, "Shutdown"."""
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             await runtime.shutdown(timeout_ms)
