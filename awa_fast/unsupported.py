@@ -13,45 +13,31 @@ _DESCRIPTORS = "queue and job-kind descriptors are not stored by awa-fast"
 _BATCH = "batch operations (set priority / move queue)"
 
 
+def _unsupported(name: str, why: str):
+    def call(self, *args: Any, **kwargs: Any) -> None:
+        raise Unsupported(name, why)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"awa-pg's ``{name}``: raises ``Unsupported`` ({why})."
+    return call
+
+
 class UnsupportedMixin:
     """Methods of awa-pg's clients that raise ``Unsupported`` (shared by both clients: they
     raise before doing anything, so the async and sync forms are the same call)."""
 
-    def queue_descriptor(self, queue: str, **fields: Any) -> None:
-        raise Unsupported("queue_descriptor", _DESCRIPTORS)
-
-    def job_kind_descriptor(self, kind: str, **fields: Any) -> None:
-        raise Unsupported("job_kind_descriptor", _DESCRIPTORS)
-
-    def preview_batch_operation(self, *args: Any, **kwargs: Any) -> None:
-        raise Unsupported("preview_batch_operation", _BATCH)
-
-    def submit_batch_operation(self, *args: Any, **kwargs: Any) -> None:
-        raise Unsupported("submit_batch_operation", _BATCH)
-
-    def preview_set_priority(self, *args: Any, **kwargs: Any) -> None:
-        raise Unsupported("preview_set_priority", _BATCH)
-
-    def set_priority(self, *args: Any, **kwargs: Any) -> None:
-        raise Unsupported("set_priority", _BATCH)
-
-    def preview_move_queue(self, *args: Any, **kwargs: Any) -> None:
-        raise Unsupported("preview_move_queue", _BATCH)
-
-    def move_queue(self, *args: Any, **kwargs: Any) -> None:
-        raise Unsupported("move_queue", _BATCH)
-
-    def list_batch_operations(self, *args: Any, **kwargs: Any) -> None:
-        raise Unsupported("list_batch_operations", _BATCH)
-
-    def get_batch_operation(self, *args: Any, **kwargs: Any) -> None:
-        raise Unsupported("get_batch_operation", _BATCH)
-
-    def cancel_batch_operation(self, *args: Any, **kwargs: Any) -> None:
-        raise Unsupported("cancel_batch_operation", _BATCH)
-
-    def purge_batch_operations(self, *args: Any, **kwargs: Any) -> None:
-        raise Unsupported("purge_batch_operations", _BATCH)
+    queue_descriptor = _unsupported("queue_descriptor", _DESCRIPTORS)
+    job_kind_descriptor = _unsupported("job_kind_descriptor", _DESCRIPTORS)
+    preview_batch_operation = _unsupported("preview_batch_operation", _BATCH)
+    submit_batch_operation = _unsupported("submit_batch_operation", _BATCH)
+    preview_set_priority = _unsupported("preview_set_priority", _BATCH)
+    set_priority = _unsupported("set_priority", _BATCH)
+    preview_move_queue = _unsupported("preview_move_queue", _BATCH)
+    move_queue = _unsupported("move_queue", _BATCH)
+    list_batch_operations = _unsupported("list_batch_operations", _BATCH)
+    get_batch_operation = _unsupported("get_batch_operation", _BATCH)
+    cancel_batch_operation = _unsupported("cancel_batch_operation", _BATCH)
+    purge_batch_operations = _unsupported("purge_batch_operations", _BATCH)
 
 
 def init_telemetry(endpoint: str, service_name: str, export_interval_ms: int = 5000) -> bool:

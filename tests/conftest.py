@@ -67,6 +67,21 @@ def dsn(request, pg_base_dsn):
 
 
 @pytest.fixture
+def fresh_db(pg_base_dsn):
+    """An empty (not migrated) database, dropped afterwards."""
+    name = f"fresh_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    params = conninfo_to_dict(pg_base_dsn)
+    params["dbname"] = name
+    try:
+        yield make_conninfo(**params)
+    finally:
+        with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
 async def clean(dsn):
     """Empty the module's database before a test (use with ``pytest.mark.usefixtures``)."""
     from tests.support import truncate

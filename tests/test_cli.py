@@ -13,8 +13,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import awa_fast as awa
 from awa_fast.cli import format_table
@@ -53,21 +51,6 @@ def ok_json(*args: str, dsn: str | None = None) -> object:
 def client(dsn):
     with awa.Client(dsn) as c:
         yield c
-
-
-@pytest.fixture
-def fresh_db(pg_base_dsn):
-    """An empty (not migrated) database, dropped afterwards."""
-    name = f"cli_fresh_{os.getpid()}_{os.urandom(3).hex()}"
-    with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    params = conninfo_to_dict(pg_base_dsn)
-    params["dbname"] = name
-    try:
-        yield make_conninfo(**params)
-    finally:
-        with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,8 +17,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql as psql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import awa_fast as awa
 from awa_fast.testing import AwaTestClient
@@ -80,22 +78,13 @@ async def test_worker_decorator_is_deprecated(client):
             return None
 
 
-def test_migrations_sql_creates_its_schema_and_runs_by_hand(pg_base_dsn):
+def test_migrations_sql_creates_its_schema_and_runs_by_hand(fresh_db):
     first = awa.migrations()[0][2]
     assert "CREATE SCHEMA IF NOT EXISTS awa_fast" in first
-    name = f"by_hand_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
-        conn.execute(psql.SQL("CREATE DATABASE {}").format(psql.Identifier(name)))
-    params = conninfo_to_dict(pg_base_dsn)
-    params["dbname"] = name
-    try:
-        with psycopg.connect(make_conninfo(**params), autocommit=True) as conn:
-            for _version, _desc, text in awa.migrations():
-                conn.execute(text)
-            assert conn.execute("SELECT count(*) FROM awa_fast.jobs").fetchone()[0] == 0
-    finally:
-        with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
-            conn.execute(psql.SQL("DROP DATABASE {} WITH (FORCE)").format(psql.Identifier(name)))
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        for _version, _desc, text in awa.migrations():
+            conn.execute(text)
+        assert conn.execute("SELECT count(*) FROM awa_fast.jobs").fetchone()[0] == 0
 
 
 async def test_drain_queue_cancels_parked_jobs(dsn, client):
