@@ -12,6 +12,7 @@ from awa_fast.errors import (
     AttemptStillRunning,
     AwaError,
     CallbackNotFound,
+    ConfigError,
     DatabaseError,
     DeadlockError,
     JobNotFound,
@@ -42,7 +43,8 @@ from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE
 RawClient = AsyncClient
 
 __all__ = [
-    "AsyncClient", "AttemptStillRunning", "AwaError", "DlqEntry", "HealthCheck", "QueueHealth", "CallbackNotFound", "CallbackToken", "Cancel", "JobFailure", "Client", "DatabaseError", "DeadlockError",
+    "AsyncClient", "AttemptStillRunning", "AwaError", "DlqEntry", "HealthCheck", "QueueHealth", "CallbackNotFound", "CallbackToken", "Cancel", "JobFailure", "Client", "ConfigError",
+    "DatabaseError", "DeadlockError",
     "EnqueueRequest", "InsertOpts", "Job", "JobNotFound", "JobState", "NO_FAILURE_CONSEQUENCE",
     "QueueStat", "RawClient", "RetryAfter", "SchemaNotMigrated", "SerializationError", "Snooze",
     "StagingError", "TerminalError", "Transaction", "UniqueConflict", "UniqueOpts",

@@ -62,8 +62,11 @@ class QueueHealth:
 @dataclasses.dataclass(frozen=True)
 class HealthCheck:
     """``healthy`` = postgres reachable and, when this client runs a runtime, every dispatcher
-    loop and the heartbeat loop alive and not shutting down. Without a runtime only postgres
-    is checked (the loop fields are then ``False`` and ``queues`` is empty)."""
+    loop and the heartbeat loop alive and not shutting down, and -- on the maintenance leader --
+    no leader loop dead. ``maintenance_loops`` maps each leader loop's name to its
+    :class:`~awa_fast.worker.maintenance.LoopHealth` (``alive``, ``passes``, ``failures``,
+    ``last_error``); it is empty on a non-leader. Without a runtime only postgres is checked
+    (the loop fields are then ``False`` and ``queues`` is empty)."""
 
     healthy: bool
     postgres_connected: bool
@@ -72,6 +75,7 @@ class HealthCheck:
     shutting_down: bool
     leader: bool
     queues: dict[str, QueueHealth]
+    maintenance_loops: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,9 +408,11 @@ class AdminMixin:
         queues = {name: QueueHealth(name, running.get(name, 0), d.max_workers,
                                     available.get(name, 0))
                   for name, d in runtime.dispatchers.items()}
-        healthy = connected and poll_alive and heartbeat_alive and not shutting_down
+        loops = runtime.maintenance.loop_health() if runtime.maintenance is not None else {}
+        healthy = (connected and poll_alive and heartbeat_alive and not shutting_down
+                   and all(h.alive for h in loops.values()))
         return HealthCheck(healthy, connected, poll_alive, heartbeat_alive, shutting_down,
-                           leader, queues)
+                           leader, queues, loops)
 
     # -- storage (awa-pg's start-up calls, answered for awa-fast's one engine) -----------------
 

@@ -270,17 +270,22 @@ STAT_COLUMNS = (("QUEUE", "queue"), ("QUEUED", "total_queued"), ("SCHEDULED", "s
                 ("FAILED", "failed"), ("WAITING_EXT", "waiting_external"),
                 ("CONSEQ_PENDING", "consequence_pending"), ("OWED", "consequences_owed"),
                 ("OVERDUE", "consequences_overdue"), ("DONE_1H", "completed_last_hour"),
-                ("LAG_S", "lag_seconds"), ("PAUSED", "paused"))
+                ("LAG_S", "lag_seconds"), ("UNHANDLED", "unhandled"), ("PAUSED", "paused"))
 
 
 async def cmd_queue_stats(s: Session) -> int:
     client = await s.client()
     stats = await client.queue_stats()
+    unhandled = await client.unhandled_kinds() if any(st.unhandled for st in stats) else []
     if s.json:
         _print_json([dataclasses.asdict(st) for st in stats])
     elif stats:
         print(format_table([h for h, _ in STAT_COLUMNS],
                            [[getattr(st, f) for _, f in STAT_COLUMNS] for st in stats]))
+        if unhandled:
+            print("UNHANDLED: available jobs no live worker has a handler for (they wait):")
+            for u in unhandled:
+                print(f"  queue {u['queue']}: {u['available']} job(s) of kind {u['kind']}")
     else:
         print("no queues")
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import warnings
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 import orjson
@@ -36,7 +35,8 @@ from awa_fast.worker.specs import SpecRunner
 class QueueStat:
     """Counts per queue (awa's fields, plus ``consequence_pending`` and the failure
     consequences still owed / overdue). ``lag_seconds`` is the age of the oldest available job,
-    in seconds."""
+    in seconds. ``unhandled`` counts available jobs whose kind no live worker process has a
+    handler for on that queue (they wait; see ``unhandled_kinds()``)."""
 
     queue: str
     total_queued: int
@@ -52,6 +52,7 @@ class QueueStat:
     completed_last_hour: int
     lag_seconds: float
     paused: bool
+    unhandled: int = 0
 
 
 async def _configure(conn: psycopg.AsyncConnection) -> None:
@@ -389,11 +390,18 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         """Per-queue counts (see :class:`QueueStat`)."""
         out = []
         for (queue, scheduled, available, retryable, running, failed, waiting, pending, owed,
-             overdue, completed_hour, lag, paused) in await self._fetch(sql.QUEUE_STATS):
+             overdue, completed_hour, lag, paused, unhandled) in await self._fetch(sql.QUEUE_STATS):
             out.append(QueueStat(queue, scheduled + available + retryable, scheduled, available,
                                  retryable, running, failed, waiting, pending, owed, overdue,
-                                 completed_hour, float(lag), paused))
+                                 completed_hour, float(lag), paused, unhandled))
         return out
+
+    async def unhandled_kinds(self) -> list[dict]:
+        """Available jobs no live worker handles, per queue and kind:
+        ``[{"queue", "kind", "available"}]`` (a live worker is a started runtime whose presence
+        row in ``awa_fast.workers`` has not expired)."""
+        rows = await self._fetch(sql.UNHANDLED_AVAILABLE + " ORDER BY 1, 2")
+        return [{"queue": q, "kind": k, "available": n} for q, k, n in rows]
 
     async def pause_queue(self, queue: str, paused_by: str | None = None) -> None:
         """Stop claims from ``queue`` (running jobs finish)."""
@@ -496,26 +504,16 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
             AwaError: the job is not ``completed``.
         """
         from awa_fast.errors import AwaError
-        from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE, UNDECLARED
 
         job = await self.get_job(job_id)
-        decl = self.consequences.declaration(job.kind)
-        if decl is NO_FAILURE_CONSEQUENCE:
-            cstate = "none"
-        elif decl is UNDECLARED and self.registry.get(job.kind) is not None:
-            cstate = None  # registered here without a declaration: nothing to owe
-        else:
-            cstate = "owed"
-        entry = {"error": str(error), "attempt": job.attempt, "corrected": True,
-                 "at": datetime.now(timezone.utc).isoformat()}
         pool = await self.pool()
         async with pool.connection() as conn:
-            cur = await conn.execute(sql.CORRECT_TO_FAILED, {
-                "id": job_id, "cstate": cstate, "error": orjson.dumps([entry]).decode()})
-            row = await cur.fetchone()
-        if row is None:
+            async with conn.transaction():
+                corrected = await self.settler.correct(conn, job_id, job.kind, job.attempt, error)
+        if not corrected:
             raise AwaError(f"job {job_id} is {job.state}, not completed: nothing to correct")
-        if cstate == "owed" and self.consequences.effect_of(job.kind) is not None:
+        if (self.settler.correction_state(job.kind) == "owed"
+                and self.consequences.effect_of(job.kind) is not None):
             await self.settler.reconcile_one(pool, job_id)
         return await self.get_job(job_id)
 
@@ -528,10 +526,12 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
 
     # -- workers --------------------------------------------------------------------------------
 
-    def task(self, args_type: type, *, kind: str | None = None, queue: str = "default",
+    def task(self, args_type: type, *, kind: str | None = None, queue: str | None = None,
              **options: Any) -> Callable:
         """Decorator registering a handler for ``args_type`` (kind defaults to
         ``derive_kind(args_type.__name__)``). Works with or without a running event loop.
+        ``queue`` (default ``"default"``): given explicitly, ``start()`` with explicit queues
+        must include it (``ConfigError`` otherwise).
 
         ``async def`` handlers run on the loop; plain ``def`` handlers run in a thread pool.
         A later registration for the same kind replaces the earlier one.

@@ -138,3 +138,17 @@ class LiveRuntimesRequireExclusiveWindow(AwaError):
 
 class RuntimeVersionFloorNotMet(AwaError):
     """awa: a live runtime is older than the storage transition requires."""
+
+
+class ConfigError(AwaError, ValueError):
+    """A worker configuration that cannot work, rejected at ``start()`` before anything runs.
+
+    Attributes:
+        field: the offending keyword or setting (``"heartbeat_interval_ms"``, ``"queues"``, ...).
+        limit: the rule that was broken, as text, or ``None``.
+    """
+
+    def __init__(self, message: str, *, field: str, limit: str | None = None):
+        super().__init__(message)
+        self.field = field
+        self.limit = limit

@@ -20,6 +20,7 @@ client = awa.AsyncClient(os.environ.get("AWA_FAST_LAUNCHER_DSN", ""), max_connec
 # Passed by the launcher to client.start(): fast polling, heartbeats, rescue and election.
 START_OPTIONS = dict(poll_interval_ms=50, heartbeat_interval_ms=100, heartbeat_staleness_ms=1000,
                      heartbeat_rescue_interval_ms=200, deadline_rescue_interval_ms=200,
+                     callback_rescue_interval_ms=200,
                      promote_interval_ms=50, leader_election_interval_ms=200)
 
 if os.environ.get("AWA_FAST_LAUNCHER_FAIL") == "start":

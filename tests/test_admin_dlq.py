@@ -18,7 +18,7 @@ from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 from tests.support import job_row, scalar, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=100,
+            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=100, callback_rescue_interval_ms=100,
             deadline_rescue_interval_ms=100)
 
 
@@ -346,6 +346,7 @@ async def test_dlq_retention_prune(dsn, client):
         completed_retention_hours=0.001, failed_retention_hours=0.001)).prune() == 0
     assert await client.dlq_depth() == 1
     # the runtime keyword reaches the maintenance config
+    client.task(DlqWork)(lambda job: None)
     await client.start([("adm", 1)], dlq_retention_days=7, maintenance=False)
     assert client.runtime.maintenance_config.dlq_retention_days == 7
     other = awa.AsyncClient(dsn)

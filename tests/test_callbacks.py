@@ -14,7 +14,7 @@ import awa_fast as awa
 from tests.support import job_row, scalar, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=50,
+            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=50, callback_rescue_interval_ms=50,
             deadline_rescue_interval_ms=50, callback_poll_interval_ms=20)
 
 

@@ -152,11 +152,12 @@ async def test_two_attempts_of_one_job_in_one_batch_only_the_current_inserts(dsn
         job.enqueue_on_completion(StageB(f"lease-{job.run_lease}"))
 
     job = await client.insert(StageA("a"), max_attempts=5)
-    # Heartbeats effectively off: the first attempt is rescued while its handler still runs,
-    # and this same runtime claims the job again.
-    await client.start([("default", 4)], **{**FAST, "heartbeat_interval_ms": 60_000,
-                                            "heartbeat_staleness_ms": 300,
+    # Heartbeats off (the loop is stopped): the first attempt is rescued while its handler
+    # still runs, and this same runtime claims the job again.
+    await client.start([("default", 4)], **{**FAST, "heartbeat_staleness_ms": 300,
                                             "heartbeat_rescue_interval_ms": 100})
+    beat = next(t for t in client.runtime._tasks if t.get_name() == "awa-heartbeat")
+    beat.cancel()
     row = await wait_state(dsn, job.id, "completed", timeout=20)
     await wait_for(lambda: _stale(client), what="the first attempt reported stale")
     assert row["run_lease"] == 2 and leases == [1, 2]

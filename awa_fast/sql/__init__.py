@@ -80,6 +80,8 @@ def _key_held_by_other(alias: str) -> str:
 # while another row holds its key: it stays available until the key is free (one running
 # attempt per key), so the claim never collides on idx_awa_fast_jobs_unique.
 _CLAIMABLE = f"""j.state = 'available' AND j.queue = %(queue)s
+      -- only kinds this process has handlers for: the rest wait for a worker that has one
+      AND j.kind = ANY(%(kinds)s::text[])
       AND NOT EXISTS (SELECT 1 FROM {S}.queue_meta m WHERE m.queue = %(queue)s AND m.paused)
       AND NOT (j.unique_key IS NOT NULL AND (j.unique_states & 4) <> 0
                AND {_key_held_by_other("j")})"""
@@ -373,6 +375,15 @@ SELECT id FROM {S}.jobs
 WHERE unique_key = %s AND state NOT IN ('completed', 'failed', 'cancelled')
 ORDER BY id LIMIT 1"""
 
+# Available jobs per (queue, kind) that no live worker (awa_fast.workers, not expired) claims:
+# no live process has a handler for the kind on that queue.
+UNHANDLED_AVAILABLE = f"""
+SELECT j.queue, j.kind, count(*) AS n FROM {S}.jobs j
+WHERE j.state = 'available'
+  AND NOT EXISTS (SELECT 1 FROM {S}.workers w WHERE w.expires_at > now()
+                  AND j.queue = ANY(w.queues) AND j.kind = ANY(w.kinds))
+GROUP BY j.queue, j.kind"""
+
 QUEUE_STATS = f"""
 WITH q AS (
     SELECT queue,
@@ -391,14 +402,17 @@ WITH q AS (
            COALESCE(EXTRACT(EPOCH FROM now() - min(run_at) FILTER (WHERE state = 'available')), 0)
                AS lag_seconds
     FROM {S}.jobs GROUP BY queue
+), u AS (
+    SELECT queue, sum(n)::bigint AS unhandled FROM ({UNHANDLED_AVAILABLE}) x GROUP BY queue
 )
 SELECT COALESCE(q.queue, m.queue), COALESCE(q.scheduled, 0), COALESCE(q.available, 0),
        COALESCE(q.retryable, 0), COALESCE(q.running, 0), COALESCE(q.failed, 0),
        COALESCE(q.waiting_external, 0), COALESCE(q.consequence_pending, 0),
        COALESCE(q.owed, 0), COALESCE(q.overdue, 0),
        COALESCE(q.completed_last_hour, 0), COALESCE(q.lag_seconds, 0)::float8,
-       COALESCE(m.paused, false)
+       COALESCE(m.paused, false), COALESCE(u.unhandled, 0)
 FROM q FULL JOIN {S}.queue_meta m ON m.queue = q.queue
+LEFT JOIN u ON u.queue = COALESCE(q.queue, m.queue)
 ORDER BY 1"""
 
 PAUSE_QUEUE = f"""
@@ -566,6 +580,11 @@ WHERE kind = ANY(%s) AND state = 'completed' AND verified_at IS NULL
 ORDER BY id LIMIT %s"""
 
 MARK_VERIFIED = f"UPDATE {S}.jobs SET verified_at = now() WHERE id = ANY(%s)"
+
+# The verify pass re-checks, under the row lock, that the job is still unverified and completed.
+LOCK_UNVERIFIED = f"""
+SELECT id FROM {S}.jobs WHERE id = %s AND state = 'completed' AND verified_at IS NULL
+FOR UPDATE SKIP LOCKED"""
 
 APPEND_ERROR = f"""
 UPDATE {S}.jobs SET errors = errors || %(error)s::jsonb,
@@ -919,3 +938,36 @@ BRIDGE_INSERT_DOLLAR = BRIDGE_INSERT
 for _n in range(1, BRIDGE_INSERT.count("%s") + 1):
     BRIDGE_INSERT_DOLLAR = BRIDGE_INSERT_DOLLAR.replace("%s", f"${_n}", 1)
 del _n
+
+# The maintenance leader's fencing (docs/architecture.md, "the leader's fencing rule") ---------
+
+# Taking leadership: bump the epoch. The UPDATE waits for every transaction still holding the
+# old epoch FOR SHARE (an old leader's pass in flight); afterwards any such pass finds no row.
+LEADER_BUMP = f"""
+UPDATE {S}.leader SET epoch = epoch + 1, holder = %s, since = now() RETURNING epoch"""
+
+# First statement of every leader write transaction.
+LEADER_FENCE = f"SELECT epoch FROM {S}.leader WHERE epoch = %s FOR SHARE"
+
+LEADER_EPOCH = f"SELECT epoch FROM {S}.leader"
+
+# Worker presence (awa_fast.workers): which queues and kinds each live process claims.
+WORKER_SEEN = f"""
+INSERT INTO {S}.workers (instance, queues, kinds, expires_at)
+VALUES (%(instance)s, %(queues)s, %(kinds)s, now() + %(ttl_ms)s * interval '1 millisecond')
+ON CONFLICT (instance) DO UPDATE
+SET queues = EXCLUDED.queues, kinds = EXCLUDED.kinds, seen_at = now(),
+    expires_at = EXCLUDED.expires_at"""
+
+WORKER_GONE = f"DELETE FROM {S}.workers WHERE instance = %s"
+
+WORKERS_PRUNE = f"DELETE FROM {S}.workers WHERE expires_at < now() - interval '1 hour'"
+
+# The kinds waiting in this process's queues that no live worker handles (logged once each).
+UNHANDLED_IN_QUEUES = f"""
+SELECT queue, kind, n FROM ({UNHANDLED_AVAILABLE}) x WHERE queue = ANY(%s) ORDER BY 1, 2"""
+
+# Schema version check at start(): a worker on an unmigrated database fails fast.
+SCHEMA_VERSION = f"""
+SELECT CASE WHEN to_regclass('{S}.schema_version') IS NULL THEN NULL
+            ELSE (SELECT max(version) FROM {S}.schema_version) END"""

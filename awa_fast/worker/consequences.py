@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable
 
 import orjson
@@ -234,42 +235,69 @@ class Settler:
             return "dead_lettered"
         return "failed"
 
+    def correction_state(self, kind: str) -> str | None:
+        """What a correction of ``kind`` owes: ``"owed"``, ``"none"`` (declared no effect) or
+        ``None`` (registered here without a declaration: nothing to owe)."""
+        decl = self.applier.declaration(kind)
+        if decl is NO_FAILURE_CONSEQUENCE:
+            return "none"
+        if decl is UNDECLARED and self.applier.registry.get(kind) is not None:
+            return None
+        return "owed"
+
+    async def correct(self, conn, job_id: int, kind: str, attempt: int, error: str) -> bool:
+        """Inside the caller's transaction: a ``completed`` job becomes ``failed`` with
+        ``error`` appended and its consequence owed (``correction_state``). Returns False (and
+        writes nothing) when the job is no longer ``completed``."""
+        entry = {"error": str(error), "attempt": attempt, "corrected": True,
+                 "at": datetime.now(timezone.utc).isoformat()}
+        cur = await conn.execute(sql.CORRECT_TO_FAILED, {
+            "id": job_id, "cstate": self.correction_state(kind),
+            "error": orjson.dumps([entry]).decode()})
+        return await cur.fetchone() is not None
+
     async def reconcile_one(self, pool, job_id: int) -> str | None:
-        """Retry the owed consequence of one job (reconciler). Returns the new settlement,
-        ``"owed"`` if the effect failed again, or ``None`` when the job was not due/lockable or
-        its kind's consequence is unknown in this process (left owed and visible)."""
+        """Retry the owed consequence of one job on a connection of ``pool`` (see
+        :meth:`reconcile_on`)."""
         async with pool.connection() as conn:
-            async with conn.transaction():
-                cur = await conn.execute(sql.LOCK_OWED, (job_id,))
-                row = await cur.fetchone()
-                if row is None:
-                    return None
-                kind, state = row[1], row[4]
-                decl = self.applier.declaration(kind)
-                if decl is UNDECLARED and self.applier.registry.get(kind) is None:  # unknown here
-                    log.warning("consequence of %s job %s is owed but %s is not declared in "
-                                "this process; leaving it owed", kind, job_id, kind)
-                    return None
-                reason, path = row_consequence(row)
-                error = error_text(row[14])
-                if state == "consequence_pending":
-                    return await self._apply_and_settle(conn, row, reason, path, error, None)
-                # A corrected (already settled) job: apply, then record it applied.
-                fn = self.applier.effect_of(kind)
-                if fn is not None:
-                    failed = await self.applier.run_effect(
-                        conn, fn, self.applier.snapshot(row), path, reason, error)
-                    if failed is not None:
-                        attempts = (row_consequence_attempts(row) or 0) + 1
-                        await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
-                            "id": job_id, "reason": reason, "path": path, "error": failed,
-                            "retry_in": backoff(attempts, self.applier.backoff_base_s)})
-                        return "owed"
-                    self.stats["applied"] += 1
-                await conn.execute(sql.MARK_CONSEQUENCE_APPLIED, {
-                    "id": job_id, "path": path,
-                    "state": "applied" if fn is not None else "none"})
-                return "applied" if fn is not None else "none"
+            return await self.reconcile_on(conn, job_id)
+
+    async def reconcile_on(self, conn, job_id: int) -> str | None:
+        """Retry the owed consequence of one job (reconciler), in a transaction (a savepoint
+        when ``conn`` is already in one). Returns the new settlement, ``"owed"`` if the effect
+        failed again, or ``None`` when the job was not due/lockable or its kind's consequence
+        is unknown in this process (left owed and visible)."""
+        async with conn.transaction():
+            cur = await conn.execute(sql.LOCK_OWED, (job_id,))
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            kind, state = row[1], row[4]
+            decl = self.applier.declaration(kind)
+            if decl is UNDECLARED and self.applier.registry.get(kind) is None:  # unknown here
+                log.warning("consequence of %s job %s is owed but %s is not declared in "
+                            "this process; leaving it owed", kind, job_id, kind)
+                return None
+            reason, path = row_consequence(row)
+            error = error_text(row[14])
+            if state == "consequence_pending":
+                return await self._apply_and_settle(conn, row, reason, path, error, None)
+            # A corrected (already settled) job: apply, then record it applied.
+            fn = self.applier.effect_of(kind)
+            if fn is not None:
+                failed = await self.applier.run_effect(
+                    conn, fn, self.applier.snapshot(row), path, reason, error)
+                if failed is not None:
+                    attempts = (row_consequence_attempts(row) or 0) + 1
+                    await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
+                        "id": job_id, "reason": reason, "path": path, "error": failed,
+                        "retry_in": backoff(attempts, self.applier.backoff_base_s)})
+                    return "owed"
+                self.stats["applied"] += 1
+            await conn.execute(sql.MARK_CONSEQUENCE_APPLIED, {
+                "id": job_id, "path": path,
+                "state": "applied" if fn is not None else "none"})
+            return "applied" if fn is not None else "none"
 
 
 # Extra columns after JOB_COLUMNS in LOCK_OWED / LOCK_RUNNING rows.

@@ -2,7 +2,9 @@
 
 It claims when it has free slots and either was woken (a NOTIFY for its queue, a freed slot
 after a full claim) or its poll interval passed. One statement claims up to the free slot count
-(at most ``claim_batch_size``) with ``FOR UPDATE SKIP LOCKED``, bumping ``run_lease``.
+(at most ``claim_batch_size``) with ``FOR UPDATE SKIP LOCKED``, bumping ``run_lease``. It claims
+only the kinds this process has handlers for: a job of another kind is never taken (and so never
+failed) here; it waits for a worker that has its handler.
 """
 
 from __future__ import annotations
@@ -30,17 +32,20 @@ class Dispatcher:
         poll_interval_s: seconds between claims when nothing wakes the dispatcher.
         rate_limit: optional ``(max_rate, burst)``: a token bucket bounding claimed jobs per
             second (``worker/rate_limit.py``).
+        kinds: the kinds this process has handlers for (the only ones claimed).
     """
 
     def __init__(self, queue: str, *, pool_getter: Callable, spawn: Callable[[tuple], None],
                  max_workers: int, deadline_ms: int, claim_batch_size: int,
-                 poll_interval_s: float, rate_limit: tuple[float, int] | None = None):
+                 poll_interval_s: float, kinds: list[str],
+                 rate_limit: tuple[float, int] | None = None):
         self.queue = queue
         self.max_workers = max_workers
         self.free = max_workers
         self.deadline_ms = deadline_ms
         self.claim_batch_size = claim_batch_size
         self.poll_interval_s = poll_interval_s
+        self.kinds = list(kinds)
         self._pool_getter = pool_getter
         self._spawn = spawn
         self.bucket = TokenBucket(*rate_limit) if rate_limit else None
@@ -91,8 +96,10 @@ class Dispatcher:
                     continue
             try:
                 rows = await self._claim(limit)
-            except (psycopg.Error, OSError) as exc:
-                log.warning("claim from queue %r failed: %s", self.queue, exc)
+            except Exception as exc:  # the claim loop must survive every error
+                log.warning("claim from queue %r failed: %s: %s", self.queue,
+                            type(exc).__name__, exc,
+                            exc_info=not isinstance(exc, (psycopg.Error, OSError)))
                 _raise_if_cancelling()
                 await asyncio.sleep(min(self.poll_interval_s, 1.0))
                 continue
@@ -112,7 +119,8 @@ class Dispatcher:
         # One statement; if a row makes it fail (a trigger, or a unique collision with a
         # concurrent claim of a duplicate), the candidates are claimed one by one and that row
         # stays available (logged), so it cannot wedge the queue.
-        params = {"queue": self.queue, "limit": limit, "deadline_ms": self.deadline_ms}
+        params = {"queue": self.queue, "limit": limit, "deadline_ms": self.deadline_ms,
+                  "kinds": self.kinds}
         pool = await self._pool_getter()
         async with pool.connection() as conn:
             async def fetch(query: str, extra: dict | None = None) -> list[tuple]:

@@ -3,20 +3,56 @@
 One leader per database: the process whose dedicated connection holds the session advisory lock
 ``sql.LEADER_LOCK_KEY``. If that connection dies the lock is released and another process takes
 over at its next election tick.
+
+The fencing rule (docs/architecture.md): taking the lock is followed by bumping
+``awa_fast.leader.epoch`` on the lock connection; every write transaction of a leader pass starts
+with :meth:`Maintenance.fenced`, which locks that row ``FOR SHARE`` at this process's epoch. The
+bump waits for the old epoch's open transactions, and a pass of a deposed leader finds no row and
+raises :class:`Deposed` (its transaction writes nothing). So leader writes of two epochs never
+overlap, and a deposed process steps down at its first fenced pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
-from typing import Any, Awaitable, Callable
+import functools
+import os
+import socket
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import psycopg
 
 from awa_fast import bulk, sql
 
 log = logging.getLogger("awa_fast.maintenance")
+
+MAX_BACKOFF_S = 30.0  # a failing loop retries after interval * 2^(failures-1), at most this
+DEAD_AFTER_FAILURES = 3  # a loop that failed this many passes in a row is reported dead
+
+
+class Deposed(Exception):
+    """A leader pass found that another process took leadership (the epoch moved on)."""
+
+
+@dataclasses.dataclass
+class LoopHealth:
+    """One maintenance loop as ``health_check`` reports it.
+
+    Attributes:
+        alive: its task is running and it did not fail its last ``DEAD_AFTER_FAILURES`` passes.
+        passes: passes completed without error.
+        failures: consecutive failed passes (0 after a good one).
+        last_error: ``"ExceptionType: message"`` of the latest failure, or ``None``.
+    """
+
+    name: str
+    alive: bool = True
+    passes: int = 0
+    failures: int = 0
+    last_error: str | None = None
 
 
 @dataclasses.dataclass
@@ -44,7 +80,9 @@ class Maintenance:
 
     ``on_rescued`` (optional) is awaited with the rescued rows after each rescue commits
     (registered Rescued specs). ``consequence_kinds()`` lists the kinds whose final-attempt
-    rescue goes to ``consequence_pending`` instead of ``failed``.
+    rescue goes to ``consequence_pending`` instead of ``failed`` (the settler then settles them
+    in the reconciler: the failure consequence and exhausted specs). ``extra_tasks`` are
+    ``(interval_s, fn)``; ``fn(fenced)`` gets :meth:`fenced` for its write transactions.
     """
 
     def __init__(self, database_url: str, pool_getter: Callable, config: MaintenanceConfig,
@@ -60,8 +98,11 @@ class Maintenance:
         self.consequence_kinds = consequence_kinds
         self.known_kinds = known_kinds
         self.is_leader = False
+        self.epoch: int | None = None  # set when elected; kept after stepping down (fences)
         self._lock_conn: psycopg.AsyncConnection | None = None
         self._loops: list[asyncio.Task] = []
+        self._deposed = asyncio.Event()
+        self.loops: dict[str, LoopHealth] = {}
         self.counts = {"promoted": 0, "rescued": 0, "pruned": 0}
 
     async def run(self) -> None:
@@ -71,31 +112,54 @@ class Maintenance:
             while True:
                 try:
                     await self._elect()
-                except (psycopg.Error, OSError) as exc:
-                    log.warning("leader election failed: %s", exc)
+                except Exception as exc:  # the election loop itself must never end
+                    log.warning("leader election failed: %s: %s", type(exc).__name__, exc)
                     await self._step_down()
-                await asyncio.sleep(interval)
+                # A pass that found itself deposed wakes the election at once.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._deposed.wait(), interval)
         finally:
             await self._step_down()
 
     async def _elect(self) -> None:
         if self.is_leader:
-            await self._lock_conn.execute("SELECT 1")  # still connected means still leader
-            return
+            if self._deposed.is_set():
+                await self._step_down()
+            else:
+                # still connected and still our epoch means still leader
+                cur = await self._lock_conn.execute(sql.LEADER_EPOCH)
+                if (await cur.fetchone())[0] == self.epoch:
+                    return
+                log.warning("maintenance leadership lost: the epoch moved past %s", self.epoch)
+                await self._step_down()
+        self._deposed.clear()
         if self._lock_conn is None or self._lock_conn.closed:
             self._lock_conn = await psycopg.AsyncConnection.connect(self.database_url,
                                                                     autocommit=True)
         cur = await self._lock_conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
-        if (await cur.fetchone())[0]:
-            self.is_leader = True
-            log.info("became maintenance leader")
-            c = self.config
-            rescue_ms = min(c.heartbeat_rescue_interval_ms, c.deadline_rescue_interval_ms)
-            self._loops = [
-                asyncio.create_task(self._every(c.promote_interval_ms / 1000, self.promote)),
-                asyncio.create_task(self._every(rescue_ms / 1000, self.rescue)),
-                asyncio.create_task(self._every(c.cleanup_interval_ms / 1000, self.prune)),
-            ] + [asyncio.create_task(self._every(s, fn)) for s, fn in self.extra_tasks]
+        if not (await cur.fetchone())[0]:
+            return
+        # Fence off the previous leader before doing anything (waits for its open passes).
+        async with self._lock_conn.transaction():
+            wait_ms = max(self.config.leader_election_interval_ms, 1000)
+            await self._lock_conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
+            cur = await self._lock_conn.execute(
+                sql.LEADER_BUMP, (f"{socket.gethostname()} pid {os.getpid()}",))
+            self.epoch = (await cur.fetchone())[0]
+        self.is_leader = True
+        log.info("became maintenance leader (epoch %s)", self.epoch)
+        c = self.config
+        rescue_ms = min(c.heartbeat_rescue_interval_ms, c.deadline_rescue_interval_ms)
+        loops = [("promote", c.promote_interval_ms / 1000, self.promote),
+                 ("rescue", rescue_ms / 1000, self.rescue_running),
+                 ("callback_rescue", c.callback_rescue_interval_ms / 1000,
+                  self.rescue_callbacks),
+                 ("prune", c.cleanup_interval_ms / 1000, self.prune)]
+        loops += [(getattr(fn, "__name__", repr(fn)).lstrip("_"), s,
+                   functools.partial(fn, self.fenced)) for s, fn in self.extra_tasks]
+        self.loops = {name: LoopHealth(name) for name, _s, _fn in loops}
+        self._loops = [asyncio.create_task(self._every(name, s, fn), name=f"awa-maint-{name}")
+                       for name, s, fn in loops]
 
     async def _step_down(self) -> None:
         for task in self._loops:
@@ -103,7 +167,7 @@ class Maintenance:
         await asyncio.gather(*self._loops, return_exceptions=True)
         self._loops = []
         if self.is_leader:
-            log.info("gave up maintenance leadership")
+            log.info("gave up maintenance leadership (epoch %s)", self.epoch)
         self.is_leader = False
         if self._lock_conn is not None:
             try:
@@ -112,35 +176,78 @@ class Maintenance:
                 pass
             self._lock_conn = None
 
-    async def _every(self, interval_s: float, fn: Callable[[], Awaitable[Any]]) -> None:
+    @contextlib.asynccontextmanager
+    async def fenced(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A pool connection inside a transaction that holds the leader row ``FOR SHARE`` at
+        this process's epoch: the only way a leader pass writes. Nested ``conn.transaction()``
+        blocks are savepoints.
+
+        Raises:
+            Deposed: another process took leadership (nothing of this transaction commits).
+        """
+        pool = await self._pool_getter()
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                if self.epoch is not None:  # never elected: a pass run by hand (tests, tools)
+                    cur = await conn.execute(sql.LEADER_FENCE, (self.epoch,))
+                    if await cur.fetchone() is None:
+                        raise Deposed(f"epoch {self.epoch} is over: another process leads")
+                yield conn
+
+    def loop_health(self) -> dict[str, LoopHealth]:
+        """The leader loops' state (empty when this process is not the leader)."""
+        if not self.is_leader:
+            return {}
+        for task in self._loops:
+            name = task.get_name().removeprefix("awa-maint-")
+            if task.done() and name in self.loops:
+                self.loops[name].alive = False
+        return dict(self.loops)
+
+    async def _every(self, name: str, interval_s: float,
+                     fn: Callable[[], Awaitable[Any]]) -> None:
+        health = self.loops.setdefault(name, LoopHealth(name))
         while True:
+            delay = interval_s
             try:
                 await fn()
-            except (psycopg.Error, OSError) as exc:
-                log.warning("maintenance task %s failed: %s", getattr(fn, "__name__", fn), exc)
+                health.passes += 1
+                health.failures = 0
+                health.alive = True
+            except asyncio.CancelledError:
+                raise
+            except Deposed as exc:
+                log.warning("maintenance %s: %s; stepping down", name, exc)
+                self._deposed.set()
+                return
+            except Exception as exc:  # every loop survives every error, logged and backed off
+                health.failures += 1
+                health.last_error = f"{type(exc).__name__}: {exc}"
+                health.alive = health.failures < DEAD_AFTER_FAILURES
+                delay = min(max(interval_s, 0.1) * 2 ** (health.failures - 1), MAX_BACKOFF_S)
+                log.error("maintenance %s failed (%d in a row; next try in %.1f s)", name,
+                          health.failures, delay, exc_info=True)
             # Python 3.11's wait_for (inside the pool) can swallow a cancel that lands as a
             # connection is handed out: honour a pending cancel here so shutdown never hangs.
             if asyncio.current_task().cancelling():
                 raise asyncio.CancelledError
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(delay)
 
     async def promote(self) -> int:
         """Move due scheduled / retryable jobs to available and wake their queues. A row whose
         key another job holds is cancelled as a duplicate; any other row that fails alone is
         left due (logged); the rest are promoted (``bulk.run_isolated``)."""
         limit = {"limit": self.config.promote_batch_size}
-        pool = await self._pool_getter()
-        async with pool.connection() as conn:
-            async with conn.transaction():
-                done = await bulk.run_isolated(
-                    conn, what="promote",
-                    bulk=lambda: _fetch(conn, sql.PROMOTE, limit),
-                    keys=lambda: _ids(_fetch(conn, sql.DUE_IDS, limit)),
-                    one=lambda job_id: _fetch(conn, sql.PROMOTE_ONE, {"id": job_id}),
-                    on_conflict=lambda job_id, _exc: self._cancel_duplicate(
-                        conn, sql.CANCEL_AS_DUPLICATE, {"id": job_id}))
-                for queue in sorted({queue for _id, queue in done.rows}):
-                    await conn.execute(sql.NOTIFY_QUEUE, (queue,))
+        async with self.fenced() as conn:
+            done = await bulk.run_isolated(
+                conn, what="promote",
+                bulk=lambda: _fetch(conn, sql.PROMOTE, limit),
+                keys=lambda: _ids(_fetch(conn, sql.DUE_IDS, limit)),
+                one=lambda job_id: _fetch(conn, sql.PROMOTE_ONE, {"id": job_id}),
+                on_conflict=lambda job_id, _exc: self._cancel_duplicate(
+                    conn, sql.CANCEL_AS_DUPLICATE, {"id": job_id}))
+            for queue in sorted({queue for _id, queue in done.rows}):
+                await conn.execute(sql.NOTIFY_QUEUE, (queue,))
         self.counts["promoted"] += len(done.rows)
         return len(done.rows)
 
@@ -150,11 +257,20 @@ class Maintenance:
             log.warning("job %s cancelled as a duplicate: its new state would take a unique "
                         "key another job holds", params["id"])
 
-    async def rescue(self) -> list[tuple]:
-        """Rescue running attempts with a stale heartbeat or a passed deadline, and parked jobs
-        whose callback timed out. Final attempts fail (moved to the DLQ when their queue has it)
-        or, for kinds with a failure consequence, wait in ``consequence_pending`` for the
-        reconciler. Returns rows ``(id, kind, new_state, rescue_reason, exhausted_reason)``.
+    async def rescue_running(self) -> list[tuple]:
+        """The heartbeat / deadline rescue loop's pass (see :meth:`rescue`)."""
+        return await self.rescue(callbacks=False)
+
+    async def rescue_callbacks(self) -> list[tuple]:
+        """The expired-callback rescue loop's pass (``callback_rescue_interval_ms``)."""
+        return await self.rescue(running=False)
+
+    async def rescue(self, *, running: bool = True, callbacks: bool = True) -> list[tuple]:
+        """Rescue running attempts with a stale heartbeat or a passed deadline (``running``), and
+        parked jobs whose callback timed out (``callbacks``). Final attempts fail (moved to the
+        DLQ when their queue has it) or, for ``consequence_kinds()`` (a failure consequence or
+        exhausted specs), wait in ``consequence_pending`` for the reconciler's settlement.
+        Returns rows ``(id, kind, new_state, rescue_reason, exhausted_reason)``.
 
         One transaction: the rescue and the dead-letter moves of the rows it failed commit
         together. A row whose rescue collides on its unique key is cancelled as a duplicate; a
@@ -163,13 +279,15 @@ class Maintenance:
         params = {"stale_ms": self.config.heartbeat_staleness_ms, "limit": 500,
                   "consequence_kinds": self.consequence_kinds(), "known_kinds": self.known_kinds(),
                   "only": None}
-        pool = await self._pool_getter()
-        async with pool.connection() as conn:
-            async with conn.transaction():
-                rows = await self._rescue_with(conn, sql.RESCUE, sql.RESCUE_CANDIDATES, params)
+        async with self.fenced() as conn:
+            rows = []
+            if running:
+                rows += await self._rescue_with(conn, sql.RESCUE, sql.RESCUE_CANDIDATES,
+                                                params)
+            if callbacks:
                 rows += await self._rescue_with(conn, sql.RESCUE_CALLBACKS,
                                                 sql.RESCUE_CALLBACK_CANDIDATES, params)
-                await self._dead_letter(conn, [(r[0], r[4]) for r in rows if r[2] == "failed"])
+            await self._dead_letter(conn, [(r[0], r[4]) for r in rows if r[2] == "failed"])
         if rows:
             self.counts["rescued"] += len(rows)
             log.info("rescued %d job(s)", len(rows))
@@ -213,8 +331,8 @@ class Maintenance:
                   "failed_s": c.failed_retention_hours * 3600,
                   "dlq_s": c.dlq_retention_days * 86400, "limit": c.cleanup_batch_size}
         pruned = 0
-        pool = await self._pool_getter()
-        async with pool.connection() as conn:
+        async with self.fenced() as conn:
+            await conn.execute(sql.WORKERS_PRUNE)
             for what, many, ids, one in (("prune", sql.PRUNE, sql.PRUNE_IDS, sql.PRUNE_ONE),
                                          ("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS,
                                           sql.PRUNE_DLQ_ONE)):

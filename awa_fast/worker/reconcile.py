@@ -1,41 +1,63 @@
-"""The reconciler tick (maintenance leader): owed failure consequences and ``verify_success``."""
+"""The reconciler tick (maintenance leader): ``verify_success`` and owed failure consequences."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import Any
+from typing import Any, AsyncContextManager, Callable
 
 from awa_fast import sql
+from awa_fast.worker.maintenance import Deposed
 
 log = logging.getLogger("awa_fast.reconcile")
 
 OWED_BATCH = 100
 VERIFY_BATCH = 100
+NOT_DONE = "verify_success: the job's work was found not done"
 
 
-async def reconcile_tick(client: Any, config: Any) -> dict:
-    """Retry every owed consequence that is due (each in its own transaction), then run each
-    kind's ``verify_success`` hook once on its recently completed jobs (within
-    ``config.verify_window_s`` seconds), correcting those it reports as not done.
+async def reconcile_tick(client: Any, config: Any,
+                         fenced: Callable[[], AsyncContextManager] | None = None) -> dict:
+    """Run each kind's ``verify_success`` hook once on its recently completed jobs (within
+    ``config.verify_window_s`` seconds), correcting those it reports as not done, then retry
+    every owed consequence that is due (corrections of this tick included).
+
+    Every write is one transaction per job opened by ``fenced()`` (the leader's fence,
+    ``Maintenance.fenced``; a plain pool transaction when ``None``). A verdict and its
+    correction commit together. One job's failure is logged and never stops the others.
 
     Returns ``{"reconciled": {job_id: result}, "corrected": [job_id, ...]}``.
     """
     pool = await client.pool()
+    if fenced is None:
+        fenced = _plain_transaction(pool)
+    corrected = await _verify(client, pool, config, fenced)
     async with pool.connection() as conn:
         cur = await conn.execute(sql.OWED_DUE, (OWED_BATCH,))
         ids = [r[0] for r in await cur.fetchall()]
     reconciled = {}
     for job_id in ids:
         try:
-            reconciled[job_id] = await client.settler.reconcile_one(pool, job_id)
+            async with fenced() as conn:
+                reconciled[job_id] = await client.settler.reconcile_on(conn, job_id)
+        except Deposed:  # no longer leader: the whole tick stops
+            raise
         except Exception:  # one bad job must not stop the others
             log.exception("reconciling job %s failed", job_id)
-    corrected = await _verify(client, pool, config)
     return {"reconciled": reconciled, "corrected": corrected}
 
 
-async def _verify(client: Any, pool: Any, config: Any) -> list[int]:
+def _plain_transaction(pool: Any) -> Callable[[], AsyncContextManager]:
+    @contextlib.asynccontextmanager
+    async def transaction():
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                yield conn
+    return transaction
+
+
+async def _verify(client: Any, pool: Any, config: Any, fenced: Callable) -> list[int]:
     verifiers = client.registry.verifiers
     if not verifiers:
         return []
@@ -53,10 +75,24 @@ async def _verify(client: Any, pool: Any, config: Any) -> list[int]:
         except Exception:  # an unverifiable job stays unverified and is retried next tick
             log.exception("verify_success of %s job %s raised", job.kind, job.id)
             continue
-        async with pool.connection() as conn:
-            await conn.execute(sql.MARK_VERIFIED, ([job.id],))
+        try:
+            # The verdict and the correction commit together or not at all: a fault in between
+            # leaves the job unverified, to be verified again next tick.
+            async with fenced() as conn:
+                cur = await conn.execute(sql.LOCK_UNVERIFIED, (job.id,))
+                if await cur.fetchone() is None:
+                    continue  # verified or changed meanwhile (another pass, an admin)
+                await conn.execute(sql.MARK_VERIFIED, ([job.id],))
+                if not verdict:
+                    await client.settler.correct(conn, job.id, job.kind, job.attempt, NOT_DONE)
+        except Deposed:
+            raise
+        except Exception:
+            log.exception("recording the verdict on %s job %s failed; it is verified again "
+                          "next tick", job.kind, job.id)
+            continue
         if not verdict:
-            await client.correct_to_failed(job.id, error="verify_success: the job's work was "
-                                                         "found not done")
+            log.warning("verify_success found %s job %s not done: corrected to failed",
+                        job.kind, job.id)
             corrected.append(job.id)
     return corrected

@@ -44,6 +44,7 @@ class Handler:
     decode: Callable[[dict], Any]
     failure_consequence: Any = UNDECLARED
     verify_success: Callable | None = None
+    explicit_queue: bool = False  # registered with queue=...: start() must start that queue
 
 
 def check_consequence(kind: str, consequence: Any) -> None:
@@ -66,7 +67,7 @@ class Registry:
         # kind -> its handler's queue, for kinds registered for a queue other than "default"
         self.off_default: dict[str, str] = {}
 
-    def register(self, args_type: Any, fn: Callable, *, kind: str, queue: str = "default",
+    def register(self, args_type: Any, fn: Callable, *, kind: str, queue: str | None = None,
                  failure_consequence: Any = UNDECLARED, verify_success: Callable | None = None) -> Handler:
         """Register ``fn`` for ``kind``.
 
@@ -80,8 +81,9 @@ class Registry:
         check_consequence(kind, failure_consequence)
         if failure_consequence is UNDECLARED and kind in self.consequences:
             failure_consequence = self.consequences[kind]
-        handler = Handler(kind, args_type, fn, queue, is_async, args_decoder(args_type),
-                          failure_consequence, verify_success)
+        handler = Handler(kind, args_type, fn, queue or "default", is_async,
+                          args_decoder(args_type), failure_consequence, verify_success,
+                          explicit_queue=queue is not None)
         if verify_success is not None:
             self.verifiers[kind] = verify_success
         self.handlers[kind] = handler

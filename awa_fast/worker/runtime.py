@@ -8,14 +8,16 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
+import socket
+import uuid
 from datetime import datetime, timezone
 from typing import Any
 
 import orjson
 import psycopg
 
-from awa_fast import sql
-from awa_fast.errors import Unsupported, ValidationError
+from awa_fast import _native, schema, sql
+from awa_fast.errors import ConfigError, SchemaNotMigrated, Unsupported, ValidationError
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
 from awa_fast.worker.context import JobContext
@@ -30,6 +32,9 @@ DEFAULT_MAX_WORKERS = 10
 DEFAULT_DEADLINE_MS = 300_000
 DEFAULT_CLAIM_BATCH = 512
 DEADLINE_SWEEP_S = 0.5
+DEFAULT_HEARTBEAT_MS = 30_000
+HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat intervals
+UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
 # awa-pg start() keywords for features awa-fast does not have (awa's queue-storage engine and
 # storage transition, descriptors, terminal-count rollups, weighted concurrency): rejected
@@ -169,11 +174,73 @@ async def _cancel_and_wait(tasks: list, grace_s: float = 0.0) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def check_config(registry: Any, queues: list[QueueConfig], explicit_queues: bool,
+                 heartbeat_interval_ms: int, heartbeat_staleness_ms: int, *,
+                 maintenance: bool = True, periodic: bool = False, specs: bool = False) -> None:
+    """Reject at ``start()`` a configuration that cannot work.
+
+    Raises:
+        ConfigError: no handlers (unless periodic schedules, or a maintenance process with
+            declared consequences or specs); a queue or handler kind that ``insert`` would reject; a
+            handler whose queue is not started; ``heartbeat_interval_ms`` not at most
+            ``heartbeat_staleness_ms / 2`` (a live attempt would be rescued and run again).
+    """
+    if not (registry.handlers or periodic or (maintenance and (registry.consequences or specs))):
+        # Without handlers a process is useful only to register periodic schedules or as a
+        # maintenance process that knows the consequences or specs of kinds handled elsewhere.
+        raise ConfigError("no handlers registered: register at least one with @client.task "
+                          "before start() (a maintenance-only process declares failure "
+                          "consequences with client.failure_consequence)", field="handlers",
+                          limit=">= 1 handler")
+    for i, q in enumerate(queues):
+        try:
+            _native.validate_insert("k", q.name, 2, 25, None)
+        except (ValidationError, TypeError) as exc:
+            raise ConfigError(f"queues[{i}]: queue name {q.name!r} would be rejected by insert: "
+                              f"{exc}", field="queues", limit=getattr(exc, "limit", None)) from exc
+    started = {q.name for q in queues}
+    for kind, handler in registry.handlers.items():
+        try:
+            _native.validate_insert(kind, handler.queue, 2, 25, None)
+        except (ValidationError, TypeError) as exc:
+            raise ConfigError(f"handler kind {kind!r} (queue {handler.queue!r}) would be rejected "
+                              f"by insert: {exc}", field="kind",
+                              limit=getattr(exc, "limit", None)) from exc
+        if explicit_queues and handler.explicit_queue and handler.queue not in started:
+            raise ConfigError(f"the handler of {kind!r} is registered for queue {handler.queue!r}, "
+                              f"which this process does not start (queues: "
+                              f"{', '.join(sorted(started))})", field="queues",
+                              limit=f"includes {handler.queue!r}")
+    if heartbeat_interval_ms * HEARTBEAT_SAFETY > heartbeat_staleness_ms:
+        raise ConfigError(
+            f"heartbeat_interval_ms={heartbeat_interval_ms} is too close to "
+            f"heartbeat_staleness_ms={heartbeat_staleness_ms}: a live attempt would be rescued and "
+            f"run again", field="heartbeat_interval_ms",
+            limit=f"<= heartbeat_staleness_ms / {HEARTBEAT_SAFETY}")
+
+
 def _positive(value: Any, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValidationError(f"{what} must be a positive int, got {value!r}",
                               field=what.rsplit(" ", 1)[-1], limit="> 0")
     return value
+
+
+async def _check_schema(conn: Any) -> None:
+    """Fail fast on a database this package cannot work with.
+
+    Raises:
+        SchemaNotMigrated: the ``awa_fast`` schema is missing or older than this package.
+    """
+    cur = await conn.execute(sql.SCHEMA_VERSION)
+    version = (await cur.fetchone())[0]
+    need = schema.current_migration_version()
+    if version is None:
+        raise SchemaNotMigrated("the awa_fast schema is missing from this database: run "
+                                "`awa-fast migrate`")
+    if version < need:
+        raise SchemaNotMigrated(f"the awa_fast schema is at version {version}, this package "
+                                f"needs {need}: run `awa-fast migrate`")
 
 
 class Runtime:
@@ -215,7 +282,9 @@ class Runtime:
         self.client = client
         self.queues = parse_queues(queues, client.registry.queues())
         self.poll_interval_s = _positive(poll_interval_ms, "poll_interval_ms") / 1000
-        self.heartbeat_interval_s = (heartbeat_interval_ms or 30_000) / 1000
+        if heartbeat_interval_ms is not None:
+            _positive(heartbeat_interval_ms, "heartbeat_interval_ms")
+        self.heartbeat_interval_s = (heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS) / 1000
         mconf = MaintenanceConfig()
         for key, value in {
             "completed_retention_hours": completed_retention_hours,
@@ -236,6 +305,15 @@ class Runtime:
                     raise ValueError(f"{key} must be > 0")
                 setattr(mconf, key, value)
         self.maintenance_config = mconf
+        check_config(client.registry, self.queues, queues is not None,
+                     heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS, mconf.heartbeat_staleness_ms,
+                     maintenance=maintenance,
+                     periodic=bool(getattr(client, "periodic_jobs", None)),
+                     specs=bool(client.specs.kinds_any()))
+        # This process's presence row (awa_fast.workers) and the kinds it claims.
+        self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.kinds = sorted(client.registry.handlers)
+        self.unhandled_warned: set[tuple[str, str]] = set()
         for key, value in (("consequence_timeout_ms", consequence_timeout_ms),
                            ("consequence_backoff_ms", consequence_backoff_ms)):
             if value is not None and value <= 0:
@@ -281,6 +359,8 @@ class Runtime:
         pool_getter = self.client.pool
         pool = await pool_getter()
         async with pool.connection() as conn:
+            await _check_schema(conn)
+            await self._seen(conn)
             for q in self.queues:
                 # Only an explicit setting is written: a process that says nothing about DLQ
                 # leaves the queue's stored policy alone.
@@ -295,7 +375,8 @@ class Runtime:
             self.dispatchers[q.name] = Dispatcher(
                 q.name, pool_getter=pool_getter, spawn=self._spawn, max_workers=q.max_workers,
                 deadline_ms=q.deadline_duration_ms, claim_batch_size=q.claim_batch_size,
-                poll_interval_s=self.poll_interval_s, rate_limit=q.rate_limit)
+                poll_interval_s=self.poll_interval_s, rate_limit=q.rate_limit,
+                kinds=self.kinds)
         self.heartbeat = Heartbeat(pool_getter, self._heartbeat_targets, self.heartbeat_interval_s)
         await self._listen_connect()
         self._tasks = [asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
@@ -308,11 +389,12 @@ class Runtime:
                                                       q.priority_aging_interval_ms),
                                             name=f"awa-aging-{q.name}")
                         for q in self.queues if q.priority_aging_interval_ms > 0]
+        self._tasks.append(asyncio.create_task(self._presence_loop(), name="awa-presence"))
         if self.run_maintenance:
             mc = self.maintenance_config
             self.maintenance = Maintenance(
                 self.client.database_url, pool_getter, mc, on_rescued=self._on_rescued,
-                consequence_kinds=self.client.consequences.kinds_with_effects,
+                consequence_kinds=self._settled_by_reconciler,
                 known_kinds=self.client.consequences.known_kinds,
                 extra_tasks=[(self.cron_interval_s, self._evaluate_cron),
                              (mc.reconcile_interval_ms / 1000, self.reconcile)])
@@ -344,6 +426,11 @@ class Runtime:
             await asyncio.gather(*still, return_exceptions=True)
         await _cancel_and_wait(self._tasks)
         await self.finalizer.close()
+        try:
+            async with (await self.client.pool()).connection() as conn:
+                await conn.execute(sql.WORKER_GONE, (self.instance,))
+        except Exception as exc:  # the row expires on its own
+            log.warning("could not remove this worker's presence row: %s", exc)
         if self._listen_conn is not None:
             await self._listen_conn.close()
         self.thread_pool.shutdown(wait=False, cancel_futures=True)
@@ -368,8 +455,14 @@ class Runtime:
         try:
             handler = self.client.registry.get(ctx.kind)
             if handler is None:
-                outcome = ex.Outcome(ex.FAIL, reason="terminal_error", error=ex.error_entry(
-                    f"unknown job kind: {ctx.kind}", ctx.attempt, True))
+                # The claim takes only kinds with a handler here; a job claimed anyway (its
+                # handler dropped after start) is never failed for it: hand it back uncounted.
+                log.error("job %s of kind %r was claimed but this process has no handler for "
+                          "it; released for a worker that has one", ctx.id, ctx.kind)
+                dispatcher.slot_freed()
+                released = True
+                await self.finalizer.release(ctx)
+                return
             else:
                 try:
                     outcome = await ex.execute(handler, ctx, self.thread_pool)
@@ -533,12 +626,16 @@ class Runtime:
             async with (await self.client.pool()).connection() as conn:
                 await periodic.sync_schedules(conn, jobs)
 
-    async def _evaluate_cron(self) -> int:
-        """Leader only (a Maintenance extra task): enqueue due periodic fires."""
+    async def _evaluate_cron(self, fenced: Any = None) -> int:
+        """Leader only (a Maintenance extra task): enqueue due periodic fires, in a leader-fenced
+        transaction when ``fenced`` (``Maintenance.fenced``) is given."""
         from awa_fast import periodic
 
         try:
-            async with (await self.client.pool()).connection() as conn:
+            if fenced is None:
+                async with (await self.client.pool()).connection() as conn:
+                    return await periodic.evaluate(conn)
+            async with fenced() as conn:
                 return await periodic.evaluate(conn)
         finally:
             # On Python 3.11 a cancel racing psycopg_pool's getconn (asyncio.wait_for) can be
@@ -547,12 +644,61 @@ class Runtime:
             if task is not None and task.cancelling():
                 raise asyncio.CancelledError
 
-    async def reconcile(self) -> dict:
-        """Reconciler tick (leader only): retry owed failure consequences that are due, then
-        run ``verify_success`` hooks once on recently completed jobs of their kinds."""
+    async def reconcile(self, fenced: Any = None) -> dict:
+        """Reconciler tick (leader only): run ``verify_success`` hooks once on recently
+        completed jobs of their kinds (verdict and correction in one transaction), then retry
+        owed failure consequences that are due. Writes go through ``fenced``
+        (``Maintenance.fenced``) when given."""
         from awa_fast.worker.reconcile import reconcile_tick
 
-        return await reconcile_tick(self.client, self.maintenance_config)
+        return await reconcile_tick(self.client, self.maintenance_config, fenced)
+
+    def _settled_by_reconciler(self) -> list[str]:
+        """Kinds whose final-attempt rescue waits in ``consequence_pending`` for the settler:
+        those with a failure consequence and those with exhausted specs."""
+        return sorted(set(self.client.consequences.kinds_with_effects())
+                      | set(self.client.specs.kinds("exhausted")))
+
+    # -- presence and unhandled kinds -----------------------------------------------------------
+
+    async def _seen(self, conn: Any) -> None:
+        ttl_ms = max(self.maintenance_config.heartbeat_staleness_ms,
+                     3 * self.heartbeat_interval_s * 1000)
+        await conn.execute(sql.WORKER_SEEN, {"instance": self.instance, "kinds": self.kinds,
+                                             "queues": [q.name for q in self.queues],
+                                             "ttl_ms": ttl_ms})
+
+    async def check_unhandled(self) -> list[tuple[str, str, int]]:
+        """Refresh this process's presence row, then look in its queues for available jobs no
+        live worker has a handler for; log each ``(queue, kind)`` once (an error: they wait
+        until a worker with a handler starts). Returns ``[(queue, kind, available)]``."""
+        async with (await self.client.pool()).connection() as conn:
+            await self._seen(conn)
+            cur = await conn.execute(sql.UNHANDLED_IN_QUEUES, ([q.name for q in self.queues],))
+            rows = await cur.fetchall()
+        for queue, kind, n in rows:
+            if (queue, kind) not in self.unhandled_warned:
+                self.unhandled_warned.add((queue, kind))
+                log.error("queue %r holds %d available job(s) of kind %r, which no live worker "
+                          "has a handler for (this process handles: %s); they wait for a worker "
+                          "that has one", queue, n, kind, ", ".join(self.kinds))
+        return rows
+
+    async def _presence_loop(self) -> None:
+        """Keep the presence row fresh (every heartbeat interval) and check for unhandled
+        kinds (every ``UNHANDLED_CHECK_S`` s); survives every error."""
+        next_check = 0.0
+        while True:
+            try:
+                if self.loop.time() >= next_check:
+                    await self.check_unhandled()
+                    next_check = self.loop.time() + UNHANDLED_CHECK_S
+                else:
+                    async with (await self.client.pool()).connection() as conn:
+                        await self._seen(conn)
+            except Exception as exc:  # presence is advisory; never let the loop end
+                log.warning("worker presence update failed: %s: %s", type(exc).__name__, exc)
+            await asyncio.sleep(min(self.heartbeat_interval_s, UNHANDLED_CHECK_S))
 
     # -- notifications --------------------------------------------------------------------------
 
@@ -571,8 +717,9 @@ class Runtime:
                         d.notify()  # we may have missed notifications while reconnecting
                 async for note in self._listen_conn.notifies():
                     self._on_notify(note.channel, note.payload)
-            except (psycopg.Error, OSError) as exc:
-                log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+            except Exception as exc:  # the listen loop must survive every error
+                log.warning("LISTEN connection lost (%s: %s); polling until it is back",
+                            type(exc).__name__, exc)
                 self._listen_conn = None
                 task = asyncio.current_task()
                 if task.cancelling():  # Python 3.11: a cancel racing a connect can be lost

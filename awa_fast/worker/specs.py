@@ -19,6 +19,11 @@ rescued                ``(args, job, reason)``               best effort, in a s
 =====================  ====================================  ===================================
 
 Rescue reasons: ``stale_heartbeat``, ``deadline_exceeded``, ``expired_callback``.
+
+Exhausted specs fire however a job is exhausted: a final-attempt rescue (stale heartbeat,
+deadline, callback timeout) of a kind with exhausted specs parks the job in
+``consequence_pending`` and the reconciler settles it through the same settler as the worker
+path, inserting the follow-ups in that settling transaction.
 """
 
 from __future__ import annotations
@@ -66,6 +71,14 @@ class SpecRunner:
 
     def has(self, kind: str, outcome: str) -> bool:
         return (kind, outcome) in self._specs
+
+    def kinds(self, outcome: str) -> list[str]:
+        """The kinds with at least one spec for ``outcome``."""
+        return sorted(k for k, o in self._specs if o == outcome)
+
+    def kinds_any(self) -> list[str]:
+        """The kinds with at least one spec."""
+        return sorted({k for k, _o in self._specs})
 
     def has_completed(self, kind: str) -> bool:
         return (kind, "completed") in self._specs
