@@ -152,6 +152,9 @@ class Client(UnsupportedMixin):
     def queue_stats(self):
         return self._call(self._async.queue_stats())
 
+    def unhandled_kinds(self) -> list[dict]:
+        return self._call(self._async.unhandled_kinds())
+
     def pause_queue(self, queue: str, paused_by: str | None = None) -> None:
         return self._call(self._async.pause_queue(queue, paused_by))
 

@@ -135,7 +135,8 @@ async def test_progress_is_written_on_its_own_cadence_and_listed(dsn):
 
     job = await client.insert(Crunch(1), queue="fh_prog")
     # heartbeats every 60 s: only the progress cadence can write it while the handler waits
-    await client.start([("fh_prog", 1)], heartbeat_interval_ms=60_000, maintenance=False)
+    await client.start([("fh_prog", 1)], heartbeat_interval_ms=60_000,
+                       heartbeat_staleness_ms=180_000, maintenance=False)
     try:
         await asyncio.wait_for(started.wait(), 30)
         rt = client.runtime

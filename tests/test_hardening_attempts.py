@@ -220,7 +220,8 @@ async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn
         client.task(Job)(work)
         jobs = [await client.insert(Job(m)) for m in ("fine", "poison", "also-fine")]
         # Heartbeats only when the test calls beat().
-        await client.start([("default", 8)], **{**FAST, "heartbeat_interval_ms": 3_600_000})
+        await client.start([("default", 8)], **{**FAST, "heartbeat_interval_ms": 3_600_000,
+                                                "heartbeat_staleness_ms": 7_200_000})
         await wait_for(lambda: _true(len(started) == 3), what="three handlers running")
         before = await scalar(dsn, "SELECT max(heartbeat_at) FROM awa_fast.jobs")
         hb = client.runtime.heartbeat
@@ -308,7 +309,8 @@ async def test_class2_finalize_backs_off_across_a_server_restart(own_server):
         first = await c.insert(Restart(0), max_attempts=1)
         # Nothing else touches the pool meanwhile: no polling claims, no heartbeats.
         await c.start([("default", 4)], poll_interval_ms=3_600_000,
-                      heartbeat_interval_ms=3_600_000, maintenance=False)
+                      heartbeat_interval_ms=3_600_000, heartbeat_staleness_ms=7_200_000,
+                      maintenance=False)
         await started.wait()
         pool = await c.pool()
         held = [pool.connection() for _ in range(8)]  # fill the pool: 8 idle connections

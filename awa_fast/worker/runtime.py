@@ -244,7 +244,16 @@ async def _check_schema(conn: Any) -> None:
 
 
 class Runtime:
-    """Runs registered handlers in this process (one per ``AsyncClient.start``)."""
+    """Runs registered handlers in this process (one per ``AsyncClient.start``).
+
+    Rejects at construction (so at ``start()``) a configuration that cannot work
+    (:func:`check_config`, ``ConfigError`` naming the field) and, at :meth:`start`, a database
+    whose schema is missing or old (``SchemaNotMigrated``: run ``awa-fast migrate``).
+    awa-fast's own keywords: ``queue_subset=True`` says this process deliberately works only
+    some of the application's queues (the launcher's ``--queues`` sets it), so handlers
+    registered for other queues are not an error; ``callback_rescue_interval_ms`` is the
+    expired-callback rescue's own interval (default 30 s).
+    """
 
     def __init__(self, client: Any, queues: Any = None, *, poll_interval_ms: int = 200,
                  global_max_workers: int | None = None, heartbeat_interval_ms: int | None = None,
@@ -268,6 +277,7 @@ class Runtime:
                  finalizer_batch_size: int = 512,
                  sync_handler_threads: int | None = None,
                  maintenance: bool = True,
+                 queue_subset: bool = False,
                  cron_interval_ms: int | None = None,
                  **unsupported: Any):
         unknown = set(unsupported) - _UNSUPPORTED
@@ -305,7 +315,9 @@ class Runtime:
                     raise ValueError(f"{key} must be > 0")
                 setattr(mconf, key, value)
         self.maintenance_config = mconf
-        check_config(client.registry, self.queues, queues is not None,
+        # queue_subset: this process deliberately works some of the application's queues
+        # (the launcher's --queues); handlers of the others are left to other processes.
+        check_config(client.registry, self.queues, queues is not None and not queue_subset,
                      heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS, mconf.heartbeat_staleness_ms,
                      maintenance=maintenance,
                      periodic=bool(getattr(client, "periodic_jobs", None)),

@@ -141,6 +141,8 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
         client.database_url = args.database_url
     options = dict(getattr(module, "START_OPTIONS", None) or {})
     queues = parse_queues(args.queues)
+    if queues is not None:  # --queues: this child deliberately works a subset of the queues
+        options.setdefault("queue_subset", True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

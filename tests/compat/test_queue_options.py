@@ -77,6 +77,7 @@ async def test_bad_aging_interval_is_a_validation_error(client):
 
 async def test_accepted_defaults_start(client):
     # awa's defaults (nothing asked) start fine; claimers=1 is what awa-fast does.
+    client.task(Tick, queue="q")(lambda job: None)
     await client.start([{"name": "q", "max_workers": 1, "claimers": 1}],
                        storage_transition_role="auto", queue_storage_schema=None, **FAST)
     await client.shutdown()

@@ -1,4 +1,4 @@
--- 004: the maintenance leader's fencing epoch, and the live workers' handled kinds.
+-- 005: the maintenance leader's fencing epoch, and the live workers' handled kinds.
 
 -- One row. A process that takes the leader advisory lock bumps epoch; every write transaction
 -- of a leader pass first locks this row FOR SHARE at its own epoch (docs/architecture.md,
