@@ -114,7 +114,7 @@ async def test_class1_claim_takes_one_row_per_key_and_skips_held_keys(dsn, clien
     b = await client.insert(Held(1), unique_opts=RUNNING_ONLY)
     c = await client.insert(Held(2), unique_opts=RUNNING_ONLY)
     p = await client.insert(Plain(1))
-    params = {"queue": "default", "limit": 10, "deadline_ms": 0}
+    params = {"queue": "default", "limit": 10, "deadline_ms": 0, "kinds": ["held", "plain"]}
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         first = [r[0] for r in await (await conn.execute(sql.CLAIM, params)).fetchall()]
         again = [r[0] for r in await (await conn.execute(sql.CLAIM, params)).fetchall()]

@@ -133,13 +133,26 @@ class Maintenance:
                 log.warning("maintenance leadership lost: the epoch moved past %s", self.epoch)
                 await self._step_down()
         self._deposed.clear()
+        if await self.acquire():
+            self._start_loops()
+
+    async def acquire(self) -> bool:
+        """Try to take leadership now: the advisory lock on the lock connection, then the
+        epoch bump that fences off the previous leader (waiting up to
+        ``max(leader_election_interval_ms, 1 s)`` for its open passes). Starts no loops
+        (:meth:`run` does); passes may be run by hand afterwards. Returns ``is_leader``.
+
+        Raises:
+            psycopg.Error: the database failed (the caller steps down).
+        """
+        if self.is_leader:
+            return True
         if self._lock_conn is None or self._lock_conn.closed:
             self._lock_conn = await psycopg.AsyncConnection.connect(self.database_url,
                                                                     autocommit=True)
         cur = await self._lock_conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
         if not (await cur.fetchone())[0]:
-            return
-        # Fence off the previous leader before doing anything (waits for its open passes).
+            return False
         async with self._lock_conn.transaction():
             wait_ms = max(self.config.leader_election_interval_ms, 1000)
             await self._lock_conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
@@ -148,6 +161,9 @@ class Maintenance:
             self.epoch = (await cur.fetchone())[0]
         self.is_leader = True
         log.info("became maintenance leader (epoch %s)", self.epoch)
+        return True
+
+    def _start_loops(self) -> None:
         c = self.config
         rescue_ms = min(c.heartbeat_rescue_interval_ms, c.deadline_rescue_interval_ms)
         loops = [("promote", c.promote_interval_ms / 1000, self.promote),

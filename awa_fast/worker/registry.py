@@ -87,10 +87,10 @@ class Registry:
         if verify_success is not None:
             self.verifiers[kind] = verify_success
         self.handlers[kind] = handler
-        if queue == "default":
+        if handler.queue == "default":
             self.off_default.pop(kind, None)
         else:
-            self.off_default[kind] = queue
+            self.off_default[kind] = handler.queue
         return handler
 
     def declare_consequence(self, kind: str, consequence: Any, args_type: Any = None) -> None:

@@ -226,6 +226,19 @@ def _positive(value: Any, what: str) -> int:
     return value
 
 
+def _log_failed_attempt(ctx: JobContext, outcome: ex.Outcome) -> None:
+    """One line per failed or retried attempt: kind, id, attempt, the error's type and message
+    (its first line; never the job's args), and what happens next."""
+    error = (outcome.error or {}).get("error") or "no error"
+    head = error.split("\n", 1)[0][:500]
+    if outcome.kind == ex.RETRY:
+        then = f"retry in {outcome.delay or 0:.1f} s"
+    else:
+        then = f"failed ({outcome.reason})"
+    log.warning("job %s (%s) attempt %d/%d failed: %s; %s", ctx.id, ctx.kind, ctx.attempt,
+                ctx.max_attempts, head, then)
+
+
 async def _check_schema(conn: Any) -> None:
     """Fail fast on a database this package cannot work with.
 
@@ -504,6 +517,8 @@ class Runtime:
             dispatcher.slot_freed()
             released = True
             self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
+            if outcome.kind in (ex.FAIL, ex.RETRY):
+                _log_failed_attempt(ctx, outcome)
             try:
                 applied = await self._finalize(ctx, outcome)
             except Exception as exc:

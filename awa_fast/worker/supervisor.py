@@ -26,7 +26,12 @@ The parent prints one status line per child event on its output, e.g.::
 
 plus a status line per child every ``status_interval`` seconds. A crashed child is restarted
 after a backoff (0.5 s doubling to 10 s, reset once a child has run for 30 s); a child that dies
-more than 5 times within 60 s makes the parent drain the others and exit 1. SIGTERM/SIGINT are
+more than 5 times within 60 s makes the parent drain the others and exit 1. A child that cannot
+reach the database within ``CONNECT_TIMEOUT_S`` (10 s) exits ``EXIT_NO_DATABASE``; after 3 such
+exits with no child ready the parent gives up (exit 1, "cannot reach the database at host:port").
+A child whose ``start()`` rejects the configuration (``ConfigError``) or the schema
+(``SchemaNotMigrated``: "run `awa-fast migrate`") exits ``EXIT_BAD_CONFIG`` and the parent gives
+up at once with that message. SIGTERM/SIGINT are
 forwarded as SIGTERM for a graceful drain (a second signal kills the children); the parent exits
 0 when every child drained cleanly. Maintenance runs in exactly one child: the runtime's leader
 election (a session advisory lock on ``sql.LEADER_LOCK_KEY``) picks it, and another child takes
@@ -51,9 +56,14 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from awa_fast.app_loader import AppSpecError, load_client
+from awa_fast.errors import ConfigError, SchemaNotMigrated
 
 PREFIX = "awa-fast worker:"
 EXIT_BAD_APP = 78  # child: the module:client spec cannot be resolved (not retried)
+EXIT_BAD_CONFIG = 77  # child: start() rejected the configuration or schema (not retried)
+EXIT_NO_DATABASE = 69  # child: the database could not be reached within CONNECT_TIMEOUT_S
+CONNECT_TIMEOUT_S = 10  # a child's first connection (unless the URL sets connect_timeout)
+NO_DATABASE_LIMIT = 3  # this many EXIT_NO_DATABASE in a row, no child ready: give up
 RESTART_BACKOFF_INITIAL_S = 0.5
 RESTART_BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
@@ -147,7 +157,19 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await client.start(queues, **options)
+    try:
+        await _reach_database(await client._resolved_url())
+    except OSError as exc:
+        log.error("%s", exc)
+        reporter.send(event="error", error=str(exc))
+        return EXIT_NO_DATABASE
+    try:
+        await client.start(queues, **options)
+    except (ConfigError, SchemaNotMigrated) as exc:
+        log.error("cannot start: %s", exc)
+        reporter.send(event="error", error=f"cannot start: {exc}")
+        await client.close()
+        return EXIT_BAD_CONFIG
     names = ",".join(f"{q.name}:{q.max_workers}" for q in client.runtime.queues)
     log.info("started (queues: %s)", names)
     reporter.send(event="ready", queues=names)
@@ -173,6 +195,31 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
     await client.close()
     log.info("stopped")
     return 0
+
+
+async def _reach_database(url: str) -> None:
+    """One connection within ``CONNECT_TIMEOUT_S`` (unless the URL sets ``connect_timeout``),
+    so an unreachable database makes the child exit at once instead of waiting in the pool.
+
+    Raises:
+        OSError: the database cannot be reached (the message says where and why).
+    """
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    kwargs = {}
+    try:
+        info = conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise OSError(f"invalid database URL: {str(exc).strip()}") from None
+    if "connect_timeout" not in info:
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, **kwargs)
+    except psycopg.OperationalError as exc:
+        where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}"
+        raise OSError(f"cannot reach the database at {where}: {str(exc).strip()}") from None
+    await conn.close()
 
 
 def _check_app(app: str) -> int:
@@ -243,6 +290,7 @@ class Child:
     deaths: collections.deque = dataclasses.field(default_factory=collections.deque)
     status: dict = dataclasses.field(default_factory=dict)
     ready: bool = False
+    error: str | None = None  # the last error the child reported
     exit_code: int | None = None
     reader: threading.Thread | None = None
 
@@ -298,6 +346,7 @@ class Supervisor:
         self.extra_env = extra_env or {}
         self.children = [Child(i) for i in range(self.processes)]
         self.failed: str | None = None  # why the supervisor gave up
+        self._no_database = 0  # EXIT_NO_DATABASE exits since a child was last ready
         self._print_lock = threading.Lock()
         self._next_status = 0.0
 
@@ -382,6 +431,7 @@ class Supervisor:
         c.started_at = time.monotonic()
         c.restart_at = None
         c.ready = False
+        c.error = None
         c.status = {}
         c.exit_code = None
         c.reader = threading.Thread(target=self._read_status, args=(c, c.proc, rfd),
@@ -402,6 +452,7 @@ class Supervisor:
                 who = f"child {c.index} pid {proc.pid}"
                 if event == "ready":
                     c.ready = True
+                    self._no_database = 0
                     self.say(f"{who} ready (queues: {msg.get('queues')})")
                 elif event == "status":
                     was = bool(c.status.get("leader"))
@@ -411,7 +462,8 @@ class Supervisor:
                 elif event == "draining":
                     self.say(f"{who} draining")
                 elif event == "error":
-                    self.say(f"{who} error: {msg.get('error')}")
+                    c.error = msg.get("error")
+                    self.say(f"{who} error: {c.error}")
 
     def start(self) -> None:
         """Start every child."""
@@ -432,6 +484,21 @@ class Supervisor:
                     self.failed = f"{self._describe(c)} cannot load {self.app}; giving up"
                     self.say(f"{self._describe(c)} exited with code {code}")
                     return False
+                if code in (EXIT_BAD_CONFIG, EXIT_NO_DATABASE) and c.reader is not None:
+                    c.reader.join(timeout=1.0)  # its last words (the error event) first
+                if code == EXIT_BAD_CONFIG:
+                    self.failed = (f"{self._describe(c)} cannot start {self.app}: "
+                                   f"{c.error or 'configuration rejected'}; giving up")
+                    self.say(f"{self._describe(c)} exited with code {code}")
+                    return False
+                if code == EXIT_NO_DATABASE:
+                    self._no_database += 1
+                    if self._no_database >= NO_DATABASE_LIMIT and not any(
+                            x.ready for x in self.children):
+                        self.say(f"{self._describe(c)} exited with code {code}")
+                        self.failed = (f"{c.error or 'the database cannot be reached'} "
+                                       f"({self._no_database} attempts); giving up")
+                        return False
                 if now - c.started_at >= STABLE_AFTER_S:
                     c.backoff = RESTART_BACKOFF_INITIAL_S
                 c.deaths.append(now)

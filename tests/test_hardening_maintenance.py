@@ -1,0 +1,326 @@
+"""Issue 9, class 3: exhaustion, correction and maintenance are as reliable as the worker path.
+
+Real faults only: a SIGKILLed worker subprocess, an attempt past its deadline, a trigger that
+fails the correction statement, ``pg_terminate_backend`` of the leader's lock connection, a
+renamed table under a running leader loop. Maintenance passes are called directly (or their
+loop health is waited on), never slept on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+import awa_fast as awa
+from awa_fast.errors import AwaError
+from awa_fast.worker.maintenance import Deposed, Maintenance, MaintenanceConfig
+from tests.support import failing_rows, job_row, scalar, truncate, wait_for, wait_state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IDLE = [("idle_q", 1)]  # the test's own runtime claims nothing of interest
+QUIET = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
+
+
+@pytest.fixture(autouse=True)
+async def _clean(dsn):
+    await truncate(dsn)
+
+
+@dataclasses.dataclass
+class Compensate:
+    job_id: int
+    reason: str
+
+
+async def follow_ups(dsn) -> list[dict]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT args FROM awa_fast.jobs WHERE kind = 'compensate' "
+                                 "ORDER BY id")
+        return [r[0] for r in await cur.fetchall()]
+
+
+def leader_of(client) -> Maintenance:
+    """A maintenance instance of ``client``'s runtime, with the runtime's settle rules, that the
+    test drives pass by pass."""
+    rt = client.runtime
+    return Maintenance(client.database_url, client.pool,
+                       MaintenanceConfig(heartbeat_staleness_ms=300),
+                       consequence_kinds=rt._settled_by_reconciler,
+                       known_kinds=client.consequences.known_kinds)
+
+
+async def rescued(m: Maintenance, job_id: int):
+    async def once():
+        return any(r[0] == job_id for r in await m.rescue())
+    await wait_for(once, what=f"the rescue of job {job_id}")
+
+
+# ---------------------------------------------------------------------------------------------
+# exhausted specs fire however the job is exhausted
+
+
+async def test_class3_exhausted_spec_fires_on_rescue_after_sigkill(dsn, client):
+    job = await client.insert({"n": 1}, kind="hang", queue="kill_q", max_attempts=1)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.worker_app", cwd=ROOT, stdout=subprocess.PIPE,
+        env={**os.environ, "AWA_FAST_APP_DSN": dsn})
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert line.split() == [b"started", str(job.id).encode()]
+        proc.send_signal(signal.SIGKILL)  # on its final attempt
+        await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+    @client.task(dict, kind="hang", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def hang(job):
+        return None
+
+    client.on_exhausted_enqueue(dict, lambda args, j, error, attempt: Compensate(j.id, error),
+                                kind="hang")
+    await client.start(IDLE, **QUIET)
+    m = leader_of(client)
+    await rescued(m, job.id)
+    assert (await job_row(dsn, job.id))["state"] == "consequence_pending"  # owed its settlement
+    await client.runtime.reconcile()
+    row = await job_row(dsn, job.id)
+    assert (row["state"], row["consequence_state"], row["consequence_reason"]) == \
+        ("failed", "none", "rescue_exhausted")
+    assert await follow_ups(dsn) == [{"job_id": job.id,
+                                      "reason": "heartbeat stale: worker presumed dead"}]
+    await client.runtime.reconcile()  # settled once: nothing more
+    assert len(await follow_ups(dsn)) == 1
+
+
+async def test_class3_exhausted_spec_fires_on_deadline_expiry(dsn, client):
+    started = asyncio.Event()
+
+    @client.task(dict, kind="slow", queue="dl", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def slow(job):
+        started.set()
+        await asyncio.Event().wait()  # never returns: the deadline abandons it
+
+    client.on_exhausted_enqueue(dict, lambda args, j, error, attempt: Compensate(j.id, error),
+                                kind="slow")
+    job = await client.insert({"n": 1}, kind="slow", queue="dl", max_attempts=1)
+    await client.start([{"name": "dl", "max_workers": 1, "deadline_duration_ms": 200}], **QUIET)
+    await asyncio.wait_for(started.wait(), 15)
+    m = leader_of(client)
+    await rescued(m, job.id)
+    await client.runtime.reconcile()
+    row = await job_row(dsn, job.id)
+    assert (row["state"], row["consequence_reason"]) == ("failed", "deadline_exhausted")
+    assert await follow_ups(dsn) == [{"job_id": job.id, "reason": "hard deadline exceeded"}]
+
+
+# ---------------------------------------------------------------------------------------------
+# the verify_success verdict and its correction commit together
+
+
+async def test_class3_verdict_and_correction_commit_together(dsn, client):
+    verdicts = []
+
+    def not_done(job):
+        verdicts.append(job.id)
+        return False
+
+    @client.task(dict, kind="ship", failure_consequence=awa.NO_FAILURE_CONSEQUENCE,
+                 verify_success=not_done)
+    async def ship(job):
+        return None
+
+    job = await client.insert({"n": 1}, kind="ship", queue="idle_q")
+    await client.start(IDLE, **QUIET)
+    await wait_state(dsn, job.id, "completed")
+    # A fault between the verdict and the correction: the correction statement fails.
+    async with failing_rows(dsn, "OLD.state = 'completed' AND NEW.state = 'failed'",
+                            event="UPDATE"):
+        result = await client.runtime.reconcile()
+    assert result["corrected"] == []
+    row = await job_row(dsn, job.id)
+    assert (row["state"], row["verified_at"]) == ("completed", None)  # the verdict is not lost
+    result = await client.runtime.reconcile()  # verified again, corrected this time
+    assert result["corrected"] == [job.id] and verdicts == [job.id, job.id]
+    row = await job_row(dsn, job.id)
+    assert row["state"] == "failed" and row["verified_at"] is not None
+    assert row["consequence_reason"] == "corrected"
+    assert [e.get("corrected") for e in row["errors"]] == [True]
+    assert (await client.runtime.reconcile())["corrected"] == []  # never twice
+    with pytest.raises(AwaError):  # an admin correction of a corrected job is refused
+        await client.correct_to_failed(job.id, error="again")
+
+
+# ---------------------------------------------------------------------------------------------
+# every maintenance loop survives every exception, and health_check reports a dead loop
+
+
+async def test_class3_a_loop_survives_any_exception_and_reports_it(dsn, client):
+    calls = []
+    recovered = asyncio.Event()
+
+    async def flaky(fenced):
+        calls.append(1)
+        if len(calls) <= 2:  # what ended the reconciler loop before: a non-database error
+            raise AwaError("job 7 is failed, not completed: nothing to correct")
+        async with fenced() as conn:
+            await conn.execute("SELECT 1")
+        recovered.set()
+
+    m = Maintenance(dsn, client.pool, MaintenanceConfig(leader_election_interval_ms=60_000),
+                    extra_tasks=[(0.01, flaky)])
+    try:
+        await m._elect()
+        assert m.is_leader
+        await asyncio.wait_for(recovered.wait(), 15)
+        health = m.loop_health()["flaky"]
+        assert health.alive and health.passes >= 1 and health.failures == 0
+        assert health.last_error == "AwaError: job 7 is failed, not completed: nothing to correct"
+    finally:
+        await m._step_down()
+
+
+async def test_class3_health_check_reports_a_dead_loop_until_it_recovers(dsn, client):
+    @client.task(dict, kind="noop", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def noop(job):
+        return None
+
+    await client.start(IDLE, poll_interval_ms=50, heartbeat_interval_ms=100,
+                       leader_election_interval_ms=50, cron_interval_ms=20)
+    m = client.runtime.maintenance
+    await wait_for(lambda: _true(m.is_leader and "evaluate_cron" in m.loop_health()),
+                   what="leadership")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("ALTER TABLE awa_fast.cron_jobs RENAME TO cron_jobs_away")
+        try:
+            async def dead():
+                health = await client.health_check()
+                loop = health.maintenance_loops["evaluate_cron"]
+                return (health, loop) if not loop.alive else None
+
+            health, loop = await wait_for(dead, what="the cron loop reported dead")
+            assert not health.healthy and loop.failures >= 3
+            assert loop.last_error.startswith("UndefinedTable")
+        finally:
+            await conn.execute("ALTER TABLE awa_fast.cron_jobs_away RENAME TO cron_jobs")
+
+    async def alive_again():
+        health = await client.health_check()
+        return health.healthy and health.maintenance_loops["evaluate_cron"].alive
+    await wait_for(alive_again, timeout=40, what="the cron loop back (it backs off)")
+    assert client.runtime.maintenance.is_leader  # it kept the lock and its loops throughout
+
+
+async def _true(value):
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# fencing: a deposed leader writes nothing
+
+
+async def due_job(dsn, client):
+    """A scheduled job whose time has come (promote's work)."""
+    job = await client.insert({"n": 2}, kind="ship", queue="elsewhere",
+                              run_at="2100-01-01T00:00:00+00:00")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' "
+                           "WHERE id = %s", (job.id,))
+    return job
+
+
+async def _lock_pid(m: Maintenance) -> int:
+    return m._lock_conn.info.backend_pid
+
+
+async def _terminate(dsn, pid: int) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+async def test_class3_a_deposed_leader_writes_nothing(dsn, client):
+    verdicts = []
+
+    def not_done(job):
+        verdicts.append(job.id)
+        return False
+
+    @client.task(dict, kind="ship", failure_consequence=awa.NO_FAILURE_CONSEQUENCE,
+                 verify_success=not_done)
+    async def ship(job):
+        return None
+
+    done = await client.insert({"n": 1}, kind="ship", queue="idle_q")
+    await client.start(IDLE, **QUIET)
+    await wait_state(dsn, done.id, "completed")
+    due = await due_job(dsn, client)
+    assert (await job_row(dsn, due.id))["state"] == "scheduled"
+    old = Maintenance(dsn, client.pool, MaintenanceConfig())
+    new = Maintenance(dsn, client.pool, MaintenanceConfig())
+    try:
+        assert await old.acquire()
+        await _terminate(dsn, await _lock_pid(old))  # its lock connection dies
+        assert await new.acquire()
+        assert new.epoch == old.epoch + 1
+        # The old leader has not noticed yet: every pass it runs is fenced off.
+        with pytest.raises(Deposed):
+            await old.promote()
+        with pytest.raises(Deposed):
+            await old.rescue()
+        with pytest.raises(Deposed):
+            await client.runtime.reconcile(old.fenced)
+        assert (await job_row(dsn, due.id))["state"] == "scheduled"
+        assert (await job_row(dsn, done.id))["state"] == "completed"
+        # The new leader's passes work, once.
+        assert await new.promote() == 1
+        assert (await client.runtime.reconcile(new.fenced))["corrected"] == [done.id]
+        assert (await client.runtime.reconcile(new.fenced))["corrected"] == []
+        row = await job_row(dsn, done.id)
+        assert row["state"] == "failed" and len(row["errors"]) == 1
+        assert (await job_row(dsn, due.id))["state"] == "available"
+        # At its next election tick the old leader steps down.
+        with pytest.raises(psycopg.OperationalError):
+            await old._elect()
+        await old._step_down()
+        assert not old.is_leader
+    finally:
+        await old._step_down()
+        await new._step_down()
+
+
+async def test_class3_taking_leadership_waits_for_the_old_leaders_open_pass(dsn, client):
+    old = Maintenance(dsn, client.pool, MaintenanceConfig())
+    new = Maintenance(dsn, client.pool, MaintenanceConfig())
+    job = await due_job(dsn, client)
+    try:
+        assert await old.acquire()
+        async with old.fenced() as conn:  # a pass of the old epoch is in flight ...
+            await _terminate(dsn, await _lock_pid(old))
+            electing = asyncio.create_task(new.acquire())
+
+            async def bump_waits():  # ... so the new leader's epoch bump waits for it
+                return await scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE "
+                                         "wait_event_type = 'Lock' AND query LIKE %s",
+                                    ("%leader SET epoch%",))
+            await wait_for(bump_waits, what="the epoch bump waiting on the open pass")
+            assert not electing.done()
+            await conn.execute("UPDATE awa_fast.jobs SET priority = 1 WHERE id = %s", (job.id,))
+        await electing  # the old pass committed first
+        assert new.is_leader and new.epoch == old.epoch + 1
+        assert (await job_row(dsn, job.id))["priority"] == 1
+        with pytest.raises(Deposed):
+            async with old.fenced() as conn:
+                await conn.execute("UPDATE awa_fast.jobs SET priority = 4 WHERE id = %s",
+                                   (job.id,))
+        assert (await job_row(dsn, job.id))["priority"] == 1
+    finally:
+        await old._step_down()
+        await new._step_down()
