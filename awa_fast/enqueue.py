@@ -248,24 +248,19 @@ def wrap_db_error(exc: Exception) -> DatabaseError:
 
 async def insert_follow_ups(conn: psycopg.AsyncConnection, requests: list[Prepared],
                             trigger_kind: str, trigger_id: int) -> tuple[int, int]:
-    """Insert follow-ups in order inside the caller's transaction (ADR-029 / ADR-046).
-
-    A unique request is inserted under a savepoint and skipped on a unique conflict (logged at
-    debug with kinds and ids, never args); any other error propagates and rolls the caller's
-    transaction back. Returns ``(inserted, skipped)``.
+    """Insert follow-ups inside the caller's transaction (ADR-029 / ADR-046) in ONE statement
+    (``sql.INSERT_FOLLOW_UPS``): ids follow the given order, unique keys are taken in key order
+    (so two transactions inserting the same keys cannot deadlock), and a request whose key is
+    held is skipped (logged at debug with kinds and ids, never args). Any other error
+    propagates and rolls the caller's transaction back. Returns ``(inserted, skipped)``.
     """
-    inserted = skipped = 0
-    for p in requests:
-        if p.unique_key is None:
-            await insert_one(conn, p)
-            inserted += 1
-            continue
-        try:
-            async with conn.transaction():  # a savepoint
-                await insert_one(conn, p)
-            inserted += 1
-        except UniqueConflict:
-            skipped += 1
-            log.debug("follow-up %s of %s job %s skipped: unique key already held",
-                      p.kind, trigger_kind, trigger_id)
+    if not requests:
+        return 0, 0
+    with mapped_errors():
+        cur = await conn.execute(sql.INSERT_FOLLOW_UPS, (follow_ups_json(requests, trigger_id),))
+        inserted = (await cur.fetchone())[0]
+    skipped = len(requests) - inserted
+    if skipped:
+        log.debug("%d follow-up(s) of %s job %s skipped: unique key already held", skipped,
+                  trigger_kind, trigger_id)
     return inserted, skipped

@@ -405,6 +405,19 @@ async def test_class1_completions_with_shared_follow_up_keys_do_not_deadlock(dsn
     assert (await job_row(dsn, trigger.id))["state"] == "completed"
 
 
+async def test_class1_follow_ups_inserted_in_a_transaction_do_not_deadlock(dsn, client):
+    # The per-job path (failure settlement, external completion, other outcomes' specs).
+    async def second(lo, hi):
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            result = await enqueue.insert_follow_ups(conn, [hi, lo], "plain", 1)
+            await conn.commit()
+            return result
+
+    [result] = await _hold_then_take(dsn, client, "dl_tx_follow", second)
+    assert result == (0, 2)  # both keys held by the committed writer: skipped, no deadlock
+    assert len(await _rows(dsn, "kind = 'dl_tx_follow'")) == 2
+
+
 async def test_class1_a_deadlock_with_another_writer_is_retried(dsn, client, caplog):
     # A writer outside awa-fast's order (holds the high key, then wants the low one) deadlocks
     # with insert_many; insert_many is the victim and its retry succeeds.
@@ -465,3 +478,42 @@ async def test_class1_cancel_into_a_held_key_names_the_holder(dsn, client):
         await client.cancel(b.id)
     assert info.value.holder_id == a.id and info.value.holder_state == "cancelled"
     assert (await job_row(dsn, b.id))["state"] == "available"  # nothing changed
+
+
+async def test_class1_retry_external_into_a_held_key_names_the_holder(dsn, client):
+    parked = await client.insert(Plain(6), unique_opts={})
+    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'waiting_external', attempt = 1, "
+                     "callback_id = gen_random_uuid() WHERE id = %s", (parked.id,))
+    holder = await client.insert(Plain(6), unique_opts={})  # waiting_external does not hold
+    callback = (await job_row(dsn, parked.id))["callback_id"]
+    with pytest.raises(awa.UniqueConflict) as info:
+        await client.retry_external(str(callback))
+    assert info.value.holder_id == holder.id and f"job {holder.id}" in str(info.value)
+    assert (await job_row(dsn, parked.id))["state"] == "waiting_external"
+
+
+async def test_class1_two_workers_drain_duplicates_one_running_attempt_per_key(dsn):
+    # Many duplicates of a few keys whose mask holds only 'running', claimed by two processes'
+    # runtimes at once: every job completes, and no key ever has two running attempts.
+    seen = []
+
+    async def work(job):
+        seen.append(await scalar(
+            dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'held' AND state = 'running' "
+                 "AND unique_key = (SELECT unique_key FROM awa_fast.jobs WHERE id = %s)",
+            (job.id,)))
+        await asyncio.sleep(0.01)
+
+    clients = [awa.AsyncClient(dsn, max_connections=4) for _ in range(2)]
+    try:
+        for c in clients:
+            c.task(Held)(work)
+        ids = [j.id for j in await clients[0].insert_many(
+            [Held(n % 4) for n in range(40)], unique_opts=RUNNING_ONLY)]
+        for c in clients:
+            await c.start([("default", 6)], **FAST)
+        await wait_for(lambda: _all_in(dsn, ids, "completed"), 30, "every duplicate")
+    finally:
+        for c in clients:
+            await c.close()
+    assert len(seen) == 40 and set(seen) == {1}

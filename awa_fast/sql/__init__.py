@@ -843,6 +843,15 @@ def _follow_ups_insert(where: str) -> str:
     ORDER BY v.unique_key, v.id
     ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING"""
 
+# Follow-ups inserted inside a caller's transaction (failure settlement, external completion,
+# other outcomes): one statement, keys in key order, held keys skipped. Returns the count.
+INSERT_FOLLOW_UPS = f"""
+WITH ins AS (
+    {_follow_ups_insert("true")}
+    RETURNING 1
+)
+SELECT count(*) FROM ins"""
+
 COMPLETE_WITH_FOLLOW_UPS = f"""
 WITH done AS (
     UPDATE {S}.jobs
