@@ -121,6 +121,9 @@ class Client(UnsupportedMixin):
     def retry(self, job_id: int):
         return self._call(self._async.retry(job_id))
 
+    def staleness_ms(self) -> int:
+        return self._async.staleness_ms()  # no runtime here: the default rescue threshold
+
     def cancel(self, job_id: int):
         return self._call(self._async.cancel(job_id))
 
