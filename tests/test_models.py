@@ -1,0 +1,90 @@
+"""Model checks of the protocols (models/*.pml, see models/README.md), run exhaustively by spin.
+
+Positive configurations must verify with no error over the complete state space (not cut by the
+depth limit, no bitstate approximation); each negative configuration must fail with the invariant
+it is built to break (found by replaying the counterexample trail, not just "some error").
+spin and a C compiler are required: a missing one fails these tests (``.ci/run`` installs spin).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+MODELS = pathlib.Path(__file__).resolve().parent.parent / "models"
+DEPTH = 1_000_000  # pan -m: far above every model's depth; a truncated search fails the test
+
+# (model, defines, expected violated invariant or None for "must verify")
+CASES = [
+    ("staged_finalization.pml", [], None),
+    ("staged_finalization.pml", ["BATCHED"], None),
+    ("staged_finalization.pml", ["NEG_FOLLOWUPS_BEFORE"],
+     "follow_up_traces_to_committed_completion"),
+    ("staged_finalization.pml", ["NEG_FOLLOWUPS_AFTER"], "completion_has_follow_up_or_holder"),
+    ("staged_finalization.pml", ["NEG_NO_LEASE_GUARD"], "only_current_lease_completes"),
+    ("staged_finalization.pml", ["NEG_DRAIN_ON_FIRST"], "completion_has_follow_up_or_holder"),
+    ("staged_finalization.pml", ["NEG_COMPACT_PATH"], "completion_has_follow_up_or_holder"),
+    ("staged_finalization.pml", ["BATCHED", "NEG_BATCH_BY_ID"],
+     "follow_up_traces_to_committed_completion"),
+]
+
+
+def _case_id(case) -> str:
+    model, defines, _ = case
+    return "-".join([model.removesuffix(".pml")] + defines) or model
+
+
+def _run(cmd: list[str], cwd: pathlib.Path, timeout: float = 600) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 or cmd[0] == "./pan", f"{' '.join(cmd)} failed:\n{out}"
+    return out
+
+
+def check(model: str, defines: list[str], workdir: pathlib.Path) -> dict:
+    """Generate, compile and run the verifier for one configuration in ``workdir``.
+
+    Returns ``{"errors", "states", "depth", "seconds", "output", "violated"}`` where ``violated``
+    lists the invariant names the trail replay printed (empty when there is no trail).
+    """
+    for tool in ("spin", "gcc"):
+        assert shutil.which(tool), f"{tool} is not installed (.ci/run installs spin)"
+    shutil.copy(MODELS / model, workdir / model)
+    flags = [f"-D{d}" for d in defines]
+    _run(["spin", *flags, "-a", model], workdir)
+    _run(["gcc", "-O2", "-w", "-DSAFETY", "-DCOLLAPSE", "-o", "pan", "pan.c"], workdir)
+    out = _run(["./pan", f"-m{DEPTH}"], workdir)
+    errors = re.search(r"errors: (\d+)", out)
+    states = re.search(r"(\d+) states, stored", out)
+    depth = re.search(r"depth reached (\d+)", out)
+    seconds = re.search(r"elapsed time ([\d.e+]+) seconds", out)
+    assert errors and states and depth, f"unexpected pan output:\n{out}"
+    violated = []
+    if (workdir / f"{model}.trail").exists():
+        replay = _run(["spin", *flags, "-t", model], workdir)
+        violated = re.findall(r"INVARIANT VIOLATED: (\w+)", replay)
+    return {"errors": int(errors.group(1)), "states": int(states.group(1)),
+            "depth": int(depth.group(1)), "seconds": float(seconds.group(1)) if seconds else None,
+            "output": out, "violated": violated}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_model(case, tmp_path):
+    model, defines, expected = case
+    result = check(model, defines, tmp_path)
+    out = result["output"]
+    print(f"{_case_id(case)}: {result['states']} states, depth {result['depth']}, "
+          f"{result['seconds']} s, violated {result['violated']}")
+    if expected is None:
+        assert result["errors"] == 0, f"the model found a violation:\n{out}"
+        assert "Full statespace search" in out, out          # exhaustive, not bitstate
+        assert "max search depth too small" not in out, out  # not truncated
+        assert result["depth"] < DEPTH
+        assert not result["violated"]
+    else:
+        assert result["errors"] >= 1, f"negative configuration {defines} verified:\n{out}"
+        assert result["violated"] == [expected], result["violated"]
