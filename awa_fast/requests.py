@@ -100,8 +100,11 @@ def args_to_builtins(args: Any) -> dict:
         if isinstance(args, msgspec.Struct) or (
             dataclasses.is_dataclass(args) and not isinstance(args, type)
         ):
-            # deterministic: a set's elements in sorted order (stable JSON and unique keys)
-            out = msgspec.to_builtins(args, order="deterministic")
+            # deterministic: a set's elements in sorted order (stable JSON and unique keys);
+            # only types with non-plain fields can hold a set (and pay for sorting)
+            check = needs_check(type(args))
+            out = (msgspec.to_builtins(args, order="deterministic") if check
+                   else msgspec.to_builtins(args))
         else:
             out = None
         dump = None if out is not None else getattr(args, "model_dump", None)
@@ -111,7 +114,8 @@ def args_to_builtins(args: Any) -> dict:
         raise SerializationError(f"args are not JSON-serializable: {exc}", field="args",
                                  limit="JSON") from exc
     if out is not None:
-        check_round_trip(args, out)
+        if check:
+            check_round_trip(args, out)
         return out
     if isinstance(args, dict):
         return dict(args)
@@ -259,7 +263,8 @@ def prepare_uniform(items: list, *, kind: str | None = None, queue: str = "defau
     elif issubclass(first, msgspec.Struct) or dataclasses.is_dataclass(first):
         try:
             # one C call for the whole list
-            builtins = msgspec.to_builtins(items, order="deterministic")
+            builtins = msgspec.to_builtins(items, order="deterministic" if needs_check(first)
+                                           else None)
         except (TypeError, ValueError) as exc:
             raise SerializationError(f"args are not JSON-serializable: {exc}", field="args",
                                      limit="JSON") from exc
