@@ -286,7 +286,8 @@ class AdminMixin:
         """Make every ``failed`` job of ``kind`` or of ``queue`` (exactly one) available again
         with attempt 0; returns a :class:`RetryFailedResult`. A job whose failure consequence is
         still owed stays failed; so does a job whose unique key another live job now holds
-        (logged, naming the holder) or whose update fails alone for another reason.
+        (logged, naming the holder), whose update fails alone for another reason, or whose
+        last attempt's handler still runs (an early ``fail_external``).
 
         Raises:
             ValueError: neither or both of ``kind`` and ``queue`` (awa's message).
@@ -294,7 +295,7 @@ class AdminMixin:
         """
         if (kind is None) == (queue is None):
             raise ValueError("Specify exactly one of kind or queue")
-        params = {"kind": kind, "queue": queue}
+        params = {"kind": kind, "queue": queue, "stale_ms": self.staleness_ms()}
         matched = (await self._fetch(sql.FAILED_MATCHING, params))[0][0]
         rows = await self._isolated_admin("retry_failed", sql.RETRY_FAILED, sql.FAILED_IDS,
                                           sql.RETRY_FAILED_ONE, params, notify=lambda r: True)

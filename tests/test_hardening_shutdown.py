@@ -353,9 +353,11 @@ async def test_class4_fail_external_of_a_running_job_then_retry_never_overlaps(d
     assert failed.state == awa.JobState.Failed
     with pytest.raises(awa.AttemptStillRunning):
         await client.retry(job.id)
+    skipped = await client.retry_failed(kind=job.kind)  # the bulk path waits too
+    assert skipped.jobs == [] and skipped.matched == 1
     release.set()
     await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 30)
-    assert await client.retry(job.id) is not None
+    assert [j.id for j in await client.retry_failed(kind=job.kind)] == [job.id]
     await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
     assert (await job_row(dsn, job.id))["state"] == "completed" and runs == [1, 2]
 

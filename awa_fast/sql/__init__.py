@@ -748,9 +748,12 @@ PRUNE_DLQ_ONE = f"DELETE FROM {S}.dlq d WHERE d.id = %(id)s AND {_DLQ_PRUNABLE} 
 
 # retry_failed: failed -> available, attempt 0 (as RETRY_JOB), by kind or queue. A job whose
 # failure consequence is still owed stays failed (retrying it would lose the consequence).
+# A failed row whose handler still runs (an early fail_external; see _ATTEMPT_STILL_RUNS) waits.
 _RETRYABLE_FAILED = """j.state = 'failed' AND j.consequence_state IS DISTINCT FROM 'owed'
       AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)"""
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+      AND NOT (j.heartbeat_at IS NOT NULL
+               AND j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond')"""
 
 _RETRY_FAILED_SET = f"""
 UPDATE {S}.jobs j
@@ -785,9 +788,10 @@ WHERE kind = %s AND state = 'failed' AND consequence_state IS DISTINCT FROM 'owe
 _DRAINABLE = ("j.queue = %(queue)s "
               "AND j.state IN ('available', 'scheduled', 'retryable', 'waiting_external')")
 
+# heartbeat_at is kept: a parked handler still in wait_for_callback keeps its mark.
 _DRAIN_SET = f"""
 UPDATE {S}.jobs j
-SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+SET state = 'cancelled', finalized_at = now(), deadline_at = NULL,
     callback_id = NULL, callback_timeout_at = NULL,
     errors = errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled: queue drained by admin', 'attempt', attempt, 'at', now()))"""
