@@ -317,7 +317,8 @@ async def test_class4_heartbeat_acks_progress_only_for_rows_it_beat(dsn, client)
         await gate.wait()
 
     jobs = [await client.insert(Job(m)) for m in ("locked", "free")]
-    await client.start([("default", 4)], **{**FAST, "heartbeat_interval_ms": 3_600_000})
+    await client.start([("default", 4)], **{**FAST, "heartbeat_interval_ms": 3_600_000,
+                                          "heartbeat_staleness_ms": 36_000_000})
     await wait_for(lambda: _true(len(started) == 2), what="both running")
     ctxs = {c.args.mode: c for c in started}
     async with await psycopg.AsyncConnection.connect(dsn) as locker:
