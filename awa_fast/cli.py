@@ -584,7 +584,8 @@ def cmd_worker(s: Session) -> int:
     # every command (the launcher does that once, before starting children).
     sup = Supervisor(a.app, a.processes, queues=a.queues, drain_timeout=a.drain_timeout,
                      database_url=getattr(a, "database_url", None),
-                     status_interval=a.status_interval, log_level=a.log_level)
+                     status_interval=a.status_interval, log_level=a.log_level,
+                     log_format=a.log_format)
     return sup.run()
 
 
@@ -620,6 +621,10 @@ def _iso_time(text: str) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
 
 
+LOG_FORMATS = ("text", "json")  # awa_fast.log_format.FORMATS (not imported: --help stays light)
+LOG_FORMAT_HELP = ("logs as text lines (default) or one JSON object per line (ts, level, logger, "
+                   "message, extra fields such as kind, job_id, attempt); for worker: the "
+                   "children's logs and the launcher's status lines")
 DB_HELP = "PostgreSQL URL (default: $AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server)"
 WORKER_DB_HELP = ("PostgreSQL URL, overriding the client's (default: the URL the client was built "
                   "with, else $AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server)")
@@ -631,6 +636,8 @@ def _common(with_db: bool = True, db_help: str = DB_HELP) -> argparse.ArgumentPa
     g = p.add_argument_group("common options")
     g.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                    help="print machine-readable JSON instead of tables/text")
+    g.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS,
+                   help=LOG_FORMAT_HELP)
     if with_db:
         g.add_argument("--database-url", metavar="URL", default=argparse.SUPPRESS, help=db_help)
     return p
@@ -677,6 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--database-url", metavar="URL", default=None, help=DB_HELP)
     parser.add_argument("--json", action="store_true", default=False,
                         help="print machine-readable JSON instead of tables/text")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help=LOG_FORMAT_HELP)
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 title="commands")
@@ -1041,8 +1049,13 @@ def _print_migrations(after: int, upto: int) -> int:
     return 0
 
 
-def _error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+def _error(message: str, log_format: str = "text") -> int:
+    if log_format == "json":  # errors are log objects too
+        import logging
+
+        logging.getLogger("awa_fast.cli").error(message)
+    else:
+        print(f"{PROG}: error: {message}", file=sys.stderr)
     return 1
 
 
@@ -1059,6 +1072,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # would not pass leading options such as --help through).
         argv = ["bench", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
+    if args.log_format == "json":  # text: Python's default (warnings and errors, bare)
+        from awa_fast import log_format
+
+        log_format.configure("json", "warning")
     session = Session(args)
     func = args.func
     try:
@@ -1066,12 +1083,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_async(func, session)
         return func(session)
     except (CliError, AwaError, EmbeddedPostgresError) as exc:
-        return _error(str(exc) or type(exc).__name__)
+        return _error(str(exc) or type(exc).__name__, args.log_format)
     except psycopg.Error as exc:
         msg = str(exc).strip() or type(exc).__name__
         if isinstance(exc, psycopg.OperationalError) and msg.startswith("connection failed"):
-            return _error(f"could not connect to the database: {msg}")
-        return _error(f"database error: {msg}")
+            return _error(f"could not connect to the database: {msg}", args.log_format)
+        return _error(f"database error: {msg}", args.log_format)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import awa_fast as awa
@@ -29,3 +30,25 @@ async def ping(job):
 @client.task(Pay, queue="fh_pay", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
 async def pay(job):
     return None
+
+
+@dataclasses.dataclass
+class Stall:
+    """A handler that never ends on its own (the drain timeout gives its attempt back)."""
+
+    n: int
+
+
+@client.task(Stall, queue="fh_stall", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+async def stall(job):
+    await asyncio.Event().wait()
+
+
+@dataclasses.dataclass
+class Boom:
+    n: int
+
+
+@client.task(Boom, queue="fh_stall", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+async def boom(job):
+    raise RuntimeError("boom on purpose")

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import logging
 import os
 import re
-import warnings
+import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import psycopg
@@ -263,3 +266,77 @@ def test_bench_results_go_to_the_user_directory_with_a_method_column(pg_base_dsn
     assert len(rows) == 4
     for row in rows:  # every method starts in its own column, after a blank
         assert row[at - 1] == " " and row[at] != " ", row
+
+
+# ---------------------------------------------------------------------------------------------
+# --log-format json
+
+
+def _json_lines(text: str) -> list[dict]:
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    for r in records:
+        assert list(r)[:4] == ["ts", "level", "logger", "message"], r
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", r["ts"]), r
+    return records
+
+
+def test_json_formatter_carries_extra_fields():
+    from awa_fast import log_format
+
+    record = logging.makeLogRecord({"name": "awa_fast.runtime", "levelno": logging.WARNING,
+                                    "levelname": "WARNING", "msg": "job %s failed",
+                                    "args": (7,), "kind": "pay", "job_id": 7, "attempt": 2})
+    out = json.loads(log_format.formatter("json", static={"pid": 1}).format(record))
+    assert out["message"] == "job 7 failed" and out["level"] == "WARNING"
+    assert (out["kind"], out["job_id"], out["attempt"], out["pid"]) == ("pay", 7, 2, 1)
+    with pytest.raises(ValueError, match="log format must be one of text, json"):
+        log_format.formatter("xml")
+
+
+def test_cli_errors_in_json(dsn):
+    r = cli("--log-format", "json", "--database-url", CLOSED_PORT_DSN, "job", "list")
+    assert r.returncode == 1 and r.stdout == ""
+    [rec] = _json_lines(r.stderr)
+    assert rec["level"] == "ERROR" and rec["logger"] == "awa_fast.cli"
+    assert rec["message"].startswith("could not connect to the database")
+    r = cli("job", "list", "--log-format", "bogus")
+    assert r.returncode == 2 and "invalid choice: 'bogus'" in r.stderr
+
+
+def test_worker_json_logs_and_the_drain_timeout_names_what_it_released(dsn):
+    from tests.first_hour_app import Boom, Stall
+
+    with awa.Client(dsn) as c:
+        job = c.insert(Stall(1), queue="fh_stall")
+        failing = c.insert(Boom(1), queue="fh_stall", max_attempts=1)
+    env = _env(AWA_FAST_DATABASE_URL=dsn)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_fast", "worker", "tests.first_hour_app:client",
+         "--processes", "1", "--queues", "fh_stall:2", "--drain-timeout", "0.5",
+         "--log-format", "json", "--status-interval", "3600"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _poll(lambda: _state(dsn, job.id) == "running", 60, "the handler to start")
+        _poll(lambda: _state(dsn, failing.id) == "failed", 60, "the failing job to fail")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (out, err)
+    launcher = _json_lines(out)
+    assert {r["logger"] for r in launcher} == {"awa_fast.launcher"}
+    assert any(re.fullmatch(r"child 0 pid \d+ ready \(queues: fh_stall:2\)", r["message"])
+               for r in launcher)
+    children = _json_lines(err)
+    assert all(r["child"] == 0 and isinstance(r["pid"], int) for r in children)
+    [released] = [r for r in children if r["logger"] == "awa_fast.runtime"
+                  and r["message"].startswith("drain timeout")]
+    assert released["level"] == "WARNING"
+    assert released["released"] == 1 and released["released_job_ids"] == [job.id]
+    assert f"job ids {job.id}" in released["message"]
+    assert _state(dsn, job.id) == "available"
+    [failed] = [r for r in children if r.get("job_id") == failing.id]  # never the args
+    assert (failed["kind"], failed["attempt"], failed["level"]) == ("boom", 1, "WARNING")
+    assert "RuntimeError: boom on purpose" in failed["message"]

@@ -236,7 +236,9 @@ def _log_failed_attempt(ctx: JobContext, outcome: ex.Outcome) -> None:
     else:
         then = f"failed ({outcome.reason})"
     log.warning("job %s (%s) attempt %d/%d failed: %s; %s", ctx.id, ctx.kind, ctx.attempt,
-                ctx.max_attempts, head, then)
+                ctx.max_attempts, head, then,
+                extra={"kind": ctx.kind, "job_id": ctx.id, "attempt": ctx.attempt,
+                       "outcome": outcome.kind})
 
 
 async def _check_schema(conn: Any) -> None:
@@ -254,6 +256,12 @@ async def _check_schema(conn: Any) -> None:
     if version < need:
         raise SchemaNotMigrated(f"the awa_fast schema is at version {version}, this package "
                                 f"needs {need}: run `awa-fast migrate`")
+
+
+def _first(ids: list[int], n: int = 20) -> str:
+    """``ids`` for a log line: all of them, or the first ``n`` and how many more."""
+    head = ", ".join(map(str, ids[:n]))
+    return head if len(ids) <= n else f"{head} and {len(ids) - n} more"
 
 
 class Runtime:
@@ -443,11 +451,19 @@ class Runtime:
         pending = dict(self._handler_tasks)
         if pending:
             _, still = await asyncio.wait(pending.values(), timeout=timeout_s)
+            given_back = []
             for key, task in pending.items():
                 ctx = self.in_flight.get(key)
                 # A handler that returned is finalizing: let it finish, never cancel it.
                 if task in still and (ctx is None or not ctx.returned):
                     task.cancel()
+                    given_back.append(key[0])
+            if given_back:
+                log.warning("drain timeout (%g s) passed: %d handler(s) still running were "
+                            "cancelled and their attempts given back to available: job ids %s",
+                            timeout_s, len(given_back), _first(sorted(given_back)),
+                            extra={"released": len(given_back),
+                                   "released_job_ids": sorted(given_back)})
             await asyncio.gather(*still, return_exceptions=True)
         await _cancel_and_wait(self._tasks)
         await self.finalizer.close()

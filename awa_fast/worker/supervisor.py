@@ -55,6 +55,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from awa_fast import log_format as log_format_mod
 from awa_fast.app_loader import AppSpecError, load_client
 from awa_fast.errors import ConfigError, SchemaNotMigrated
 
@@ -106,13 +107,11 @@ def parse_queues(text: str | None) -> list[tuple[str, int]] | None:
 # the child
 
 
-def _child_logging(index: int, level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(
-        f"%(asctime)s [child {index} pid {os.getpid()}] %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+def _child_logging(index: int, level: str, log_format: str = "text") -> None:
+    pid = os.getpid()
+    log_format_mod.configure(
+        log_format, level, static={"child": index, "pid": pid},
+        text_format=f"%(asctime)s [child {index} pid {pid}] %(levelname)s %(name)s: %(message)s")
 
 
 class _Reporter:
@@ -246,10 +245,11 @@ def child_entry(argv: list[str]) -> int:
     p.add_argument("--database-url")
     p.add_argument("--status-fd", type=int)
     p.add_argument("--log-level", default="info")
+    p.add_argument("--log-format", default="text", choices=log_format_mod.FORMATS)
     args = p.parse_args(argv)
     if args.check:
         return _check_app(args.app)
-    _child_logging(args.index, args.log_level)
+    _child_logging(args.index, args.log_level, args.log_format)
     reporter = _Reporter(args.status_fd)
     try:
         import uvloop
@@ -328,13 +328,16 @@ class Supervisor:
         out: where status lines go (default stdout).
         status_interval: seconds between periodic status lines (0 = none).
         log_level: the children's logging level.
+        log_format: ``"text"`` or ``"json"`` (:mod:`awa_fast.log_format`), for the children's
+            logs and this launcher's status lines.
         extra_env: added to the children's environment.
     """
 
     def __init__(self, app: str, processes: int | None = None, *, queues: str | None = None,
                  drain_timeout: float = 10.0, database_url: str | None = None,
                  out: TextIO | None = None, status_interval: float = 10.0,
-                 log_level: str = "info", extra_env: dict | None = None):
+                 log_level: str = "info", extra_env: dict | None = None,
+                 log_format: str = "text"):
         self.app = app
         self.processes = processes or os.cpu_count() or 1
         self.queues = queues
@@ -343,6 +346,9 @@ class Supervisor:
         self.out = out
         self.status_interval = status_interval
         self.log_level = log_level
+        self.log_format = log_format
+        self._json = (log_format_mod.formatter("json", static={"pid": os.getpid()})
+                      if log_format == "json" else None)
         self.extra_env = extra_env or {}
         self.children = [Child(i) for i in range(self.processes)]
         self.failed: str | None = None  # why the supervisor gave up
@@ -352,11 +358,18 @@ class Supervisor:
 
     # -- output ---------------------------------------------------------------------------------
 
-    def say(self, message: str) -> None:
-        out = self.out or sys.stdout
+    def say(self, message: str, *, error: bool = False) -> None:
+        """One status line on ``out`` (an error on stderr): ``awa-fast worker: ...``, or a JSON
+        log object of logger ``awa_fast.launcher`` with ``log_format="json"``."""
+        out = sys.stderr if error else (self.out or sys.stdout)
+        if self._json is not None:
+            text = log_format_mod.line(self._json, "awa_fast.launcher", message,
+                                       logging.ERROR if error else logging.INFO)
+        else:
+            text = f"{PREFIX} {'error: ' if error else ''}{message}"
         with self._print_lock:
             try:
-                print(f"{PREFIX} {message}", file=out, flush=True)
+                print(text, file=out, flush=True)
             except (OSError, ValueError):
                 pass
 
@@ -418,7 +431,8 @@ class Supervisor:
         rfd, wfd = os.pipe()
         argv = [sys.executable, "-c", _CHILD_BOOT, _PACKAGE_ROOT, "--child", "--app", self.app,
                 "--index", str(c.index), "--drain-timeout", str(self.drain_timeout),
-                "--status-fd", str(wfd), "--log-level", self.log_level]
+                "--status-fd", str(wfd), "--log-level", self.log_level,
+                "--log-format", self.log_format]
         if self.queues:
             argv += ["--queues", self.queues]
         if self.database_url:
@@ -577,7 +591,7 @@ class Supervisor:
         try:
             self.preflight()
         except AppLoadError as exc:
-            print(f"{PREFIX} error: {exc}", file=sys.stderr, flush=True)
+            self.say(str(exc), error=True)
             return 2 if exc.usage else 1
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
