@@ -240,21 +240,26 @@ class AdminMixin:
         """Move a ``failed`` job to the DLQ (whatever its queue's DLQ setting). ``False`` if
         the job is not failed (or its failure consequence is still owed)."""
         async with (await self.pool()).connection() as conn:
-            cur = await conn.execute(sql.DLQ_MOVE_ONE, {"id": job_id, "reason": reason})
+            cur = await conn.execute(sql.DLQ_MOVE_ONE, {"id": job_id, "reason": reason,
+                                                        "kind": None, "queue": None})
             return cur.rowcount > 0
 
     async def bulk_move_failed_to_dlq(self, *, kind: str | None = None, queue: str | None = None,
                                       reason: str = "manual", allow_all: bool = False) -> int:
         """Move every matching ``failed`` job to the DLQ; returns how many.
 
+        A job whose move fails alone (say a trigger refuses it) stays failed (logged).
+
         Raises:
             ValueError: no filter and not ``allow_all``.
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
         _require_filter("bulk_move_failed_to_dlq", allow_all, kind=kind, queue=queue)
-        async with (await self.pool()).connection() as conn:
-            cur = await conn.execute(sql.DLQ_MOVE_BULK,
-                                     {"kind": kind, "queue": queue, "reason": reason})
-            return cur.rowcount
+        rows = await self._isolated_admin("move to the DLQ", sql.DLQ_MOVE_BULK,
+                                          sql.SETTLED_FAILED_IDS,
+                                          sql.DLQ_MOVE_ONE,
+                                          {"kind": kind, "queue": queue, "reason": reason})
+        return len(rows)
 
     async def purge_dlq_job(self, job_id: int) -> bool:
         """Delete one DLQ entry; ``True`` if it existed."""
@@ -266,18 +271,20 @@ class AdminMixin:
                         tag: str | None = None, before_id: int | None = None,
                         before_dlq_at: datetime | str | None = None,
                         allow_all: bool = False) -> int:
-        """Delete matching DLQ entries; returns how many.
+        """Delete matching DLQ entries; returns how many. An entry whose delete fails alone is
+        kept (logged).
 
         Raises:
             ValueError: no filter and not ``allow_all``.
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
         _require_filter("purge_dlq", allow_all, kind=kind, queue=queue, tag=tag,
                         before_id=before_id, before_dlq_at=before_dlq_at)
-        async with (await self.pool()).connection() as conn:
-            cur = await conn.execute(sql.DLQ_PURGE, {
-                "kind": kind, "queue": queue, "tag": tag, "before_id": before_id,
-                "before_dlq_at": _when(before_dlq_at, "before_dlq_at")})
-            return cur.rowcount
+        rows = await self._isolated_admin("DLQ purge", sql.DLQ_PURGE, sql.DLQ_MATCHING_IDS,
+                                          sql.DLQ_PURGE_MATCHING_ONE, {
+            "kind": kind, "queue": queue, "tag": tag, "before_id": before_id,
+            "before_dlq_at": _when(before_dlq_at, "before_dlq_at")})
+        return len(rows)
 
     # -- failed jobs ----------------------------------------------------------------------------
 
@@ -303,10 +310,15 @@ class AdminMixin:
 
     async def discard_failed(self, kind: str) -> int:
         """Delete the ``failed`` jobs of ``kind`` (not those whose failure consequence is still
-        owed); returns how many."""
-        async with (await self.pool()).connection() as conn:
-            cur = await conn.execute(sql.DISCARD_FAILED, (kind,))
-            return cur.rowcount
+        owed); returns how many. A job whose delete fails alone is kept (logged).
+
+        Raises:
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
+        """
+        rows = await self._isolated_admin("discard_failed", sql.DISCARD_FAILED,
+                                          sql.SETTLED_FAILED_IDS,
+                                          sql.DISCARD_FAILED_ONE, {"kind": kind, "queue": None})
+        return len(rows)
 
     async def drain_queue(self, queue: str) -> int:
         """Cancel every job of ``queue`` that is waiting (``available``, ``scheduled``,

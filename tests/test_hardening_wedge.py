@@ -332,6 +332,29 @@ async def test_class1_dlq_bulk_retry_isolates_a_row_its_reinsert_fails(dsn, clie
     assert (await client.get_dlq_job(bad.id)) is not None  # stays dead-lettered
 
 
+async def test_class1_dlq_move_purge_and_discard_isolate_a_row_that_fails(dsn, client):
+    jobs = [await client.insert(Plain(i)) for i in range(3)]
+    bad = await client.insert({"x": 1}, kind="explode")
+    ids = [j.id for j in jobs] + [bad.id]
+    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
+                     "WHERE id = ANY(%s)", (ids,))
+    async with failing_rows(dsn, "OLD.kind = 'explode'", event="DELETE"):
+        assert await client.bulk_move_failed_to_dlq(allow_all=True) == 3
+        assert (await job_row(dsn, bad.id))["state"] == "failed"  # stays, the rest moved
+        assert await client.discard_failed("explode") == 0
+    assert await client.dlq_depth() == 3
+    async with failing_rows(dsn, "OLD.id = %d" % jobs[0].id, event="DELETE",
+                            table="awa_fast.dlq"):
+        assert await client.purge_dlq(allow_all=True) == 2
+    assert [e.job.id for e in await client.list_dlq()] == [jobs[0].id]
+    more = [await client.insert(Plain(i)) for i in range(2)]
+    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
+                     "WHERE id = ANY(%s)", ([j.id for j in more],))
+    async with failing_rows(dsn, "OLD.id = %d" % more[0].id, event="DELETE"):
+        assert await client.discard_failed("plain") == 1
+    assert (await job_row(dsn, more[0].id))["state"] == "failed"
+
+
 # -- every bulk / row-by-row pair carries the same guard ------------------------------------------
 
 

@@ -715,24 +715,30 @@ WHERE unique_key = %s AND unique_key IS NOT NULL
   AND (unique_states & (1 << {S}.state_bit(state))) <> 0
 ORDER BY id LIMIT 1"""
 
-# Admin move of failed jobs to the DLQ (whatever the queue's policy). Jobs whose failure
-# consequence is still owed stay: the reconciler only sees awa_fast.jobs.
+# Failed jobs an admin bulk call may act on (retry_failed, move to the DLQ, discard), by kind
+# and/or queue (NULL = any). A job whose failure consequence is still owed is never touched:
+# retrying, moving or deleting it would lose the consequence (the reconciler sees only jobs).
+_SETTLED_FAILED = """j.state = 'failed' AND j.consequence_state IS DISTINCT FROM 'owed'
+      AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)"""
+
+# Admin move of failed jobs to the DLQ (whatever the queue's policy).
 _MOVE_TO_DLQ = f"""
 WITH d AS (
     DELETE FROM {S}.jobs WHERE id IN (
-        SELECT id FROM {S}.jobs
-        WHERE state = 'failed' AND consequence_state IS DISTINCT FROM 'owed' AND {{where}}
-        ORDER BY id FOR UPDATE SKIP LOCKED)
+        SELECT j.id FROM {S}.jobs j WHERE {_SETTLED_FAILED} AND {{where}}
+        ORDER BY j.id FOR UPDATE SKIP LOCKED)
     RETURNING *)
-INSERT INTO {S}.dlq SELECT d.*, %(reason)s, now(), d.run_lease FROM d"""
+INSERT INTO {S}.dlq SELECT d.*, %(reason)s, now(), d.run_lease FROM d
+RETURNING id"""
 
-DLQ_MOVE_ONE = _MOVE_TO_DLQ.format(where="id = %(id)s")
-DLQ_MOVE_BULK = _MOVE_TO_DLQ.format(
-    where="(%(kind)s::text IS NULL OR kind = %(kind)s) "
-          "AND (%(queue)s::text IS NULL OR queue = %(queue)s)")
+DLQ_MOVE_ONE = _MOVE_TO_DLQ.format(where="j.id = %(id)s")
+DLQ_MOVE_BULK = _MOVE_TO_DLQ.format(where="true")
+# (its candidates are SETTLED_FAILED_IDS; its row-by-row twin is DLQ_MOVE_ONE)
 
 DLQ_PURGE_ONE = f"DELETE FROM {S}.dlq WHERE id = %s"
-DLQ_PURGE = f"DELETE FROM {S}.dlq WHERE {_DLQ_FILTER}"
+DLQ_PURGE = f"DELETE FROM {S}.dlq WHERE {_DLQ_FILTER} RETURNING id"
+DLQ_PURGE_MATCHING_ONE = f"DELETE FROM {S}.dlq WHERE id = %(id)s AND {_DLQ_FILTER} RETURNING id"
 
 # Maintenance: DLQ retention (independent of the jobs' retention).
 _DLQ_PRUNABLE = "d.dlq_at < now() - %(dlq_s)s * interval '1 second'"
@@ -746,12 +752,10 @@ PRUNE_DLQ_IDS = f"SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit
 
 PRUNE_DLQ_ONE = f"DELETE FROM {S}.dlq d WHERE d.id = %(id)s AND {_DLQ_PRUNABLE} RETURNING id"
 
-# retry_failed: failed -> available, attempt 0 (as RETRY_JOB), by kind or queue. A job whose
-# failure consequence is still owed stays failed (retrying it would lose the consequence).
-# A failed row whose handler still runs (an early fail_external; see _ATTEMPT_STILL_RUNS) waits.
-_RETRYABLE_FAILED = """j.state = 'failed' AND j.consequence_state IS DISTINCT FROM 'owed'
-      AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+# retry_failed: failed -> available, attempt 0 (as RETRY_JOB), by kind or queue: the settled
+# failed jobs, except a failed row whose handler still runs (an early fail_external; see
+# _ATTEMPT_STILL_RUNS), which waits.
+_RETRYABLE_FAILED = _SETTLED_FAILED + """
       AND NOT (j.heartbeat_at IS NOT NULL
                AND j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond')"""
 
@@ -768,6 +772,9 @@ RETURNING {J_JOB_COLUMNS}"""
 FAILED_IDS = f"""
 SELECT j.id FROM {S}.jobs j WHERE {_RETRYABLE_FAILED} ORDER BY j.id"""
 
+# Candidates of the move-to-DLQ and discard fallbacks.
+SETTLED_FAILED_IDS = f"SELECT j.id FROM {S}.jobs j WHERE {_SETTLED_FAILED} ORDER BY j.id"
+
 # awa's RetryFailedResult.matched: failed jobs the filter finds (owed ones included).
 FAILED_MATCHING = f"""
 SELECT count(*) FROM {S}.jobs j WHERE j.state = 'failed'
@@ -779,9 +786,9 @@ WHERE j.id = %(id)s AND {_RETRYABLE_FAILED}
 RETURNING {J_JOB_COLUMNS}"""
 
 # Jobs whose failure consequence is still owed are kept (deleting them would lose it).
-DISCARD_FAILED = f"""
-DELETE FROM {S}.jobs
-WHERE kind = %s AND state = 'failed' AND consequence_state IS DISTINCT FROM 'owed'"""
+DISCARD_FAILED = f"DELETE FROM {S}.jobs j WHERE {_SETTLED_FAILED} RETURNING j.id"
+DISCARD_FAILED_ONE = f"""
+DELETE FROM {S}.jobs j WHERE j.id = %(id)s AND {_SETTLED_FAILED} RETURNING j.id"""
 
 # drain_queue guard: waiting rows of one queue, parked (waiting_external) ones included as in
 # awa-pg; running attempts are left alone.
@@ -936,6 +943,9 @@ ISOLATED = {
     "retry_failed": (_RETRYABLE_FAILED, (RETRY_FAILED, FAILED_IDS, RETRY_FAILED_ONE)),
     "drain_queue": (_DRAINABLE, (DRAIN_QUEUE, DRAINABLE_IDS, DRAIN_ONE)),
     "dlq_retry": (_DLQ_FILTER, (DLQ_RETRY_BULK, DLQ_MATCHING_IDS, DLQ_RETRY_ONE)),
+    "dlq_purge": (_DLQ_FILTER, (DLQ_PURGE, DLQ_MATCHING_IDS, DLQ_PURGE_MATCHING_ONE)),
+    "dlq_move": (_SETTLED_FAILED, (DLQ_MOVE_BULK, SETTLED_FAILED_IDS, DLQ_MOVE_ONE)),
+    "discard_failed": (_SETTLED_FAILED, (DISCARD_FAILED, SETTLED_FAILED_IDS, DISCARD_FAILED_ONE)),
     "complete": ("j.run_lease = b.lease AND j.state = 'running'", (COMPLETE_MANY,)),
     "heartbeat": ("j.run_lease = b.lease", (HEARTBEAT,)),
     "dead_letter": (f"{S}.dead_letter_if_enabled(", (DEAD_LETTER_MANY, DEAD_LETTER)),
