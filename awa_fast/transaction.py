@@ -53,11 +53,18 @@ class Transaction:
     async def insert(self, args: Any, **opts: Any) -> Job:
         """Insert a job inside this transaction (keywords as ``AsyncClient.insert``).
 
-        Runs under a savepoint: a caught ``UniqueConflict`` leaves the transaction usable.
+        Runs under a savepoint: a caught ``UniqueConflict`` leaves the transaction usable; a
+        deadlock rolls back only the savepoint and is retried a bounded number of times, then
+        raises ``DeadlockError``.
         """
         p = prepare(args, **opts)
-        async with self._check().transaction():
-            return await enqueue.insert_one(self._conn, p)
+        conn = self._check()
+
+        async def once() -> Job:
+            async with conn.transaction():
+                return await enqueue.insert_one(conn, p)
+
+        return await bulk.retry_deadlocks(once, what="insert")
 
     async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
         """Insert many jobs with shared options inside this transaction (all or none, under a

@@ -682,7 +682,7 @@ SELECT d.id, d.kind, COALESCE(%(to_queue)s::text, d.queue), d.args,
        GREATEST(COALESCE(%(run_at)s::timestamptz, now()), now()), d.created_at, d.errors,
        d.metadata, d.tags, d.unique_key, d.unique_states, d.ordering_key,
        d.run_lease  -- kept: a lease value is never reused, so a zombie attempt stays stale
-FROM d ORDER BY d.id
+FROM d ORDER BY d.unique_key, d.id  -- keys in the one global order (ids are kept)
 RETURNING {JOB_COLUMNS}"""
 
 DLQ_RETRY = f"""
