@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
 import re
 import signal
 import subprocess
@@ -23,16 +22,9 @@ import pytest
 import awa_fast as awa
 from tests.first_hour_app import Ping
 from tests.support import job_row
+from tests.test_cli import CLOSED_PORT_DSN, TIMEOUT_S, _env, cli
 
 ROOT = Path(__file__).resolve().parent.parent
-CLOSED_PORT_DSN = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=5"
-TIMEOUT_S = 120
-
-
-def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")}
-    env.update(extra)
-    return env
 
 
 def readme_block(heading: str) -> str:
@@ -170,11 +162,6 @@ async def test_progress_is_written_on_its_own_cadence_and_listed(dsn):
 
 # ---------------------------------------------------------------------------------------------
 # CLI odds and ends
-
-
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "awa_fast", *args], capture_output=True,
-                          text=True, timeout=TIMEOUT_S, env=env or _env())
 
 
 def test_retry_failed_prints_a_count_and_the_first_rows(dsn):
