@@ -540,3 +540,33 @@ async def test_class1_two_workers_drain_duplicates_one_running_attempt_per_key(d
         for c in clients:
             await c.close()
     assert len(seen) == 40 and set(seen) == {1}
+
+
+async def test_class1_snooze_into_a_held_key_cancels_that_job_as_a_duplicate(dsn, client):
+    # A worker outcome whose new state would take a key another job holds (here: the mask holds
+    # only 'scheduled', a scheduled duplicate exists) cancels the attempt's job as a duplicate;
+    # the queue goes on.
+    only_scheduled = {"states": 1 << 0}
+
+    @client.task(Held)
+    async def held(job):
+        return awa.Snooze(3600)
+
+    @client.task(Plain)
+    async def plain(job):
+        return None
+
+    holder = await client.insert(Held(9), unique_opts=only_scheduled,
+                                 run_at="2999-01-01T00:00:00+00:00")
+    job = await client.insert(Held(9), unique_opts=only_scheduled)
+    plains = [(await client.insert(Plain(i))).id for i in range(3)]
+    await client.start([("default", 4)], **FAST)
+    await wait_for(lambda: _all_in(dsn, plains, "completed"), what="the plain jobs")
+    row = await wait_for(lambda: _cancelled(dsn, job.id), what="the duplicate cancelled")
+    assert "duplicate" in row["errors"][-1]["error"]
+    assert (await job_row(dsn, holder.id))["state"] == "scheduled"
+
+
+async def _cancelled(dsn, job_id):
+    row = await job_row(dsn, job_id)
+    return row if row["state"] == "cancelled" else None
