@@ -991,6 +991,5 @@ UNHANDLED_IN_QUEUES = f"""
 SELECT queue, kind, n FROM ({UNHANDLED_AVAILABLE}) x WHERE queue = ANY(%s) ORDER BY 1, 2"""
 
 # Schema version check at start(): a worker on an unmigrated database fails fast.
-SCHEMA_VERSION = f"""
-SELECT CASE WHEN to_regclass('{S}.schema_version') IS NULL THEN NULL
-            ELSE (SELECT max(version) FROM {S}.schema_version) END"""
+SCHEMA_PRESENT = f"SELECT to_regclass('{S}.schema_version') IS NOT NULL"
+SCHEMA_VERSION = f"SELECT max(version) FROM {S}.schema_version"

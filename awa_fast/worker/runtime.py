@@ -247,8 +247,9 @@ async def _check_schema(conn: Any) -> None:
     Raises:
         SchemaNotMigrated: the ``awa_fast`` schema is missing or older than this package.
     """
-    cur = await conn.execute(sql.SCHEMA_VERSION)
-    version = (await cur.fetchone())[0]
+    version = None
+    if (await (await conn.execute(sql.SCHEMA_PRESENT)).fetchone())[0]:
+        version = (await (await conn.execute(sql.SCHEMA_VERSION)).fetchone())[0]
     need = schema.current_migration_version()
     if version is None:
         raise SchemaNotMigrated("the awa_fast schema is missing from this database: run "

@@ -1,0 +1,221 @@
+"""Issue 9, class 5: a worker never destroys work it does not understand, and says what is wrong.
+
+Real PostgreSQL throughout: a second application sharing the queue, configurations start()
+must reject, an unmigrated database, an unreachable port for the launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import psycopg
+import pytest
+
+import awa_fast as awa
+from awa_fast.errors import ConfigError, SchemaNotMigrated
+from tests.support import job_row, scalar, truncate, wait_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
+UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nothing"
+
+
+@pytest.fixture(autouse=True)
+async def _clean(dsn):
+    await truncate(dsn)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("TRUNCATE awa_fast.workers")
+
+
+@dataclasses.dataclass
+class Mine:
+    n: int
+
+
+@dataclasses.dataclass
+class Theirs:
+    n: int
+
+
+async def _states(dsn, kind: str) -> dict:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT state::text, count(*), max(attempt), "
+                                 "max(jsonb_array_length(errors)) FROM awa_fast.jobs "
+                                 "WHERE kind = %s GROUP BY 1", (kind,))
+        return {s: (n, a, e) for s, n, a, e in await cur.fetchall()}
+
+
+# ---------------------------------------------------------------------------------------------
+# a kind this process has no handler for is left for a worker that has one
+
+
+async def test_class5_unknown_kind_is_left_for_a_worker_that_has_it(dsn, client, caplog):
+    done = []
+
+    @client.task(Mine, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def mine(job):
+        done.append(job.id)
+
+    theirs = await client.insert_many([Theirs(i) for i in range(200)], queue="shared")
+    mine_jobs = await client.insert_many([Mine(i) for i in range(20)], queue="shared")
+    caplog.set_level(logging.WARNING, logger="awa_fast.runtime")
+    await client.start([("shared", 8)], **FAST)
+    await wait_for(lambda: _true(len(done) == len(mine_jobs)), what="this app's jobs")
+    assert (await client.runtime.check_unhandled()) == [("shared", "theirs", 200)]
+    assert (await client.runtime.check_unhandled()) == [("shared", "theirs", 200)]
+    loud = [r for r in caplog.records if "no live worker has a handler" in r.getMessage()]
+    assert len(loud) == 1 and "'theirs'" in loud[0].getMessage()  # once per kind
+    # The other application's jobs are untouched: never claimed, never failed.
+    assert await _states(dsn, "theirs") == {"available": (200, 0, 0)}
+    stats = {s.queue: s for s in await client.queue_stats()}
+    assert stats["shared"].unhandled == 200
+    assert await client.unhandled_kinds() == [{"queue": "shared", "kind": "theirs",
+                                               "available": 200}]
+
+    other = awa.AsyncClient(dsn)  # the application that has the handler starts
+    ran = []
+
+    @other.task(Theirs, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def their_handler(job):
+        ran.append(job.id)
+
+    try:
+        await other.start([("shared", 8)], **FAST)
+        await wait_for(lambda: _true(len(ran) == len(theirs)), what="the other app's jobs")
+        assert await _states(dsn, "theirs") == {"completed": (200, 1, 0)}
+        assert sorted(ran) == sorted(j.id for j in theirs)
+        assert {s.queue: s for s in await client.queue_stats()}["shared"].unhandled == 0
+    finally:
+        await other.close()
+
+
+async def _true(value):
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# configuration that cannot work is rejected at start(), naming the field
+
+
+@pytest.mark.parametrize("setup, queues, options, field", [
+    ("mine", None, {"heartbeat_interval_ms": 60_000}, "heartbeat_interval_ms"),
+    ("mine", None, {"heartbeat_interval_ms": 1_000, "heartbeat_staleness_ms": 1_500},
+     "heartbeat_interval_ms"),
+    ("mine", [("", 1)], {}, "queues"),
+    ("mine", [("q\x00", 1)], {}, "queues"),
+    ("mine", [("x" * 201, 1)], {}, "queues"),
+    ("long_kind", None, {}, "kind"),
+    ("nothing", [("default", 1)], {}, "handlers"),
+    ("emails", [("default", 1)], {}, "queues"),
+])
+async def test_class5_start_rejects_config_that_cannot_work(dsn, client, setup, queues,
+                                                            options, field):
+    if setup == "mine":
+        client.task(Mine)(lambda job: None)
+    elif setup == "long_kind":
+        client.task(Mine, kind="k" * 201)(lambda job: None)
+    elif setup == "emails":
+        client.task(Mine, queue="emails")(lambda job: None)
+    with pytest.raises(ConfigError) as err:
+        await client.start(queues, **{**FAST, **options})
+    assert err.value.field == field, str(err.value)
+    assert client.runtime is None  # nothing started
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.workers") == 0
+
+
+async def test_class5_callback_rescue_interval_is_honoured(dsn, client):
+    @client.task(Mine, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def park(job):
+        token = await job.register_callback(timeout_seconds=0.1)
+        return awa.WaitForCallback(token)
+
+    job = await client.insert(Mine(1), max_attempts=3)
+    await client.start(None, poll_interval_ms=50, heartbeat_interval_ms=100,
+                       leader_election_interval_ms=50, promote_interval_ms=3_600_000,
+                       heartbeat_rescue_interval_ms=3_600_000,
+                       deadline_rescue_interval_ms=3_600_000, callback_rescue_interval_ms=50)
+
+    async def rescued():
+        row = await job_row(dsn, job.id)
+        return row if row["state"] == "retryable" else None
+    row = await wait_for(rescued, what="the expired callback rescued on its own interval")
+    assert row["errors"][-1]["error"] == "callback timed out"
+    loops = client.runtime.maintenance.loop_health()
+    assert loops["callback_rescue"].passes >= 1 and loops["rescue"].passes <= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# an unmigrated database fails fast; the launcher gives up on an unreachable database
+
+
+async def test_class5_unmigrated_database_fails_fast(fresh_db):
+    client = awa.AsyncClient(fresh_db)
+    client.task(Mine)(lambda job: None)
+    try:
+        with pytest.raises(SchemaNotMigrated, match="run `awa-fast migrate`"):
+            await client.start([("default", 1)], **FAST)
+        assert client.runtime is None
+    finally:
+        await client.close()
+
+
+def _launch(*args: str, app_dsn: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AWA_FAST_LAUNCHER_DSN": app_dsn}
+    return subprocess.run([sys.executable, "-m", "awa_fast", "worker", "tests.launcher_app:client",
+                           "--processes", "1", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_class5_launcher_on_an_unmigrated_database_gives_up_at_once(dsn, fresh_db):
+    t0 = time.monotonic()
+    r = _launch("--database-url", fresh_db, app_dsn=dsn)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "ready" not in r.stdout and "restarting" not in r.stdout
+    assert "cannot start tests.launcher_app:client" in r.stdout
+    assert "run `awa-fast migrate`" in r.stdout
+    assert "does not exist" not in r.stderr  # no flood of "relation does not exist"
+    assert time.monotonic() - t0 < 30
+
+
+def test_class5_launcher_gives_up_when_the_database_is_unreachable(dsn):
+    t0 = time.monotonic()
+    r = _launch("--database-url", UNREACHABLE, app_dsn=dsn)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "ready" not in r.stdout
+    assert "cannot reach the database at 127.0.0.1:1" in r.stdout
+    assert r.stdout.rstrip().endswith("giving up") or "giving up" in r.stdout
+    assert time.monotonic() - t0 < 30  # bounded: not "5 deaths of 30 s each"
+
+
+# ---------------------------------------------------------------------------------------------
+# a failed or retried attempt logs one line, never the args
+
+
+async def test_class5_failed_attempt_logs_one_line(dsn, client, caplog):
+    @client.task(Mine, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def boom(job):
+        raise ValueError(f"boom on attempt {job.attempt}")
+
+    job = await client.insert(Mine(424242), max_attempts=2)
+    caplog.set_level(logging.WARNING, logger="awa_fast.runtime")
+    await client.start([("default", 1)], **{**FAST, "maintenance": True,
+                                            "promote_interval_ms": 50,
+                                            "leader_election_interval_ms": 50})
+    await wait_for(lambda: _failed(dsn, job.id), what="both attempts")
+    lines = [r.getMessage() for r in caplog.records
+             if r.name == "awa_fast.runtime" and f"job {job.id} " in r.getMessage()]
+    assert lines[0].startswith(f"job {job.id} (mine) attempt 1/2 failed: ValueError: boom on "
+                               "attempt 1; retry in"), lines
+    assert lines[1] == (f"job {job.id} (mine) attempt 2/2 failed: ValueError: boom on attempt 2; "
+                        "failed (exhausted)"), lines
+    assert len(lines) == 2 and not any("424242" in line for line in lines)
+
+
+async def _failed(dsn, job_id):
+    return (await job_row(dsn, job_id))["state"] == "failed"
