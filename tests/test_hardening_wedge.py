@@ -319,12 +319,21 @@ async def test_class1_drain_queue_isolates_a_row_its_cancel_fails(dsn, client):
     assert (await job_row(dsn, bad.id))["state"] == "available"
 
 
-async def test_class1_dlq_bulk_retry_isolates_a_row_its_reinsert_fails(dsn, client):
-    jobs = [await client.insert(Plain(i)) for i in range(3)]
-    bad = await client.insert({"x": 1}, kind="explode")
-    ids = [j.id for j in jobs] + [bad.id]
+async def _fail(dsn: str, ids: list[int]) -> None:
     await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
                      "WHERE id = ANY(%s)", (ids,))
+
+
+async def _failed_with_a_bad_one(dsn: str, client) -> tuple[list, awa.Job]:
+    """Three failed plain jobs and one failed ``explode`` job (the one a trigger refuses)."""
+    jobs = [await client.insert(Plain(i)) for i in range(3)]
+    bad = await client.insert({"x": 1}, kind="explode")
+    await _fail(dsn, [j.id for j in jobs] + [bad.id])
+    return jobs, bad
+
+
+async def test_class1_dlq_bulk_retry_isolates_a_row_its_reinsert_fails(dsn, client):
+    jobs, bad = await _failed_with_a_bad_one(dsn, client)
     assert await client.bulk_move_failed_to_dlq(allow_all=True) == 4
     async with exploding_inserts(dsn):
         assert await client.bulk_retry_from_dlq(allow_all=True) == 3
@@ -333,11 +342,7 @@ async def test_class1_dlq_bulk_retry_isolates_a_row_its_reinsert_fails(dsn, clie
 
 
 async def test_class1_dlq_move_purge_and_discard_isolate_a_row_that_fails(dsn, client):
-    jobs = [await client.insert(Plain(i)) for i in range(3)]
-    bad = await client.insert({"x": 1}, kind="explode")
-    ids = [j.id for j in jobs] + [bad.id]
-    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
-                     "WHERE id = ANY(%s)", (ids,))
+    jobs, bad = await _failed_with_a_bad_one(dsn, client)
     async with failing_rows(dsn, "OLD.kind = 'explode'", event="DELETE"):
         assert await client.bulk_move_failed_to_dlq(allow_all=True) == 3
         assert (await job_row(dsn, bad.id))["state"] == "failed"  # stays, the rest moved
@@ -348,8 +353,7 @@ async def test_class1_dlq_move_purge_and_discard_isolate_a_row_that_fails(dsn, c
         assert await client.purge_dlq(allow_all=True) == 2
     assert [e.job.id for e in await client.list_dlq()] == [jobs[0].id]
     more = [await client.insert(Plain(i)) for i in range(2)]
-    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
-                     "WHERE id = ANY(%s)", ([j.id for j in more],))
+    await _fail(dsn, [j.id for j in more])
     async with failing_rows(dsn, "OLD.id = %d" % more[0].id, event="DELETE"):
         assert await client.discard_failed("plain") == 1
     assert (await job_row(dsn, more[0].id))["state"] == "failed"
