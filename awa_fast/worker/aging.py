@@ -16,6 +16,7 @@ from typing import Callable
 import psycopg
 
 from awa_fast import sql
+from awa_fast.worker.cancellation import raise_if_cancelling
 
 log = logging.getLogger("awa_fast.aging")
 
@@ -38,4 +39,5 @@ async def run_aging(pool_getter: Callable, queue: str, interval_ms: int) -> None
             await age_once(await pool_getter(), queue, interval_ms)
         except (psycopg.Error, OSError) as exc:
             log.warning("priority aging of queue %r failed: %s", queue, exc)
+        raise_if_cancelling()  # see worker/cancellation.py
         await asyncio.sleep(period_s)

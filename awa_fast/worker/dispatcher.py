@@ -16,6 +16,7 @@ from typing import Callable
 import psycopg
 
 from awa_fast import bulk, sql
+from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.rate_limit import TokenBucket
 
 log = logging.getLogger("awa_fast.dispatcher")
@@ -77,7 +78,7 @@ class Dispatcher:
                 await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
             except TimeoutError:
                 pass
-            _raise_if_cancelling()
+            raise_if_cancelling()
             if self._stopping:
                 return
             # Let handlers finishing in this loop iteration free their slots first, so one
@@ -100,7 +101,7 @@ class Dispatcher:
                 log.warning("claim from queue %r failed: %s: %s", self.queue,
                             type(exc).__name__, exc,
                             exc_info=not isinstance(exc, (psycopg.Error, OSError)))
-                _raise_if_cancelling()
+                raise_if_cancelling()
                 await asyncio.sleep(min(self.poll_interval_s, 1.0))
                 continue
             self.claims += 1
@@ -113,7 +114,7 @@ class Dispatcher:
             self.claimed += len(rows)
             for row in rows:
                 self._spawn(row)
-            _raise_if_cancelling()  # after spawning: claimed rows always get their handler
+            raise_if_cancelling()  # after spawning: claimed rows always get their handler
 
     async def _claim(self, limit: int) -> list[tuple]:
         # One statement; if a row makes it fail (a trigger, or a unique collision with a
@@ -135,10 +136,3 @@ class Dispatcher:
                 keys=candidates, one=lambda job_id: fetch(sql.CLAIM_ONE, {"id": job_id}))
             return done.rows
 
-
-def _raise_if_cancelling() -> None:
-    # Python 3.11: a cancel that races asyncio.wait_for (ours, or psycopg_pool's getconn) can be
-    # swallowed; without this check asyncio.run() waits forever for this task at exit.
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError

@@ -32,6 +32,7 @@ from psycopg import errors as pg_errors
 from awa_fast import bulk, enqueue, sql
 from awa_fast.worker import executor as ex
 from awa_fast.worker import storable
+from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
 
 log = logging.getLogger("awa_fast.finalizer")
@@ -123,10 +124,7 @@ class Finalizer:
                 batch = self._pending[: self.batch_size]
                 del self._pending[: self.batch_size]
                 await self._flush(batch)
-            # Python 3.11: a cancel racing the pool's getconn (asyncio.wait_for) can be lost.
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError
+            raise_if_cancelling()  # see worker/cancellation.py
 
     async def _flush(self, batch: list) -> None:
         batch.sort(key=lambda item: item[0])

@@ -10,6 +10,7 @@ from typing import Callable, Iterable
 import psycopg
 
 from awa_fast import bulk, sql
+from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
 
 log = logging.getLogger("awa_fast.heartbeat")
@@ -58,10 +59,7 @@ class Heartbeat:
                 log.warning("%s failed: %s", what, exc)
             except Exception:  # never let one beat end the loop
                 log.exception("%s failed", what)
-            # Python 3.11: a cancel racing the pool's getconn (asyncio.wait_for) can be lost.
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError
+            raise_if_cancelling()  # see worker/cancellation.py
 
     async def beat(self, progress_only: bool = False) -> None:
         """Send one round of heartbeats now (only for attempts with unwritten progress when

@@ -20,6 +20,7 @@ from awa_fast import _native, schema, sql
 from awa_fast.errors import ConfigError, SchemaNotMigrated, Unsupported, ValidationError
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
+from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.finalizer import Finalizer
@@ -682,11 +683,7 @@ class Runtime:
             async with fenced() as conn:
                 return await periodic.evaluate(conn)
         finally:
-            # On Python 3.11 a cancel racing psycopg_pool's getconn (asyncio.wait_for) can be
-            # swallowed; re-raise it so shutdown does not wait on this loop forever.
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError
+            raise_if_cancelling()  # see worker/cancellation.py
 
     async def reconcile(self, fenced: Any = None) -> dict:
         """Reconciler tick (leader only): run ``verify_success`` hooks once on recently
@@ -765,9 +762,7 @@ class Runtime:
                 log.warning("LISTEN connection lost (%s: %s); polling until it is back",
                             type(exc).__name__, exc)
                 self._listen_conn = None
-                task = asyncio.current_task()
-                if task.cancelling():  # Python 3.11: a cancel racing a connect can be lost
-                    raise asyncio.CancelledError from None
+                raise_if_cancelling()  # see worker/cancellation.py
                 await asyncio.sleep(self.poll_interval_s)
 
     def _on_notify(self, channel: str, payload: str) -> None:
