@@ -363,7 +363,9 @@ async def _demo(database_url: str, processes: int, files: list[str], timeout: fl
             sup = Supervisor(f"{__name__}:client", processes,
                              queues=f"{DEMO_QUEUE}:{WORKERS_PER_PROCESS}",
                              database_url=database_url, out=sys.stderr, status_interval=0,
-                             log_level="warning", extra_env={"PYTHONWARNINGS": "ignore"})
+                             # the files that do not parse fail on purpose (and are
+                             # reported at the end): no WARNING line per failed attempt
+                             log_level="error", extra_env={"PYTHONWARNINGS": "ignore"})
             sup.start()
             timed_out = await _wait_for_pipeline(c, sup, t_start, timeout)
         except asyncio.CancelledError:  # Ctrl-C: asyncio.Runner cancels the main task
@@ -505,8 +507,8 @@ def embedded_notice(fp: dict) -> list[str]:
     remove = f"`rm -rf {fp['data_dir']}`"
     if fp["system_account"]:
         remove += f" and `userdel {fp['os_user']}`"
-    lines.append(f"it keeps running after the demo: `awa-fast embedded stop` stops it; then "
-                 f"{remove} removes it")
+    lines.append(f"it keeps running after the demo: `awa-fast embedded stop` stops it; to "
+                 f"remove it, stop it, then {remove}")
     return ["no database configured (--database-url, AWA_FAST_DATABASE_URL, DATABASE_URL):",
             *("  " + line for line in lines)]
 

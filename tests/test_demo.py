@@ -161,7 +161,7 @@ def test_demo_on_the_embedded_server_says_what_it_does_first():
         assert notice < started  # said before it happens
         assert f"demo:   starting the embedded PostgreSQL 18 in {datadir}, as " in err
         assert (f"demo:   it keeps running after the demo: `awa-fast embedded stop` stops it; "
-                f"then `rm -rf {datadir}`") in err
+                f"to remove it, stop it, then `rm -rf {datadir}`") in err
         if os.geteuid() == 0:
             assert "as the system account 'awa-postgres'" in err and "`userdel awa-postgres`" in err
         assert "check: OK" in r.stdout
