@@ -293,7 +293,8 @@ class Restart:
     n: int = 0
 
 
-async def test_class2_finalize_backs_off_across_a_server_restart(own_server):
+@pytest.mark.parametrize("mode", ["fast", "immediate"])  # immediate: crash recovery
+async def test_class2_finalize_backs_off_across_a_server_restart(own_server, mode):
     # Every pooled connection dies with the restart; the finalize that follows must check the
     # pool and back off instead of spending its retries in milliseconds on dead connections.
     c = awa.AsyncClient(own_server.awa_dsn, max_connections=10)
@@ -306,6 +307,7 @@ async def test_class2_finalize_backs_off_across_a_server_restart(own_server):
             await gate.wait()
             job.enqueue_on_completion(Restart(job.args.n + 1))  # the per-job path
 
+        await c._fetch("TRUNCATE awa_fast.jobs")
         first = await c.insert(Restart(0), max_attempts=1)
         # Nothing else touches the pool meanwhile: no polling claims, no heartbeats.
         await c.start([("default", 4)], poll_interval_ms=3_600_000,
@@ -317,7 +319,7 @@ async def test_class2_finalize_backs_off_across_a_server_restart(own_server):
         await asyncio.gather(*(h.__aenter__() for h in held))
         for h in held:
             await h.__aexit__(None, None, None)
-        await asyncio.to_thread(own_server.restart, "fast")
+        await asyncio.to_thread(own_server.restart, mode)
         gate.set()
         await asyncio.wait_for(c.runtime.wait_attempts_ended(1), 60)
         row = await job_row(own_server.awa_dsn, first.id)

@@ -295,13 +295,19 @@ async def test_class4_superseded_attempt_stays_supervised(dsn, client):
             raise
 
     job = await client.insert(Job())
-    await client.start([{"name": "default", "max_workers": 4, "deadline_duration_ms": 1500}],
+    await client.start([{"name": "default", "max_workers": 4, "deadline_duration_ms": 3000}],
                        **FAST)
     await wait_for(lambda: _true(len(started) == 1), what="attempt 1")
     await scalar(dsn, "UPDATE awa_fast.jobs SET state = 'available' WHERE id = %s RETURNING id",
                  (job.id,))
     await wait_for(lambda: _true(len(started) == 2), what="attempt 2")
-    assert set(client.runtime.in_flight) == {(job.id, 1), (job.id, 2)}
+    in_flight = client.runtime.in_flight
+    assert set(in_flight) == {(job.id, 1), (job.id, 2)}
+    # A cancel NOTIFY names an attempt: it reaches the superseded one, and only it.
+    await scalar(dsn, "SELECT pg_notify('awa_fast_cancel', %s)",
+                 (f'{{"job_id": {job.id}, "run_lease": 1}}',))
+    await wait_for(lambda: _true(in_flight[(job.id, 1)].is_cancelled()), what="cancel flag")
+    assert not in_flight[(job.id, 2)].is_cancelled()
     await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
     assert sorted(cancelled) == [1, 2]  # both abandoned at their deadlines
     assert client.runtime.outcomes.get("abandoned") == 2
