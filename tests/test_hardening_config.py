@@ -6,7 +6,6 @@ must reject, an unmigrated database, an unreachable port for the launcher.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os

@@ -126,7 +126,8 @@ async def test_class3_exhausted_spec_fires_on_deadline_expiry(dsn, client):
 # the verify_success verdict and its correction commit together
 
 
-async def test_class3_verdict_and_correction_commit_together(dsn, client):
+async def completed_but_not_done(dsn, client) -> tuple:
+    """A completed ``ship`` job whose ``verify_success`` says not done (verdicts recorded)."""
     verdicts = []
 
     def not_done(job):
@@ -141,6 +142,11 @@ async def test_class3_verdict_and_correction_commit_together(dsn, client):
     job = await client.insert({"n": 1}, kind="ship", queue="idle_q")
     await client.start(IDLE, **QUIET)
     await wait_state(dsn, job.id, "completed")
+    return job, verdicts
+
+
+async def test_class3_verdict_and_correction_commit_together(dsn, client):
+    job, verdicts = await completed_but_not_done(dsn, client)
     # A fault between the verdict and the correction: the correction statement fails.
     async with failing_rows(dsn, "OLD.state = 'completed' AND NEW.state = 'failed'",
                             event="UPDATE"):
@@ -247,20 +253,7 @@ async def _terminate(dsn, pid: int) -> None:
 
 
 async def test_class3_a_deposed_leader_writes_nothing(dsn, client):
-    verdicts = []
-
-    def not_done(job):
-        verdicts.append(job.id)
-        return False
-
-    @client.task(dict, kind="ship", failure_consequence=awa.NO_FAILURE_CONSEQUENCE,
-                 verify_success=not_done)
-    async def ship(job):
-        return None
-
-    done = await client.insert({"n": 1}, kind="ship", queue="idle_q")
-    await client.start(IDLE, **QUIET)
-    await wait_state(dsn, done.id, "completed")
+    done, _verdicts = await completed_but_not_done(dsn, client)
     due = await due_job(dsn, client)
     assert (await job_row(dsn, due.id))["state"] == "scheduled"
     old = Maintenance(dsn, client.pool, MaintenanceConfig())
