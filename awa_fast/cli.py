@@ -508,15 +508,18 @@ def cmd_check(s: Session) -> int:
     from awa_fast.testing import undeclared_failure_consequences
 
     try:
-        client, _module = load_client(s.args.app)
+        client, module = load_client(s.args.app)
     except AppSpecError as exc:
         raise CliError(str(exc)) from exc
     kinds = undeclared_failure_consequences(client)
     off_default = dict(sorted(client.registry.off_default.items()))
+    config_error = _start_config_error(client, module)
     if s.json:
         _print_json({"undeclared": kinds, "registered": sorted(client.registry.handlers),
-                     "registered_off_default": off_default})
-        return 1 if kinds else 0
+                     "registered_off_default": off_default, "config_error": config_error})
+        return 1 if kinds or config_error else 0
+    if config_error:
+        print(f"start() would reject this configuration: {config_error}")
     if kinds:
         print("kinds without a failure consequence declaration "
               "(failure_consequence=fn or awa_fast.NO_FAILURE_CONSEQUENCE):")
@@ -530,7 +533,21 @@ def cmd_check(s: Session) -> int:
               "registered queues does not work:")
         for kind, queue in off_default.items():
             print(f"  {kind} -> queue {queue}")
-    return 1 if kinds else 0
+    return 1 if kinds or config_error else 0
+
+
+def _start_config_error(client, module) -> str | None:
+    """What ``client.start(**START_OPTIONS)`` would reject before touching the database
+    (``ConfigError`` naming the field, or a bad option), or ``None``."""
+    from awa_fast.worker.runtime import Runtime
+
+    options = dict(getattr(module, "START_OPTIONS", None) or {})
+    try:
+        Runtime(client, None, **options).thread_pool.shutdown(wait=False)
+    except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
+        field = getattr(exc, "field", None)
+        return f"{field}: {exc}" if field else str(exc)
+    return None
 
 
 async def cmd_consequences(s: Session) -> int:

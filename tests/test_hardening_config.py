@@ -218,3 +218,21 @@ async def test_class5_failed_attempt_logs_one_line(dsn, client, caplog):
 
 async def _failed(dsn, job_id):
     return (await job_row(dsn, job_id))["state"] == "failed"
+
+
+def test_class5_check_command_reports_what_start_would_reject(dsn, tmp_path):
+    app = tmp_path / "cfg_app.py"
+    app.write_text(
+        "import awa_fast as awa\n"
+        f"client = awa.AsyncClient({dsn!r})\n"
+        "START_OPTIONS = {'heartbeat_interval_ms': 60_000}\n"
+        "@client.task(dict, kind='alpha', failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
+        "async def a(job): pass\n")
+    run = lambda: subprocess.run([sys.executable, "-m", "awa_fast", "check", "cfg_app:client"],
+                                 cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    res = run()
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "start() would reject this configuration: heartbeat_interval_ms:" in res.stdout
+    app.write_text(app.read_text().replace("60_000", "10_000"))
+    res = run()
+    assert res.returncode == 0 and "would reject" not in res.stdout, res.stdout + res.stderr
