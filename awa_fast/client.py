@@ -21,7 +21,8 @@ from awa_fast import bulk, callbacks, enqueue, schema, sql
 from awa_fast.admin import AdminMixin
 from awa_fast.database_url import resolve_database_url
 from awa_fast.errors import (AttemptStillRunning, DatabaseError, JobNotFound,
-                             QueueMismatchWarning, UniqueConflict, ValidationError)
+                             QueueMismatchWarning, UniqueConflict, Unsupported,
+                             ValidationError)
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
@@ -233,7 +234,16 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
 
     async def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
         """Like :meth:`insert_many_copy` but returns only the number of jobs written (awa-pg's
-        ``enqueue_many_copy``): no Job objects are built."""
+        ``enqueue_many_copy``): no Job objects are built.
+
+        Raises:
+            Unsupported: ``queue_storage_queue_stripe_count`` other than awa's default 1
+                (awa-fast has no queue-storage stripes).
+        """
+        stripes = opts.pop("queue_storage_queue_stripe_count", 1)
+        if stripes != 1:
+            raise Unsupported("queue_storage_queue_stripe_count",
+                              "awa-fast has one storage engine, without stripes")
         return await self._copy(jobs, opts, want_jobs=False)
 
     async def _copy(self, jobs: list, opts: dict, *, want_jobs: bool) -> Any:

@@ -152,3 +152,11 @@ def test_insert_many_copy_per_job_opts(sync_client):
         c.insert_many_copy([{"i": 0}], kind="copy_k", opts=["q"])
     assert c.enqueue_many_copy([{"i": 5}], kind="copy_k", opts=[{"queue": "y"}]) == 1
     assert [j.queue for j in c.list_jobs(queue="y")] == ["y"]
+
+
+def test_enqueue_many_copy_stripes(sync_client):
+    assert sync_client.enqueue_many_copy([{"i": 1}], kind="copy_s",
+                                         queue_storage_queue_stripe_count=1) == 1
+    with pytest.raises(awa.Unsupported, match="queue_storage_queue_stripe_count"):
+        sync_client.enqueue_many_copy([{"i": 2}], kind="copy_s",
+                                      queue_storage_queue_stripe_count=2)
