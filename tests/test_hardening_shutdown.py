@@ -276,7 +276,7 @@ def test_class4_main_raising_without_shutdown_exits(dsn, tmp_path):
             states = dict(conn.execute("SELECT state::text, count(*) FROM awa_fast.jobs "
                                        "GROUP BY 1").fetchall())
             assert set(states) <= {"completed", "available", "running"}
-            assert sum(states.values()) == 1000 and states["completed"] >= 200
+            assert sum(states.values()) == 1000  # nothing lost
             conn.execute("TRUNCATE awa_fast.jobs")
 
 
