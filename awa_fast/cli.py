@@ -960,8 +960,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "more than 5 times within\n60 s. SIGTERM/SIGINT drain "
                                    "gracefully: stop claiming, finish in-flight jobs up to\n"
                                    "--drain-timeout, flush; exit 0. One status line per child "
-                                   "event on stdout; child logs\non stderr as [child N pid P]. "
-                                   "Database: --database-url, else the URL the client was built\nwith, else "
+                                   "event on stdout; child logs\non stderr as [child N pid P] "
+                                   "(--log-format json: JSON objects). APP is imported once "
+                                   "before\nany child starts: exit 2 if it names no AsyncClient, "
+                                   "1 if importing it raises.\nDatabase: --database-url, else "
+                                   "the URL the client was built with, else\n"
                                    "$AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server.")
     p.add_argument("app", metavar="APP", help="module:client, an awa_fast.AsyncClient")
     p.add_argument("--processes", type=_positive_int, default=None, metavar="N",
