@@ -37,7 +37,8 @@ async def run_aging(pool_getter: Callable, queue: str, interval_ms: int) -> None
     while True:
         try:
             await age_once(await pool_getter(), queue, interval_ms)
-        except (psycopg.Error, OSError) as exc:
-            log.warning("priority aging of queue %r failed: %s", queue, exc)
+        except Exception as exc:  # the aging loop must survive every error
+            log.warning("priority aging of queue %r failed: %s: %s", queue, type(exc).__name__,
+                        exc, exc_info=not isinstance(exc, (psycopg.Error, OSError)))
         raise_if_cancelling()  # see worker/cancellation.py
         await asyncio.sleep(period_s)

@@ -625,17 +625,22 @@ class Runtime:
         """Cancel handlers whose attempt deadline passed (checked every half second)."""
         while True:
             await asyncio.sleep(DEADLINE_SWEEP_S)
-            now = datetime.now(timezone.utc)
-            for key, ctx in list(self.in_flight.items()):
-                deadline = ctx.deadline_at
-                if (deadline is not None and deadline <= now and not ctx.returned
-                        and not ctx.waiting and not ctx.deadline_expired):
-                    ctx.deadline_expired = True
-                    task = self._handler_tasks.get(key)
-                    if task is not None:
-                        log.warning("job %s (%s) passed its deadline: abandoning the attempt",
-                                    ctx.id, ctx.kind)
-                        task.cancel()
+            try:
+                self._abandon_overdue(datetime.now(timezone.utc))
+            except Exception:  # the sweep must survive every error
+                log.exception("deadline sweep failed")
+
+    def _abandon_overdue(self, now: datetime) -> None:
+        for key, ctx in list(self.in_flight.items()):
+            deadline = ctx.deadline_at
+            if (deadline is not None and deadline <= now and not ctx.returned
+                    and not ctx.waiting and not ctx.deadline_expired):
+                ctx.deadline_expired = True
+                task = self._handler_tasks.get(key)
+                if task is not None:
+                    log.warning("job %s (%s) passed its deadline: abandoning the attempt",
+                                ctx.id, ctx.kind)
+                    task.cancel()
 
     def _has_specs(self, ctx: JobContext) -> bool:
         runner = self.finalizer.spec_runner
