@@ -602,7 +602,8 @@ def cmd_worker(s: Session) -> int:
     sup = Supervisor(a.app, a.processes, queues=a.queues, drain_timeout=a.drain_timeout,
                      database_url=getattr(a, "database_url", None),
                      status_interval=a.status_interval, log_level=a.log_level,
-                     log_format=a.log_format)
+                     log_format=a.log_format, metrics_port=a.metrics_port,
+                     metrics_host=a.metrics_host)
     return sup.run()
 
 
@@ -617,6 +618,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {text}")
     return value
 
 
@@ -980,6 +991,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"),
                    help="log level of the worker processes (default: info)")
+    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+                   help="serve Prometheus metrics of all children, aggregated, at "
+                        "http://HOST:PORT/metrics (default: none)")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="address of the metrics endpoint (default: 127.0.0.1)")
     p.set_defaults(func=cmd_worker, parser=p)
 
     # demo

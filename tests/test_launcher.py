@@ -33,14 +33,15 @@ QUEUE = "launch_q"
 class Launcher:
     """``python -m awa_fast worker tests.launcher_app:client ...`` with its stdout lines queued."""
 
-    def __init__(self, dsn: str, *args: str, fail: str | None = None):
+    def __init__(self, dsn: str, *args: str, fail: str | None = None,
+                 app: str = "tests.launcher_app:client"):
         env = {k: v for k, v in os.environ.items()
                if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")}
         env["AWA_FAST_LAUNCHER_DSN"] = dsn
         if fail:
             env["AWA_FAST_LAUNCHER_FAIL"] = fail
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "awa_fast", "worker", "tests.launcher_app:client", *args],
+            [sys.executable, "-m", "awa_fast", "worker", app, *args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []

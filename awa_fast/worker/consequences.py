@@ -27,7 +27,7 @@ import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from awa_fast import enqueue, sql
+from awa_fast import enqueue, metrics, sql
 from awa_fast.job import JOB_FIELDS, Job
 from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE, UNDECLARED, Registry
 
@@ -221,6 +221,7 @@ class Settler:
                 return "consequence_pending"
             consequence = "applied"
             self.stats["applied"] += 1
+            metrics.CONSEQUENCES_APPLIED.labels(kind).inc()
         await conn.execute(sql.SETTLE_FAILED, {"id": job_id, "consequence": consequence,
                                                "reason": reason, "path": path})
         if exhausted is None:
@@ -294,6 +295,7 @@ class Settler:
                         "retry_in": backoff(attempts, self.applier.backoff_base_s)})
                     return "owed"
                 self.stats["applied"] += 1
+                metrics.CONSEQUENCES_APPLIED.labels(kind).inc()
             await conn.execute(sql.MARK_CONSEQUENCE_APPLIED, {
                 "id": job_id, "path": path,
                 "state": "applied" if fn is not None else "none"})

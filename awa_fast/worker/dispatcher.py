@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable
 
 import psycopg
 
-from awa_fast import bulk, sql
+from awa_fast import bulk, metrics, sql
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.rate_limit import TokenBucket
 
@@ -96,7 +97,9 @@ class Dispatcher:
                     self._wake.set()
                     continue
             try:
+                started = time.perf_counter()
                 rows = await self._claim(limit)
+                metrics.CLAIM_SECONDS.labels(self.queue).observe(time.perf_counter() - started)
             except Exception as exc:  # the claim loop must survive every error
                 log.warning("claim from queue %r failed: %s: %s", self.queue,
                             type(exc).__name__, exc,

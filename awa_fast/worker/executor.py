@@ -23,6 +23,7 @@ import traceback
 from datetime import datetime, timezone
 from typing import Any
 
+from awa_fast import metrics as metrics_mod
 from awa_fast.errors import TerminalError
 from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_fast.worker import storable
@@ -43,8 +44,8 @@ ABANDON = "abandoned"  # deadline expired: nothing is written, rescue takes the 
 MAX_BACKOFF_S = 86400.0
 TRACE_LINES = 10
 
-# Counters a process exposes (staged follow-ups discarded by a returned WaitForCallback, ...).
-metrics = {"staged_discarded_on_wait_for_callback": 0}
+# A read-only view of the Prometheus counters (awa_fast.metrics), kept for existing readers.
+metrics = metrics_mod.LegacyCounters()
 
 
 class Outcome:
@@ -143,7 +144,7 @@ def _map_result(ctx: JobContext, result: Any) -> Outcome:
             f"cancelled: {storable.describe(result.reason)}", ctx.attempt))
     elif isinstance(result, WaitForCallback):
         if fu is not None and fu.staged:
-            metrics["staged_discarded_on_wait_for_callback"] += 1
+            metrics_mod.WAIT_FOR_CALLBACK_DISCARDS.inc()
             log.warning("job %s (%s) returned WaitForCallback: discarding %d staged follow-up(s)",
                         ctx.id, ctx.kind, len(fu.staged))
         if ctx.callback_id is None or ctx.callback_id != str(result.callback_id):

@@ -29,7 +29,7 @@ from typing import Any, Awaitable, Callable
 import psycopg
 from psycopg import errors as pg_errors
 
-from awa_fast import bulk, enqueue, sql
+from awa_fast import bulk, enqueue, metrics, sql
 from awa_fast.worker import executor as ex
 from awa_fast.worker import storable
 from awa_fast.worker.cancellation import raise_if_cancelling
@@ -227,6 +227,7 @@ class Finalizer:
         self.stats["batches"] += 1
         self.stats["follow_ups_inserted"] += inserted
         self.stats["follow_ups_skipped"] += staged - inserted
+        metrics.follow_ups(inserted, staged - inserted)
         for ctx, _, fut in batch:
             ok = (ctx.id, ctx.run_lease) in done
             self.stats["staged_batched" if ok else "stale"] += 1
@@ -385,6 +386,7 @@ class Finalizer:
                                                             trigger_id)
         self.stats["follow_ups_inserted"] += inserted
         self.stats["follow_ups_skipped"] += skipped
+        metrics.follow_ups(inserted, skipped)
 
     async def _complete_with_follow_ups(self, ctx: JobContext, requests: list) -> bool:
         # One statement, one round trip, one commit (autocommit): see
@@ -402,6 +404,7 @@ class Finalizer:
         self.stats["per_job"] += 1
         self.stats["follow_ups_inserted"] += inserted
         skipped = len(requests) - inserted
+        metrics.follow_ups(inserted, skipped)
         if skipped:
             self.stats["follow_ups_skipped"] += skipped
             if log.isEnabledFor(logging.DEBUG):

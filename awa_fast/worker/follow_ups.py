@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from awa_fast import _native
+from awa_fast import _native, metrics
 from awa_fast.errors import AwaError, StagingError
 from awa_fast.requests import EnqueueRequest, InsertOpts, Prepared, prepare
 
@@ -125,6 +125,7 @@ class FollowUps:
         """Seal and drop the buffer; ``why`` is the outcome that discarded it (logged at debug)."""
         self._sealed = True
         if self._staged:
+            metrics.FOLLOW_UPS_DISCARDED.labels(why).inc(len(self._staged))
             log.debug("discarded %d staged follow-up(s) of %s job %s on %s",
                       len(self._staged), kind, self.job_id, why)
             self._staged = []

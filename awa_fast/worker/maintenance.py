@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import psycopg
 
-from awa_fast import bulk, sql
+from awa_fast import bulk, metrics, sql
 
 log = logging.getLogger("awa_fast.maintenance")
 
@@ -160,6 +160,7 @@ class Maintenance:
                 sql.LEADER_BUMP, (f"{socket.gethostname()} pid {os.getpid()}",))
             self.epoch = (await cur.fetchone())[0]
         self.is_leader = True
+        metrics.LEADER.set(1)
         log.info("became maintenance leader (epoch %s)", self.epoch)
         return True
 
@@ -185,6 +186,7 @@ class Maintenance:
         if self.is_leader:
             log.info("gave up maintenance leadership (epoch %s)", self.epoch)
         self.is_leader = False
+        metrics.LEADER.set(0)
         if self._lock_conn is not None:
             try:
                 await self._lock_conn.close()
@@ -306,6 +308,7 @@ class Maintenance:
             await self._dead_letter(conn, [(r[0], r[4]) for r in rows if r[2] == "failed"])
         if rows:
             self.counts["rescued"] += len(rows)
+            metrics.rescued(rows)
             log.info("rescued %d job(s)", len(rows))
             if self.on_rescued is not None:
                 await self.on_rescued(rows)

@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 import socket
+import time
 import uuid
 from datetime import datetime, timezone
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from awa_fast import _native, schema, sql
+from awa_fast import _native, metrics, schema, sql
 from awa_fast.errors import ConfigError, SchemaNotMigrated, Unsupported, ValidationError
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
@@ -227,6 +228,17 @@ def _positive(value: Any, what: str) -> int:
     return value
 
 
+def _metrics_port(port: Any) -> int | None:
+    """``metrics_port`` of ``start()``; a launcher child's metrics are served by the launcher."""
+    if port is None:
+        return None
+    if os.environ.get(metrics.MULTIPROC_ENV):
+        raise ConfigError(f"metrics_port={port!r}: this process's metrics are aggregated by the "
+                          "launcher (awa-fast worker --metrics-port) through "
+                          f"{metrics.MULTIPROC_ENV}; give the port there", field="metrics_port")
+    return metrics.check_port(port)
+
+
 def _log_failed_attempt(ctx: JobContext, outcome: ex.Outcome) -> None:
     """One line per failed or retried attempt: kind, id, attempt, the error's type and message
     (its first line; never the job's args), and what happens next."""
@@ -302,6 +314,9 @@ class Runtime:
                  maintenance: bool = True,
                  queue_subset: bool = False,
                  cron_interval_ms: int | None = None,
+                 metrics_port: int | None = None,
+                 metrics_host: str = metrics.DEFAULT_HOST,
+                 metrics_refresh_ms: int = metrics.DEFAULT_REFRESH_MS,
                  **unsupported: Any):
         unknown = set(unsupported) - _UNSUPPORTED
         if unknown:
@@ -369,6 +384,10 @@ class Runtime:
         self.cron_interval_s = _positive(1000 if cron_interval_ms is None else cron_interval_ms,
                                          "cron_interval_ms") / 1000
         self.finalizer_batch_size = finalizer_batch_size
+        self.metrics_port = _metrics_port(metrics_port)
+        self.metrics_host = metrics.check_host(metrics_host)
+        self.metrics_refresh_s = _positive(metrics_refresh_ms, "metrics_refresh_ms") / 1000
+        self.metrics_exporter: metrics.Exporter | None = None
         self.thread_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=sync_handler_threads or min(32, (os.cpu_count() or 1) + 4),
             thread_name_prefix="awa-fast-handler")
@@ -404,6 +423,8 @@ class Runtime:
                     await conn.execute(sql.SET_QUEUE_DLQ, (q.name, bool(dlq)))
         self.client.specs.frozen = True
         await self._sync_periodic()
+        if self.metrics_port is not None:  # ConfigError when the port cannot be bound
+            self.metrics_exporter = metrics.Exporter(self.metrics_port, self.metrics_host)
         self.finalizer = Finalizer(pool_getter, batch_size=self.finalizer_batch_size,
                                    spec_runner=self.client.specs, settler=self.client.settler)
         for q in self.queues:
@@ -425,6 +446,8 @@ class Runtime:
                                             name=f"awa-aging-{q.name}")
                         for q in self.queues if q.priority_aging_interval_ms > 0]
         self._tasks.append(asyncio.create_task(self._presence_loop(), name="awa-presence"))
+        if self.metrics_port is not None or os.environ.get(metrics.MULTIPROC_ENV):
+            self._tasks.append(asyncio.create_task(self._metrics_loop(), name="awa-metrics"))
         if self.run_maintenance:
             mc = self.maintenance_config
             self.maintenance = Maintenance(
@@ -477,6 +500,8 @@ class Runtime:
         if self._listen_conn is not None:
             await self._listen_conn.close()
         self.thread_pool.shutdown(wait=False, cancel_futures=True)
+        if self.metrics_exporter is not None:
+            self.metrics_exporter.close()
 
     # -- handler tasks --------------------------------------------------------------------------
 
@@ -538,11 +563,17 @@ class Runtime:
             if outcome.kind in (ex.FAIL, ex.RETRY):
                 _log_failed_attempt(ctx, outcome)
             try:
+                returned_at = time.perf_counter()
                 applied = await self._finalize(ctx, outcome)
+                if applied:
+                    metrics.finalized(ctx.queue, ctx.kind, outcome.kind,
+                                      time.perf_counter() - returned_at)
             except Exception as exc:
                 log.warning("finalize of job %s (%s) failed (%s: %s); recording a prompt "
                             "failure", ctx.id, ctx.kind, type(exc).__name__, exc)
                 applied = await self.finalizer.fail_promptly(ctx, exc)
+                if applied:
+                    metrics.finalized(ctx.queue, ctx.kind, "prompt_failure")
         except Exception:
             log.exception("finalizing job %s (%s) failed; it stays running until rescue",
                           ctx.id, ctx.kind)
@@ -583,6 +614,17 @@ class Runtime:
                 log.warning("batched completion of job %s failed (%s); finalizing it alone",
                             ctx.id, exc)
         return await self.finalizer.finalize(ctx, outcome)
+
+    async def _metrics_loop(self) -> None:
+        """Refresh the queue depth and consequence gauges every ``metrics_refresh_ms``."""
+        names = [q.name for q in self.queues]
+        while True:
+            try:
+                async with (await self.client.pool()).connection() as conn:
+                    await metrics.refresh(conn, names)
+            except Exception as exc:  # a scrape shows the last values; the next pass retries
+                log.warning("metrics refresh failed: %s: %s", type(exc).__name__, exc)
+            await asyncio.sleep(self.metrics_refresh_s)
 
     async def _ack_ended(self, ctx: JobContext) -> None:
         try:

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from awa_fast import log_format as log_format_mod
+from awa_fast import metrics
 from awa_fast.app_loader import AppSpecError, load_client
 from awa_fast.errors import ConfigError, SchemaNotMigrated
 
@@ -331,13 +332,21 @@ class Supervisor:
         log_format: ``"text"`` or ``"json"`` (:mod:`awa_fast.log_format`), for the children's
             logs and this launcher's status lines.
         extra_env: added to the children's environment.
+        metrics_port: serve the children's Prometheus metrics, aggregated (prometheus_client
+            multiprocess mode, a fresh directory per run), on this port (0 = any free port;
+            ``metrics_exporter.port`` says which) while :meth:`start` .. :meth:`close`.
+        metrics_host: the address that endpoint binds (default 127.0.0.1).
+
+    Raises:
+        ConfigError: ``metrics_port`` / ``metrics_host`` is not a valid port / address.
     """
 
     def __init__(self, app: str, processes: int | None = None, *, queues: str | None = None,
                  drain_timeout: float = 10.0, database_url: str | None = None,
                  out: TextIO | None = None, status_interval: float = 10.0,
                  log_level: str = "info", extra_env: dict | None = None,
-                 log_format: str = "text"):
+                 log_format: str = "text", metrics_port: int | None = None,
+                 metrics_host: str = metrics.DEFAULT_HOST):
         self.app = app
         self.processes = processes or os.cpu_count() or 1
         self.queues = queues
@@ -355,6 +364,10 @@ class Supervisor:
         self._no_database = 0  # EXIT_NO_DATABASE exits since a child was last ready
         self._print_lock = threading.Lock()
         self._next_status = 0.0
+        self.metrics_port = (None if metrics_port is None
+                             else metrics.check_port(metrics_port, "--metrics-port"))
+        self.metrics_host = metrics.check_host(metrics_host, "--metrics-host")
+        self.metrics_exporter: metrics.LauncherExporter | None = None
 
     # -- output ---------------------------------------------------------------------------------
 
@@ -425,6 +438,8 @@ class Supervisor:
         path = env.get("PYTHONPATH")
         env["PYTHONPATH"] = cwd + (os.pathsep + path if path else "")
         env.update(self.extra_env)
+        if self.metrics_exporter is not None:
+            env.update(self.metrics_exporter.children_env)
         return env
 
     def _spawn(self, c: Child) -> None:
@@ -480,7 +495,15 @@ class Supervisor:
                     self.say(f"{who} error: {c.error}")
 
     def start(self) -> None:
-        """Start every child."""
+        """Start every child (and the metrics endpoint first, when ``metrics_port`` is set).
+
+        Raises:
+            ConfigError: the metrics port cannot be bound.
+        """
+        if self.metrics_port is not None and self.metrics_exporter is None:
+            self.metrics_exporter = metrics.LauncherExporter(self.metrics_port, self.metrics_host)
+            self.say(f"metrics of all children at {self.metrics_exporter.url} "
+                     f"(directory {self.metrics_exporter.directory})")
         for c in self.children:
             self._spawn(c)
         self._next_status = time.monotonic() + self.status_interval
@@ -494,6 +517,7 @@ class Supervisor:
             if c.proc is not None and c.restart_at is None and c.proc.poll() is not None:
                 code = c.proc.returncode
                 c.exit_code = code
+                self._metrics_child_exited(c)
                 if code == EXIT_BAD_APP:
                     self.failed = f"{self._describe(c)} cannot load {self.app}; giving up"
                     self.say(f"{self._describe(c)} exited with code {code}")
@@ -566,6 +590,7 @@ class Supervisor:
                     break
                 time.sleep(0.05)
             c.exit_code = c.proc.returncode
+            self._metrics_child_exited(c)
             if c.exit_code != 0:
                 clean = False
             self.say(f"{self._describe(c)} exited with code {c.exit_code}")
@@ -573,6 +598,16 @@ class Supervisor:
             if c.reader is not None:
                 c.reader.join(timeout=1.0)
         return clean
+
+    def _metrics_child_exited(self, c: Child) -> None:
+        if self.metrics_exporter is not None:
+            self.metrics_exporter.child_exited(c.proc.pid)
+
+    def close(self) -> None:
+        """Stop the metrics endpoint and remove its directory (after :meth:`drain`)."""
+        if self.metrics_exporter is not None:
+            self.metrics_exporter.close()
+            self.metrics_exporter = None
 
     def kill_all(self) -> None:
         self.signal_all(signal.SIGKILL)
@@ -597,7 +632,11 @@ class Supervisor:
         try:
             self.say(f"starting {self.processes} worker process(es) for {self.app} "
                      f"(pid {os.getpid()})")
-            self.start()
+            try:
+                self.start()
+            except ConfigError as exc:
+                self.say(str(exc), error=True)
+                return 2
             ok = True
             while not signals:
                 if not self.check():
@@ -614,6 +653,7 @@ class Supervisor:
             self.say("all children stopped" if clean else "children stopped with errors")
             return 0 if clean else 1
         finally:
+            self.close()
             for s, h in previous.items():
                 signal.signal(s, h)
 

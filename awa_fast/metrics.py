@@ -1,0 +1,222 @@
+"""Prometheus metrics of the worker runtime and their HTTP exposition (``prometheus_client``).
+
+The metrics live in ``prometheus_client``'s process-global default registry: every runtime of a
+process adds to the same series. Two ways to expose them (docs/adr/010-prometheus-exposition.md):
+
+- the launcher (``awa-fast worker --metrics-port N``) gives its children a fresh
+  ``PROMETHEUS_MULTIPROC_DIR`` and serves their aggregate on one port (:class:`LauncherExporter`);
+- a library process serves its own with ``AsyncClient.start(metrics_port=N)`` (:func:`serve`).
+
+Labels are kept low-cardinality: ``queue``, ``kind``, ``outcome``, ``cause``, ``state``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+from prometheus_client import (REGISTRY, CollectorRegistry, Counter, Gauge, Histogram,
+                               multiprocess, start_http_server)
+
+from awa_fast.errors import ConfigError
+from awa_fast.sql import dashboard as dsql
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_REFRESH_MS = 5000
+
+# Seconds; claims and finalizes are milliseconds when healthy, seconds when the database is not.
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                    5.0, 10.0)
+
+JOBS_FINALIZED = Counter(
+    "awa_fast_jobs_finalized", "Attempts finalized by this process (applied, not stale), by "
+    "outcome: completed, failed, retryable, cancelled, snoozed, waiting_external, or "
+    "prompt_failure (the finalize failed and a failure was recorded instead).",
+    ["queue", "kind", "outcome"])
+CLAIM_SECONDS = Histogram(
+    "awa_fast_claim_seconds", "Duration of one claim statement (seconds).", ["queue"],
+    buckets=_LATENCY_BUCKETS)
+FINALIZE_SECONDS = Histogram(
+    "awa_fast_finalize_seconds", "From a handler's return to its attempt's finalize committing "
+    "(seconds; includes the finalizer's group-commit wait).", ["queue"],
+    buckets=_LATENCY_BUCKETS)
+QUEUE_DEPTH = Gauge(
+    "awa_fast_queue_depth", "Jobs per queue in each active state (available, scheduled, "
+    "retryable, running, waiting_external, consequence_pending), read through the partial "
+    "indexes every metrics refresh.", ["queue", "state"], multiprocess_mode="livemostrecent")
+FOLLOW_UPS_INSERTED = Counter(
+    "awa_fast_follow_ups_inserted", "Staged follow-ups inserted at their trigger's completion.")
+FOLLOW_UPS_SKIPPED = Counter(
+    "awa_fast_follow_ups_skipped", "Staged follow-ups skipped as duplicates (unique key taken).")
+FOLLOW_UPS_DISCARDED = Counter(
+    "awa_fast_follow_ups_discarded", "Staged follow-ups dropped because their attempt did not "
+    "complete (ADR-046), by the attempt's outcome.", ["outcome"])
+WAIT_FOR_CALLBACK_DISCARDS = Counter(
+    "awa_fast_staged_discarded_on_wait_for_callback", "Attempts that returned WaitForCallback "
+    "with staged follow-ups, which were discarded (ADR-046).")
+CONSEQUENCES_APPLIED = Counter(
+    "awa_fast_consequences_applied", "Failure consequences applied by this process.", ["kind"])
+CONSEQUENCES_OWED = Gauge(
+    "awa_fast_consequences_owed", "Failure consequences owed (not yet applied).",
+    multiprocess_mode="livemostrecent")
+CONSEQUENCES_OVERDUE = Gauge(
+    "awa_fast_consequences_overdue", "Owed consequences retried at least once or due for over "
+    "a minute.", multiprocess_mode="livemostrecent")
+RESCUES = Counter(
+    "awa_fast_rescues", "Attempts rescued by this process's maintenance, by cause: heartbeat "
+    "(stale), deadline (exceeded), callback (expired).", ["cause"])
+LEADER = Gauge(
+    "awa_fast_maintenance_leader", "1 while this process holds the maintenance leadership.",
+    multiprocess_mode="liveall")
+
+_RESCUE_CAUSES = {"stale_heartbeat": "heartbeat", "deadline_exceeded": "deadline",
+                  "expired_callback": "callback"}
+_DEPTH_STATES = ("available", "scheduled", "retryable", "running", "waiting_external",
+                 "consequence_pending")
+
+
+# -- instrumentation calls (hot paths: one dict lookup and an add) ----------------------------
+
+def finalized(queue: str, kind: str, outcome: str, seconds: float | None = None) -> None:
+    """Count one applied finalize; ``seconds`` from handler return to commit, when measured."""
+    JOBS_FINALIZED.labels(queue, kind, outcome).inc()
+    if seconds is not None:
+        FINALIZE_SECONDS.labels(queue).observe(seconds)
+
+
+def follow_ups(inserted: int, skipped: int = 0) -> None:
+    if inserted:
+        FOLLOW_UPS_INSERTED.inc(inserted)
+    if skipped:
+        FOLLOW_UPS_SKIPPED.inc(skipped)
+
+
+def rescued(rows: list[tuple]) -> None:
+    """Count rescue rows ``(id, kind, new_state, rescue_reason, ...)`` by cause."""
+    for row in rows:
+        RESCUES.labels(_RESCUE_CAUSES.get(row[3], row[3])).inc()
+
+
+class LegacyCounters(Mapping):
+    """Read-only view kept for ``awa_fast.worker.executor.metrics`` (ADR-046's process-global
+    ``staged_discarded_on_wait_for_callback`` counter), now backed by the Prometheus counter."""
+
+    _KEYS = {"staged_discarded_on_wait_for_callback": WAIT_FOR_CALLBACK_DISCARDS}
+
+    def __getitem__(self, key: str) -> int:
+        return int(self._KEYS[key]._value.get())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._KEYS)
+
+    def __len__(self) -> int:
+        return len(self._KEYS)
+
+
+# -- gauges read from the database ------------------------------------------------------------
+
+async def refresh(conn: Any, queues: list[str]) -> None:
+    """Set the queue depth and consequence gauges from the dashboard's bounded statements
+    (``sql.dashboard.QUEUE_DEPTH`` / ``CONSEQUENCE_COUNTS``: partial indexes, never the finished
+    rows). Every state of ``queues`` and of the queues seen is set, so a drained state reads 0."""
+    cur = await conn.execute(dsql.QUEUE_DEPTH)
+    depth = {(q, s): 0 for q in queues for s in _DEPTH_STATES}
+    for queue, state, n, _oldest in await cur.fetchall():
+        for s in _DEPTH_STATES:
+            depth.setdefault((queue, s), 0)
+        depth[(queue, state)] = n
+    for (queue, state), n in depth.items():
+        QUEUE_DEPTH.labels(queue, state).set(n)
+    cur = await conn.execute(dsql.CONSEQUENCE_COUNTS)
+    owed, overdue = await cur.fetchone()
+    CONSEQUENCES_OWED.set(owed)
+    CONSEQUENCES_OVERDUE.set(overdue)
+
+
+# -- exposition -------------------------------------------------------------------------------
+
+def check_port(port: Any, field: str = "metrics_port") -> int:
+    """``port`` as a TCP port (0 = an ephemeral one).
+
+    Raises:
+        ConfigError: not an int in 0..65535, naming ``field``.
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"{field} must be an int in 0..65535 (0 = any free port), got {port!r}",
+                          field=field, limit="0..65535")
+    return port
+
+
+def check_host(host: Any, field: str = "metrics_host") -> str:
+    """Raises ConfigError: ``host`` is not a non-empty string (an address or name to bind)."""
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"{field} must be a non-empty string (an address to bind), got {host!r}",
+                          field=field)
+    return host
+
+
+def _registry() -> Any:
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return registry
+    return REGISTRY
+
+
+class Exporter:
+    """One HTTP endpoint serving ``/metrics`` in a daemon thread (``prometheus_client``'s
+    server). ``port`` is the bound port (useful with 0)."""
+
+    def __init__(self, port: int, host: str = DEFAULT_HOST, registry: Any = None, *,
+                 field: str = "metrics_port", host_field: str = "metrics_host"):
+        check_port(port, field)
+        check_host(host, host_field)
+        try:
+            self._server, self._thread = start_http_server(
+                port, addr=host, registry=registry if registry is not None else _registry())
+        except OSError as exc:
+            raise ConfigError(f"{field}={port}: cannot listen on {host}:{port}: {exc}",
+                              field=field) from None
+        self.host = host
+        self.port = self._server.server_port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class LauncherExporter(Exporter):
+    """The launcher's endpoint: aggregates its children through a multiprocess directory made
+    fresh for this run (``children_env`` carries it), removed by :meth:`close`."""
+
+    def __init__(self, port: int, host: str = DEFAULT_HOST):
+        self.directory = tempfile.mkdtemp(prefix="awa-fast-metrics-")
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=self.directory)
+        try:
+            super().__init__(port, host, registry, field="--metrics-port",
+                             host_field="--metrics-host")
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+
+    @property
+    def children_env(self) -> dict:
+        return {MULTIPROC_ENV: self.directory}
+
+    def child_exited(self, pid: int) -> None:
+        """Drop the live gauges (leadership, depth) of a child that exited; its counters stay."""
+        multiprocess.mark_process_dead(pid, self.directory)
+
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self.directory, ignore_errors=True)

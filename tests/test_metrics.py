@@ -1,0 +1,158 @@
+"""Prometheus metrics (awa_fast.metrics) scraped over HTTP from real workers and checked against
+the rows: the launcher's aggregated endpoint over 2 children, and a library runtime's own."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import socket
+import urllib.request
+
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import awa_fast as awa
+from awa_fast.errors import ConfigError
+from tests.metrics_app import Charge, Step
+from tests.support import wait_for, wait_state
+from tests.test_launcher import Launcher, launchers, poll  # noqa: F401 - fixture
+
+FINAL = ("completed", "failed", "cancelled")
+
+
+def scrape(url: str) -> dict:
+    """``{(sample name, labels without pid): value}``, summed over the children's pids."""
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out: dict = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "pid"))
+            out[(s.name, labels)] = out.get((s.name, labels), 0) + s.value
+    return out
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    """Sum of ``name`` over the samples whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+def rows(dsn: str, query: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(query).fetchone()[0]
+
+
+def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, launchers):
+    with awa.Client(dsn) as c:
+        for mode, tags in (("ok", [""] * 6), ("stage", ["a", "a", "b", "c", "c", "c"]),
+                           ("stage_fail", ["x", "y"]), ("retry", [""] * 3),
+                           ("cancel", [""] * 2)):
+            for tag in tags:
+                c.insert(Step(mode, tag), queue="metrics_q")
+        for amount in (1, 2):
+            c.insert(Charge(amount), queue="metrics_q")
+    launcher = Launcher(dsn, "--processes", "2", "--metrics-port", "0",
+                        app="tests.metrics_app:client")
+    launchers.append(launcher)
+    m = launcher.wait_line(r"metrics of all children at (\S+) \(directory (\S+)\)")
+    url, directory = m.group(1), m.group(2)
+    launcher.ready_pids(2)
+    # During the run: one child takes the leadership, and the endpoint says so.
+    poll(lambda: total(scrape(url), "awa_fast_maintenance_leader") == 1, 30, "a leader")
+
+    poll(lambda: rows(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('step', 'charge') "
+                           "AND state NOT IN ('completed', 'failed', 'cancelled')") == 0,
+         30, "every trigger job final")
+    expected = {o: rows(dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('step', 'charge') "
+                             f"AND state = '{o}'") for o in FINAL}
+    children = rows(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'child'")
+    assert expected == {"completed": 15, "failed": 4, "cancelled": 2} and children == 3
+
+    def settled():  # the endpoint shows every finalize and a refreshed queue depth
+        s = scrape(url)
+        done = all(total(s, "awa_fast_jobs_finalized_total", outcome=o) == n
+                   for o, n in expected.items())
+        depth = total(s, "awa_fast_queue_depth", queue="metrics_children", state="available")
+        return s if done and depth == children else None
+
+    s = poll(settled, 30, "the endpoint to show every finalize and the queue depth")
+    assert total(s, "awa_fast_jobs_finalized_total", outcome="retryable") == rows(
+        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'retry' AND attempt = 2")
+    assert total(s, "awa_fast_jobs_finalized_total", kind="charge", outcome="failed") == 2
+    assert total(s, "awa_fast_follow_ups_inserted_total") == children
+    assert total(s, "awa_fast_follow_ups_skipped_total") == 6 - children
+    assert total(s, "awa_fast_follow_ups_discarded_total", outcome="failed") == rows(
+        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'stage_fail' "
+             "AND state = 'failed'")
+    assert total(s, "awa_fast_consequences_applied_total", kind="charge") == rows(
+        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE consequence_state = 'applied'") == 2
+    assert total(s, "awa_fast_consequences_owed") == 0
+    assert total(s, "awa_fast_queue_depth", queue="metrics_q", state="available") == 0
+    finalized = sum(total(s, "awa_fast_jobs_finalized_total", outcome=o)
+                    for o in (*FINAL, "retryable"))
+    assert total(s, "awa_fast_finalize_seconds_count") == finalized
+    assert total(s, "awa_fast_claim_seconds_count") >= 1
+    assert total(s, "awa_fast_maintenance_leader") == 1  # one leader among the live children
+
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait() == 0, launcher.transcript()
+    assert not os.path.exists(directory)  # the run's multiprocess directory is removed
+
+
+@dataclasses.dataclass
+class Hang:
+    n: int
+
+
+async def test_library_runtime_serves_its_own_endpoint(dsn, client):
+    """metrics_port on start(): this process's series, including a deadline rescue."""
+    @client.task(Hang, queue="metrics_lib")
+    async def hang(job):
+        if job.attempt == 1:
+            await asyncio.Event().wait()
+
+    job = await client.insert(Hang(1), queue="metrics_lib", max_attempts=3)
+    await client.start([{"name": "metrics_lib", "max_workers": 1, "deadline_duration_ms": 200}],
+                       poll_interval_ms=50, promote_interval_ms=50,
+                       leader_election_interval_ms=100, deadline_rescue_interval_ms=100,
+                       metrics_port=0, metrics_refresh_ms=100)
+    exporter = client.runtime.metrics_exporter
+    await wait_state(dsn, job.id, "completed")
+
+    async def rescued():
+        s = await asyncio.to_thread(scrape, exporter.url)
+        ok = (total(s, "awa_fast_rescues_total", cause="deadline") >= 1
+              and total(s, "awa_fast_jobs_finalized_total", queue="metrics_lib",
+                        outcome="completed") == 1
+              and total(s, "awa_fast_maintenance_leader") == 1)
+        return s if ok else None
+
+    await wait_for(rescued, 15, "a deadline rescue, the completion and leadership on the endpoint")
+    await client.shutdown()
+    with pytest.raises(OSError):  # the endpoint stops with the runtime
+        await asyncio.to_thread(urllib.request.urlopen, exporter.url, None, 2)
+
+
+async def test_metrics_options_are_validated(client, monkeypatch):
+    @client.task(Hang, queue="metrics_bad")
+    async def hang(job):
+        return None
+
+    for bad in ("9100", -1, 70000, True):
+        with pytest.raises(ConfigError, match="metrics_port"):
+            await client.start([("metrics_bad", 1)], metrics_port=bad)
+    with pytest.raises(ConfigError, match="metrics_host"):
+        await client.start([("metrics_bad", 1)], metrics_port=0, metrics_host="")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ConfigError, match="cannot listen"):
+            await client.start([("metrics_bad", 1)], metrics_port=taken.getsockname()[1])
+    assert client.runtime is None
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/nonexistent")
+    with pytest.raises(ConfigError, match="aggregated by the launcher"):
+        await client.start([("metrics_bad", 1)], metrics_port=0)
