@@ -3,10 +3,8 @@
 A handler registers a callback (``job.register_callback``), hands its id to the outside world,
 and either returns ``WaitForCallback(token)`` (the job parks in ``waiting_external``) or awaits
 ``job.wait_for_callback(token)`` (the handler stays alive). The outside world then calls one of
-these, by callback id. CEL expressions (awa's ``filter`` / ``on_complete`` / ``on_fail`` /
-``transform``) are not supported: ``register_callback`` rejects them, so
-:func:`resolve_callback` always applies its ``default_action``, which is what awa does for a
-callback registered without expressions.
+these, by callback id. ``resolve_callback`` evaluates the callback's CEL expressions
+(``callback_expressions.py``) and applies the outcome in the same transaction.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any
 
 from psycopg import errors as pg_errors
 
-from awa_fast import enqueue, sql
+from awa_fast import callback_expressions, enqueue, sql
 from awa_fast.errors import AttemptStillRunning, CallbackNotFound, ValidationError
 from awa_fast.job import Job
 from awa_fast.requests import to_json
@@ -84,14 +82,17 @@ async def complete_external(client: Any, callback_id: Any, payload: Any = None) 
     pool = await client.pool()
     async with pool.connection() as conn:
         async with conn.transaction():
-            row = await _locked(conn, cid)
-            job = Job.from_row(row)
-            requests = client.specs.requests(job.kind, "completed", job.args, job, job.id,
-                                             job.metadata)
-            cur = await conn.execute(sql.COMPLETE_EXTERNAL, (job.id,))
-            done = Job.from_row(await cur.fetchone())
-            if requests:
-                await enqueue.insert_follow_ups(conn, requests, job.kind, job.id)
+            return await _complete_locked(client, conn, await _locked(conn, cid))
+
+
+async def _complete_locked(client: Any, conn, row: tuple) -> Job:
+    """Complete the job of a row :func:`_locked` returned, in the caller's transaction."""
+    job = Job.from_row(row)
+    requests = client.specs.requests(job.kind, "completed", job.args, job, job.id, job.metadata)
+    cur = await conn.execute(sql.COMPLETE_EXTERNAL, (job.id,))
+    done = Job.from_row(await cur.fetchone())
+    if requests:
+        await enqueue.insert_follow_ups(conn, requests, job.kind, job.id)
     return done
 
 
@@ -108,19 +109,31 @@ async def fail_external(client: Any, callback_id: Any, error: str) -> Job:
     async with pool.connection() as conn:
         async with conn.transaction():
             row = await _locked(conn, cid)
-            entry = {"error": storable.text(error), "attempt": row[6],
-                     "at": datetime.now(timezone.utc).isoformat()}
-            await client.settler.settle_failure(conn, row, reason="callback_failed",
-                                                path="failure", error_entry=entry)
-            if row[4] == "running" or row[9] is not None:
-                # The handler lives on (an early callback, or parked in wait_for_callback):
-                # keep its "still running" mark so retry() cannot overlap it.
-                await conn.execute(sql.KEEP_ATTEMPT_MARK, {"id": row[0], "at": row[9]})
-        cur = await conn.execute(sql.GET_JOB, (row[0],))
-        found = await cur.fetchone()
-    if found is None:  # moved to the DLQ
-        return Job.from_row(row)
-    return Job.from_row(found)
+            await _fail_locked(client, conn, row, error)
+        return await _after_failure(conn, row)
+
+
+async def _fail_locked(client: Any, conn, row: tuple, error: str,
+                       expression: str | None = None) -> None:
+    """Fail the job of a row :func:`_locked` returned, in the caller's transaction (awa's
+    error entry; ``expression`` is the on_fail expression that matched, if any)."""
+    entry = {"error": storable.text(error), "attempt": row[6],
+             "at": datetime.now(timezone.utc).isoformat()}
+    if expression is not None:
+        entry["expression"] = expression
+    await client.settler.settle_failure(conn, row, reason="callback_failed", path="failure",
+                                        error_entry=entry)
+    if row[4] == "running" or row[9] is not None:
+        # The handler lives on (an early callback, or parked in wait_for_callback):
+        # keep its "still running" mark so retry() cannot overlap it.
+        await conn.execute(sql.KEEP_ATTEMPT_MARK, {"id": row[0], "at": row[9]})
+
+
+async def _after_failure(conn, row: tuple) -> Job:
+    """The failed job as committed (the locked row itself if it moved to the DLQ)."""
+    cur = await conn.execute(sql.GET_JOB, (row[0],))
+    found = await cur.fetchone()
+    return Job.from_row(row if found is None else found)
 
 
 @enqueue.maps_errors
@@ -228,17 +241,15 @@ class ResolveResult:
         return f"ResolveResult(outcome={self.outcome!r}, job={self.job!r}, reason={self.reason!r})"
 
 
-# awa's texts for a callback resolved by its default action (awa-model admin.rs apply_default).
-DEFAULT_FAIL_ERROR = "callback failed: default action"
-DEFAULT_IGNORE_REASON = "no expressions configured, default is ignore"
-
-
 @enqueue.maps_errors
 async def resolve_callback(client: Any, callback_id: Any, payload: Any = None,
                            default_action: str = "ignore") -> ResolveResult:
-    """Resolve a callback by ``default_action``: ``"complete"`` (as :func:`complete_external`,
-    the payload returned in the result), ``"fail"`` (as :func:`fail_external` with awa's error
-    text) or ``"ignore"`` (no change).
+    """Resolve a callback with its CEL expressions (awa's order: ``filter`` false ignores the
+    payload, ``on_fail`` true fails the job, ``on_complete`` true completes it with the
+    ``transform``ed payload; see ``callback_expressions.py``), else by ``default_action``:
+    ``"complete"`` (the payload returned in the result), ``"fail"`` (awa's error text) or
+    ``"ignore"`` (no change). Lookup, evaluation and transition are one transaction under the
+    job's row lock, so two concurrent resolves of one callback cannot both act.
 
     Raises:
         ValidationError: unknown ``default_action`` (awa's message) or malformed id.
@@ -248,11 +259,18 @@ async def resolve_callback(client: Any, callback_id: Any, payload: Any = None,
         raise ValidationError(f"unknown default_action: {default_action} (expected 'complete', "
                               "'fail', or 'ignore')", field="default_action")
     cid = parse_callback_id(callback_id)
-    if default_action == "complete":
-        return ResolveResult("completed", await complete_external(client, cid, payload), payload)
-    if default_action == "fail":
-        return ResolveResult("failed", await fail_external(client, cid, DEFAULT_FAIL_ERROR))
     async with (await client.pool()).connection() as conn:
         async with conn.transaction():
-            await _locked(conn, cid)
-    return ResolveResult("ignored", reason=DEFAULT_IGNORE_REASON)
+            row = await _locked(conn, cid)
+            cur = await conn.execute(sql.CALLBACK_EXPRESSIONS, (row[0], cid))
+            found = await cur.fetchone()
+            expressions = None if found is None else found[0]
+            decision = callback_expressions.decide(expressions, payload, default_action, row[0])
+            if decision.action == "complete":
+                job = await _complete_locked(client, conn, row)
+                return ResolveResult("completed", job, decision.payload)
+            if decision.action == "fail":
+                await _fail_locked(client, conn, row, decision.error, decision.expression)
+            else:
+                return ResolveResult("ignored", reason=decision.reason)
+        return ResolveResult("failed", await _after_failure(conn, row))

@@ -473,10 +473,10 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
 
     async def resolve_callback(self, callback_id: Any, payload: Any = None,
                                default_action: str = "ignore") -> callbacks.ResolveResult:
-        """Resolve the callback by ``default_action`` (``"complete"``, ``"fail"``,
-        ``"ignore"``) and return a :class:`~awa_fast.callbacks.ResolveResult`. awa-fast stores no
-        CEL expressions (``register_callback`` rejects them), so the default action always
-        applies, as awa does for callbacks without expressions.
+        """Resolve the callback with the CEL expressions its handler registered (``filter``,
+        ``on_fail``, ``on_complete`` + ``transform``, in awa's order), falling back to
+        ``default_action`` (``"complete"``, ``"fail"``, ``"ignore"``); returns a
+        :class:`~awa_fast.callbacks.ResolveResult`.
 
         Raises:
             CallbackNotFound: unknown callback id. ValidationError: malformed id or action.

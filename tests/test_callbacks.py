@@ -86,7 +86,7 @@ async def test_bad_callback_ids_and_arguments(dsn, client):
     @client.task(Ext)
     async def ext(job):
         for kwargs in ({"timeout_seconds": -1}, {"timeout_seconds": float("inf")},
-                       {"filter": "payload.ok"}):
+                       {"filter": "payload.ok =="}):
             try:
                 await job.register_callback(**kwargs)
             except (ValueError, awa.ValidationError) as exc:

@@ -442,7 +442,7 @@ RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, 
           j.deadline_at, j.created_at, j.errors::text, j.metadata::text, j.tags, j.run_lease,
           j.progress"""
 
-CLEAN = f"TRUNCATE {S}.jobs, {S}.queue_meta, {S}.dlq, {S}.cron_jobs"
+CLEAN = f"TRUNCATE {S}.jobs, {S}.queue_meta, {S}.dlq, {S}.cron_jobs, {S}.callback_expressions"
 
 
 # -- periodic (cron) jobs: awa_fast/periodic.py, migration 003 -----------------------------------
@@ -593,11 +593,21 @@ WHERE id = %(id)s"""
 
 # External waits (callbacks) ----------------------------------------------------------------------
 
+# The callback's CEL expressions (006) go in with it; a registration without any leaves an
+# older row unread (its callback_id no longer matches).
 REGISTER_CALLBACK = f"""
-UPDATE {S}.jobs
-SET callback_id = gen_random_uuid(), callback_timeout_at = now() + %s * interval '1 second'
-WHERE id = %s AND run_lease = %s AND state = 'running'
-RETURNING callback_id, callback_timeout_at"""
+WITH r AS (
+    UPDATE {S}.jobs
+    SET callback_id = gen_random_uuid(), callback_timeout_at = now() + %(timeout)s * interval '1 second'
+    WHERE id = %(id)s AND run_lease = %(lease)s AND state = 'running'
+    RETURNING id, callback_id, callback_timeout_at
+), e AS (
+    INSERT INTO {S}.callback_expressions (job_id, callback_id, expressions)
+    SELECT r.id, r.callback_id, %(exprs)s::jsonb FROM r WHERE %(exprs)s::jsonb IS NOT NULL
+    ON CONFLICT (job_id) DO UPDATE
+    SET callback_id = excluded.callback_id, expressions = excluded.expressions
+)
+SELECT callback_id, callback_timeout_at FROM r"""
 
 # The parked handler lives on in wait_for_callback: heartbeat_at stays as its mark.
 PARK_FOR_CALLBACK = f"""
@@ -607,6 +617,10 @@ WHERE id = %s AND run_lease = %s AND state = 'running' AND callback_id = %s"""
 POLL_CALLBACK_WAIT = f"""
 SELECT state::text, run_lease, callback_id, metadata -> '_awa_callback_result'
 FROM {S}.jobs WHERE id = %s"""
+
+# The callback's CEL expressions (006), read under LOCK_BY_CALLBACK's row lock.
+CALLBACK_EXPRESSIONS = f"""
+SELECT expressions FROM {S}.callback_expressions WHERE job_id = %s AND callback_id = %s"""
 
 LOCK_BY_CALLBACK = f"""
 SELECT {JOB_COLUMNS}, {CONSEQUENCE_COLUMNS} FROM {S}.jobs
@@ -985,6 +999,11 @@ SET queues = EXCLUDED.queues, kinds = EXCLUDED.kinds, seen_at = now(),
 WORKER_GONE = f"DELETE FROM {S}.workers WHERE instance = %s"
 
 WORKERS_PRUNE = f"DELETE FROM {S}.workers WHERE expires_at < now() - interval '1 hour'"
+
+# Expressions of callbacks no job waits on any more (resolved, completed, timed out, pruned).
+CALLBACK_EXPRESSIONS_PRUNE = f"""
+DELETE FROM {S}.callback_expressions e
+WHERE NOT EXISTS (SELECT 1 FROM {S}.jobs j WHERE j.id = e.job_id AND j.callback_id = e.callback_id)"""
 
 # The kinds waiting in this process's queues that no live worker handles (logged once each).
 UNHANDLED_IN_QUEUES = f"""

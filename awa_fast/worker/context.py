@@ -10,8 +10,10 @@ from typing import Any
 
 import orjson
 import psycopg
+from psycopg.types.json import Jsonb
 
 from awa_fast import sql
+from awa_fast.callback_expressions import compile_expressions
 from awa_fast.callbacks import CallbackToken, check_timeout
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import JobState
@@ -217,15 +219,17 @@ class JobContext:
         Raises:
             ValueError: negative or non-finite ``timeout_seconds``.
             ValidationError: the attempt is no longer running (rescued, cancelled, completed
-                externally), or a CEL expression was given (not supported by awa-fast).
+                externally), or a CEL expression (``filter``, ``on_complete``, ``on_fail``,
+                ``transform``: strings over ``payload``, evaluated by ``resolve_callback``)
+                does not compile (``field`` names it).
         """
         timeout = check_timeout(timeout_seconds)
-        if any(x is not None for x in (filter, on_complete, on_fail, transform)):
-            raise ValidationError("CEL callback expressions are not supported by awa-fast",
-                                  field="filter", limit="None")
+        expressions = compile_expressions(filter, on_complete, on_fail, transform)
+        stored = None if expressions is None else Jsonb(expressions)
         pool = await self.runtime.client.pool()
         async with pool.connection() as conn:
-            cur = await conn.execute(sql.REGISTER_CALLBACK, (timeout, self.id, self.run_lease))
+            cur = await conn.execute(sql.REGISTER_CALLBACK, {
+                "timeout": timeout, "exprs": stored, "id": self.id, "lease": self.run_lease})
             row = await cur.fetchone()
         if row is None:
             raise ValidationError(f"job {self.id} is not running under this attempt",

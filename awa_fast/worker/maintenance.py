@@ -352,6 +352,7 @@ class Maintenance:
         pruned = 0
         async with self.fenced() as conn:
             await conn.execute(sql.WORKERS_PRUNE)
+            await conn.execute(sql.CALLBACK_EXPRESSIONS_PRUNE)
             for what, many, ids, one in (("prune", sql.PRUNE, sql.PRUNE_IDS, sql.PRUNE_ONE),
                                          ("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS,
                                           sql.PRUNE_DLQ_ONE)):
