@@ -25,6 +25,7 @@ from awa_fast.errors import ConfigError
 from awa_fast.sql import dashboard as dsql
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LAUNCHER_ENV = "AWA_FAST_LAUNCHER_METRICS"  # set in a launcher's children: the launcher serves
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_REFRESH_MS = 5000
 
@@ -81,11 +82,28 @@ _DEPTH_STATES = ("available", "scheduled", "retryable", "running", "waiting_exte
 
 # -- instrumentation calls (hot paths: one dict lookup and an add) ----------------------------
 
+# Labelled children by label values: ``labels()`` takes a lock and builds a key on every call.
+_finalized: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+_claims: dict[str, Any] = {}
+
+
 def finalized(queue: str, kind: str, outcome: str, seconds: float | None = None) -> None:
     """Count one applied finalize; ``seconds`` from handler return to commit, when measured."""
-    JOBS_FINALIZED.labels(queue, kind, outcome).inc()
+    series = _finalized.get((queue, kind, outcome))
+    if series is None:
+        series = _finalized[(queue, kind, outcome)] = (
+            JOBS_FINALIZED.labels(queue, kind, outcome), FINALIZE_SECONDS.labels(queue))
+    series[0].inc()
     if seconds is not None:
-        FINALIZE_SECONDS.labels(queue).observe(seconds)
+        series[1].observe(seconds)
+
+
+def claimed(queue: str, seconds: float) -> None:
+    """One claim statement of ``queue`` took ``seconds``."""
+    series = _claims.get(queue)
+    if series is None:
+        series = _claims[queue] = CLAIM_SECONDS.labels(queue)
+    series.observe(seconds)
 
 
 def follow_ups(inserted: int, skipped: int = 0) -> None:
@@ -211,7 +229,7 @@ class LauncherExporter(Exporter):
 
     @property
     def children_env(self) -> dict:
-        return {MULTIPROC_ENV: self.directory}
+        return {MULTIPROC_ENV: self.directory, LAUNCHER_ENV: "1"}
 
     def child_exited(self, pid: int) -> None:
         """Drop the live gauges (leadership, depth) of a child that exited; its counters stay."""

@@ -153,6 +153,21 @@ async def test_metrics_options_are_validated(client, monkeypatch):
         with pytest.raises(ConfigError, match="cannot listen"):
             await client.start([("metrics_bad", 1)], metrics_port=taken.getsockname()[1])
     assert client.runtime is None
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/nonexistent")
+    monkeypatch.setenv("AWA_FAST_LAUNCHER_METRICS", "1")  # as in a launcher's child
     with pytest.raises(ConfigError, match="aggregated by the launcher"):
         await client.start([("metrics_bad", 1)], metrics_port=0)
+
+
+def test_launcher_metrics_port_errors_are_usage_errors(dsn, launchers):
+    """A port out of range or already taken: exit 2 with the reason, no child started."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        for port, reason in (("70000", "must be in 0..65535"),
+                             (str(taken.getsockname()[1]), "cannot listen on 127.0.0.1")):
+            launcher = Launcher(dsn, "--processes", "1", "--metrics-port", port,
+                                app="tests.metrics_app:client")
+            launchers.append(launcher)
+            assert launcher.wait() == 2
+            out = launcher.transcript()
+            assert reason in out and "started" not in out, out

@@ -99,7 +99,7 @@ class Dispatcher:
             try:
                 started = time.perf_counter()
                 rows = await self._claim(limit)
-                metrics.CLAIM_SECONDS.labels(self.queue).observe(time.perf_counter() - started)
+                metrics.claimed(self.queue, time.perf_counter() - started)
             except Exception as exc:  # the claim loop must survive every error
                 log.warning("claim from queue %r failed: %s: %s", self.queue,
                             type(exc).__name__, exc,

@@ -232,7 +232,7 @@ def _metrics_port(port: Any) -> int | None:
     """``metrics_port`` of ``start()``; a launcher child's metrics are served by the launcher."""
     if port is None:
         return None
-    if os.environ.get(metrics.MULTIPROC_ENV):
+    if os.environ.get(metrics.LAUNCHER_ENV):
         raise ConfigError(f"metrics_port={port!r}: this process's metrics are aggregated by the "
                           "launcher (awa-fast worker --metrics-port) through "
                           f"{metrics.MULTIPROC_ENV}; give the port there", field="metrics_port")
@@ -446,7 +446,7 @@ class Runtime:
                                             name=f"awa-aging-{q.name}")
                         for q in self.queues if q.priority_aging_interval_ms > 0]
         self._tasks.append(asyncio.create_task(self._presence_loop(), name="awa-presence"))
-        if self.metrics_port is not None or os.environ.get(metrics.MULTIPROC_ENV):
+        if self.metrics_port is not None or os.environ.get(metrics.LAUNCHER_ENV):
             self._tasks.append(asyncio.create_task(self._metrics_loop(), name="awa-metrics"))
         if self.run_maintenance:
             mc = self.maintenance_config

@@ -438,6 +438,7 @@ class Supervisor:
         path = env.get("PYTHONPATH")
         env["PYTHONPATH"] = cwd + (os.pathsep + path if path else "")
         env.update(self.extra_env)
+        env.pop(metrics.LAUNCHER_ENV, None)  # only this launcher's own exporter sets it
         if self.metrics_exporter is not None:
             env.update(self.metrics_exporter.children_env)
         return env
