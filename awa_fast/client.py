@@ -362,7 +362,9 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
     async def cancel(self, job_id: int) -> Job | None:
         """Cancel a non-terminal job; a running attempt is told through ``job.is_cancelled()``.
 
-        Returns the cancelled job, or ``None`` if it was already terminal or does not exist.
+        Returns the cancelled job, or ``None`` if it was already terminal, is
+        ``consequence_pending`` (its failure is decided: the reconciler applies the owed
+        consequence and settles it as failed), or does not exist.
 
         Raises:
             UniqueConflict: its mask holds ``cancelled`` and another job holds its key there

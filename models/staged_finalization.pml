@@ -146,7 +146,14 @@ inline finalize_per_job(j, l, sk, fk) {
     r = 0;
     carried = fk;
     do
-    :: r > MAXR -> break            /* gave up: the attempt stays running until rescue */
+    :: r > MAXR ->                  /* gave up: Finalizer.fail_promptly records a lease-guarded
+                                     * failure without inserts (or, if that fails too, the
+                                     * attempt stays running until rescue) */
+        if
+        :: LEASE_GUARD(j, l) -> if :: lease[j] < NL -> st[j] = AVAILABLE :: else -> st[j] = FAILED fi
+        :: true
+        fi;
+        break
     :: else ->
         if
         :: true; complete_with_follow_ups(j, l, sk, carried); break     /* committed, acked */

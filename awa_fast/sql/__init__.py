@@ -302,10 +302,13 @@ FROM r WHERE j.id = r.id
 RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
 
 # Prune guard (bulk and row by row): terminal rows past their retention.
+# A row whose failure consequence is still owed is kept past retention: deleting it would drop
+# the debt (models/settlement.pml, nothing_owed_is_lost).
 _PRUNABLE = """((j.state = 'completed'
         AND j.finalized_at < now() - %(completed_s)s * interval '1 second')
        OR (j.state IN ('failed', 'cancelled')
-           AND j.finalized_at < now() - %(failed_s)s * interval '1 second'))"""
+           AND j.finalized_at < now() - %(failed_s)s * interval '1 second'))
+      AND j.consequence_state IS DISTINCT FROM 'owed'"""
 
 PRUNE = f"""
 DELETE FROM {S}.jobs WHERE id IN (
@@ -359,6 +362,8 @@ ATTEMPT_STILL_RUNS_BY_CALLBACK = f"""
 SELECT id, heartbeat_at FROM {S}.jobs WHERE callback_id = %(cid)s AND {_ATTEMPT_STILL_RUNS}"""
 
 # heartbeat_at is kept: a running (or waiting) attempt's handler lives on until it notices.
+# consequence_pending is left alone: its failure is decided and the reconciler settles it (a
+# cancelled row is never reconciled: models/settlement.pml, nothing_owed_is_lost).
 CANCEL_JOB = f"""
 WITH old AS (SELECT id, state, run_lease FROM {S}.jobs WHERE id = %s FOR UPDATE)
 UPDATE {S}.jobs j
@@ -367,7 +372,8 @@ SET state = 'cancelled', finalized_at = now(), deadline_at = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled: cancelled by admin', 'attempt', j.attempt, 'at', now()))
 FROM old
-WHERE j.id = old.id AND old.state NOT IN ('completed', 'failed', 'cancelled')
+WHERE j.id = old.id
+  AND old.state NOT IN ('completed', 'failed', 'cancelled', 'consequence_pending')
 RETURNING old.state::text, old.run_lease, {J_JOB_COLUMNS}"""
 
 CANCEL_BY_UNIQUE_KEY = f"""
