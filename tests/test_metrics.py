@@ -53,6 +53,7 @@ def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, lau
                            ("cancel", [""] * 2)):
             for tag in tags:
                 c.insert(Step(mode, tag), queue="metrics_q")
+        c.insert(Step("wait", "w"), queue="metrics_q", max_attempts=1)
         for amount in (1, 2):
             c.insert(Charge(amount), queue="metrics_q")
     launcher = Launcher(dsn, "--processes", "2", "--metrics-port", "0",
@@ -70,12 +71,18 @@ def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, lau
     expected = {o: rows(dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('step', 'charge') "
                              f"AND state = '{o}'") for o in FINAL}
     children = rows(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'child'")
-    assert expected == {"completed": 15, "failed": 4, "cancelled": 2} and children == 3
+    assert expected == {"completed": 15, "failed": 5, "cancelled": 2} and children == 3
+    # The waiting job was failed by the callback rescue, not by a finalize.
+    by_rescue = rows(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'wait' "
+                          "AND state = 'failed' AND errors::text LIKE '%%callback%%'")
+    assert by_rescue == 1
+    finalized_expected = {**expected, "failed": expected["failed"] - by_rescue,
+                          "waiting_external": 1}
 
     def settled():  # the endpoint shows every finalize and a refreshed queue depth
         s = scrape(url)
         done = all(total(s, "awa_fast_jobs_finalized_total", outcome=o) == n
-                   for o, n in expected.items())
+                   for o, n in finalized_expected.items())
         depth = total(s, "awa_fast_queue_depth", queue="metrics_children", state="available")
         return s if done and depth == children else None
 
@@ -88,12 +95,15 @@ def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, lau
     assert total(s, "awa_fast_follow_ups_discarded_total", outcome="failed") == rows(
         dsn, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'stage_fail' "
              "AND state = 'failed'")
+    assert total(s, "awa_fast_rescues_total", cause="callback") == by_rescue
+    assert total(s, "awa_fast_follow_ups_discarded_total", outcome="waiting_external") == 1
+    assert total(s, "awa_fast_staged_discarded_on_wait_for_callback_total") == 1
     assert total(s, "awa_fast_consequences_applied_total", kind="charge") == rows(
         dsn, "SELECT count(*) FROM awa_fast.jobs WHERE consequence_state = 'applied'") == 2
     assert total(s, "awa_fast_consequences_owed") == 0
     assert total(s, "awa_fast_queue_depth", queue="metrics_q", state="available") == 0
     finalized = sum(total(s, "awa_fast_jobs_finalized_total", outcome=o)
-                    for o in (*FINAL, "retryable"))
+                    for o in (*FINAL, "retryable", "waiting_external"))
     assert total(s, "awa_fast_finalize_seconds_count") == finalized
     assert total(s, "awa_fast_claim_seconds_count") >= 1
     assert total(s, "awa_fast_maintenance_leader") == 1  # one leader among the live children
