@@ -34,7 +34,7 @@ from awa_fast.requests import EnqueueRequest, InsertOpts, UniqueOpts, derive_kin
 from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_fast.schema import current_migration_version, migrate, migrations, migrations_range
 from awa_fast.transaction import Transaction
-from awa_fast.unsupported import init_telemetry, shutdown_telemetry
+from awa_fast.telemetry import init_telemetry, shutdown_telemetry
 from awa_fast.callbacks import CallbackToken, ResolveResult
 from awa_fast.partitioned import PartitionedQueue
 from awa_fast.worker.consequences import JobFailure

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from awa_fast import _native
+from awa_fast import _native, telemetry
 from awa_fast.errors import SerializationError, ValidationError
 from awa_fast.typed_args import check_round_trip, needs_check
 
@@ -166,6 +166,7 @@ def _shared_options(kind: str, queue: str, priority: int, max_attempts: int, tag
     """Validate everything but the args: ``(tags, metadata_json, run_at, ordering_key,
     unique tuple or None)``. Raises ValidationError."""
     tags = _native.validate_insert(kind, queue, priority, max_attempts, tags)
+    metadata = telemetry.inject(metadata)  # the producer's trace context (awa:traceparent)
     if metadata is None:
         meta_json = b"{}"
     elif isinstance(metadata, dict):

@@ -38,13 +38,3 @@ class UnsupportedMixin:
     get_batch_operation = _unsupported("get_batch_operation", _BATCH)
     cancel_batch_operation = _unsupported("cancel_batch_operation", _BATCH)
     purge_batch_operations = _unsupported("purge_batch_operations", _BATCH)
-
-
-def init_telemetry(endpoint: str, service_name: str, export_interval_ms: int = 5000) -> bool:
-    """awa-pg's OTLP metrics/traces exporter. Raises ``Unsupported``: awa-fast exports no
-    OpenTelemetry data yet."""
-    raise Unsupported("init_telemetry", "awa-fast exports no OpenTelemetry metrics or traces")
-
-
-def shutdown_telemetry() -> None:
-    """Nothing to shut down: :func:`init_telemetry` never starts an exporter."""

@@ -16,14 +16,17 @@ or ``__class__`` raises) fails the attempt terminally with that error.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import logging
 import random
+import time
 import traceback
 from datetime import datetime, timezone
 from typing import Any
 
 from awa_fast import metrics as metrics_mod
+from awa_fast import telemetry
 from awa_fast.errors import TerminalError
 from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_fast.worker import storable
@@ -175,10 +178,26 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
     except Exception as exc:  # a conversion error is deterministic: no retry helps
         return _discarding(ctx, Outcome(FAIL, reason="terminal_error", error=error_entry(
             f"args conversion failed: {format_error(exc)}", ctx.attempt, True)))
+    measured = telemetry.metrics_on()
+    started = time.perf_counter() if measured else 0.0
+    span = telemetry.handler_span(ctx.kind, ctx.queue, ctx.id, ctx.attempt, ctx.metadata)
+    if span is None:
+        outcome = await _outcome(handler, ctx, thread_pool, False)
+    else:
+        with span:  # the producer's trace (awa:traceparent) is the handler's context
+            outcome = await _outcome(handler, ctx, thread_pool, True)
+            span.outcome(outcome.kind, outcome.error)
+    if measured:
+        telemetry.record_attempt(ctx.kind, ctx.queue, outcome.kind,
+                                 time.perf_counter() - started)
+    return outcome
+
+
+async def _outcome(handler: Handler, ctx: JobContext, thread_pool: Any, traced: bool) -> Outcome:
     try:
         # The attempt's deadline is enforced by the runtime's deadline sweeper, which cancels
         # this task (cheaper than a timer per job); see Runtime._sweep_deadlines.
-        result = await _call(handler, ctx, thread_pool)
+        result = await _call(handler, ctx, thread_pool, traced)
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt/SystemExit from a handler
@@ -187,15 +206,18 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
     return map_result(ctx, result)
 
 
-async def _call(handler: Handler, ctx: JobContext, thread_pool: Any) -> Any:
+async def _call(handler: Handler, ctx: JobContext, thread_pool: Any, traced: bool) -> Any:
     if handler.is_async:
         return await handler.fn(ctx)
+    # A traced def handler runs in a copy of this context: the span is current in its thread.
+    fn, fn_args = ((contextvars.copy_context().run, (handler.fn, ctx)) if traced
+                   else (handler.fn, (ctx,)))
     if thread_pool is None:
-        result = await asyncio.get_running_loop().run_in_executor(None, handler.fn, ctx)
+        result = await asyncio.get_running_loop().run_in_executor(None, fn, *fn_args)
     else:
         # The thread's own future is kept on the attempt: the runtime must know whether the
         # thread still runs before it gives the attempt back (see Runtime._run).
-        ctx.thread = thread_pool.submit(handler.fn, ctx)
+        ctx.thread = thread_pool.submit(fn, *fn_args)
         result = await asyncio.wrap_future(ctx.thread)
     if inspect.isawaitable(result):  # a plain callable that returns a coroutine (lambda, wrapper)
         result = await result

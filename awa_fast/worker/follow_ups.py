@@ -13,13 +13,13 @@ from typing import Any
 from awa_fast import _native, metrics
 from awa_fast.errors import AwaError, StagingError
 from awa_fast.requests import EnqueueRequest, InsertOpts, Prepared, prepare
+from awa_fast.telemetry import TRACE_KEY
 
 log = logging.getLogger("awa_fast.follow_ups")
 
 MAX_STAGED = 16  # ADR-046: at most 16 staged follow-ups per attempt
 MAX_STAGED_BYTES = 65536  # ADR-046: at most 64 KiB of serialized requests per attempt
 PROVENANCE_KEY = "awa:triggered_by"
-TRACE_KEY = "awa:traceparent"
 _OPTION_NAMES = frozenset(InsertOpts.__struct_fields__)
 
 

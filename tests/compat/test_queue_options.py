@@ -170,9 +170,3 @@ def test_unimplemented_client_calls_raise_by_name(dsn, name):
         finally:
             if isinstance(c, awa.Client):
                 c.close()
-
-
-def test_init_telemetry_is_rejected_not_ignored():
-    with pytest.raises(awa.Unsupported, match="init_telemetry"):
-        awa.init_telemetry("http://localhost:4317", "svc")
-    assert awa.shutdown_telemetry() is None

@@ -1,0 +1,242 @@
+"""OpenTelemetry: awa-pg's ``init_telemetry`` / ``shutdown_telemetry`` (OTLP metrics and traces
+through the OpenTelemetry SDK, the ``otel`` extra) and W3C trace-context propagation from
+``insert`` to the handler (awa's ADR-039).
+
+Propagation works with any configured OpenTelemetry SDK, ours or the application's:
+- at insert, the producer's current span context is stored in the job's metadata under awa's
+  reserved key ``awa:traceparent`` (a caller-supplied value wins; ``AWA_TRACE_CAPTURE=off``
+  disables capture, as in awa);
+- the handler runs inside a ``job.execute <kind>`` span (consumer kind, awa's attributes) whose
+  parent is that context on a first attempt; a retry starts a new trace linked to it (awa: a
+  retry hours later should not stretch the producer's trace). The span is the handler's current
+  context, so the handler's own spans nest under it.
+
+Cost when OpenTelemetry is not in use: one ``sys.modules`` lookup per insert and per attempt
+(the SDK is never imported by awa-fast unless :func:`init_telemetry` is called), and one
+module-global check per attempt for the metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from awa_fast.errors import ConfigError, ValidationError
+
+TRACE_KEY = "awa:traceparent"
+_CAPTURE_ENV = "AWA_TRACE_CAPTURE"
+_OTEL_TRACE = "opentelemetry.trace"
+
+_lock = threading.Lock()
+_providers: tuple[Any, Any] | None = None  # (MeterProvider, TracerProvider or None)
+_instruments: dict | None = None  # set by init_telemetry; None = no metrics recorded
+
+
+def current_traceparent() -> str | None:
+    """The current OpenTelemetry span context as a W3C ``traceparent``, or ``None`` (OpenTelemetry
+    not imported, no SDK configured, or no span current)."""
+    trace = sys.modules.get(_OTEL_TRACE)
+    if trace is None:
+        return None
+    sc = trace.get_current_span().get_span_context()
+    if not sc.is_valid:
+        return None
+    return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
+
+
+def inject(metadata: dict | None) -> dict | None:
+    """``metadata`` with the current ``traceparent`` under ``awa:traceparent`` (a copy; the
+    input is never changed), or ``metadata`` itself when there is nothing to add."""
+    if sys.modules.get(_OTEL_TRACE) is None or (
+            metadata is not None and (not isinstance(metadata, dict) or TRACE_KEY in metadata)):
+        return metadata  # nothing to do, or the caller's value (or bad metadata, rejected later)
+    traceparent = current_traceparent()
+    if traceparent is None or os.environ.get(_CAPTURE_ENV, "").strip().lower() in (
+            "off", "false", "0"):
+        return metadata
+    out = dict(metadata) if metadata else {}
+    out[TRACE_KEY] = traceparent
+    return out
+
+
+class HandlerSpan:
+    """The ``job.execute`` span of one attempt, current while the handler runs (``with``)."""
+
+    __slots__ = ("_span", "_token", "_context", "_started")
+
+    def __init__(self, span: Any, context: Any):
+        self._span, self._context, self._token = span, context, None
+        self._started = time.perf_counter()
+
+    def __enter__(self) -> "HandlerSpan":
+        from opentelemetry import context as otel_context
+
+        self._token = otel_context.attach(self._context)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        from opentelemetry import context as otel_context
+        from opentelemetry.trace import Status, StatusCode
+
+        otel_context.detach(self._token)
+        if self._span is not None:
+            if exc is not None and not isinstance(exc, GeneratorExit):
+                self._span.record_exception(exc)
+                self._span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            self._span.end()
+
+    def outcome(self, kind: str, error: dict | None) -> None:
+        """Record the attempt's outcome (``completed``, ``retryable``, ...) on the span; one
+        with an error entry (the handler raised, or failed terminally) marks it an error."""
+        if self._span is not None:
+            self._span.set_attribute("awa.job.outcome", kind)
+            if error:
+                from opentelemetry.trace import Status, StatusCode
+
+                self._span.set_status(Status(StatusCode.ERROR, str(error.get("error", kind))))
+
+
+def handler_span(kind: str, queue: str, job_id: int, attempt: int,
+                 metadata: dict | None) -> HandlerSpan | None:
+    """The span to run an attempt in, or ``None`` when OpenTelemetry is not in use (no SDK
+    tracer provider and no producer context to continue)."""
+    trace = sys.modules.get(_OTEL_TRACE)
+    if trace is None:
+        return None
+    traceparent = metadata.get(TRACE_KEY) if metadata else None
+    if not isinstance(traceparent, str):
+        traceparent = None
+    provider = trace.get_tracer_provider()
+    recording = not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    if not recording and traceparent is None:
+        return None
+    from opentelemetry import context as otel_context
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    remote = (TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+              if traceparent else None)
+    if not recording:  # continue the producer's context for the handler's own instrumentation
+        return HandlerSpan(None, remote)
+    links = []
+    parent = remote
+    if remote is not None and attempt > 1:
+        links = [trace.Link(trace.get_current_span(remote).get_span_context())]
+        parent = otel_context.Context()  # a new trace, linked to the producer's
+    elif remote is None:
+        parent = otel_context.Context()
+    span = provider.get_tracer("awa_fast").start_span(
+        f"job.execute {kind}", context=parent, kind=trace.SpanKind.CONSUMER, links=links,
+        attributes={"job.id": job_id, "job.kind": kind, "job.queue": queue,
+                    "job.attempt": attempt, "messaging.system": "awa",
+                    "messaging.destination.name": queue,
+                    "messaging.operation.type": "process",
+                    "messaging.message.id": str(job_id)})
+    return HandlerSpan(span, trace.set_span_in_context(span, parent))
+
+
+def metrics_on() -> bool:
+    """Whether :func:`init_telemetry` installed metrics (one global read)."""
+    return _instruments is not None
+
+
+def record_attempt(kind: str, queue: str, outcome: str, seconds: float) -> None:
+    """Count one attempt's outcome and its duration (seconds) once :func:`init_telemetry` ran:
+    awa's ``awa.job.completed`` / ``failed`` / ``retried`` / ``cancelled`` counters and the
+    ``awa.job.duration`` histogram, attributes ``awa.job.kind`` and ``awa.job.queue``."""
+    instruments = _instruments
+    if instruments is None:  # shut down meanwhile
+        return
+    attrs = {"awa.job.kind": kind, "awa.job.queue": queue}
+    counter = instruments.get(outcome)
+    if counter is not None:
+        counter.add(1, attrs)
+    instruments["duration"].record(seconds, attrs)
+
+
+def _instruments_of(meter) -> dict:
+    return {
+        "completed": meter.create_counter("awa.job.completed", description="Jobs completed"),
+        "failed": meter.create_counter("awa.job.failed", description="Jobs failed"),
+        "retryable": meter.create_counter("awa.job.retried", description="Jobs retried"),
+        "cancelled": meter.create_counter("awa.job.cancelled", description="Jobs cancelled"),
+        "waiting_external": meter.create_counter(
+            "awa.job.waiting_external", description="Jobs parked for a callback"),
+        "duration": meter.create_histogram("awa.job.duration", unit="s",
+                                           description="Handler duration"),
+    }
+
+
+def init_telemetry(endpoint: str, service_name: str, export_interval_ms: int = 5000,
+                   traces: bool = True, *, metric_reader: Any = None,
+                   span_processor: Any = None) -> bool:
+    """Install OpenTelemetry metrics (exported every ``export_interval_ms`` milliseconds) and,
+    with ``traces``, spans, both over OTLP/gRPC to ``endpoint`` (e.g.
+    ``http://localhost:4317``), under resource ``service.name = service_name``. Returns
+    ``False`` (and changes nothing) when already installed, as awa does.
+
+    ``metric_reader`` / ``span_processor`` replace the OTLP exporters (awa-fast extension, for
+    tests or another transport).
+
+    Raises:
+        ConfigError: the OpenTelemetry SDK / OTLP exporter is not installed (``awa-fast[otel]``).
+        ValidationError: empty ``endpoint`` or ``service_name``, or ``export_interval_ms`` < 1.
+    """
+    global _providers, _instruments
+    if not isinstance(endpoint, str) or not endpoint:
+        raise ValidationError("endpoint must be a non-empty URL", field="endpoint")
+    if not isinstance(service_name, str) or not service_name:
+        raise ValidationError("service_name must be a non-empty string", field="service_name")
+    if not isinstance(export_interval_ms, int) or export_interval_ms < 1:
+        raise ValidationError(f"export_interval_ms must be an integer >= 1 (milliseconds), got "
+                              f"{export_interval_ms!r}", field="export_interval_ms", limit=">= 1")
+    with _lock:
+        if _providers is not None:
+            return False
+        try:
+            from opentelemetry import metrics, trace
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+            if metric_reader is None or (traces and span_processor is None):
+                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                    OTLPMetricExporter)
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                    OTLPSpanExporter)
+        except ImportError as exc:
+            raise ConfigError(f"init_telemetry needs the OpenTelemetry SDK and OTLP exporter: "
+                              f"pip install 'awa-fast[otel]' ({exc})") from exc
+        resource = Resource.create({"service.name": service_name})
+        if metric_reader is None:
+            metric_reader = PeriodicExportingMetricReader(
+                OTLPMetricExporter(endpoint=endpoint), export_interval_millis=export_interval_ms)
+        meter_provider = MeterProvider(resource=resource, metric_readers=[metric_reader])
+        tracer_provider = None
+        if traces:
+            tracer_provider = TracerProvider(resource=resource)
+            tracer_provider.add_span_processor(
+                span_processor or BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+            trace.set_tracer_provider(tracer_provider)
+        metrics.set_meter_provider(meter_provider)
+        _instruments = _instruments_of(meter_provider.get_meter("awa_fast"))
+        _providers = (meter_provider, tracer_provider)
+        return True
+
+
+def shutdown_telemetry() -> None:
+    """Flush and stop what :func:`init_telemetry` installed (no-op if nothing was). Metrics
+    stop being recorded; a later :func:`init_telemetry` installs afresh (its providers are new
+    objects, but OpenTelemetry lets the global providers be set only once per process)."""
+    global _providers, _instruments
+    with _lock:
+        if _providers is None:
+            return
+        meter_provider, tracer_provider = _providers
+        _providers = _instruments = None
+    if tracer_provider is not None:
+        tracer_provider.shutdown()
+    meter_provider.shutdown()
