@@ -113,6 +113,44 @@ def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, lau
     assert not os.path.exists(directory)  # the run's multiprocess directory is removed
 
 
+def test_killed_child_keeps_its_counts_and_its_job_is_rescued_by_heartbeat(dsn, launchers):
+    """SIGKILL the only child mid-job: its counters survive in the run's directory, its live
+    leadership gauge goes (mark_process_dead), its restarted successor rescues the attempt."""
+    with awa.Client(dsn) as c:
+        oks = [c.insert(Step("ok"), queue="metrics_q").id for _ in range(3)]
+        hang = c.insert(Step("hang"), queue="metrics_q").id
+    launcher = Launcher(dsn, "--processes", "1", "--metrics-port", "0",
+                        app="tests.metrics_app:client")
+    launchers.append(launcher)
+    url = launcher.wait_line(r"metrics of all children at (\S+)").group(1)
+    pid = launcher.ready_pids(1)[0]
+    poll(lambda: rows(dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(ARRAY{oks}) "
+                           "AND state = 'completed'") == 3
+         and rows(dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE id = {hang} "
+                       "AND state = 'running'") == 1, 30, "3 completed, 1 running")
+    poll(lambda: (lambda s: total(s, "awa_fast_jobs_finalized_total", outcome="completed") == 3
+                  and total(s, "awa_fast_maintenance_leader") == 1)(scrape(url)),
+         30, "the first child's counts and leadership")
+
+    os.kill(pid, signal.SIGKILL)
+    assert launcher.wait_line(r"child 0 pid (\d+) ready").group(1) != str(pid)
+    poll(lambda: rows(dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE id = {hang} "
+                           "AND state = 'completed' AND attempt = 2") == 1,
+         30, "the hung job rescued and completed")
+
+    def after():
+        s = scrape(url)
+        ok = (total(s, "awa_fast_rescues_total", cause="heartbeat") == 1
+              and total(s, "awa_fast_jobs_finalized_total", outcome="completed") == 4)
+        return s if ok else None
+
+    s = poll(after, 30, "the rescue and the dead child's completions on the endpoint")
+    leader = {ls: v for (n, ls), v in s.items() if n == "awa_fast_maintenance_leader"}
+    assert sum(leader.values()) == 1, leader  # the dead child's gauge is gone
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait() == 0, launcher.transcript()
+
+
 @dataclasses.dataclass
 class Hang:
     n: int
