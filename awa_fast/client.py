@@ -68,6 +68,16 @@ def _check_reachable(url: str) -> None:
         raise DatabaseError(f"could not connect to the database: {exc}") from exc
 
 
+class _ImplicitQueue(str):
+    """``insert``'s default queue: ``"default"``, told apart (by identity) from an explicit
+    ``queue="default"``, so that only an insert without ``queue=`` can warn."""
+
+    __slots__ = ()
+
+
+DEFAULT_QUEUE = _ImplicitQueue("default")
+
+
 class AsyncClient(AdminMixin, UnsupportedMixin):
     """Async client: insert jobs, administer them, and run workers.
 
@@ -173,7 +183,7 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
     # -- producers ------------------------------------------------------------------------------
 
     async def insert(
-        self, args: Any, *, kind: str | None = None, queue: str | None = None, priority: int = 2,
+        self, args: Any, *, kind: str | None = None, queue: str = DEFAULT_QUEUE, priority: int = 2,
         max_attempts: int = 25, tags: list[str] | None = None, metadata: dict | None = None,
         run_at: Any = None, unique_opts: dict | None = None, ordering_key: bytes | str | None = None,
     ) -> Job:
@@ -182,17 +192,19 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         ``args`` is a dict (then ``kind`` is required), a dataclass, a ``msgspec.Struct`` or a
         pydantic model. A future ``run_at`` (datetime, naive = UTC, or ISO 8601 str) makes the job
         ``scheduled``. ``unique_opts`` is ``{by_queue, by_args, by_period, states}`` ({} = defaults).
-        ``queue`` ``None`` means ``"default"``, as in awa-pg, even for a kind registered here
-        with ``task(..., queue=X)``; that case warns once per kind (:class:`QueueMismatchWarning`).
+        Without ``queue=`` the job goes to ``"default"``, as in awa-pg, even for a kind
+        registered here with ``task(..., queue=X)``; that case warns once per kind
+        (:class:`QueueMismatchWarning`).
 
         Raises:
             ValidationError: a field breaks an insert rule (nothing is written).
             UniqueConflict: another job holds the same unique key.
         """
-        p = prepare(args, kind=kind, queue="default" if queue is None else queue,
+        implicit = queue is DEFAULT_QUEUE
+        p = prepare(args, kind=kind, queue="default" if implicit else queue,
                     priority=priority, max_attempts=max_attempts, tags=tags, metadata=metadata,
                     run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key)
-        if queue is None:
+        if implicit:
             self._warn_off_queue((p,))
         async with (await self.pool()).connection() as conn:
             return await enqueue.insert_one(conn, p)

@@ -15,7 +15,7 @@ import threading
 from datetime import datetime
 from typing import Any
 
-from awa_fast.client import AsyncClient
+from awa_fast.client import DEFAULT_QUEUE, AsyncClient
 from awa_fast.transaction import Transaction
 from awa_fast.unsupported import UnsupportedMixin
 
@@ -88,7 +88,7 @@ class Client(UnsupportedMixin):
 
     # -- producers ---------------------------------------------------------------------------
 
-    def insert(self, args: Any, *, kind: str | None = None, queue: str | None = None,
+    def insert(self, args: Any, *, kind: str | None = None, queue: str = DEFAULT_QUEUE,
                priority: int = 2, max_attempts: int = 25, tags: list[str] | None = None,
                metadata: dict | None = None, run_at: Any = None, unique_opts: dict | None = None,
                ordering_key: bytes | str | None = None):

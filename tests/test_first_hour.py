@@ -203,6 +203,7 @@ async def test_insert_without_queue_of_a_kind_registered_elsewhere_warns_once(ds
             warnings.simplefilter("error")
             await client.insert(Pay(2))  # once per kind
             await client.insert(Pay(3), queue="fh_pay2")  # explicit queue: no warning
+            await client.insert(Pay(4), queue="default")  # explicitly default: no warning
             await client.insert(Ping(1))  # a kind without a registration here
         other = awa.AsyncClient(dsn)
         other.task(Pay, queue="fh_pay2")(lambda job: None)
