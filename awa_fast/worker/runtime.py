@@ -34,6 +34,7 @@ DEFAULT_MAX_WORKERS = 10
 DEFAULT_DEADLINE_MS = 300_000
 DEFAULT_CLAIM_BATCH = 512
 DEADLINE_SWEEP_S = 0.5
+CLAIM_HANDOVER_S = 5.0  # shutdown: longest wait for a claim in flight to return its rows
 DEFAULT_HEARTBEAT_MS = 30_000
 HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat intervals
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
@@ -470,7 +471,9 @@ class Runtime:
             d.stop()
         dispatching = [t for t in self._tasks if t.get_name().startswith("awa-dispatch-")]
         if dispatching:
-            await _cancel_and_wait(dispatching, grace_s=timeout_s)
+            # Even with timeout_ms=0 a claim in flight gets to hand its rows over: cancelled
+            # mid-statement, it could commit rows that no handler would ever run.
+            await _cancel_and_wait(dispatching, grace_s=max(timeout_s, CLAIM_HANDOVER_S))
         for ctx in self.in_flight.values():
             ctx.cancel_flag()
         pending = dict(self._handler_tasks)
