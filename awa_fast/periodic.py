@@ -7,10 +7,14 @@ Lifecycle:
    :func:`awa_fast.requests.prepare`), so mistakes raise ``ValidationError`` (a ``ValueError``,
    as awa-pg) at registration.
 2. ``AsyncClient.start()`` upserts the registered schedules (:func:`sync_schedules`). A schedule
-   new to the database starts with ``last_fire_at`` = its most recent fire time at or before now:
-   registering a schedule never fires it retroactively, its first job is the next fire time. A
+   new to the database is never fired (``last_fire_at`` NULL) and, as in awa (``awa-worker``
+   ``compute_fire_times``), its first evaluation enqueues the latest fire time in
+   ``[created_at - 1 minute, now]``: a fire time of the minute it was registered in fires at once,
+   an older one does not (no backfill before the schedule was known), and a schedule first
+   evaluated late (no leader yet) gets one job for the latest fire time, whatever its policy. A
    re-registration with the same cron expression and timezone keeps ``last_fire_at`` (missed fires
-   are then handled by the policy); a changed expression or timezone restarts from now.
+   are then handled by the policy); a changed expression or timezone restarts from now (awa keeps
+   the old position; a new expression catching up the old one's history is not wanted).
 3. The maintenance leader (one per database) runs :func:`evaluate` every ``cron_interval_ms``
    (default 1000). Every schedule in the table is evaluated, whichever process registered it.
 
@@ -21,7 +25,8 @@ evaluator (a second leader during a failover, a manual call) waits on the lock a
 advanced ``last_fire_at``, so it finds nothing due. A crash before commit enqueues nothing and the
 next evaluation retries the same fire times.
 
-Missed fires (all fire times in ``(last_fire_at, now]``, e.g. after downtime):
+Missed fires of a schedule that has fired (all fire times in ``(last_fire_at, now]``, e.g.
+after downtime; awa's ADR-007):
 
 - ``"coalesce"`` (default): one job, for the latest due fire time.
 - ``"catch_up"``: one job per due fire time, oldest first, at most :data:`CATCH_UP_BATCH` per
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -51,6 +56,8 @@ log = logging.getLogger("awa_fast.periodic")
 
 POLICIES = ("coalesce", "catch_up")
 CATCH_UP_BATCH = 1000
+# awa: a new schedule's first evaluation looks back this far before its created_at (seconds).
+FIRST_FIRE_LOOKBACK_S = 60
 DEFAULT_INTERVAL_MS = 1000
 META_NAME = "awa:cron_name"
 META_FIRE_AT = "awa:cron_fire_at"
@@ -165,15 +172,26 @@ def next_fire(cron_expr: str, tz: str, after: datetime) -> datetime:
     return croniter(cron_expr, local).get_next(datetime).astimezone(dt_timezone.utc)
 
 
+def first_window(created_at: datetime) -> datetime:
+    """The start of a never-fired schedule's first window (awa: ``created_at`` - 1 minute)."""
+    return created_at - timedelta(seconds=FIRST_FIRE_LOOKBACK_S)
+
+
 def due_fires(cron_expr: str, tz: str, policy: str, last: datetime | None, now: datetime,
+              created_at: datetime | None = None,
               limit: int = CATCH_UP_BATCH) -> list[datetime]:
     """The fire times to enqueue now: those in ``(last, now]`` after the policy (coalesce: the
-    latest one; catch_up: the oldest ``limit``). ``last=None`` means "never fired": only the
-    latest fire time <= now is due."""
+    latest one; catch_up: the oldest ``limit``). ``last=None`` means "never fired": the latest
+    fire time in ``[created_at - 1 minute, now]``, if any, whatever the policy (awa's rule;
+    without ``created_at``, the latest fire time <= now)."""
     latest = latest_fire(cron_expr, tz, now)
     if last is not None and latest <= last:
         return []
-    if policy != "catch_up" or last is None:
+    if last is None:
+        if created_at is not None and latest < first_window(created_at):
+            return []
+        return [latest]
+    if policy != "catch_up":
         return [latest]
     out = []
     it = croniter(cron_expr, last.astimezone(ZoneInfo(tz)))
@@ -211,8 +229,8 @@ async def fire_one(conn: psycopg.AsyncConnection, name: str) -> list[Job]:
         if row is None:
             return []
         (name, cron_expr, tz, kind, queue, args, priority, max_attempts, tags, metadata, policy,
-         last, _created, _updated, now) = row
-        fires = due_fires(cron_expr, tz, policy, last, now)
+         last, created, _updated, now) = row
+        fires = due_fires(cron_expr, tz, policy, last, now, created)
         if not fires:
             return []
         args = _json(args)
@@ -236,9 +254,11 @@ async def evaluate(conn: psycopg.AsyncConnection) -> int:
     """
     cur = await conn.execute(sql.CRON_SCAN)
     total = 0
-    for name, cron_expr, tz, last, now in await cur.fetchall():
+    for name, cron_expr, tz, last, created, now in await cur.fetchall():
         try:
-            if last is not None and next_fire(cron_expr, tz, last) > now:
+            # first fire time after the last one, or (never fired) at/after the first window
+            after = last if last is not None else first_window(created) - timedelta(microseconds=1)
+            if next_fire(cron_expr, tz, after) > now:
                 continue
             total += len(await fire_one(conn, name))
         except (ValueError, KeyError, ZoneInfoNotFoundError, AwaError) as exc:

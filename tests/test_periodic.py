@@ -88,6 +88,18 @@ async def start_client(dsn, name: str, policy: str = "coalesce", *,
     return client
 
 
+async def first_fire_cleared(dsn, name: str) -> None:
+    """Wait for a new schedule's first fire (awa fires the registration minute at once), then
+    delete its jobs so a test counts only the fires it provokes."""
+    async def fired():
+        return await last_fire(dsn, name) is not None
+
+    await wait_for(fired, what=f"{name}'s first fire")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("DELETE FROM awa_fast.jobs WHERE metadata->>'awa:cron_name' = %s",
+                           (name,))
+
+
 async def wait_leader(*clients: awa.AsyncClient) -> awa.AsyncClient:
     async def one():
         leaders = [c for c in clients if c.runtime.maintenance.is_leader]
@@ -158,17 +170,19 @@ def test_due_fires_policies_cap_and_timezone():
 # -- firing -------------------------------------------------------------------------------------
 
 
-async def test_registration_stores_schedule_without_retroactive_fire(dsn):
+async def test_registration_fires_the_current_minute_once(dsn):
     latest = await away_from_minute_boundary(dsn)
     client = await start_client(dsn, "reg", maintenance=False)
     try:
-        # A new schedule starts at its newest fire time <= now: that minute is not enqueued.
-        assert await last_fire(dsn, "reg") == latest
+        # A new schedule is stored never fired; its first evaluation enqueues the fire time of
+        # the minute it was registered in (awa's first-registration rule), then nothing more.
+        assert await last_fire(dsn, "reg") is None
         with pytest.raises(RuntimeError):
             client.periodic("late", "* * * * *", Tick, Tick())
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            assert await periodic.evaluate(conn) == 1
             assert await periodic.evaluate(conn) == 0
-        assert await cron_jobs(dsn, "reg") == []
+        assert [j["fire_at"] for j in await cron_jobs(dsn, "reg")] == [latest]
     finally:
         await client.close()
 
@@ -178,6 +192,7 @@ async def test_due_fire_enqueues_exactly_one_job(dsn):
     try:
         await wait_leader(client)
         latest = await away_from_minute_boundary(dsn)
+        await first_fire_cleared(dsn, "due")
         await set_last_fire(dsn, "due", latest - MINUTE)
 
         async def fired():
@@ -258,6 +273,7 @@ async def test_two_runtimes_one_fire(dsn):
     try:
         await wait_leader(c1, c2)
         latest = await away_from_minute_boundary(dsn)
+        await first_fire_cleared(dsn, "shared")
         for i in range(10):
             await set_last_fire(dsn, "shared", latest - MINUTE)
             await asyncio.gather(c1.runtime._evaluate_cron(), c2.runtime._evaluate_cron())
@@ -340,9 +356,9 @@ async def test_list_and_delete_cron_jobs(dsn):
         assert daily["args"] == {"n": 1} and daily["metadata"] == {"m": 1}
         assert daily["tags"] == ["t"] and daily["missed_fire_policy"] == "catch_up"
         assert (daily["priority"], daily["max_attempts"]) == (2, 25)
-        assert daily["last_enqueued_at"] == daily["last_fire_at"] is not None
+        assert daily["last_enqueued_at"] is None and daily["last_fire_at"] is None  # never fired
         next_fire = datetime.fromisoformat(daily["next_fire_at"])
-        assert next_fire > datetime.fromisoformat(daily["last_fire_at"])
+        assert next_fire > datetime.fromisoformat(daily["created_at"])
         assert next_fire.astimezone(periodic.check_timezone("Europe/Paris")).hour == 9
         assert await client.delete_cron_job("b_daily") is True
         assert await client.delete_cron_job("b_daily") is False
