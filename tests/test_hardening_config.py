@@ -109,6 +109,7 @@ async def _true(value):
     ("mine", [("", 1)], {}, "queues"),
     ("mine", [("q\x00", 1)], {}, "queues"),
     ("mine", [("x" * 201, 1)], {}, "queues"),
+    ("mine", [("q", 1), ("q", 2)], {}, "queues"),
     ("long_kind", None, {}, "kind"),
     ("nothing", [("default", 1)], {}, "handlers"),
     ("emails", [("default", 1)], {}, "queues"),

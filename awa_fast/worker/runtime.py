@@ -202,6 +202,10 @@ def check_config(registry: Any, queues: list[QueueConfig], explicit_queues: bool
             raise ConfigError(f"queues[{i}]: queue name {q.name!r} would be rejected by insert: "
                               f"{exc}", field="queues", limit=getattr(exc, "limit", None)) from exc
     started = {q.name for q in queues}
+    if len(started) < len(queues):
+        dup = sorted({q.name for q in queues if [x.name for x in queues].count(q.name) > 1})
+        raise ConfigError(f"queue(s) {', '.join(map(repr, dup))} configured more than once",
+                          field="queues", limit="each queue once")
     for kind, handler in registry.handlers.items():
         try:
             _native.validate_insert(kind, handler.queue, 2, 25, None)
@@ -384,7 +388,9 @@ class Runtime:
         # Periodic jobs: how often the maintenance leader evaluates awa_fast.cron_jobs.
         self.cron_interval_s = _positive(1000 if cron_interval_ms is None else cron_interval_ms,
                                          "cron_interval_ms") / 1000
-        self.finalizer_batch_size = finalizer_batch_size
+        self.finalizer_batch_size = _positive(finalizer_batch_size, "finalizer_batch_size")
+        if sync_handler_threads is not None:
+            _positive(sync_handler_threads, "sync_handler_threads")
         self.metrics_port = _metrics_port(metrics_port)
         self.metrics_host = metrics.check_host(metrics_host)
         self.metrics_refresh_s = _positive(metrics_refresh_ms, "metrics_refresh_ms") / 1000
