@@ -175,6 +175,13 @@ class Settler:
         self.specs = specs
         self.stats = {"applied": 0, "pending": 0, "dead_lettered": 0}
 
+    def pending_kinds(self) -> list[str]:
+        """Kinds whose final failure recorded outside a settling transaction (rescue, the
+        prompt-failure fallback) waits in ``consequence_pending`` for the reconciler to settle
+        it here: those with a failure consequence and those with exhausted specs (which fire
+        however the job is exhausted)."""
+        return sorted(set(self.applier.kinds_with_effects()) | set(self.specs.kinds("exhausted")))
+
     def _consequence_value(self, kind: str) -> str | None:
         return "none" if self.applier.declaration(kind) is NO_FAILURE_CONSEQUENCE else None
 

@@ -308,7 +308,8 @@ class Finalizer:
             async with pool.connection() as conn:
                 cur = await conn.execute(sql.FAIL_ATTEMPT, {
                     "id": ctx.id, "lease": ctx.run_lease, "message": outcome.error["error"],
-                    "consequence_kinds": [] if applier is None else applier.kinds_with_effects(),
+                    # settled later by the reconciler: consequence and exhausted specs
+                    "consequence_kinds": [] if applier is None else self.settler.pending_kinds(),
                     "known_kinds": [ctx.kind] if applier is None else applier.known_kinds()})
                 ok = await cur.fetchone() is not None
         if ok:

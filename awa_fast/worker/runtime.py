@@ -751,10 +751,9 @@ class Runtime:
         return await reconcile_tick(self.client, self.maintenance_config, fenced)
 
     def _settled_by_reconciler(self) -> list[str]:
-        """Kinds whose final-attempt rescue waits in ``consequence_pending`` for the settler:
-        those with a failure consequence and those with exhausted specs."""
-        return sorted(set(self.client.consequences.kinds_with_effects())
-                      | set(self.client.specs.kinds("exhausted")))
+        """Kinds whose final-attempt rescue waits in ``consequence_pending`` for the settler
+        (``Settler.pending_kinds``)."""
+        return self.client.settler.pending_kinds()
 
     # -- presence and unhandled kinds -----------------------------------------------------------
 
