@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import awa_fast as awa
 from awa_fast.errors import ConfigError
 from tests.metrics_app import Charge, Step
-from tests.support import wait_for, wait_state
-from tests.test_launcher import Launcher, launchers, poll  # noqa: F401 - fixture
+from tests.support import scalar, wait_for, wait_state
+from tests.test_launcher import Launcher, clean, launchers, poll  # noqa: F401 - fixtures
 
 FINAL = ("completed", "failed", "cancelled")
 
@@ -156,24 +156,41 @@ class Hang:
     n: int
 
 
+@dataclasses.dataclass
+class Owe:
+    n: int
+
+
 async def test_library_runtime_serves_its_own_endpoint(dsn, client):
-    """metrics_port on start(): this process's series, including a deadline rescue."""
+    """metrics_port on start(): this process's series, including a deadline rescue and an owed
+    consequence (its effect keeps failing)."""
     @client.task(Hang, queue="metrics_lib")
     async def hang(job):
         if job.attempt == 1:
             await asyncio.Event().wait()
 
+    async def broken_refund(failure: awa.JobFailure) -> None:
+        raise RuntimeError("the refund service is down")
+
+    @client.task(Owe, queue="metrics_lib", failure_consequence=broken_refund)
+    async def owe(job):
+        raise awa.TerminalError("declined")
+
     job = await client.insert(Hang(1), queue="metrics_lib", max_attempts=3)
+    owing = await client.insert(Owe(1), queue="metrics_lib")
     await client.start([{"name": "metrics_lib", "max_workers": 1, "deadline_duration_ms": 200}],
                        poll_interval_ms=50, promote_interval_ms=50,
                        leader_election_interval_ms=100, deadline_rescue_interval_ms=100,
                        metrics_port=0, metrics_refresh_ms=100)
     exporter = client.runtime.metrics_exporter
     await wait_state(dsn, job.id, "completed")
+    await wait_for(lambda: scalar(dsn, "SELECT consequence_state = 'owed' FROM awa_fast.jobs "
+                                       f"WHERE id = {owing.id}"), 15, "the consequence owed")
 
     async def rescued():
         s = await asyncio.to_thread(scrape, exporter.url)
         ok = (total(s, "awa_fast_rescues_total", cause="deadline") >= 1
+              and total(s, "awa_fast_consequences_owed") == 1
               and total(s, "awa_fast_jobs_finalized_total", queue="metrics_lib",
                         outcome="completed") == 1
               and total(s, "awa_fast_maintenance_leader") == 1)

@@ -292,7 +292,11 @@ class Runtime:
     awa-fast's own keywords: ``queue_subset=True`` says this process deliberately works only
     some of the application's queues (the launcher's ``--queues`` sets it), so handlers
     registered for other queues are not an error; ``callback_rescue_interval_ms`` is the
-    expired-callback rescue's own interval (default 30 s).
+    expired-callback rescue's own interval (default 30 s); ``metrics_port`` (int, 0 = any free
+    port) serves this process's Prometheus metrics on ``metrics_host`` (default 127.0.0.1) and
+    ``metrics_refresh_ms`` (default 5000) is how often it re-reads queue depth and owed
+    consequences (ADR 010); a bad value, a busy port or ``metrics_port`` in a launcher's child
+    is a ``ConfigError``.
     """
 
     def __init__(self, client: Any, queues: Any = None, *, poll_interval_ms: int = 200,
