@@ -19,6 +19,7 @@ import psycopg
 from awa_fast import bulk, metrics, sql
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.rate_limit import TokenBucket
+from awa_fast.worker.weighted import OverflowPool
 
 log = logging.getLogger("awa_fast.dispatcher")
 
@@ -35,12 +36,16 @@ class Dispatcher:
         rate_limit: optional ``(max_rate, burst)``: a token bucket bounding claimed jobs per
             second (``worker/rate_limit.py``).
         kinds: the kinds this process has handlers for (the only ones claimed).
+        overflow: weighted mode (``worker/weighted.py``): the pool shared with the other
+            queues; ``max_workers`` is then the queue's guaranteed ``min_workers``.
+        cap: weighted mode: most attempts of this queue at once (its ``max_workers``), or None.
     """
 
     def __init__(self, queue: str, *, pool_getter: Callable, spawn: Callable[[tuple], None],
                  max_workers: int, deadline_ms: int, claim_batch_size: int,
                  poll_interval_s: float, kinds: list[str],
-                 rate_limit: tuple[float, int] | None = None):
+                 rate_limit: tuple[float, int] | None = None,
+                 overflow: OverflowPool | None = None, cap: int | None = None):
         self.queue = queue
         self.max_workers = max_workers
         self.free = max_workers
@@ -57,6 +62,10 @@ class Dispatcher:
         self._stopping = False
         self.claimed = 0
         self.claims = 0  # claim statements run (tests wait on it)
+        self.overflow, self.cap = overflow, cap
+        self.overflow_held = 0  # running attempts on overflow permits
+        if overflow is not None:
+            overflow.register(queue, self._wake.set)
 
     def notify(self) -> None:
         """A job became available in this queue."""
@@ -65,7 +74,11 @@ class Dispatcher:
 
     def slot_freed(self) -> None:
         """A handler of this queue returned."""
-        self.free += 1
+        if self.overflow_held > 0:  # shared capacity goes back first: other queues may wait
+            self.overflow_held -= 1
+            self.overflow.release(self.queue, 1)
+        else:
+            self.free += 1
         if self._more:
             self._wake.set()
 
@@ -86,12 +99,15 @@ class Dispatcher:
             # claim takes them all.
             await asyncio.sleep(0)
             self._wake.clear()
-            if self.free <= 0:
+            local = min(self.free, self.claim_batch_size)
+            granted = self._acquire_overflow(local)
+            limit = local + granted
+            if limit <= 0:
                 continue
-            limit = min(self.free, self.claim_batch_size)
             if self.bucket is not None:
                 limit = min(limit, self.bucket.available())
                 if limit <= 0:  # rate limited: claim again when a token is due
+                    self._give_back(granted)
                     self._more = True
                     await asyncio.sleep(min(self.bucket.wait_s(), self.poll_interval_s))
                     self._wake.set()
@@ -101,6 +117,7 @@ class Dispatcher:
                 rows = await self._claim(limit)
                 metrics.claimed(self.queue, time.perf_counter() - started)
             except Exception as exc:  # the claim loop must survive every error
+                self._give_back(granted)
                 log.warning("claim from queue %r failed: %s: %s", self.queue,
                             type(exc).__name__, exc,
                             exc_info=not isinstance(exc, (psycopg.Error, OSError)))
@@ -111,13 +128,34 @@ class Dispatcher:
             self._more = len(rows) == limit
             if self._more:
                 self._wake.set()
-            self.free -= len(rows)
+            on_local = min(len(rows), local)
+            self.free -= on_local
+            if self.overflow is not None:
+                self.overflow_held += len(rows) - on_local
+                self._give_back(granted - (len(rows) - on_local))
+                if not rows:
+                    self.overflow.try_acquire(self.queue, 0)  # nothing waiting: no demand
             if self.bucket is not None:
                 self.bucket.take(len(rows))
             self.claimed += len(rows)
             for row in rows:
                 self._spawn(row)
             raise_if_cancelling()  # after spawning: claimed rows always get their handler
+
+    def _acquire_overflow(self, local: int) -> int:
+        """Weighted mode: overflow permits for this claim beyond the ``local`` guaranteed slots
+        (asking for the rest of a claim batch, as awa, within ``cap``)."""
+        if self.overflow is None:
+            return 0
+        wanted = self.claim_batch_size - local
+        if self.cap is not None:
+            running = self.max_workers - self.free + self.overflow_held
+            wanted = min(wanted, self.cap - running - local)
+        return self.overflow.try_acquire(self.queue, max(wanted, 0))
+
+    def _give_back(self, n: int) -> None:
+        if self.overflow is not None and n > 0:
+            self.overflow.release(self.queue, n)
 
     async def _claim(self, limit: int) -> list[tuple]:
         # One statement; if a row makes it fail (a trigger, or a unique collision with a

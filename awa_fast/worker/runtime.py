@@ -27,6 +27,7 @@ from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.finalizer import Finalizer
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+from awa_fast.worker.weighted import OverflowPool
 
 log = logging.getLogger("awa_fast.runtime")
 
@@ -40,10 +41,10 @@ HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat in
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
 # awa-pg start() keywords for features awa-fast does not have (awa's queue-storage engine and
-# storage transition, descriptors, terminal-count rollups, weighted concurrency): rejected
-# unless left at "not given" (None; "auto" for storage_transition_role), never ignored.
+# storage transition, descriptors, terminal-count rollups): rejected unless left at "not given"
+# (None; "auto" for storage_transition_role), never ignored.
 _UNSUPPORTED = {
-    "global_max_workers", "descriptor_retention_days", "terminal_count_rollup_interval_ms",
+    "descriptor_retention_days", "terminal_count_rollup_interval_ms",
     "queue_storage_schema", "queue_storage_queue_slot_count", "queue_storage_lease_slot_count",
     "queue_storage_claim_slot_count", "queue_storage_queue_stripe_count",
     "queue_storage_queue_rotate_interval_ms", "queue_storage_lease_rotate_interval_ms",
@@ -51,9 +52,8 @@ _UNSUPPORTED = {
 }
 # Per-queue dict keys awa-fast honours; awa's others are rejected by name.
 _QUEUE_KEYS = {"name", "max_workers", "deadline_duration_ms", "claim_batch_size", "claimers",
-               "rate_limit", "priority_aging_interval_ms", "dlq"}
-_QUEUE_UNSUPPORTED = {"min_workers": "weighted concurrency", "weight": "weighted concurrency",
-                      "retention": "per-queue retention; use completed_retention_hours / "
+               "rate_limit", "priority_aging_interval_ms", "dlq", "min_workers", "weight"}
+_QUEUE_UNSUPPORTED = {"retention": "per-queue retention; use completed_retention_hours / "
                                    "failed_retention_hours of start()"}
 
 
@@ -69,24 +69,43 @@ class QueueConfig:
     rate_limit: tuple[float, int] | None = None  # (max claims per second, burst)
     priority_aging_interval_ms: int = 0  # 0 = no aging
     options: dict = dataclasses.field(default_factory=dict)
+    # weighted mode (global_max_workers): guaranteed slots, share of the overflow pool, and
+    # max_workers only if given (a cap); see worker/weighted.py
+    min_workers: int = 0
+    weight: int = 1
+    cap: int | None = None
 
 
-def parse_queues(queues: Any, registered: list[str]) -> list[QueueConfig]:
+def parse_queues(queues: Any, registered: list[str],
+                 global_max_workers: int | None = None) -> list[QueueConfig]:
     """awa's queue forms: ``None`` (one queue per registered handler queue, 10 workers), a list of
     ``(name, max_workers)`` tuples, a list of dicts with ``name`` and ``max_workers`` plus
     optional ``deadline_duration_ms``, ``claim_batch_size``, ``claimers`` (1 only: one claim
     loop per queue and process), ``rate_limit=(max_rate, burst)`` (claims per second, bucket
     size), ``priority_aging_interval_ms`` and ``dlq``; or ``PartitionedQueue`` configs.
+    With ``global_max_workers`` (awa's weighted mode) the dicts give ``min_workers`` (>= 0,
+    guaranteed slots) and ``weight`` (>= 1, share of the rest); a ``max_workers`` there caps
+    the queue.
 
     Raises:
-        ValidationError: an invalid value, naming the queue and key; ``Unsupported`` (a
-            ValidationError) for awa's weighted mode (``min_workers``/``weight``), per-queue
-            ``retention``, ``claimers`` > 1 and unknown keys.
+        ValidationError: an invalid value, naming the queue and key; weighted mode without
+            dict queues, ``min_workers``/``weight`` without ``global_max_workers``, or
+            minimums summing past it (awa's rules). ``Unsupported`` (a ValidationError) for
+            per-queue ``retention``, ``claimers`` > 1 and unknown keys.
     """
+    weighted = global_max_workers is not None
+    if weighted:
+        _positive(global_max_workers, "global_max_workers")
+        if queues is None:
+            raise ValidationError("weighted mode requires explicit queue configs "
+                                  "(global_max_workers set but queues=None)", field="queues")
     if queues is None:
         return [QueueConfig(q) for q in (registered or ["default"])]
     out = []
     for item in queues:
+        if isinstance(item, tuple) and weighted:
+            raise ValidationError("tuple queue config is not supported with global_max_workers; "
+                                  "use dict form with min_workers/weight", field="queues")
         if isinstance(item, tuple):
             name, max_workers = item
             out.append(QueueConfig(name, _positive(max_workers, f"{name}: max_workers")))
@@ -110,14 +129,38 @@ def parse_queues(queues: Any, registered: list[str]) -> list[QueueConfig]:
         if cfg.pop("claimers", 1) != 1:
             raise Unsupported("claimers", f"queue {name!r}: awa-fast runs one claim loop per "
                                           "queue and process; use more processes")
+        if not weighted and ("min_workers" in cfg or "weight" in cfg):
+            key = "min_workers" if "min_workers" in cfg else "weight"
+            raise ValidationError(f"queue {name!r}: {key} needs weighted mode "
+                                  "(start(global_max_workers=N))", field=key)
+        share = {}
+        if weighted:
+            share = {"min_workers": _count(cfg.pop("min_workers", 0), f"queue {name!r}: min_workers", 0),
+                     "weight": _count(cfg.pop("weight", 1), f"queue {name!r}: weight", 1),
+                     "cap": (_positive(cfg.pop("max_workers"), f"{name}: max_workers")
+                             if "max_workers" in cfg else None)}
         out.append(QueueConfig(
             name, _positive(cfg.pop("max_workers", DEFAULT_MAX_WORKERS), f"{name}: max_workers"),
             deadline_duration_ms=int(cfg.pop("deadline_duration_ms", DEFAULT_DEADLINE_MS)),
             claim_batch_size=int(cfg.pop("claim_batch_size", DEFAULT_CLAIM_BATCH)),
             rate_limit=parse_rate_limit(name, cfg.pop("rate_limit", None)),
             priority_aging_interval_ms=_aging_ms(name, cfg.pop("priority_aging_interval_ms", None)),
-            options=cfg))
+            options=cfg, **share))
+    if weighted:
+        total_min = sum(q.min_workers for q in out)
+        if total_min > global_max_workers:
+            raise ValidationError(f"sum of min_workers ({total_min}) exceeds global_max_workers "
+                                  f"({global_max_workers})", field="global_max_workers",
+                                  limit=f">= {total_min}")
     return out
+
+
+def _count(value: Any, what: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        field = what.rsplit(": ", 1)[-1]
+        raise ValidationError(f"{what} must be an integer >= {least}, got {value!r}",
+                              field=field, limit=f">= {least}")
+    return value
 
 
 def parse_rate_limit(queue: str, value: Any) -> tuple[float, int] | None:
@@ -330,14 +373,15 @@ class Runtime:
         unknown = set(unsupported) - _UNSUPPORTED
         if unknown:
             raise TypeError(f"start() got unexpected keyword(s): {', '.join(sorted(unknown))}")
-        if global_max_workers is not None:
-            unsupported["global_max_workers"] = global_max_workers
         for key, value in sorted(unsupported.items()):
             if value is not None and not (key == "storage_transition_role" and value == "auto"):
-                raise Unsupported(key, "awa-fast has one storage engine and hard-reserved "
-                                       "workers per queue")
+                raise Unsupported(key, "awa-fast has one storage engine")
         self.client = client
-        self.queues = parse_queues(queues, client.registry.queues())
+        self.queues = parse_queues(queues, client.registry.queues(), global_max_workers)
+        self.overflow = None
+        if global_max_workers is not None:  # awa's weighted mode (worker/weighted.py)
+            self.overflow = OverflowPool(global_max_workers - sum(q.min_workers for q in self.queues),
+                                         {q.name: q.weight for q in self.queues})
         self.poll_interval_s = _positive(poll_interval_ms, "poll_interval_ms") / 1000
         if heartbeat_interval_ms is not None:
             _positive(heartbeat_interval_ms, "heartbeat_interval_ms")
@@ -439,11 +483,13 @@ class Runtime:
         self.finalizer = Finalizer(pool_getter, batch_size=self.finalizer_batch_size,
                                    spec_runner=self.client.specs, settler=self.client.settler)
         for q in self.queues:
+            weighted = self.overflow is not None
             self.dispatchers[q.name] = Dispatcher(
-                q.name, pool_getter=pool_getter, spawn=self._spawn, max_workers=q.max_workers,
+                q.name, pool_getter=pool_getter, spawn=self._spawn,
+                max_workers=q.min_workers if weighted else q.max_workers,
                 deadline_ms=q.deadline_duration_ms, claim_batch_size=q.claim_batch_size,
                 poll_interval_s=self.poll_interval_s, rate_limit=q.rate_limit,
-                kinds=self.kinds)
+                kinds=self.kinds, overflow=self.overflow, cap=q.cap)
         self.heartbeat = Heartbeat(pool_getter, self._heartbeat_targets, self.heartbeat_interval_s)
         await self._listen_connect()
         self._tasks = [asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")

@@ -100,7 +100,17 @@ async def test_start_runs_every_partition(dsn, client):
     assert set(seen.values()) == set(pq.physical_queues)
 
 
-async def test_start_rejects_weighted_partition_configs(client):
+async def test_weighted_partition_configs_need_global_max_workers(client):
     pq = awa.PartitionedQueue("w", 2)
-    with pytest.raises(awa.Unsupported, match="min_workers"):
+    with pytest.raises(awa.ValidationError, match="min_workers") as info:
         await client.start(pq.queue_configs(min_workers_per_partition=1))
+    assert info.value.field == "min_workers" and client.runtime is None
+
+    @client.task(Routed, queue="w")
+    async def routed(job):
+        return None
+
+    await client.start(pq.queue_configs(min_workers_per_partition=1), global_max_workers=4,
+                       maintenance=False)
+    assert sorted(client.runtime.dispatchers) == sorted(pq.physical_queues)
+    await client.shutdown()

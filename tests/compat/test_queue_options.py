@@ -27,7 +27,6 @@ class Tick:
 
 
 @pytest.mark.parametrize("options", [
-    {"global_max_workers": 8},
     {"descriptor_retention_days": 3},
     {"terminal_count_rollup_interval_ms": 1000},
     {"queue_storage_schema": "awa"},
@@ -49,8 +48,6 @@ async def test_unimplemented_start_keywords_are_rejected_by_name(client, options
 
 
 @pytest.mark.parametrize("queue, key", [
-    ({"name": "q", "min_workers": 1, "weight": 2}, "min_workers"),
-    ({"name": "q", "max_workers": 2, "weight": 2}, "weight"),
     ({"name": "q", "max_workers": 2, "retention": {"completed_hours": 1}}, "retention"),
     ({"name": "q", "max_workers": 2, "claimers": 2}, "claimers"),
     ({"name": "q", "max_workers": 2, "no_such_option": 1}, "no_such_option"),
