@@ -21,15 +21,13 @@
  *       every run until the application commits carries the same idempotency key, and the
  *       database part commits once per failure
  *
- * Configurations:
- *   (none)              the worker's failure path may crash before its COMMIT, but not after the
- *                       outside part of the effect ran (an effect that writes only through
- *                       JobFailure.conn, or that crashes first)
- *   CRASH_AFTER_EFFECT  it may also crash after the outside part ran. FAILS (a finding, see
- *                       README): the attempt stays running; rescue (non-final attempt) or an
- *                       admin cancel + retry sends the job round again, and its next failure
- *                       runs the effect under another idempotency key: not a repeat
+ * Every transaction may crash before COMMIT, including after the outside part of an effect ran.
  * Negative configurations (each expected to FAIL):
+ *   NEG_EFFECT_FIRST    the failure path runs the effect before anything durable records the
+ *                       failure (the code before this model's fix): a crash after the effect's
+ *                       outside part leaves the attempt running; rescue (non-final attempt) or
+ *                       an admin cancel + retry sends the job round again and its next failure
+ *                       runs the effect under another idempotency key
  *   NEG_VERDICT_FIRST   the verdict (verified_at) commits before the correction, separately
  *   NEG_SETTLE_FIRST    the failure path settles first and runs the effect after, separately
  *   NEG_PRUNE_OWED      prune deletes failed rows whose consequence is still owed
@@ -109,10 +107,9 @@ end_idle:
        :: atomic { st == RUNNING && lease == l && attempt < MAXA -> st = AVAILABLE }
                                                          /* retryable error: sql.TRANSITION */
        :: true ->                               /* terminal error, or exhausted (final) */
-#ifndef NEG_SETTLE_FIRST
-          /* Finalizer._fail_once: sql.LOCK_RUNNING (guard), Settler.settle_failure: the effect
-           * (savepoint), then sql.SETTLE_FAILED, or sql.MARK_CONSEQUENCE_PENDING if it failed;
-           * one transaction */
+#if defined(NEG_EFFECT_FIRST)
+          /* the failure path before this model's fix: the effect, then the settlement, in ONE
+           * transaction, so a crash after the effect's outside part leaves the attempt running */
           atomic {
               if
               :: st == RUNNING && lease == l ->
@@ -121,14 +118,36 @@ end_idle:
                      applied_commits(); st = FAILED; corrected = 0   /* effect ok, settled */
                   :: true; run_effect(KEY(l, 0));
                      st = PENDING; cstate = OWED; corrected = 0      /* effect failed: owed */
-                  :: skip                          /* crashed before the effect's outside part */
-#ifdef CRASH_AFTER_EFFECT
+                  :: skip                                            /* crashed first */
                   :: true; run_effect(KEY(l, 0))   /* crashed after it, before COMMIT */
-#endif
                   fi
               :: else -> skip                                        /* stale */
               fi
           }
+#elif !defined(NEG_SETTLE_FIRST)
+          /* Finalizer._fail_once, kind with an effect: first sql.LOCK_RUNNING (guard) and
+           * Settler.owe_failure (sql.APPEND_ERROR, sql.OWE_FAILURE: consequence_pending, owed)
+           * in one transaction; then Settler.reconcile_on: the effect and the settlement in the
+           * next one (the same step as the reconciler's, which may take it first) */
+          atomic {
+              if
+              :: st == RUNNING && lease == l -> st = PENDING; cstate = OWED; corrected = 0
+              :: st == RUNNING && lease == l -> l = 0                /* crashed before COMMIT */
+              :: else -> l = 0                                       /* stale */
+              fi
+          };
+          if
+          :: atomic {
+                 l != 0 && cstate == OWED && st == PENDING ->
+                 run_effect(KEY(lease, 0));
+                 if
+                 :: applied_commits(); st = FAILED                   /* settled */
+                 :: skip                             /* effect failed: owed (backoff) */
+                 :: skip                             /* crashed after the effect, before COMMIT */
+                 fi
+             }
+          :: skip                                    /* killed, or the reconciler has it */
+          fi
 #else
           atomic { if :: st == RUNNING && lease == l -> st = FAILED; corrected = 0
                       :: else -> l = 0 fi };                         /* stale */

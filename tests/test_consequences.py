@@ -16,7 +16,7 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.testing import UndeclaredFailureConsequences, assert_failure_consequences_declared
-from tests.consequence_app import Reserve
+from tests.consequence_app import Reserve, release_reservation
 from tests.support import job_row, scalar, truncate, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
@@ -265,8 +265,10 @@ async def _reserve(dsn, job_id, qty):
         await conn.execute("UPDATE public.stock SET available = available - %s", (qty,))
 
 
-async def test_crash_between_effect_and_commit_repeats_a_repeat_safe_effect(dsn, client):
-    job = await client.insert(Reserve("widget", 4, "fail"), max_attempts=1)
+async def _killed_after_the_effect(dsn, client, max_attempts: int):
+    """A worker whose attempt fails terminally is SIGKILLed inside the effect, after its outside
+    part ran and before anything else commits; returns the job's row afterwards."""
+    job = await client.insert(Reserve("widget", 4, "fail"), max_attempts=max_attempts)
     await _reserve(dsn, job.id, 4)
     proc = await _start_app(dsn, CRASH_AFTER_EFFECT="1")
     try:
@@ -276,14 +278,41 @@ async def test_crash_between_effect_and_commit_repeats_a_repeat_safe_effect(dsn,
             proc.kill()
             await proc.wait()
     row = await job_row(dsn, job.id)
-    assert row["state"] == "running"  # the settlement never committed
+    # the failure was recorded as owed before the effect ran; the settlement never committed
+    assert (row["state"], row["consequence_state"]) == ("consequence_pending", "owed")
+    return row
+
+
+async def test_killed_after_the_effect_on_a_non_final_attempt_repeats_it_never_retries(dsn,
+                                                                                      client):
+    # models/settlement.pml NEG_EFFECT_FIRST: with the effect run before the failure was durable,
+    # rescue retried this attempt and its next failure ran the effect under another key.
+    job_id = (await _killed_after_the_effect(dsn, client, max_attempts=2))["id"]
+    keys = []
+
+    async def effect(failure: awa.JobFailure) -> None:
+        keys.append(failure.idempotency_key)
+        await release_reservation(failure)
+
+    @client.task(Reserve, failure_consequence=effect)
+    async def reserve(job):
+        return None  # a retried attempt would complete: it must never run
+
+    await client.start([("default", 1)], **FAST)
+    row = await wait_state(dsn, job_id, "failed", timeout=30)
+    assert (row["consequence_state"], row["attempt"]) == ("applied", 1)
+    assert keys == [f"awa-fast:{job_id}:lease-1:failed"]  # the repeat, under the same key
+    assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 2
+    assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # released once
+
+
+async def test_crash_between_effect_and_commit_repeats_a_repeat_safe_effect(dsn, client):
+    job_id = (await _killed_after_the_effect(dsn, client, max_attempts=1))["id"]
     assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 1
     assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # released once
-    from tests.consequence_app import release_reservation
-
     client.failure_consequence(Reserve, release_reservation)
     await client.start([("nothing", 1)], **FAST)
-    row = await wait_state(dsn, job.id, "failed", timeout=30)
+    row = await wait_state(dsn, job_id, "failed", timeout=30)
     assert row["consequence_state"] == "applied"
     assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 2  # ran again
     assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # still recovered once

@@ -4,7 +4,10 @@
 * prune deleted a corrected (``failed``) row whose failure consequence was still owed, once the
   failed retention passed: the debt was gone (NEG_PRUNE_OWED is the old statement);
 * an admin cancel took a ``consequence_pending`` job to ``cancelled``, a state the reconciler
-  never reads, so its owed consequence was never applied, then pruned (NEG_CANCEL_OWED).
+  never reads, so its owed consequence was never applied, then pruned (NEG_CANCEL_OWED);
+* the failure path ran the effect before anything durable recorded the failure (invariant
+  effect_repeats_only_as_repeat, NEG_EFFECT_FIRST): its regression test is in
+  tests/test_consequences.py (test_killed_after_the_effect_on_a_non_final_attempt_...).
 """
 
 from __future__ import annotations
@@ -86,3 +89,4 @@ async def test_cancel_leaves_a_consequence_pending_job_owed(dsn):
         await client.close()
     row = await job_row(dsn, job.id)
     assert (row["state"], row["consequence_state"]) == ("consequence_pending", "owed")
+

@@ -36,9 +36,7 @@ CASES = [
     ("settlement.pml", ["NEG_PRUNE_OWED"], "nothing_owed_is_lost"),
     ("settlement.pml", ["NEG_RETRY_OWED"], "nothing_owed_is_lost"),
     ("settlement.pml", ["NEG_CANCEL_OWED"], "nothing_owed_is_lost"),
-    # A finding, not a design negative (models/README.md): an effect's outside part that ran
-    # before a crashed failure path is followed by a run under another idempotency key.
-    ("settlement.pml", ["CRASH_AFTER_EFFECT"], "effect_repeats_only_as_repeat"),
+    ("settlement.pml", ["NEG_EFFECT_FIRST"], "effect_repeats_only_as_repeat"),
     ("leader_fencing.pml", [], None),
     ("leader_fencing.pml", ["NEG_NO_FENCE"], "no_interleaved_leader_writes"),
     ("leader_fencing.pml", ["NEG_FENCE_NO_SHARE"], "no_interleaved_leader_writes"),

@@ -535,6 +535,17 @@ SET state = CASE WHEN state = 'failed' THEN state ELSE 'consequence_pending' END
     consequence_retry_at = now() + %(retry_in)s * interval '1 second'
 WHERE id = %(id)s"""
 
+# The worker's failure path, first transaction: the failure is recorded (consequence_pending,
+# owed, due now) before the effect runs, so a crash after the effect's outside part leaves a
+# debt the reconciler repeats under the same idempotency key (models/settlement.pml).
+OWE_FAILURE = f"""
+UPDATE {S}.jobs
+SET state = 'consequence_pending',
+    heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL,
+    consequence_state = 'owed', consequence_reason = %(reason)s, consequence_path = %(path)s,
+    consequence_error = NULL, consequence_retry_at = now()
+WHERE id = %(id)s"""
+
 MARK_CONSEQUENCE_APPLIED = f"""
 UPDATE {S}.jobs
 SET consequence_state = %(state)s, consequence_path = %(path)s,

@@ -196,10 +196,7 @@ class Settler:
         settled, the reconciler retries it).
         """
         job_id = row[0]
-        if error_entry is not None or progress is not None:
-            await conn.execute(sql.APPEND_ERROR, {
-                "id": job_id, "progress": progress,
-                "error": None if error_entry is None else orjson.dumps([error_entry]).decode()})
+        await _append_error(conn, job_id, error_entry, progress)
         error = "" if error_entry is None else error_entry.get("error", "")
         if owe_unknown and not self.applier.knows(row[1]):
             # This process cannot know the kind's consequence (declared elsewhere): leave it
@@ -210,6 +207,15 @@ class Settler:
             self.stats["pending"] += 1
             return "consequence_pending"
         return await self._apply_and_settle(conn, row, reason, path, error, exhausted)
+
+    async def owe_failure(self, conn, row: tuple, *, reason: str, path: str,
+                          error_entry: dict | None, progress: str | None = None) -> None:
+        """Inside the caller's transaction, with the job's row locked: record the failure as
+        ``consequence_pending`` with its consequence owed and due now, without running the
+        effect (:meth:`reconcile_on` applies it and settles, in the next transaction)."""
+        await _append_error(conn, row[0], error_entry, progress)
+        await conn.execute(sql.OWE_FAILURE, {"id": row[0], "reason": reason, "path": path})
+        self.stats["pending"] += 1
 
     async def _apply_and_settle(self, conn, row: tuple, reason: str, path: str, error: str,
                                 exhausted: list | None) -> str:
@@ -270,7 +276,7 @@ class Settler:
         async with pool.connection() as conn:
             return await self.reconcile_on(conn, job_id)
 
-    async def reconcile_on(self, conn, job_id: int) -> str | None:
+    async def reconcile_on(self, conn, job_id: int, exhausted: list | None = None) -> str | None:
         """Retry the owed consequence of one job (reconciler), in a transaction (a savepoint
         when ``conn`` is already in one). Returns the new settlement, ``"owed"`` if the effect
         failed again, or ``None`` when the job was not due/lockable or its kind's consequence
@@ -289,7 +295,7 @@ class Settler:
             reason, path = row_consequence(row)
             error = error_text(row[14])
             if state == "consequence_pending":
-                return await self._apply_and_settle(conn, row, reason, path, error, None)
+                return await self._apply_and_settle(conn, row, reason, path, error, exhausted)
             # A corrected (already settled) job: apply, then record it applied.
             fn = self.applier.effect_of(kind)
             if fn is not None:
@@ -307,6 +313,13 @@ class Settler:
                 "id": job_id, "path": path,
                 "state": "applied" if fn is not None else "none"})
             return "applied" if fn is not None else "none"
+
+
+async def _append_error(conn, job_id: int, error_entry: dict | None, progress: str | None) -> None:
+    if error_entry is not None or progress is not None:
+        await conn.execute(sql.APPEND_ERROR, {
+            "id": job_id, "progress": progress,
+            "error": None if error_entry is None else orjson.dumps([error_entry]).decode()})
 
 
 # Extra columns after JOB_COLUMNS in LOCK_OWED / LOCK_RUNNING rows.
