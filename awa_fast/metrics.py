@@ -25,7 +25,9 @@ from awa_fast.errors import ConfigError
 from awa_fast.sql import dashboard as dsql
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-LAUNCHER_ENV = "AWA_FAST_LAUNCHER_METRICS"  # set in a launcher's children: the launcher serves
+# Set in a launcher's children (the launcher serves their metrics): "refresh" in child 0, the
+# one that re-reads the database gauges for the machine, "1" in the others.
+LAUNCHER_ENV = "AWA_FAST_LAUNCHER_METRICS"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_REFRESH_MS = 5000
 
@@ -227,9 +229,9 @@ class LauncherExporter(Exporter):
             shutil.rmtree(self.directory, ignore_errors=True)
             raise
 
-    @property
-    def children_env(self) -> dict:
-        return {MULTIPROC_ENV: self.directory, LAUNCHER_ENV: "1"}
+    def children_env(self, *, refresh: bool) -> dict:
+        """The environment of a child; ``refresh``: this child re-reads the database gauges."""
+        return {MULTIPROC_ENV: self.directory, LAUNCHER_ENV: "refresh" if refresh else "1"}
 
     def child_exited(self, pid: int) -> None:
         """Drop the live gauges (leadership, depth) of a child that exited; its counters stay."""

@@ -503,7 +503,7 @@ class Runtime:
                                             name=f"awa-aging-{q.name}")
                         for q in self.queues if q.priority_aging_interval_ms > 0]
         self._tasks.append(asyncio.create_task(self._presence_loop(), name="awa-presence"))
-        if self.metrics_port is not None or os.environ.get(metrics.LAUNCHER_ENV):
+        if self.metrics_port is not None or os.environ.get(metrics.LAUNCHER_ENV) == "refresh":
             self._tasks.append(asyncio.create_task(self._metrics_loop(), name="awa-metrics"))
         if self.run_maintenance:
             mc = self.maintenance_config

@@ -429,7 +429,7 @@ class Supervisor:
 
     # -- children -------------------------------------------------------------------------------
 
-    def _env(self) -> dict:
+    def _env(self, index: int | None = None) -> dict:
         # The application's modules resolve from the launcher's directory; awa_fast itself is
         # pinned to this installation by _CHILD_BOOT (a source checkout in the current
         # directory must not shadow an installed, compiled awa_fast).
@@ -440,7 +440,7 @@ class Supervisor:
         env.update(self.extra_env)
         env.pop(metrics.LAUNCHER_ENV, None)  # only this launcher's own exporter sets it
         if self.metrics_exporter is not None:
-            env.update(self.metrics_exporter.children_env)
+            env.update(self.metrics_exporter.children_env(refresh=index == 0))
         return env
 
     def _spawn(self, c: Child) -> None:
@@ -455,7 +455,8 @@ class Supervisor:
             argv += ["--database-url", self.database_url]
         try:
             # Own process group: a terminal's Ctrl-C reaches the parent only, which forwards it.
-            c.proc = subprocess.Popen(argv, env=self._env(), pass_fds=(wfd,), process_group=0)
+            c.proc = subprocess.Popen(argv, env=self._env(c.index), pass_fds=(wfd,),
+                                      process_group=0)
         finally:
             os.close(wfd)
         c.started_at = time.monotonic()
