@@ -491,7 +491,12 @@ class Runtime:
                 poll_interval_s=self.poll_interval_s, rate_limit=q.rate_limit,
                 kinds=self.kinds, overflow=self.overflow, cap=q.cap)
         self.heartbeat = Heartbeat(pool_getter, self._heartbeat_targets, self.heartbeat_interval_s)
-        await self._listen_connect()
+        try:
+            await self._listen_connect()
+        except BaseException:
+            if self.metrics_exporter is not None:
+                self.metrics_exporter.close()
+            raise
         self._tasks = [asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
                        for d in self.dispatchers.values()]
         self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="awa-heartbeat"))
