@@ -113,6 +113,8 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         self.settler = Settler(self.consequences, self.specs)
         self._runtime = None
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
+        self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
+        self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
         self._off_queue_warned: set[str] = set()  # kinds warned about (QueueMismatchWarning)
         if self.explicit_database_url is not None:
             _check_reachable(self.explicit_database_url)
@@ -616,10 +618,11 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
         ``args_type``) at each fire time of the 5-field ``cron_expr`` in ``timezone``.
 
         ``start()`` stores the schedule in ``awa_fast.cron_jobs``; the maintenance leader enqueues
-        each fire time exactly once. A schedule new to the database does not fire retroactively:
-        its first job is for the next fire time. Missed fires (no leader running) become one job
-        for the latest (``"coalesce"``) or one job each (``"catch_up"``). A later registration
-        with the same name replaces the earlier one.
+        each fire time exactly once. A schedule new to the database fires, at its first
+        evaluation, the latest fire time since one minute before it was stored (awa's rule: the
+        current minute's slot fires at once, older ones are not backfilled). Missed fires after
+        that (no leader running) become one job for the latest (``"coalesce"``) or one job each
+        (``"catch_up"``). A later registration with the same name replaces the earlier one.
 
         Raises:
             ValidationError (a ValueError, as awa-pg): invalid cron expression, timezone,
@@ -634,6 +637,44 @@ class AsyncClient(AdminMixin, UnsupportedMixin):
                              priority=priority, max_attempts=max_attempts, tags=tags,
                              metadata=metadata, missed_fire_policy=missed_fire_policy)
         self.periodic_jobs[job.name] = job
+
+    def queue_descriptor(self, queue: str, *, display_name: str | None = None,
+                         description: str | None = None, owner: str | None = None,
+                         docs_url: str | None = None, tags: list[str] | None = None,
+                         extra: dict | None = None) -> None:
+        """Describe ``queue`` for operators (awa's queue descriptor; before ``start()``, which
+        stores it in ``awa_fast.queue_descriptors`` and keeps it fresh while running). The
+        queue must be one ``start()`` runs. A later declaration for the queue replaces it.
+
+        Raises:
+            ValidationError: a field past awa's limits (``awa_fast.descriptors.build``).
+            RuntimeError: the runtime is already started.
+        """
+        from awa_fast import descriptors
+
+        if self._runtime is not None:
+            raise RuntimeError("queue_descriptor() must be called before start()")
+        self.queue_descriptors[queue] = descriptors.build(
+            "queue", queue, display_name=display_name, description=description, owner=owner,
+            docs_url=docs_url, tags=tags, extra=extra)
+
+    def job_kind_descriptor(self, kind: str, *, display_name: str | None = None,
+                            description: str | None = None, owner: str | None = None,
+                            docs_url: str | None = None, tags: list[str] | None = None,
+                            extra: dict | None = None) -> None:
+        """Describe job kind ``kind`` (as :meth:`queue_descriptor`; stored in
+        ``awa_fast.job_kind_descriptors``).
+
+        Raises:
+            ValidationError, RuntimeError: as :meth:`queue_descriptor`.
+        """
+        from awa_fast import descriptors
+
+        if self._runtime is not None:
+            raise RuntimeError("job_kind_descriptor() must be called before start()")
+        self.kind_descriptors[kind] = descriptors.build(
+            "kind", kind, display_name=display_name, description=description, owner=owner,
+            docs_url=docs_url, tags=tags, extra=extra)
 
     async def start(self, queues: Any = None, **options: Any) -> None:
         """Start claiming and running jobs in this process (see ``worker.runtime.RuntimeConfig``

@@ -9,7 +9,6 @@ from typing import Any
 
 from awa_fast.errors import Unsupported
 
-_DESCRIPTORS = "queue and job-kind descriptors are not stored by awa-fast"
 _BATCH = "batch operations (set priority / move queue)"
 
 
@@ -26,8 +25,6 @@ class UnsupportedMixin:
     """Methods of awa-pg's clients that raise ``Unsupported`` (shared by both clients: they
     raise before doing anything, so the async and sync forms are the same call)."""
 
-    queue_descriptor = _unsupported("queue_descriptor", _DESCRIPTORS)
-    job_kind_descriptor = _unsupported("job_kind_descriptor", _DESCRIPTORS)
     preview_batch_operation = _unsupported("preview_batch_operation", _BATCH)
     submit_batch_operation = _unsupported("submit_batch_operation", _BATCH)
     preview_set_priority = _unsupported("preview_set_priority", _BATCH)

@@ -49,7 +49,8 @@ async def scalar(dsn: str, query: str, params: Any = None) -> Any:
 async def truncate(dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq, "
-                           "awa_fast.callback_expressions")
+                           "awa_fast.callback_expressions, awa_fast.queue_descriptors, "
+                           "awa_fast.job_kind_descriptors")
 
 
 @contextlib.asynccontextmanager

@@ -448,7 +448,8 @@ RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, 
           j.deadline_at, j.created_at, j.errors::text, j.metadata::text, j.tags, j.run_lease,
           j.progress"""
 
-CLEAN = f"TRUNCATE {S}.jobs, {S}.queue_meta, {S}.dlq, {S}.cron_jobs, {S}.callback_expressions"
+CLEAN = (f"TRUNCATE {S}.jobs, {S}.queue_meta, {S}.dlq, {S}.cron_jobs, {S}.callback_expressions, "
+         f"{S}.queue_descriptors, {S}.job_kind_descriptors")
 
 
 # -- periodic (cron) jobs: awa_fast/periodic.py, migration 003 -----------------------------------
@@ -1031,3 +1032,39 @@ SELECT queue, kind, n FROM ({UNHANDLED_AVAILABLE}) x WHERE queue = ANY(%s) ORDER
 # Schema version check at start(): a worker on an unmigrated database fails fast.
 SCHEMA_PRESENT = f"SELECT to_regclass('{S}.schema_version') IS NOT NULL"
 SCHEMA_VERSION = f"SELECT max(version) FROM {S}.schema_version"
+
+
+# -- queue and job-kind descriptors: awa_fast/descriptors.py, migration 007 ---------------------
+
+def _descriptor_upsert(table: str, key: str) -> str:
+    return f"""
+INSERT INTO {S}.{table} AS d ({key}, display_name, description, owner, docs_url, tags, extra,
+                               descriptor_hash)
+VALUES (%(name)s, %(display_name)s, %(description)s, %(owner)s, %(docs_url)s, %(tags)s::text[],
+        %(extra)s::jsonb, %(hash)s)
+ON CONFLICT ({key}) DO UPDATE SET
+    display_name = EXCLUDED.display_name, description = EXCLUDED.description,
+    owner = EXCLUDED.owner, docs_url = EXCLUDED.docs_url, tags = EXCLUDED.tags,
+    extra = EXCLUDED.extra, descriptor_hash = EXCLUDED.descriptor_hash,
+    updated_at = CASE WHEN d.descriptor_hash = EXCLUDED.descriptor_hash THEN d.updated_at
+                      ELSE now() END,
+    last_seen_at = now()"""
+
+
+QUEUE_DESCRIPTOR_UPSERT = _descriptor_upsert("queue_descriptors", "queue")
+KIND_DESCRIPTOR_UPSERT = _descriptor_upsert("job_kind_descriptors", "kind")
+
+# Rows no runtime has refreshed for %(retention_s)s seconds (descriptor_retention_days).
+DESCRIPTORS_PRUNE = f"""
+WITH q AS (DELETE FROM {S}.queue_descriptors
+           WHERE last_seen_at < now() - %(retention_s)s * interval '1 second' RETURNING 1),
+     k AS (DELETE FROM {S}.job_kind_descriptors
+           WHERE last_seen_at < now() - %(retention_s)s * interval '1 second' RETURNING 1)
+SELECT (SELECT count(*) FROM q) + (SELECT count(*) FROM k)"""
+
+DESCRIPTOR_COLUMNS = ("display_name, description, owner, docs_url, tags, extra, descriptor_hash, "
+                      "created_at, updated_at, last_seen_at")
+LIST_QUEUE_DESCRIPTORS = (f"SELECT queue AS name, {DESCRIPTOR_COLUMNS} FROM {S}.queue_descriptors "
+                          "ORDER BY queue")
+LIST_KIND_DESCRIPTORS = (f"SELECT kind AS name, {DESCRIPTOR_COLUMNS} FROM "
+                         f"{S}.job_kind_descriptors ORDER BY kind")

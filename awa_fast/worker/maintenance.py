@@ -69,6 +69,7 @@ class MaintenanceConfig:
     completed_retention_hours: float = 24.0
     failed_retention_hours: float = 72.0
     dlq_retention_days: float = 30.0
+    descriptor_retention_days: float = 30.0  # 0 = keep descriptors forever (awa)
     cleanup_batch_size: int = 1000
     promote_batch_size: int = 4096
     reconcile_interval_ms: int = 1_000
@@ -353,6 +354,9 @@ class Maintenance:
         async with self.fenced() as conn:
             await conn.execute(sql.WORKERS_PRUNE)
             await conn.execute(sql.CALLBACK_EXPRESSIONS_PRUNE)
+            if c.descriptor_retention_days > 0:
+                await conn.execute(sql.DESCRIPTORS_PRUNE,
+                                   {"retention_s": c.descriptor_retention_days * 86400})
             for what, many, ids, one in (("prune", sql.PRUNE, sql.PRUNE_IDS, sql.PRUNE_ONE),
                                          ("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS,
                                           sql.PRUNE_DLQ_ONE)):

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from awa_fast import _native, metrics, schema, sql
+from awa_fast import _native, descriptors, metrics, schema, sql
 from awa_fast.errors import ConfigError, SchemaNotMigrated, Unsupported, ValidationError
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
@@ -41,10 +41,10 @@ HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat in
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
 # awa-pg start() keywords for features awa-fast does not have (awa's queue-storage engine and
-# storage transition, descriptors, terminal-count rollups): rejected unless left at "not given"
+# storage transition, terminal-count rollups): rejected unless left at "not given"
 # (None; "auto" for storage_transition_role), never ignored.
 _UNSUPPORTED = {
-    "descriptor_retention_days", "terminal_count_rollup_interval_ms",
+    "terminal_count_rollup_interval_ms",
     "queue_storage_schema", "queue_storage_queue_slot_count", "queue_storage_lease_slot_count",
     "queue_storage_claim_slot_count", "queue_storage_queue_stripe_count",
     "queue_storage_queue_rotate_interval_ms", "queue_storage_lease_rotate_interval_ms",
@@ -347,6 +347,7 @@ class Runtime:
                  completed_retention_hours: float | None = None,
                  failed_retention_hours: float | None = None,
                  dlq_retention_days: float | None = None,
+                 descriptor_retention_days: float | None = None,
                  cleanup_batch_size: int | None = None,
                  leader_election_interval_ms: int | None = None,
                  promote_interval_ms: int | None = None,
@@ -405,7 +406,20 @@ class Runtime:
                 if value <= 0:
                     raise ValueError(f"{key} must be > 0")
                 setattr(mconf, key, value)
+        if descriptor_retention_days is not None:  # awa: 0 keeps descriptors forever
+            if (isinstance(descriptor_retention_days, bool)
+                    or not isinstance(descriptor_retention_days, (int, float))
+                    or not 0 <= descriptor_retention_days < float("inf")):
+                raise ValidationError("descriptor_retention_days must be a number >= 0 (days), "
+                                      f"got {descriptor_retention_days!r}",
+                                      field="descriptor_retention_days", limit=">= 0")
+            mconf.descriptor_retention_days = descriptor_retention_days
         self.maintenance_config = mconf
+        names = {q.name for q in self.queues}
+        for queue in getattr(client, "queue_descriptors", {}):
+            if queue not in names:  # awa's QueueDescriptorWithoutQueue
+                raise ValidationError(f"queue descriptor declared for unknown queue {queue!r} "
+                                      "(not among the queues start() runs)", field="queue")
         # queue_subset: this process deliberately works some of the application's queues
         # (the launcher's --queues); handlers of the others are left to other processes.
         check_config(client.registry, self.queues, queues is not None and not queue_subset,
@@ -818,6 +832,9 @@ class Runtime:
         await conn.execute(sql.WORKER_SEEN, {"instance": self.instance, "kinds": self.kinds,
                                              "queues": [q.name for q in self.queues],
                                              "ttl_ms": ttl_ms})
+        # the descriptors this process declares: stored at start, refreshed with presence
+        await descriptors.sync(conn, getattr(self.client, "queue_descriptors", {}),
+                               getattr(self.client, "kind_descriptors", {}))
 
     async def check_unhandled(self) -> list[tuple[str, str, int]]:
         """Refresh this process's presence row, then look in its queues for available jobs no

@@ -27,7 +27,6 @@ class Tick:
 
 
 @pytest.mark.parametrize("options", [
-    {"descriptor_retention_days": 3},
     {"terminal_count_rollup_interval_ms": 1000},
     {"queue_storage_schema": "awa"},
     {"queue_storage_queue_slot_count": 16},
@@ -154,8 +153,7 @@ async def test_aging_pass_is_idempotent_and_bounded_by_wait(dsn, client):
 
 
 @pytest.mark.parametrize("name", [
-    "queue_descriptor", "job_kind_descriptor", "preview_batch_operation",
-    "submit_batch_operation", "preview_set_priority", "set_priority", "preview_move_queue",
+    "preview_batch_operation", "submit_batch_operation", "preview_set_priority", "set_priority", "preview_move_queue",
     "move_queue", "list_batch_operations", "get_batch_operation", "cancel_batch_operation",
     "purge_batch_operations"])
 def test_unimplemented_client_calls_raise_by_name(dsn, name):

@@ -18,7 +18,8 @@ from awa_fast.transaction import Transaction
 # Worker lifecycle and registration: async client only, as in awa-pg.
 WORKER_ONLY = {"pool", "task", "worker", "start", "shutdown", "periodic", "failure_consequence",
                "on_completed_enqueue", "on_retried_enqueue", "on_exhausted_enqueue",
-               "on_cancelled_enqueue", "on_waiting_for_callback_enqueue", "on_rescued_enqueue"}
+               "on_cancelled_enqueue", "on_waiting_for_callback_enqueue", "on_rescued_enqueue",
+               "queue_descriptor", "job_kind_descriptor"}
 
 
 def _public(cls) -> dict:

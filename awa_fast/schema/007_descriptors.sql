@@ -1,0 +1,31 @@
+-- 007: awa's queue and job-kind descriptors (display name, description, owner, docs URL, tags,
+-- extra JSON): declared in code before start(), upserted at start and refreshed (last_seen_at)
+-- on every presence beat; the leader deletes rows nobody has refreshed for
+-- descriptor_retention_days. Limits as awa's (v009).
+CREATE TABLE awa_fast.queue_descriptors (
+    queue            text PRIMARY KEY CHECK (length(queue) BETWEEN 1 AND 200),
+    display_name     text CHECK (length(display_name) <= 200),
+    description      text CHECK (length(description) <= 2000),
+    owner            text CHECK (length(owner) <= 200),
+    docs_url         text CHECK (length(docs_url) <= 2048),
+    tags             text[] NOT NULL DEFAULT '{}' CHECK (cardinality(tags) <= 20),
+    extra            jsonb NOT NULL DEFAULT '{}',
+    descriptor_hash  text NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    last_seen_at     timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE awa_fast.job_kind_descriptors (
+    kind             text PRIMARY KEY CHECK (length(kind) BETWEEN 1 AND 200),
+    display_name     text CHECK (length(display_name) <= 200),
+    description      text CHECK (length(description) <= 2000),
+    owner            text CHECK (length(owner) <= 200),
+    docs_url         text CHECK (length(docs_url) <= 2048),
+    tags             text[] NOT NULL DEFAULT '{}' CHECK (cardinality(tags) <= 20),
+    extra            jsonb NOT NULL DEFAULT '{}',
+    descriptor_hash  text NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    last_seen_at     timestamptz NOT NULL DEFAULT now()
+);
