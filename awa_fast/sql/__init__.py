@@ -212,10 +212,14 @@ RESCUE_CALLBACK_CANDIDATES = f"""
 SELECT j.id FROM {S}.jobs j WHERE {_CALLBACK_EXPIRED} ORDER BY j.id LIMIT %(limit)s"""
 
 # A row whose next state would take a unique key another job holds: cancelled as a duplicate.
-# Each use adds its own guard, so a row that moved on meanwhile is left alone.
+# Each use adds its own guard, so a row that moved on meanwhile is left alone. A duplicate
+# never holds the key as cancelled (the cancelled bit leaves its mask): with a mask holding
+# `cancelled` the cancel itself would collide with a cancelled holder and the attempt could
+# not settle at all.
 _CANCEL_DUPLICATE = f"""
 UPDATE {S}.jobs j
-SET state = 'cancelled', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+SET state = 'cancelled', finalized_at = now(),
+    unique_states = j.unique_states & ~(1 << {S}.state_bit('cancelled')), heartbeat_at = NULL, deadline_at = NULL,
     callback_id = NULL, callback_timeout_at = NULL,
     errors = errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled as duplicate: another job holds its unique key',

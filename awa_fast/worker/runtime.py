@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import math
 import os
 import socket
 import time
@@ -276,6 +277,45 @@ def _positive(value: Any, what: str) -> int:
     return value
 
 
+# The longest duration a setting may give: beyond it PostgreSQL's interval and timestamp
+# arithmetic overflows (a pass would fail every time).
+MAX_SETTING_S = 100 * 365 * 86_400
+_UNIT_S = {"_ms": 0.001, "_hours": 3600, "_days": 86_400}
+
+
+def _setting(value: Any, field: str, *, integer: bool = False) -> float:
+    """A maintenance interval, retention or size given to ``start()``: a finite number > 0
+    (an int for ``integer``), a duration at most ``MAX_SETTING_S`` in the unit its name ends with.
+
+    Raises:
+        ConfigError: naming ``field`` and the limit.
+    """
+    kinds = (int,) if integer else (int, float)
+    if (isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value)
+            or value <= 0):
+        raise ConfigError(f"{field} must be a {'positive int' if integer else 'finite number > 0'}"
+                          f", got {value!r}", field=field, limit="> 0")
+    unit = next((u for suffix, u in _UNIT_S.items() if field.endswith(suffix)), None)
+    if unit is not None and value * unit > MAX_SETTING_S:
+        raise ConfigError(f"{field}={value!r} is longer than 100 years (PostgreSQL's interval "
+                          "arithmetic would overflow)", field=field,
+                          limit=f"<= {MAX_SETTING_S / unit:.0f}")
+    return value
+
+
+def _flag(value: Any, field: str, *, optional: bool = False) -> Any:
+    """A ``bool`` keyword of ``start()`` (``None`` too when ``optional``): a string such as
+    ``"no"`` would otherwise count as true.
+
+    Raises:
+        ConfigError: naming ``field``.
+    """
+    if isinstance(value, bool) or (optional and value is None):
+        return value
+    raise ConfigError(f"{field} must be a bool{' or None' if optional else ''}, got {value!r}",
+                      field=field, limit="bool")
+
+
 def _metrics_port(port: Any) -> int | None:
     """``metrics_port`` of ``start()``; a launcher child's metrics are served by the launcher."""
     if port is None:
@@ -371,6 +411,7 @@ class Runtime:
                  metrics_host: str = metrics.DEFAULT_HOST,
                  metrics_refresh_ms: int = metrics.DEFAULT_REFRESH_MS,
                  **unsupported: Any):
+        _flag(queue_subset, "queue_subset")
         unknown = set(unsupported) - _UNSUPPORTED
         if unknown:
             raise TypeError(f"start() got unexpected keyword(s): {', '.join(sorted(unknown))}")
@@ -403,9 +444,7 @@ class Runtime:
             "reconcile_interval_ms": reconcile_interval_ms,
         }.items():
             if value is not None:
-                if value <= 0:
-                    raise ValueError(f"{key} must be > 0")
-                setattr(mconf, key, value)
+                setattr(mconf, key, _setting(value, key, integer=key == "cleanup_batch_size"))
         if descriptor_retention_days is not None:  # awa: 0 keeps descriptors forever
             if (isinstance(descriptor_retention_days, bool)
                     or not isinstance(descriptor_retention_days, (int, float))
@@ -433,20 +472,22 @@ class Runtime:
         self.unhandled_warned: set[tuple[str, str]] = set()
         for key, value in (("consequence_timeout_ms", consequence_timeout_ms),
                            ("consequence_backoff_ms", consequence_backoff_ms)):
-            if value is not None and value <= 0:
-                raise ValueError(f"{key} must be > 0")
+            if value is not None:
+                _setting(value, key)
         if consequence_timeout_ms is not None:
             client.consequences.timeout_s = consequence_timeout_ms / 1000
         if consequence_backoff_ms is not None:
             client.consequences.backoff_base_s = consequence_backoff_ms / 1000
-        self.dlq_enabled_by_default = dlq_enabled_by_default
+        self.dlq_enabled_by_default = _flag(dlq_enabled_by_default, "dlq_enabled_by_default",
+                                            optional=True)
         if staged_completions not in ("per_job", "batched"):
-            raise ValueError("staged_completions must be 'per_job' (ADR-046, the default) or "
-                             f"'batched', got {staged_completions!r}")
+            raise ConfigError("staged_completions must be 'per_job' (ADR-046, the default) or "
+                             f"'batched', got {staged_completions!r}",
+                              field="staged_completions", limit="'per_job' or 'batched'")
         self.staged_completions = staged_completions
         self.callback_poll_interval_s = _positive(callback_poll_interval_ms,
                                                   "callback_poll_interval_ms") / 1000
-        self.run_maintenance = maintenance
+        self.run_maintenance = _flag(maintenance, "maintenance")
         # Periodic jobs: how often the maintenance leader evaluates awa_fast.cron_jobs.
         self.cron_interval_s = _positive(1000 if cron_interval_ms is None else cron_interval_ms,
                                          "cron_interval_ms") / 1000
