@@ -26,7 +26,7 @@ from awa_fast.errors import (AttemptStillRunning, DatabaseError, JobNotFound,
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
-from awa_fast.unsupported import UnsupportedMixin
+from awa_fast.batch_ops import BatchOperationsMixin
 from awa_fast.worker.registry import Registry
 from awa_fast.worker.consequences import ConsequenceApplier, Settler
 from awa_fast.worker.specs import SpecRunner
@@ -78,7 +78,7 @@ class _ImplicitQueue(str):
 DEFAULT_QUEUE = _ImplicitQueue("default")
 
 
-class AsyncClient(AdminMixin, UnsupportedMixin):
+class AsyncClient(AdminMixin, BatchOperationsMixin):
     """Async client: insert jobs, administer them, and run workers.
 
     Args:

@@ -17,10 +17,9 @@ from typing import Any
 
 from awa_fast.client import DEFAULT_QUEUE, AsyncClient
 from awa_fast.transaction import Transaction
-from awa_fast.unsupported import UnsupportedMixin
 
 
-class Client(UnsupportedMixin):
+class Client:
     """Blocking client: ``Client(database_url=None, max_connections=10)``, usable as ``with``
     (``database_url`` as for :class:`AsyncClient`, ``None`` resolved as the CLI does).
 
@@ -196,6 +195,45 @@ class Client(UnsupportedMixin):
     def resolve_callback(self, callback_id: Any, payload: Any = None,
                          default_action: str = "ignore"):
         return self._call(self._async.resolve_callback(callback_id, payload, default_action))
+
+    # -- batch operations (awa_fast/batch_ops.py) --------------------------------------------
+
+    def preview_batch_operation(self, op_kind: str, *, spec: dict, filter: dict | None = None):
+        return self._call(self._async.preview_batch_operation(op_kind, spec=spec, filter=filter))
+
+    def submit_batch_operation(self, op_kind: str, *, spec: dict, filter: dict | None = None,
+                               submitted_by: str | None = None, allow_all: bool = False):
+        return self._call(self._async.submit_batch_operation(
+            op_kind, spec=spec, filter=filter, submitted_by=submitted_by, allow_all=allow_all))
+
+    def preview_set_priority(self, priority: int, *, filter: dict | None = None):
+        return self._call(self._async.preview_set_priority(priority, filter=filter))
+
+    def set_priority(self, priority: int, *, filter: dict | None = None,
+                     submitted_by: str | None = None, allow_all: bool = False):
+        return self._call(self._async.set_priority(priority, filter=filter,
+                                                   submitted_by=submitted_by, allow_all=allow_all))
+
+    def preview_move_queue(self, queue: str, *, priority: int | None = None,
+                           filter: dict | None = None):
+        return self._call(self._async.preview_move_queue(queue, priority=priority, filter=filter))
+
+    def move_queue(self, queue: str, *, priority: int | None = None, filter: dict | None = None,
+                   submitted_by: str | None = None, allow_all: bool = False):
+        return self._call(self._async.move_queue(queue, priority=priority, filter=filter,
+                                                 submitted_by=submitted_by, allow_all=allow_all))
+
+    def list_batch_operations(self, *, state: str | None = None, limit: int = 100):
+        return self._call(self._async.list_batch_operations(state=state, limit=limit))
+
+    def get_batch_operation(self, operation_id: str):
+        return self._call(self._async.get_batch_operation(operation_id))
+
+    def cancel_batch_operation(self, operation_id: str):
+        return self._call(self._async.cancel_batch_operation(operation_id))
+
+    def purge_batch_operations(self, before: datetime, *, limit: int = 1000):
+        return self._call(self._async.purge_batch_operations(before, limit=limit))
 
     # -- dead-letter queue -------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ async def truncate(dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq, "
                            "awa_fast.callback_expressions, awa_fast.queue_descriptors, "
-                           "awa_fast.job_kind_descriptors")
+                           "awa_fast.job_kind_descriptors, awa_fast.batch_operations CASCADE")
 
 
 @contextlib.asynccontextmanager

@@ -354,6 +354,7 @@ class Maintenance:
         async with self.fenced() as conn:
             await conn.execute(sql.WORKERS_PRUNE)
             await conn.execute(sql.CALLBACK_EXPRESSIONS_PRUNE)
+            await conn.execute(sql.BATCH_RETENTION_PRUNE)
             if c.descriptor_retention_days > 0:
                 await conn.execute(sql.DESCRIPTORS_PRUNE,
                                    {"retention_s": c.descriptor_retention_days * 86400})

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from awa_fast import _native, descriptors, metrics, schema, sql
+from awa_fast import _native, batch_ops, descriptors, metrics, schema, sql
 from awa_fast.errors import ConfigError, SchemaNotMigrated, Unsupported, ValidationError
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
@@ -39,6 +39,7 @@ DEADLINE_SWEEP_S = 0.5
 CLAIM_HANDOVER_S = 5.0  # shutdown: longest wait for a claim in flight to return its rows
 DEFAULT_HEARTBEAT_MS = 30_000
 HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat intervals
+BATCH_RUNNER_S = 0.2  # the leader's batch-operation runner: one step (a chunk) per interval
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
 # awa-pg start() keywords for features awa-fast does not have (awa's queue-storage engine and
@@ -572,7 +573,8 @@ class Runtime:
                 consequence_kinds=self._settled_by_reconciler,
                 known_kinds=self.client.consequences.known_kinds,
                 extra_tasks=[(self.cron_interval_s, self._evaluate_cron),
-                             (mc.reconcile_interval_ms / 1000, self.reconcile)])
+                             (mc.reconcile_interval_ms / 1000, self.reconcile),
+                             (BATCH_RUNNER_S, self._run_batch_operations)])
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
@@ -836,6 +838,15 @@ class Runtime:
         if jobs:
             async with (await self.client.pool()).connection() as conn:
                 await periodic.sync_schedules(conn, jobs)
+
+    async def _run_batch_operations(self, fenced: Any) -> int:
+        """Leader only (a Maintenance extra task): one step of the batch-operation runner
+        (``batch_ops.run_once``) in a leader-fenced transaction."""
+        try:
+            async with fenced() as conn:
+                return await batch_ops.run_once(conn, self.instance)
+        finally:
+            raise_if_cancelling()
 
     async def _evaluate_cron(self, fenced: Any = None) -> int:
         """Leader only (a Maintenance extra task): enqueue due periodic fires, in a leader-fenced

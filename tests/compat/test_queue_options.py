@@ -150,18 +150,3 @@ async def test_aging_pass_is_idempotent_and_bounded_by_wait(dsn, client):
     assert await age_once(pool, "age2", 10_000) == 0  # a repeated pass changes nothing
     assert (await job_row(dsn, waited.id))["priority"] == 2  # 2 whole intervals waited
     assert (await job_row(dsn, fresh.id))["priority"] == 3
-
-
-@pytest.mark.parametrize("name", [
-    "preview_batch_operation", "submit_batch_operation", "preview_set_priority", "set_priority", "preview_move_queue",
-    "move_queue", "list_batch_operations", "get_batch_operation", "cancel_batch_operation",
-    "purge_batch_operations"])
-def test_unimplemented_client_calls_raise_by_name(dsn, name):
-    for c in (awa.AsyncClient(dsn), awa.Client(dsn)):
-        try:
-            with pytest.raises(awa.ValidationError, match=f"{name} is not implemented") as e:
-                getattr(c, name)("x")
-            assert isinstance(e.value, awa.Unsupported) and e.value.field == name
-        finally:
-            if isinstance(c, awa.Client):
-                c.close()

@@ -1,0 +1,324 @@
+"""awa's durable batch operations (ADR-030): ``set_priority`` and ``move_queue`` over queued
+jobs (``available`` / ``scheduled``), selected by awa's structured filter (``kind``,
+``queue``, ``ids``, ``tag``, ``state``, ``created_at_gte``, ``created_at_lt``; intersected).
+
+``preview`` counts the eligible rows and shows a sample (by id) without submitting. ``submit``
+stores an operation (``pending``); the maintenance leader's runner (:func:`run_once`, a leader
+task) then scans it (freezing the eligible job ids as items and ``total_matched``: state
+``running``) and applies it in chunks, each chunk one transaction that changes the jobs still
+eligible and accounts every item exactly once as processed, skipped (no longer eligible:
+claimed, cancelled, moved) or errored (say a unique key taken in the destination queue;
+``last_error`` names the job). Cancellation is cooperative: a ``pending`` operation is
+cancelled at once, an active one becomes ``cancelling`` and the runner stops at the next chunk
+(changed rows stay changed). Finalized operations are kept ``BATCH_RETENTION_DAYS`` (awa's 90)
+and then deleted by the leader; :func:`purge` deletes them earlier.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import orjson
+from psycopg.rows import dict_row
+
+from awa_fast import bulk, sql
+from awa_fast.errors import JobNotFound, ValidationError
+from awa_fast.job import JobState
+
+KINDS = ("set_priority", "move_queue")
+STATES = ("pending", "scanning", "running", "cancelling", "completed", "cancelled", "failed")
+FILTER_FIELDS = ("kind", "queue", "ids", "tag", "state", "created_at_gte", "created_at_lt")
+BATCH_RETENTION_DAYS = 90  # awa's default (AWA_BATCH_OP_RETENTION_DAYS)
+CHUNK = 500  # rows per runner transaction
+SAMPLE = 20  # rows a preview shows
+
+
+def _retention_s() -> float:
+    return BATCH_RETENTION_DAYS * 86400.0
+
+
+def check_spec(op_kind: Any, spec: Any) -> dict:
+    """Validate an operation: ``set_priority`` needs ``{"priority": 1-4}``; ``move_queue``
+    needs ``{"queue": str}`` and may add ``"priority"``.
+
+    Raises:
+        ValidationError: unknown ``op_kind`` or a bad / unknown spec field (named).
+    """
+    if op_kind not in KINDS:
+        raise ValidationError(f"op_kind must be one of {', '.join(KINDS)}, got {op_kind!r}",
+                              field="op_kind")
+    if not isinstance(spec, dict):
+        raise ValidationError("spec must be a dict", field="spec")
+    allowed = {"priority"} if op_kind == "set_priority" else {"queue", "priority"}
+    unknown = set(spec) - allowed
+    if unknown:
+        raise ValidationError(f"{op_kind} spec has unknown field(s): {', '.join(sorted(unknown))}",
+                              field="spec")
+    if op_kind == "set_priority" and "priority" not in spec:
+        raise ValidationError("set_priority needs spec['priority']", field="priority")
+    if "priority" in spec:
+        p = spec["priority"]
+        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 4:
+            raise ValidationError(f"priority must be an int 1-4, got {p!r}", field="priority",
+                                  limit="1-4")
+    if op_kind == "move_queue":
+        q = spec.get("queue")
+        if not isinstance(q, str) or not 1 <= len(q) <= 200 or "\x00" in q:
+            raise ValidationError(f"queue must be a str of 1-200 characters, got {q!r}",
+                                  field="queue", limit="1-200 characters")
+    return dict(spec)
+
+
+def check_filter(filter: Any) -> dict:
+    """Validate awa's structured filter (``None`` = every eligible row).
+
+    Raises:
+        ValidationError: an unknown field, or a field of the wrong type (named).
+    """
+    if filter is None:
+        return {}
+    if not isinstance(filter, dict):
+        raise ValidationError("filter must be a dict", field="filter")
+    unknown = set(filter) - set(FILTER_FIELDS)
+    if unknown:
+        raise ValidationError(f"unknown filter field(s): {', '.join(sorted(unknown))} "
+                              f"(awa's are {', '.join(FILTER_FIELDS)})", field="filter")
+    out = {k: v for k, v in filter.items() if v is not None}
+    for key in ("kind", "queue", "tag"):
+        if key in out and not isinstance(out[key], str):
+            raise ValidationError(f"filter {key} must be a str", field=key)
+    if "state" in out:
+        try:
+            out["state"] = str(JobState(out["state"]))
+        except ValueError:
+            raise ValidationError(f"filter state is not a job state: {out['state']!r}",
+                                  field="state") from None
+    if "ids" in out:
+        ids = out["ids"]
+        if not isinstance(ids, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise ValidationError("filter ids must be a list of int", field="ids")
+    for key in ("created_at_gte", "created_at_lt"):
+        if key in out:
+            value = out[key]
+            try:
+                parsed = (value if isinstance(value, datetime)
+                          else datetime.fromisoformat(str(value).replace("Z", "+00:00")))
+            except ValueError:
+                raise ValidationError(f"filter {key} is not a timestamp: {value!r}",
+                                      field=key) from None
+            if parsed.tzinfo is None:
+                raise ValidationError(f"filter {key} needs a time zone", field=key)
+            out[key] = parsed.isoformat()
+    return out
+
+
+def _match_params(f: dict) -> dict:
+    return {"f_kind": f.get("kind"), "f_queue": f.get("queue"), "f_ids": f.get("ids"),
+            "f_tag": f.get("tag"), "f_state": f.get("state"), "f_gte": f.get("created_at_gte"),
+            "f_lt": f.get("created_at_lt")}
+
+
+def _operation(row: dict) -> dict:
+    """awa's ``BatchOperation`` dict (timestamps as RFC 3339 strings)."""
+    out = dict(row)
+    for key in ("submitted_at", "started_at", "finalized_at", "retention_until", "updated_at"):
+        if out[key] is not None:
+            out[key] = out[key].isoformat()
+    return out
+
+
+async def preview(conn: Any, op_kind: Any, spec: Any, filter: Any = None) -> dict:
+    """awa's ``BatchOperationPreview``: ``total_matched`` eligible rows and a ``sample`` (the
+    first :data:`SAMPLE` by id). Raises as :func:`check_spec` / :func:`check_filter`."""
+    check_spec(op_kind, spec)
+    f = check_filter(filter)
+    cur = await conn.execute(sql.BATCH_PREVIEW, {**_match_params(f), "sample": SAMPLE})
+    rows = await cur.fetchall()
+    sample = [{"id": r[1], "kind": r[2], "queue": r[3], "state": r[4], "priority": r[5]}
+              for r in rows]
+    return {"total_matched": rows[0][0] if rows else 0, "sample": sample}
+
+
+async def submit(conn: Any, op_kind: Any, spec: Any, filter: Any = None,
+                 submitted_by: str | None = None, allow_all: bool = False) -> dict:
+    """Store a ``pending`` operation for the leader's runner; returns it.
+
+    Raises:
+        ValidationError: as :func:`check_spec` / :func:`check_filter`, or an empty filter
+            without ``allow_all=True`` (it would touch every queued job).
+    """
+    spec = check_spec(op_kind, spec)
+    f = check_filter(filter)
+    if not f and not allow_all:
+        raise ValidationError(f"{op_kind} without a filter affects every queued job: pass "
+                              "allow_all=True", field="filter")
+    if submitted_by is not None and not isinstance(submitted_by, str):
+        raise ValidationError("submitted_by must be a str", field="submitted_by")
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(sql.BATCH_SUBMIT, {"op_kind": op_kind, "filter": orjson.dumps(f).decode(),
+                                         "spec": orjson.dumps(spec).decode(),
+                                         "submitted_by": submitted_by})
+    return _operation(await cur.fetchone())
+
+
+def parse_id(operation_id: Any) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(operation_id))
+    except ValueError:
+        raise ValidationError(f"operation id is not a UUID: {operation_id!r}",
+                              field="operation_id") from None
+
+
+async def get(conn: Any, operation_id: Any) -> dict | None:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(sql.BATCH_GET, (parse_id(operation_id),))
+    row = await cur.fetchone()
+    return None if row is None else _operation(row)
+
+
+async def list_all(conn: Any, state: str | None = None, limit: int = 100) -> list[dict]:
+    if state is not None and state not in STATES:
+        raise ValidationError(f"state must be one of {', '.join(STATES)}, got {state!r}",
+                              field="state")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise ValidationError(f"limit must be an int 1-1000, got {limit!r}", field="limit",
+                              limit="1-1000")
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(sql.BATCH_LIST, {"state": state, "limit": limit})
+    return [_operation(r) for r in await cur.fetchall()]
+
+
+async def cancel(conn: Any, operation_id: Any) -> dict | None:
+    """Cancel a pending operation, or ask the runner to stop an active one; ``None`` when no
+    active operation has that id."""
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(sql.BATCH_CANCEL, {"id": parse_id(operation_id),
+                                         "retention_s": _retention_s()})
+    row = await cur.fetchone()
+    return None if row is None else _operation(row)
+
+
+async def purge(conn: Any, before: datetime, limit: int = 1000) -> int:
+    """Delete up to ``limit`` finalized operations finalized before ``before``."""
+    if not isinstance(before, datetime) or before.tzinfo is None:
+        raise ValidationError("before must be a timezone-aware datetime", field="before")
+    cur = await conn.execute(sql.BATCH_PURGE, {"before": before, "limit": limit})
+    return cur.rowcount
+
+
+async def run_once(conn: Any, runner: str) -> int:
+    """One runner step of the leader, in the caller's (fenced) transaction: scan the oldest
+    active operation, or apply one chunk of it, or finalize it. Returns the items accounted.
+    (Expired finalized operations go in the leader's prune pass.)"""
+    row = await (await conn.execute(sql.BATCH_NEXT)).fetchone()
+    if row is None:
+        return 0
+    op, op_kind, f, spec, state = row
+    if state == "cancelling":
+        await conn.execute(sql.BATCH_FINALIZE, {"op": op, "state": "cancelled",
+                                                "retention_s": _retention_s()})
+        return 0
+    if state == "pending":
+        await conn.execute(sql.BATCH_SCAN, {**_match_params(f), "op": op, "runner": runner})
+        return 0
+    ids = [r[0] for r in await (await conn.execute(
+        sql.BATCH_PENDING_ITEMS, {"op": op, "limit": CHUNK})).fetchall()]
+    if not ids:
+        await conn.execute(sql.BATCH_FINALIZE, {"op": op, "state": "completed",
+                                                "retention_s": _retention_s()})
+        return 0
+    params = {"priority": spec.get("priority"), "queue": spec.get("queue")}
+
+    async def apply(query: str, extra: dict) -> list:
+        return await (await conn.execute(query, {**params, **extra})).fetchall()
+
+    done = await bulk.run_isolated(
+        conn, what=f"batch operation {op}", bulk=lambda: apply(sql.BATCH_APPLY, {"ids": ids}),
+        keys=ids, one=lambda job_id: apply(sql.BATCH_APPLY_ONE, {"id": job_id}))
+    changed = [r[0] for r in done.rows]
+    errors = {str(k): f"{type(e).__name__}: {e}".strip()[:500] for k, e in done.failed.items()}
+    await conn.execute(sql.BATCH_ITEMS_DONE, {
+        "op": op, "ids": ids, "done": changed, "failed": list(done.failed),
+        "errors": orjson.dumps(errors).decode()})
+    last_error = None
+    if errors:
+        job_id, text = next(reversed(errors.items()))
+        last_error = f"job {job_id}: {text}"
+    await conn.execute(sql.BATCH_COUNTS, {
+        "op": op, "processed": len(changed), "errored": len(errors),
+        "skipped": len(ids) - len(changed) - len(errors), "last_error": last_error,
+        "last_id": ids[-1]})
+    for queue in {r[1] for r in done.rows if r[2] == "available"}:
+        await conn.execute(sql.NOTIFY_QUEUE, (queue,))  # wake the destination's dispatchers
+    return len(ids)
+
+
+class BatchOperationsMixin:
+    """awa's batch-operation methods of :class:`~awa_fast.client.AsyncClient` (``self`` is the
+    client). Raises ``ValidationError`` (naming the field) for a bad op kind, spec, filter or
+    id; ``JobNotFound`` (``get``/``cancel``) for an unknown or finished operation."""
+
+    async def _batch(self, fn, *args: Any, **kwargs: Any) -> Any:
+        async with (await self.pool()).connection() as conn:
+            return await fn(conn, *args, **kwargs)
+
+    async def preview_batch_operation(self, op_kind: str, *, spec: dict,
+                                      filter: dict | None = None) -> dict:
+        """Count and sample the queued jobs an operation would change (no submission)."""
+        return await self._batch(preview, op_kind, spec, filter)
+
+    async def submit_batch_operation(self, op_kind: str, *, spec: dict, filter: dict | None = None,
+                                     submitted_by: str | None = None,
+                                     allow_all: bool = False) -> dict:
+        """Submit an operation for the maintenance leader to run; returns it (``pending``).
+        ``submitted_by`` defaults to the database session user."""
+        return await self._batch(submit, op_kind, spec, filter, submitted_by, allow_all)
+
+    async def preview_set_priority(self, priority: int, *, filter: dict | None = None) -> dict:
+        return await self.preview_batch_operation("set_priority", spec={"priority": priority},
+                                                  filter=filter)
+
+    async def set_priority(self, priority: int, *, filter: dict | None = None,
+                           submitted_by: str | None = None, allow_all: bool = False) -> dict:
+        """Submit ``set_priority`` (1-4) over the matched available / scheduled jobs."""
+        return await self.submit_batch_operation("set_priority", spec={"priority": priority},
+                                                 filter=filter, submitted_by=submitted_by,
+                                                 allow_all=allow_all)
+
+    async def preview_move_queue(self, queue: str, *, priority: int | None = None,
+                                 filter: dict | None = None) -> dict:
+        spec = {"queue": queue} if priority is None else {"queue": queue, "priority": priority}
+        return await self.preview_batch_operation("move_queue", spec=spec, filter=filter)
+
+    async def move_queue(self, queue: str, *, priority: int | None = None,
+                         filter: dict | None = None, submitted_by: str | None = None,
+                         allow_all: bool = False) -> dict:
+        """Submit ``move_queue`` (optionally with a new priority) over the matched jobs."""
+        spec = {"queue": queue} if priority is None else {"queue": queue, "priority": priority}
+        return await self.submit_batch_operation("move_queue", spec=spec, filter=filter,
+                                                 submitted_by=submitted_by, allow_all=allow_all)
+
+    async def list_batch_operations(self, *, state: str | None = None,
+                                    limit: int = 100) -> list[dict]:
+        """Operations, newest first (``state`` filters)."""
+        return await self._batch(list_all, state, limit)
+
+    async def get_batch_operation(self, operation_id: str) -> dict:
+        found = await self._batch(get, operation_id)
+        if found is None:
+            raise JobNotFound(f"no batch operation {operation_id}")
+        return found
+
+    async def cancel_batch_operation(self, operation_id: str) -> dict:
+        """Cancel a pending operation, or ask the runner to stop an active one."""
+        found = await self._batch(cancel, operation_id)
+        if found is None:
+            raise JobNotFound(f"no active batch operation {operation_id}")
+        return found
+
+    async def purge_batch_operations(self, before: datetime, *, limit: int = 1000) -> int:
+        """Delete finalized operations finalized before ``before``; returns how many."""
+        return await self._batch(purge, before, limit)
