@@ -153,7 +153,10 @@ class ConsequenceApplier:
             if conn.info.transaction_status == TransactionStatus.INERROR:
                 raise RuntimeError("the effect left the transaction aborted (it caught a "
                                    "database error)")
-        except Exception as exc:  # any failure of the effect keeps the job owed
+        except asyncio.CancelledError:
+            raise  # the runtime's own cancellation (asyncio.timeout turns its own into TimeoutError)
+        except BaseException as exc:  # noqa: BLE001 - any failure of the effect, SystemExit and
+            # KeyboardInterrupt raised inside it included, keeps the job owed (as for handlers)
             log.warning("failure consequence of %s job %s failed: %s", job.kind, job.id, exc)
             await conn.execute("ROLLBACK TO SAVEPOINT awa_fast_effect")
             return f"{type(exc).__qualname__}: {exc}"

@@ -72,7 +72,10 @@ async def _verify(client: Any, pool: Any, config: Any, fenced: Callable) -> list
             verdict = verifiers[job.kind](job)
             if asyncio.iscoroutine(verdict):
                 verdict = await verdict
-        except Exception:  # an unverifiable job stays unverified and is retried next tick
+        except asyncio.CancelledError:
+            raise
+        except BaseException:  # noqa: BLE001 - an unverifiable job (SystemExit included) stays
+            # unverified and is retried next tick
             log.exception("verify_success of %s job %s raised", job.kind, job.id)
             continue
         try:

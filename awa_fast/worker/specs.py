@@ -89,7 +89,8 @@ class SpecRunner:
 
         Raises:
             Exception: whatever a spec function or validation raised (the caller's transaction
-                then does not commit).
+                then does not commit); a ``BaseException`` such as ``SystemExit`` raised by a
+                spec comes as a ``RuntimeError`` naming it (it must not end the process).
         """
         specs = self._specs.get((kind, outcome))
         if not specs:
@@ -97,7 +98,14 @@ class SpecRunner:
         trace = trace_context(metadata)
         out = []
         for decode, fn in specs:
-            result = fn(decode(raw_args), job, *extra)
+            try:
+                result = fn(decode(raw_args), job, *extra)
+            except Exception:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - SystemExit / KeyboardInterrupt raised
+                # inside a spec is the spec's failure, not this process's: as for handlers
+                raise RuntimeError(f"the {outcome} follow-up spec of {kind!r} raised "
+                                   f"{type(exc).__name__}: {exc}") from exc
             if result is not None:
                 out.append(build_request(result, {}, job_id, trace))
         return out
