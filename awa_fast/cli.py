@@ -482,6 +482,82 @@ async def cmd_cron_remove(s: Session) -> int:
     return _report(s, {"name": s.args.name, "removed": True}, f"cron job {s.args.name} removed")
 
 
+# batch operations (awa's batch-ops)
+
+
+BATCH_COLUMNS = (("ID", "id"), ("KIND", "op_kind"), ("STATE", "state"),
+                 ("MATCHED", "total_matched"), ("PROCESSED", "processed"),
+                 ("SKIPPED", "skipped"), ("ERRORED", "errored"), ("SUBMITTED", "submitted_at"),
+                 ("BY", "submitted_by"))
+
+
+def _json_arg(value: str | None, name: str) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise CliError(f"--{name} is not JSON: {exc}") from None
+
+
+def _operation_text(op: dict) -> str:
+    return (f"batch operation {op['id']} ({op['op_kind']}): {op['state']}, matched "
+            f"{op['total_matched'] if op['total_matched'] is not None else '-'}, processed "
+            f"{op['processed']}, skipped {op['skipped']}, errored {op['errored']}"
+            + (f"; last error: {op['last_error']}" if op["last_error"] else ""))
+
+
+async def cmd_batch_list(s: Session) -> int:
+    ops = await (await s.client()).list_batch_operations(state=s.args.state, limit=s.args.limit)
+    if s.json:
+        _print_json(ops)
+    elif ops:
+        print(format_table([h for h, _ in BATCH_COLUMNS], [
+            [_short_time(o[f]) if f == "submitted_at" else o[f] for _, f in BATCH_COLUMNS]
+            for o in ops]))
+    else:
+        print("no batch operations")
+    return 0
+
+
+async def cmd_batch_get(s: Session) -> int:
+    op = await (await s.client()).get_batch_operation(s.args.id)
+    return _report(s, op, _operation_text(op))
+
+
+async def cmd_batch_preview(s: Session) -> int:
+    found = await (await s.client()).preview_batch_operation(
+        s.args.op_kind, spec=_json_arg(s.args.spec, "spec"),
+        filter=_json_arg(s.args.filter, "filter"))
+    return _report(s, found, f"{found['total_matched']} queued job(s) match; first ids: "
+                             f"{', '.join(str(r['id']) for r in found['sample']) or '-'}")
+
+
+async def cmd_batch_submit(s: Session) -> int:
+    op = await (await s.client()).submit_batch_operation(
+        s.args.op_kind, spec=_json_arg(s.args.spec, "spec"),
+        filter=_json_arg(s.args.filter, "filter"), submitted_by=s.args.submitted_by,
+        allow_all=s.args.all)
+    return _report(s, op, f"submitted batch operation {op['id']} ({op['op_kind']}); the "
+                          "maintenance leader runs it")
+
+
+async def cmd_batch_cancel(s: Session) -> int:
+    op = await (await s.client()).cancel_batch_operation(s.args.id)
+    return _report(s, op, _operation_text(op))
+
+
+async def cmd_batch_purge(s: Session) -> int:
+    try:
+        before = datetime.fromisoformat(s.args.before.replace("Z", "+00:00"))
+    except ValueError:
+        raise CliError(f"--before is not an ISO 8601 time: {s.args.before!r}") from None
+    if before.tzinfo is None:
+        before = before.replace(tzinfo=timezone.utc)
+    n = await (await s.client()).purge_batch_operations(before, limit=s.args.limit)
+    return _report(s, {"purged": n}, f"purged {n} finalized batch operation(s)")
+
+
 def cmd_embedded_stop(s: Session) -> int:
     from awa_fast import embedded
 
@@ -896,6 +972,45 @@ def build_parser() -> argparse.ArgumentParser:
                                     "again at its next start().")
     p.add_argument("name", metavar="NAME", help="schedule name")
     p.set_defaults(func=cmd_cron_remove)
+
+    # batch operations
+    batch = sub.add_parser("batch-ops", help="durable batch operations (list, get, preview, "
+                                             "submit, cancel, purge)",
+                           description="awa's durable batch operations (set_priority, "
+                                       "move_queue) over queued jobs, run by the maintenance "
+                                       "leader.")
+    bsub = batch.add_subparsers(dest="batch_command", metavar="SUBCOMMAND", required=True,
+                                title="subcommands")
+    p = bsub.add_parser("list", parents=[common], help="list operations, newest first")
+    p.add_argument("--state", help="only operations in this state")
+    p.add_argument("--limit", type=int, default=100, help="most rows (default 100)")
+    p.set_defaults(func=cmd_batch_list)
+    for name, func, text in (("get", cmd_batch_get, "show one operation"),
+                             ("cancel", cmd_batch_cancel, "cancel an operation (cooperative)")):
+        p = bsub.add_parser(name, parents=[common], help=text)
+        p.add_argument("id", metavar="ID", help="operation id (UUID)")
+        p.set_defaults(func=func)
+    for name, func, text in (("preview", cmd_batch_preview, "count and sample matching jobs"),
+                             ("submit", cmd_batch_submit, "submit an operation")):
+        p = bsub.add_parser(name, parents=[common], help=text,
+                            description=f"{text.capitalize()}, e.g. --op-kind set_priority "
+                                        "--filter '{\"queue\": \"default\"}' --spec "
+                                        "'{\"priority\": 1}'.")
+        p.add_argument("--op-kind", required=True, choices=("set_priority", "move_queue"))
+        p.add_argument("--spec", required=True, help="JSON: {\"priority\": 1-4} or "
+                                                     "{\"queue\": Q[, \"priority\": P]}")
+        p.add_argument("--filter", help="JSON: kind, queue, ids, tag, state, created_at_gte, "
+                                        "created_at_lt")
+        if name == "submit":
+            p.add_argument("--submitted-by", help="recorded as the submitter (default: the "
+                                                  "database user)")
+            p.add_argument("--all", action="store_true",
+                           help="allow an empty filter (every queued job)")
+        p.set_defaults(func=func)
+    p = bsub.add_parser("purge", parents=[common], help="delete finalized operations")
+    p.add_argument("--before", required=True, help="finalized before this ISO 8601 time")
+    p.add_argument("--limit", type=int, default=1000, help="most rows (default 1000)")
+    p.set_defaults(func=cmd_batch_purge)
 
     # embedded
     emb = sub.add_parser("embedded", help="manage the persistent embedded PostgreSQL (stop, url)",

@@ -165,3 +165,26 @@ async def test_the_leader_runs_it_and_the_sync_twins(dsn, client):
     finally:
         sync.close()
         await client.shutdown()
+
+
+async def test_cli_batch_ops(dsn, client):
+    from tests.test_cli import cli, ok_json
+
+    for i in range(2):
+        await client.insert(Item(i), queue="cliq", priority=3)
+    found = ok_json("batch-ops", "preview", "--op-kind", "set_priority", "--spec",
+                    '{"priority": 1}', "--filter", '{"queue": "cliq"}', dsn=dsn)
+    assert found["total_matched"] == 2
+    refused = cli("batch-ops", "submit", "--op-kind", "set_priority", "--spec",
+                  '{"priority": 1}', dsn=dsn)
+    assert refused.returncode == 1 and "allow_all" in refused.stderr
+    op = ok_json("batch-ops", "submit", "--op-kind", "move_queue", "--spec", '{"queue": "q2"}',
+                 "--filter", '{"queue": "cliq"}', "--submitted-by", "cli-test", dsn=dsn)
+    assert op["state"] == "pending" and op["submitted_by"] == "cli-test"
+    assert [o["id"] for o in ok_json("batch-ops", "list", dsn=dsn)] == [op["id"]]
+    assert ok_json("batch-ops", "cancel", op["id"], dsn=dsn)["state"] == "cancelled"
+    assert ok_json("batch-ops", "get", op["id"], dsn=dsn)["state"] == "cancelled"
+    assert ok_json("batch-ops", "purge", "--before", "2999-01-01T00:00:00Z",
+                   dsn=dsn) == {"purged": 1}
+    bad = cli("batch-ops", "preview", "--op-kind", "set_priority", "--spec", "{oops", dsn=dsn)
+    assert bad.returncode == 1 and "--spec is not JSON" in bad.stderr
