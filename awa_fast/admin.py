@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from awa_fast import _native, bulk, enqueue, sql
-from awa_fast.errors import AwaError, JobNotFound, UniqueConflict, Unsupported
+from awa_fast.errors import AttemptStillRunning, AwaError, JobNotFound, UniqueConflict, Unsupported
 from awa_fast.job import JOB_FIELDS, Job
 
 log = logging.getLogger("awa_fast.admin")
@@ -169,12 +169,15 @@ class AdminMixin:
         Raises:
             UniqueConflict: a live job holds its unique key; nothing changes (the DLQ row stays).
             ValidationError: an override breaks a rule (e.g. priority outside 1..4).
+            AttemptStillRunning: the handler of the job's last attempt is still running (an
+                early ``fail_external`` dead-lettered it; docs/architecture.md, "No two
+                executions of one job overlap"); nothing changes, retry once it has ended.
         """
         # Overrides obey the insert rules (validated in _ext, with placeholders for the rest).
         _native.validate_insert("kind", "default" if queue is None else queue,
                                 2 if priority is None else priority, 1, None)
         params = {"id": job_id, "run_at": _when(run_at, "run_at"), "priority": priority,
-                  "to_queue": queue}
+                  "to_queue": queue, "stale_ms": self.staleness_ms()}
         async with (await self.pool()).connection() as conn:
             try:
                 with enqueue.mapped_errors():
@@ -187,13 +190,22 @@ class AdminMixin:
                 raise await enqueue.holder_conflict(
                     conn, job_id, "retry DLQ", exc,
                     "the job stays in the DLQ (nothing changed)") from exc
+            if row is None:
+                cur = await conn.execute(sql.DLQ_ATTEMPT_STILL_RUNS, params)
+                running = await cur.fetchone()
+                if running is not None:
+                    raise AttemptStillRunning(
+                        f"job {job_id} is in the DLQ but its last attempt's handler is still "
+                        f"running (last heartbeat {running[0].isoformat()}); retry once it has "
+                        "ended", job_id=job_id)
         return None if row is None else Job.from_row(row)
 
     async def bulk_retry_from_dlq(self, *, kind: str | None = None, queue: str | None = None,
                                   tag: str | None = None, allow_all: bool = False) -> int:
         """Retry every matching DLQ entry (as :meth:`retry_from_dlq`); returns how many.
         Entries whose unique key is held by a live job are skipped and stay in the DLQ (logged
-        with the holder); so does an entry whose re-insert fails for another reason.
+        with the holder); so does an entry whose re-insert fails for another reason, and one
+        whose last attempt's handler is still running (retry it once it has ended).
 
         Raises:
             ValueError: no filter and not ``allow_all``.
@@ -201,7 +213,8 @@ class AdminMixin:
         """
         _require_filter("bulk_retry_from_dlq", allow_all, kind=kind, queue=queue, tag=tag)
         params = {"kind": kind, "queue": queue, "tag": tag, "before_id": None,
-                  "before_dlq_at": None, "run_at": None, "priority": None, "to_queue": None}
+                  "before_dlq_at": None, "run_at": None, "priority": None, "to_queue": None,
+                  "stale_ms": self.staleness_ms()}
         rows = await self._isolated_admin("DLQ bulk retry", sql.DLQ_RETRY_BULK,
                                           sql.DLQ_MATCHING_IDS, sql.DLQ_RETRY_ONE, params,
                                           notify=lambda r: str(r[4]) == "available")

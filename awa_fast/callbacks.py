@@ -121,12 +121,12 @@ async def _fail_locked(client: Any, conn, row: tuple, error: str,
              "at": datetime.now(timezone.utc).isoformat()}
     if expression is not None:
         entry["expression"] = expression
+    # A running row's handler lives on (an early callback): its heartbeat stays as the "still
+    # running" mark -- in jobs or, if the job is dead-lettered, in the DLQ entry -- so neither
+    # retry() nor retry_from_dlq() can overlap it. A parked row keeps its own mark.
     await client.settler.settle_failure(conn, row, reason="callback_failed", path="failure",
-                                        error_entry=entry)
-    if row[4] == "running" or row[9] is not None:
-        # The handler lives on (an early callback, or parked in wait_for_callback):
-        # keep its "still running" mark so retry() cannot overlap it.
-        await conn.execute(sql.KEEP_ATTEMPT_MARK, {"id": row[0], "at": row[9]})
+                                        error_entry=entry,
+                                        mark=row[9] if row[4] == "running" else None)
 
 
 async def _after_failure(conn, row: tuple) -> Job:

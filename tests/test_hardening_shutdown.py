@@ -341,9 +341,10 @@ async def test_class4_heartbeat_acks_progress_only_for_rows_it_beat(dsn, client)
     await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
 
 
-async def test_class4_fail_external_of_a_running_job_then_retry_never_overlaps(dsn, client):
-    tokens, release = asyncio.Queue(), asyncio.Event()
-    runs = []
+def _early_callback_handler(client):
+    """A handler whose first attempt registers a callback (its id put on ``tokens``) and keeps
+    running until ``release`` is set: an early callback fails its job while it runs."""
+    tokens, release, runs = asyncio.Queue(), asyncio.Event(), []
 
     @client.task(Job)
     async def work(job):
@@ -352,6 +353,12 @@ async def test_class4_fail_external_of_a_running_job_then_retry_never_overlaps(d
             token = await job.register_callback(timeout_seconds=60)
             await tokens.put(token.id)
             await release.wait()  # still running when the early callback fails the job
+
+    return tokens, release, runs
+
+
+async def test_class4_fail_external_of_a_running_job_then_retry_never_overlaps(dsn, client):
+    tokens, release, runs = _early_callback_handler(client)
 
     job = await client.insert(Job(), max_attempts=1)
     await client.start([("default", 4)], **FAST)
@@ -398,3 +405,123 @@ async def test_class4_retry_of_a_live_callback_wait_is_refused(dsn, client):
     await tokens.get()
     await wait_state(dsn, job.id, "waiting_external")
     assert (await job_row(dsn, job.id))["run_lease"] == 2
+
+
+def _maint(dsn: str, client) -> "Maintenance":
+    from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+
+    return Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=1000))
+
+
+async def _mark_outlives_staleness(dsn: str, job_id: int, since) -> None:
+    # The mark is refreshed past the 1 s staleness the maintenance pass judges it with.
+    async def refreshed():
+        row = await job_row(dsn, job_id)
+        return row["heartbeat_at"] is not None and (row["heartbeat_at"] - since).total_seconds() > 1.2
+
+    await wait_for(refreshed, what="the mark refreshed past the staleness")
+
+
+async def test_class4_def_handler_past_its_deadline_never_overlaps_its_rerun(dsn, client):
+    # A def handler's thread runs on past its deadline: deadline rescue takes the attempt,
+    # but the job is not promoted (so not re-run) until the thread has ended.
+    spans, gate, entered = [], threading.Event(), threading.Event()
+
+    @client.task(Job)
+    def work(job):
+        start = time.monotonic()
+        if job.run_lease == 1:
+            entered.set()
+            gate.wait(30)
+        spans.append((job.run_lease, start, time.monotonic()))
+
+    job = await client.insert(Job())
+    await client.start([{"name": "default", "max_workers": 2, "deadline_duration_ms": 300}],
+                       **FAST)
+    m = _maint(dsn, client)
+    try:
+        await asyncio.to_thread(entered.wait, 10)
+        await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 30)  # abandoned
+        assert client.runtime.outcomes.get("abandoned") == 1
+        rescued = await m.rescue()
+        assert [(r[0], r[2], r[3]) for r in rescued] == [(job.id, "retryable", "deadline_exceeded")]
+        row = await job_row(dsn, job.id)
+        assert row["state"] == "retryable" and row["heartbeat_at"] is not None  # marked
+        await _mark_outlives_staleness(dsn, job.id, row["heartbeat_at"])
+        assert await m.promote() == 0  # the thread still runs: the job waits
+        assert (await m.rescue()) == [] and spans == []
+        gate.set()
+        assert await asyncio.to_thread(client.runtime.lingering.wait_ended, 1, 30)
+        assert (await job_row(dsn, job.id))["heartbeat_at"] is None  # mark cleared
+        assert await m.promote() == 1
+        await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
+        row = await job_row(dsn, job.id)
+        assert row["state"] == "completed" and row["run_lease"] == 2
+        (_, _, first_end), (_, second_start, _) = sorted(spans)
+        assert second_start >= first_end  # never two executions at once
+    finally:
+        gate.set()
+
+
+async def test_class4_def_handler_outliving_shutdown_past_the_staleness_is_not_rescued(dsn):
+    # A's def handler thread outlives A's shutdown by more than heartbeat_staleness_ms in a
+    # live process: its attempt keeps beating, so rescue leaves it; given back once it ends.
+    gate, entered, runs = threading.Event(), threading.Event(), []
+
+    def work(job):
+        runs.append(job.run_lease)
+        if job.run_lease == 1:
+            entered.set()
+            gate.wait(30)
+
+    a = awa.AsyncClient(dsn)
+    try:
+        a.task(Job)(work)
+        job = await a.insert(Job())
+        await a.start([("default", 2)], **FAST)
+        await asyncio.to_thread(entered.wait, 10)
+        lingering = a.runtime.lingering
+        await a.shutdown(timeout_ms=100)
+        row = await job_row(dsn, job.id)
+        await _mark_outlives_staleness(dsn, job.id, row["heartbeat_at"])
+        m = _maint(dsn, a)
+        assert await m.rescue() == []
+        assert (await job_row(dsn, job.id))["state"] == "running"
+        gate.set()
+        assert await asyncio.to_thread(lingering.wait_ended, 1, 30)
+        row = await job_row(dsn, job.id)
+        assert row["state"] == "available" and row["attempt"] == 0 and row["heartbeat_at"] is None
+        assert runs == [1]
+    finally:
+        gate.set()
+        await a.close()
+
+
+async def test_class4_fail_external_into_the_dlq_then_dlq_retry_never_overlaps(dsn, client):
+    # An early fail_external dead-letters the job while its handler still runs: the DLQ entry
+    # carries the "still running" mark, so a DLQ retry waits for the handler.
+    tokens, release, runs = _early_callback_handler(client)
+
+    job = await client.insert(Job(), max_attempts=1)
+    await client.start([{"name": "default", "max_workers": 4, "dlq": True}], **FAST)
+    token = await tokens.get()
+    await client.fail_external(token, "provider said no")
+    entry = await client.get_dlq_job(job.id)
+    assert entry is not None and await job_row(dsn, job.id) is None
+    marked = await scalar(dsn, "SELECT heartbeat_at FROM awa_fast.dlq WHERE id = %s", (job.id,))
+    assert marked is not None
+    with pytest.raises(awa.AttemptStillRunning) as exc:
+        await client.retry_from_dlq(job.id)
+    assert exc.value.job_id == job.id
+    assert await client.bulk_retry_from_dlq(kind=job.kind) == 0  # the bulk path waits too
+    await client.runtime.heartbeat.beat()  # the worker keeps the DLQ entry's mark fresh
+    assert await scalar(dsn, "SELECT heartbeat_at FROM awa_fast.dlq WHERE id = %s",
+                        (job.id,)) > marked
+    assert (await client.get_dlq_job(job.id)) is not None and runs == [1]
+    release.set()  # the handler ends: the worker clears the mark on the DLQ entry
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 30)
+    assert await scalar(dsn, "SELECT heartbeat_at FROM awa_fast.dlq WHERE id = %s",
+                        (job.id,)) is None
+    assert (await client.retry_from_dlq(job.id)) is not None
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
+    assert (await job_row(dsn, job.id))["state"] == "completed" and runs == [1, 2]

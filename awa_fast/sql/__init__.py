@@ -170,18 +170,36 @@ UPDATE {S}.jobs j SET heartbeat_at = now(),
 FROM l WHERE j.id = l.id
 RETURNING j.id, j.run_lease"""
 
+# ... and the mark of an attempt whose job was dead-lettered while its handler lives on (an
+# early fail_external, a deadline rescue on the final attempt): a DLQ retry waits for it.
+HEARTBEAT_DLQ_MARKS = f"""
+UPDATE {S}.dlq d SET heartbeat_at = now()
+FROM unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
+WHERE d.id = b.id AND d.run_lease = b.lease AND d.heartbeat_at IS NOT NULL"""
+
 # The worker is done with an attempt whose row had left 'running' (its handler returned or its
-# thread finished): clear the "still running" mark, so a retry may start a new attempt.
+# thread finished) or that it abandoned at its deadline: clear the "still running" mark (in
+# jobs, or in the DLQ entry it was carried into), so promotion or a retry may start a new
+# attempt. A running row past its deadline keeps no heartbeat: deadline rescue takes it.
 ACK_ATTEMPT_ENDED = f"""
+WITH d AS (
+    UPDATE {S}.dlq SET heartbeat_at = NULL
+    WHERE id = %(id)s AND run_lease = %(lease)s AND heartbeat_at IS NOT NULL
+)
 UPDATE {S}.jobs SET heartbeat_at = NULL
-WHERE id = %s AND run_lease = %s AND state <> 'running' AND heartbeat_at IS NOT NULL"""
+WHERE id = %(id)s AND run_lease = %(lease)s AND heartbeat_at IS NOT NULL
+  AND (state <> 'running' OR deadline_at < now())"""
 
 FLUSH_PROGRESS = f"""
 UPDATE {S}.jobs SET progress = %s::jsonb
 WHERE id = %s AND run_lease = %s AND state = 'running'"""
 
-# Promotion guard (bulk and row by row): due scheduled / retryable rows.
-_DUE = "j.state IN ('scheduled', 'retryable') AND j.run_at <= now()"
+# Promotion guard (bulk and row by row): due scheduled / retryable rows -- except one whose
+# previous attempt still runs (a deadline rescue of a live def-handler thread keeps the
+# "still running" mark, see _ATTEMPT_STILL_RUNS): it waits until the mark is cleared or stale.
+_DUE = """j.state IN ('scheduled', 'retryable') AND j.run_at <= now()
+      AND NOT (j.heartbeat_at IS NOT NULL
+               AND j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond')"""
 
 PROMOTE = f"""
 WITH d AS (
@@ -243,12 +261,18 @@ CANCEL_AS_DUPLICATE = f"""{_CANCEL_DUPLICATE}WHERE j.id = %(id)s AND {_DUE}"""
 # all (its declaration lives elsewhere): then it waits, owed and visible, for a reconciler that does.
 _OWES = ("(j.kind = ANY(%(consequence_kinds)s) OR NOT j.kind = ANY(%(known_kinds)s))")
 
+# A rescued attempt whose heartbeat is still fresh (deadline passed or callback timed out while
+# the worker lives: a def handler's thread cannot be stopped) keeps heartbeat_at as its "still
+# running" mark: promotion and retries wait until the worker clears it or it goes stale.
+_KEEP_FRESH_MARK = """CASE WHEN j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond'
+                        THEN j.heartbeat_at END"""
+
 _RESCUE_SET = f"""
     state = (CASE WHEN j.attempt < j.max_attempts THEN 'retryable'
                   WHEN {_OWES} THEN 'consequence_pending'
                   ELSE 'failed' END)::{S}.job_state,
     finalized_at = CASE WHEN j.attempt >= j.max_attempts AND NOT {_OWES} THEN now() END,
-    heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL,
+    heartbeat_at = {{mark}}, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL,
     consequence_state = CASE WHEN j.attempt >= j.max_attempts AND {_OWES} THEN 'owed' END,
     consequence_reason = CASE WHEN j.attempt >= j.max_attempts THEN r.exhausted_reason END,
     consequence_path = CASE WHEN j.attempt >= j.max_attempts AND {_OWES} THEN 'failure' END,
@@ -272,7 +296,7 @@ WITH r AS (
       AND (%(only)s::bigint IS NULL OR id = %(only)s)
     ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
-UPDATE {S}.jobs j SET {_RESCUE_SET}, run_at = now()
+UPDATE {S}.jobs j SET {_RESCUE_SET.replace("{mark}", _KEEP_FRESH_MARK)}, run_at = now()
 FROM r WHERE j.id = r.id
 RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
 
@@ -285,7 +309,7 @@ WITH r AS (
     FROM {S}.jobs WHERE id = %(id)s AND run_lease = %(lease)s AND state = 'running'
     FOR UPDATE
 )
-UPDATE {S}.jobs j SET {_RESCUE_SET},
+UPDATE {S}.jobs j SET {_RESCUE_SET.replace("{mark}", "NULL")},
     run_at = now() + LEAST(power(2, j.attempt) * (1 + random() * 0.25), 86400) * interval '1 second'
 FROM r WHERE j.id = r.id
 RETURNING j.state::text"""
@@ -300,7 +324,7 @@ WITH r AS (
       AND (%(only)s::bigint IS NULL OR id = %(only)s)
     ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
-UPDATE {S}.jobs j SET {_RESCUE_SET},
+UPDATE {S}.jobs j SET {_RESCUE_SET.replace("{mark}", _KEEP_FRESH_MARK)},
     run_at = now() + LEAST(power(2, j.attempt) * (1 + random() * 0.25), 86400) * interval '1 second'
 FROM r WHERE j.id = r.id
 RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
@@ -356,11 +380,6 @@ RETURNING {JOB_COLUMNS}"""
 
 ATTEMPT_STILL_RUNS = f"""
 SELECT heartbeat_at FROM {S}.jobs WHERE id = %(id)s AND {_ATTEMPT_STILL_RUNS}"""
-
-# An external transition (fail_external) of a row whose handler lives on keeps its mark.
-KEEP_ATTEMPT_MARK = f"""
-UPDATE {S}.jobs SET heartbeat_at = %(at)s
-WHERE id = %(id)s AND state <> 'running' AND heartbeat_at IS NULL"""
 
 ATTEMPT_STILL_RUNS_BY_CALLBACK = f"""
 SELECT id, heartbeat_at FROM {S}.jobs WHERE callback_id = %(cid)s AND {_ATTEMPT_STILL_RUNS}"""
@@ -519,9 +538,15 @@ LOCK_RUNNING = f"""
 SELECT {JOB_COLUMNS}, {CONSEQUENCE_COLUMNS} FROM {S}.jobs
 WHERE id = %s AND run_lease = %s AND state = 'running' FOR UPDATE"""
 
+# heartbeat_at: a running row gets %(mark)s (NULL from the worker, whose handler returned; the
+# live attempt's heartbeat from fail_external), a row that already left 'running' keeps its
+# "still running" mark; dead_letter_if_enabled carries it into the DLQ entry.
+_SETTLE_MARK = ("heartbeat_at = CASE WHEN state = 'running' THEN %(mark)s::timestamptz "
+                "ELSE heartbeat_at END")
+
 SETTLE_FAILED = f"""
 UPDATE {S}.jobs
-SET state = 'failed', finalized_at = now(), heartbeat_at = NULL, deadline_at = NULL,
+SET state = 'failed', finalized_at = now(), {_SETTLE_MARK}, deadline_at = NULL,
     callback_id = NULL, callback_timeout_at = NULL,
     consequence_state = %(consequence)s, consequence_reason = %(reason)s,
     consequence_path = CASE WHEN %(consequence)s::text = 'applied' THEN %(path)s END,
@@ -534,7 +559,7 @@ WHERE id = %(id)s"""
 MARK_CONSEQUENCE_PENDING = f"""
 UPDATE {S}.jobs
 SET state = CASE WHEN state = 'failed' THEN state ELSE 'consequence_pending' END,
-    heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL,
+    {_SETTLE_MARK}, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL,
     consequence_state = 'owed', consequence_reason = %(reason)s, consequence_path = %(path)s,
     consequence_error = %(error)s, consequence_attempts = consequence_attempts + 1,
     consequence_retry_at = now() + %(retry_in)s * interval '1 second'
@@ -546,7 +571,7 @@ WHERE id = %(id)s"""
 OWE_FAILURE = f"""
 UPDATE {S}.jobs
 SET state = 'consequence_pending',
-    heartbeat_at = NULL, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL,
+    {_SETTLE_MARK}, deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL,
     consequence_state = 'owed', consequence_reason = %(reason)s, consequence_path = %(path)s,
     consequence_error = NULL, consequence_retry_at = now()
 WHERE id = %(id)s"""
@@ -723,22 +748,31 @@ SELECT d.id, d.kind, COALESCE(%(to_queue)s::text, d.queue), d.args,
 FROM d ORDER BY d.unique_key, d.id  -- keys in the one global order (ids are kept)
 RETURNING {JOB_COLUMNS}"""
 
+# An entry whose attempt's handler still runs (its mark came along: an early fail_external, a
+# deadline rescue of a live thread) stays in the DLQ until the worker clears it or it is stale.
+_DLQ_NOT_LIVE = f"NOT ({_ATTEMPT_STILL_RUNS})"
+
 DLQ_RETRY = f"""
-WITH d AS (DELETE FROM {S}.dlq WHERE id = %(id)s RETURNING *)
+WITH d AS (DELETE FROM {S}.dlq WHERE id = %(id)s AND {_DLQ_NOT_LIVE} RETURNING *)
 {_DLQ_REINSERT}"""
+
+DLQ_ATTEMPT_STILL_RUNS = f"""
+SELECT heartbeat_at FROM {S}.dlq WHERE id = %(id)s AND {_ATTEMPT_STILL_RUNS}"""
 
 # Bulk retry and its row-by-row twin share the filter.
 DLQ_RETRY_BULK = f"""
 WITH d AS (
     DELETE FROM {S}.dlq WHERE id IN (
-        SELECT id FROM {S}.dlq WHERE {_DLQ_FILTER} ORDER BY id FOR UPDATE SKIP LOCKED)
+        SELECT id FROM {S}.dlq WHERE {_DLQ_FILTER} AND {_DLQ_NOT_LIVE}
+        ORDER BY id FOR UPDATE SKIP LOCKED)
     RETURNING *)
 {_DLQ_REINSERT}"""
 
 DLQ_MATCHING_IDS = f"SELECT id FROM {S}.dlq WHERE {_DLQ_FILTER} ORDER BY id"
 
 DLQ_RETRY_ONE = f"""
-WITH d AS (DELETE FROM {S}.dlq WHERE id = %(id)s AND {_DLQ_FILTER} RETURNING *)
+WITH d AS (DELETE FROM {S}.dlq WHERE id = %(id)s AND {_DLQ_FILTER} AND {_DLQ_NOT_LIVE}
+           RETURNING *)
 {_DLQ_REINSERT}"""
 
 # The unique key of a job, live or dead-lettered (to find who holds it after a conflict).

@@ -190,9 +190,13 @@ class Settler:
 
     async def settle_failure(self, conn, row: tuple, *, reason: str, path: str,
                              error_entry: dict | None, progress: str | None = None,
-                             exhausted: list | None = None, owe_unknown: bool = True) -> str:
+                             exhausted: list | None = None, owe_unknown: bool = True,
+                             mark: datetime | None = None) -> str:
         """Inside the caller's transaction, with the job's row locked (``row`` from
         ``sql.LOCK_RUNNING``-style ``JOB_COLUMNS``): run the kind's effect, then settle.
+        ``mark`` is the "still running" mark a ``running`` row keeps (its handler lives on:
+        ``fail_external`` of a running attempt), carried into the DLQ entry if it moves there;
+        a row that already left ``running`` keeps its own.
 
         Returns ``"failed"``, ``"dead_lettered"`` or ``"consequence_pending"`` (the effect
         failed, or -- with ``owe_unknown`` -- this process does not know the kind: nothing
@@ -205,11 +209,11 @@ class Settler:
             # This process cannot know the kind's consequence (declared elsewhere): leave it
             # owed and visible for a reconciler that does, instead of settling without it.
             await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
-                "id": job_id, "reason": reason, "path": path, "retry_in": 0,
+                "id": job_id, "reason": reason, "path": path, "retry_in": 0, "mark": mark,
                 "error": "consequence not declared in the settling process"})
             self.stats["pending"] += 1
             return "consequence_pending"
-        return await self._apply_and_settle(conn, row, reason, path, error, exhausted)
+        return await self._apply_and_settle(conn, row, reason, path, error, exhausted, mark)
 
     async def owe_failure(self, conn, row: tuple, *, reason: str, path: str,
                           error_entry: dict | None, progress: str | None = None) -> None:
@@ -217,11 +221,12 @@ class Settler:
         ``consequence_pending`` with its consequence owed and due now, without running the
         effect (:meth:`reconcile_on` applies it and settles, in the next transaction)."""
         await _append_error(conn, row[0], error_entry, progress)
-        await conn.execute(sql.OWE_FAILURE, {"id": row[0], "reason": reason, "path": path})
+        await conn.execute(sql.OWE_FAILURE, {"id": row[0], "reason": reason, "path": path,
+                                             "mark": None})
         self.stats["pending"] += 1
 
     async def _apply_and_settle(self, conn, row: tuple, reason: str, path: str, error: str,
-                                exhausted: list | None) -> str:
+                                exhausted: list | None, mark: datetime | None = None) -> str:
         job_id, kind = row[0], row[1]
         fn = self.applier.effect_of(kind)
         consequence = self._consequence_value(kind)
@@ -231,7 +236,7 @@ class Settler:
             if failed is not None:
                 attempts = (row_consequence_attempts(row) or 0) + 1
                 await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
-                    "id": job_id, "reason": reason, "path": path, "error": failed,
+                    "id": job_id, "reason": reason, "path": path, "error": failed, "mark": mark,
                     "retry_in": backoff(attempts, self.applier.backoff_base_s)})
                 self.stats["pending"] += 1
                 return "consequence_pending"
@@ -239,7 +244,7 @@ class Settler:
             self.stats["applied"] += 1
             metrics.CONSEQUENCES_APPLIED.labels(kind).inc()
         await conn.execute(sql.SETTLE_FAILED, {"id": job_id, "consequence": consequence,
-                                               "reason": reason, "path": path})
+                                               "reason": reason, "path": path, "mark": mark})
         if exhausted is None:
             job = Job.from_row(row)
             exhausted = self.specs.requests(kind, "exhausted", job.args, job, job_id,
@@ -308,7 +313,7 @@ class Settler:
                     attempts = (row_consequence_attempts(row) or 0) + 1
                     await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
                         "id": job_id, "reason": reason, "path": path, "error": failed,
-                        "retry_in": backoff(attempts, self.applier.backoff_base_s)})
+                        "mark": None, "retry_in": backoff(attempts, self.applier.backoff_base_s)})
                     return "owed"
                 self.stats["applied"] += 1
                 metrics.CONSEQUENCES_APPLIED.labels(kind).inc()

@@ -80,6 +80,11 @@ class Heartbeat:
                     if s is not None and (c.id, c.run_lease) in beaten:
                         c.progress_acked(s[0])
                         wrote_progress = True
+            if not progress_only:
+                # An attempt whose job was dead-lettered while its handler runs (an early
+                # fail_external) keeps its mark fresh on the DLQ entry.
+                await conn.execute(sql.HEARTBEAT_DLQ_MARKS, ([c.id for c in ctxs],
+                                                             [c.run_lease for c in ctxs]))
         if not progress_only:
             self.beats += 1
         if wrote_progress:  # waiters re-check their own condition

@@ -255,16 +255,18 @@ class Maintenance:
     async def promote(self) -> int:
         """Move due scheduled / retryable jobs to available and wake their queues. A row whose
         key another job holds is cancelled as a duplicate; any other row that fails alone is
-        left due (logged); the rest are promoted (``bulk.run_isolated``)."""
-        limit = {"limit": self.config.promote_batch_size}
+        left due (logged); the rest are promoted (``bulk.run_isolated``). A row whose previous
+        attempt still runs (a fresh "still running" mark) waits until it ends."""
+        limit = {"limit": self.config.promote_batch_size,
+                 "stale_ms": self.config.heartbeat_staleness_ms}
         async with self.fenced() as conn:
             done = await bulk.run_isolated(
                 conn, what="promote",
                 bulk=lambda: _fetch(conn, sql.PROMOTE, limit),
                 keys=lambda: _ids(_fetch(conn, sql.DUE_IDS, limit)),
-                one=lambda job_id: _fetch(conn, sql.PROMOTE_ONE, {"id": job_id}),
+                one=lambda job_id: _fetch(conn, sql.PROMOTE_ONE, {**limit, "id": job_id}),
                 on_conflict=lambda job_id, _exc: self._cancel_duplicate(
-                    conn, sql.CANCEL_AS_DUPLICATE, {"id": job_id}))
+                    conn, sql.CANCEL_AS_DUPLICATE, {**limit, "id": job_id}))
             for queue in sorted({queue for _id, queue in done.rows}):
                 await conn.execute(sql.NOTIFY_QUEUE, (queue,))
         self.counts["promoted"] += len(done.rows)

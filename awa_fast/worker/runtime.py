@@ -27,6 +27,7 @@ from awa_fast.worker.context import JobContext
 from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.finalizer import Finalizer
 from awa_fast.worker.heartbeat import Heartbeat
+from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 from awa_fast.worker.weighted import OverflowPool
 
@@ -504,7 +505,7 @@ class Runtime:
             thread_name_prefix="awa-fast-handler")
         # Every structure is keyed by attempt (job id, run_lease).
         self.in_flight: dict[tuple[int, int], JobContext] = {}
-        self.threads_pending = 0  # def-handler attempts waiting for their thread to release
+        self.lingering: Lingering | None = None  # def-handler threads outliving their task
         self.attempts_ended = 0  # attempts whose task ended (finalized, released, abandoned)
         self._attempt_ended = asyncio.Event()
         self._handler_tasks: dict[tuple[int, int], asyncio.Task] = {}
@@ -547,6 +548,7 @@ class Runtime:
                 poll_interval_s=self.poll_interval_s, rate_limit=q.rate_limit,
                 kinds=self.kinds, overflow=self.overflow, cap=q.cap)
         self.heartbeat = Heartbeat(pool_getter, self._heartbeat_targets, self.heartbeat_interval_s)
+        self.lingering = Lingering(self.client.database_url, self.heartbeat_interval_s)
         try:
             await self._listen_connect()
         except BaseException:
@@ -639,7 +641,7 @@ class Runtime:
 
     async def _run(self, ctx: JobContext) -> None:
         dispatcher = self.dispatchers[ctx.queue]
-        released = False
+        released = abandoned = False
         applied: bool | None = None
         try:
             handler = self.client.registry.get(ctx.kind)
@@ -666,13 +668,22 @@ class Runtime:
                         dispatcher.slot_freed()
                         released = True
                         if ctx.deadline_expired:
-                            # Abandoned at its deadline: nothing written, rescue takes it over.
+                            # Abandoned at its deadline: rescue takes it over. A thread cannot
+                            # be stopped: its mark stays fresh until it ends, so the rescued
+                            # job is not run again meanwhile; otherwise the mark is cleared.
                             self.outcomes[ex.ABANDON] = self.outcomes.get(ex.ABANDON, 0) + 1
+                            if _thread_runs(ctx):
+                                self.lingering.watch(ctx, release=False)
+                            else:
+                                abandoned = True
                             return
                         if _thread_runs(ctx):
                             # A thread cannot be stopped: releasing now would let another
                             # worker run the job while this thread still does.
-                            self._release_after_thread(ctx)
+                            log.warning("job %s (%s): its handler thread is still running; the "
+                                        "attempt is given back when the thread finishes",
+                                        ctx.id, ctx.kind)
+                            self.lingering.watch(ctx, release=True)
                             return
                         # Shutdown gave up waiting: hand the attempt back, uncounted.
                         applied = await self.finalizer.release(ctx)
@@ -704,9 +715,10 @@ class Runtime:
             self.in_flight.pop((ctx.id, ctx.run_lease), None)
             self._handler_tasks.pop((ctx.id, ctx.run_lease), None)
             try:
-                if applied is False:
-                    # Stale: maybe cancelled or failed externally while it ran; its handler is
-                # done now, so clear the row's "still running" mark.
+                if applied is False or abandoned:
+                    # Stale (maybe cancelled or failed externally while it ran) or abandoned
+                    # at its deadline: its handler is done now, so clear the "still running"
+                    # mark.
                     await self._ack_ended(ctx)
             finally:
                 self.attempts_ended += 1
@@ -750,39 +762,9 @@ class Runtime:
     async def _ack_ended(self, ctx: JobContext) -> None:
         try:
             async with (await self.client.pool()).connection() as conn:
-                await conn.execute(sql.ACK_ATTEMPT_ENDED, (ctx.id, ctx.run_lease))
+                await conn.execute(sql.ACK_ATTEMPT_ENDED, {"id": ctx.id, "lease": ctx.run_lease})
         except Exception as exc:  # the mark goes stale on its own
             log.warning("could not acknowledge the end of job %s's attempt: %s", ctx.id, exc)
-
-    def _release_after_thread(self, ctx: JobContext) -> None:
-        """Give ``ctx``'s attempt back once its ``def`` handler's thread has finished: from
-        that thread, on a connection of its own (the pool may be closed by then). Until then
-        the row stays ``running`` under this attempt's lease; if the process dies first,
-        heartbeat rescue takes it over after ``heartbeat_staleness_ms``."""
-        log.warning("job %s (%s): its handler thread is still running; the attempt is given "
-                    "back when the thread finishes", ctx.id, ctx.kind)
-        self.threads_pending += 1
-        snap = ctx.progress_snapshot()
-        params = {"state": "available", "attempt_delta": -1, "delay": 0.0, "error": None,
-                  "progress": None if snap is None else snap[1], "id": ctx.id,
-                  "lease": ctx.run_lease}
-        dsn = self.client.database_url
-
-        def release(_future) -> None:
-            try:
-                with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-                    with conn.transaction():
-                        cur = conn.execute(sql.TRANSITION, params)
-                        if cur.rowcount:
-                            conn.execute(sql.NOTIFY_QUEUE, (ctx.queue,))
-                        conn.execute(sql.ACK_ATTEMPT_ENDED, (ctx.id, ctx.run_lease))
-            except Exception:
-                log.exception("job %s: giving the attempt back after its thread finished "
-                              "failed; it stays running until rescue", ctx.id)
-            finally:
-                self.threads_pending -= 1
-
-        ctx.thread.add_done_callback(release)
 
     async def _sweep_deadlines(self) -> None:
         """Cancel handlers whose attempt deadline passed (checked every half second)."""

@@ -1,0 +1,133 @@
+"""Attempts whose ``def`` handler thread outlives its task: abandoned at its deadline, or still
+running when shutdown stopped waiting for it. A thread cannot be stopped, so until it ends the
+attempt keeps its "still running" mark fresh (``sql.HEARTBEAT``: the ``running`` row, or the
+mark a deadline rescue left on the rescued row or its DLQ entry), and promotion, rescue and
+retries wait for it (docs/architecture.md, "No two executions of one job overlap").
+
+The beats and the attempt's last statements run on a daemon thread with a connection of its
+own: they go on after ``shutdown()`` closed the pool, for as long as the process lives. If the
+process dies first, the mark goes stale after ``heartbeat_staleness_ms`` and rescue takes over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any
+
+import psycopg
+
+from awa_fast import sql
+
+log = logging.getLogger("awa_fast.lingering")
+
+
+@dataclasses.dataclass
+class _Attempt:
+    job_id: int
+    run_lease: int
+    queue: str
+    future: Any  # the handler's concurrent.futures.Future
+    release: bool  # give the attempt back to 'available' (uncounted) when the thread ends
+    progress: str | None  # its last progress (JSON text), written with the release
+
+
+class Lingering:
+    """Keeps the marks of attempts whose handler thread outlives its task fresh every
+    ``interval_s`` seconds (the heartbeat interval) and, once a thread has finished, clears its
+    mark (``sql.ACK_ATTEMPT_ENDED``) -- after giving the attempt back to ``available`` when it
+    was still ``running`` at shutdown (``release``). A statement that fails is retried at the
+    next beat (logged).
+
+    Args:
+        database_url: where to connect (the daemon thread's own connection).
+        interval_s: seconds between beats.
+    """
+
+    def __init__(self, database_url: str, interval_s: float):
+        self.database_url = database_url
+        self.interval_s = interval_s
+        self.ended = 0  # attempts whose thread finished and whose last statements committed
+        self._attempts: dict[tuple[int, int], _Attempt] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pending(self) -> int:
+        """Attempts still watched (their thread runs, or their last statement is pending)."""
+        with self._lock:
+            return len(self._attempts)
+
+    def watch(self, ctx: Any, *, release: bool) -> None:
+        """Watch ``ctx``'s attempt (a :class:`JobContext` whose ``thread`` still runs)."""
+        snap = ctx.progress_snapshot()
+        attempt = _Attempt(ctx.id, ctx.run_lease, ctx.queue, ctx.thread, release,
+                           None if snap is None else snap[1])
+        with self._lock:
+            self._attempts[(ctx.id, ctx.run_lease)] = attempt
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="awa-fast-lingering",
+                                                daemon=True)
+                self._thread.start()
+        ctx.thread.add_done_callback(lambda _f: self._wake.set())
+        self._wake.set()
+
+    def wait_ended(self, n: int, timeout: float | None = None) -> bool:
+        """Block until ``n`` watched attempts have ended (a signal for tests); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.ended >= n, timeout)
+
+    def _run(self) -> None:
+        conn: psycopg.Connection | None = None
+        try:
+            while True:
+                self._wake.clear()
+                with self._lock:
+                    if not self._attempts:
+                        self._thread = None
+                        return
+                    attempts = list(self._attempts.values())
+                try:
+                    if conn is None or conn.closed:
+                        conn = psycopg.connect(self.database_url, autocommit=True,
+                                               connect_timeout=10)
+                    self._beat(conn, [a for a in attempts if not a.future.done()])
+                    for a in attempts:
+                        if a.future.done():
+                            self._end(conn, a)
+                except Exception as exc:  # retried at the next beat
+                    log.warning("lingering attempts: %s: %s", type(exc).__name__, exc)
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                self._wake.wait(self.interval_s)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _beat(self, conn: psycopg.Connection, live: list[_Attempt]) -> None:
+        if not live:
+            return
+        ids, leases = [a.job_id for a in live], [a.run_lease for a in live]
+        with conn.transaction():
+            conn.execute(sql.HEARTBEAT, (ids, leases, [None] * len(live)))
+            conn.execute(sql.HEARTBEAT_DLQ_MARKS, (ids, leases))
+
+    def _end(self, conn: psycopg.Connection, a: _Attempt) -> None:
+        key = {"id": a.job_id, "lease": a.run_lease}
+        with conn.transaction():
+            if a.release:
+                cur = conn.execute(sql.TRANSITION, {
+                    "state": "available", "attempt_delta": -1, "delay": 0.0, "error": None,
+                    "progress": a.progress, **key})
+                if cur.rowcount:
+                    conn.execute(sql.NOTIFY_QUEUE, (a.queue,))
+            conn.execute(sql.ACK_ATTEMPT_ENDED, key)
+        with self._lock:
+            self._attempts.pop((a.job_id, a.run_lease), None)
+        with self._changed:
+            self.ended += 1
+            self._changed.notify_all()
