@@ -179,3 +179,61 @@ async def test_class2_follow_up_spec_raising_system_exit_fails_the_finalize(dsn,
     assert row["state"] == "retryable" and row["attempt"] == 1, row
     assert "raised SystemExit: spec called sys.exit" in row["errors"][-1]["error"]
     assert (await client.health_check()).poll_loop_alive
+
+
+# ---------------------------------------------------------------------------------------------
+# class 3: a SIGSTOPped leader (a frozen VM, a debugger, a blocked event loop) kept its
+# advisory lock -- its connection stays open -- so no other process could take leadership:
+# nothing was promoted or rescued cluster-wide, not even the stopped process's own attempts,
+# until it was continued. Its zombie attempt, once continued, must not finalize or stage.
+
+ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(
+    __file__)))
+
+
+async def _line(proc) -> list[str]:
+    return (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()
+
+
+async def test_class3_a_sigstopped_leader_is_displaced_and_its_zombie_attempt_is_fenced(dsn,
+                                                                                         client):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.stop_app import STALE_MS
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.stop_app", cwd=ROOT, stdout=subprocess.PIPE,
+        env={**os.environ, "AWA_FAST_APP_DSN": dsn})
+    try:
+        assert await _line(proc) == ["ready", "True"]  # it is the leader
+        job = await client.insert({"hold": 1.5}, kind="zombie", queue="stop_q", max_attempts=3)
+        assert await _line(proc) == ["started", str(job.id), "1"]
+        proc.send_signal(signal.SIGSTOP)
+        runs = []
+
+        @client.task(dict, kind="zombie", queue="stop_q",
+                     failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+        async def zombie(j):
+            runs.append(j.run_lease)
+            j.enqueue_on_completion({"from_lease": j.run_lease}, kind="child", queue="child_q")
+
+        await client.start([("stop_q", 2)], poll_interval_ms=50, heartbeat_interval_ms=100,
+                           heartbeat_staleness_ms=STALE_MS, leader_election_interval_ms=100,
+                           heartbeat_rescue_interval_ms=100, promote_interval_ms=50)
+        row = await wait_state(dsn, job.id, "completed", timeout=20)
+        assert client.runtime.maintenance.is_leader
+        assert runs == [row["run_lease"]] and row["run_lease"] >= 2
+        proc.send_signal(signal.SIGCONT)
+        assert await _line(proc) == ["ended"]  # the zombie's handler returned and gave up
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            await proc.wait()
+    row = await job_row(dsn, job.id)
+    assert row["state"] == "completed" and row["run_lease"] == runs[0]
+    children = await scalar(dsn, "SELECT json_agg(args) FROM awa_fast.jobs WHERE kind = 'child'")
+    assert children == [{"from_lease": runs[0]}]  # none from the zombie attempt

@@ -456,6 +456,29 @@ ON CONFLICT (queue) DO UPDATE SET paused = false, paused_at = NULL, paused_by = 
 LEADER_LOCK_KEY = 0x6177615F6C6561  # "awa_lea"
 TRY_LEADER = "SELECT pg_try_advisory_lock(%s)"
 
+# A frozen leader (SIGSTOPped, its loop blocked) keeps its lock connection open, so the lock
+# never frees. A live leader runs LEADER_EPOCH on that connection at least every
+# staleness / 3 (Maintenance.run), so a holder idle longer than %(stale_ms)s is frozen: its lock
+# connection is terminated, and with it every transaction it left open on the leader row (a
+# pass frozen mid-way, idle in transaction as long), which the epoch bump would wait for. The
+# epoch fencing keeps whatever it does when continued from writing anything.
+DISPLACE_FROZEN_LEADER = f"""
+WITH holder AS (
+    SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
+              SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = (%(key)s::bigint >> 32)::oid
+      AND l.objid = (%(key)s::bigint & 4294967295)::oid
+      AND l.objsubid = 1 AND a.state = 'idle'
+      AND a.state_change < now() - %(stale_ms)s * interval '1 millisecond'),
+open_passes AS (
+    SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE EXISTS (SELECT FROM holder) AND l.relation = '{S}.leader'::regclass
+      AND a.pid <> pg_backend_pid() AND a.state = 'idle in transaction'
+      AND a.state_change < now() - %(stale_ms)s * interval '1 millisecond')
+SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
+FROM (SELECT pid FROM holder UNION SELECT pid FROM open_passes) frozen"""
+
 # The test harness's claim: one available job of a kind and queue.
 CLAIM_ONE_OF_KIND = f"""
 WITH c AS (

@@ -2,7 +2,9 @@
 
 One leader per database: the process whose dedicated connection holds the session advisory lock
 ``sql.LEADER_LOCK_KEY``. If that connection dies the lock is released and another process takes
-over at its next election tick.
+over at its next election tick. A frozen leader (SIGSTOPped, its event loop blocked) keeps the
+connection open: a holder whose lock connection stayed idle past ``heartbeat_staleness_ms`` is
+displaced (``sql.DISPLACE_FROZEN_LEADER``), since a live leader uses it every staleness / 3.
 
 The fencing rule (docs/architecture.md): taking the lock is followed by bumping
 ``awa_fast.leader.epoch`` on the lock connection; every write transaction of a leader pass starts
@@ -108,7 +110,10 @@ class Maintenance:
 
     async def run(self) -> None:
         """Elect forever (cancel to stop; the lock connection is closed on the way out)."""
-        interval = self.config.leader_election_interval_ms / 1000
+        # A leader's lock connection runs a statement at least every staleness / 3: another
+        # process displaces a holder idle longer than the staleness (sql.DISPLACE_FROZEN_LEADER).
+        interval = min(self.config.leader_election_interval_ms,
+                       self.config.heartbeat_staleness_ms / 3) / 1000
         try:
             while True:
                 try:
@@ -153,7 +158,15 @@ class Maintenance:
                                                                     autocommit=True)
         cur = await self._lock_conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
         if not (await cur.fetchone())[0]:
-            return False
+            cur = await self._lock_conn.execute(sql.DISPLACE_FROZEN_LEADER, {
+                "key": sql.LEADER_LOCK_KEY, "stale_ms": self.config.heartbeat_staleness_ms})
+            if not (await cur.fetchone())[0]:
+                return False
+            log.warning("displaced a frozen maintenance leader (its lock connection idle for "
+                        "more than heartbeat_staleness_ms=%s)", self.config.heartbeat_staleness_ms)
+            cur = await self._lock_conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
+            if not (await cur.fetchone())[0]:
+                return False
         async with self._lock_conn.transaction():
             wait_ms = max(self.config.leader_election_interval_ms, 1000)
             await self._lock_conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
