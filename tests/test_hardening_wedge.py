@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import logging
 
 import psycopg
@@ -231,6 +232,51 @@ async def test_class1_cron_pass_fires_the_schedules_after_a_failing_one(dsn):
     assert await scalar(dsn, "SELECT last_fire_at < now() - interval '90 seconds' "
                              "FROM awa_fast.cron_jobs WHERE name = 'a_bad'")  # not advanced
     await _exec(dsn, "DELETE FROM awa_fast.cron_jobs")
+
+
+async def test_class1_owed_rows_that_always_fail_never_stall_the_reconciler(dsn, client):
+    # More owed rows than one reconciler batch fail the same way on every try (a trigger fails
+    # their settlement; a few have an effect that always raises): each is backed off, so the
+    # good owed rows behind them settle.
+    from awa_fast.worker.reconcile import OWED_BATCH, reconcile_tick
+
+    applied = []
+
+    async def effect(failure):
+        if failure.args["mode"] == "raise":
+            raise RuntimeError("provider down")
+        applied.append(failure.id)
+
+    client.failure_consequence("owing", effect)
+    client.consequences.backoff_base_s = 60.0  # a backed-off row is not due again in this test
+    m = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=1000),
+                    consequence_kinds=lambda: ["owing"], known_kinds=lambda: ["owing"])
+
+    async def owed(modes: list[str]) -> list[int]:
+        # Final attempts of a dead worker: rescue records them owed, due now.
+        ids = [j.id for j in await client.insert_many([{"mode": x} for x in modes], kind="owing")]
+        await _make_running(dsn, ids, stale=True, final=True)
+        assert sorted(r[0] for r in await m.rescue()) == ids
+        return ids
+
+    stuck = await owed(["stuck"] * (OWED_BATCH + 1))
+    raising = await owed(["raise"] * 3)
+    good = await owed(["good"] * 5)  # due last: behind a full batch of failing rows
+    async with failing_rows(dsn, "NEW.state = 'failed' AND NEW.args->>'mode' = 'stuck'",
+                            event="UPDATE"):
+        for _ in range(3):
+            await reconcile_tick(client, MaintenanceConfig())
+        rows = await _rows(dsn)
+    assert all((rows[i]["state"], rows[i]["consequence_state"]) == ("failed", "applied")
+               for i in good)
+    assert sorted(set(applied) & set(good)) == good
+    for i in stuck + raising:  # still owed, pushed out, the error recorded
+        r = rows[i]
+        assert (r["state"], r["consequence_state"], r["consequence_attempts"]) == \
+            ("consequence_pending", "owed", 1)
+        assert r["consequence_retry_at"] > r["attempted_at"] + datetime.timedelta(seconds=30)
+    assert "trigger added outside awa-fast" in rows[stuck[0]]["consequence_error"]
+    assert "provider down" in rows[raising[0]]["consequence_error"]
 
 
 # -- heartbeat and completion batches -----------------------------------------------------------

@@ -624,6 +624,17 @@ SELECT id FROM {S}.jobs
 WHERE consequence_state = 'owed' AND consequence_retry_at <= now()
 ORDER BY consequence_retry_at LIMIT %s"""
 
+# A due owed job the reconciler could not settle (its settlement raised, or this process does
+# not know its kind): pushed out by a doubling backoff, so it leaves the front of OWED_DUE and
+# the other owed jobs proceed. Params: id, error, base_s, cap_s.
+DEFER_OWED = f"""
+UPDATE {S}.jobs
+SET consequence_attempts = consequence_attempts + 1, consequence_error = %(error)s,
+    consequence_retry_at = now() + LEAST(%(base_s)s * power(2, consequence_attempts),
+                                         %(cap_s)s) * interval '1 second'
+WHERE id = %(id)s AND consequence_state = 'owed'
+RETURNING consequence_retry_at"""
+
 LOCK_OWED = f"""
 SELECT {JOB_COLUMNS}, {CONSEQUENCE_COLUMNS} FROM {S}.jobs
 WHERE id = %s AND consequence_state = 'owed' AND consequence_retry_at <= now()

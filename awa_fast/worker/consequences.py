@@ -257,6 +257,13 @@ class Settler:
             return "dead_lettered"
         return "failed"
 
+    async def defer(self, conn, job_id: int, error: str) -> None:
+        """Push the next reconciler try of owed job ``job_id`` out by the doubling backoff
+        (``backoff_base_s`` * 2^attempts, at most ``MAX_BACKOFF_S``), recording ``error``."""
+        await conn.execute(sql.DEFER_OWED, {"id": job_id, "error": error,
+                                            "base_s": self.applier.backoff_base_s,
+                                            "cap_s": MAX_BACKOFF_S})
+
     def correction_state(self, kind: str) -> str | None:
         """What a correction of ``kind`` owes: ``"owed"``, ``"none"`` (declared no effect) or
         ``None`` (registered here without a declaration: nothing to owe)."""
@@ -299,6 +306,9 @@ class Settler:
             if decl is UNDECLARED and self.applier.registry.get(kind) is None:  # unknown here
                 log.warning("consequence of %s job %s is owed but %s is not declared in "
                             "this process; leaving it owed", kind, job_id, kind)
+                # ... backed off, so owed jobs of unknown kinds never fill the sweep's batch
+                await self.defer(conn, job_id, f"consequence of {kind!r} not declared in the "
+                                               "reconciling process")
                 return None
             reason, path = row_consequence(row)
             error = error_text(row[14])

@@ -21,7 +21,10 @@ async def reconcile_tick(client: Any, config: Any,
                          fenced: Callable[[], AsyncContextManager] | None = None) -> dict:
     """Run each kind's ``verify_success`` hook once on its recently completed jobs (within
     ``config.verify_window_s`` seconds), correcting those it reports as not done, then retry
-    every owed consequence that is due (corrections of this tick included).
+    every owed consequence that is due (corrections of this tick included), ``OWED_BATCH``
+    at a time, oldest due first. A job whose settlement raises is backed off
+    (``Settler.defer``: its next try pushed out, doubling), so jobs that fail every time
+    never hold the batch.
 
     Every write is one transaction per job opened by ``fenced()`` (the leader's fence,
     ``Maintenance.fenced``; a plain pool transaction when ``None``). A verdict and its
@@ -43,9 +46,23 @@ async def reconcile_tick(client: Any, config: Any,
                 reconciled[job_id] = await client.settler.reconcile_on(conn, job_id)
         except Deposed:  # no longer leader: the whole tick stops
             raise
-        except Exception:  # one bad job must not stop the others
-            log.exception("reconciling job %s failed", job_id)
+        except Exception as exc:  # one bad job must not stop the others
+            log.exception("reconciling job %s failed; its next try is backed off", job_id)
+            await _defer(client, fenced, job_id, exc)
     return {"reconciled": reconciled, "corrected": corrected}
+
+
+async def _defer(client: Any, fenced: Callable, job_id: int, exc: Exception) -> None:
+    # A job that fails the same way every time would keep its place at the front of OWED_DUE
+    # and, with OWED_BATCH others like it, stall the sweep: push its next try out instead.
+    try:
+        async with fenced() as conn:
+            await client.settler.defer(conn, job_id, f"reconcile failed: "
+                                                     f"{type(exc).__qualname__}: {exc}")
+    except Deposed:
+        raise
+    except Exception:  # it stays due; logged, the other jobs proceed
+        log.exception("backing off owed job %s failed", job_id)
 
 
 def _plain_transaction(pool: Any) -> Callable[[], AsyncContextManager]:
