@@ -9,6 +9,7 @@ produced.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 
@@ -17,7 +18,7 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.worker import storable
-from tests.support import job_row, scalar, wait_for, wait_state
+from tests.support import failing_rows, job_row, scalar, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
 
@@ -286,6 +287,51 @@ async def test_class2_prompt_failure_on_the_final_attempt_fails_the_job(client):
     assert "completion refused by trigger" in row["errors"][-1]["error"]
     assert await scalar(client.database_url,
                         "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'child'") == 0
+
+
+@dataclasses.dataclass
+class Compensated:
+    job_id: int
+
+
+@pytest.mark.usefixtures("failing_completion")
+@pytest.mark.parametrize("settle_fails", [False, True])
+async def test_class2_prompt_failure_on_the_final_attempt_fires_exhausted_specs_once(
+        dsn, client, settle_fails):
+    # The completion statement fails (a trigger): the final attempt is failed by prompt
+    # failure. Through the failure path (settle_fails=False), or -- when a second trigger also
+    # fails the settlement -- through the rescue-shaped fallback that leaves the job
+    # consequence_pending for the reconciler: either way its exhausted spec fires exactly once.
+    client.on_exhausted_enqueue(Job, lambda args, j, error, attempt: Compensated(j.id))
+
+    async def work(job):
+        return None
+
+    async def compensations():
+        return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'compensated'")
+
+    async with failing_rows(dsn, "NEW.state = 'failed' AND NEW.args->>'mode' = 'boom'",
+                            event="UPDATE", name="fail_settle") if settle_fails \
+            else contextlib.nullcontext():
+        (row,) = await _run(client, work, "boom", max_attempts=1, consequence_backoff_ms=1)
+        if settle_fails:
+            assert row["state"] == "consequence_pending"  # the fallback: owed its settlement
+            await client.runtime.reconcile()  # still refused: backed off, nothing inserted
+            assert await compensations() == 0
+    if settle_fails:
+        await wait_for(lambda: _settled(client, row["id"]), what="the reconciler's settlement")
+    row = await job_row(dsn, row["id"])
+    assert row["state"] == "failed" and row["attempt"] == 1
+    assert "completion refused by trigger" in " ".join(e["error"] for e in row["errors"])
+    await client.runtime.reconcile()  # settled once: nothing more
+    assert await compensations() == 1
+    assert await scalar(dsn, "SELECT args->>'job_id' FROM awa_fast.jobs "
+                             "WHERE kind = 'compensated'") == str(row["id"])
+
+
+async def _settled(client, job_id: int) -> bool:
+    await client.runtime.reconcile()
+    return (await job_row(client.database_url, job_id))["state"] == "failed"
 
 
 @dataclasses.dataclass
