@@ -36,6 +36,8 @@ from awa_fast.schema import current_migration_version, migrate, migrations, migr
 from awa_fast.transaction import Transaction
 from awa_fast.telemetry import init_telemetry, shutdown_telemetry
 from awa_fast.callbacks import CallbackToken, ResolveResult
+from awa_fast.batch_ops import (BatchOperation, BatchOperationFilter, BatchOperationKind,
+                                BatchOperationPreview, BatchOperationState)
 from awa_fast.partitioned import PartitionedQueue
 from awa_fast.worker.consequences import JobFailure
 from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE
@@ -52,5 +54,7 @@ __all__ = [
     "derive_kind", "init_telemetry", "migrate", "migrations", "migrations_range", "native_extensions",
     "shutdown_telemetry", "Unsupported", "LiveRuntimesRequireExclusiveWindow",
     "RuntimeVersionFloorNotMet", "StorageNotFinalized", "PartitionedQueue", "ResolveResult",
+    "BatchOperation", "BatchOperationFilter", "BatchOperationKind", "BatchOperationPreview",
+    "BatchOperationState",
     "RetryFailedResult", "callback_contract", "QueueMismatchWarning",
 ]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import orjson
 from psycopg.rows import dict_row
@@ -29,6 +29,47 @@ from awa_fast.job import JobState
 
 KINDS = ("set_priority", "move_queue")
 STATES = ("pending", "scanning", "running", "cancelling", "completed", "cancelled", "failed")
+
+# awa's public types for these dicts (awa exports the same names).
+BatchOperationKind = Literal["set_priority", "move_queue"]
+BatchOperationState = Literal["pending", "scanning", "running", "cancelling", "completed",
+                              "cancelled", "failed"]
+
+
+class BatchOperationFilter(TypedDict, total=False):
+    kind: str
+    queue: str
+    ids: list[int]
+    tag: str
+    state: str
+    created_at_gte: datetime | str
+    created_at_lt: datetime | str
+
+
+class BatchOperationPreview(TypedDict, total=False):
+    total_matched: int
+    sample: list[dict[str, Any]]
+
+
+class BatchOperation(TypedDict, total=False):
+    id: str
+    op_kind: str
+    filter: dict[str, Any]
+    spec: dict[str, Any]
+    state: str
+    submitted_by: str | None
+    submitted_at: str
+    started_at: str | None
+    finalized_at: str | None
+    cursor: dict[str, Any] | None
+    total_matched: int | None
+    processed: int
+    skipped: int
+    errored: int
+    last_error: str | None
+    runner_instance: str | None
+    retention_until: str | None
+    updated_at: str
 FILTER_FIELDS = ("kind", "queue", "ids", "tag", "state", "created_at_gte", "created_at_lt")
 BATCH_RETENTION_DAYS = 90  # awa's default (AWA_BATCH_OP_RETENTION_DAYS)
 CHUNK = 500  # rows per runner transaction
@@ -265,14 +306,16 @@ class BatchOperationsMixin:
         async with (await self.pool()).connection() as conn:
             return await fn(conn, *args, **kwargs)
 
-    async def preview_batch_operation(self, op_kind: str, *, spec: dict,
-                                      filter: dict | None = None) -> dict:
+    async def preview_batch_operation(self, op_kind: BatchOperationKind, *, spec: dict,
+                                      filter: BatchOperationFilter | None = None
+                                      ) -> BatchOperationPreview:
         """Count and sample the queued jobs an operation would change (no submission)."""
         return await self._batch(preview, op_kind, spec, filter)
 
-    async def submit_batch_operation(self, op_kind: str, *, spec: dict, filter: dict | None = None,
+    async def submit_batch_operation(self, op_kind: BatchOperationKind, *, spec: dict,
+                                     filter: BatchOperationFilter | None = None,
                                      submitted_by: str | None = None,
-                                     allow_all: bool = False) -> dict:
+                                     allow_all: bool = False) -> BatchOperation:
         """Submit an operation for the maintenance leader to run; returns it (``pending``).
         ``submitted_by`` defaults to the database session user."""
         return await self._batch(submit, op_kind, spec, filter, submitted_by, allow_all)
