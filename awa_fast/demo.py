@@ -400,6 +400,8 @@ async def _demo(database_url: str, processes: int, files: list[str], timeout: fl
             await asyncio.to_thread(sup.drain)
         await c.close()
 
+    _log(f"pipeline done in {pipeline_s:.1f} s; checking it against a direct parse of the same "
+         f"{len(files)} files (a process pool, no queue)")
     expected, staged, direct_failures = await asyncio.to_thread(_direct, files, processes)
     problems = []
     if timed_out:
