@@ -234,10 +234,17 @@ SELECT j.id FROM {S}.jobs j WHERE {_CALLBACK_EXPIRED} ORDER BY j.id LIMIT %(limi
 # never holds the key as cancelled (the cancelled bit leaves its mask): with a mask holding
 # `cancelled` the cancel itself would collide with a cancelled holder and the attempt could
 # not settle at all.
+# A rescued attempt whose heartbeat is still fresh (deadline passed or callback timed out while
+# the worker lives: a def handler's thread cannot be stopped) keeps heartbeat_at as its "still
+# running" mark: promotion and retries wait until the worker clears it or it goes stale.
+_KEEP_FRESH_MARK = """CASE WHEN j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond'
+                        THEN j.heartbeat_at END"""
+
 _CANCEL_DUPLICATE = f"""
 UPDATE {S}.jobs j
 SET state = 'cancelled', finalized_at = now(),
-    unique_states = j.unique_states & ~(1 << {S}.state_bit('cancelled')), heartbeat_at = NULL, deadline_at = NULL,
+    unique_states = j.unique_states & ~(1 << {S}.state_bit('cancelled')), heartbeat_at = {{mark}},
+    deadline_at = NULL,
     callback_id = NULL, callback_timeout_at = NULL,
     errors = errors || jsonb_build_array(jsonb_build_object(
         'error', 'cancelled as duplicate: another job holds its unique key',
@@ -245,14 +252,15 @@ SET state = 'cancelled', finalized_at = now(),
 """
 
 # ... an attempt whose completion (finalizer) collided.
-CANCEL_DUPLICATE_ATTEMPT = f"""{_CANCEL_DUPLICATE}WHERE id = %s AND run_lease = %s AND state = 'running'"""
+CANCEL_DUPLICATE_ATTEMPT = f"""{_CANCEL_DUPLICATE.replace("{mark}", "NULL")}WHERE id = %s AND run_lease = %s AND state = 'running'"""
 
-# Rescue's per-row fallback: only a row that is still the stale attempt being rescued.
-CANCEL_RESCUED_DUPLICATE = f"""{_CANCEL_DUPLICATE}WHERE j.id = %(id)s
+# Rescue's per-row fallback: only a row that is still the stale attempt being rescued (a live
+# attempt's fresh mark is kept, as rescue keeps it).
+CANCEL_RESCUED_DUPLICATE = f"""{_CANCEL_DUPLICATE.replace("{mark}", _KEEP_FRESH_MARK)}WHERE j.id = %(id)s
   AND (({_STALE}) OR ({_CALLBACK_EXPIRED}))"""
 
 # ... a due scheduled/retryable row whose promotion collided.
-CANCEL_AS_DUPLICATE = f"""{_CANCEL_DUPLICATE}WHERE j.id = %(id)s AND {_DUE}"""
+CANCEL_AS_DUPLICATE = f"""{_CANCEL_DUPLICATE.replace("{mark}", "NULL")}WHERE j.id = %(id)s AND {_DUE}"""
 
 # Rescue of attempts whose worker is presumed dead or whose deadline passed. attempt is kept: the
 # next claim counts a new attempt. On the final attempt the job fails -- or, for kinds with a
@@ -260,12 +268,6 @@ CANCEL_AS_DUPLICATE = f"""{_CANCEL_DUPLICATE}WHERE j.id = %(id)s AND {_DUE}"""
 # A kind owes a consequence when this process knows it has one -- or does not know the kind at
 # all (its declaration lives elsewhere): then it waits, owed and visible, for a reconciler that does.
 _OWES = ("(j.kind = ANY(%(consequence_kinds)s) OR NOT j.kind = ANY(%(known_kinds)s))")
-
-# A rescued attempt whose heartbeat is still fresh (deadline passed or callback timed out while
-# the worker lives: a def handler's thread cannot be stopped) keeps heartbeat_at as its "still
-# running" mark: promotion and retries wait until the worker clears it or it goes stale.
-_KEEP_FRESH_MARK = """CASE WHEN j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond'
-                        THEN j.heartbeat_at END"""
 
 _RESCUE_SET = f"""
     state = (CASE WHEN j.attempt < j.max_attempts THEN 'retryable'
