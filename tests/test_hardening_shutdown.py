@@ -525,3 +525,27 @@ async def test_class4_fail_external_into_the_dlq_then_dlq_retry_never_overlaps(d
     assert (await client.retry_from_dlq(job.id)) is not None
     await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
     assert (await job_row(dsn, job.id))["state"] == "completed" and runs == [1, 2]
+
+
+async def test_class4_async_handler_abandoned_at_its_deadline_leaves_no_mark(dsn, client):
+    # An async handler is cancelled at its deadline and its task ends: the worker clears the
+    # heartbeat, so deadline rescue leaves no mark and the retry is promoted at once.
+    started = []
+
+    @client.task(Job)
+    async def work(job):
+        started.append(job.run_lease)
+        if job.run_lease == 1:
+            await asyncio.Event().wait()  # never returns by itself
+
+    job = await client.insert(Job())
+    await client.start([{"name": "default", "max_workers": 2, "deadline_duration_ms": 300}],
+                       **FAST)
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 30)  # abandoned
+    m = _maint(dsn, client)
+    assert [r[0] for r in await m.rescue()] == [job.id]
+    row = await job_row(dsn, job.id)
+    assert row["state"] == "retryable" and row["heartbeat_at"] is None
+    assert await m.promote() == 1
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
+    assert (await job_row(dsn, job.id))["state"] == "completed" and started == [1, 2]
