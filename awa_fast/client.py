@@ -86,7 +86,8 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             the CLI does (:func:`awa_fast.database_url.resolve_database_url`:
             ``$AWA_FAST_DATABASE_URL``, ``$DATABASE_URL``, else the embedded server), on first use.
         max_connections: the pool size (connections, not processes). The runtime also opens
-            one dedicated LISTEN connection and one leader-lock connection.
+            one dedicated LISTEN connection, one heartbeat connection and one leader-lock
+            connection.
 
     Like awa-pg, a client given a URL connects once at construction to check that the
     database is reachable (one short-lived connection, closed at once, so a client built at

@@ -237,3 +237,38 @@ async def test_class3_a_sigstopped_leader_is_displaced_and_its_zombie_attempt_is
     assert row["state"] == "completed" and row["run_lease"] == runs[0]
     children = await scalar(dsn, "SELECT json_agg(args) FROM awa_fast.jobs WHERE kind = 'child'")
     assert children == [{"from_lease": runs[0]}]  # none from the zombie attempt
+
+
+# ---------------------------------------------------------------------------------------------
+# class 4/5: handlers that hold every pool connection (max_connections below the slots, each
+# handler in a transaction of its own) starved the heartbeat of a connection: the leader
+# rescued the live attempts as "heartbeat stale" and ran them again, over and over (the jobs
+# never completed). Beats now go over a connection of their own.
+
+
+async def test_class4_handlers_holding_every_pool_connection_do_not_go_stale(dsn):
+    worker = awa.AsyncClient(dsn, max_connections=2)
+    leader = awa.AsyncClient(dsn)
+    runs = []
+
+    @worker.task(Job, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def hold(job):
+        runs.append((job.id, job.run_lease))
+        async with await worker.transaction() as tx:
+            await tx.execute("SELECT pg_sleep(1.6)")  # longer than the staleness
+
+    leader.failure_consequence(Job, awa.NO_FAILURE_CONSEQUENCE)  # a maintenance-only process
+    try:
+        jobs = await worker.insert_many([Job(str(i)) for i in range(3)])
+        await worker.start([("default", 3)], poll_interval_ms=50, heartbeat_interval_ms=100,
+                           heartbeat_staleness_ms=1000, maintenance=False)
+        await leader.start([("idle_q", 1)], poll_interval_ms=50, heartbeat_interval_ms=100,
+                           heartbeat_staleness_ms=1000, heartbeat_rescue_interval_ms=100,
+                           leader_election_interval_ms=100, promote_interval_ms=50)
+        for job in jobs:
+            row = await wait_state(dsn, job.id, "completed", timeout=20)
+            assert row["errors"] == [] and row["run_lease"] == 1, row
+        assert sorted(runs) == [(j.id, 1) for j in jobs]  # each ran once
+    finally:
+        await worker.close()
+        await leader.close()

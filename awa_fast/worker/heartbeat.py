@@ -4,8 +4,9 @@ a short progress-only cadence so that ``set_progress`` is visible within about h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import Callable, Iterable
+from typing import AsyncIterator, Callable, Iterable
 
 import psycopg
 
@@ -32,11 +33,20 @@ class Heartbeat:
     progress is dropped with a warning.
     Progress counts as written only for attempts the statement returned: a row that ``SKIP
     LOCKED`` skipped (being finalized) keeps its progress pending.
+
+    Given ``database_url`` (the runtime does), beats go over a connection of their own, opened
+    on first use and again after it is lost: liveness must not wait for a pool connection, or
+    handlers that hold every pool connection (``max_connections`` below the slots) would have
+    their live attempts rescued as stale and run again. Without it, beats use the pool.
     """
 
     def __init__(self, pool_getter: Callable, in_flight: Callable[[], Iterable[JobContext]],
-                 interval_s: float, progress_interval_s: float = PROGRESS_FLUSH_S):
+                 interval_s: float, progress_interval_s: float = PROGRESS_FLUSH_S, *,
+                 database_url: str | None = None):
         self._pool_getter = pool_getter
+        self._database_url = database_url
+        self._conn: psycopg.AsyncConnection | None = None
+        self._conn_lock = asyncio.Lock()
         self._in_flight = in_flight
         self.interval_s = interval_s
         self.progress_interval_s = progress_interval_s
@@ -70,8 +80,7 @@ class Heartbeat:
         if not ctxs:
             return
         wrote_progress = False
-        pool = await self._pool_getter()
-        async with pool.connection() as conn:
+        async with self._connection() as conn:
             for start in range(0, len(ctxs), CHUNK):
                 chunk = ctxs[start:start + CHUNK]
                 snaps = [c.progress_snapshot() for c in chunk]
@@ -90,6 +99,29 @@ class Heartbeat:
         if wrote_progress:  # waiters re-check their own condition
             async with self.progress_written:
                 self.progress_written.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        if self._database_url is None:
+            async with (await self._pool_getter()).connection() as conn:
+                yield conn
+            return
+        async with self._conn_lock:  # the beat and progress loops share the connection
+            if self._conn is None or self._conn.closed:
+                self._conn = await psycopg.AsyncConnection.connect(
+                    self._database_url, autocommit=True, connect_timeout=10)
+            try:
+                yield self._conn
+            except psycopg.OperationalError:
+                await self.close()  # reconnect at the next beat
+                raise
+
+    async def close(self) -> None:
+        """Close the heartbeat's own connection (if any)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # closing a dead connection may fail
+                await conn.close()
 
     async def _beat_chunk(self, conn, chunk: list[JobContext], snaps: list) -> set[tuple]:
         # One statement per chunk (bulk.run_isolated): a row that makes it fail is beaten

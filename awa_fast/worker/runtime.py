@@ -547,7 +547,8 @@ class Runtime:
                 deadline_ms=q.deadline_duration_ms, claim_batch_size=q.claim_batch_size,
                 poll_interval_s=self.poll_interval_s, rate_limit=q.rate_limit,
                 kinds=self.kinds, overflow=self.overflow, cap=q.cap)
-        self.heartbeat = Heartbeat(pool_getter, self._heartbeat_targets, self.heartbeat_interval_s)
+        self.heartbeat = Heartbeat(pool_getter, self._heartbeat_targets, self.heartbeat_interval_s,
+                                   database_url=self.client.database_url)
         self.lingering = Lingering(self.client.database_url, self.heartbeat_interval_s)
         try:
             await self._listen_connect()
@@ -622,6 +623,7 @@ class Runtime:
             log.warning("could not remove this worker's presence row: %s", exc)
         if self._listen_conn is not None:
             await self._listen_conn.close()
+        await self.heartbeat.close()
         self.thread_pool.shutdown(wait=False, cancel_futures=True)
         if self.metrics_exporter is not None:
             self.metrics_exporter.close()
