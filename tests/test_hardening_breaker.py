@@ -13,7 +13,7 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.errors import ConfigError
-from tests.support import job_row, scalar, wait_state
+from tests.support import job_row, scalar, wait_for, wait_state
 
 FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
 CANCELLED_BIT = 1 << 6
@@ -272,3 +272,40 @@ async def test_class4_handlers_holding_every_pool_connection_do_not_go_stale(dsn
     finally:
         await worker.close()
         await leader.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# class 3: the LISTEN loop retried a lost connection every poll interval without backing off
+# (about 20 WARNING lines a second at poll_interval_ms=50 while the database refused
+# connections), unlike every other loop (interval * 2^(failures-1), at most 30 s).
+
+
+async def test_class3_listen_reconnects_back_off(dsn, client, caplog):
+    import logging
+    import re
+
+    client.task(Job)(lambda job: None)
+    await client.start([("default", 1)], **FAST)
+    dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    pid = client.runtime._listen_conn.info.backend_pid
+    caplog.set_level(logging.WARNING, logger="awa_fast.runtime")
+
+    def delays():
+        return [float(m.group(1)) for r in caplog.records
+                if (m := re.search(r"LISTEN connection lost .*reconnecting in ([0-9.]+) s",
+                                   r.getMessage(), re.S))]
+
+    admin = psycopg.conninfo.make_conninfo(dsn, dbname="postgres")
+    async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
+        await conn.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS false')
+        try:
+            await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await wait_for(lambda: _true(len(delays()) >= 4), timeout=10,
+                           what="four failed LISTEN reconnects")
+        finally:
+            await conn.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS true')
+    assert delays()[:4] == [0.05, 0.1, 0.2, 0.4]  # poll_interval_ms=50, doubling
+
+
+async def _true(value):
+    return value

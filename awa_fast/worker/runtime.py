@@ -28,7 +28,7 @@ from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.finalizer import Finalizer
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.lingering import Lingering
-from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+from awa_fast.worker.maintenance import MAX_BACKOFF_S, Maintenance, MaintenanceConfig
 from awa_fast.worker.weighted import OverflowPool
 
 log = logging.getLogger("awa_fast.runtime")
@@ -907,26 +907,33 @@ class Runtime:
     # -- notifications --------------------------------------------------------------------------
 
     async def _listen_connect(self) -> None:
-        conn = await psycopg.AsyncConnection.connect(self.client.database_url, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(self.client.database_url, autocommit=True,
+                                                     connect_timeout=10)
         await conn.execute(f'LISTEN "{sql.CHANNEL_QUEUE}"')
         await conn.execute(f'LISTEN "{sql.CHANNEL_CANCEL}"')
         self._listen_conn = conn
 
     async def _listen_loop(self) -> None:
+        failures = 0
         while True:
             try:
                 if self._listen_conn is None or self._listen_conn.closed:
                     await self._listen_connect()
+                    failures = 0
                     for d in self.dispatchers.values():
                         d.notify()  # we may have missed notifications while reconnecting
                 async for note in self._listen_conn.notifies():
                     self._on_notify(note.channel, note.payload)
             except Exception as exc:  # the listen loop must survive every error
-                log.warning("LISTEN connection lost (%s: %s); polling until it is back",
-                            type(exc).__name__, exc)
+                # Backed off like every loop (a database down for minutes must not log a
+                # line per poll interval); the dispatchers poll meanwhile.
+                failures += 1
+                delay = min(self.poll_interval_s * 2 ** (failures - 1), MAX_BACKOFF_S)
+                log.warning("LISTEN connection lost (%s: %s); polling until it is back "
+                            "(reconnecting in %.2f s)", type(exc).__name__, exc, delay)
                 self._listen_conn = None
                 raise_if_cancelling()  # see worker/cancellation.py
-                await asyncio.sleep(self.poll_interval_s)
+                await asyncio.sleep(delay)
 
     def _on_notify(self, channel: str, payload: str) -> None:
         if channel == sql.CHANNEL_QUEUE:
