@@ -19,6 +19,7 @@ from awa_fast import callback_expressions, enqueue, sql
 from awa_fast.errors import AttemptStillRunning, CallbackNotFound, ValidationError
 from awa_fast.job import Job
 from awa_fast.requests import to_json
+from awa_fast.results import MAX_DELAY_S
 from awa_fast.worker import storable
 
 
@@ -49,14 +50,16 @@ def parse_callback_id(callback_id: Any) -> uuid.UUID:
 
 def check_timeout(timeout_seconds: Any) -> float:
     """Raises :class:`ValidationError` (a ValueError; field ``timeout_seconds``) for a
-    negative, non-finite or non-numeric timeout (seconds)."""
+    negative, non-finite or non-numeric timeout (seconds), or one over 10 years
+    (``results.MAX_DELAY_S``; PostgreSQL's interval arithmetic would overflow)."""
     try:
         value = float(timeout_seconds)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         value = float("nan")
-    if not (value >= 0) or value == float("inf"):
-        raise ValidationError(f"timeout_seconds must be a finite number >= 0, got "
-                              f"{timeout_seconds!r}", field="timeout_seconds", limit=">= 0")
+    if not (0 <= value <= MAX_DELAY_S):
+        raise ValidationError(f"timeout_seconds must be a finite number between 0 and "
+                              f"{MAX_DELAY_S:.0f} (10 years), got {timeout_seconds!r}",
+                              field="timeout_seconds", limit=f">= 0 and <= {MAX_DELAY_S:.0f}")
     return value
 
 

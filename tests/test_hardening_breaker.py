@@ -309,3 +309,35 @@ async def test_class3_listen_reconnects_back_off(dsn, client, caplog):
 
 async def _true(value):
     return value
+
+
+# ---------------------------------------------------------------------------------------------
+# class 2/5: a callback timeout too large for PostgreSQL's interval (1e300 s) reached the
+# database and came back to the handler as a raw psycopg DatetimeFieldOverflow; it is a
+# ValidationError naming timeout_seconds and its limit, at register_callback and at
+# heartbeat_callback, and changes nothing.
+
+
+async def test_class2_callback_timeout_past_the_interval_range_is_a_validation_error(dsn,
+                                                                                     client):
+    errors = []
+
+    @client.task(Job, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def handler(job):
+        try:
+            await job.register_callback(timeout_seconds=1e300)
+        except awa.ValidationError as exc:
+            errors.append((exc.field, exc.limit))
+        token = await job.register_callback(timeout_seconds=60)
+        try:
+            await client.heartbeat_callback(token.id, timeout_seconds=1e12)
+        except awa.ValidationError as exc:
+            errors.append((exc.field, exc.limit))
+        return awa.WaitForCallback(token)
+
+    job = await client.insert(Job())
+    await client.start([("default", 1)], **FAST)
+    row = await wait_state(dsn, job.id, "waiting_external", "retryable", "failed", timeout=10)
+    assert row["state"] == "waiting_external", row["errors"]
+    assert [f for f, _limit in errors] == ["timeout_seconds", "timeout_seconds"]
+    assert all("315360000" in limit for _f, limit in errors)
