@@ -21,6 +21,12 @@ CANCELLED_BIT = 1 << 6
 pytestmark = pytest.mark.usefixtures("clean")
 
 
+@pytest.fixture(autouse=True)
+async def _no_presence_rows(dsn):
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("TRUNCATE awa_fast.workers")
+
+
 @dataclasses.dataclass
 class Job:
     mode: str = ""
@@ -341,3 +347,21 @@ async def test_class2_callback_timeout_past_the_interval_range_is_a_validation_e
     assert row["state"] == "waiting_external", row["errors"]
     assert [f for f, _limit in errors] == ["timeout_seconds", "timeout_seconds"]
     assert all("315360000" in limit for _f, limit in errors)
+
+
+# ---------------------------------------------------------------------------------------------
+# class 1/5: a queue's deadline_duration_ms too large for PostgreSQL's interval made every
+# claim of that queue fail ("interval out of range"): its jobs stayed available forever. A
+# negative, fractional or string one was accepted too. start() rejects them naming the field.
+
+
+@pytest.mark.parametrize("deadline", [10**16, -1, 1.5, "300", float("nan")])
+async def test_class1_a_deadline_no_claim_could_compute_is_rejected_at_start(dsn, client,
+                                                                              deadline):
+    client.task(Job)(lambda job: None)
+    with pytest.raises(awa.ValidationError) as err:
+        await client.start([{"name": "default", "max_workers": 2,
+                             "deadline_duration_ms": deadline}], **FAST)
+    assert err.value.field == "deadline_duration_ms" and "'default'" in str(err.value)
+    assert client.runtime is None
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.workers") == 0

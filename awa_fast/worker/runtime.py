@@ -144,7 +144,8 @@ def parse_queues(queues: Any, registered: list[str],
                              if "max_workers" in cfg else None)}
         out.append(QueueConfig(
             name, _positive(cfg.pop("max_workers", DEFAULT_MAX_WORKERS), f"{name}: max_workers"),
-            deadline_duration_ms=int(cfg.pop("deadline_duration_ms", DEFAULT_DEADLINE_MS)),
+            deadline_duration_ms=_deadline_ms(name, cfg.pop("deadline_duration_ms",
+                                                            DEFAULT_DEADLINE_MS)),
             claim_batch_size=int(cfg.pop("claim_batch_size", DEFAULT_CLAIM_BATCH)),
             rate_limit=parse_rate_limit(name, cfg.pop("rate_limit", None)),
             priority_aging_interval_ms=_aging_ms(name, cfg.pop("priority_aging_interval_ms", None)),
@@ -156,6 +157,22 @@ def parse_queues(queues: Any, registered: list[str],
                                   f"({global_max_workers})", field="global_max_workers",
                                   limit=f">= {total_min}")
     return out
+
+
+def _deadline_ms(queue: str, value: Any) -> int:
+    """A queue's ``deadline_duration_ms``: an int from 0 (no deadline) to 100 years. A larger
+    one made every claim of the queue fail ("interval out of range"): the queue stood still.
+
+    Raises:
+        ValidationError: naming the queue and the field.
+    """
+    if (isinstance(value, bool) or not isinstance(value, int) or value < 0
+            or value > MAX_SETTING_S * 1000):
+        raise ValidationError(f"queue {queue!r}: deadline_duration_ms must be an int from 0 (no "
+                              f"deadline) to {MAX_SETTING_S * 1000} (100 years), got {value!r}",
+                              field="deadline_duration_ms",
+                              limit=f">= 0 and <= {MAX_SETTING_S * 1000}")
+    return value
 
 
 def _count(value: Any, what: str, least: int) -> int:
