@@ -101,8 +101,11 @@ async def _complete_locked(client: Any, conn, row: tuple) -> Job:
 
 @enqueue.maps_errors
 async def fail_external(client: Any, callback_id: Any, error: str) -> Job:
-    """Fail the job waiting on ``callback_id`` through the failure path (its failure
-    consequence, then failed / DLQ and exhausted specs; or ``consequence_pending``).
+    """Fail the job waiting on ``callback_id`` through the failure path: a kind with a failure
+    consequence is first recorded ``consequence_pending`` (owed) and committed, then its effect
+    runs and it settles in a second transaction (failed / DLQ and exhausted specs); if the
+    effect fails it stays ``consequence_pending`` for the reconciler. Other kinds settle in
+    one transaction.
 
     Raises:
         CallbackNotFound, ValidationError: as :func:`complete_external`.
@@ -112,28 +115,35 @@ async def fail_external(client: Any, callback_id: Any, error: str) -> Job:
     async with pool.connection() as conn:
         async with conn.transaction():
             row = await _locked(conn, cid)
-            await _fail_locked(client, conn, row, error)
-        return await _after_failure(conn, row)
+            owed = await _fail_locked(client, conn, row, error)
+        return await _after_failure(client, conn, row, owed)
 
 
 async def _fail_locked(client: Any, conn, row: tuple, error: str,
-                       expression: str | None = None) -> None:
+                       expression: str | None = None) -> bool:
     """Fail the job of a row :func:`_locked` returned, in the caller's transaction (awa's
-    error entry; ``expression`` is the on_fail expression that matched, if any)."""
+    error entry; ``expression`` is the on_fail expression that matched, if any). Returns True
+    when the failure was only recorded as owed: after COMMIT, :func:`_after_failure` applies
+    it (``Settler.owe_or_settle``)."""
     entry = {"error": storable.text(error), "attempt": row[6],
              "at": datetime.now(timezone.utc).isoformat()}
     if expression is not None:
         entry["expression"] = expression
     # A running row's handler lives on (an early callback): its heartbeat stays as the "still
-    # running" mark -- in jobs or, if the job is dead-lettered, in the DLQ entry -- so neither
-    # retry() nor retry_from_dlq() can overlap it. A parked row keeps its own mark.
-    await client.settler.settle_failure(conn, row, reason="callback_failed", path="failure",
-                                        error_entry=entry,
-                                        mark=row[9] if row[4] == "running" else None)
+    # running" mark -- in jobs, through consequence_pending, or, if the job is dead-lettered,
+    # in the DLQ entry -- so neither retry() nor retry_from_dlq() can overlap it. A parked row
+    # keeps its own mark.
+    return await client.settler.owe_or_settle(conn, row, reason="callback_failed",
+                                              path="failure", error_entry=entry,
+                                              mark=row[9] if row[4] == "running" else None)
 
 
-async def _after_failure(conn, row: tuple) -> Job:
-    """The failed job as committed (the locked row itself if it moved to the DLQ)."""
+async def _after_failure(client: Any, conn, row: tuple, owed: bool) -> Job:
+    """After the failing transaction committed: apply an owed failure's effect and settle it
+    (a second transaction on ``conn``; on error it stays owed for the reconciler), then
+    return the job as committed (the locked row itself if it moved to the DLQ)."""
+    if owed:
+        await client.settler.apply_owed(conn, row[0])
     cur = await conn.execute(sql.GET_JOB, (row[0],))
     found = await cur.fetchone()
     return Job.from_row(row if found is None else found)
@@ -252,7 +262,9 @@ async def resolve_callback(client: Any, callback_id: Any, payload: Any = None,
     ``transform``ed payload; see ``callback_expressions.py``), else by ``default_action``:
     ``"complete"`` (the payload returned in the result), ``"fail"`` (awa's error text) or
     ``"ignore"`` (no change). Lookup, evaluation and transition are one transaction under the
-    job's row lock, so two concurrent resolves of one callback cannot both act.
+    job's row lock, so two concurrent resolves of one callback cannot both act. A failure of a
+    kind with an effect is that transition recorded as owed; its effect and settlement follow
+    in a second transaction, as for :func:`fail_external`.
 
     Raises:
         ValidationError: unknown ``default_action`` (awa's message) or malformed id.
@@ -273,7 +285,7 @@ async def resolve_callback(client: Any, callback_id: Any, payload: Any = None,
                 job = await _complete_locked(client, conn, row)
                 return ResolveResult("completed", job, decision.payload)
             if decision.action == "fail":
-                await _fail_locked(client, conn, row, decision.error, decision.expression)
+                owed = await _fail_locked(client, conn, row, decision.error, decision.expression)
             else:
                 return ResolveResult("ignored", reason=decision.reason)
-        return ResolveResult("failed", await _after_failure(conn, row))
+        return ResolveResult("failed", await _after_failure(client, conn, row, owed))

@@ -2,12 +2,15 @@
 
 ``AWA_FAST_APP_DSN``: the database. ``CRASH_AFTER_EFFECT=1``: the first time the effect runs for
 a job, the process SIGKILLs itself after the effect and before the settlement commits.
+``python -m tests.consequence_app fail_external|resolve CALLBACK_ID``: only call ``fail_external``
+(or ``resolve_callback`` with a payload its ``on_fail`` matches) as a client process, no worker.
 """
 
 import asyncio
 import dataclasses
 import os
 import signal
+import sys
 
 import psycopg
 
@@ -52,6 +55,12 @@ async def reserve(job):
 
 
 async def main() -> None:
+    if sys.argv[1:2] == ["fail_external"]:  # a client process failing a parked job, no worker
+        await client.fail_external(sys.argv[2], "provider declined")
+        return
+    if sys.argv[1:2] == ["resolve"]:  # ... through the callback's CEL on_fail expression
+        await client.resolve_callback(sys.argv[2], {"status": "declined"})
+        return
     await client.start([("default", 4)], heartbeat_interval_ms=100, maintenance=False)
     print("ready", flush=True)
     await asyncio.Event().wait()

@@ -228,9 +228,9 @@ async def _verified(dsn, job_id):
     return (await job_row(dsn, job_id))["verified_at"] is not None
 
 
-async def _start_app(dsn, **env):
+async def _start_app(dsn, *args, **env):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.consequence_app", cwd=ROOT, stdout=subprocess.PIPE,
+        sys.executable, "-m", "tests.consequence_app", *args, cwd=ROOT, stdout=subprocess.PIPE,
         env={**os.environ, "AWA_FAST_APP_DSN": dsn, **env})
     return proc
 
@@ -270,25 +270,29 @@ async def _killed_after_the_effect(dsn, client, max_attempts: int):
     part ran and before anything else commits; returns the job's row afterwards."""
     job = await client.insert(Reserve("widget", 4, "fail"), max_attempts=max_attempts)
     await _reserve(dsn, job.id, 4)
-    proc = await _start_app(dsn, CRASH_AFTER_EFFECT="1")
+    return await _killed_in_the_effect(dsn, job.id)
+
+
+async def _killed_in_the_effect(dsn, job_id: int, *args: str) -> dict:
+    """Run tests.consequence_app (with ``args``) until it SIGKILLs itself inside the effect of
+    job ``job_id``; returns the job's row, which must hold the failure as owed."""
+    proc = await _start_app(dsn, *args, CRASH_AFTER_EFFECT="1")
     try:
         assert await asyncio.wait_for(proc.wait(), 30) == -signal.SIGKILL
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    row = await job_row(dsn, job.id)
+    row = await job_row(dsn, job_id)
     # the failure was recorded as owed before the effect ran; the settlement never committed
     assert (row["state"], row["consequence_state"]) == ("consequence_pending", "owed")
     return row
 
 
-async def test_killed_after_the_effect_on_a_non_final_attempt_repeats_it_never_retries(dsn,
-                                                                                      client):
-    # models/settlement.pml NEG_EFFECT_FIRST: with the effect run before the failure was durable,
-    # rescue retried this attempt and its next failure ran the effect under another key.
-    job_id = (await _killed_after_the_effect(dsn, client, max_attempts=2))["id"]
-    keys = []
+def _recorded_release(client) -> tuple[list, list]:
+    """Declare Reserve here with release_reservation as its effect; returns the idempotency keys
+    the effect ran under and the attempts the handler ran (a retry would complete the job)."""
+    keys, runs = [], []
 
     async def effect(failure: awa.JobFailure) -> None:
         keys.append(failure.idempotency_key)
@@ -296,12 +300,55 @@ async def test_killed_after_the_effect_on_a_non_final_attempt_repeats_it_never_r
 
     @client.task(Reserve, failure_consequence=effect)
     async def reserve(job):
-        return None  # a retried attempt would complete: it must never run
+        runs.append(job.attempt)
 
+    return keys, runs
+
+
+async def test_killed_after_the_effect_on_a_non_final_attempt_repeats_it_never_retries(dsn,
+                                                                                      client):
+    # models/settlement.pml NEG_EFFECT_FIRST: with the effect run before the failure was durable,
+    # rescue retried this attempt and its next failure ran the effect under another key.
+    job_id = (await _killed_after_the_effect(dsn, client, max_attempts=2))["id"]
+    keys, runs = _recorded_release(client)
     await client.start([("default", 1)], **FAST)
     row = await wait_state(dsn, job_id, "failed", timeout=30)
     assert (row["consequence_state"], row["attempt"]) == ("applied", 1)
-    assert keys == [f"awa-fast:{job_id}:lease-1:failed"]  # the repeat, under the same key
+    assert keys == [f"awa-fast:{job_id}:lease-1:failed"] and runs == []  # the repeat, same key
+    assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 2
+    assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # released once
+
+
+@pytest.mark.parametrize("how", ["fail_external", "resolve"])
+async def test_client_killed_after_the_effect_of_fail_external_repeats_it_never_retries(
+        dsn, client, how):
+    # models/settlement.pml NEG_EFFECT_FIRST on the client path: fail_external (and a CEL on_fail)
+    # ran the effect and settled in one transaction, so a client process killed after the
+    # effect's outside part left the job parked on its callback; the callback timeout then
+    # retried it (attempt 1 of 2), and a later failure ran the effect under another key.
+    parker = awa.AsyncClient(dsn)
+
+    @parker.task(Reserve, failure_consequence=release_reservation)
+    async def park(job):  # the callback times out at once: only maintenance could act on it
+        return awa.WaitForCallback(await job.register_callback(
+            timeout_seconds=0.1, on_fail='payload.status == "declined"'))
+
+    job = await client.insert(Reserve("widget", 4, "park"), max_attempts=2)
+    await _reserve(dsn, job.id, 4)
+    try:
+        await parker.start([("default", 1)], **{**FAST, "maintenance": False})
+        callback_id = (await wait_state(dsn, job.id, "waiting_external"))["callback_id"]
+    finally:
+        await parker.close()
+    row = await _killed_in_the_effect(dsn, job.id, how, str(callback_id))
+    assert row["callback_id"] is None and row["heartbeat_at"] is None
+    assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 1
+    keys, runs = _recorded_release(client)
+    await client.start([("default", 1)], **FAST)  # callback rescue, promotion, reconciler
+    row = await wait_state(dsn, job.id, "failed", timeout=30)
+    assert (row["consequence_state"], row["consequence_reason"], row["attempt"]) == (
+        "applied", "callback_failed", 1)
+    assert keys == [f"awa-fast:{job.id}:lease-1:failed"] and runs == []  # the repeat, same key
     assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 2
     assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # released once
 

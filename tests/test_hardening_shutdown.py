@@ -341,10 +341,14 @@ async def test_class4_heartbeat_acks_progress_only_for_rows_it_beat(dsn, client)
     await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
 
 
-def _early_callback_handler(client):
+def _early_callback_handler(client, effect=False):
     """A handler whose first attempt registers a callback (its id put on ``tokens``) and keeps
-    running until ``release`` is set: an early callback fails its job while it runs."""
-    tokens, release, runs = asyncio.Queue(), asyncio.Event(), []
+    running until ``release`` is set: an early callback fails its job while it runs. With
+    ``effect`` the kind has a failure consequence: the failure path then commits twice (owed,
+    then applied and settled), and the mark must survive both."""
+    tokens, release, runs, applied = asyncio.Queue(), asyncio.Event(), [], []
+    if effect:
+        client.failure_consequence(Job, lambda failure: applied.append(failure.job.id))
 
     @client.task(Job)
     async def work(job):
@@ -354,17 +358,19 @@ def _early_callback_handler(client):
             await tokens.put(token.id)
             await release.wait()  # still running when the early callback fails the job
 
-    return tokens, release, runs
+    return tokens, release, runs, applied
 
 
-async def test_class4_fail_external_of_a_running_job_then_retry_never_overlaps(dsn, client):
-    tokens, release, runs = _early_callback_handler(client)
+@pytest.mark.parametrize("effect", [False, True])
+async def test_class4_fail_external_of_a_running_job_then_retry_never_overlaps(dsn, client, effect):
+    tokens, release, runs, applied = _early_callback_handler(client, effect)
 
     job = await client.insert(Job(), max_attempts=1)
     await client.start([("default", 4)], **FAST)
     token = await tokens.get()
     failed = await client.fail_external(token, "provider said no")
-    assert failed.state == awa.JobState.Failed
+    assert failed.state == awa.JobState.Failed and applied == ([job.id] if effect else [])
+    assert (await job_row(dsn, job.id))["heartbeat_at"] is not None  # the mark, kept
     with pytest.raises(awa.AttemptStillRunning):
         await client.retry(job.id)
     skipped = await client.retry_failed(kind=job.kind)  # the bulk path waits too
@@ -497,15 +503,17 @@ async def test_class4_def_handler_outliving_shutdown_past_the_staleness_is_not_r
         await a.close()
 
 
-async def test_class4_fail_external_into_the_dlq_then_dlq_retry_never_overlaps(dsn, client):
+@pytest.mark.parametrize("effect", [False, True])
+async def test_class4_fail_external_into_the_dlq_then_dlq_retry_never_overlaps(dsn, client, effect):
     # An early fail_external dead-letters the job while its handler still runs: the DLQ entry
     # carries the "still running" mark, so a DLQ retry waits for the handler.
-    tokens, release, runs = _early_callback_handler(client)
+    tokens, release, runs, applied = _early_callback_handler(client, effect)
 
     job = await client.insert(Job(), max_attempts=1)
     await client.start([{"name": "default", "max_workers": 4, "dlq": True}], **FAST)
     token = await tokens.get()
     await client.fail_external(token, "provider said no")
+    assert applied == ([job.id] if effect else [])
     entry = await client.get_dlq_job(job.id)
     assert entry is not None and await job_row(dsn, job.id) is None
     marked = await scalar(dsn, "SELECT heartbeat_at FROM awa_fast.dlq WHERE id = %s", (job.id,))

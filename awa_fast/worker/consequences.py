@@ -1,11 +1,13 @@
 """Per-kind failure consequences (ADR-PFM-OPS-003, awa-fast's variant), declared once per kind
 and applied by one applier from both settlement paths.
 
-* Failure path (terminal error, exhaustion, staging poison, ``fail_external``, rescue or callback
-  timeout on the final attempt): the effect runs on the settlement transaction's connection
-  *before* the job settles. If it raises or times out, nothing settles: the job goes to the
-  non-terminal state ``consequence_pending`` (never handed to a handler again) and the reconciler
-  retries the effect with backoff until it succeeds, then settles the job.
+* Failure path (terminal error, exhaustion, staging poison, ``fail_external`` and a CEL
+  ``on_fail``, rescue or callback timeout on the final attempt): the failure is first recorded
+  as owed (``consequence_pending``, committed; rescue does so in its own statement), then the
+  effect runs on the settling transaction's connection *before* the job settles. If it raises
+  or times out, nothing settles: the job stays in the non-terminal state ``consequence_pending``
+  (never handed to a handler again) and the reconciler retries the effect with backoff until
+  it succeeds, then settles the job.
 * Reconciliation path (``correct_to_failed`` / ``verify_success``): the job settles first
   (completed -> failed) and, in that same transaction, the consequence is recorded as *owed*;
   it is applied afterwards and the reconciler retries owed consequences until they succeed.
@@ -215,15 +217,53 @@ class Settler:
             return "consequence_pending"
         return await self._apply_and_settle(conn, row, reason, path, error, exhausted, mark)
 
+    async def owe_or_settle(self, conn, row: tuple, *, reason: str, path: str,
+                            error_entry: dict | None, progress: str | None = None,
+                            exhausted: list | None = None, owe_unknown: bool = True,
+                            mark: datetime | None = None) -> bool:
+        """The failure path's first transaction (the worker's ``Finalizer._fail_once``,
+        ``fail_external`` and ``resolve_callback``'s on_fail), with the job's row locked. A kind
+        with an effect only records the failure as owed (:meth:`owe_failure`) and this returns
+        True: the caller commits, then calls :meth:`apply_owed`. So a crash after the effect's
+        outside part ran leaves a debt repeated under the same idempotency key, never a row a
+        rescue or callback timeout retries (models/settlement.pml, ``NEG_EFFECT_FIRST``). Other
+        kinds settle here (:meth:`settle_failure`) and this returns False. ``mark``: as for
+        :meth:`settle_failure`."""
+        if self.applier.effect_of(row[1]) is None:
+            await self.settle_failure(conn, row, reason=reason, path=path,
+                                      error_entry=error_entry, progress=progress,
+                                      exhausted=exhausted, owe_unknown=owe_unknown, mark=mark)
+            return False
+        await self.owe_failure(conn, row, reason=reason, path=path, error_entry=error_entry,
+                               progress=progress, mark=mark)
+        return True
+
     async def owe_failure(self, conn, row: tuple, *, reason: str, path: str,
-                          error_entry: dict | None, progress: str | None = None) -> None:
+                          error_entry: dict | None, progress: str | None = None,
+                          mark: datetime | None = None) -> None:
         """Inside the caller's transaction, with the job's row locked: record the failure as
         ``consequence_pending`` with its consequence owed and due now, without running the
-        effect (:meth:`reconcile_on` applies it and settles, in the next transaction)."""
+        effect (:meth:`reconcile_on` applies it and settles, in the next transaction). A
+        ``running`` row gets ``mark`` as its "still running" mark (``None``: its handler
+        returned); a row that already left ``running`` keeps its own, and the settlement in
+        the next transaction keeps it too (the row is no longer ``running`` then)."""
         await _append_error(conn, row[0], error_entry, progress)
         await conn.execute(sql.OWE_FAILURE, {"id": row[0], "reason": reason, "path": path,
-                                             "mark": None})
+                                             "mark": mark})
         self.stats["pending"] += 1
+
+    async def apply_owed(self, conn, job_id: int, exhausted: list | None = None) -> str | None:
+        """The failure path's second transaction, after :meth:`owe_or_settle` returned True and
+        its transaction committed: apply the owed effect and settle (:meth:`reconcile_on`).
+        Never raises for the effect or the settlement: the debt is durable, so on any error
+        it stays owed for the reconciler (logged). Returns what :meth:`reconcile_on` returns,
+        or ``None`` on such an error."""
+        try:
+            return await self.reconcile_on(conn, job_id, exhausted)
+        except Exception as exc:  # noqa: BLE001 - the reconciler repeats it under the same key
+            log.warning("applying the failure consequence of job %s failed (%s); it stays "
+                        "owed for the reconciler", job_id, exc)
+            return None
 
     async def _apply_and_settle(self, conn, row: tuple, reason: str, path: str, error: str,
                                 exhausted: list | None, mark: datetime | None = None) -> str:

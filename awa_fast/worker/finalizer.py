@@ -417,39 +417,33 @@ class Finalizer:
 
     async def _fail_once(self, ctx: JobContext, outcome: ex.Outcome, exhausted: list) -> bool:
         # Failure path: lock the attempt under its lease, then settle (failed / DLQ + exhausted
-        # specs). A kind with an effect first records the failure as owed (consequence_pending)
-        # and commits; the effect then runs, and the job settles, in the next transaction
-        # (Settler.reconcile_on). So a crash after the effect's outside part ran leaves a debt
-        # repeated under the same idempotency key, never an attempt that rescue retries and
-        # whose next failure runs the effect under another key (models/settlement.pml).
+        # specs). A kind with an effect first records the failure as owed and commits; the
+        # effect then runs, and the job settles, in the next transaction (Settler.owe_or_settle,
+        # Settler.apply_owed; models/settlement.pml).
         snap = ctx.progress_snapshot()
-        reason = outcome.reason or "terminal_error"
-        progress = None if snap is None else snap[1]
-        owe_first = self.settler.applier.effect_of(ctx.kind) is not None
+        owed = False
 
         async def body(conn) -> None:
+            nonlocal owed
             cur = await conn.execute(sql.LOCK_RUNNING, (ctx.id, ctx.run_lease))
             row = await cur.fetchone()
             if row is None:
                 raise Stale()
-            if owe_first:
-                await self.settler.owe_failure(conn, row, reason=reason, path="failure",
-                                               error_entry=outcome.error, progress=progress)
-            else:
-                await self.settler.settle_failure(
-                    conn, row, reason=reason, path="failure", error_entry=outcome.error,
-                    progress=progress, exhausted=exhausted, owe_unknown=False)
+            owed = await self.settler.owe_or_settle(
+                conn, row, reason=outcome.reason or "terminal_error", path="failure",
+                error_entry=outcome.error, progress=None if snap is None else snap[1],
+                exhausted=exhausted, owe_unknown=False)  # a worker knows its kinds
 
         if not await self._guarded_transaction(ctx, body):
             return False
-        if owe_first:
+        if owed:
             try:
                 pool = await self._pool_getter()
                 async with pool.connection() as conn:
-                    await self.settler.reconcile_on(conn, ctx.id, exhausted)
-            except Exception as exc:  # the debt is durable: the reconciler applies it
-                log.warning("applying the failure consequence of job %s failed (%s); it stays "
-                            "owed for the reconciler", ctx.id, exc)
+                    await self.settler.apply_owed(conn, ctx.id, exhausted)
+            except Exception as exc:  # no connection: the debt is durable (the reconciler)
+                log.warning("no connection to apply the failure consequence of job %s (%s); it "
+                            "stays owed for the reconciler", ctx.id, exc)
         return True
 
     async def release(self, ctx: JobContext) -> bool:
