@@ -678,7 +678,7 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             docs_url=docs_url, tags=tags, extra=extra)
 
     async def start(self, queues: Any = None, **options: Any) -> None:
-        """Start claiming and running jobs in this process (see ``worker.runtime.RuntimeConfig``
+        """Start claiming and running jobs in this process (see ``worker.runtime.Runtime``
         for the keywords: awa's ``poll_interval_ms``, ``heartbeat_interval_ms``, ...).
 
         Raises:

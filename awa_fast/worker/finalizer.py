@@ -5,13 +5,15 @@
   previous one returns, so batches grow with load (group commit, no timer).
 * Per-job path: every other outcome, and completions with staged follow-ups or registered specs,
   run in their own transaction: the guarded transition, then registered specs, then staged
-  requests in staging order, each unique insert under a savepoint (a unique conflict is skipped,
-  anything else rolls the completion back) -- ADR-029 / ADR-046.
-* ``finalize_with_retry``: a deadlock re-runs the whole transaction with the same sealed
-  follow-ups, at most 3 more times, a lost connection at most 6 more times; each retry waits a
-  jittered, doubling pause, and after a connection error the pool's idle connections are
-  checked first (after a server restart they are all dead). A commit whose acknowledgement was
-  lost replays as stale (the guard no longer matches) and inserts nothing.
+  requests in staging order, inserted by one statement with ``ON CONFLICT`` on the dedup index
+  (a held unique key is skipped, anything else rolls the completion back) -- ADR-029 / ADR-046,
+  ADR 003.
+* Retries (:meth:`Finalizer.finalize`; loop in ``_finalize_requests`` / ``_may_retry``): a
+  deadlock re-runs the whole transaction with the same sealed follow-ups, at most 3 more times,
+  a lost connection at most 6 more times; each retry waits a jittered, doubling pause, and
+  after a connection error the pool's idle connections are checked first (after a server
+  restart they are all dead). A commit whose acknowledgement was lost replays as stale (the
+  guard no longer matches) and inserts nothing.
 * Prompt failure (ADR-046's open extension, :meth:`Finalizer.fail_promptly`): an attempt whose
   finalize failed for good is failed at once, guarded by its lease, with the error -- it does
   not wait ``running`` for heartbeat rescue.
@@ -244,7 +246,7 @@ class Finalizer:
 
     async def finalize(self, ctx: JobContext, outcome: ex.Outcome) -> bool:
         """Apply ``outcome`` for ``ctx``'s attempt in its own guarded transaction, retrying a
-        deadlock up to 3 times and a lost connection up to 6 times (``finalize_with_retry``).
+        deadlock up to 3 times and a lost connection up to 6 times (``_may_retry``).
 
         Returns True if applied, False if stale.
 
