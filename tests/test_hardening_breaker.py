@@ -365,3 +365,43 @@ async def test_class1_a_deadline_no_claim_could_compute_is_rejected_at_start(dsn
     assert err.value.field == "deadline_duration_ms" and "'default'" in str(err.value)
     assert client.runtime is None
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.workers") == 0
+
+
+async def test_class3_a_leader_frozen_mid_pass_is_displaced_with_its_open_pass(dsn, client):
+    """What a leader frozen inside a fenced pass looks like to PostgreSQL: its lock connection
+    idle holding the advisory lock, and a transaction idle on the leader row FOR SHARE (which
+    the new leader's epoch bump would wait for). Both are displaced past the staleness."""
+    from awa_fast import sql
+    from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+
+    lock = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    frozen_pass = await psycopg.AsyncConnection.connect(dsn)
+    try:
+        assert (await (await lock.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))).fetchone())[0]
+        epoch = (await (await lock.execute(sql.LEADER_BUMP, ("frozen",))).fetchone())[0]
+        await frozen_pass.execute("SELECT epoch FROM awa_fast.leader WHERE epoch = %s FOR SHARE",
+                                  (epoch,))
+        m = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=300,
+                                                            leader_election_interval_ms=100))
+        try:
+            assert not await m.acquire()  # not frozen yet: the lock is respected
+            async def displaced():
+                return await m.acquire()
+            await wait_for(displaced, timeout=10, what="the frozen leader displaced")
+            assert m.epoch == epoch + 1
+            assert lock.closed or lock.broken or await _dead(lock)
+            assert await _dead(frozen_pass)
+        finally:
+            await m._step_down()
+    finally:
+        for conn in (lock, frozen_pass):
+            if not conn.closed:
+                await conn.close()
+
+
+async def _dead(conn) -> bool:
+    try:
+        await conn.execute("SELECT 1")
+        return False
+    except psycopg.OperationalError:
+        return True
