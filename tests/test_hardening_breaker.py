@@ -405,3 +405,35 @@ async def _dead(conn) -> bool:
         return False
     except psycopg.OperationalError:
         return True
+
+
+# ---------------------------------------------------------------------------------------------
+# class 1/2: an inline wait_for_callback whose waiting_external state would take a key another
+# parked job holds raised a raw psycopg UniqueViolation into the handler, and the attempt was
+# retried (to collide again) -- while a WaitForCallback result into the same key is cancelled
+# as a duplicate. Both now resolve the same way; the handler gets an AwaError saying so.
+
+
+async def test_class1_inline_park_into_a_held_key_cancels_as_a_duplicate(dsn, client):
+    raised = []
+
+    @client.task(Job, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def park(job):
+        token = await job.register_callback(timeout_seconds=60)
+        try:
+            await job.wait_for_callback(token)
+        except awa.AwaError as exc:
+            raised.append((job.id, str(exc)))
+            raise
+
+    mask = {"unique_opts": {"by_args": False, "states": 1 << 7}}  # waiting_external only
+    jobs = [await client.insert(Job(str(i)), **mask) for i in range(2)]
+    await client.start([("default", 2)], **FAST)
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 15)
+    rows = {j.id: await job_row(dsn, j.id) for j in jobs}
+    assert sorted(r["state"] for r in rows.values()) == ["cancelled", "waiting_external"]
+    loser = next(i for i, r in rows.items() if r["state"] == "cancelled")
+    assert rows[loser]["attempt"] == 1
+    assert rows[loser]["errors"][-1]["error"].startswith("cancelled as duplicate")
+    assert raised == [(loser, f"job {loser} could not park: another job holds its unique key "
+                              "in waiting_external; cancelled as a duplicate")]

@@ -254,6 +254,10 @@ SET state = 'cancelled', finalized_at = now(),
 # ... an attempt whose completion (finalizer) collided.
 CANCEL_DUPLICATE_ATTEMPT = f"""{_CANCEL_DUPLICATE.replace("{mark}", "NULL")}WHERE id = %s AND run_lease = %s AND state = 'running'"""
 
+# ... an attempt whose inline park (wait_for_callback) collided: its handler lives on, so the row
+# gets the "this attempt still runs" mark (a retry waits for it; the heartbeat keeps it fresh).
+CANCEL_DUPLICATE_PARKING = f"""{_CANCEL_DUPLICATE.replace("{mark}", "now()")}WHERE id = %s AND run_lease = %s AND state = 'running'"""
+
 # Rescue's per-row fallback: only a row that is still the stale attempt being rescued (a live
 # attempt's fresh mark is kept, as rescue keeps it).
 CANCEL_RESCUED_DUPLICATE = f"""{_CANCEL_DUPLICATE.replace("{mark}", _KEEP_FRESH_MARK)}WHERE j.id = %(id)s

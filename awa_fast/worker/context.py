@@ -244,7 +244,8 @@ class JobContext:
         Raises:
             ValidationError: ``token`` is not this attempt's current callback (stale token).
             AwaError: the job left the wait another way (completed or failed externally,
-                cancelled, rescued on timeout).
+                cancelled, rescued on timeout), or parking would take a unique key another job
+                holds (the job is then cancelled as a duplicate).
         """
         callback_id = str(getattr(token, "id", token))
         if callback_id != self.callback_id:
@@ -253,7 +254,15 @@ class JobContext:
         runtime = self.runtime
         pool = await runtime.client.pool()
         async with pool.connection() as conn:
-            cur = await conn.execute(sql.PARK_FOR_CALLBACK, (self.id, self.run_lease, callback_id))
+            try:
+                cur = await conn.execute(sql.PARK_FOR_CALLBACK,
+                                         (self.id, self.run_lease, callback_id))
+            except psycopg.errors.UniqueViolation:
+                # waiting_external would take a key another job holds: cancelled as a
+                # duplicate, as a WaitForCallback result into a held key is.
+                await conn.execute(sql.CANCEL_DUPLICATE_PARKING, (self.id, self.run_lease))
+                raise AwaError(f"job {self.id} could not park: another job holds its unique key "
+                               "in waiting_external; cancelled as a duplicate") from None
         if cur.rowcount == 0:
             raise AwaError(f"job {self.id} could not park: it is no longer running this attempt")
         # The wait does not count against the attempt's deadline: the rest of it resumes after.
