@@ -80,7 +80,8 @@ def _modules() -> dict[str, str]:
 
 @lru_cache(maxsize=None)
 def _classes() -> dict[str, list[tuple[str, set[str]]]]:
-    """Class name -> [(module, names assigned as ``self.x`` in its methods)]."""
+    """Class name -> [(module, names assigned as ``self.x`` in its methods or annotated in
+    its body)]."""
     classes: dict[str, list[tuple[str, set[str]]]] = {}
     for p in (ROOT / "awa_fast").rglob("*.py"):
         module = ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
@@ -90,6 +91,9 @@ def _classes() -> dict[str, list[tuple[str, set[str]]]]:
                          + [getattr(n, "target", None)]
                          if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
                          and t.value.id == "self"}
+                # dataclass / annotated fields without a default are not class attributes
+                attrs |= {n.target.id for n in node.body
+                          if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
                 classes.setdefault(node.name, []).append((module, attrs))
     return classes
 
