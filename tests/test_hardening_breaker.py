@@ -355,14 +355,18 @@ async def test_class2_callback_timeout_past_the_interval_range_is_a_validation_e
 # negative, fractional or string one was accepted too. start() rejects them naming the field.
 
 
-@pytest.mark.parametrize("deadline", [10**16, -1, 1.5, "300", float("nan")])
-async def test_class1_a_deadline_no_claim_could_compute_is_rejected_at_start(dsn, client,
-                                                                              deadline):
+@pytest.mark.parametrize("key, value", [
+    ("deadline_duration_ms", 10**16), ("deadline_duration_ms", -1),
+    ("deadline_duration_ms", 1.5), ("deadline_duration_ms", "300"),
+    ("deadline_duration_ms", float("nan")),
+    ("priority_aging_interval_ms", 10**16),  # every aging pass overflowed
+])
+async def test_class1_a_deadline_no_claim_could_compute_is_rejected_at_start(dsn, client, key,
+                                                                              value):
     client.task(Job)(lambda job: None)
     with pytest.raises(awa.ValidationError) as err:
-        await client.start([{"name": "default", "max_workers": 2,
-                             "deadline_duration_ms": deadline}], **FAST)
-    assert err.value.field == "deadline_duration_ms" and "'default'" in str(err.value)
+        await client.start([{"name": "default", "max_workers": 2, key: value}], **FAST)
+    assert err.value.field == key and "'default'" in str(err.value)
     assert client.runtime is None
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.workers") == 0
 

@@ -210,10 +210,12 @@ def parse_rate_limit(queue: str, value: Any) -> tuple[float, int] | None:
 def _aging_ms(queue: str, value: Any) -> int:
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValidationError(f"queue {queue!r}: priority_aging_interval_ms must be an int >= 0 "
-                              f"(0 disables aging), got {value!r}",
-                              field="priority_aging_interval_ms", limit=">= 0")
+    if (isinstance(value, bool) or not isinstance(value, int) or value < 0
+            or value > MAX_SETTING_S * 1000):  # beyond it every aging pass overflows
+        raise ValidationError(f"queue {queue!r}: priority_aging_interval_ms must be an int from "
+                              f"0 (0 disables aging) to {MAX_SETTING_S * 1000} (100 years), got "
+                              f"{value!r}", field="priority_aging_interval_ms",
+                              limit=f">= 0 and <= {MAX_SETTING_S * 1000}")
     return value
 
 
