@@ -42,3 +42,29 @@ def load_client(spec: str) -> tuple[Any, Any]:
     if not isinstance(obj, AsyncClient):
         raise AppSpecError(f"{spec} is a {type(obj).__name__}, not an awa_fast AsyncClient")
     return obj, module
+
+
+def start_options(module: Any) -> dict:
+    """The module's ``START_OPTIONS`` (keywords for ``client.start()``), or ``{}``."""
+    return dict(getattr(module, "START_OPTIONS", None) or {})
+
+
+def start_config_error(client: Any, module: Any, queues: list[tuple[str, int]] | None = None
+                       ) -> str | None:
+    """What ``client.start(queues, **START_OPTIONS)`` would reject before touching the database
+    (a ``ConfigError``, message prefixed by its field, or a bad keyword), else ``None``. Used by
+    ``awa-fast check`` and by the launcher's preflight, so both refuse the same configurations.
+
+    ``queues`` as ``awa-fast worker --queues`` gives them (the launcher then starts a queue
+    subset, as its children do)."""
+    from awa_fast.worker.runtime import Runtime
+
+    options = start_options(module)
+    if queues is not None:
+        options.setdefault("queue_subset", True)
+    try:
+        Runtime(client, queues, **options).thread_pool.shutdown(wait=False)
+    except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
+        field = getattr(exc, "field", None)
+        return f"{field}: {exc}" if field else str(exc)
+    return None

@@ -580,16 +580,23 @@ def cmd_embedded_url(s: Session) -> int:
 
 
 def cmd_check(s: Session) -> int:
-    from awa_fast.app_loader import AppSpecError, load_client
+    from awa_fast.app_loader import AppSpecError, load_client, start_config_error
     from awa_fast.testing import undeclared_failure_consequences
 
     try:
         client, module = load_client(s.args.app)
-    except AppSpecError as exc:
-        raise CliError(str(exc)) from exc
+    except AppSpecError as exc:  # a usage error, as `awa-fast worker` reports it
+        print(f"{PROG} check: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception:  # the application's own import raised
+        import traceback
+
+        print(f"{PROG} check: error: importing {s.args.app} failed:\n"
+              f"{traceback.format_exc().rstrip()}", file=sys.stderr)
+        return 1
     kinds = undeclared_failure_consequences(client)
     off_default = dict(sorted(client.registry.off_default.items()))
-    config_error = _start_config_error(client, module)
+    config_error = start_config_error(client, module)
     if s.json:
         _print_json({"undeclared": kinds, "registered": sorted(client.registry.handlers),
                      "registered_off_default": off_default, "config_error": config_error})
@@ -610,20 +617,6 @@ def cmd_check(s: Session) -> int:
         for kind, queue in off_default.items():
             print(f"  {kind} -> queue {queue}")
     return 1 if kinds or config_error else 0
-
-
-def _start_config_error(client, module) -> str | None:
-    """What ``client.start(**START_OPTIONS)`` would reject before touching the database
-    (``ConfigError`` naming the field, or a bad option), or ``None``."""
-    from awa_fast.worker.runtime import Runtime
-
-    options = dict(getattr(module, "START_OPTIONS", None) or {})
-    try:
-        Runtime(client, None, **options).thread_pool.shutdown(wait=False)
-    except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
-        field = getattr(exc, "field", None)
-        return f"{field}: {exc}" if field else str(exc)
-    return None
 
 
 async def cmd_consequences(s: Session) -> int:
@@ -1041,11 +1034,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     # failure consequences
     p = sub.add_parser("check", parents=[common_nodb],
-                       help="check that every registered kind declares a failure consequence",
-                       description="Import APP (module:client) and list every registered kind "
-                                   "without a failure-consequence declaration; exit 1 when any. "
-                                   "Also notes the kinds registered for a queue other than "
-                                   "'default' (an insert without queue= puts them in 'default').")
+                       help="check an application without starting it: failure consequences, "
+                            "start() configuration, queues",
+                       description="Import APP (module:client) without starting it or touching "
+                                   "the database, and report: every registered kind without a "
+                                   "failure-consequence declaration; the ConfigError that "
+                                   "client.start(**START_OPTIONS) would raise (no handlers, a "
+                                   "handler's queue not started, heartbeat settings, a name "
+                                   "insert would reject, an unknown option); and, as a note, the "
+                                   "kinds registered for a queue other than 'default' (an insert "
+                                   "without queue= puts them in 'default', which the registered "
+                                   "queues' workers do not work). Exit 0 when all is well, 1 when "
+                                   "a kind is undeclared, start() would fail or importing APP "
+                                   "raises, 2 when APP names no module or no AsyncClient.")
     p.add_argument("app", metavar="APP", help="the application, as package.module:client")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("consequences", parents=[common],
@@ -1059,7 +1060,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # serve
     p = sub.add_parser("serve", parents=[common],
-                       help="run the web dashboard (needs the 'web' extra)",
+                       help="run the web dashboard",
                        description="Serve the web dashboard: queues, jobs, lineage, DLQ, failure "
                                    "consequences, cron schedules, workers. Binding a non-loopback "
                                    "host needs a token (exit 2 otherwise). See docs/dashboard.md.")
@@ -1088,8 +1089,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--drain-timeout, flush; exit 0. One status line per child "
                                    "event on stdout; child logs\non stderr as [child N pid P] "
                                    "(--log-format json: JSON objects). APP is imported once "
-                                   "before\nany child starts: exit 2 if it names no AsyncClient, "
-                                   "1 if importing it raises.\nDatabase: --database-url, else "
+                                   "before\nany child starts, in a running event loop as in the children: "
+                                   "exit 2 if its module\ncannot be found or it names no "
+                                   "AsyncClient, 1 if importing it raises or start() would reject\n"
+                                   "its START_OPTIONS (ConfigError, as `awa-fast check` reports).\nDatabase: --database-url, else "
                                    "the URL the client was built with, else\n"
                                    "$AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server.")
     p.add_argument("app", metavar="APP", help="module:client, an awa_fast.AsyncClient")
@@ -1169,8 +1172,10 @@ def cmd_serve(s: Session) -> int:
     try:
         from awa_fast.web import security, serve
     except ImportError as exc:
-        raise CliError(f"awa-fast serve needs the web extra (pip install 'awa-fast[web]'): "
-                       f"{exc}") from exc
+        # a core dependency: missing only from a broken or partial install
+        raise CliError(f"awa-fast serve cannot import its web stack ({exc}): reinstall awa-fast "
+                       f"(`pip install .` in a checkout, `pip install awa-fast` otherwise)"
+                       ) from exc
     token = serve.resolve_token(s.args.token)
     reason = security.check_bind(s.args.host, token)
     if not 0 <= s.args.port <= 65535:

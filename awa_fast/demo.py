@@ -508,7 +508,10 @@ def embedded_notice(fp: dict) -> list[str]:
         lines = [f"starting the embedded PostgreSQL 18 {where}, {who}{created}"]
     remove = f"`rm -rf {fp['data_dir']}`"
     if fp["system_account"]:
-        remove += f" and `userdel {fp['os_user']}`"
+        # the account may have existed before and serve something else: never say "delete it"
+        # unconditionally; the binaries copy is made at first start, so name the glob until then
+        remove += (f", `rm -rf {fp.get('binaries_copy') or '/tmp/awa-pg-bin-*'}` and, if nothing "
+                   f"else uses that account, `userdel {fp['os_user']}`")
     lines.append(f"it keeps running after the demo: `awa-fast embedded stop` stops it; to "
                  f"remove it, stop it, then {remove}")
     return ["no database configured (--database-url, AWA_FAST_DATABASE_URL, DATABASE_URL):",

@@ -1,7 +1,13 @@
 """The application run by ``awa-fast worker tests.launcher_app:client`` in the launcher tests.
 
-Database: ``$AWA_FAST_LAUNCHER_DSN``. ``$AWA_FAST_LAUNCHER_FAIL`` = ``import`` or ``start`` makes
-every child die at import or in ``client.start()`` (a crash loop).
+Database: ``$AWA_FAST_LAUNCHER_DSN``. ``$AWA_FAST_LAUNCHER_FAIL``:
+
+- ``import``: importing the module raises (the launcher's preflight reports it);
+- ``child-import``: importing raises in the worker children only (not in the preflight);
+- ``config``: ``START_OPTIONS`` that ``start()`` rejects with ``ConfigError`` (the preflight
+  reports it);
+- ``start``: ``client.start()`` raises TypeError in the worker children only (a crash loop: the
+  preflight cannot see it).
 """
 
 from __future__ import annotations
@@ -9,10 +15,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import sys
 
 import awa_fast as awa
 
-if os.environ.get("AWA_FAST_LAUNCHER_FAIL") == "import":
+FAIL = os.environ.get("AWA_FAST_LAUNCHER_FAIL")
+IN_CHILD = "--child" in sys.argv  # a worker child, not the launcher's preflight (--check)
+
+if FAIL == "import" or (FAIL == "child-import" and IN_CHILD):
     raise RuntimeError("launcher_app: failing at import on purpose")
 
 client = awa.AsyncClient(os.environ.get("AWA_FAST_LAUNCHER_DSN", ""), max_connections=4)
@@ -23,8 +33,10 @@ START_OPTIONS = dict(poll_interval_ms=50, heartbeat_interval_ms=100, heartbeat_s
                      callback_rescue_interval_ms=200,
                      promote_interval_ms=50, leader_election_interval_ms=200)
 
-if os.environ.get("AWA_FAST_LAUNCHER_FAIL") == "start":
+if FAIL == "start" and IN_CHILD:
     START_OPTIONS["no_such_option"] = 1  # start() raises TypeError
+if FAIL == "config":
+    START_OPTIONS["heartbeat_interval_ms"] = 900  # above half of heartbeat_staleness_ms
 
 
 @dataclasses.dataclass

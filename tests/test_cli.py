@@ -629,3 +629,42 @@ def test_embedded_url_default_database_and_stop(embedded_data_dir):
 
     assert ok("embedded", "stop", env=env).strip() == f"stopped embedded PostgreSQL at {datadir}"
     assert "was not running" in ok("embedded", "stop", env=env)
+
+
+# ---------------------------------------------------------------------------------------------
+# a wrong module:client: the same exit status from `check` as from `worker`
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("tests.no_such_module:client", "cannot import module 'tests.no_such_module'"),
+    ("tests.launcher_app:nope", "module 'tests.launcher_app' has no attribute 'nope'"),
+    ("tests.launcher_app:Nap", "tests.launcher_app:Nap is a type, not an awa_fast AsyncClient"),
+])
+def test_check_of_a_wrong_application_spec_is_a_usage_error(spec, message):
+    root = str(Path(__file__).resolve().parent.parent)
+    r = cli("check", spec, env=_env(PYTHONPATH=root))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"awa-fast check: error: {message}"), r.stderr
+    assert r.stdout == ""
+
+
+def test_check_of_an_application_whose_import_raises_exits_1():
+    root = str(Path(__file__).resolve().parent.parent)
+    r = cli("check", "tests.launcher_app:client",
+            env=_env(PYTHONPATH=root, AWA_FAST_LAUNCHER_FAIL="import"))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith("awa-fast check: error: importing tests.launcher_app:client "
+                               "failed:\nTraceback"), r.stderr
+    assert r.stderr.count("RuntimeError: launcher_app: failing at import on purpose") == 1
+
+
+def test_check_and_worker_help_state_what_they_report_and_exit():
+    check = " ".join(cli("check", "--help").stdout.split())
+    for phrase in ("failure-consequence declaration", "ConfigError",
+                   "client.start(**START_OPTIONS) would raise", "a queue other than 'default'",
+                   "1 when a kind is undeclared, start() would fail or importing APP raises, "
+                   "2 when APP names no module or no AsyncClient"):
+        assert phrase in check, phrase
+    worker = " ".join(cli("worker", "--help").stdout.split())
+    assert ("exit 2 if its module cannot be found or it names no AsyncClient, 1 if importing it "
+            "raises or start() would reject its START_OPTIONS") in worker

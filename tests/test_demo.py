@@ -51,6 +51,26 @@ def test_imported_modules_and_chunks():
     assert MAX_STAGED == 16
 
 
+def test_removal_advice_names_the_binaries_copy_and_never_deletes_a_shared_account():
+    from awa_fast.demo import embedded_notice
+
+    base = {"data_dir": "/var/lib/awa-fast/pg18", "os_user": "awa-postgres", "running": False}
+    # as root, with an account that already existed (maybe used by something else)
+    text = "\n".join(embedded_notice({**base, "system_account": True, "creates_user": False,
+                                      "binaries_copy": None}))
+    assert ("to remove it, stop it, then `rm -rf /var/lib/awa-fast/pg18`, "
+            "`rm -rf /tmp/awa-pg-bin-*` and, if nothing else uses that account, "
+            "`userdel awa-postgres`") in text
+    text = "\n".join(embedded_notice({**base, "system_account": True, "creates_user": True,
+                                      "binaries_copy": "/tmp/awa-pg-bin-18.1"}))
+    assert "`rm -rf /tmp/awa-pg-bin-18.1` and, if nothing else uses that account" in text
+    # as an ordinary user: the data directory only
+    text = "\n".join(embedded_notice({**base, "os_user": "me", "system_account": False,
+                                      "creates_user": False, "binaries_copy": None}))
+    assert text.endswith("to remove it, stop it, then `rm -rf /var/lib/awa-fast/pg18`")
+    assert "userdel" not in text and "awa-pg-bin" not in text
+
+
 def test_demo_pipeline_with_a_broken_file(dsn, tmp_path):
     broken = tmp_path / "broken_module.py"
     broken.write_text("import os\ndef f(:\n    pass\n")
@@ -163,7 +183,8 @@ def test_demo_on_the_embedded_server_says_what_it_does_first():
         assert (f"demo:   it keeps running after the demo: `awa-fast embedded stop` stops it; "
                 f"to remove it, stop it, then `rm -rf {datadir}`") in err
         if os.geteuid() == 0:
-            assert "as the system account 'awa-postgres'" in err and "`userdel awa-postgres`" in err
+            assert "as the system account 'awa-postgres'" in err
+            assert "if nothing else uses that account, `userdel awa-postgres`" in err
         assert "check: OK" in r.stdout
     finally:
         subprocess.run([sys.executable, "-m", "awa_fast", "embedded", "stop"], env=env,

@@ -49,6 +49,21 @@ def _state(dsn: str, job_id: int) -> str:
                             (job_id,)).fetchone()[0]
 
 
+def _worker_until_completed(dsn: str, job_id: int, app: str, *args: str, cwd, env) -> str:
+    """Run ``awa-fast worker app --processes 1 args...`` until job ``job_id`` completes, then
+    SIGTERM it; asserts a clean exit and returns its stdout."""
+    proc = subprocess.Popen([sys.executable, "-m", "awa_fast", "worker", app, "--processes", "1",
+                             *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _poll(lambda: _state(dsn, job_id) == "completed", 60, "the worker to complete the job")
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out, err)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # one database-URL story
 
@@ -65,6 +80,24 @@ def test_readme_example_runs_as_written(dsn, tmp_path):
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE kind = 'send_email' "
                             "AND state = 'completed'").fetchone()[0] >= 1
+
+
+def test_readme_example_is_a_module_that_check_and_the_worker_import(dsn, tmp_path):
+    section = (ROOT / "README.md").read_text().split("## Using it\n", 1)[1].split("\n## ", 1)[0]
+    commands = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    assert "python example.py" in commands
+    assert "awa-fast check example:client" in commands
+    assert "awa-fast worker example:client" in commands
+    (tmp_path / "example.py").write_text(readme_block("Using it"))
+    env = _env(AWA_FAST_DATABASE_URL=dsn, DATABASE_URL=CLOSED_PORT_DSN)
+    r = subprocess.run([sys.executable, "-m", "awa_fast", "check", "example:client"],
+                       capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path, env=env)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "sending to" not in r.stdout  # importing it did not run main()
+    with awa.Client(dsn) as c:
+        job = c.insert({"to": "w@example.com"}, kind="send_email")
+    out = _worker_until_completed(dsn, job.id, "example:client", cwd=tmp_path, env=env)
+    assert "sending to w@example.com\n" in out and "restarting" not in out
 
 
 def test_clients_without_url_resolve_like_the_cli(dsn, monkeypatch):
@@ -86,16 +119,8 @@ def test_worker_without_url_uses_the_environment(dsn):
     with awa.Client(dsn) as c:
         job = c.insert(Ping(2), queue="fh_q")
     env = _env(AWA_FAST_DATABASE_URL=dsn, DATABASE_URL=CLOSED_PORT_DSN)
-    proc = subprocess.Popen([sys.executable, "-m", "awa_fast", "worker", "tests.first_hour_app:client",
-                             "--processes", "1", "--queues", "fh_q:2"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        _poll(lambda: _state(dsn, job.id) == "completed", 60, "the worker to complete the job")
-    finally:
-        proc.terminate()
-        out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, (out, err)
+    out = _worker_until_completed(dsn, job.id, "tests.first_hour_app:client", "--queues", "fh_q:2",
+                                  cwd=ROOT, env=env)
     assert "ready (queues: fh_q:2)" in out
 
 
@@ -328,3 +353,32 @@ def test_worker_json_logs_and_the_drain_timeout_names_what_it_released(dsn):
     [failed] = [r for r in children if r.get("job_id") == failing.id]  # never the args
     assert (failed["kind"], failed["attempt"], failed["level"]) == ("boom", 1, "WARNING")
     assert "RuntimeError: boom on purpose" in failed["message"]
+
+
+# ---------------------------------------------------------------------------------------------
+# `pip install .` gives a working `awa-fast serve`
+
+
+def test_the_dashboards_imports_are_core_dependencies():
+    import ast
+    import importlib.metadata
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {re.split(r"[\[<>=!~; ]", d, 1)[0].lower().replace("_", "-")
+            for d in project["dependencies"]}
+    assert project["optional-dependencies"]["web"] == []  # kept as an alias
+    dists = importlib.metadata.packages_distributions()
+    imported = set()
+    for path in (ROOT / "awa_fast" / "web").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    third_party = {m for m in imported - set(sys.stdlib_module_names) - {"awa_fast"}}
+    assert third_party >= {"starlette", "uvicorn"}
+    for module in third_party:
+        assert {d.lower() for d in dists[module]} & core, module
+    # Starlette's templates, SessionMiddleware and form parsing import these lazily
+    assert {"jinja2", "itsdangerous", "python-multipart"} <= core

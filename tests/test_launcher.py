@@ -297,3 +297,46 @@ def test_failing_application_import_is_reported_once(dsn):
                                "failed:\nTraceback")
     assert r.stderr.count("RuntimeError: launcher_app: failing at import on purpose") == 1
     assert r.stdout == ""
+
+
+def test_start_options_start_would_reject_are_reported_before_any_child(dsn):
+    env = {**os.environ, "AWA_FAST_LAUNCHER_FAIL": "config", "AWA_FAST_LAUNCHER_DSN": dsn}
+    r = _worker("tests.launcher_app:client", env=env)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith("awa-fast worker: error: tests.launcher_app:client: start() would "
+                               "reject this configuration: heartbeat_interval_ms"), r.stderr
+    assert r.stdout == ""  # no child was started
+    # `awa-fast check` reports the same configuration error with the same exit status
+    c = subprocess.run([sys.executable, "-m", "awa_fast", "check", "tests.launcher_app:client"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert c.returncode == 1 and "start() would reject this configuration: heartbeat_interval_ms" \
+        in c.stdout, (c.stdout, c.stderr)
+
+
+def test_a_module_running_its_program_at_import_fails_the_preflight(dsn, tmp_path):
+    # the README example without its __main__ guard: a plain import works, but in a worker
+    # (inside a running event loop) asyncio.run raises
+    (tmp_path / "unguarded.py").write_text(
+        "import asyncio\nimport awa_fast as awa\n"
+        f"client = awa.AsyncClient({dsn!r})\n"
+        "async def main():\n    pass\n"
+        "asyncio.run(main())\n")
+    r = subprocess.run([sys.executable, "-m", "awa_fast", "worker", "unguarded:client",
+                        "--processes", "2"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith("awa-fast worker: error: importing unguarded:client failed:\n")
+    assert "asyncio.run() cannot be called from a running event loop" in r.stderr
+    assert 'Put it under `if __name__ == "__main__":`' in r.stderr
+    assert r.stdout == ""  # no child was started
+
+
+def test_a_child_whose_import_raises_is_fatal_at_once(dsn, launchers):
+    launcher = Launcher(dsn, "--processes", "1", fail="child-import")
+    launchers.append(launcher)
+    assert launcher.wait(60) == 1, launcher.transcript()
+    out = launcher.transcript()
+    assert re.search(r"child 0 pid \d+ exited with code 76\n", out), out
+    assert re.search(r"child 0 pid \d+: importing tests.launcher_app:client failed: "
+                     r"RuntimeError: launcher_app: failing at import on purpose; giving up", out)
+    assert "restarting" not in out and out.count(" started\n") == 1, out

@@ -2,7 +2,7 @@
 cron schedules, workers and the maintenance leader, with CSRF-protected admin actions.
 
 :func:`create_app` builds the Starlette application; :func:`awa_fast.web.serve.run` serves it with
-uvicorn. Needs the ``web`` extra (``pip install 'awa-fast[web]'``). See docs/dashboard.md.
+uvicorn, core dependencies of awa-fast (the ``web`` extra is an empty alias). See docs/dashboard.md.
 """
 
 from awa_fast.web.app import create_app

@@ -29,7 +29,11 @@ after a backoff (0.5 s doubling to 10 s, reset once a child has run for 30 s); a
 more than 5 times within 60 s makes the parent drain the others and exit 1. A child that cannot
 reach the database within ``CONNECT_TIMEOUT_S`` (10 s) exits ``EXIT_NO_DATABASE``; after 3 such
 exits with no child ready the parent gives up (exit 1, "cannot reach the database at host:port").
-A child whose ``start()`` rejects the configuration (``ConfigError``) or the schema
+The launcher's preflight imports the application once, in a running event loop as the children
+do, and checks ``START_OPTIONS`` as ``awa-fast check`` does: a bad spec exits 2, an import that
+raises or a configuration ``start()`` would reject exits 1, before any child starts. A child whose
+import raises anyway exits ``EXIT_IMPORT_FAILED`` and the parent gives up at once (it would fail
+the same way again). A child whose ``start()`` rejects the configuration (``ConfigError``) or the schema
 (``SchemaNotMigrated``: "run `awa-fast migrate`") exits ``EXIT_BAD_CONFIG`` and the parent gives
 up at once with that message. SIGTERM/SIGINT are
 forwarded as SIGTERM for a graceful drain (a second signal kills the children); the parent exits
@@ -57,12 +61,13 @@ from typing import Any, Callable, TextIO
 
 from awa_fast import log_format as log_format_mod
 from awa_fast import metrics
-from awa_fast.app_loader import AppSpecError, load_client
+from awa_fast.app_loader import AppSpecError, load_client, start_config_error, start_options
 from awa_fast.errors import ConfigError, SchemaNotMigrated
 
 PREFIX = "awa-fast worker:"
 EXIT_BAD_APP = 78  # child: the module:client spec cannot be resolved (not retried)
 EXIT_BAD_CONFIG = 77  # child: start() rejected the configuration or schema (not retried)
+EXIT_IMPORT_FAILED = 76  # child: importing the application raised (not retried)
 EXIT_NO_DATABASE = 69  # child: the database could not be reached within CONNECT_TIMEOUT_S
 CONNECT_TIMEOUT_S = 10  # a child's first connection (unless the URL sets connect_timeout)
 NO_DATABASE_LIMIT = 3  # this many EXIT_NO_DATABASE in a row, no child ready: give up
@@ -147,9 +152,16 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
         log.error("%s", exc)
         reporter.send(event="error", error=str(exc))
         return EXIT_BAD_APP
+    except Exception as exc:
+        # The preflight imported it in a running loop too, so this fails the same way each
+        # time (or is flaky at import): restarting would only repeat it.
+        log.exception("importing %s failed", args.app)
+        reporter.send(event="error", error=f"importing {args.app} failed: "
+                      f"{type(exc).__name__}: {exc}{_import_hint(str(exc))}")
+        return EXIT_IMPORT_FAILED
     if args.database_url:
         client.database_url = args.database_url
-    options = dict(getattr(module, "START_OPTIONS", None) or {})
+    options = start_options(module)
     queues = parse_queues(args.queues)
     if queues is not None:  # --queues: this child deliberately works a subset of the queues
         options.setdefault("queue_subset", True)
@@ -222,16 +234,49 @@ async def _reach_database(url: str) -> None:
     await conn.close()
 
 
-def _check_app(app: str) -> int:
-    """The launcher's preflight (``--check``): import the application once and print
-    ``{"explicit_url": bool}``; a bad spec prints its message on stderr and exits EXIT_BAD_APP."""
+def _import_hint(error: str) -> str:
+    if "cannot be called from a running event loop" in error:
+        return ("; does the module run its program at import? Put it under "
+                "`if __name__ == \"__main__\":` so that importing it only defines the client")
+    return ""
+
+
+def _check_app(app: str, queues: str | None) -> int:
+    """The launcher's preflight (``--check``): import the application once, inside a running
+    event loop as the children do (a module that calls ``asyncio.run`` at import fails here, not
+    in every child), check that ``start()`` would accept its ``START_OPTIONS`` and ``queues``,
+    and print ``{"explicit_url": bool}``. A bad spec prints its message on stderr and exits
+    EXIT_BAD_APP; an import that raises prints its traceback and exits 1; a configuration
+    ``start()`` would reject prints why and exits EXIT_BAD_CONFIG."""
+    async def load() -> tuple[Any, Any]:
+        return load_client(app)
+
     try:
-        client, _module = load_client(app)
+        client, module = _event_loop_runner()(load())
     except AppSpecError as exc:
         print(exc, file=sys.stderr)
         return EXIT_BAD_APP
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        if hint := _import_hint(str(exc)):
+            print(hint.removeprefix("; "), file=sys.stderr)
+        return 1
+    error = start_config_error(client, module, parse_queues(queues))
+    if error is not None:
+        print(f"start() would reject this configuration: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     print(json.dumps({"explicit_url": client.explicit_database_url is not None}))
     return 0
+
+
+def _event_loop_runner() -> Callable:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        return asyncio.run
+    return uvloop.run
 
 
 def child_entry(argv: list[str]) -> int:
@@ -249,15 +294,10 @@ def child_entry(argv: list[str]) -> int:
     p.add_argument("--log-format", default="text", choices=log_format_mod.FORMATS)
     args = p.parse_args(argv)
     if args.check:
-        return _check_app(args.app)
+        return _check_app(args.app, args.queues)
     _child_logging(args.index, args.log_level, args.log_format)
     reporter = _Reporter(args.status_fd)
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - Windows
-        runner: Callable = asyncio.run
-    else:
-        runner = uvloop.run
+    runner = _event_loop_runner()
     try:
         return runner(_child_main(args, reporter))
     except KeyboardInterrupt:
@@ -412,14 +452,19 @@ class Supervisor:
         start the embedded server) and hand it to every child.
 
         Raises:
-            AppLoadError: the spec names no AsyncClient (``usage``), or importing it failed.
+            AppLoadError: the spec names no module or no AsyncClient (``usage``), importing it
+                failed, or ``start()`` would reject its ``START_OPTIONS`` / ``queues``.
             EmbeddedPostgresError: no URL is configured and the embedded server cannot start.
         """
-        r = subprocess.run([sys.executable, "-c", _CHILD_BOOT, _PACKAGE_ROOT, "--check",
-                            "--app", self.app], env=self._env(), capture_output=True, text=True,
+        argv = [sys.executable, "-c", _CHILD_BOOT, _PACKAGE_ROOT, "--check", "--app", self.app]
+        if self.queues:
+            argv += ["--queues", self.queues]
+        r = subprocess.run(argv, env=self._env(), capture_output=True, text=True,
                            stdin=subprocess.DEVNULL)
         if r.returncode == EXIT_BAD_APP:
             raise AppLoadError(r.stderr.strip(), usage=True)
+        if r.returncode == EXIT_BAD_CONFIG:
+            raise AppLoadError(f"{self.app}: {r.stderr.strip()}", usage=False)
         if r.returncode != 0:
             raise AppLoadError(f"importing {self.app} failed:\n{r.stderr.rstrip()}", usage=False)
         if not self.database_url and not json.loads(r.stdout.splitlines()[-1])["explicit_url"]:
@@ -524,8 +569,14 @@ class Supervisor:
                     self.failed = f"{self._describe(c)} cannot load {self.app}; giving up"
                     self.say(f"{self._describe(c)} exited with code {code}")
                     return False
-                if code in (EXIT_BAD_CONFIG, EXIT_NO_DATABASE) and c.reader is not None:
+                if code in (EXIT_BAD_CONFIG, EXIT_NO_DATABASE, EXIT_IMPORT_FAILED) \
+                        and c.reader is not None:
                     c.reader.join(timeout=1.0)  # its last words (the error event) first
+                if code == EXIT_IMPORT_FAILED:
+                    why = c.error or f"importing {self.app} failed"
+                    self.failed = f"{self._describe(c)}: {why}; giving up"
+                    self.say(f"{self._describe(c)} exited with code {code}")
+                    return False
                 if code == EXIT_BAD_CONFIG:
                     self.failed = (f"{self._describe(c)} cannot start {self.app}: "
                                    f"{c.error or 'configuration rejected'}; giving up")
@@ -617,7 +668,8 @@ class Supervisor:
     def run(self) -> int:
         """The CLI loop: :meth:`preflight`, start, supervise until SIGTERM/SIGINT (drain; a
         second signal kills) or a crash loop. Returns the exit status: 0 after a clean drain, 2
-        when the spec names no AsyncClient (reported once, no child started), 1 otherwise."""
+        when the spec names no module or no AsyncClient (reported once, no child started), 1
+        otherwise (an import that raises, a configuration start() would reject, a crash loop)."""
         signals: list[int] = []
 
         def on_signal(signum, _frame):
