@@ -1092,7 +1092,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "before\nany child starts, in a running event loop as in the children: "
                                    "exit 2 if its module\ncannot be found or it names no "
                                    "AsyncClient, 1 if importing it raises or start() would reject\n"
-                                   "its START_OPTIONS (ConfigError, as `awa-fast check` reports).\nDatabase: --database-url, else "
+                                   "its START_OPTIONS (ConfigError, as `awa-fast check` reports);\na child "
+                                   "whose import raises all the same stops the launcher (exit 1, "
+                                   "no restart).\nDatabase: --database-url, else "
                                    "the URL the client was built with, else\n"
                                    "$AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server.")
     p.add_argument("app", metavar="APP", help="module:client, an awa_fast.AsyncClient")
