@@ -403,6 +403,44 @@ async def test_class3_a_leader_frozen_mid_pass_is_displaced_with_its_open_pass(d
                 await conn.close()
 
 
+async def test_class3_a_pass_frozen_after_its_leaders_lock_connection_is_displaced_too(dsn, client):
+    """The frozen leader's lock connection goes stale first and is terminated, but its pass froze
+    a moment later and is not stale yet: the new leader's epoch bump waits on it, and once that
+    wait times out the pass is stale and terminated, so leadership is taken on the same try
+    (before, the bump's LockNotAvailable escaped, and later tries found no stale lock holder to
+    go with the pass, so nobody ever terminated it)."""
+    from awa_fast import sql
+    from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+
+    stale_ms = 300
+    lock = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    frozen_pass = await psycopg.AsyncConnection.connect(dsn)
+    try:
+        assert (await (await lock.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))).fetchone())[0]
+        epoch = (await (await lock.execute(sql.LEADER_BUMP, ("frozen",))).fetchone())[0]
+        lock_pid = lock.info.backend_pid
+
+        async def holder_stale():
+            return await scalar(dsn, "SELECT state_change < now() - %s * interval '1 millisecond' "
+                                     "FROM pg_stat_activity WHERE pid = %s", (stale_ms, lock_pid))
+
+        await wait_for(holder_stale, what="the lock connection idle past the staleness")
+        await frozen_pass.execute("SELECT epoch FROM awa_fast.leader WHERE epoch = %s FOR SHARE",
+                                  (epoch,))
+        m = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=stale_ms,
+                                                            leader_election_interval_ms=100))
+        try:
+            assert await m.acquire()
+            assert m.epoch == epoch + 1
+            assert await _dead(lock) and await _dead(frozen_pass)
+        finally:
+            await m._step_down()
+    finally:
+        for conn in (lock, frozen_pass):
+            if not conn.closed:
+                await conn.close()
+
+
 async def _dead(conn) -> bool:
     try:
         await conn.execute("SELECT 1")

@@ -167,16 +167,37 @@ class Maintenance:
             cur = await self._lock_conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
             if not (await cur.fetchone())[0]:
                 return False
-        async with self._lock_conn.transaction():
-            wait_ms = max(self.config.leader_election_interval_ms, 1000)
-            await self._lock_conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
-            cur = await self._lock_conn.execute(
-                sql.LEADER_BUMP, (f"{socket.gethostname()} pid {os.getpid()}",))
-            self.epoch = (await cur.fetchone())[0]
+        self.epoch = await self._bump_epoch()
         self.is_leader = True
         metrics.LEADER.set(1)
         log.info("became maintenance leader (epoch %s)", self.epoch)
         return True
+
+    async def _bump_epoch(self) -> int:
+        """Bump the leader row (fencing off the previous leader), waiting up to
+        ``max(leader_election_interval_ms, 1 s)`` for its open passes. If the wait times out, the
+        passes idle in transaction past the staleness are frozen: terminate them and try once more.
+
+        Raises:
+            psycopg.errors.LockNotAvailable: a previous leader's pass still holds the row.
+        """
+        wait_ms = max(self.config.leader_election_interval_ms, 1000)
+        for last in (False, True):
+            try:
+                async with self._lock_conn.transaction():
+                    await self._lock_conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
+                    cur = await self._lock_conn.execute(
+                        sql.LEADER_BUMP, (f"{socket.gethostname()} pid {os.getpid()}",))
+                    return (await cur.fetchone())[0]
+            except psycopg.errors.LockNotAvailable:
+                if last:
+                    raise
+                cur = await self._lock_conn.execute(
+                    sql.DISPLACE_FROZEN_PASSES, {"stale_ms": self.config.heartbeat_staleness_ms})
+                if not (await cur.fetchone())[0]:
+                    raise
+                log.warning("terminated a frozen pass of the previous maintenance leader")
+        raise AssertionError("unreachable")
 
     def _start_loops(self) -> None:
         c = self.config
