@@ -108,6 +108,7 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         self.max_connections = max_connections
         self._pool: AsyncConnectionPool | None = None
         self._pool_lock: asyncio.Lock | None = None
+        self._pool_guard: asyncio.Task | None = None
         self.registry = Registry()
         self.specs = SpecRunner()
         self.consequences = ConsequenceApplier(self.registry)
@@ -162,6 +163,8 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
                     await pool.close()
                     raise DatabaseError(f"could not connect to the database: {exc}") from exc
                 self._pool = pool
+                self._pool_guard = asyncio.get_running_loop().create_task(
+                    _close_pool_on_cancel(pool), name="awa-fast-pool-guard")
         return self._pool
 
     async def close(self) -> None:
@@ -171,6 +174,9 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
+        if self._pool_guard is not None:
+            self._pool_guard.cancel()
+            self._pool_guard = None
 
     async def __aenter__(self) -> "AsyncClient":
         await self.pool()
@@ -706,6 +712,24 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
     def runtime(self):
         """The running worker runtime in this process, or ``None``."""
         return self._runtime
+
+
+async def _close_pool_on_cancel(pool: AsyncConnectionPool) -> None:
+    """Close ``pool`` when this task is cancelled, as ``asyncio.run()`` does to every task at exit.
+
+    psycopg_pool's async workers and scheduler catch ``CancelledError`` (a connect cancelled
+    mid-way logs "error connecting in 'pool-1': " and is retried), so a pool left open when
+    ``main()`` returns without :meth:`AsyncClient.close` keeps ``asyncio.run()`` waiting
+    forever. Closing queues a stop for each of them, which they do honour.
+    """
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        try:
+            await pool.close()
+        except asyncio.CancelledError:
+            pass  # a worker that ended cancelled fails close()'s gather; its stop is queued
+        raise
 
 
 def _prepare_all(jobs: list, opts: dict) -> list:

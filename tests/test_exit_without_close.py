@@ -1,0 +1,57 @@
+"""A program that returns from ``main()`` after ``shutdown()`` without ``close()`` exits: the
+pool's own tasks swallow the one cancel ``asyncio.run()`` sends them at exit (see
+``awa_fast.client._close_pool_on_cancel``). Real subprocesses, real PostgreSQL."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = 5
+TIMEOUT_S = 20
+
+# README-style program minus close(). The resize leaves connects in flight at exit -- the
+# condition under which psycopg_pool's workers swallowed the cancel and asyncio.run() hung.
+SCRIPT = """
+import asyncio, dataclasses, sys
+import awa_fast as awa
+
+@dataclasses.dataclass
+class Ping:
+    n: int
+
+async def main(dsn):
+    client = awa.AsyncClient(dsn)
+    done = asyncio.Event()
+
+    @client.task(Ping, queue="exit_q")
+    async def handle(job):
+        done.set()
+
+    await client.insert(Ping(n=1), queue="exit_q")
+    await client.start([("exit_q", 1)])
+    await asyncio.wait_for(done.wait(), 15)
+    await client.shutdown()
+    pool = await client.pool()
+    await pool.resize(min_size=pool.max_size, max_size=pool.max_size)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+def test_return_after_shutdown_without_close_exits(dsn, tmp_path):
+    script = tmp_path / "no_close.py"
+    script.write_text(SCRIPT)
+    for run in range(RUNS):
+        try:
+            proc = subprocess.run([sys.executable, str(script), dsn], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"run {run}: still running after {TIMEOUT_S} s without close(); "
+                        f"stderr: {exc.stderr!r}")
+        assert proc.returncode == 0, f"run {run}: {proc.stderr}"
