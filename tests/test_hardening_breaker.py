@@ -6,6 +6,7 @@ Real PostgreSQL throughout; each test names the class it belongs to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 
 import psycopg
@@ -371,10 +372,15 @@ async def test_class1_a_deadline_no_claim_could_compute_is_rejected_at_start(dsn
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.workers") == 0
 
 
-async def test_class3_a_leader_frozen_mid_pass_is_displaced_with_its_open_pass(dsn, client):
-    """What a leader frozen inside a fenced pass looks like to PostgreSQL: its lock connection
-    idle holding the advisory lock, and a transaction idle on the leader row FOR SHARE (which
-    the new leader's epoch bump would wait for). Both are displaced past the staleness."""
+STALE_MS = 300
+
+
+@contextlib.asynccontextmanager
+async def _frozen_leader(dsn, client, *, pass_after_stale: bool):
+    """A leader frozen as PostgreSQL sees it: its lock connection idle holding the advisory lock
+    at a bumped epoch, and a pass idle in transaction on the leader row FOR SHARE (taken at once,
+    or once the lock connection is idle past the staleness). Yields
+    ``(lock, frozen_pass, epoch, maintenance)`` with a fresh ``Maintenance`` to take over."""
     from awa_fast import sql
     from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 
@@ -383,24 +389,42 @@ async def test_class3_a_leader_frozen_mid_pass_is_displaced_with_its_open_pass(d
     try:
         assert (await (await lock.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))).fetchone())[0]
         epoch = (await (await lock.execute(sql.LEADER_BUMP, ("frozen",))).fetchone())[0]
+        if pass_after_stale:
+            lock_pid = lock.info.backend_pid
+
+            async def holder_stale():
+                return await scalar(dsn, "SELECT state_change < now() - %s * interval '1 millisecond' "
+                                         "FROM pg_stat_activity WHERE pid = %s", (STALE_MS, lock_pid))
+
+            await wait_for(holder_stale, what="the lock connection idle past the staleness")
         await frozen_pass.execute("SELECT epoch FROM awa_fast.leader WHERE epoch = %s FOR SHARE",
                                   (epoch,))
-        m = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=300,
+        m = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=STALE_MS,
                                                             leader_election_interval_ms=100))
         try:
-            assert not await m.acquire()  # not frozen yet: the lock is respected
-            async def displaced():
-                return await m.acquire()
-            await wait_for(displaced, timeout=10, what="the frozen leader displaced")
-            assert m.epoch == epoch + 1
-            assert lock.closed or lock.broken or await _dead(lock)
-            assert await _dead(frozen_pass)
+            yield lock, frozen_pass, epoch, m
         finally:
             await m._step_down()
     finally:
         for conn in (lock, frozen_pass):
             if not conn.closed:
                 await conn.close()
+
+
+async def test_class3_a_leader_frozen_mid_pass_is_displaced_with_its_open_pass(dsn, client):
+    """What a leader frozen inside a fenced pass looks like to PostgreSQL: its lock connection
+    idle holding the advisory lock, and a transaction idle on the leader row FOR SHARE (which
+    the new leader's epoch bump would wait for). Both are displaced past the staleness."""
+    async with _frozen_leader(dsn, client, pass_after_stale=False) as (lock, frozen_pass, epoch, m):
+        assert not await m.acquire()  # not frozen yet: the lock is respected
+
+        async def displaced():
+            return await m.acquire()
+
+        await wait_for(displaced, timeout=10, what="the frozen leader displaced")
+        assert m.epoch == epoch + 1
+        assert lock.closed or lock.broken or await _dead(lock)
+        assert await _dead(frozen_pass)
 
 
 async def test_class3_a_pass_frozen_after_its_leaders_lock_connection_is_displaced_too(dsn, client):
@@ -409,36 +433,10 @@ async def test_class3_a_pass_frozen_after_its_leaders_lock_connection_is_displac
     wait times out the pass is stale and terminated, so leadership is taken on the same try
     (before, the bump's LockNotAvailable escaped, and later tries found no stale lock holder to
     go with the pass, so nobody ever terminated it)."""
-    from awa_fast import sql
-    from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
-
-    stale_ms = 300
-    lock = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    frozen_pass = await psycopg.AsyncConnection.connect(dsn)
-    try:
-        assert (await (await lock.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))).fetchone())[0]
-        epoch = (await (await lock.execute(sql.LEADER_BUMP, ("frozen",))).fetchone())[0]
-        lock_pid = lock.info.backend_pid
-
-        async def holder_stale():
-            return await scalar(dsn, "SELECT state_change < now() - %s * interval '1 millisecond' "
-                                     "FROM pg_stat_activity WHERE pid = %s", (stale_ms, lock_pid))
-
-        await wait_for(holder_stale, what="the lock connection idle past the staleness")
-        await frozen_pass.execute("SELECT epoch FROM awa_fast.leader WHERE epoch = %s FOR SHARE",
-                                  (epoch,))
-        m = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=stale_ms,
-                                                            leader_election_interval_ms=100))
-        try:
-            assert await m.acquire()
-            assert m.epoch == epoch + 1
-            assert await _dead(lock) and await _dead(frozen_pass)
-        finally:
-            await m._step_down()
-    finally:
-        for conn in (lock, frozen_pass):
-            if not conn.closed:
-                await conn.close()
+    async with _frozen_leader(dsn, client, pass_after_stale=True) as (lock, frozen_pass, epoch, m):
+        assert await m.acquire()
+        assert m.epoch == epoch + 1
+        assert await _dead(lock) and await _dead(frozen_pass)
 
 
 async def _dead(conn) -> bool:
