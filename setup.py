@@ -1,4 +1,5 @@
 """Declares the Cython extensions only; metadata lives in pyproject.toml."""
+
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from awa_fast import _native, bulk, enqueue, sql
@@ -36,15 +36,18 @@ class DlqEntry:
     original_run_lease: int
 
     @classmethod
-    def from_row(cls, row: tuple) -> "DlqEntry":
+    def from_row(cls, row: tuple) -> DlqEntry:
         return cls(Job.from_row(row), row[_N], row[_N + 1], row[_N + 2])
 
     def to_dict(self) -> dict:
         """JSON-compatible: the job's fields plus ``dlq_reason``, ``dlq_at``,
         ``original_run_lease``."""
         out = self.job.to_dict()
-        out.update(dlq_reason=self.reason, dlq_at=self.dlq_at.isoformat(),
-                   original_run_lease=self.original_run_lease)
+        out.update(
+            dlq_reason=self.reason,
+            dlq_at=self.dlq_at.isoformat(),
+            original_run_lease=self.original_run_lease,
+        )
         return out
 
 
@@ -108,7 +111,7 @@ def _when(value: Any, name: str) -> datetime | None:
             raise ValueError(f"{name}: not an ISO 8601 timestamp: {value!r}") from None
     if not isinstance(value, datetime):
         raise TypeError(f"{name} must be a datetime or ISO 8601 string, got {type(value).__name__}")
-    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def _require_filter(op: str, allow_all: bool, **filters: Any) -> None:
@@ -135,15 +138,29 @@ class AdminMixin:
 
     # -- dead-letter queue ----------------------------------------------------------------------
 
-    async def list_dlq(self, *, kind: str | None = None, queue: str | None = None,
-                       tag: str | None = None, before_id: int | None = None,
-                       before_dlq_at: datetime | str | None = None,
-                       limit: int = 100) -> list[DlqEntry]:
+    async def list_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        before_id: int | None = None,
+        before_dlq_at: datetime | str | None = None,
+        limit: int = 100,
+    ) -> list[DlqEntry]:
         """Dead-lettered jobs, newest first (``dlq_at``, then id). ``before_id`` /
         ``before_dlq_at`` page backwards (strictly older)."""
-        rows = await self._fetch(sql.DLQ_LIST, {
-            "kind": kind, "queue": queue, "tag": tag, "before_id": before_id,
-            "before_dlq_at": _when(before_dlq_at, "before_dlq_at"), "limit": limit})
+        rows = await self._fetch(
+            sql.DLQ_LIST,
+            {
+                "kind": kind,
+                "queue": queue,
+                "tag": tag,
+                "before_id": before_id,
+                "before_dlq_at": _when(before_dlq_at, "before_dlq_at"),
+                "limit": limit,
+            },
+        )
         return [DlqEntry.from_row(r) for r in rows]
 
     async def get_dlq_job(self, job_id: int) -> DlqEntry | None:
@@ -159,8 +176,14 @@ class AdminMixin:
         """``{queue: dead-lettered jobs}`` for every queue with at least one."""
         return {q: n for q, n in await self._fetch(sql.DLQ_DEPTH_BY_QUEUE)}
 
-    async def retry_from_dlq(self, job_id: int, *, run_at: datetime | str | None = None,
-                             priority: int | None = None, queue: str | None = None) -> Job | None:
+    async def retry_from_dlq(
+        self,
+        job_id: int,
+        *,
+        run_at: datetime | str | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+    ) -> Job | None:
         """Move a dead-lettered job back to ``awa_fast.jobs`` under the same id: attempt 0,
         run lease kept (never reused, so a zombie attempt stays stale), errors kept, ``available`` (``scheduled`` for a future ``run_at``), with
         optional ``priority`` / ``queue`` overrides. Returns the job, or ``None`` if job
@@ -174,10 +197,20 @@ class AdminMixin:
                 executions of one job overlap"); nothing changes, retry once it has ended.
         """
         # Overrides obey the insert rules (validated in _ext, with placeholders for the rest).
-        _native.validate_insert("kind", "default" if queue is None else queue,
-                                2 if priority is None else priority, 1, None)
-        params = {"id": job_id, "run_at": _when(run_at, "run_at"), "priority": priority,
-                  "to_queue": queue, "stale_ms": self.staleness_ms()}
+        _native.validate_insert(
+            "kind",
+            "default" if queue is None else queue,
+            2 if priority is None else priority,
+            1,
+            None,
+        )
+        params = {
+            "id": job_id,
+            "run_at": _when(run_at, "run_at"),
+            "priority": priority,
+            "to_queue": queue,
+            "stale_ms": self.staleness_ms(),
+        }
         async with (await self.pool()).connection() as conn:
             try:
                 with enqueue.mapped_errors():
@@ -188,8 +221,8 @@ class AdminMixin:
                             await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
             except UniqueConflict as exc:
                 raise await enqueue.holder_conflict(
-                    conn, job_id, "retry DLQ", exc,
-                    "the job stays in the DLQ (nothing changed)") from exc
+                    conn, job_id, "retry DLQ", exc, "the job stays in the DLQ (nothing changed)"
+                ) from exc
             if row is None:
                 cur = await conn.execute(sql.DLQ_ATTEMPT_STILL_RUNS, params)
                 running = await cur.fetchone()
@@ -197,11 +230,19 @@ class AdminMixin:
                     raise AttemptStillRunning(
                         f"job {job_id} is in the DLQ but its last attempt's handler is still "
                         f"running (last heartbeat {running[0].isoformat()}); retry once it has "
-                        "ended", job_id=job_id)
+                        "ended",
+                        job_id=job_id,
+                    )
         return None if row is None else Job.from_row(row)
 
-    async def bulk_retry_from_dlq(self, *, kind: str | None = None, queue: str | None = None,
-                                  tag: str | None = None, allow_all: bool = False) -> int:
+    async def bulk_retry_from_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        allow_all: bool = False,
+    ) -> int:
         """Retry every matching DLQ entry (as :meth:`retry_from_dlq`); returns how many.
         Entries whose unique key is held by a live job are skipped and stay in the DLQ (logged
         with the holder); so does an entry whose re-insert fails for another reason, and one
@@ -212,21 +253,36 @@ class AdminMixin:
             DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
         _require_filter("bulk_retry_from_dlq", allow_all, kind=kind, queue=queue, tag=tag)
-        params = {"kind": kind, "queue": queue, "tag": tag, "before_id": None,
-                  "before_dlq_at": None, "run_at": None, "priority": None, "to_queue": None,
-                  "stale_ms": self.staleness_ms()}
-        rows = await self._isolated_admin("DLQ bulk retry", sql.DLQ_RETRY_BULK,
-                                          sql.DLQ_MATCHING_IDS, sql.DLQ_RETRY_ONE, params,
-                                          notify=lambda r: str(r[4]) == "available")
+        params = {
+            "kind": kind,
+            "queue": queue,
+            "tag": tag,
+            "before_id": None,
+            "before_dlq_at": None,
+            "run_at": None,
+            "priority": None,
+            "to_queue": None,
+            "stale_ms": self.staleness_ms(),
+        }
+        rows = await self._isolated_admin(
+            "DLQ bulk retry",
+            sql.DLQ_RETRY_BULK,
+            sql.DLQ_MATCHING_IDS,
+            sql.DLQ_RETRY_ONE,
+            params,
+            notify=lambda r: str(r[4]) == "available",
+        )
         return len(rows)
 
-    async def _isolated_admin(self, what: str, bulk_sql: str, ids_sql: str, one_sql: str,
-                              params: dict, notify=None) -> list[tuple]:
+    async def _isolated_admin(
+        self, what: str, bulk_sql: str, ids_sql: str, one_sql: str, params: dict, notify=None
+    ) -> list[tuple]:
         # One transaction: the bulk statement, or row by row (bulk.run_isolated) where a row
         # fails alone (left unchanged, logged; a unique collision names the holder). Queues that
         # got available rows are woken. A deadlock retries the whole transaction (bounded).
         async def once() -> list[tuple]:
             async with (await self.pool()).connection() as conn:
+
                 async def fetch(query: str, extra: dict | None = None) -> list[tuple]:
                     cur = await conn.execute(query, {**params, **(extra or {})})
                     return await cur.fetchall() if cur.description else []
@@ -240,8 +296,13 @@ class AdminMixin:
 
                 async with conn.transaction():
                     done = await bulk.run_isolated(
-                        conn, what=what, bulk=lambda: fetch(bulk_sql), keys=ids,
-                        one=lambda job_id: fetch(one_sql, {"id": job_id}), on_conflict=held)
+                        conn,
+                        what=what,
+                        bulk=lambda: fetch(bulk_sql),
+                        keys=ids,
+                        one=lambda job_id: fetch(one_sql, {"id": job_id}),
+                        on_conflict=held,
+                    )
                     if notify is not None:
                         for q in sorted({r[2] for r in done.rows if notify(r)}):
                             await conn.execute(sql.NOTIFY_QUEUE, (q,))
@@ -253,12 +314,19 @@ class AdminMixin:
         """Move a ``failed`` job to the DLQ (whatever its queue's DLQ setting). ``False`` if
         the job is not failed (or its failure consequence is still owed)."""
         async with (await self.pool()).connection() as conn:
-            cur = await conn.execute(sql.DLQ_MOVE_ONE, {"id": job_id, "reason": reason,
-                                                        "kind": None, "queue": None})
+            cur = await conn.execute(
+                sql.DLQ_MOVE_ONE, {"id": job_id, "reason": reason, "kind": None, "queue": None}
+            )
             return cur.rowcount > 0
 
-    async def bulk_move_failed_to_dlq(self, *, kind: str | None = None, queue: str | None = None,
-                                      reason: str = "manual", allow_all: bool = False) -> int:
+    async def bulk_move_failed_to_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        reason: str = "manual",
+        allow_all: bool = False,
+    ) -> int:
         """Move every matching ``failed`` job to the DLQ; returns how many.
 
         A job whose move fails alone (say a trigger refuses it) stays failed (logged).
@@ -268,10 +336,13 @@ class AdminMixin:
             DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
         _require_filter("bulk_move_failed_to_dlq", allow_all, kind=kind, queue=queue)
-        rows = await self._isolated_admin("move to the DLQ", sql.DLQ_MOVE_BULK,
-                                          sql.SETTLED_FAILED_IDS,
-                                          sql.DLQ_MOVE_ONE,
-                                          {"kind": kind, "queue": queue, "reason": reason})
+        rows = await self._isolated_admin(
+            "move to the DLQ",
+            sql.DLQ_MOVE_BULK,
+            sql.SETTLED_FAILED_IDS,
+            sql.DLQ_MOVE_ONE,
+            {"kind": kind, "queue": queue, "reason": reason},
+        )
         return len(rows)
 
     async def purge_dlq_job(self, job_id: int) -> bool:
@@ -280,10 +351,16 @@ class AdminMixin:
             cur = await conn.execute(sql.DLQ_PURGE_ONE, (job_id,))
             return cur.rowcount > 0
 
-    async def purge_dlq(self, *, kind: str | None = None, queue: str | None = None,
-                        tag: str | None = None, before_id: int | None = None,
-                        before_dlq_at: datetime | str | None = None,
-                        allow_all: bool = False) -> int:
+    async def purge_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        before_id: int | None = None,
+        before_dlq_at: datetime | str | None = None,
+        allow_all: bool = False,
+    ) -> int:
         """Delete matching DLQ entries; returns how many. An entry whose delete fails alone is
         kept (logged).
 
@@ -291,18 +368,35 @@ class AdminMixin:
             ValueError: no filter and not ``allow_all``.
             DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
-        _require_filter("purge_dlq", allow_all, kind=kind, queue=queue, tag=tag,
-                        before_id=before_id, before_dlq_at=before_dlq_at)
-        rows = await self._isolated_admin("DLQ purge", sql.DLQ_PURGE, sql.DLQ_MATCHING_IDS,
-                                          sql.DLQ_PURGE_MATCHING_ONE, {
-            "kind": kind, "queue": queue, "tag": tag, "before_id": before_id,
-            "before_dlq_at": _when(before_dlq_at, "before_dlq_at")})
+        _require_filter(
+            "purge_dlq",
+            allow_all,
+            kind=kind,
+            queue=queue,
+            tag=tag,
+            before_id=before_id,
+            before_dlq_at=before_dlq_at,
+        )
+        rows = await self._isolated_admin(
+            "DLQ purge",
+            sql.DLQ_PURGE,
+            sql.DLQ_MATCHING_IDS,
+            sql.DLQ_PURGE_MATCHING_ONE,
+            {
+                "kind": kind,
+                "queue": queue,
+                "tag": tag,
+                "before_id": before_id,
+                "before_dlq_at": _when(before_dlq_at, "before_dlq_at"),
+            },
+        )
         return len(rows)
 
     # -- failed jobs ----------------------------------------------------------------------------
 
-    async def retry_failed(self, *, kind: str | None = None,
-                           queue: str | None = None) -> RetryFailedResult:
+    async def retry_failed(
+        self, *, kind: str | None = None, queue: str | None = None
+    ) -> RetryFailedResult:
         """Make every ``failed`` job of ``kind`` or of ``queue`` (exactly one) available again
         with attempt 0; returns a :class:`RetryFailedResult`. A job whose failure consequence is
         still owed stays failed; so does a job whose unique key another live job now holds
@@ -317,8 +411,14 @@ class AdminMixin:
             raise ValueError("Specify exactly one of kind or queue")
         params = {"kind": kind, "queue": queue, "stale_ms": self.staleness_ms()}
         matched = (await self._fetch(sql.FAILED_MATCHING, params))[0][0]
-        rows = await self._isolated_admin("retry_failed", sql.RETRY_FAILED, sql.FAILED_IDS,
-                                          sql.RETRY_FAILED_ONE, params, notify=lambda r: True)
+        rows = await self._isolated_admin(
+            "retry_failed",
+            sql.RETRY_FAILED,
+            sql.FAILED_IDS,
+            sql.RETRY_FAILED_ONE,
+            params,
+            notify=lambda r: True,
+        )
         return RetryFailedResult([Job.from_row(r) for r in rows], matched)
 
     async def discard_failed(self, kind: str) -> int:
@@ -328,9 +428,13 @@ class AdminMixin:
         Raises:
             DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
-        rows = await self._isolated_admin("discard_failed", sql.DISCARD_FAILED,
-                                          sql.SETTLED_FAILED_IDS,
-                                          sql.DISCARD_FAILED_ONE, {"kind": kind, "queue": None})
+        rows = await self._isolated_admin(
+            "discard_failed",
+            sql.DISCARD_FAILED,
+            sql.SETTLED_FAILED_IDS,
+            sql.DISCARD_FAILED_ONE,
+            {"kind": kind, "queue": None},
+        )
         return len(rows)
 
     async def drain_queue(self, queue: str) -> int:
@@ -343,8 +447,9 @@ class AdminMixin:
         Raises:
             DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
-        rows = await self._isolated_admin("drain_queue", sql.DRAIN_QUEUE, sql.DRAINABLE_IDS,
-                                          sql.DRAIN_ONE, {"queue": queue})
+        rows = await self._isolated_admin(
+            "drain_queue", sql.DRAIN_QUEUE, sql.DRAINABLE_IDS, sql.DRAIN_ONE, {"queue": queue}
+        )
         return len(rows)
 
     # -- inspection -----------------------------------------------------------------------------
@@ -390,16 +495,35 @@ class AdminMixin:
         entries = [e for e in row["errors"] if isinstance(e, dict) and e.get("attempt") == attempt]
         latest = attempt == current
         run = {
-            "job_id": job_id, "kind": row["kind"], "queue": row["queue"], "state": row["state"],
-            "in_dlq": in_dlq, "attempt": attempt, "current_attempt": current,
-            "max_attempts": row["max_attempts"], "latest": latest,
-            "error": entries[-1] if entries else None, "errors": entries,
+            "job_id": job_id,
+            "kind": row["kind"],
+            "queue": row["queue"],
+            "state": row["state"],
+            "in_dlq": in_dlq,
+            "attempt": attempt,
+            "current_attempt": current,
+            "max_attempts": row["max_attempts"],
+            "latest": latest,
+            "error": entries[-1] if entries else None,
+            "errors": entries,
             # progress, lease and attempt timestamps describe the latest attempt only.
-            "run_lease": row.get("original_run_lease", row["run_lease"]) if in_dlq else row["run_lease"],
+            "run_lease": row.get("original_run_lease", row["run_lease"])
+            if in_dlq
+            else row["run_lease"],
             "progress": row["progress"] if latest else None,
-            "timestamps": {k: row[k] for k in ("created_at", "run_at", "attempted_at",
-                                               "heartbeat_at", "deadline_at", "finalized_at")}
-            if latest else {"created_at": row["created_at"]},
+            "timestamps": {
+                k: row[k]
+                for k in (
+                    "created_at",
+                    "run_at",
+                    "attempted_at",
+                    "heartbeat_at",
+                    "deadline_at",
+                    "finalized_at",
+                )
+            }
+            if latest
+            else {"created_at": row["created_at"]},
             "job": row,
         }
         if in_dlq:
@@ -431,14 +555,21 @@ class AdminMixin:
         running: dict[str, int] = {}
         for ctx in list(runtime.in_flight.values()):
             running[ctx.queue] = running.get(ctx.queue, 0) + 1
-        queues = {name: QueueHealth(name, running.get(name, 0), d.max_workers,
-                                    available.get(name, 0))
-                  for name, d in runtime.dispatchers.items()}
+        queues = {
+            name: QueueHealth(name, running.get(name, 0), d.max_workers, available.get(name, 0))
+            for name, d in runtime.dispatchers.items()
+        }
         loops = runtime.maintenance.loop_health() if runtime.maintenance is not None else {}
-        healthy = (connected and poll_alive and heartbeat_alive and not shutting_down
-                   and all(h.alive for h in loops.values()))
-        return HealthCheck(healthy, connected, poll_alive, heartbeat_alive, shutting_down,
-                           leader, queues, loops)
+        healthy = (
+            connected
+            and poll_alive
+            and heartbeat_alive
+            and not shutting_down
+            and all(h.alive for h in loops.values())
+        )
+        return HealthCheck(
+            healthy, connected, poll_alive, heartbeat_alive, shutting_down, leader, queues, loops
+        )
 
     # -- storage (awa-pg's start-up calls, answered for awa-fast's one engine) -----------------
 
@@ -447,8 +578,14 @@ class AdminMixin:
         counts the jobs table when called), so there is nothing to flush."""
         await self.pool()
 
-    async def install_queue_storage(self, *, schema: str = "awa", queue_slot_count: int = 16,
-                                    lease_slot_count: int = 8, reset: bool = False) -> None:
+    async def install_queue_storage(
+        self,
+        *,
+        schema: str = "awa",
+        queue_slot_count: int = 16,
+        lease_slot_count: int = 8,
+        reset: bool = False,
+    ) -> None:
         """awa installs and activates its queue-storage engine here. awa-fast has one engine,
         the ``awa_fast`` schema, always active: this applies its migrations (idempotent).
 
@@ -456,15 +593,24 @@ class AdminMixin:
             Unsupported: a non-default ``schema``, slot count, or ``reset=True`` (awa-fast's
                 schema and layout are fixed; it never drops jobs to reset storage).
         """
-        _storage_defaults(schema=schema, queue_slot_count=queue_slot_count,
-                          lease_slot_count=lease_slot_count, reset=reset)
+        _storage_defaults(
+            schema=schema,
+            queue_slot_count=queue_slot_count,
+            lease_slot_count=lease_slot_count,
+            reset=reset,
+        )
         await self.migrate()
 
-    async def prepare_queue_storage_schema(self, *, schema: str = "awa", queue_slot_count: int = 16,
-                                           lease_slot_count: int = 8) -> None:
+    async def prepare_queue_storage_schema(
+        self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
+    ) -> None:
         """As :meth:`install_queue_storage` (awa-fast has no separate prepare step)."""
-        _storage_defaults(schema=schema, queue_slot_count=queue_slot_count,
-                          lease_slot_count=lease_slot_count, reset=False)
+        _storage_defaults(
+            schema=schema,
+            queue_slot_count=queue_slot_count,
+            lease_slot_count=lease_slot_count,
+            reset=False,
+        )
         await self.migrate()
 
     async def storage_status(self) -> str:
@@ -479,15 +625,27 @@ class AdminMixin:
         from awa_fast.schema import current_migration_version
 
         report = {
-            "current_engine": "awa_fast", "active_engine": "awa_fast", "prepared_engine": None,
-            "state": "active" if applied else "not_migrated", "transition_epoch": 0,
-            "details": {"schema": "awa_fast", "migration_version": applied,
-                        "package_migration_version": current_migration_version()},
-            "entered_at": first, "updated_at": last, "finalized_at": first,
-            "canonical_live_backlog": 0, "prepared_queue_storage_schema": None,
-            "prepared_schema_ready": False, "live_runtime_capability_counts": {},
-            "can_enter_mixed_transition": False, "enter_mixed_transition_blockers": why,
-            "can_finalize": False, "finalize_blockers": why,
+            "current_engine": "awa_fast",
+            "active_engine": "awa_fast",
+            "prepared_engine": None,
+            "state": "active" if applied else "not_migrated",
+            "transition_epoch": 0,
+            "details": {
+                "schema": "awa_fast",
+                "migration_version": applied,
+                "package_migration_version": current_migration_version(),
+            },
+            "entered_at": first,
+            "updated_at": last,
+            "finalized_at": first,
+            "canonical_live_backlog": 0,
+            "prepared_queue_storage_schema": None,
+            "prepared_schema_ready": False,
+            "live_runtime_capability_counts": {},
+            "can_enter_mixed_transition": False,
+            "enter_mixed_transition_blockers": why,
+            "can_finalize": False,
+            "finalize_blockers": why,
         }
         return _dumps(report)
 
@@ -500,5 +658,6 @@ def _storage_defaults(**given: Any) -> None:
     defaults = {"schema": "awa", "queue_slot_count": 16, "lease_slot_count": 8, "reset": False}
     for key, value in given.items():
         if value != defaults[key]:
-            raise Unsupported(key, "awa-fast has one storage engine with a fixed schema "
-                                   "(awa_fast) and layout")
+            raise Unsupported(
+                key, "awa-fast has one storage engine with a fixed schema (awa_fast) and layout"
+            )

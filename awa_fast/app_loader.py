@@ -30,8 +30,10 @@ def load_client(spec: str) -> tuple[Any, Any]:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise AppSpecError(f"cannot import module {module_name!r}: {exc} (searched the "
-                               f"current directory {os.getcwd()}, then sys.path)") from exc
+            raise AppSpecError(
+                f"cannot import module {module_name!r}: {exc} (searched the "
+                f"current directory {os.getcwd()}, then sys.path)"
+            ) from exc
         raise
     obj: Any = module
     for part in attr.split("."):
@@ -49,8 +51,9 @@ def start_options(module: Any) -> dict:
     return dict(getattr(module, "START_OPTIONS", None) or {})
 
 
-def start_config_error(client: Any, module: Any, queues: list[tuple[str, int]] | None = None
-                       ) -> str | None:
+def start_config_error(
+    client: Any, module: Any, queues: list[tuple[str, int]] | None = None
+) -> str | None:
     """What ``client.start(queues, **START_OPTIONS)`` would reject before touching the database
     (a ``ConfigError``, message prefixed by its field, or a bad keyword), else ``None``. Used by
     ``awa-fast check`` and by the launcher's preflight, so both refuse the same configurations.

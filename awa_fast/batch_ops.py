@@ -32,8 +32,9 @@ STATES = ("pending", "scanning", "running", "cancelling", "completed", "cancelle
 
 # awa's public types for these dicts (awa exports the same names).
 BatchOperationKind = Literal["set_priority", "move_queue"]
-BatchOperationState = Literal["pending", "scanning", "running", "cancelling", "completed",
-                              "cancelled", "failed"]
+BatchOperationState = Literal[
+    "pending", "scanning", "running", "cancelling", "completed", "cancelled", "failed"
+]
 
 
 class BatchOperationFilter(TypedDict, total=False):
@@ -70,6 +71,8 @@ class BatchOperation(TypedDict, total=False):
     runner_instance: str | None
     retention_until: str | None
     updated_at: str
+
+
 FILTER_FIELDS = ("kind", "queue", "ids", "tag", "state", "created_at_gte", "created_at_lt")
 BATCH_RETENTION_DAYS = 90  # awa's default (AWA_BATCH_OP_RETENTION_DAYS)
 CHUNK = 500  # rows per runner transaction
@@ -88,27 +91,33 @@ def check_spec(op_kind: Any, spec: Any) -> dict:
         ValidationError: unknown ``op_kind`` or a bad / unknown spec field (named).
     """
     if op_kind not in KINDS:
-        raise ValidationError(f"op_kind must be one of {', '.join(KINDS)}, got {op_kind!r}",
-                              field="op_kind")
+        raise ValidationError(
+            f"op_kind must be one of {', '.join(KINDS)}, got {op_kind!r}", field="op_kind"
+        )
     if not isinstance(spec, dict):
         raise ValidationError("spec must be a dict", field="spec")
     allowed = {"priority"} if op_kind == "set_priority" else {"queue", "priority"}
     unknown = set(spec) - allowed
     if unknown:
-        raise ValidationError(f"{op_kind} spec has unknown field(s): {', '.join(sorted(unknown))}",
-                              field="spec")
+        raise ValidationError(
+            f"{op_kind} spec has unknown field(s): {', '.join(sorted(unknown))}", field="spec"
+        )
     if op_kind == "set_priority" and "priority" not in spec:
         raise ValidationError("set_priority needs spec['priority']", field="priority")
     if "priority" in spec:
         p = spec["priority"]
         if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 4:
-            raise ValidationError(f"priority must be an int 1-4, got {p!r}", field="priority",
-                                  limit="1-4")
+            raise ValidationError(
+                f"priority must be an int 1-4, got {p!r}", field="priority", limit="1-4"
+            )
     if op_kind == "move_queue":
         q = spec.get("queue")
         if not isinstance(q, str) or not 1 <= len(q) <= 200 or "\x00" in q:
-            raise ValidationError(f"queue must be a str of 1-200 characters, got {q!r}",
-                                  field="queue", limit="1-200 characters")
+            raise ValidationError(
+                f"queue must be a str of 1-200 characters, got {q!r}",
+                field="queue",
+                limit="1-200 characters",
+            )
     return dict(spec)
 
 
@@ -124,8 +133,11 @@ def check_filter(filter: Any) -> dict:
         raise ValidationError("filter must be a dict", field="filter")
     unknown = set(filter) - set(FILTER_FIELDS)
     if unknown:
-        raise ValidationError(f"unknown filter field(s): {', '.join(sorted(unknown))} "
-                              f"(awa's are {', '.join(FILTER_FIELDS)})", field="filter")
+        raise ValidationError(
+            f"unknown filter field(s): {', '.join(sorted(unknown))} "
+            f"(awa's are {', '.join(FILTER_FIELDS)})",
+            field="filter",
+        )
     out = {k: v for k, v in filter.items() if v is not None}
     for key in ("kind", "queue", "tag"):
         if key in out and not isinstance(out[key], str):
@@ -134,22 +146,28 @@ def check_filter(filter: Any) -> dict:
         try:
             out["state"] = str(JobState(out["state"]))
         except ValueError:
-            raise ValidationError(f"filter state is not a job state: {out['state']!r}",
-                                  field="state") from None
+            raise ValidationError(
+                f"filter state is not a job state: {out['state']!r}", field="state"
+            ) from None
     if "ids" in out:
         ids = out["ids"]
         if not isinstance(ids, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            isinstance(i, int) and not isinstance(i, bool) for i in ids
+        ):
             raise ValidationError("filter ids must be a list of int", field="ids")
     for key in ("created_at_gte", "created_at_lt"):
         if key in out:
             value = out[key]
             try:
-                parsed = (value if isinstance(value, datetime)
-                          else datetime.fromisoformat(str(value).replace("Z", "+00:00")))
+                parsed = (
+                    value
+                    if isinstance(value, datetime)
+                    else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+                )
             except ValueError:
-                raise ValidationError(f"filter {key} is not a timestamp: {value!r}",
-                                      field=key) from None
+                raise ValidationError(
+                    f"filter {key} is not a timestamp: {value!r}", field=key
+                ) from None
             if parsed.tzinfo is None:
                 raise ValidationError(f"filter {key} needs a time zone", field=key)
             out[key] = parsed.isoformat()
@@ -157,9 +175,15 @@ def check_filter(filter: Any) -> dict:
 
 
 def _match_params(f: dict) -> dict:
-    return {"f_kind": f.get("kind"), "f_queue": f.get("queue"), "f_ids": f.get("ids"),
-            "f_tag": f.get("tag"), "f_state": f.get("state"), "f_gte": f.get("created_at_gte"),
-            "f_lt": f.get("created_at_lt")}
+    return {
+        "f_kind": f.get("kind"),
+        "f_queue": f.get("queue"),
+        "f_ids": f.get("ids"),
+        "f_tag": f.get("tag"),
+        "f_state": f.get("state"),
+        "f_gte": f.get("created_at_gte"),
+        "f_lt": f.get("created_at_lt"),
+    }
 
 
 def _operation(row: dict) -> dict:
@@ -178,13 +202,20 @@ async def preview(conn: Any, op_kind: Any, spec: Any, filter: Any = None) -> dic
     f = check_filter(filter)
     cur = await conn.execute(sql.BATCH_PREVIEW, {**_match_params(f), "sample": SAMPLE})
     rows = await cur.fetchall()
-    sample = [{"id": r[1], "kind": r[2], "queue": r[3], "state": r[4], "priority": r[5]}
-              for r in rows]
+    sample = [
+        {"id": r[1], "kind": r[2], "queue": r[3], "state": r[4], "priority": r[5]} for r in rows
+    ]
     return {"total_matched": rows[0][0] if rows else 0, "sample": sample}
 
 
-async def submit(conn: Any, op_kind: Any, spec: Any, filter: Any = None,
-                 submitted_by: str | None = None, allow_all: bool = False) -> dict:
+async def submit(
+    conn: Any,
+    op_kind: Any,
+    spec: Any,
+    filter: Any = None,
+    submitted_by: str | None = None,
+    allow_all: bool = False,
+) -> dict:
     """Store a ``pending`` operation for the leader's runner; returns it.
 
     Raises:
@@ -194,14 +225,22 @@ async def submit(conn: Any, op_kind: Any, spec: Any, filter: Any = None,
     spec = check_spec(op_kind, spec)
     f = check_filter(filter)
     if not f and not allow_all:
-        raise ValidationError(f"{op_kind} without a filter affects every queued job: pass "
-                              "allow_all=True", field="filter")
+        raise ValidationError(
+            f"{op_kind} without a filter affects every queued job: pass allow_all=True",
+            field="filter",
+        )
     if submitted_by is not None and not isinstance(submitted_by, str):
         raise ValidationError("submitted_by must be a str", field="submitted_by")
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(sql.BATCH_SUBMIT, {"op_kind": op_kind, "filter": orjson.dumps(f).decode(),
-                                         "spec": orjson.dumps(spec).decode(),
-                                         "submitted_by": submitted_by})
+    await cur.execute(
+        sql.BATCH_SUBMIT,
+        {
+            "op_kind": op_kind,
+            "filter": orjson.dumps(f).decode(),
+            "spec": orjson.dumps(spec).decode(),
+            "submitted_by": submitted_by,
+        },
+    )
     return _operation(await cur.fetchone())
 
 
@@ -209,8 +248,9 @@ def parse_id(operation_id: Any) -> uuid.UUID:
     try:
         return uuid.UUID(str(operation_id))
     except ValueError:
-        raise ValidationError(f"operation id is not a UUID: {operation_id!r}",
-                              field="operation_id") from None
+        raise ValidationError(
+            f"operation id is not a UUID: {operation_id!r}", field="operation_id"
+        ) from None
 
 
 async def get(conn: Any, operation_id: Any) -> dict | None:
@@ -222,11 +262,13 @@ async def get(conn: Any, operation_id: Any) -> dict | None:
 
 async def list_all(conn: Any, state: str | None = None, limit: int = 100) -> list[dict]:
     if state is not None and state not in STATES:
-        raise ValidationError(f"state must be one of {', '.join(STATES)}, got {state!r}",
-                              field="state")
+        raise ValidationError(
+            f"state must be one of {', '.join(STATES)}, got {state!r}", field="state"
+        )
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-        raise ValidationError(f"limit must be an int 1-1000, got {limit!r}", field="limit",
-                              limit="1-1000")
+        raise ValidationError(
+            f"limit must be an int 1-1000, got {limit!r}", field="limit", limit="1-1000"
+        )
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(sql.BATCH_LIST, {"state": state, "limit": limit})
     return [_operation(r) for r in await cur.fetchall()]
@@ -236,8 +278,9 @@ async def cancel(conn: Any, operation_id: Any) -> dict | None:
     """Cancel a pending operation, or ask the runner to stop an active one; ``None`` when no
     active operation has that id."""
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(sql.BATCH_CANCEL, {"id": parse_id(operation_id),
-                                         "retention_s": _retention_s()})
+    await cur.execute(
+        sql.BATCH_CANCEL, {"id": parse_id(operation_id), "retention_s": _retention_s()}
+    )
     row = await cur.fetchone()
     return None if row is None else _operation(row)
 
@@ -259,17 +302,23 @@ async def run_once(conn: Any, runner: str) -> int:
         return 0
     op, op_kind, f, spec, state = row
     if state == "cancelling":
-        await conn.execute(sql.BATCH_FINALIZE, {"op": op, "state": "cancelled",
-                                                "retention_s": _retention_s()})
+        await conn.execute(
+            sql.BATCH_FINALIZE, {"op": op, "state": "cancelled", "retention_s": _retention_s()}
+        )
         return 0
     if state == "pending":
         await conn.execute(sql.BATCH_SCAN, {**_match_params(f), "op": op, "runner": runner})
         return 0
-    ids = [r[0] for r in await (await conn.execute(
-        sql.BATCH_PENDING_ITEMS, {"op": op, "limit": CHUNK})).fetchall()]
+    ids = [
+        r[0]
+        for r in await (
+            await conn.execute(sql.BATCH_PENDING_ITEMS, {"op": op, "limit": CHUNK})
+        ).fetchall()
+    ]
     if not ids:
-        await conn.execute(sql.BATCH_FINALIZE, {"op": op, "state": "completed",
-                                                "retention_s": _retention_s()})
+        await conn.execute(
+            sql.BATCH_FINALIZE, {"op": op, "state": "completed", "retention_s": _retention_s()}
+        )
         return 0
     params = {"priority": spec.get("priority"), "queue": spec.get("queue")}
 
@@ -277,21 +326,39 @@ async def run_once(conn: Any, runner: str) -> int:
         return await (await conn.execute(query, {**params, **extra})).fetchall()
 
     done = await bulk.run_isolated(
-        conn, what=f"batch operation {op}", bulk=lambda: apply(sql.BATCH_APPLY, {"ids": ids}),
-        keys=ids, one=lambda job_id: apply(sql.BATCH_APPLY_ONE, {"id": job_id}))
+        conn,
+        what=f"batch operation {op}",
+        bulk=lambda: apply(sql.BATCH_APPLY, {"ids": ids}),
+        keys=ids,
+        one=lambda job_id: apply(sql.BATCH_APPLY_ONE, {"id": job_id}),
+    )
     changed = [r[0] for r in done.rows]
     errors = {str(k): f"{type(e).__name__}: {e}".strip()[:500] for k, e in done.failed.items()}
-    await conn.execute(sql.BATCH_ITEMS_DONE, {
-        "op": op, "ids": ids, "done": changed, "failed": list(done.failed),
-        "errors": orjson.dumps(errors).decode()})
+    await conn.execute(
+        sql.BATCH_ITEMS_DONE,
+        {
+            "op": op,
+            "ids": ids,
+            "done": changed,
+            "failed": list(done.failed),
+            "errors": orjson.dumps(errors).decode(),
+        },
+    )
     last_error = None
     if errors:
         job_id, text = next(reversed(errors.items()))
         last_error = f"job {job_id}: {text}"
-    await conn.execute(sql.BATCH_COUNTS, {
-        "op": op, "processed": len(changed), "errored": len(errors),
-        "skipped": len(ids) - len(changed) - len(errors), "last_error": last_error,
-        "last_id": ids[-1]})
+    await conn.execute(
+        sql.BATCH_COUNTS,
+        {
+            "op": op,
+            "processed": len(changed),
+            "errored": len(errors),
+            "skipped": len(ids) - len(changed) - len(errors),
+            "last_error": last_error,
+            "last_id": ids[-1],
+        },
+    )
     for queue in {r[1] for r in done.rows if r[2] == "available"}:
         await conn.execute(sql.NOTIFY_QUEUE, (queue,))  # wake the destination's dispatchers
     return len(ids)
@@ -306,46 +373,71 @@ class BatchOperationsMixin:
         async with (await self.pool()).connection() as conn:
             return await fn(conn, *args, **kwargs)
 
-    async def preview_batch_operation(self, op_kind: BatchOperationKind, *, spec: dict,
-                                      filter: BatchOperationFilter | None = None
-                                      ) -> BatchOperationPreview:
+    async def preview_batch_operation(
+        self, op_kind: BatchOperationKind, *, spec: dict, filter: BatchOperationFilter | None = None
+    ) -> BatchOperationPreview:
         """Count and sample the queued jobs an operation would change (no submission)."""
         return await self._batch(preview, op_kind, spec, filter)
 
-    async def submit_batch_operation(self, op_kind: BatchOperationKind, *, spec: dict,
-                                     filter: BatchOperationFilter | None = None,
-                                     submitted_by: str | None = None,
-                                     allow_all: bool = False) -> BatchOperation:
+    async def submit_batch_operation(
+        self,
+        op_kind: BatchOperationKind,
+        *,
+        spec: dict,
+        filter: BatchOperationFilter | None = None,
+        submitted_by: str | None = None,
+        allow_all: bool = False,
+    ) -> BatchOperation:
         """Submit an operation for the maintenance leader to run; returns it (``pending``).
         ``submitted_by`` defaults to the database session user."""
         return await self._batch(submit, op_kind, spec, filter, submitted_by, allow_all)
 
     async def preview_set_priority(self, priority: int, *, filter: dict | None = None) -> dict:
-        return await self.preview_batch_operation("set_priority", spec={"priority": priority},
-                                                  filter=filter)
+        return await self.preview_batch_operation(
+            "set_priority", spec={"priority": priority}, filter=filter
+        )
 
-    async def set_priority(self, priority: int, *, filter: dict | None = None,
-                           submitted_by: str | None = None, allow_all: bool = False) -> dict:
+    async def set_priority(
+        self,
+        priority: int,
+        *,
+        filter: dict | None = None,
+        submitted_by: str | None = None,
+        allow_all: bool = False,
+    ) -> dict:
         """Submit ``set_priority`` (1-4) over the matched available / scheduled jobs."""
-        return await self.submit_batch_operation("set_priority", spec={"priority": priority},
-                                                 filter=filter, submitted_by=submitted_by,
-                                                 allow_all=allow_all)
+        return await self.submit_batch_operation(
+            "set_priority",
+            spec={"priority": priority},
+            filter=filter,
+            submitted_by=submitted_by,
+            allow_all=allow_all,
+        )
 
-    async def preview_move_queue(self, queue: str, *, priority: int | None = None,
-                                 filter: dict | None = None) -> dict:
+    async def preview_move_queue(
+        self, queue: str, *, priority: int | None = None, filter: dict | None = None
+    ) -> dict:
         spec = {"queue": queue} if priority is None else {"queue": queue, "priority": priority}
         return await self.preview_batch_operation("move_queue", spec=spec, filter=filter)
 
-    async def move_queue(self, queue: str, *, priority: int | None = None,
-                         filter: dict | None = None, submitted_by: str | None = None,
-                         allow_all: bool = False) -> dict:
+    async def move_queue(
+        self,
+        queue: str,
+        *,
+        priority: int | None = None,
+        filter: dict | None = None,
+        submitted_by: str | None = None,
+        allow_all: bool = False,
+    ) -> dict:
         """Submit ``move_queue`` (optionally with a new priority) over the matched jobs."""
         spec = {"queue": queue} if priority is None else {"queue": queue, "priority": priority}
-        return await self.submit_batch_operation("move_queue", spec=spec, filter=filter,
-                                                 submitted_by=submitted_by, allow_all=allow_all)
+        return await self.submit_batch_operation(
+            "move_queue", spec=spec, filter=filter, submitted_by=submitted_by, allow_all=allow_all
+        )
 
-    async def list_batch_operations(self, *, state: str | None = None,
-                                    limit: int = 100) -> list[dict]:
+    async def list_batch_operations(
+        self, *, state: str | None = None, limit: int = 100
+    ) -> list[dict]:
         """Operations, newest first (``state`` filters)."""
         return await self._batch(list_all, state, limit)
 

@@ -46,9 +46,11 @@ def _driver(conn: Any) -> str:
         return "sqlalchemy_async" if name.startswith("Async") else "sqlalchemy_sync"
     if module.startswith("django") and getattr(conn, "vendor", None) == "postgresql":
         return "django"
-    raise TypeError(f"unsupported connection type {type(conn).__qualname__} ({module}): "
-                    "awa_fast.bridge takes psycopg 3, asyncpg, SQLAlchemy (Connection, Session, "
-                    "async or not) and Django PostgreSQL connections")
+    raise TypeError(
+        f"unsupported connection type {type(conn).__qualname__} ({module}): "
+        "awa_fast.bridge takes psycopg 3, asyncpg, SQLAlchemy (Connection, Session, "
+        "async or not) and Django PostgreSQL connections"
+    )
 
 
 def _sqlstate(exc: BaseException) -> tuple[str | None, BaseException]:
@@ -70,9 +72,12 @@ def _mapped(exc: BaseException) -> BaseException:
     code, orig = _sqlstate(exc)
     if code == "23505":
         name = getattr(orig, "constraint_name", None) or getattr(
-            getattr(orig, "diag", None), "constraint_name", None)
-        return UniqueConflict(f"unique key already held by another job "
-                              f"({name or enqueue.UNIQUE_INDEX})", constraint=name)
+            getattr(orig, "diag", None), "constraint_name", None
+        )
+        return UniqueConflict(
+            f"unique key already held by another job ({name or enqueue.UNIQUE_INDEX})",
+            constraint=name,
+        )
     if code == "23514":
         return ValidationError(str(orig))
     if code == "42P01":
@@ -114,8 +119,10 @@ async def insert_job(conn: Any, args: Any, *, kind: str | None = None, **opts: A
     """
     driver = _driver(conn)
     if driver not in ("psycopg_async", "asyncpg", "sqlalchemy_async"):
-        raise TypeError(f"insert_job needs an async connection; use insert_job_sync for "
-                        f"{type(conn).__qualname__}")
+        raise TypeError(
+            f"insert_job needs an async connection; use insert_job_sync for "
+            f"{type(conn).__qualname__}"
+        )
     p = prepare(args, kind=_kind_from_dict(args, kind), **opts)
     if driver == "psycopg_async":
         return (await enqueue.insert_one(conn, p)).to_dict()
@@ -143,8 +150,9 @@ def insert_job_sync(conn: Any, args: Any, *, kind: str | None = None, **opts: An
     (TypeError for an async connection)."""
     driver = _driver(conn)
     if driver not in ("psycopg_sync", "sqlalchemy_sync", "django"):
-        raise TypeError(f"insert_job_sync needs a sync connection; use insert_job for "
-                        f"{type(conn).__qualname__}")
+        raise TypeError(
+            f"insert_job_sync needs a sync connection; use insert_job for {type(conn).__qualname__}"
+        )
     p = prepare(args, kind=_kind_from_dict(args, kind), **opts)
     if driver == "psycopg_sync":
         return enqueue.insert_one_sync(conn, p).to_dict()

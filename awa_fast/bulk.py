@@ -20,7 +20,8 @@ import contextlib
 import dataclasses
 import logging
 import random
-from typing import Any, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -58,13 +59,16 @@ class Isolated:
     by_row: bool = False
 
 
-async def run_isolated(conn: psycopg.AsyncConnection, *, what: str,
-                       bulk: Callable[[], Awaitable[list]],
-                       keys: Iterable | Callable[[], Awaitable[Iterable]],
-                       one: Callable[[Any], Awaitable[list]],
-                       on_conflict: Callable[[Any, Exception], Awaitable[None]] | None = None,
-                       on_error: Callable[[Any, Exception], Awaitable[None]] | None = None
-                       ) -> Isolated:
+async def run_isolated(
+    conn: psycopg.AsyncConnection,
+    *,
+    what: str,
+    bulk: Callable[[], Awaitable[list]],
+    keys: Iterable | Callable[[], Awaitable[Iterable]],
+    one: Callable[[Any], Awaitable[list]],
+    on_conflict: Callable[[Any, Exception], Awaitable[None]] | None = None,
+    on_error: Callable[[Any, Exception], Awaitable[None]] | None = None,
+) -> Isolated:
     """Run ``bulk()`` (one statement); if a row makes it fail, run ``one(key)`` (one statement)
     for every key of ``keys`` (a list, or an async callable returning the candidate keys).
 
@@ -82,8 +86,12 @@ async def run_isolated(conn: psycopg.AsyncConnection, *, what: str,
     except psycopg.DatabaseError as exc:
         if not is_row_error(exc):
             raise
-        log.warning("%s: the bulk statement failed (%s: %s); redoing it row by row", what,
-                    type(exc).__name__, exc)
+        log.warning(
+            "%s: the bulk statement failed (%s: %s); redoing it row by row",
+            what,
+            type(exc).__name__,
+            exc,
+        )
     candidates = await keys() if callable(keys) else keys
     result = Isolated([], {}, by_row=True)
     for key in candidates:
@@ -99,8 +107,13 @@ async def run_isolated(conn: psycopg.AsyncConnection, *, what: str,
     return result
 
 
-async def _outcome(conn, what: str, key: Any, exc: Exception,
-                   handler: Callable[[Any, Exception], Awaitable[None]] | None) -> None:
+async def _outcome(
+    conn,
+    what: str,
+    key: Any,
+    exc: Exception,
+    handler: Callable[[Any, Exception], Awaitable[None]] | None,
+) -> None:
     if handler is not None:
         try:
             async with _atomic(conn):
@@ -113,8 +126,9 @@ async def _outcome(conn, what: str, key: Any, exc: Exception,
     log.warning("%s: row %s left unchanged: %s: %s", what, key, type(exc).__name__, exc)
 
 
-async def retry_deadlocks(fn: Callable[[], Awaitable[Any]], *, what: str,
-                          retries: int = DEADLOCK_RETRIES) -> Any:
+async def retry_deadlocks(
+    fn: Callable[[], Awaitable[Any]], *, what: str, retries: int = DEADLOCK_RETRIES
+) -> Any:
     """Await ``fn()`` (a whole transaction); on a deadlock run it again, at most ``retries``
     more times with a short jittered pause (deadlocks left after awa-fast's own global lock
     order involve other writers).
@@ -127,8 +141,10 @@ async def retry_deadlocks(fn: Callable[[], Awaitable[Any]], *, what: str,
             return await fn()
         except pg_errors.DeadlockDetected as exc:
             if attempt == retries:
-                raise DeadlockError(f"{what}: deadlocked with concurrent work {retries + 1} "
-                                    f"times; nothing was written: {exc}") from exc
+                raise DeadlockError(
+                    f"{what}: deadlocked with concurrent work {retries + 1} "
+                    f"times; nothing was written: {exc}"
+                ) from exc
             log.info("%s deadlocked (%s); retry %d", what, exc, attempt + 1)
             await asyncio.sleep(random.uniform(0.005, 0.05) * (attempt + 1))
     raise AssertionError("unreachable")

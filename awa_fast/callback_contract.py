@@ -17,8 +17,14 @@ SIGNATURE_HEADER = "X-Awa-Signature"
 DEFAULT_PATH_PREFIX = "/api/callbacks"
 DEFAULT_HEARTBEAT_TIMEOUT_SECS = 3600.0
 
-__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT_SECS", "DEFAULT_PATH_PREFIX", "SIGNATURE_HEADER",
-           "build_callback_url", "sign", "verify"]
+__all__ = [
+    "DEFAULT_HEARTBEAT_TIMEOUT_SECS",
+    "DEFAULT_PATH_PREFIX",
+    "SIGNATURE_HEADER",
+    "build_callback_url",
+    "sign",
+    "verify",
+]
 
 
 def _key(secret: bytes) -> bytes:

@@ -26,8 +26,22 @@ log = logging.getLogger("awa_fast.callbacks")
 
 FIELDS = ("filter", "on_complete", "on_fail", "transform")
 # Names an expression may use besides ``payload``: CEL's type identifiers (``type(x) == int``).
-_TYPE_NAMES = frozenset(("int", "uint", "double", "bool", "string", "bytes", "list", "map",
-                         "null_type", "type", "duration", "timestamp"))
+_TYPE_NAMES = frozenset(
+    (
+        "int",
+        "uint",
+        "double",
+        "bool",
+        "string",
+        "bytes",
+        "list",
+        "map",
+        "null_type",
+        "type",
+        "duration",
+        "timestamp",
+    )
+)
 # CEL macros whose first argument binds a variable (``payload.items.all(v, v > 0)``).
 _BINDING_MACROS = frozenset(("all", "exists", "exists_one", "map", "filter"))
 
@@ -71,8 +85,9 @@ def _free_names(tree) -> set[str]:
     return used - bound - _TYPE_NAMES
 
 
-def compile_expressions(filter: Any = None, on_complete: Any = None, on_fail: Any = None,
-                        transform: Any = None) -> dict[str, str] | None:
+def compile_expressions(
+    filter: Any = None, on_complete: Any = None, on_fail: Any = None, transform: Any = None
+) -> dict[str, str] | None:
     """Check the expressions given to ``register_callback``; returns them as a dict (the
     stored form; fields that are ``None`` left out) or ``None`` when none is given.
 
@@ -82,26 +97,37 @@ def compile_expressions(filter: Any = None, on_complete: Any = None, on_fail: An
             other than ``payload`` (awa rejects these at registration too: CEL would only
             report them at resolve time, where they would silently fail open).
     """
-    given = {"filter": filter, "on_complete": on_complete, "on_fail": on_fail,
-             "transform": transform}
+    given = {
+        "filter": filter,
+        "on_complete": on_complete,
+        "on_fail": on_fail,
+        "transform": transform,
+    }
     out: dict[str, str] = {}
     for name, source in given.items():
         if source is None:
             continue
         if not isinstance(source, str):
-            raise ValidationError(f"{name} must be a CEL expression string, got "
-                                  f"{type(source).__name__}", field=name, limit="str")
+            raise ValidationError(
+                f"{name} must be a CEL expression string, got {type(source).__name__}",
+                field=name,
+                limit="str",
+            )
         celpy = _celpy()
         try:
             tree = celpy.Environment().compile(source)
         except celpy.CELParseError as exc:
-            raise ValidationError(f"invalid CEL expression for {name}: {exc}",
-                                  field=name, limit="CEL") from None
+            raise ValidationError(
+                f"invalid CEL expression for {name}: {exc}", field=name, limit="CEL"
+            ) from None
         bad = sorted(_free_names(tree) - {"payload"})
         if bad:
             raise ValidationError(
                 f"CEL expression for {name} references undeclared variable(s): "
-                f"{', '.join(bad)}; only 'payload' is available", field=name, limit="payload")
+                f"{', '.join(bad)}; only 'payload' is available",
+                field=name,
+                limit="payload",
+            )
         out[name] = source
     return out or None
 
@@ -114,8 +140,13 @@ def _evaluate(source: str, payload: Any, job_id: int, name: str) -> tuple[bool, 
     except Exception as exc:  # CELEvalError, CELParseError or a type error inside celpy
         value = exc
     if isinstance(value, Exception):
-        log.warning("CEL %s of job %s failed: %s", name, job_id, value,
-                    extra={"job_id": job_id, "expression_name": name, "expression": source})
+        log.warning(
+            "CEL %s of job %s failed: %s",
+            name,
+            job_id,
+            value,
+            extra={"job_id": job_id, "expression_name": name, "expression": source},
+        )
         return False, None
     return True, value
 
@@ -126,8 +157,13 @@ def _bool(source: str, payload: Any, job_id: int, name: str) -> bool | None:
     if not ok:
         return None
     if not isinstance(value, _celpy().celtypes.BoolType):
-        log.warning("CEL %s of job %s returned %s, not a bool", name, job_id,
-                    type(value).__name__, extra={"job_id": job_id, "expression_name": name})
+        log.warning(
+            "CEL %s of job %s returned %s, not a bool",
+            name,
+            job_id,
+            type(value).__name__,
+            extra={"job_id": job_id, "expression_name": name},
+        )
         return None
     return bool(value)
 
@@ -145,8 +181,14 @@ class Decision:
 
     __slots__ = ("action", "payload", "error", "expression", "reason")
 
-    def __init__(self, action: str, payload: Any = None, error: str | None = None,
-                 expression: str | None = None, reason: str | None = None):
+    def __init__(
+        self,
+        action: str,
+        payload: Any = None,
+        error: str | None = None,
+        expression: str | None = None,
+        reason: str | None = None,
+    ):
         self.action, self.payload, self.error = action, payload, error
         self.expression, self.reason = expression, reason
 

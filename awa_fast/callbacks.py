@@ -10,7 +10,7 @@ these, by callback id. ``resolve_callback`` evaluates the callback's CEL express
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg import errors as pg_errors
@@ -44,8 +44,9 @@ def parse_callback_id(callback_id: Any) -> uuid.UUID:
     try:
         return uuid.UUID(str(getattr(callback_id, "id", callback_id)))
     except (ValueError, TypeError, AttributeError) as exc:
-        raise ValidationError(f"callback_id is not a UUID: {callback_id!r}",
-                              field="callback_id", limit="UUID") from exc
+        raise ValidationError(
+            f"callback_id is not a UUID: {callback_id!r}", field="callback_id", limit="UUID"
+        ) from exc
 
 
 def check_timeout(timeout_seconds: Any) -> float:
@@ -57,9 +58,12 @@ def check_timeout(timeout_seconds: Any) -> float:
     except (TypeError, ValueError, OverflowError):
         value = float("nan")
     if not (0 <= value <= MAX_DELAY_S):
-        raise ValidationError(f"timeout_seconds must be a finite number between 0 and "
-                              f"{MAX_DELAY_S:.0f} (10 years), got {timeout_seconds!r}",
-                              field="timeout_seconds", limit=f">= 0 and <= {MAX_DELAY_S:.0f}")
+        raise ValidationError(
+            f"timeout_seconds must be a finite number between 0 and "
+            f"{MAX_DELAY_S:.0f} (10 years), got {timeout_seconds!r}",
+            field="timeout_seconds",
+            limit=f">= 0 and <= {MAX_DELAY_S:.0f}",
+        )
     return value
 
 
@@ -119,23 +123,28 @@ async def fail_external(client: Any, callback_id: Any, error: str) -> Job:
         return await _after_failure(client, conn, row, owed)
 
 
-async def _fail_locked(client: Any, conn, row: tuple, error: str,
-                       expression: str | None = None) -> bool:
+async def _fail_locked(
+    client: Any, conn, row: tuple, error: str, expression: str | None = None
+) -> bool:
     """Fail the job of a row :func:`_locked` returned, in the caller's transaction (awa's
     error entry; ``expression`` is the on_fail expression that matched, if any). Returns True
     when the failure was only recorded as owed: after COMMIT, :func:`_after_failure` applies
     it (``Settler.owe_or_settle``)."""
-    entry = {"error": storable.text(error), "attempt": row[6],
-             "at": datetime.now(timezone.utc).isoformat()}
+    entry = {"error": storable.text(error), "attempt": row[6], "at": datetime.now(UTC).isoformat()}
     if expression is not None:
         entry["expression"] = expression
     # A running row's handler lives on (an early callback): its heartbeat stays as the "still
     # running" mark -- in jobs, through consequence_pending, or, if the job is dead-lettered,
     # in the DLQ entry -- so neither retry() nor retry_from_dlq() can overlap it. A parked row
     # keeps its own mark.
-    return await client.settler.owe_or_settle(conn, row, reason="callback_failed",
-                                              path="failure", error_entry=entry,
-                                              mark=row[9] if row[4] == "running" else None)
+    return await client.settler.owe_or_settle(
+        conn,
+        row,
+        reason="callback_failed",
+        path="failure",
+        error_entry=entry,
+        mark=row[9] if row[4] == "running" else None,
+    )
 
 
 async def _after_failure(client: Any, conn, row: tuple, owed: bool) -> Job:
@@ -162,8 +171,9 @@ async def retry_external(client: Any, callback_id: Any) -> Job:
     cid = parse_callback_id(callback_id)
     params = {"cid": cid, "stale_ms": client.staleness_ms()}
     try:
-        return await _one(client, sql.RETRY_EXTERNAL, cid, notify=True, action="retry",
-                          params=params)
+        return await _one(
+            client, sql.RETRY_EXTERNAL, cid, notify=True, action="retry", params=params
+        )
     except CallbackNotFound:
         pool = await client.pool()
         async with pool.connection() as conn:
@@ -172,7 +182,9 @@ async def retry_external(client: Any, callback_id: Any) -> Job:
         if live is not None:
             raise AttemptStillRunning(
                 f"job {live[0]}'s handler is still waiting for callback {cid}; cancel or "
-                "resume it instead", job_id=live[0]) from None
+                "resume it instead",
+                job_id=live[0],
+            ) from None
         raise
 
 
@@ -211,8 +223,14 @@ async def heartbeat_callback(client: Any, callback_id: Any, timeout_seconds: flo
     return Job.from_row(row)
 
 
-async def _one(client: Any, query: str, cid: uuid.UUID, notify: bool = False,
-               action: str = "update", params: Any = None) -> Job:
+async def _one(
+    client: Any,
+    query: str,
+    cid: uuid.UUID,
+    notify: bool = False,
+    action: str = "update",
+    params: Any = None,
+) -> Job:
     pool = await client.pool()
     async with pool.connection() as conn:
         try:
@@ -237,8 +255,9 @@ class ResolveResult:
 
     __slots__ = ("outcome", "job", "payload", "reason")
 
-    def __init__(self, outcome: str, job: Job | None = None, payload: Any = None,
-                 reason: str | None = None):
+    def __init__(
+        self, outcome: str, job: Job | None = None, payload: Any = None, reason: str | None = None
+    ):
         self.outcome, self.job, self.payload, self.reason = outcome, job, payload, reason
 
     def is_completed(self) -> bool:
@@ -255,8 +274,9 @@ class ResolveResult:
 
 
 @enqueue.maps_errors
-async def resolve_callback(client: Any, callback_id: Any, payload: Any = None,
-                           default_action: str = "ignore") -> ResolveResult:
+async def resolve_callback(
+    client: Any, callback_id: Any, payload: Any = None, default_action: str = "ignore"
+) -> ResolveResult:
     """Resolve a callback with its CEL expressions (awa's order: ``filter`` false ignores the
     payload, ``on_fail`` true fails the job, ``on_complete`` true completes it with the
     ``transform``ed payload; see ``callback_expressions.py``), else by ``default_action``:
@@ -271,8 +291,10 @@ async def resolve_callback(client: Any, callback_id: Any, payload: Any = None,
         CallbackNotFound: no job waits on that callback.
     """
     if default_action not in ("complete", "fail", "ignore"):
-        raise ValidationError(f"unknown default_action: {default_action} (expected 'complete', "
-                              "'fail', or 'ignore')", field="default_action")
+        raise ValidationError(
+            f"unknown default_action: {default_action} (expected 'complete', 'fail', or 'ignore')",
+            field="default_action",
+        )
     cid = parse_callback_id(callback_id)
     async with (await client.pool()).connection() as conn:
         async with conn.transaction():

@@ -16,14 +16,24 @@ import dataclasses
 import json
 import os
 import sys
-from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from awa_fast.database_url import resolve_database_url
 
 PROG = "awa-fast"
-JOB_STATES = ("scheduled", "available", "running", "completed", "retryable", "failed",
-              "cancelled", "waiting_external", "consequence_pending")
+JOB_STATES = (
+    "scheduled",
+    "available",
+    "running",
+    "completed",
+    "retryable",
+    "failed",
+    "cancelled",
+    "waiting_external",
+    "consequence_pending",
+)
 CONNECT_TIMEOUT_S = 10
 
 
@@ -60,12 +70,15 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
     numeric = [
-        bool(rows) and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
+        bool(rows)
+        and all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
         for i in range(ncol)
     ]
 
     def line(values: Sequence[str]) -> str:
-        parts = [v.rjust(widths[i]) if numeric[i] else v.ljust(widths[i]) for i, v in enumerate(values)]
+        parts = [
+            v.rjust(widths[i]) if numeric[i] else v.ljust(widths[i]) for i, v in enumerate(values)
+        ]
         return "  ".join(parts).rstrip()
 
     out = [line(headers), line(["-" * w for w in widths])]
@@ -82,7 +95,7 @@ def _short_time(value: str | None) -> str | None:
     except ValueError:
         return value
     if dt.tzinfo is not None:
-        dt = dt.astimezone(timezone.utc)
+        dt = dt.astimezone(UTC)
     return dt.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
@@ -90,7 +103,7 @@ def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
 
 
-def _report(s: "Session", data: Any, text: str) -> int:
+def _report(s: Session, data: Any, text: str) -> int:
     """Print ``data`` as JSON with ``--json``, else ``text``; exit status 0."""
     if s.json:
         _print_json(data)
@@ -171,20 +184,30 @@ async def cmd_migrate(s: Session) -> int:
         # awa's --pending: the SQL of the migrations this database has not applied yet.
         client = await s.client(need_schema=False)
         rows = await client._fetch("SELECT to_regclass('awa_fast.schema_version') IS NOT NULL")
-        applied = (await client._fetch(f"SELECT COALESCE(max(version), 0) FROM "
-                                       f"{schema.SCHEMA}.schema_version"))[0][0] if rows[0][0] else 0
+        applied = (
+            (
+                await client._fetch(
+                    f"SELECT COALESCE(max(version), 0) FROM {schema.SCHEMA}.schema_version"
+                )
+            )[0][0]
+            if rows[0][0]
+            else 0
+        )
         return _print_migrations(applied, schema.current_migration_version())
     if a.sql or a.version is not None or a.from_version is not None or a.to is not None:
         # SQL-printing modes (awa-pg's): no database needed.
         latest = schema.current_migration_version()
         if a.version is not None:
             if not 1 <= a.version <= latest:
-                print(f"Version {a.version} is out of range. Valid versions: 1..{latest}",
-                      file=sys.stderr)
+                print(
+                    f"Version {a.version} is out of range. Valid versions: 1..{latest}",
+                    file=sys.stderr,
+                )
                 return 1
             return _print_migrations(a.version - 1, a.version)
-        return _print_migrations(0 if a.from_version is None else a.from_version,
-                                 latest if a.to is None else a.to)
+        return _print_migrations(
+            0 if a.from_version is None else a.from_version, latest if a.to is None else a.to
+        )
     client = await s.client(need_schema=False)
     applied = await client.migrate()
     rows = await client._fetch(f"SELECT max(version) FROM {schema.SCHEMA}.schema_version")
@@ -201,8 +224,17 @@ async def cmd_migrate(s: Session) -> int:
     return 0
 
 
-JOB_COLUMNS = ("ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "PROGRESS", "RUN_AT",
-               "CREATED_AT")
+JOB_COLUMNS = (
+    "ID",
+    "KIND",
+    "QUEUE",
+    "STATE",
+    "PRIORITY",
+    "ATTEMPT",
+    "PROGRESS",
+    "RUN_AT",
+    "CREATED_AT",
+)
 
 
 def _progress(progress: dict | None, width: int = 30) -> str | None:
@@ -217,9 +249,17 @@ def _progress(progress: dict | None, width: int = 30) -> str | None:
 
 
 def _job_row(job) -> list:
-    return [job.id, job.kind, job.queue, str(job.state), job.priority,
-            f"{job.attempt}/{job.max_attempts}", _progress(job.progress), _short_time(job.run_at),
-            _short_time(job.created_at)]
+    return [
+        job.id,
+        job.kind,
+        job.queue,
+        str(job.state),
+        job.priority,
+        f"{job.attempt}/{job.max_attempts}",
+        _progress(job.progress),
+        _short_time(job.run_at),
+        _short_time(job.created_at),
+    ]
 
 
 async def cmd_job_list(s: Session) -> int:
@@ -251,8 +291,10 @@ async def cmd_job_retry(s: Session) -> int:
     job = await client.retry(s.args.id)
     if job is None:
         state = await _state_of(client, s.args.id)
-        raise CliError(f"job {s.args.id} is {state}; only failed, cancelled or waiting_external "
-                       "jobs can be retried")
+        raise CliError(
+            f"job {s.args.id} is {state}; only failed, cancelled or waiting_external "
+            "jobs can be retried"
+        )
     return _report(s, job.to_dict(), f"job {job.id} retried (now {job.state}, queue {job.queue})")
 
 
@@ -261,16 +303,29 @@ async def cmd_job_cancel(s: Session) -> int:
     job = await client.cancel(s.args.id)
     if job is None:
         state = await _state_of(client, s.args.id)
-        raise CliError(f"job {s.args.id} is already {state}; only non-terminal jobs can be cancelled")
+        raise CliError(
+            f"job {s.args.id} is already {state}; only non-terminal jobs can be cancelled"
+        )
     return _report(s, job.to_dict(), f"job {job.id} cancelled")
 
 
-STAT_COLUMNS = (("QUEUE", "queue"), ("QUEUED", "total_queued"), ("SCHEDULED", "scheduled"),
-                ("AVAILABLE", "available"), ("RETRYABLE", "retryable"), ("RUNNING", "running"),
-                ("FAILED", "failed"), ("WAITING_EXT", "waiting_external"),
-                ("CONSEQ_PENDING", "consequence_pending"), ("OWED", "consequences_owed"),
-                ("OVERDUE", "consequences_overdue"), ("DONE_1H", "completed_last_hour"),
-                ("LAG_S", "lag_seconds"), ("UNHANDLED", "unhandled"), ("PAUSED", "paused"))
+STAT_COLUMNS = (
+    ("QUEUE", "queue"),
+    ("QUEUED", "total_queued"),
+    ("SCHEDULED", "scheduled"),
+    ("AVAILABLE", "available"),
+    ("RETRYABLE", "retryable"),
+    ("RUNNING", "running"),
+    ("FAILED", "failed"),
+    ("WAITING_EXT", "waiting_external"),
+    ("CONSEQ_PENDING", "consequence_pending"),
+    ("OWED", "consequences_owed"),
+    ("OVERDUE", "consequences_overdue"),
+    ("DONE_1H", "completed_last_hour"),
+    ("LAG_S", "lag_seconds"),
+    ("UNHANDLED", "unhandled"),
+    ("PAUSED", "paused"),
+)
 
 
 async def cmd_queue_stats(s: Session) -> int:
@@ -280,8 +335,12 @@ async def cmd_queue_stats(s: Session) -> int:
     if s.json:
         _print_json([dataclasses.asdict(st) for st in stats])
     elif stats:
-        print(format_table([h for h, _ in STAT_COLUMNS],
-                           [[getattr(st, f) for _, f in STAT_COLUMNS] for st in stats]))
+        print(
+            format_table(
+                [h for h, _ in STAT_COLUMNS],
+                [[getattr(st, f) for _, f in STAT_COLUMNS] for st in stats],
+            )
+        )
         if unhandled:
             print("UNHANDLED: available jobs no live worker has a handler for (they wait):")
             for u in unhandled:
@@ -334,29 +393,45 @@ async def cmd_job_retry_failed(s: Session) -> int:
         _print_json([j.to_dict() for j in jobs])
     else:
         skipped = result.matched - len(jobs)
-        print(f"retried {len(jobs)} failed job(s) of {what}"
-              + (f" (matched {result.matched}; {skipped} raced, hold a taken unique key or "
-                 "still owe a failure consequence)" if skipped > 0 else ""))
+        print(
+            f"retried {len(jobs)} failed job(s) of {what}"
+            + (
+                f" (matched {result.matched}; {skipped} raced, hold a taken unique key or "
+                "still owe a failure consequence)"
+                if skipped > 0
+                else ""
+            )
+        )
         shown = jobs[:RETRY_FAILED_SHOWN]
         if shown:
             print(format_table(JOB_COLUMNS, [_job_row(j) for j in shown]))
         if len(jobs) > len(shown):
             flag = f"--kind {s.args.kind}" if s.args.kind else f"--queue {s.args.queue}"
-            print(f"... and {len(jobs) - len(shown)} more (awa-fast job list {flag} "
-                  "--state available)")
+            print(
+                f"... and {len(jobs) - len(shown)} more (awa-fast job list {flag} "
+                "--state available)"
+            )
     return 0
 
 
 async def cmd_job_discard(s: Session) -> int:
     client = await s.client()
     n = await client.discard_failed(s.args.kind)
-    return _report(s, {"kind": s.args.kind, "discarded": n}, f"discarded {n} failed job(s) of kind {s.args.kind}")
+    return _report(
+        s,
+        {"kind": s.args.kind, "discarded": n},
+        f"discarded {n} failed job(s) of kind {s.args.kind}",
+    )
 
 
 async def cmd_queue_drain(s: Session) -> int:
     client = await s.client()
     n = await client.drain_queue(s.args.queue)
-    return _report(s, {"queue": s.args.queue, "drained": n}, f"drained queue {s.args.queue}: {n} waiting job(s) cancelled")
+    return _report(
+        s,
+        {"queue": s.args.queue, "drained": n},
+        f"drained queue {s.args.queue}: {n} waiting job(s) cancelled",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,13 +463,27 @@ async def cmd_dlq_list(s: Session) -> int:
     if s.json:
         _print_json([e.to_dict() for e in entries])
     elif entries:
-        print(format_table(DLQ_COLUMNS, [
-            [e.job.id, e.job.kind, e.job.queue, f"{e.job.attempt}/{e.job.max_attempts}",
-             e.reason, _short_time(e.dlq_at.isoformat()), _last_error(e.job.errors)]
-            for e in entries]))
+        print(
+            format_table(
+                DLQ_COLUMNS,
+                [
+                    [
+                        e.job.id,
+                        e.job.kind,
+                        e.job.queue,
+                        f"{e.job.attempt}/{e.job.max_attempts}",
+                        e.reason,
+                        _short_time(e.dlq_at.isoformat()),
+                        _last_error(e.job.errors),
+                    ]
+                    for e in entries
+                ],
+            )
+        )
     else:
-        print("DLQ is empty" if not any(_dlq_filters(s.args).values())
-              else "no matching DLQ entries")
+        print(
+            "DLQ is empty" if not any(_dlq_filters(s.args).values()) else "no matching DLQ entries"
+        )
     return 0
 
 
@@ -424,7 +513,9 @@ async def cmd_dlq_retry(s: Session) -> int:
     job = await client.retry_from_dlq(s.args.id)  # UniqueConflict: exit 1 with its message
     if job is None:
         raise CliError(f"job {s.args.id} is not in the DLQ")
-    return _report(s, job.to_dict(), f"job {job.id} retried from the DLQ (now {job.state}, queue {job.queue})")
+    return _report(
+        s, job.to_dict(), f"job {job.id} retried from the DLQ (now {job.state}, queue {job.queue})"
+    )
 
 
 def _check_all_or_filter(s: Session, filters: dict) -> None:
@@ -455,9 +546,16 @@ async def cmd_dlq_purge(s: Session) -> int:
 # periodic (cron) jobs
 
 
-CRON_COLUMNS = (("NAME", "name"), ("CRON", "cron_expr"), ("TIMEZONE", "timezone"),
-                ("KIND", "kind"), ("QUEUE", "queue"), ("POLICY", "missed_fire_policy"),
-                ("LAST_FIRE", "last_fire_at"), ("NEXT_FIRE", "next_fire_at"))
+CRON_COLUMNS = (
+    ("NAME", "name"),
+    ("CRON", "cron_expr"),
+    ("TIMEZONE", "timezone"),
+    ("KIND", "kind"),
+    ("QUEUE", "queue"),
+    ("POLICY", "missed_fire_policy"),
+    ("LAST_FIRE", "last_fire_at"),
+    ("NEXT_FIRE", "next_fire_at"),
+)
 
 
 async def cmd_cron_list(s: Session) -> int:
@@ -467,9 +565,15 @@ async def cmd_cron_list(s: Session) -> int:
         _print_json(jobs)
     elif jobs:
         times = {"last_fire_at", "next_fire_at"}
-        print(format_table([h for h, _ in CRON_COLUMNS], [
-            [_short_time(j.get(f)) if f in times else j.get(f) for _, f in CRON_COLUMNS]
-            for j in jobs]))
+        print(
+            format_table(
+                [h for h, _ in CRON_COLUMNS],
+                [
+                    [_short_time(j.get(f)) if f in times else j.get(f) for _, f in CRON_COLUMNS]
+                    for j in jobs
+                ],
+            )
+        )
     else:
         print("no cron jobs")
     return 0
@@ -485,10 +589,17 @@ async def cmd_cron_remove(s: Session) -> int:
 # batch operations (awa's batch-ops)
 
 
-BATCH_COLUMNS = (("ID", "id"), ("KIND", "op_kind"), ("STATE", "state"),
-                 ("MATCHED", "total_matched"), ("PROCESSED", "processed"),
-                 ("SKIPPED", "skipped"), ("ERRORED", "errored"), ("SUBMITTED", "submitted_at"),
-                 ("BY", "submitted_by"))
+BATCH_COLUMNS = (
+    ("ID", "id"),
+    ("KIND", "op_kind"),
+    ("STATE", "state"),
+    ("MATCHED", "total_matched"),
+    ("PROCESSED", "processed"),
+    ("SKIPPED", "skipped"),
+    ("ERRORED", "errored"),
+    ("SUBMITTED", "submitted_at"),
+    ("BY", "submitted_by"),
+)
 
 
 def _json_arg(value: str | None, name: str) -> Any:
@@ -501,10 +612,12 @@ def _json_arg(value: str | None, name: str) -> Any:
 
 
 def _operation_text(op: dict) -> str:
-    return (f"batch operation {op['id']} ({op['op_kind']}): {op['state']}, matched "
-            f"{op['total_matched'] if op['total_matched'] is not None else '-'}, processed "
-            f"{op['processed']}, skipped {op['skipped']}, errored {op['errored']}"
-            + (f"; last error: {op['last_error']}" if op["last_error"] else ""))
+    return (
+        f"batch operation {op['id']} ({op['op_kind']}): {op['state']}, matched "
+        f"{op['total_matched'] if op['total_matched'] is not None else '-'}, processed "
+        f"{op['processed']}, skipped {op['skipped']}, errored {op['errored']}"
+        + (f"; last error: {op['last_error']}" if op["last_error"] else "")
+    )
 
 
 async def cmd_batch_list(s: Session) -> int:
@@ -512,9 +625,15 @@ async def cmd_batch_list(s: Session) -> int:
     if s.json:
         _print_json(ops)
     elif ops:
-        print(format_table([h for h, _ in BATCH_COLUMNS], [
-            [_short_time(o[f]) if f == "submitted_at" else o[f] for _, f in BATCH_COLUMNS]
-            for o in ops]))
+        print(
+            format_table(
+                [h for h, _ in BATCH_COLUMNS],
+                [
+                    [_short_time(o[f]) if f == "submitted_at" else o[f] for _, f in BATCH_COLUMNS]
+                    for o in ops
+                ],
+            )
+        )
     else:
         print("no batch operations")
     return 0
@@ -527,19 +646,31 @@ async def cmd_batch_get(s: Session) -> int:
 
 async def cmd_batch_preview(s: Session) -> int:
     found = await (await s.client()).preview_batch_operation(
-        s.args.op_kind, spec=_json_arg(s.args.spec, "spec"),
-        filter=_json_arg(s.args.filter, "filter"))
-    return _report(s, found, f"{found['total_matched']} queued job(s) match; first ids: "
-                             f"{', '.join(str(r['id']) for r in found['sample']) or '-'}")
+        s.args.op_kind,
+        spec=_json_arg(s.args.spec, "spec"),
+        filter=_json_arg(s.args.filter, "filter"),
+    )
+    return _report(
+        s,
+        found,
+        f"{found['total_matched']} queued job(s) match; first ids: "
+        f"{', '.join(str(r['id']) for r in found['sample']) or '-'}",
+    )
 
 
 async def cmd_batch_submit(s: Session) -> int:
     op = await (await s.client()).submit_batch_operation(
-        s.args.op_kind, spec=_json_arg(s.args.spec, "spec"),
-        filter=_json_arg(s.args.filter, "filter"), submitted_by=s.args.submitted_by,
-        allow_all=s.args.all)
-    return _report(s, op, f"submitted batch operation {op['id']} ({op['op_kind']}); the "
-                          "maintenance leader runs it")
+        s.args.op_kind,
+        spec=_json_arg(s.args.spec, "spec"),
+        filter=_json_arg(s.args.filter, "filter"),
+        submitted_by=s.args.submitted_by,
+        allow_all=s.args.all,
+    )
+    return _report(
+        s,
+        op,
+        f"submitted batch operation {op['id']} ({op['op_kind']}); the maintenance leader runs it",
+    )
 
 
 async def cmd_batch_cancel(s: Session) -> int:
@@ -553,7 +684,7 @@ async def cmd_batch_purge(s: Session) -> int:
     except ValueError:
         raise CliError(f"--before is not an ISO 8601 time: {s.args.before!r}") from None
     if before.tzinfo is None:
-        before = before.replace(tzinfo=timezone.utc)
+        before = before.replace(tzinfo=UTC)
     n = await (await s.client()).purge_batch_operations(before, limit=s.args.limit)
     return _report(s, {"purged": n}, f"purged {n} finalized batch operation(s)")
 
@@ -591,29 +722,42 @@ def cmd_check(s: Session) -> int:
     except Exception:  # the application's own import raised
         import traceback
 
-        print(f"{PROG} check: error: importing {s.args.app} failed:\n"
-              f"{traceback.format_exc().rstrip()}", file=sys.stderr)
+        print(
+            f"{PROG} check: error: importing {s.args.app} failed:\n"
+            f"{traceback.format_exc().rstrip()}",
+            file=sys.stderr,
+        )
         return 1
     kinds = undeclared_failure_consequences(client)
     off_default = dict(sorted(client.registry.off_default.items()))
     config_error = start_config_error(client, module)
     if s.json:
-        _print_json({"undeclared": kinds, "registered": sorted(client.registry.handlers),
-                     "registered_off_default": off_default, "config_error": config_error})
+        _print_json(
+            {
+                "undeclared": kinds,
+                "registered": sorted(client.registry.handlers),
+                "registered_off_default": off_default,
+                "config_error": config_error,
+            }
+        )
         return 1 if kinds or config_error else 0
     if config_error:
         print(f"start() would reject this configuration: {config_error}")
     if kinds:
-        print("kinds without a failure consequence declaration "
-              "(failure_consequence=fn or awa_fast.NO_FAILURE_CONSEQUENCE):")
+        print(
+            "kinds without a failure consequence declaration "
+            "(failure_consequence=fn or awa_fast.NO_FAILURE_CONSEQUENCE):"
+        )
         for kind in kinds:
             print(f"  {kind}")
     else:
         print(f"all {len(client.registry.handlers)} registered kinds declare a failure consequence")
     if off_default:
-        print("note: kinds registered for a queue other than 'default': insert them with that "
-              "queue=,\nelse they go to 'default' (awa-pg semantics), which a worker of the "
-              "registered queues does not work:")
+        print(
+            "note: kinds registered for a queue other than 'default': insert them with that "
+            "queue=,\nelse they go to 'default' (awa-pg semantics), which a worker of the "
+            "registered queues does not work:"
+        )
         for kind, queue in off_default.items():
             print(f"  {kind} -> queue {queue}")
     return 1 if kinds or config_error else 0
@@ -625,11 +769,25 @@ async def cmd_consequences(s: Session) -> int:
     if s.json:
         _print_json(rows)
         return 0
-    print(format_table(["id", "kind", "queue", "state", "reason", "path", "attempts", "overdue",
-                  "error"],
-                 [[r["id"], r["kind"], r["queue"], r["state"], r["reason"], r["path"],
-                   r["attempts"], "yes" if r["overdue"] else "no",
-                   (r["error"] or "")[:60]] for r in rows]))
+    print(
+        format_table(
+            ["id", "kind", "queue", "state", "reason", "path", "attempts", "overdue", "error"],
+            [
+                [
+                    r["id"],
+                    r["kind"],
+                    r["queue"],
+                    r["state"],
+                    r["reason"],
+                    r["path"],
+                    r["attempts"],
+                    "yes" if r["overdue"] else "no",
+                    (r["error"] or "")[:60],
+                ]
+                for r in rows
+            ],
+        )
+    )
     return 0
 
 
@@ -638,8 +796,10 @@ def cmd_bench(s: Session) -> int:
 
     root = Path(__file__).resolve().parent.parent
     if not (root / "bench" / "runner.py").is_file():
-        raise CliError("the benchmark suite ships with the source checkout: run `awa-fast bench` "
-                       "from an editable install (pip install -e .) of the repository")
+        raise CliError(
+            "the benchmark suite ships with the source checkout: run `awa-fast bench` "
+            "from an editable install (pip install -e .) of the repository"
+        )
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     from bench.runner import main as bench_main
@@ -653,9 +813,14 @@ def cmd_bench(s: Session) -> int:
 def cmd_demo(s: Session) -> int:
     from awa_fast.demo import run_demo
 
-    return run_demo(getattr(s.args, "database_url", None), processes=s.args.processes, limit=s.args.limit,
-                    extra_paths=s.args.extra_path or [], timeout=s.args.timeout,
-                    json_output=s.json)
+    return run_demo(
+        getattr(s.args, "database_url", None),
+        processes=s.args.processes,
+        limit=s.args.limit,
+        extra_paths=s.args.extra_path or [],
+        timeout=s.args.timeout,
+        json_output=s.json,
+    )
 
 
 def cmd_worker(s: Session) -> int:
@@ -668,11 +833,18 @@ def cmd_worker(s: Session) -> int:
         a.parser.error(str(exc))
     # --database-url overrides the client's URL; a client built without one resolves it like
     # every command (the launcher does that once, before starting children).
-    sup = Supervisor(a.app, a.processes, queues=a.queues, drain_timeout=a.drain_timeout,
-                     database_url=getattr(a, "database_url", None),
-                     status_interval=a.status_interval, log_level=a.log_level,
-                     log_format=a.log_format, metrics_port=a.metrics_port,
-                     metrics_host=a.metrics_host)
+    sup = Supervisor(
+        a.app,
+        a.processes,
+        queues=a.queues,
+        drain_timeout=a.drain_timeout,
+        database_url=getattr(a, "database_url", None),
+        status_interval=a.status_interval,
+        log_level=a.log_level,
+        log_format=a.log_format,
+        metrics_port=a.metrics_port,
+        metrics_host=a.metrics_host,
+    )
     return sup.run()
 
 
@@ -715,26 +887,37 @@ def _iso_time(text: str) -> datetime:
         value = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid ISO 8601 timestamp: {text!r}") from None
-    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 LOG_FORMATS = ("text", "json")  # awa_fast.log_format.FORMATS (not imported: --help stays light)
-LOG_FORMAT_HELP = ("logs as text lines (default) or one JSON object per line (ts, level, logger, "
-                   "message, extra fields such as kind, job_id, attempt); for worker: the "
-                   "children's logs and the launcher's status lines")
-DB_HELP = "PostgreSQL URL (default: $AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server)"
-WORKER_DB_HELP = ("PostgreSQL URL, overriding the client's (default: the URL the client was built "
-                  "with, else $AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server)")
+LOG_FORMAT_HELP = (
+    "logs as text lines (default) or one JSON object per line (ts, level, logger, "
+    "message, extra fields such as kind, job_id, attempt); for worker: the "
+    "children's logs and the launcher's status lines"
+)
+DB_HELP = (
+    "PostgreSQL URL (default: $AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server)"
+)
+WORKER_DB_HELP = (
+    "PostgreSQL URL, overriding the client's (default: the URL the client was built "
+    "with, else $AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server)"
+)
 
 
 def _common(with_db: bool = True, db_help: str = DB_HELP) -> argparse.ArgumentParser:
     """Options accepted both before and after a subcommand (SUPPRESS keeps the global value)."""
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("common options")
-    g.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="print machine-readable JSON instead of tables/text")
-    g.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS,
-                   help=LOG_FORMAT_HELP)
+    g.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print machine-readable JSON instead of tables/text",
+    )
+    g.add_argument(
+        "--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS, help=LOG_FORMAT_HELP
+    )
     if with_db:
         g.add_argument("--database-url", metavar="URL", default=argparse.SUPPRESS, help=db_help)
     return p
@@ -776,229 +959,364 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common()
     common_nodb = _common(with_db=False)
     raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=raw)
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=raw
+    )
     parser.add_argument("--database-url", metavar="URL", default=None, help=DB_HELP)
-    parser.add_argument("--json", action="store_true", default=False,
-                        help="print machine-readable JSON instead of tables/text")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=False,
+        help="print machine-readable JSON instead of tables/text",
+    )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help=LOG_FORMAT_HELP)
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
-                                title="commands")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, title="commands")
 
     # migrate
-    p = sub.add_parser("migrate", parents=[common], formatter_class=raw,
-                       help="create or upgrade the awa_fast schema",
-                       description="Apply every missing awa_fast schema migration (idempotent, "
-                                   "safe to run concurrently).\nPrints the versions applied, or "
-                                   "'schema up to date (version N)'.")
-    p.add_argument("--sql", action="store_true",
-                   help="print the SQL of all migrations instead of applying them "
-                        "(needs no database)")
-    p.add_argument("--version", type=int, metavar="N",
-                   help="print the SQL of migration N only (needs no database; exit 1 if out "
-                        "of range)")
-    p.add_argument("--from", type=int, dest="from_version", metavar="N",
-                   help="print the SQL of migrations after N (exclusive; needs no database)")
-    p.add_argument("--to", type=int, metavar="N",
-                   help="print the SQL of migrations up to N (inclusive; needs no database)")
-    p.add_argument("--pending", action="store_true",
-                   help="print the SQL of the migrations this database has not applied")
+    p = sub.add_parser(
+        "migrate",
+        parents=[common],
+        formatter_class=raw,
+        help="create or upgrade the awa_fast schema",
+        description="Apply every missing awa_fast schema migration (idempotent, "
+        "safe to run concurrently).\nPrints the versions applied, or "
+        "'schema up to date (version N)'.",
+    )
+    p.add_argument(
+        "--sql",
+        action="store_true",
+        help="print the SQL of all migrations instead of applying them (needs no database)",
+    )
+    p.add_argument(
+        "--version",
+        type=int,
+        metavar="N",
+        help="print the SQL of migration N only (needs no database; exit 1 if out of range)",
+    )
+    p.add_argument(
+        "--from",
+        type=int,
+        dest="from_version",
+        metavar="N",
+        help="print the SQL of migrations after N (exclusive; needs no database)",
+    )
+    p.add_argument(
+        "--to",
+        type=int,
+        metavar="N",
+        help="print the SQL of migrations up to N (inclusive; needs no database)",
+    )
+    p.add_argument(
+        "--pending",
+        action="store_true",
+        help="print the SQL of the migrations this database has not applied",
+    )
     p.set_defaults(func=cmd_migrate)
 
     # job
-    job = sub.add_parser("job", help="inspect and manage jobs (list, dump, dump-run, retry, "
-                                     "cancel, retry-failed, discard)",
-                         description="Inspect and manage jobs: list, dump, dump-run, retry, "
-                                     "cancel, retry-failed, discard.")
-    jsub = job.add_subparsers(dest="job_command", metavar="SUBCOMMAND", required=True,
-                              title="subcommands")
-    p = jsub.add_parser("list", parents=[common], help="list jobs, newest first",
-                        description="List jobs, newest first, optionally filtered.")
+    job = sub.add_parser(
+        "job",
+        help="inspect and manage jobs (list, dump, dump-run, retry, cancel, retry-failed, discard)",
+        description="Inspect and manage jobs: list, dump, dump-run, retry, "
+        "cancel, retry-failed, discard.",
+    )
+    jsub = job.add_subparsers(
+        dest="job_command", metavar="SUBCOMMAND", required=True, title="subcommands"
+    )
+    p = jsub.add_parser(
+        "list",
+        parents=[common],
+        help="list jobs, newest first",
+        description="List jobs, newest first, optionally filtered.",
+    )
     p.add_argument("--state", choices=JOB_STATES, help="only jobs in this state")
     p.add_argument("--kind", help="only jobs of this kind")
     p.add_argument("--queue", help="only jobs in this queue")
-    p.add_argument("--limit", type=_positive_int, default=50, metavar="N",
-                   help="at most N jobs (default: 50)")
+    p.add_argument(
+        "--limit", type=_positive_int, default=50, metavar="N", help="at most N jobs (default: 50)"
+    )
     p.set_defaults(func=cmd_job_list)
-    p = jsub.add_parser("dump", parents=[common], help="print one job as JSON",
-                        description="Print every field of one job as JSON (exit 1 if no such job).")
+    p = jsub.add_parser(
+        "dump",
+        parents=[common],
+        help="print one job as JSON",
+        description="Print every field of one job as JSON (exit 1 if no such job).",
+    )
     p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
     p.set_defaults(func=cmd_job_dump)
-    p = jsub.add_parser("retry", parents=[common],
-                        help="make a failed/cancelled/waiting_external job available again",
-                        description="Make a failed, cancelled or waiting_external job available "
-                                    "again with attempt 0.\nExit 1 if the job does not exist or "
-                                    "is in another state.")
+    p = jsub.add_parser(
+        "retry",
+        parents=[common],
+        help="make a failed/cancelled/waiting_external job available again",
+        description="Make a failed, cancelled or waiting_external job available "
+        "again with attempt 0.\nExit 1 if the job does not exist or "
+        "is in another state.",
+    )
     p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
     p.set_defaults(func=cmd_job_retry)
-    p = jsub.add_parser("cancel", parents=[common], help="cancel a job that has not finished",
-                        description="Cancel a non-terminal job (a running attempt is told to "
-                                    "stop).\nExit 1 if the job does not exist or is already "
-                                    "completed, failed or cancelled.")
+    p = jsub.add_parser(
+        "cancel",
+        parents=[common],
+        help="cancel a job that has not finished",
+        description="Cancel a non-terminal job (a running attempt is told to "
+        "stop).\nExit 1 if the job does not exist or is already "
+        "completed, failed or cancelled.",
+    )
     p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
     p.set_defaults(func=cmd_job_cancel)
-    p = jsub.add_parser("dump-run", parents=[common], help="print one attempt of a job as JSON",
-                        description="Print one attempt (run) of a job as JSON: the attempt "
-                                    "number, the error recorded for it, progress, run lease, "
-                                    "timestamps and the whole job.\nDead-lettered jobs are read "
-                                    "from the DLQ. Exit 1 if no such job or attempt.")
+    p = jsub.add_parser(
+        "dump-run",
+        parents=[common],
+        help="print one attempt of a job as JSON",
+        description="Print one attempt (run) of a job as JSON: the attempt "
+        "number, the error recorded for it, progress, run lease, "
+        "timestamps and the whole job.\nDead-lettered jobs are read "
+        "from the DLQ. Exit 1 if no such job or attempt.",
+    )
     p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
-    p.add_argument("--attempt", type=_positive_int, metavar="N",
-                   help="attempt number (default: the latest)")
+    p.add_argument(
+        "--attempt", type=_positive_int, metavar="N", help="attempt number (default: the latest)"
+    )
     p.set_defaults(func=cmd_job_dump_run)
-    p = jsub.add_parser("retry-failed", parents=[common],
-                        help="make every failed job of a kind or queue available again",
-                        description="Make every failed job of one kind or one queue available "
-                                    "again with attempt 0 (give exactly one of --kind, --queue)."
-                                    "\nJobs whose unique key is now held by another live job are "
-                                    f"skipped and stay failed. Prints the count and the first "
-                                    f"{RETRY_FAILED_SHOWN} jobs (--json: all of them).")
+    p = jsub.add_parser(
+        "retry-failed",
+        parents=[common],
+        help="make every failed job of a kind or queue available again",
+        description="Make every failed job of one kind or one queue available "
+        "again with attempt 0 (give exactly one of --kind, --queue)."
+        "\nJobs whose unique key is now held by another live job are "
+        f"skipped and stay failed. Prints the count and the first "
+        f"{RETRY_FAILED_SHOWN} jobs (--json: all of them).",
+    )
     # awa-pg checks "exactly one" itself (exit 1), not through argparse (exit 2).
     p.add_argument("--kind", help="retry the failed jobs of this kind")
     p.add_argument("--queue", help="retry the failed jobs in this queue")
     p.set_defaults(func=cmd_job_retry_failed)
-    p = jsub.add_parser("discard", parents=[common], help="delete the failed jobs of a kind",
-                        description="Delete every failed job of one kind (jobs whose failure "
-                                    "consequence is still owed are kept). Prints how many.")
+    p = jsub.add_parser(
+        "discard",
+        parents=[common],
+        help="delete the failed jobs of a kind",
+        description="Delete every failed job of one kind (jobs whose failure "
+        "consequence is still owed are kept). Prints how many.",
+    )
     p.add_argument("--kind", required=True, help="job kind")
     p.set_defaults(func=cmd_job_discard)
 
     # queue
-    queue = sub.add_parser("queue", help="queue statistics, pausing and draining (stats, pause, "
-                                         "resume, drain)",
-                           description="Queue statistics, pausing and draining: stats, pause, "
-                                       "resume, drain.")
-    qsub = queue.add_subparsers(dest="queue_command", metavar="SUBCOMMAND", required=True,
-                                title="subcommands")
-    p = qsub.add_parser("stats", parents=[common], help="per-queue job counts",
-                        description="Per-queue job counts by state, completions in the last "
-                                    "hour, lag (age in seconds of the oldest available job) and "
-                                    "whether the queue is paused.")
+    queue = sub.add_parser(
+        "queue",
+        help="queue statistics, pausing and draining (stats, pause, resume, drain)",
+        description="Queue statistics, pausing and draining: stats, pause, resume, drain.",
+    )
+    qsub = queue.add_subparsers(
+        dest="queue_command", metavar="SUBCOMMAND", required=True, title="subcommands"
+    )
+    p = qsub.add_parser(
+        "stats",
+        parents=[common],
+        help="per-queue job counts",
+        description="Per-queue job counts by state, completions in the last "
+        "hour, lag (age in seconds of the oldest available job) and "
+        "whether the queue is paused.",
+    )
     p.set_defaults(func=cmd_queue_stats)
     # awa-pg's hidden top-level alias of `queue stats`
     sub.add_parser("queue-stats", parents=[common]).set_defaults(func=cmd_queue_stats)
     sub._choices_actions = [c for c in sub._choices_actions if c.dest != "queue-stats"]
-    p = qsub.add_parser("pause", parents=[common], help="stop workers claiming from a queue",
-                        description="Pause a queue: workers stop claiming its jobs (running "
-                                    "jobs finish).")
+    p = qsub.add_parser(
+        "pause",
+        parents=[common],
+        help="stop workers claiming from a queue",
+        description="Pause a queue: workers stop claiming its jobs (running jobs finish).",
+    )
     p.add_argument("queue", metavar="QUEUE", help="queue name")
     p.add_argument("--by", metavar="WHO", help="who paused it (recorded in queue_meta.paused_by)")
     p.set_defaults(func=cmd_queue_pause)
-    p = qsub.add_parser("resume", parents=[common], help="let workers claim from a queue again",
-                        description="Resume a paused queue and wake its workers.")
+    p = qsub.add_parser(
+        "resume",
+        parents=[common],
+        help="let workers claim from a queue again",
+        description="Resume a paused queue and wake its workers.",
+    )
     p.add_argument("queue", metavar="QUEUE", help="queue name")
     p.set_defaults(func=cmd_queue_resume)
-    p = qsub.add_parser("drain", parents=[common], help="cancel every waiting job of a queue",
-                        description="Drain a queue: cancel every job waiting to run (available, "
-                                    "scheduled, retryable). Running and waiting_external jobs "
-                                    "are left alone. Prints how many were cancelled.")
+    p = qsub.add_parser(
+        "drain",
+        parents=[common],
+        help="cancel every waiting job of a queue",
+        description="Drain a queue: cancel every job waiting to run (available, "
+        "scheduled, retryable). Running and waiting_external jobs "
+        "are left alone. Prints how many were cancelled.",
+    )
     p.add_argument("queue", metavar="QUEUE", help="queue name")
     p.set_defaults(func=cmd_queue_drain)
 
     # dlq
-    dlq = sub.add_parser("dlq", help="dead-letter queue (list, depth, retry, retry-all, purge)",
-                         description="Dead-letter queue: failed jobs of queues with DLQ enabled "
-                                     "(or moved there by an admin), never claimed.\nSubcommands: "
-                                     "list, depth, retry, retry-all, purge.")
-    dsub = dlq.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND", required=True,
-                              title="subcommands")
+    dlq = sub.add_parser(
+        "dlq",
+        help="dead-letter queue (list, depth, retry, retry-all, purge)",
+        description="Dead-letter queue: failed jobs of queues with DLQ enabled "
+        "(or moved there by an admin), never claimed.\nSubcommands: "
+        "list, depth, retry, retry-all, purge.",
+    )
+    dsub = dlq.add_subparsers(
+        dest="dlq_command", metavar="SUBCOMMAND", required=True, title="subcommands"
+    )
 
     def dlq_filters(p: argparse.ArgumentParser, *, paging: bool) -> None:
         p.add_argument("--kind", help="only entries of this kind")
         p.add_argument("--queue", help="only entries from this queue")
         p.add_argument("--tag", help="only entries carrying this tag")
         if paging:
-            p.add_argument("--before-id", type=_positive_int, metavar="N",
-                           help="only entries with a job id below N")
-            p.add_argument("--before-dlq-at", type=_iso_time, metavar="ISO",
-                           help="only entries dead-lettered before this ISO 8601 time "
-                                "(naive = UTC)")
+            p.add_argument(
+                "--before-id",
+                type=_positive_int,
+                metavar="N",
+                help="only entries with a job id below N",
+            )
+            p.add_argument(
+                "--before-dlq-at",
+                type=_iso_time,
+                metavar="ISO",
+                help="only entries dead-lettered before this ISO 8601 time (naive = UTC)",
+            )
 
-    p = dsub.add_parser("list", parents=[common], help="list DLQ entries, newest first",
-                        description="List dead-lettered jobs, newest first, with the reason, "
-                                    "when, and the last error.")
+    p = dsub.add_parser(
+        "list",
+        parents=[common],
+        help="list DLQ entries, newest first",
+        description="List dead-lettered jobs, newest first, with the reason, "
+        "when, and the last error.",
+    )
     dlq_filters(p, paging=True)
-    p.add_argument("--limit", type=_positive_int, default=50, metavar="N",
-                   help="at most N entries (default: 50)")
+    p.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=50,
+        metavar="N",
+        help="at most N entries (default: 50)",
+    )
     p.set_defaults(func=cmd_dlq_list)
-    p = dsub.add_parser("depth", parents=[common], help="number of DLQ entries (per queue)",
-                        description="Number of dead-lettered jobs: per queue with a total, or "
-                                    "for one --queue (prints just the number).")
+    p = dsub.add_parser(
+        "depth",
+        parents=[common],
+        help="number of DLQ entries (per queue)",
+        description="Number of dead-lettered jobs: per queue with a total, or "
+        "for one --queue (prints just the number).",
+    )
     p.add_argument("--queue", help="only this queue")
     p.set_defaults(func=cmd_dlq_depth)
-    p = dsub.add_parser("retry", parents=[common], help="re-enqueue one DLQ entry",
-                        description="Move one dead-lettered job back to the job table under the "
-                                    "same id, available with attempt 0 (errors kept).\nExit 1 if "
-                                    "it is not in the DLQ, or if a live job holds its unique key "
-                                    "(nothing changes).")
+    p = dsub.add_parser(
+        "retry",
+        parents=[common],
+        help="re-enqueue one DLQ entry",
+        description="Move one dead-lettered job back to the job table under the "
+        "same id, available with attempt 0 (errors kept).\nExit 1 if "
+        "it is not in the DLQ, or if a live job holds its unique key "
+        "(nothing changes).",
+    )
     p.add_argument("id", type=_positive_int, metavar="ID", help="job id")
     p.set_defaults(func=cmd_dlq_retry)
-    p = dsub.add_parser("retry-all", parents=[common], help="re-enqueue matching DLQ entries",
-                        description="Re-enqueue every matching DLQ entry (as `dlq retry`). Give "
-                                    "at least one filter, or --all.\nEntries whose unique key is "
-                                    "held by a live job are skipped. Prints how many were retried.")
+    p = dsub.add_parser(
+        "retry-all",
+        parents=[common],
+        help="re-enqueue matching DLQ entries",
+        description="Re-enqueue every matching DLQ entry (as `dlq retry`). Give "
+        "at least one filter, or --all.\nEntries whose unique key is "
+        "held by a live job are skipped. Prints how many were retried.",
+    )
     dlq_filters(p, paging=False)
     p.add_argument("--all", action="store_true", help="every DLQ entry (no filter)")
     p.set_defaults(func=cmd_dlq_retry_all, parser=p)
-    p = dsub.add_parser("purge", parents=[common], help="delete matching DLQ entries",
-                        description="Delete matching DLQ entries for good. Give at least one "
-                                    "filter, or --all. Prints how many were deleted.")
+    p = dsub.add_parser(
+        "purge",
+        parents=[common],
+        help="delete matching DLQ entries",
+        description="Delete matching DLQ entries for good. Give at least one "
+        "filter, or --all. Prints how many were deleted.",
+    )
     dlq_filters(p, paging=True)
     p.add_argument("--all", action="store_true", help="every DLQ entry (no filter)")
     p.set_defaults(func=cmd_dlq_purge, parser=p)
 
     # cron
-    cron = sub.add_parser("cron", help="periodic (cron) schedules (list, remove)",
-                          description="Periodic (cron) schedules stored in the database: list, "
-                                      "remove.")
-    csub = cron.add_subparsers(dest="cron_command", metavar="SUBCOMMAND", required=True,
-                               title="subcommands")
-    p = csub.add_parser("list", parents=[common], help="list the stored schedules",
-                        description="List every stored periodic schedule with its cron "
-                                    "expression, timezone, kind, queue, missed-fire policy, last "
-                                    "and next fire time.")
+    cron = sub.add_parser(
+        "cron",
+        help="periodic (cron) schedules (list, remove)",
+        description="Periodic (cron) schedules stored in the database: list, remove.",
+    )
+    csub = cron.add_subparsers(
+        dest="cron_command", metavar="SUBCOMMAND", required=True, title="subcommands"
+    )
+    p = csub.add_parser(
+        "list",
+        parents=[common],
+        help="list the stored schedules",
+        description="List every stored periodic schedule with its cron "
+        "expression, timezone, kind, queue, missed-fire policy, last "
+        "and next fire time.",
+    )
     p.set_defaults(func=cmd_cron_list)
-    p = csub.add_parser("remove", parents=[common], help="delete a stored schedule",
-                        description="Delete a stored periodic schedule (exit 1 if there is none "
-                                    "by that name).\nA process that still registers it stores it "
-                                    "again at its next start().")
+    p = csub.add_parser(
+        "remove",
+        parents=[common],
+        help="delete a stored schedule",
+        description="Delete a stored periodic schedule (exit 1 if there is none "
+        "by that name).\nA process that still registers it stores it "
+        "again at its next start().",
+    )
     p.add_argument("name", metavar="NAME", help="schedule name")
     p.set_defaults(func=cmd_cron_remove)
 
     # batch operations
-    batch = sub.add_parser("batch-ops", help="durable batch operations (list, get, preview, "
-                                             "submit, cancel, purge)",
-                           description="awa's durable batch operations (set_priority, "
-                                       "move_queue) over queued jobs, run by the maintenance "
-                                       "leader.")
-    bsub = batch.add_subparsers(dest="batch_command", metavar="SUBCOMMAND", required=True,
-                                title="subcommands")
+    batch = sub.add_parser(
+        "batch-ops",
+        help="durable batch operations (list, get, preview, submit, cancel, purge)",
+        description="awa's durable batch operations (set_priority, "
+        "move_queue) over queued jobs, run by the maintenance "
+        "leader.",
+    )
+    bsub = batch.add_subparsers(
+        dest="batch_command", metavar="SUBCOMMAND", required=True, title="subcommands"
+    )
     p = bsub.add_parser("list", parents=[common], help="list operations, newest first")
     p.add_argument("--state", help="only operations in this state")
     p.add_argument("--limit", type=int, default=100, help="most rows (default 100)")
     p.set_defaults(func=cmd_batch_list)
-    for name, func, text in (("get", cmd_batch_get, "show one operation"),
-                             ("cancel", cmd_batch_cancel, "cancel an operation (cooperative)")):
+    for name, func, text in (
+        ("get", cmd_batch_get, "show one operation"),
+        ("cancel", cmd_batch_cancel, "cancel an operation (cooperative)"),
+    ):
         p = bsub.add_parser(name, parents=[common], help=text)
         p.add_argument("id", metavar="ID", help="operation id (UUID)")
         p.set_defaults(func=func)
-    for name, func, text in (("preview", cmd_batch_preview, "count and sample matching jobs"),
-                             ("submit", cmd_batch_submit, "submit an operation")):
-        p = bsub.add_parser(name, parents=[common], help=text,
-                            description=f"{text.capitalize()}, e.g. --op-kind set_priority "
-                                        "--filter '{\"queue\": \"default\"}' --spec "
-                                        "'{\"priority\": 1}'.")
+    for name, func, text in (
+        ("preview", cmd_batch_preview, "count and sample matching jobs"),
+        ("submit", cmd_batch_submit, "submit an operation"),
+    ):
+        p = bsub.add_parser(
+            name,
+            parents=[common],
+            help=text,
+            description=f"{text.capitalize()}, e.g. --op-kind set_priority "
+            '--filter \'{"queue": "default"}\' --spec '
+            "'{\"priority\": 1}'.",
+        )
         p.add_argument("--op-kind", required=True, choices=("set_priority", "move_queue"))
-        p.add_argument("--spec", required=True, help="JSON: {\"priority\": 1-4} or "
-                                                     "{\"queue\": Q[, \"priority\": P]}")
-        p.add_argument("--filter", help="JSON: kind, queue, ids, tag, state, created_at_gte, "
-                                        "created_at_lt")
+        p.add_argument(
+            "--spec", required=True, help='JSON: {"priority": 1-4} or {"queue": Q[, "priority": P]}'
+        )
+        p.add_argument(
+            "--filter", help="JSON: kind, queue, ids, tag, state, created_at_gte, created_at_lt"
+        )
         if name == "submit":
-            p.add_argument("--submitted-by", help="recorded as the submitter (default: the "
-                                                  "database user)")
-            p.add_argument("--all", action="store_true",
-                           help="allow an empty filter (every queued job)")
+            p.add_argument(
+                "--submitted-by", help="recorded as the submitter (default: the database user)"
+            )
+            p.add_argument(
+                "--all", action="store_true", help="allow an empty filter (every queued job)"
+            )
         p.set_defaults(func=func)
     p = bsub.add_parser("purge", parents=[common], help="delete finalized operations")
     p.add_argument("--before", required=True, help="finalized before this ISO 8601 time")
@@ -1006,147 +1324,240 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_batch_purge)
 
     # embedded
-    emb = sub.add_parser("embedded", help="manage the persistent embedded PostgreSQL (stop, url)",
-                         description="Manage the persistent embedded PostgreSQL used when no "
-                                     "database URL is configured (data directory: $AWA_PG_DATA, "
-                                     "else ~/.local/share/awa-fast/pg18, or "
-                                     "/var/lib/awa-fast/pg18 as root).")
-    esub = emb.add_subparsers(dest="embedded_command", metavar="SUBCOMMAND", required=True,
-                              title="subcommands")
-    p = esub.add_parser("stop", parents=[common_nodb], help="stop the embedded server",
-                        description="Stop the persistent embedded PostgreSQL if it is running.")
+    emb = sub.add_parser(
+        "embedded",
+        help="manage the persistent embedded PostgreSQL (stop, url)",
+        description="Manage the persistent embedded PostgreSQL used when no "
+        "database URL is configured (data directory: $AWA_PG_DATA, "
+        "else ~/.local/share/awa-fast/pg18, or "
+        "/var/lib/awa-fast/pg18 as root).",
+    )
+    esub = emb.add_subparsers(
+        dest="embedded_command", metavar="SUBCOMMAND", required=True, title="subcommands"
+    )
+    p = esub.add_parser(
+        "stop",
+        parents=[common_nodb],
+        help="stop the embedded server",
+        description="Stop the persistent embedded PostgreSQL if it is running.",
+    )
     p.set_defaults(func=cmd_embedded_stop)
-    p = esub.add_parser("url", parents=[common_nodb],
-                        help="print the embedded server's URL (starting it if needed)",
-                        description="Start the persistent embedded PostgreSQL if needed and "
-                                    "print its connection URL.")
+    p = esub.add_parser(
+        "url",
+        parents=[common_nodb],
+        help="print the embedded server's URL (starting it if needed)",
+        description="Start the persistent embedded PostgreSQL if needed and "
+        "print its connection URL.",
+    )
     p.set_defaults(func=cmd_embedded_url)
 
     # benchmarks
-    p = sub.add_parser("bench", help="run the benchmark suite (bench/), optionally vs the peers",
-                       description="Run the end-to-end benchmark suite in bench/ (from a source "
-                                   "checkout). Arguments after 'bench' go to the suite: see "
-                                   "`awa-fast bench --help`, e.g. --compare --plot.",
-                       add_help=False)
-    p.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="ARGS",
-                   help="arguments for the suite (--compare, --scenarios, --jobs, --plot, ...)")
+    p = sub.add_parser(
+        "bench",
+        help="run the benchmark suite (bench/), optionally vs the peers",
+        description="Run the end-to-end benchmark suite in bench/ (from a source "
+        "checkout). Arguments after 'bench' go to the suite: see "
+        "`awa-fast bench --help`, e.g. --compare --plot.",
+        add_help=False,
+    )
+    p.add_argument(
+        "bench_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="arguments for the suite (--compare, --scenarios, --jobs, --plot, ...)",
+    )
     p.set_defaults(func=cmd_bench)
 
     # failure consequences
-    p = sub.add_parser("check", parents=[common_nodb],
-                       help="check an application without starting it: failure consequences, "
-                            "start() configuration, queues",
-                       description="Import APP (module:client) without starting it or touching "
-                                   "the database, and report: every registered kind without a "
-                                   "failure-consequence declaration; the ConfigError that "
-                                   "client.start(**START_OPTIONS) would raise (no handlers, a "
-                                   "handler's queue not started, heartbeat settings, a name "
-                                   "insert would reject, an unknown option); and, as a note, the "
-                                   "kinds registered for a queue other than 'default' (an insert "
-                                   "without queue= puts them in 'default', which the registered "
-                                   "queues' workers do not work). Exit 0 when all is well, 1 when "
-                                   "a kind is undeclared, start() would fail or importing APP "
-                                   "raises, 2 when APP names no module or no AsyncClient.")
+    p = sub.add_parser(
+        "check",
+        parents=[common_nodb],
+        help="check an application without starting it: failure consequences, "
+        "start() configuration, queues",
+        description="Import APP (module:client) without starting it or touching "
+        "the database, and report: every registered kind without a "
+        "failure-consequence declaration; the ConfigError that "
+        "client.start(**START_OPTIONS) would raise (no handlers, a "
+        "handler's queue not started, heartbeat settings, a name "
+        "insert would reject, an unknown option); and, as a note, the "
+        "kinds registered for a queue other than 'default' (an insert "
+        "without queue= puts them in 'default', which the registered "
+        "queues' workers do not work). Exit 0 when all is well, 1 when "
+        "a kind is undeclared, start() would fail or importing APP "
+        "raises, 2 when APP names no module or no AsyncClient.",
+    )
     p.add_argument("app", metavar="APP", help="the application, as package.module:client")
     p.set_defaults(func=cmd_check)
-    p = sub.add_parser("consequences", parents=[common],
-                       help="list jobs whose failure consequence is owed (pending or overdue)",
-                       description="List jobs whose failure consequence is still owed: failures "
-                                   "waiting in consequence_pending and corrected jobs; 'overdue' "
-                                   "means an application already failed or it waited > 60 s.")
-    p.add_argument("--limit", type=_positive_int, default=100, metavar="N",
-                   help="most rows to show (default: 100)")
+    p = sub.add_parser(
+        "consequences",
+        parents=[common],
+        help="list jobs whose failure consequence is owed (pending or overdue)",
+        description="List jobs whose failure consequence is still owed: failures "
+        "waiting in consequence_pending and corrected jobs; 'overdue' "
+        "means an application already failed or it waited > 60 s.",
+    )
+    p.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="most rows to show (default: 100)",
+    )
     p.set_defaults(func=cmd_consequences)
 
     # serve
-    p = sub.add_parser("serve", parents=[common],
-                       help="run the web dashboard",
-                       description="Serve the web dashboard: queues, jobs, lineage, DLQ, failure "
-                                   "consequences, cron schedules, workers. Binding a non-loopback "
-                                   "host needs a token (exit 2 otherwise). See docs/dashboard.md.")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default: 127.0.0.1; anything else needs a token)")
+    p = sub.add_parser(
+        "serve",
+        parents=[common],
+        help="run the web dashboard",
+        description="Serve the web dashboard: queues, jobs, lineage, DLQ, failure "
+        "consequences, cron schedules, workers. Binding a non-loopback "
+        "host needs a token (exit 2 otherwise). See docs/dashboard.md.",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default: 127.0.0.1; anything else needs a token)",
+    )
     p.add_argument("--port", type=int, default=8080, help="port to bind (default: 8080)")
-    p.add_argument("--read-only", action="store_true",
-                   help="hide admin actions and refuse them with 403")
-    p.add_argument("--token", default=None,
-                   help="access token every request must carry (bearer header or login form; "
-                        "default: $AWA_FAST_SERVE_TOKEN)")
+    p.add_argument(
+        "--read-only", action="store_true", help="hide admin actions and refuse them with 403"
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help="access token every request must carry (bearer header or login form; "
+        "default: $AWA_FAST_SERVE_TOKEN)",
+    )
     p.set_defaults(func=cmd_serve)
 
     # worker
-    p = sub.add_parser("worker", parents=[_common(db_help=WORKER_DB_HELP)], formatter_class=raw,
-                       help="run an application's workers in N processes (the launcher)",
-                       description="Run the registered handlers of an application's AsyncClient "
-                                   "in worker processes\n(one per core by default). APP is "
-                                   "module:attribute, e.g. myapp.jobs:client; the module may\n"
-                                   "define START_OPTIONS, a dict of keywords for client.start() "
-                                   "(poll_interval_ms, ...).\nEach child runs uvloop and opens "
-                                   "its own connections. The launcher restarts a crashed child\n"
-                                   "(backoff 0.5 s doubling to 10 s) and exits 1 if a child dies "
-                                   "more than 5 times within\n60 s. SIGTERM/SIGINT drain "
-                                   "gracefully: stop claiming, finish in-flight jobs up to\n"
-                                   "--drain-timeout, flush; exit 0. One status line per child "
-                                   "event on stdout; child logs\non stderr as [child N pid P] "
-                                   "(--log-format json: JSON objects). APP is imported once "
-                                   "before\nany child starts, in a running event loop as in the children: "
-                                   "exit 2 if its module\ncannot be found or it names no "
-                                   "AsyncClient, 1 if importing it raises or start() would reject\n"
-                                   "its START_OPTIONS (ConfigError, as `awa-fast check` reports);\na child "
-                                   "whose import raises all the same stops the launcher (exit 1, "
-                                   "no restart).\nDatabase: --database-url, else "
-                                   "the URL the client was built with, else\n"
-                                   "$AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server.")
+    p = sub.add_parser(
+        "worker",
+        parents=[_common(db_help=WORKER_DB_HELP)],
+        formatter_class=raw,
+        help="run an application's workers in N processes (the launcher)",
+        description="Run the registered handlers of an application's AsyncClient "
+        "in worker processes\n(one per core by default). APP is "
+        "module:attribute, e.g. myapp.jobs:client; the module may\n"
+        "define START_OPTIONS, a dict of keywords for client.start() "
+        "(poll_interval_ms, ...).\nEach child runs uvloop and opens "
+        "its own connections. The launcher restarts a crashed child\n"
+        "(backoff 0.5 s doubling to 10 s) and exits 1 if a child dies "
+        "more than 5 times within\n60 s. SIGTERM/SIGINT drain "
+        "gracefully: stop claiming, finish in-flight jobs up to\n"
+        "--drain-timeout, flush; exit 0. One status line per child "
+        "event on stdout; child logs\non stderr as [child N pid P] "
+        "(--log-format json: JSON objects). APP is imported once "
+        "before\nany child starts, in a running event loop as in the children: "
+        "exit 2 if its module\ncannot be found or it names no "
+        "AsyncClient, 1 if importing it raises or start() would reject\n"
+        "its START_OPTIONS (ConfigError, as `awa-fast check` reports);\na child "
+        "whose import raises all the same stops the launcher (exit 1, "
+        "no restart).\nDatabase: --database-url, else "
+        "the URL the client was built with, else\n"
+        "$AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server.",
+    )
     p.add_argument("app", metavar="APP", help="module:client, an awa_fast.AsyncClient")
-    p.add_argument("--processes", type=_positive_int, default=None, metavar="N",
-                   help=f"worker processes (default: one per core, {os.cpu_count() or 1} here)")
-    p.add_argument("--queues", metavar="NAME:N,...",
-                   help="queues and max workers per process, e.g. default:10,emails:4 "
-                        "(default: the client's registered queues, 10 workers each)")
-    p.add_argument("--drain-timeout", type=_positive_float, default=10.0, metavar="SECONDS",
-                   help="on SIGTERM/SIGINT, let in-flight jobs finish for up to this long "
-                        "(default: 10)")
-    p.add_argument("--status-interval", type=_positive_float, default=10.0, metavar="SECONDS",
-                   help="print a status line per child this often (default: 10)")
-    p.add_argument("--log-level", default="info",
-                   choices=("debug", "info", "warning", "error"),
-                   help="log level of the worker processes (default: info)")
-    p.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
-                   help="serve Prometheus metrics of all children, aggregated, at "
-                        "http://HOST:PORT/metrics (default: none)")
-    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                   help="address of the metrics endpoint (default: 127.0.0.1)")
+    p.add_argument(
+        "--processes",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help=f"worker processes (default: one per core, {os.cpu_count() or 1} here)",
+    )
+    p.add_argument(
+        "--queues",
+        metavar="NAME:N,...",
+        help="queues and max workers per process, e.g. default:10,emails:4 "
+        "(default: the client's registered queues, 10 workers each)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, let in-flight jobs finish for up to this long (default: 10)",
+    )
+    p.add_argument(
+        "--status-interval",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="print a status line per child this often (default: 10)",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log level of the worker processes (default: info)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics of all children, aggregated, at "
+        "http://HOST:PORT/metrics (default: none)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address of the metrics endpoint (default: 127.0.0.1)",
+    )
     p.set_defaults(func=cmd_worker, parser=p)
 
     # demo
-    p = sub.add_parser("demo", parents=[common], formatter_class=raw,
-                       help="import-graph pipeline over this Python's standard library",
-                       description="Run the built-in demo: a two-stage pipeline over the "
-                                   "standard library of the running Python.\nStage A "
-                                   "(demo_parse_imports), one job per .py file, parses its "
-                                   "imports and stages one\nstage-B job (demo_resolve_module) "
-                                   "per imported top-level module with default unique\noptions, "
-                                   "so each distinct module gets exactly one B. Stage B resolves "
-                                   "the module\n(found or not, file size). Workers run in "
-                                   "--processes worker processes (the launcher).\nPrints files, "
-                                   "failures, distinct modules, B jobs inserted vs skipped as "
-                                   "duplicates,\nwall time and jobs/s, and checks the B count "
-                                   "against a direct computation (exit 1 on\nmismatch). Rows of "
-                                   "a previous demo run are deleted first.\nCtrl-C drains the "
-                                   "workers, deletes the demo's unfinished jobs, prints a summary "
-                                   "and exits 130.\nWithout a database URL it uses the embedded "
-                                   "server and says so first (data directory,\nserver account; "
-                                   "it keeps running: `awa-fast embedded stop`).")
-    p.add_argument("--processes", type=_positive_int, default=None, metavar="N",
-                   help=f"worker processes (default: one per core, {os.cpu_count() or 1} here)")
-    p.add_argument("--limit", type=_positive_int, default=None, metavar="N",
-                   help="only the first N standard-library files (sorted by path)")
-    p.add_argument("--extra-path", action="append", metavar="PATH",
-                   help="also process this .py file, or the .py files under this directory "
-                        "(repeatable)")
-    p.add_argument("--timeout", type=_positive_float, default=600.0, metavar="SECONDS",
-                   help="give up (exit 1) if the pipeline has not finished after this long "
-                        "(default: 600)")
+    p = sub.add_parser(
+        "demo",
+        parents=[common],
+        formatter_class=raw,
+        help="import-graph pipeline over this Python's standard library",
+        description="Run the built-in demo: a two-stage pipeline over the "
+        "standard library of the running Python.\nStage A "
+        "(demo_parse_imports), one job per .py file, parses its "
+        "imports and stages one\nstage-B job (demo_resolve_module) "
+        "per imported top-level module with default unique\noptions, "
+        "so each distinct module gets exactly one B. Stage B resolves "
+        "the module\n(found or not, file size). Workers run in "
+        "--processes worker processes (the launcher).\nPrints files, "
+        "failures, distinct modules, B jobs inserted vs skipped as "
+        "duplicates,\nwall time and jobs/s, and checks the B count "
+        "against a direct computation (exit 1 on\nmismatch). Rows of "
+        "a previous demo run are deleted first.\nCtrl-C drains the "
+        "workers, deletes the demo's unfinished jobs, prints a summary "
+        "and exits 130.\nWithout a database URL it uses the embedded "
+        "server and says so first (data directory,\nserver account; "
+        "it keeps running: `awa-fast embedded stop`).",
+    )
+    p.add_argument(
+        "--processes",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help=f"worker processes (default: one per core, {os.cpu_count() or 1} here)",
+    )
+    p.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="only the first N standard-library files (sorted by path)",
+    )
+    p.add_argument(
+        "--extra-path",
+        action="append",
+        metavar="PATH",
+        help="also process this .py file, or the .py files under this directory (repeatable)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=600.0,
+        metavar="SECONDS",
+        help="give up (exit 1) if the pipeline has not finished after this long (default: 600)",
+    )
     p.set_defaults(func=cmd_demo)
     return parser
 
@@ -1175,9 +1586,10 @@ def cmd_serve(s: Session) -> int:
         from awa_fast.web import security, serve
     except ImportError as exc:
         # a core dependency: missing only from a broken or partial install
-        raise CliError(f"awa-fast serve cannot import its web stack ({exc}): reinstall awa-fast "
-                       f"(`pip install .` in a checkout, `pip install awa-fast` otherwise)"
-                       ) from exc
+        raise CliError(
+            f"awa-fast serve cannot import its web stack ({exc}): reinstall awa-fast "
+            f"(`pip install .` in a checkout, `pip install awa-fast` otherwise)"
+        ) from exc
     token = serve.resolve_token(s.args.token)
     reason = security.check_bind(s.args.host, token)
     if not 0 <= s.args.port <= 65535:
@@ -1189,8 +1601,11 @@ def cmd_serve(s: Session) -> int:
         return 2
     url = s.database_url
     asyncio.run(_probe(url, need_schema=True))
-    print(f"{PROG}: serving the dashboard{' read-only' if s.args.read_only else ''}"
-          f"{', token required' if token else ''} (uvicorn prints the address)", file=sys.stderr)
+    print(
+        f"{PROG}: serving the dashboard{' read-only' if s.args.read_only else ''}"
+        f"{', token required' if token else ''} (uvicorn prints the address)",
+        file=sys.stderr,
+    )
     serve.run(url, host=s.args.host, port=s.args.port, read_only=s.args.read_only, token=token)
     return 0
 

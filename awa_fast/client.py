@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 import psycopg
@@ -19,16 +20,22 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from awa_fast import bulk, callbacks, enqueue, schema, sql
 from awa_fast.admin import AdminMixin
+from awa_fast.batch_ops import BatchOperationsMixin
 from awa_fast.database_url import resolve_database_url
-from awa_fast.errors import (AttemptStillRunning, DatabaseError, JobNotFound,
-                             QueueMismatchWarning, UniqueConflict, Unsupported,
-                             ValidationError)
+from awa_fast.errors import (
+    AttemptStillRunning,
+    DatabaseError,
+    JobNotFound,
+    QueueMismatchWarning,
+    UniqueConflict,
+    Unsupported,
+    ValidationError,
+)
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
-from awa_fast.batch_ops import BatchOperationsMixin
-from awa_fast.worker.registry import Registry
 from awa_fast.worker.consequences import ConsequenceApplier, Settler
+from awa_fast.worker.registry import Registry
 from awa_fast.worker.specs import SpecRunner
 
 
@@ -102,7 +109,9 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
 
     def __init__(self, database_url: str | None = None, max_connections: int = 10):
         if not isinstance(max_connections, int) or max_connections < 1:
-            raise ValidationError("max_connections must be an int >= 1", field="max_connections", limit=">= 1")
+            raise ValidationError(
+                "max_connections must be an int >= 1", field="max_connections", limit=">= 1"
+            )
         self.explicit_database_url = database_url or None
         self._database_url: str | None = database_url or None
         self.max_connections = max_connections
@@ -154,8 +163,13 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         async with self._pool_lock:
             if self._pool is None:
                 pool = AsyncConnectionPool(
-                    url, min_size=1, max_size=self.max_connections, open=False,
-                    kwargs={"autocommit": True}, configure=_configure, timeout=30,
+                    url,
+                    min_size=1,
+                    max_size=self.max_connections,
+                    open=False,
+                    kwargs={"autocommit": True},
+                    configure=_configure,
+                    timeout=30,
                 )
                 try:
                     await pool.open(wait=True, timeout=30)
@@ -164,7 +178,8 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
                     raise DatabaseError(f"could not connect to the database: {exc}") from exc
                 self._pool = pool
                 self._pool_guard = asyncio.get_running_loop().create_task(
-                    _close_pool_on_cancel(pool), name="awa-fast-pool-guard")
+                    _close_pool_on_cancel(pool), name="awa-fast-pool-guard"
+                )
         return self._pool
 
     async def close(self) -> None:
@@ -178,7 +193,7 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             self._pool_guard.cancel()
             self._pool_guard = None
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         await self.pool()
         return self
 
@@ -192,9 +207,18 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
     # -- producers ------------------------------------------------------------------------------
 
     async def insert(
-        self, args: Any, *, kind: str | None = None, queue: str = DEFAULT_QUEUE, priority: int = 2,
-        max_attempts: int = 25, tags: list[str] | None = None, metadata: dict | None = None,
-        run_at: Any = None, unique_opts: dict | None = None, ordering_key: bytes | str | None = None,
+        self,
+        args: Any,
+        *,
+        kind: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: list[str] | None = None,
+        metadata: dict | None = None,
+        run_at: Any = None,
+        unique_opts: dict | None = None,
+        ordering_key: bytes | str | None = None,
     ) -> Job:
         """Insert one job and return it.
 
@@ -210,9 +234,18 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             UniqueConflict: another job holds the same unique key.
         """
         implicit = queue is DEFAULT_QUEUE
-        p = prepare(args, kind=kind, queue="default" if implicit else queue,
-                    priority=priority, max_attempts=max_attempts, tags=tags, metadata=metadata,
-                    run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key)
+        p = prepare(
+            args,
+            kind=kind,
+            queue="default" if implicit else queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            tags=tags,
+            metadata=metadata,
+            run_at=run_at,
+            unique_opts=unique_opts,
+            ordering_key=ordering_key,
+        )
         if implicit:
             self._warn_off_queue((p,))
         async with (await self.pool()).connection() as conn:
@@ -263,8 +296,10 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         """
         stripes = opts.pop("queue_storage_queue_stripe_count", 1)
         if stripes != 1:
-            raise Unsupported("queue_storage_queue_stripe_count",
-                              "awa-fast has one storage engine, without stripes")
+            raise Unsupported(
+                "queue_storage_queue_stripe_count",
+                "awa-fast has one storage engine, without stripes",
+            )
         return await self._copy(jobs, opts, want_jobs=False)
 
     async def _copy(self, jobs: list, opts: dict, *, want_jobs: bool) -> Any:
@@ -298,10 +333,14 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             if queue is None or row.queue != "default" or row.kind in self._off_queue_warned:
                 continue
             self._off_queue_warned.add(row.kind)
-            warnings.warn(QueueMismatchWarning(
-                f"job kind {row.kind!r} is registered for queue {queue!r} on this client but was "
-                f"inserted without queue=, so it went to 'default' (awa-pg semantics); pass "
-                f"queue={queue!r} or work 'default' too"), stacklevel=stacklevel)
+            warnings.warn(
+                QueueMismatchWarning(
+                    f"job kind {row.kind!r} is registered for queue {queue!r} on this client but was "
+                    f"inserted without queue=, so it went to 'default' (awa-pg semantics); pass "
+                    f"queue={queue!r} or work 'default' too"
+                ),
+                stacklevel=stacklevel,
+            )
 
     async def transaction(self) -> Transaction:
         """Begin a transaction: ``async with await client.transaction() as tx``."""
@@ -328,11 +367,24 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             raise JobNotFound(f"job not found: {job_id}")
         return Job.from_row(rows[0])
 
-    async def list_jobs(self, *, state: str | None = None, kind: str | None = None,
-                        queue: str | None = None, limit: int = 100) -> list[Job]:
+    async def list_jobs(
+        self,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
         """Jobs, newest first, filtered by state / kind / queue."""
-        rows = await self._fetch(sql.LIST_JOBS, {"state": None if state is None else str(state),
-                                                 "kind": kind, "queue": queue, "limit": limit})
+        rows = await self._fetch(
+            sql.LIST_JOBS,
+            {
+                "state": None if state is None else str(state),
+                "kind": kind,
+                "queue": queue,
+                "limit": limit,
+            },
+        )
         return [Job.from_row(r) for r in rows]
 
     async def retry(self, job_id: int) -> Job | None:
@@ -368,7 +420,8 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
                     raise AttemptStillRunning(
                         f"job {job_id} left 'running' but its attempt's handler is still running "
                         f"(last heartbeat {running[0].isoformat()}); retry once it has ended",
-                        job_id=job_id)
+                        job_id=job_id,
+                    )
         return None if row is None else Job.from_row(row)
 
     def staleness_ms(self) -> int:
@@ -406,27 +459,64 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
                 raise await enqueue.holder_conflict(conn, job_id, "cancel", exc) from exc
         return Job.from_row(row[2:])
 
-    async def cancel_by_unique_key(self, kind: str, *, queue: str | None = None, args: Any = None,
-                                   period_bucket: int | None = None) -> Job | None:
+    async def cancel_by_unique_key(
+        self,
+        kind: str,
+        *,
+        queue: str | None = None,
+        args: Any = None,
+        period_bucket: int | None = None,
+    ) -> Job | None:
         """Cancel the oldest non-terminal job whose unique key matches the given components
         (pass only those used at insert time). Returns it, or ``None``."""
         from awa_fast import _native
         from awa_fast.requests import args_to_builtins, to_json
 
         args_json = None if args is None else to_json(args_to_builtins(args), "args")
-        key = _native.unique_key(kind, queue or "", args_json or b"", queue is not None,
-                                 args is not None, period_bucket)
+        key = _native.unique_key(
+            kind, queue or "", args_json or b"", queue is not None, args is not None, period_bucket
+        )
         rows = await self._fetch(sql.CANCEL_BY_UNIQUE_KEY, (key,))
         return await self.cancel(rows[0][0]) if rows else None
 
     async def queue_stats(self) -> list[QueueStat]:
         """Per-queue counts (see :class:`QueueStat`)."""
         out = []
-        for (queue, scheduled, available, retryable, running, failed, waiting, pending, owed,
-             overdue, completed_hour, lag, paused, unhandled) in await self._fetch(sql.QUEUE_STATS):
-            out.append(QueueStat(queue, scheduled + available + retryable, scheduled, available,
-                                 retryable, running, failed, waiting, pending, owed, overdue,
-                                 completed_hour, float(lag), paused, unhandled))
+        for (
+            queue,
+            scheduled,
+            available,
+            retryable,
+            running,
+            failed,
+            waiting,
+            pending,
+            owed,
+            overdue,
+            completed_hour,
+            lag,
+            paused,
+            unhandled,
+        ) in await self._fetch(sql.QUEUE_STATS):
+            out.append(
+                QueueStat(
+                    queue,
+                    scheduled + available + retryable,
+                    scheduled,
+                    available,
+                    retryable,
+                    running,
+                    failed,
+                    waiting,
+                    pending,
+                    owed,
+                    overdue,
+                    completed_hour,
+                    float(lag),
+                    paused,
+                    unhandled,
+                )
+            )
         return out
 
     async def unhandled_kinds(self) -> list[dict]:
@@ -494,8 +584,9 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         """Extend the callback's timeout to now + ``timeout_seconds`` seconds."""
         return await callbacks.heartbeat_callback(self, callback_id, timeout_seconds)
 
-    async def resolve_callback(self, callback_id: Any, payload: Any = None,
-                               default_action: str = "ignore") -> callbacks.ResolveResult:
+    async def resolve_callback(
+        self, callback_id: Any, payload: Any = None, default_action: str = "ignore"
+    ) -> callbacks.ResolveResult:
         """Resolve the callback with the CEL expressions its handler registered (``filter``,
         ``on_fail``, ``on_complete`` + ``transform``, in awa's order), falling back to
         ``default_action`` (``"complete"``, ``"fail"``, ``"ignore"``); returns a
@@ -523,8 +614,9 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         if isinstance(args_type_or_kind, str):
             self.registry.declare_consequence(args_type_or_kind, fn)
         else:
-            self.registry.declare_consequence(kind_for_type(args_type_or_kind), fn,
-                                              args_type_or_kind)
+            self.registry.declare_consequence(
+                kind_for_type(args_type_or_kind), fn, args_type_or_kind
+            )
 
     async def correct_to_failed(self, job_id: int, *, error: str) -> Job:
         """Correct an apparent success: a ``completed`` job becomes ``failed`` (``error``
@@ -545,22 +637,35 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
                 corrected = await self.settler.correct(conn, job_id, job.kind, job.attempt, error)
         if not corrected:
             raise AwaError(f"job {job_id} is {job.state}, not completed: nothing to correct")
-        if (self.settler.correction_state(job.kind) == "owed"
-                and self.consequences.effect_of(job.kind) is not None):
+        if (
+            self.settler.correction_state(job.kind) == "owed"
+            and self.consequences.effect_of(job.kind) is not None
+        ):
             await self.settler.reconcile_one(pool, job_id)
         return await self.get_job(job_id)
 
     async def consequences_owed(self, limit: int = 100) -> list[dict]:
         """Jobs whose failure consequence is owed (pending failures and corrections), with
         ``overdue`` true once an application failed or it waited over 60 s."""
-        keys = ("id", "kind", "queue", "state", "reason", "path", "attempts", "error",
-                "retry_at", "overdue")
+        keys = (
+            "id",
+            "kind",
+            "queue",
+            "state",
+            "reason",
+            "path",
+            "attempts",
+            "error",
+            "retry_at",
+            "overdue",
+        )
         return [dict(zip(keys, r)) for r in await self._fetch(sql.CONSEQUENCES_OWED, (limit,))]
 
     # -- workers --------------------------------------------------------------------------------
 
-    def task(self, args_type: type, *, kind: str | None = None, queue: str | None = None,
-             **options: Any) -> Callable:
+    def task(
+        self, args_type: type, *, kind: str | None = None, queue: str | None = None, **options: Any
+    ) -> Callable:
         """Decorator registering a handler for ``args_type`` (kind defaults to
         ``derive_kind(args_type.__name__)``). Works with or without a running event loop.
         ``queue`` (default ``"default"``): given explicitly, ``start()`` with explicit queues
@@ -569,58 +674,86 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         ``async def`` handlers run on the loop; plain ``def`` handlers run in a thread pool.
         A later registration for the same kind replaces the earlier one.
         """
+
         def decorate(fn: Callable) -> Callable:
-            self.registry.register(args_type, fn, kind=kind or kind_for_type(args_type),
-                                   queue=queue, **options)
+            self.registry.register(
+                args_type, fn, kind=kind or kind_for_type(args_type), queue=queue, **options
+            )
             return fn
 
         return decorate
 
-    def worker(self, args_type: type, *, kind: str | None = None, queue: str = "default",
-               **options: Any) -> Callable:
+    def worker(
+        self, args_type: type, *, kind: str | None = None, queue: str = "default", **options: Any
+    ) -> Callable:
         """Deprecated alias of :meth:`task` (awa-pg deprecates it too): warns, then registers.
 
         Raises:
             DeprecationWarning: as a warning, every call.
         """
-        warnings.warn("client.worker() is deprecated, use client.task() instead",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "client.worker() is deprecated, use client.task() instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.task(args_type, kind=kind, queue=queue, **options)
 
     # -- registered follow-up specs (ADR-029) ---------------------------------------------------
 
-    def on_completed_enqueue(self, trigger_args_type: type, fn: Callable, *, kind: str | None = None) -> None:
+    def on_completed_enqueue(
+        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
+    ) -> None:
         """On completion of ``trigger_args_type`` jobs, insert ``fn(args, job)``'s result
         (args, ``EnqueueRequest`` or ``None`` to skip) in the same transaction. Kinds with such a
         spec complete through the per-job transaction. Register before ``start()``."""
         self.specs.register("completed", trigger_args_type, fn, kind=kind)
 
-    def on_retried_enqueue(self, trigger_args_type: type, fn: Callable, *, kind: str | None = None) -> None:
+    def on_retried_enqueue(
+        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
+    ) -> None:
         """Spec for a retryable failure: ``fn(args, job, error, attempt, next_run_at)``."""
         self.specs.register("retried", trigger_args_type, fn, kind=kind)
 
-    def on_exhausted_enqueue(self, trigger_args_type: type, fn: Callable, *, kind: str | None = None) -> None:
+    def on_exhausted_enqueue(
+        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
+    ) -> None:
         """Spec for a terminal failure or exhaustion: ``fn(args, job, error, attempt)``."""
         self.specs.register("exhausted", trigger_args_type, fn, kind=kind)
 
-    def on_cancelled_enqueue(self, trigger_args_type: type, fn: Callable, *, kind: str | None = None) -> None:
+    def on_cancelled_enqueue(
+        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
+    ) -> None:
         """Spec for a handler ``Cancel``: ``fn(args, job, reason)``."""
         self.specs.register("cancelled", trigger_args_type, fn, kind=kind)
 
-    def on_waiting_for_callback_enqueue(self, trigger_args_type: type, fn: Callable, *,
-                                        kind: str | None = None) -> None:
+    def on_waiting_for_callback_enqueue(
+        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
+    ) -> None:
         """Spec for a returned ``WaitForCallback``: ``fn(args, job)``."""
         self.specs.register("waiting_for_callback", trigger_args_type, fn, kind=kind)
 
-    def on_rescued_enqueue(self, trigger_args_type: type, fn: Callable, *, kind: str | None = None) -> None:
+    def on_rescued_enqueue(
+        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
+    ) -> None:
         """Spec for a maintenance rescue: ``fn(args, job, reason)``; inserted best effort in a
         separate transaction *after* the rescue commits (ADR-029's atomicity matrix)."""
         self.specs.register("rescued", trigger_args_type, fn, kind=kind)
 
-    def periodic(self, name: str, cron_expr: str, args_type: type, args: Any, *,
-                 timezone: str = "UTC", queue: str = "default", priority: int = 2,
-                 max_attempts: int = 25, tags: list[str] | None = None,
-                 metadata: dict | None = None, missed_fire_policy: str = "coalesce") -> None:
+    def periodic(
+        self,
+        name: str,
+        cron_expr: str,
+        args_type: type,
+        args: Any,
+        *,
+        timezone: str = "UTC",
+        queue: str = "default",
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: list[str] | None = None,
+        metadata: dict | None = None,
+        missed_fire_policy: str = "coalesce",
+    ) -> None:
         """Register a periodic job (before ``start()``): insert ``args`` (kind from
         ``args_type``) at each fire time of the 5-field ``cron_expr`` in ``timezone``.
 
@@ -640,15 +773,32 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
 
         if self._runtime is not None:
             raise RuntimeError("periodic() must be called before start()")
-        job = periodic.build(name, cron_expr, args_type, args, timezone=timezone, queue=queue,
-                             priority=priority, max_attempts=max_attempts, tags=tags,
-                             metadata=metadata, missed_fire_policy=missed_fire_policy)
+        job = periodic.build(
+            name,
+            cron_expr,
+            args_type,
+            args,
+            timezone=timezone,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            tags=tags,
+            metadata=metadata,
+            missed_fire_policy=missed_fire_policy,
+        )
         self.periodic_jobs[job.name] = job
 
-    def queue_descriptor(self, queue: str, *, display_name: str | None = None,
-                         description: str | None = None, owner: str | None = None,
-                         docs_url: str | None = None, tags: list[str] | None = None,
-                         extra: dict | None = None) -> None:
+    def queue_descriptor(
+        self,
+        queue: str,
+        *,
+        display_name: str | None = None,
+        description: str | None = None,
+        owner: str | None = None,
+        docs_url: str | None = None,
+        tags: list[str] | None = None,
+        extra: dict | None = None,
+    ) -> None:
         """Describe ``queue`` for operators (awa's queue descriptor; before ``start()``, which
         stores it in ``awa_fast.queue_descriptors`` and keeps it fresh while running). The
         queue must be one ``start()`` runs. A later declaration for the queue replaces it.
@@ -662,13 +812,27 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         if self._runtime is not None:
             raise RuntimeError("queue_descriptor() must be called before start()")
         self.queue_descriptors[queue] = descriptors.build(
-            "queue", queue, display_name=display_name, description=description, owner=owner,
-            docs_url=docs_url, tags=tags, extra=extra)
+            "queue",
+            queue,
+            display_name=display_name,
+            description=description,
+            owner=owner,
+            docs_url=docs_url,
+            tags=tags,
+            extra=extra,
+        )
 
-    def job_kind_descriptor(self, kind: str, *, display_name: str | None = None,
-                            description: str | None = None, owner: str | None = None,
-                            docs_url: str | None = None, tags: list[str] | None = None,
-                            extra: dict | None = None) -> None:
+    def job_kind_descriptor(
+        self,
+        kind: str,
+        *,
+        display_name: str | None = None,
+        description: str | None = None,
+        owner: str | None = None,
+        docs_url: str | None = None,
+        tags: list[str] | None = None,
+        extra: dict | None = None,
+    ) -> None:
         """Describe job kind ``kind`` (as :meth:`queue_descriptor`; stored in
         ``awa_fast.job_kind_descriptors``).
 
@@ -680,8 +844,15 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         if self._runtime is not None:
             raise RuntimeError("job_kind_descriptor() must be called before start()")
         self.kind_descriptors[kind] = descriptors.build(
-            "kind", kind, display_name=display_name, description=description, owner=owner,
-            docs_url=docs_url, tags=tags, extra=extra)
+            "kind",
+            kind,
+            display_name=display_name,
+            description=description,
+            owner=owner,
+            docs_url=docs_url,
+            tags=tags,
+            extra=extra,
+        )
 
     async def start(self, queues: Any = None, **options: Any) -> None:
         """Start claiming and running jobs in this process (see ``worker.runtime.Runtime``
@@ -751,8 +922,9 @@ def _prepare_with_overrides(jobs: list, opts: dict, per_job: Any) -> list:
     """awa's per-job COPY ``opts``: each entry overrides ``queue`` / ``ordering_key``."""
     if not isinstance(per_job, (list, tuple)) or len(per_job) != len(jobs):
         got = len(per_job) if isinstance(per_job, (list, tuple)) else type(per_job).__name__
-        raise ValidationError(f"opts length must match jobs length (got {got}, expected "
-                              f"{len(jobs)})", field="opts")
+        raise ValidationError(
+            f"opts length must match jobs length (got {got}, expected {len(jobs)})", field="opts"
+        )
     merged = []
     for i, entry in enumerate(per_job):
         if entry is None:
@@ -761,8 +933,10 @@ def _prepare_with_overrides(jobs: list, opts: dict, per_job: Any) -> list:
             raise ValidationError("each opts entry must be a dict or None", field=f"opts[{i}]")
         for key in entry:
             if key not in _PER_JOB_KEYS:
-                raise ValidationError(f"unsupported opts key '{key}'; expected 'queue' or "
-                                      "'ordering_key'", field=f"opts[{i}]")
+                raise ValidationError(
+                    f"unsupported opts key '{key}'; expected 'queue' or 'ordering_key'",
+                    field=f"opts[{i}]",
+                )
         if entry.get("queue", "") is None:
             entry = {k: v for k, v in entry.items() if k != "queue"}
         merged.append({**opts, **entry})
@@ -770,4 +944,3 @@ def _prepare_with_overrides(jobs: list, opts: dict, per_job: Any) -> list:
 
 
 # The blocking client lives in its own module; importable from here as before.
-from awa_fast.sync_client import Client, SyncTransaction  # noqa: E402

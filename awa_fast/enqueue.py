@@ -9,18 +9,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections.abc import Iterable, Iterator
 from datetime import datetime
-from typing import Iterable, Iterator
 
 import orjson
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 
-from awa_fast import sql
+from awa_fast import _native, sql
 from awa_fast.errors import DatabaseError, UniqueConflict, ValidationError
 from awa_fast.job import Job, JobState
-from awa_fast import _native
 from awa_fast.requests import Prepared, UniformBatch
 
 UNIQUE_INDEX = "idx_awa_fast_jobs_unique"
@@ -46,8 +45,13 @@ def mapped_errors() -> Iterator[None]:
         raise SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`") from exc
 
 
-async def holder_conflict(conn: psycopg.AsyncConnection, job_id: int, action: str,
-                          exc: BaseException, outcome: str = "nothing changed") -> UniqueConflict:
+async def holder_conflict(
+    conn: psycopg.AsyncConnection,
+    job_id: int,
+    action: str,
+    exc: BaseException,
+    outcome: str = "nothing changed",
+) -> UniqueConflict:
     """The :class:`UniqueConflict` of ``action`` on job ``job_id`` (a retry path), naming the job
     that holds its unique key. ``conn`` must be usable (outside the failed transaction)."""
     holder = None
@@ -56,35 +60,56 @@ async def holder_conflict(conn: psycopg.AsyncConnection, job_id: int, action: st
     if key is not None and key[0] is not None:
         holder = await (await conn.execute(sql.UNIQUE_HOLDER, (key[0],))).fetchone()
     held = f"job {holder[0]} ({holder[1]})" if holder else "another live job"
-    constraint = getattr(getattr(exc, "diag", None), "constraint_name", None) \
-        or getattr(exc, "constraint", None)
+    constraint = getattr(getattr(exc, "diag", None), "constraint_name", None) or getattr(
+        exc, "constraint", None
+    )
     return UniqueConflict(
         f"cannot {action} job {job_id}: its unique key is held by {held}; {outcome}",
-        constraint=constraint or UNIQUE_INDEX, holder_id=holder[0] if holder else None,
-        holder_state=holder[1] if holder else None)
+        constraint=constraint or UNIQUE_INDEX,
+        holder_id=holder[0] if holder else None,
+        holder_state=holder[1] if holder else None,
+    )
 
 
 def maps_errors(fn):
     """Decorator: run the coroutine function ``fn`` under :func:`mapped_errors`."""
+
     @functools.wraps(fn)
     async def wrapper(*args, **kwargs):
         with mapped_errors():
             return await fn(*args, **kwargs)
+
     return wrapper
 
 
 def one_params(p: Prepared) -> tuple:
-    return (p.kind, p.queue, p.args, p.priority, p.max_attempts, p.run_at, p.metadata,
-            p.tags, p.unique_key, p.unique_states, p.ordering_key)
+    return (
+        p.kind,
+        p.queue,
+        p.args,
+        p.priority,
+        p.max_attempts,
+        p.run_at,
+        p.metadata,
+        p.tags,
+        p.unique_key,
+        p.unique_states,
+        p.ordering_key,
+    )
 
 
 def many_params(rows: list[Prepared]) -> tuple:
     return (
-        [p.kind for p in rows], [p.queue for p in rows], [p.args for p in rows],
-        [p.priority for p in rows], [p.max_attempts for p in rows], [p.run_at for p in rows],
+        [p.kind for p in rows],
+        [p.queue for p in rows],
+        [p.args for p in rows],
+        [p.priority for p in rows],
+        [p.max_attempts for p in rows],
+        [p.run_at for p in rows],
         [p.metadata for p in rows],
         [orjson.dumps(p.tags).decode() if p.tags else "[]" for p in rows],
-        [p.unique_key for p in rows], [p.unique_states for p in rows],
+        [p.unique_key for p in rows],
+        [p.unique_states for p in rows],
         [p.ordering_key for p in rows],
     )
 
@@ -115,8 +140,9 @@ async def insert_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> li
         return []
     keyed = any(p.unique_key is not None for p in rows)
     with mapped_errors():
-        cur = await conn.execute(sql.INSERT_MANY_KEYED if keyed else sql.INSERT_MANY,
-                                 many_params(rows))
+        cur = await conn.execute(
+            sql.INSERT_MANY_KEYED if keyed else sql.INSERT_MANY, many_params(rows)
+        )
         found = await cur.fetchall()
     if keyed:
         found.sort(key=lambda r: r[0])  # ids were drawn in input order
@@ -133,18 +159,53 @@ def _copy_rows(rows: list[Prepared], ids: list[int], now: datetime) -> Iterable[
     for job_id, p in zip(ids, rows):
         run_at = p.run_at or now
         state = "available" if p.run_at is None else "scheduled"  # awa: any explicit run_at
-        yield (job_id, p.kind, p.queue, p.args, state, p.priority, p.max_attempts, run_at,
-               p.metadata, p.tags, p.unique_key, p.unique_states, p.ordering_key, now)
+        yield (
+            job_id,
+            p.kind,
+            p.queue,
+            p.args,
+            state,
+            p.priority,
+            p.max_attempts,
+            run_at,
+            p.metadata,
+            p.tags,
+            p.unique_key,
+            p.unique_states,
+            p.ordering_key,
+            now,
+        )
 
 
 def copied_job(job_id: int, p: Prepared, now: datetime) -> Job:
     """The Job a COPY wrote, built locally (every column is known: nothing to read back)."""
     # The session's time zone, as a read-back would give it.
     run_at = p.run_at.astimezone(now.tzinfo) if p.run_at else now
-    row = (job_id, p.kind, p.queue, orjson.loads(p.args),
-           JobState.Available if p.run_at is None else JobState.Scheduled, p.priority, 0,
-           p.max_attempts, run_at, None, None, None, None, now, [], orjson.loads(p.metadata),
-           p.tags, p.unique_key, p.unique_states, None, None, 0, None)
+    row = (
+        job_id,
+        p.kind,
+        p.queue,
+        orjson.loads(p.args),
+        JobState.Available if p.run_at is None else JobState.Scheduled,
+        p.priority,
+        0,
+        p.max_attempts,
+        run_at,
+        None,
+        None,
+        None,
+        None,
+        now,
+        [],
+        orjson.loads(p.metadata),
+        p.tags,
+        p.unique_key,
+        p.unique_states,
+        None,
+        None,
+        0,
+        None,
+    )
     return Job.from_row(row)
 
 
@@ -167,15 +228,26 @@ async def copy_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list
     return [copied_job(i, p, now) for i, p in zip(ids, rows)]
 
 
-def _follow_up_record(p: Prepared, ord_: int, trigger: int | None,
-                      lease: int | None = None) -> dict:
+def _follow_up_record(
+    p: Prepared, ord_: int, trigger: int | None, lease: int | None = None
+) -> dict:
     fragment = orjson.Fragment
-    return {"trigger": trigger, "lease": lease, "ord": ord_, "kind": p.kind, "queue": p.queue,
-            "args": fragment(p.args), "priority": p.priority, "max_attempts": p.max_attempts,
-            "run_at": p.run_at, "metadata": fragment(p.metadata), "tags": p.tags,
-            "unique_key": None if p.unique_key is None else p.unique_key.hex(),
-            "unique_states": p.unique_states,
-            "ordering_key": None if p.ordering_key is None else p.ordering_key.hex()}
+    return {
+        "trigger": trigger,
+        "lease": lease,
+        "ord": ord_,
+        "kind": p.kind,
+        "queue": p.queue,
+        "args": fragment(p.args),
+        "priority": p.priority,
+        "max_attempts": p.max_attempts,
+        "run_at": p.run_at,
+        "metadata": fragment(p.metadata),
+        "tags": p.tags,
+        "unique_key": None if p.unique_key is None else p.unique_key.hex(),
+        "unique_states": p.unique_states,
+        "ordering_key": None if p.ordering_key is None else p.ordering_key.hex(),
+    }
 
 
 def follow_ups_json(rows: list[Prepared], trigger: int | None = None) -> str:
@@ -187,14 +259,18 @@ def follow_ups_json(rows: list[Prepared], trigger: int | None = None) -> str:
 def batch_follow_ups_json(items: list[tuple[int, int, list[Prepared]]]) -> str:
     """``(trigger_id, trigger_run_lease, requests)`` triples as one JSON array (see
     :func:`follow_ups_json`)."""
-    return orjson.dumps([_follow_up_record(p, i, trigger, lease) for trigger, lease, rows in items
-                         for i, p in enumerate(rows)]).decode()
+    return orjson.dumps(
+        [
+            _follow_up_record(p, i, trigger, lease)
+            for trigger, lease, rows in items
+            for i, p in enumerate(rows)
+        ]
+    ).decode()
 
 
 def copy_escape(text: str) -> str:
     """Escape a value for PostgreSQL's COPY text format."""
-    return (text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
-            .replace("\r", "\\r"))
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _array_literal(values: list[str]) -> str:
@@ -206,8 +282,9 @@ def _bytea_text(value: bytes | None) -> str:
     return "\\N" if value is None else "\\\\x" + value.hex()
 
 
-async def copy_uniform(conn: psycopg.AsyncConnection, batch: UniformBatch, *,
-                       want_jobs: bool) -> list[Job] | int:
+async def copy_uniform(
+    conn: psycopg.AsyncConnection, batch: UniformBatch, *, want_jobs: bool
+) -> list[Job] | int:
     """COPY a :class:`UniformBatch` as one text block built in ``_ext`` (inside the caller's
     transaction). Returns the jobs (``want_jobs``) or their count."""
     n = len(batch.jsons)
@@ -217,15 +294,23 @@ async def copy_uniform(conn: psycopg.AsyncConnection, batch: UniformBatch, *,
         run_at = batch.run_at.astimezone(now.tzinfo) if batch.run_at else now
         state = "available" if batch.run_at is None else "scheduled"  # awa: any explicit run_at
         head = f"{copy_escape(batch.kind)}\t{copy_escape(batch.queue)}".encode()
-        mid = (f"{state}\t{batch.priority}\t{batch.max_attempts}\t{run_at.isoformat()}\t"
-               f"{copy_escape(batch.metadata.decode())}\t"
-               f"{copy_escape(_array_literal(batch.tags))}").encode()
+        mid = (
+            f"{state}\t{batch.priority}\t{batch.max_attempts}\t{run_at.isoformat()}\t"
+            f"{copy_escape(batch.metadata.decode())}\t"
+            f"{copy_escape(_array_literal(batch.tags))}"
+        ).encode()
         ustates = "\\N" if batch.unique_states is None else str(batch.unique_states)
         tail = f"{ustates}\t{_bytea_text(batch.ordering_key)}\t{now.isoformat()}".encode()
         if batch.keys:  # rows in unique-key order, ids in input order (see insert_many)
             order = key_order(batch.keys)
-            block = _native.copy_block([ids[i] for i in order], [batch.jsons[i] for i in order],
-                                       [batch.keys[i] for i in order], head, mid, tail)
+            block = _native.copy_block(
+                [ids[i] for i in order],
+                [batch.jsons[i] for i in order],
+                [batch.keys[i] for i in order],
+                head,
+                mid,
+                tail,
+            )
         else:
             block = _native.copy_block(ids, batch.jsons, batch.keys, head, mid, tail)
         async with conn.cursor().copy(sql.COPY_JOBS) as copy:
@@ -235,19 +320,45 @@ async def copy_uniform(conn: psycopg.AsyncConnection, batch: UniformBatch, *,
     job_state = JobState(state)
     keys = batch.keys or [None] * n
     loads = orjson.loads
-    return [Job.from_row((job_id, batch.kind, batch.queue, args, job_state, batch.priority, 0,
-                          batch.max_attempts, run_at, None, None, None, None, now, [],
-                          loads(batch.metadata), list(batch.tags), key, batch.unique_states,
-                          None, None, 0, None))
-            for job_id, args, key in zip(ids, batch.args, keys)]
+    return [
+        Job.from_row(
+            (
+                job_id,
+                batch.kind,
+                batch.queue,
+                args,
+                job_state,
+                batch.priority,
+                0,
+                batch.max_attempts,
+                run_at,
+                None,
+                None,
+                None,
+                None,
+                now,
+                [],
+                loads(batch.metadata),
+                list(batch.tags),
+                key,
+                batch.unique_states,
+                None,
+                None,
+                0,
+                None,
+            )
+        )
+        for job_id, args, key in zip(ids, batch.args, keys)
+    ]
 
 
 def wrap_db_error(exc: Exception) -> DatabaseError:
     return DatabaseError(f"database error: {exc}")
 
 
-async def insert_follow_ups(conn: psycopg.AsyncConnection, requests: list[Prepared],
-                            trigger_kind: str, trigger_id: int) -> tuple[int, int]:
+async def insert_follow_ups(
+    conn: psycopg.AsyncConnection, requests: list[Prepared], trigger_kind: str, trigger_id: int
+) -> tuple[int, int]:
     """Insert follow-ups inside the caller's transaction (ADR-029 / ADR-046) in ONE statement
     (``sql.INSERT_FOLLOW_UPS``): ids follow the given order, unique keys are taken in key order
     (so two transactions inserting the same keys cannot deadlock), and a request whose key is
@@ -261,6 +372,10 @@ async def insert_follow_ups(conn: psycopg.AsyncConnection, requests: list[Prepar
         inserted = (await cur.fetchone())[0]
     skipped = len(requests) - inserted
     if skipped:
-        log.debug("%d follow-up(s) of %s job %s skipped: unique key already held", skipped,
-                  trigger_kind, trigger_id)
+        log.debug(
+            "%d follow-up(s) of %s job %s skipped: unique key already held",
+            skipped,
+            trigger_kind,
+            trigger_id,
+        )
     return inserted, skipped

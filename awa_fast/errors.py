@@ -38,8 +38,14 @@ class UniqueConflict(AwaError):
         holder_state: that job's state (``"running"``, ``"completed"``, ...), else None.
     """
 
-    def __init__(self, message: str, *, constraint: str | None = None,
-                 holder_id: int | None = None, holder_state: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        constraint: str | None = None,
+        holder_id: int | None = None,
+        holder_state: str | None = None,
+    ):
         super().__init__(message)
         self.constraint = constraint
         self.holder_id = holder_id
@@ -122,8 +128,10 @@ class Unsupported(ValidationError):
     """
 
     def __init__(self, field: str, detail: str = ""):
-        super().__init__(f"{field} is not implemented by awa-fast yet"
-                         + (f" ({detail})" if detail else ""), field=field)
+        super().__init__(
+            f"{field} is not implemented by awa-fast yet" + (f" ({detail})" if detail else ""),
+            field=field,
+        )
 
 
 # awa 0.7 storage-transition errors. awa-fast has one storage engine and no transition, so it

@@ -27,18 +27,44 @@ TERMINAL_STATES = frozenset({JobState.Completed, JobState.Failed, JobState.Cance
 
 # Column order of every statement that returns whole jobs (see awa_fast.sql.JOB_COLUMNS).
 JOB_FIELDS = (
-    "id", "kind", "queue", "args", "state", "priority", "attempt", "max_attempts", "run_at",
-    "heartbeat_at", "deadline_at", "attempted_at", "finalized_at", "created_at", "errors",
-    "metadata", "tags", "unique_key", "unique_states", "callback_id", "callback_timeout_at",
-    "run_lease", "progress",
+    "id",
+    "kind",
+    "queue",
+    "args",
+    "state",
+    "priority",
+    "attempt",
+    "max_attempts",
+    "run_at",
+    "heartbeat_at",
+    "deadline_at",
+    "attempted_at",
+    "finalized_at",
+    "created_at",
+    "errors",
+    "metadata",
+    "tags",
+    "unique_key",
+    "unique_states",
+    "callback_id",
+    "callback_timeout_at",
+    "run_lease",
+    "progress",
 )
 
 
 _N_FIELDS = len(JOB_FIELDS)
 
 
-_TIMESTAMPS = ("run_at", "heartbeat_at", "deadline_at", "attempted_at", "finalized_at",
-               "created_at", "callback_timeout_at")
+_TIMESTAMPS = (
+    "run_at",
+    "heartbeat_at",
+    "deadline_at",
+    "attempted_at",
+    "finalized_at",
+    "created_at",
+    "callback_timeout_at",
+)
 
 
 def _timestamp_property(name: str) -> property:
@@ -59,15 +85,35 @@ class Job:
     __slots__ = tuple(("_" + f) if f in _TIMESTAMPS else f for f in JOB_FIELDS)
 
     @classmethod
-    def from_row(cls, row: tuple) -> "Job":
+    def from_row(cls, row: tuple) -> Job:
         """Build from a row selected with ``awa_fast.sql.JOB_COLUMNS`` (extra trailing columns
         are ignored)."""
         job = cls.__new__(cls)
-        (job.id, job.kind, job.queue, job.args, state, job.priority, job.attempt,
-         job.max_attempts, job._run_at, job._heartbeat_at, job._deadline_at, job._attempted_at,
-         job._finalized_at, job._created_at, job.errors, job.metadata, job.tags, job.unique_key,
-         job.unique_states, callback_id, job._callback_timeout_at, job.run_lease,
-         job.progress) = row[:_N_FIELDS]
+        (
+            job.id,
+            job.kind,
+            job.queue,
+            job.args,
+            state,
+            job.priority,
+            job.attempt,
+            job.max_attempts,
+            job._run_at,
+            job._heartbeat_at,
+            job._deadline_at,
+            job._attempted_at,
+            job._finalized_at,
+            job._created_at,
+            job.errors,
+            job.metadata,
+            job.tags,
+            job.unique_key,
+            job.unique_states,
+            callback_id,
+            job._callback_timeout_at,
+            job.run_lease,
+            job.progress,
+        ) = row[:_N_FIELDS]
         job.state = JobState(state)
         job.callback_id = None if callback_id is None else str(callback_id)
         return job

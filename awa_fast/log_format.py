@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
@@ -22,11 +22,12 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 class _JsonFormatter(JsonFormatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        return datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+        return datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
 
 
-def formatter(log_format: str, *, text_format: str = TEXT_FORMAT,
-              static: dict[str, Any] | None = None) -> logging.Formatter:
+def formatter(
+    log_format: str, *, text_format: str = TEXT_FORMAT, static: dict[str, Any] | None = None
+) -> logging.Formatter:
     """A formatter for ``log_format`` (``"text"`` with ``text_format``, or ``"json"`` with
     ``static`` fields on every line).
 
@@ -36,15 +37,24 @@ def formatter(log_format: str, *, text_format: str = TEXT_FORMAT,
     if log_format == "text":
         return logging.Formatter(text_format)
     if log_format == "json":
-        return _JsonFormatter("{asctime}{levelname}{name}{message}", style="{",
-                              rename_fields={"asctime": "ts", "levelname": "level",
-                                             "name": "logger"},
-                              static_fields=dict(static or {}), json_ensure_ascii=False)
+        return _JsonFormatter(
+            "{asctime}{levelname}{name}{message}",
+            style="{",
+            rename_fields={"asctime": "ts", "levelname": "level", "name": "logger"},
+            static_fields=dict(static or {}),
+            json_ensure_ascii=False,
+        )
     raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {log_format!r}")
 
 
-def configure(log_format: str, level: str, *, stream: TextIO | None = None,
-              text_format: str = TEXT_FORMAT, static: dict[str, Any] | None = None) -> None:
+def configure(
+    log_format: str,
+    level: str,
+    *,
+    stream: TextIO | None = None,
+    text_format: str = TEXT_FORMAT,
+    static: dict[str, Any] | None = None,
+) -> None:
     """Make the root logger write records of ``level`` (``"debug"`` ... ``"error"``) and above
     to ``stream`` (default stderr) in ``log_format``, replacing its handlers.
 
@@ -61,6 +71,13 @@ def configure(log_format: str, level: str, *, stream: TextIO | None = None,
 def line(fmt: logging.Formatter, logger: str, message: str, level: int = logging.INFO) -> str:
     """``message`` formatted by ``fmt`` as a record of ``logger`` made now (for output that a
     process prints itself, such as the launcher's status lines)."""
-    return fmt.format(logging.makeLogRecord({"name": logger, "levelno": level,
-                                             "levelname": logging.getLevelName(level),
-                                             "msg": message}))
+    return fmt.format(
+        logging.makeLogRecord(
+            {
+                "name": logger,
+                "levelno": level,
+                "levelname": logging.getLevelName(level),
+                "msg": message,
+            }
+        )
+    )

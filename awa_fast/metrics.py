@@ -15,11 +15,18 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
-from prometheus_client import (REGISTRY, CollectorRegistry, Counter, Gauge, Histogram,
-                               multiprocess, start_http_server)
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    multiprocess,
+    start_http_server,
+)
 
 from awa_fast.errors import ConfigError
 from awa_fast.sql import dashboard as dsql
@@ -32,54 +39,106 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_REFRESH_MS = 5000
 
 # Seconds; claims and finalizes are milliseconds when healthy, seconds when the database is not.
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-                    5.0, 10.0)
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 JOBS_FINALIZED = Counter(
-    "awa_fast_jobs_finalized", "Attempts finalized by this process (applied, not stale), by "
+    "awa_fast_jobs_finalized",
+    "Attempts finalized by this process (applied, not stale), by "
     "outcome: completed, failed, retryable, cancelled, snoozed, waiting_external, or "
     "prompt_failure (the finalize failed and a failure was recorded instead).",
-    ["queue", "kind", "outcome"])
+    ["queue", "kind", "outcome"],
+)
 CLAIM_SECONDS = Histogram(
-    "awa_fast_claim_seconds", "Duration of one claim statement (seconds).", ["queue"],
-    buckets=_LATENCY_BUCKETS)
+    "awa_fast_claim_seconds",
+    "Duration of one claim statement (seconds).",
+    ["queue"],
+    buckets=_LATENCY_BUCKETS,
+)
 FINALIZE_SECONDS = Histogram(
-    "awa_fast_finalize_seconds", "From a handler's return to its attempt's finalize committing "
-    "(seconds; includes the finalizer's group-commit wait).", ["queue"],
-    buckets=_LATENCY_BUCKETS)
+    "awa_fast_finalize_seconds",
+    "From a handler's return to its attempt's finalize committing "
+    "(seconds; includes the finalizer's group-commit wait).",
+    ["queue"],
+    buckets=_LATENCY_BUCKETS,
+)
 QUEUE_DEPTH = Gauge(
-    "awa_fast_queue_depth", "Jobs per queue in each active state (available, scheduled, "
+    "awa_fast_queue_depth",
+    "Jobs per queue in each active state (available, scheduled, "
     "retryable, running, waiting_external, consequence_pending), read through the partial "
-    "indexes every metrics refresh.", ["queue", "state"], multiprocess_mode="livemostrecent")
+    "indexes every metrics refresh.",
+    ["queue", "state"],
+    multiprocess_mode="livemostrecent",
+)
 FOLLOW_UPS_INSERTED = Counter(
-    "awa_fast_follow_ups_inserted", "Staged follow-ups inserted at their trigger's completion.")
+    "awa_fast_follow_ups_inserted", "Staged follow-ups inserted at their trigger's completion."
+)
 FOLLOW_UPS_SKIPPED = Counter(
-    "awa_fast_follow_ups_skipped", "Staged follow-ups skipped as duplicates (unique key taken).")
+    "awa_fast_follow_ups_skipped", "Staged follow-ups skipped as duplicates (unique key taken)."
+)
 FOLLOW_UPS_DISCARDED = Counter(
-    "awa_fast_follow_ups_discarded", "Staged follow-ups dropped because their attempt did not "
-    "complete (ADR-046), by the attempt's outcome.", ["outcome"])
+    "awa_fast_follow_ups_discarded",
+    "Staged follow-ups dropped because their attempt did not "
+    "complete (ADR-046), by the attempt's outcome.",
+    ["outcome"],
+)
 WAIT_FOR_CALLBACK_DISCARDS = Counter(
-    "awa_fast_staged_discarded_on_wait_for_callback", "Attempts that returned WaitForCallback "
-    "with staged follow-ups, which were discarded (ADR-046).")
+    "awa_fast_staged_discarded_on_wait_for_callback",
+    "Attempts that returned WaitForCallback "
+    "with staged follow-ups, which were discarded (ADR-046).",
+)
 CONSEQUENCES_APPLIED = Counter(
-    "awa_fast_consequences_applied", "Failure consequences applied by this process.", ["kind"])
+    "awa_fast_consequences_applied", "Failure consequences applied by this process.", ["kind"]
+)
 CONSEQUENCES_OWED = Gauge(
-    "awa_fast_consequences_owed", "Failure consequences owed (not yet applied).",
-    multiprocess_mode="livemostrecent")
+    "awa_fast_consequences_owed",
+    "Failure consequences owed (not yet applied).",
+    multiprocess_mode="livemostrecent",
+)
 CONSEQUENCES_OVERDUE = Gauge(
-    "awa_fast_consequences_overdue", "Owed consequences retried at least once or due for over "
-    "a minute.", multiprocess_mode="livemostrecent")
+    "awa_fast_consequences_overdue",
+    "Owed consequences retried at least once or due for over a minute.",
+    multiprocess_mode="livemostrecent",
+)
 RESCUES = Counter(
-    "awa_fast_rescues", "Attempts rescued by this process's maintenance, by cause: heartbeat "
-    "(stale), deadline (exceeded), callback (expired).", ["cause"])
+    "awa_fast_rescues",
+    "Attempts rescued by this process's maintenance, by cause: heartbeat "
+    "(stale), deadline (exceeded), callback (expired).",
+    ["cause"],
+)
 LEADER = Gauge(
-    "awa_fast_maintenance_leader", "1 while this process holds the maintenance leadership.",
-    multiprocess_mode="liveall")
+    "awa_fast_maintenance_leader",
+    "1 while this process holds the maintenance leadership.",
+    multiprocess_mode="liveall",
+)
 
-_RESCUE_CAUSES = {"stale_heartbeat": "heartbeat", "deadline_exceeded": "deadline",
-                  "expired_callback": "callback"}
-_DEPTH_STATES = ("available", "scheduled", "retryable", "running", "waiting_external",
-                 "consequence_pending")
+_RESCUE_CAUSES = {
+    "stale_heartbeat": "heartbeat",
+    "deadline_exceeded": "deadline",
+    "expired_callback": "callback",
+}
+_DEPTH_STATES = (
+    "available",
+    "scheduled",
+    "retryable",
+    "running",
+    "waiting_external",
+    "consequence_pending",
+)
 
 
 # -- instrumentation calls (hot paths: one dict lookup and an add) ----------------------------
@@ -94,7 +153,9 @@ def finalized(queue: str, kind: str, outcome: str, seconds: float | None = None)
     series = _finalized.get((queue, kind, outcome))
     if series is None:
         series = _finalized[(queue, kind, outcome)] = (
-            JOBS_FINALIZED.labels(queue, kind, outcome), FINALIZE_SECONDS.labels(queue))
+            JOBS_FINALIZED.labels(queue, kind, outcome),
+            FINALIZE_SECONDS.labels(queue),
+        )
     series[0].inc()
     if seconds is not None:
         series[1].observe(seconds)
@@ -139,6 +200,7 @@ class LegacyCounters(Mapping):
 
 # -- gauges read from the database ------------------------------------------------------------
 
+
 async def refresh(conn: Any, queues: list[str]) -> None:
     """Set the queue depth and consequence gauges from the dashboard's bounded statements
     (``sql.dashboard.QUEUE_DEPTH`` / ``CONSEQUENCE_COUNTS``: partial indexes, never the finished
@@ -159,6 +221,7 @@ async def refresh(conn: Any, queues: list[str]) -> None:
 
 # -- exposition -------------------------------------------------------------------------------
 
+
 def check_port(port: Any, field: str = "metrics_port") -> int:
     """``port`` as a TCP port (0 = an ephemeral one).
 
@@ -166,16 +229,20 @@ def check_port(port: Any, field: str = "metrics_port") -> int:
         ConfigError: not an int in 0..65535, naming ``field``.
     """
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"{field} must be an int in 0..65535 (0 = any free port), got {port!r}",
-                          field=field, limit="0..65535")
+        raise ConfigError(
+            f"{field} must be an int in 0..65535 (0 = any free port), got {port!r}",
+            field=field,
+            limit="0..65535",
+        )
     return port
 
 
 def check_host(host: Any, field: str = "metrics_host") -> str:
     """Raises ConfigError: ``host`` is not a non-empty string (an address or name to bind)."""
     if not isinstance(host, str) or not host:
-        raise ConfigError(f"{field} must be a non-empty string (an address to bind), got {host!r}",
-                          field=field)
+        raise ConfigError(
+            f"{field} must be a non-empty string (an address to bind), got {host!r}", field=field
+        )
     return host
 
 
@@ -191,16 +258,25 @@ class Exporter:
     """One HTTP endpoint serving ``/metrics`` in a daemon thread (``prometheus_client``'s
     server). ``port`` is the bound port (useful with 0)."""
 
-    def __init__(self, port: int, host: str = DEFAULT_HOST, registry: Any = None, *,
-                 field: str = "metrics_port", host_field: str = "metrics_host"):
+    def __init__(
+        self,
+        port: int,
+        host: str = DEFAULT_HOST,
+        registry: Any = None,
+        *,
+        field: str = "metrics_port",
+        host_field: str = "metrics_host",
+    ):
         check_port(port, field)
         check_host(host, host_field)
         try:
             self._server, self._thread = start_http_server(
-                port, addr=host, registry=registry if registry is not None else _registry())
+                port, addr=host, registry=registry if registry is not None else _registry()
+            )
         except OSError as exc:
-            raise ConfigError(f"{field}={port}: cannot listen on {host}:{port}: {exc}",
-                              field=field) from None
+            raise ConfigError(
+                f"{field}={port}: cannot listen on {host}:{port}: {exc}", field=field
+            ) from None
         self.host = host
         self.port = self._server.server_port
 
@@ -223,8 +299,9 @@ class LauncherExporter(Exporter):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=self.directory)
         try:
-            super().__init__(port, host, registry, field="--metrics-port",
-                             host_field="--metrics-host")
+            super().__init__(
+                port, host, registry, field="--metrics-port", host_field="--metrics-host"
+            )
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise

@@ -59,14 +59,17 @@ class PartitionedQueue:
     def __init__(self, logical_queue: str, partitions: int):
         _check_logical(logical_queue)
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions <= 0:
-            raise ValidationError("partitioned queue partitions must be > 0", field="partitions",
-                                  limit="> 0")
+            raise ValidationError(
+                "partitioned queue partitions must be > 0", field="partitions", limit="> 0"
+            )
         _check_count(partitions)
         self._logical = logical_queue
         self._physical = [logical_queue] + [f"{logical_queue}__p{i}" for i in range(1, partitions)]
 
     @classmethod
-    def from_physical_queues(cls, logical_queue: str, physical_queues: list[str]) -> "PartitionedQueue":
+    def from_physical_queues(
+        cls, logical_queue: str, physical_queues: list[str]
+    ) -> PartitionedQueue:
         """Use existing queue names as the partitions, in order.
 
         Raises:
@@ -80,11 +83,13 @@ class PartitionedQueue:
         seen: set[str] = set()
         for q in queues:
             if not q:
-                raise ValidationError("partitioned queue physical queue must not be empty",
-                                      field="physical_queues")
+                raise ValidationError(
+                    "partitioned queue physical queue must not be empty", field="physical_queues"
+                )
             if q in seen:
-                raise ValidationError(f"partitioned queue physical queue '{q}' is duplicated",
-                                      field="physical_queues")
+                raise ValidationError(
+                    f"partitioned queue physical queue '{q}' is duplicated", field="physical_queues"
+                )
             seen.add(q)
         self = cls.__new__(cls)
         self._logical, self._physical = logical_queue, queues
@@ -126,12 +131,18 @@ class PartitionedQueue:
         """Insert keywords ``{"queue"}`` for round-robin ``index``."""
         return {"queue": self.queue_for_index(index)}
 
-    def queue_configs(self, max_workers_per_partition: int | None = None, *,
-                      min_workers_per_partition: int | None = None, weight: int = 1,
-                      rate_limit_per_partition: tuple[float, int] | None = None,
-                      priority_aging_interval_ms: int | None = None,
-                      deadline_duration_ms: int | None = None, claimers: int | None = None,
-                      claim_batch_size: int | None = None) -> list[dict]:
+    def queue_configs(
+        self,
+        max_workers_per_partition: int | None = None,
+        *,
+        min_workers_per_partition: int | None = None,
+        weight: int = 1,
+        rate_limit_per_partition: tuple[float, int] | None = None,
+        priority_aging_interval_ms: int | None = None,
+        deadline_duration_ms: int | None = None,
+        claimers: int | None = None,
+        claim_batch_size: int | None = None,
+    ) -> list[dict]:
         """One ``start()`` queue dict per partition, with the given per-partition settings
         (only those given appear). ``min_workers_per_partition``/``weight`` build awa's weighted
         configs, which ``start()`` rejects as not implemented.
@@ -140,20 +151,30 @@ class PartitionedQueue:
             ValidationError: neither or both worker counts, a count/weight/claimers/batch of 0.
         """
         if max_workers_per_partition is not None and min_workers_per_partition is not None:
-            raise ValidationError("use max_workers_per_partition or min_workers_per_partition, "
-                                  "not both", field="max_workers_per_partition")
+            raise ValidationError(
+                "use max_workers_per_partition or min_workers_per_partition, not both",
+                field="max_workers_per_partition",
+            )
         if max_workers_per_partition is None and min_workers_per_partition is None:
-            raise ValidationError("queue_configs requires max_workers_per_partition or "
-                                  "min_workers_per_partition", field="max_workers_per_partition")
-        for value, name in ((max_workers_per_partition, "max_workers_per_partition"),
-                            (weight, "weight"), (claimers, "claimers"),
-                            (claim_batch_size, "claim_batch_size")):
+            raise ValidationError(
+                "queue_configs requires max_workers_per_partition or min_workers_per_partition",
+                field="max_workers_per_partition",
+            )
+        for value, name in (
+            (max_workers_per_partition, "max_workers_per_partition"),
+            (weight, "weight"),
+            (claimers, "claimers"),
+            (claim_batch_size, "claim_batch_size"),
+        ):
             if value == 0:
                 raise ValidationError(f"{name} must be > 0", field=name, limit="> 0")
-        extra = {"rate_limit": rate_limit_per_partition,
-                 "priority_aging_interval_ms": priority_aging_interval_ms,
-                 "deadline_duration_ms": deadline_duration_ms, "claimers": claimers,
-                 "claim_batch_size": claim_batch_size}
+        extra = {
+            "rate_limit": rate_limit_per_partition,
+            "priority_aging_interval_ms": priority_aging_interval_ms,
+            "deadline_duration_ms": deadline_duration_ms,
+            "claimers": claimers,
+            "claim_batch_size": claim_batch_size,
+        }
         out = []
         for q in self._physical:
             cfg: dict[str, Any] = {"name": q}
@@ -168,11 +189,15 @@ class PartitionedQueue:
 
 def _check_logical(name: Any) -> None:
     if not isinstance(name, str) or not name:
-        raise ValidationError("partitioned queue logical queue must not be empty",
-                              field="logical_queue")
+        raise ValidationError(
+            "partitioned queue logical queue must not be empty", field="logical_queue"
+        )
 
 
 def _check_count(n: int) -> None:
     if n > _MAX_PARTITIONS:
-        raise ValidationError(f"partitioned queue supports at most {_MAX_PARTITIONS} physical "
-                              f"queues; got {n}", field="partitions", limit=f"<= {_MAX_PARTITIONS}")
+        raise ValidationError(
+            f"partitioned queue supports at most {_MAX_PARTITIONS} physical queues; got {n}",
+            field="partitions",
+            limit=f"<= {_MAX_PARTITIONS}",
+        )

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -91,21 +91,26 @@ def check_cron(cron_expr: Any) -> str:
         ValidationError: not a valid expression (the message quotes it).
     """
     if not isinstance(cron_expr, str):
-        raise ValidationError(f"cron expression must be a str, got {type(cron_expr).__name__}",
-                              field="cron_expr")
+        raise ValidationError(
+            f"cron expression must be a str, got {type(cron_expr).__name__}", field="cron_expr"
+        )
     expr = cron_expr.strip()
     if not expr.startswith("@") and len(expr.split()) != 5:
-        raise ValidationError(f"invalid cron expression {cron_expr!r}: expected 5 fields "
-                              "(minute hour day-of-month month day-of-week) or an @alias",
-                              field="cron_expr")
+        raise ValidationError(
+            f"invalid cron expression {cron_expr!r}: expected 5 fields "
+            "(minute hour day-of-month month day-of-week) or an @alias",
+            field="cron_expr",
+        )
     try:
         croniter(expr)
     except (ValueError, KeyError, TypeError) as exc:  # CroniterError is a ValueError
-        raise ValidationError(f"invalid cron expression {cron_expr!r}: {exc}",
-                              field="cron_expr") from exc
+        raise ValidationError(
+            f"invalid cron expression {cron_expr!r}: {exc}", field="cron_expr"
+        ) from exc
     if expr.lower() == "@reboot":
-        raise ValidationError(f"invalid cron expression {cron_expr!r}: @reboot has no fire "
-                              "times", field="cron_expr")
+        raise ValidationError(
+            f"invalid cron expression {cron_expr!r}: @reboot has no fire times", field="cron_expr"
+        )
     return expr
 
 
@@ -116,18 +121,29 @@ def check_timezone(name: Any) -> ZoneInfo:
         ValidationError: unknown or malformed timezone name.
     """
     if not isinstance(name, str) or not name:
-        raise ValidationError(f"timezone must be a non-empty IANA name, got {name!r}",
-                              field="timezone")
+        raise ValidationError(
+            f"timezone must be a non-empty IANA name, got {name!r}", field="timezone"
+        )
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise ValidationError(f"unknown timezone {name!r}", field="timezone") from exc
 
 
-def build(name: str, cron_expr: str, args_type: type, args: Any, *, timezone: str = "UTC",
-          queue: str = "default", priority: int = 2, max_attempts: int = 25,
-          tags: list[str] | None = None, metadata: dict | None = None,
-          missed_fire_policy: str = "coalesce") -> PeriodicJob:
+def build(
+    name: str,
+    cron_expr: str,
+    args_type: type,
+    args: Any,
+    *,
+    timezone: str = "UTC",
+    queue: str = "default",
+    priority: int = 2,
+    max_attempts: int = 25,
+    tags: list[str] | None = None,
+    metadata: dict | None = None,
+    missed_fire_policy: str = "coalesce",
+) -> PeriodicJob:
     """Validate one schedule (see ``AsyncClient.periodic``).
 
     Raises:
@@ -135,22 +151,45 @@ def build(name: str, cron_expr: str, args_type: type, args: Any, *, timezone: st
             insert option.
     """
     if not isinstance(name, str) or not name.strip():
-        raise ValidationError(f"periodic job name must be a non-empty str, got {name!r}",
-                              field="name")
+        raise ValidationError(
+            f"periodic job name must be a non-empty str, got {name!r}", field="name"
+        )
     expr = check_cron(cron_expr)
     check_timezone(timezone)
     if missed_fire_policy not in POLICIES:
-        raise ValidationError(f"missed_fire_policy must be 'coalesce' or 'catch_up', "
-                              f"got {missed_fire_policy!r}", field="missed_fire_policy")
+        raise ValidationError(
+            f"missed_fire_policy must be 'coalesce' or 'catch_up', got {missed_fire_policy!r}",
+            field="missed_fire_policy",
+        )
     if not isinstance(args_type, type):
         raise ValidationError(f"args_type must be a type, got {args_type!r}", field="args_type")
     if not isinstance(args, (dict, args_type)):
-        raise ValidationError(f"args must be a {args_type.__name__} instance or a dict, "
-                              f"got {type(args).__name__}", field="args")
-    p = prepare(args, kind=kind_for_type(args_type), queue=queue, priority=priority,
-                max_attempts=max_attempts, tags=tags, metadata=metadata)
-    return PeriodicJob(name, expr, timezone, p.kind, p.queue, p.args, p.priority,
-                       p.max_attempts, list(p.tags), p.metadata, missed_fire_policy)
+        raise ValidationError(
+            f"args must be a {args_type.__name__} instance or a dict, got {type(args).__name__}",
+            field="args",
+        )
+    p = prepare(
+        args,
+        kind=kind_for_type(args_type),
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        tags=tags,
+        metadata=metadata,
+    )
+    return PeriodicJob(
+        name,
+        expr,
+        timezone,
+        p.kind,
+        p.queue,
+        p.args,
+        p.priority,
+        p.max_attempts,
+        list(p.tags),
+        p.metadata,
+        missed_fire_policy,
+    )
 
 
 # -- fire times ---------------------------------------------------------------------------------
@@ -163,13 +202,13 @@ def latest_fire(cron_expr: str, tz: str, at: datetime) -> datetime:
     nxt = croniter(cron_expr, prev).get_next(datetime)
     if nxt <= local:  # ``at`` is itself a fire time
         prev = nxt
-    return prev.astimezone(dt_timezone.utc)
+    return prev.astimezone(UTC)
 
 
 def next_fire(cron_expr: str, tz: str, after: datetime) -> datetime:
     """The first fire time strictly after ``after`` (UTC)."""
     local = after.astimezone(ZoneInfo(tz))
-    return croniter(cron_expr, local).get_next(datetime).astimezone(dt_timezone.utc)
+    return croniter(cron_expr, local).get_next(datetime).astimezone(UTC)
 
 
 def first_window(created_at: datetime) -> datetime:
@@ -177,9 +216,15 @@ def first_window(created_at: datetime) -> datetime:
     return created_at - timedelta(seconds=FIRST_FIRE_LOOKBACK_S)
 
 
-def due_fires(cron_expr: str, tz: str, policy: str, last: datetime | None, now: datetime,
-              created_at: datetime | None = None,
-              limit: int = CATCH_UP_BATCH) -> list[datetime]:
+def due_fires(
+    cron_expr: str,
+    tz: str,
+    policy: str,
+    last: datetime | None,
+    now: datetime,
+    created_at: datetime | None = None,
+    limit: int = CATCH_UP_BATCH,
+) -> list[datetime]:
     """The fire times to enqueue now: those in ``(last, now]`` after the policy (coalesce: the
     latest one; catch_up: the oldest ``limit``). ``last=None`` means "never fired": the latest
     fire time in ``[created_at - 1 minute, now]``, if any, whatever the policy (awa's rule;
@@ -196,7 +241,7 @@ def due_fires(cron_expr: str, tz: str, policy: str, last: datetime | None, now: 
     out = []
     it = croniter(cron_expr, last.astimezone(ZoneInfo(tz)))
     while len(out) < limit:
-        t = it.get_next(datetime).astimezone(dt_timezone.utc)
+        t = it.get_next(datetime).astimezone(UTC)
         if t > now:
             break
         out.append(t)
@@ -228,18 +273,40 @@ async def fire_one(conn: psycopg.AsyncConnection, name: str) -> list[Job]:
         row = await cur.fetchone()
         if row is None:
             return []
-        (name, cron_expr, tz, kind, queue, args, priority, max_attempts, tags, metadata, policy,
-         last, created, _updated, now) = row
+        (
+            name,
+            cron_expr,
+            tz,
+            kind,
+            queue,
+            args,
+            priority,
+            max_attempts,
+            tags,
+            metadata,
+            policy,
+            last,
+            created,
+            _updated,
+            now,
+        ) = row
         fires = due_fires(cron_expr, tz, policy, last, now, created)
         if not fires:
             return []
         args = _json(args)
         base_meta = _json(metadata)
-        rows = [prepare(args, kind=kind, queue=queue, priority=priority,
-                        max_attempts=max_attempts, tags=list(tags or ()),
-                        metadata={**base_meta, META_NAME: name,
-                                  META_FIRE_AT: fire.isoformat()})
-                for fire in fires]
+        rows = [
+            prepare(
+                args,
+                kind=kind,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                tags=list(tags or ()),
+                metadata={**base_meta, META_NAME: name, META_FIRE_AT: fire.isoformat()},
+            )
+            for fire in fires
+        ]
         jobs = await enqueue.insert_many(conn, rows)
         await conn.execute(sql.CRON_ADVANCE, (fires[-1], name))
     log.debug("cron %s fired %d job(s), last fire %s", name, len(jobs), fires[-1])
@@ -279,9 +346,13 @@ async def list_schedules(conn: psycopg.AsyncConnection) -> list[dict]:
     out = []
     for row in await cur.fetchall():
         d = dict(zip(names, row))
-        d["args"], d["metadata"], d["tags"] = _json(d["args"]), _json(d["metadata"]), list(d["tags"])
+        d["args"], d["metadata"], d["tags"] = (
+            _json(d["args"]),
+            _json(d["metadata"]),
+            list(d["tags"]),
+        )
         try:
-            base = d["last_fire_at"] or datetime.now(dt_timezone.utc)
+            base = d["last_fire_at"] or datetime.now(UTC)
             d["next_fire_at"] = next_fire(d["cron_expr"], d["timezone"], base).isoformat()
         except (ValueError, KeyError, ZoneInfoNotFoundError):
             d["next_fire_at"] = None

@@ -103,16 +103,20 @@ def args_to_builtins(args: Any) -> dict:
             # deterministic: a set's elements in sorted order (stable JSON and unique keys);
             # only types with non-plain fields can hold a set (and pay for sorting)
             check = needs_check(type(args))
-            out = (msgspec.to_builtins(args, order="deterministic") if check
-                   else msgspec.to_builtins(args))
+            out = (
+                msgspec.to_builtins(args, order="deterministic")
+                if check
+                else msgspec.to_builtins(args)
+            )
         else:
             out = None
         dump = None if out is not None else getattr(args, "model_dump", None)
         if dump is not None:
             return dump(mode="json")
     except (TypeError, ValueError) as exc:
-        raise SerializationError(f"args are not JSON-serializable: {exc}", field="args",
-                                 limit="JSON") from exc
+        raise SerializationError(
+            f"args are not JSON-serializable: {exc}", field="args", limit="JSON"
+        ) from exc
     if out is not None:
         if check:
             check_round_trip(args, out)
@@ -136,7 +140,9 @@ def to_json(value: Any, field: str) -> bytes:
     try:
         data = orjson.dumps(value, option=_SORT)
     except TypeError as exc:
-        raise SerializationError(f"{field} is not JSON-serializable: {exc}", field=field, limit="JSON") from exc
+        raise SerializationError(
+            f"{field} is not JSON-serializable: {exc}", field=field, limit="JSON"
+        ) from exc
     _native.check_json_nul(data, field)
     return data
 
@@ -148,11 +154,16 @@ def _ordering_key(value: bytes | str | None) -> bytes | None:
         try:
             return value.encode()
         except UnicodeEncodeError:
-            raise ValidationError("ordering_key must be valid Unicode (no lone surrogates)",
-                                  field="ordering_key", limit="valid UTF-8") from None
+            raise ValidationError(
+                "ordering_key must be valid Unicode (no lone surrogates)",
+                field="ordering_key",
+                limit="valid UTF-8",
+            ) from None
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
-    raise ValidationError("ordering_key must be bytes, str or None", field="ordering_key", limit="bytes | str")
+    raise ValidationError(
+        "ordering_key must be bytes, str or None", field="ordering_key", limit="bytes | str"
+    )
 
 
 def _unique_tuple(unique_opts: Any) -> tuple | None:
@@ -161,8 +172,17 @@ def _unique_tuple(unique_opts: Any) -> tuple | None:
     return _native.parse_unique_opts(unique_opts)
 
 
-def _shared_options(kind: str, queue: str, priority: int, max_attempts: int, tags: Any,
-                    metadata: Any, run_at: Any, unique_opts: Any, ordering_key: Any) -> tuple:
+def _shared_options(
+    kind: str,
+    queue: str,
+    priority: int,
+    max_attempts: int,
+    tags: Any,
+    metadata: Any,
+    run_at: Any,
+    unique_opts: Any,
+    ordering_key: Any,
+) -> tuple:
     """Validate everything but the args: ``(tags, metadata_json, run_at, ordering_key,
     unique tuple or None)``. Raises ValidationError."""
     tags = _native.validate_insert(kind, queue, priority, max_attempts, tags)
@@ -173,8 +193,13 @@ def _shared_options(kind: str, queue: str, priority: int, max_attempts: int, tag
         meta_json = to_json(metadata, "metadata")
     else:
         raise ValidationError("metadata must be a dict or None", field="metadata", limit="dict")
-    return (tags, meta_json, _native.normalize_run_at(run_at), _ordering_key(ordering_key),
-            _unique_tuple(unique_opts))
+    return (
+        tags,
+        meta_json,
+        _native.normalize_run_at(run_at),
+        _ordering_key(ordering_key),
+        _unique_tuple(unique_opts),
+    )
 
 
 def prepare(
@@ -201,10 +226,13 @@ def prepare(
     """
     if kind is None:
         if isinstance(args, dict):
-            raise ValidationError("kind is required when args is a dict", field="kind", limit="required")
+            raise ValidationError(
+                "kind is required when args is a dict", field="kind", limit="required"
+            )
         kind = kind_for_type(type(args))
     tags, meta_json, run_at, okey, unique = _shared_options(
-        kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
+        kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key
+    )
     args_json = to_json(args_to_builtins(args), "args")
     if unique is None:
         ukey = ustates = None
@@ -213,8 +241,18 @@ def prepare(
         ukey = _native.unique_key(kind, queue, args_json, by_queue, by_args, by_period)
     size = _native.request_size(kind, queue, args_json, meta_json, tags, okey)
     return Prepared(
-        kind, queue, args_json.decode(), priority, max_attempts, run_at,
-        meta_json.decode(), tags, ukey, ustates, okey, size,
+        kind,
+        queue,
+        args_json.decode(),
+        priority,
+        max_attempts,
+        run_at,
+        meta_json.decode(),
+        tags,
+        ukey,
+        ustates,
+        okey,
+        size,
     )
 
 
@@ -237,11 +275,19 @@ class UniformBatch(msgspec.Struct, gc=False):
     keys: list | None
 
 
-def prepare_uniform(items: list, *, kind: str | None = None, queue: str = "default",
-                    priority: int = 2, max_attempts: int = 25, tags: list[str] | None = None,
-                    metadata: dict | None = None, run_at: datetime | str | None = None,
-                    unique_opts: dict | UniqueOpts | None = None,
-                    ordering_key: bytes | str | None = None) -> UniformBatch | None:
+def prepare_uniform(
+    items: list,
+    *,
+    kind: str | None = None,
+    queue: str = "default",
+    priority: int = 2,
+    max_attempts: int = 25,
+    tags: list[str] | None = None,
+    metadata: dict | None = None,
+    run_at: datetime | str | None = None,
+    unique_opts: dict | UniqueOpts | None = None,
+    ordering_key: bytes | str | None = None,
+) -> UniformBatch | None:
     """Validate a bulk insert whose elements are all args of one type, sharing one set of
     options: the options once, the per-row loops (JSON, NUL scan, unique keys) in ``_ext``.
 
@@ -255,20 +301,25 @@ def prepare_uniform(items: list, *, kind: str | None = None, queue: str = "defau
         return None
     if kind is None:
         if issubclass(first, dict):
-            raise ValidationError("kind is required when args is a dict", field="kind", limit="required")
+            raise ValidationError(
+                "kind is required when args is a dict", field="kind", limit="required"
+            )
         kind = kind_for_type(first)
     tags, meta_json, run_at, okey, unique = _shared_options(
-        kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key)
+        kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key
+    )
     if first is dict:
         builtins = items
     elif issubclass(first, msgspec.Struct) or dataclasses.is_dataclass(first):
         try:
             # one C call for the whole list
-            builtins = msgspec.to_builtins(items, order="deterministic" if needs_check(first)
-                                           else None)
+            builtins = msgspec.to_builtins(
+                items, order="deterministic" if needs_check(first) else None
+            )
         except (TypeError, ValueError) as exc:
-            raise SerializationError(f"args are not JSON-serializable: {exc}", field="args",
-                                     limit="JSON") from exc
+            raise SerializationError(
+                f"args are not JSON-serializable: {exc}", field="args", limit="JSON"
+            ) from exc
         if needs_check(first):
             for item, out in zip(items, builtins):
                 check_round_trip(item, out)
@@ -279,8 +330,20 @@ def prepare_uniform(items: list, *, kind: str | None = None, queue: str = "defau
     if unique is not None:
         by_queue, by_args, by_period, _ = unique
         keys = _native.keys_many(kind, queue, jsons, by_queue, by_args, by_period)
-    return UniformBatch(kind, queue, priority, max_attempts, tags, meta_json, run_at,
-                        None if unique is None else unique[3], okey, builtins, jsons, keys)
+    return UniformBatch(
+        kind,
+        queue,
+        priority,
+        max_attempts,
+        tags,
+        meta_json,
+        run_at,
+        None if unique is None else unique[3],
+        okey,
+        builtins,
+        jsons,
+        keys,
+    )
 
 
 class EnqueueRequest:
@@ -305,18 +368,18 @@ class EnqueueRequest:
         self.args = args
         self.options = options
 
-    def _with(self, **change: Any) -> "EnqueueRequest":
+    def _with(self, **change: Any) -> EnqueueRequest:
         return EnqueueRequest(self.args, **{**copy.copy(self.options), **change})
 
-    def unique(self, opts: dict | UniqueOpts | None = None) -> "EnqueueRequest":
+    def unique(self, opts: dict | UniqueOpts | None = None) -> EnqueueRequest:
         """A copy with ``unique_opts`` set (``None`` or ``{}`` = the default unique options)."""
         return self._with(unique_opts={} if opts is None else opts)
 
-    def metadata(self, metadata: dict) -> "EnqueueRequest":
+    def metadata(self, metadata: dict) -> EnqueueRequest:
         """A copy with ``metadata`` set."""
         return self._with(metadata=metadata)
 
-    def with_options(self, **options: Any) -> "EnqueueRequest":
+    def with_options(self, **options: Any) -> EnqueueRequest:
         """A copy with the given insert options changed."""
         return self._with(**options)
 

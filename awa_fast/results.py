@@ -14,8 +14,10 @@ MAX_DELAY_S = 10 * 365 * 86400.0
 def _delay(seconds: float, what: str) -> float:
     value = float(seconds)
     if not math.isfinite(value) or value < 0 or value > MAX_DELAY_S:
-        raise ValueError(f"{what} seconds must be a finite number between 0 and {MAX_DELAY_S:.0f}"
-                         f" (10 years), got {seconds!r}")
+        raise ValueError(
+            f"{what} seconds must be a finite number between 0 and {MAX_DELAY_S:.0f}"
+            f" (10 years), got {seconds!r}"
+        )
     return value
 
 

@@ -30,8 +30,9 @@ class Client:
     def __init__(self, database_url: str | None = None, max_connections: int = 10):
         self._async = AsyncClient(database_url, max_connections)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="awa-fast-client",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="awa-fast-client", daemon=True
+        )
         self._thread.start()
         try:
             self._call(self._async.pool())
@@ -57,7 +58,7 @@ class Client:
             self._call(self._async.close())
             self._stop_loop()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -68,16 +69,31 @@ class Client:
     def migrate(self) -> list[int]:
         return self._call(self._async.migrate())
 
-    def install_queue_storage(self, *, schema: str = "awa", queue_slot_count: int = 16,
-                              lease_slot_count: int = 8, reset: bool = False) -> None:
-        return self._call(self._async.install_queue_storage(
-            schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count,
-            reset=reset))
+    def install_queue_storage(
+        self,
+        *,
+        schema: str = "awa",
+        queue_slot_count: int = 16,
+        lease_slot_count: int = 8,
+        reset: bool = False,
+    ) -> None:
+        return self._call(
+            self._async.install_queue_storage(
+                schema=schema,
+                queue_slot_count=queue_slot_count,
+                lease_slot_count=lease_slot_count,
+                reset=reset,
+            )
+        )
 
-    def prepare_queue_storage_schema(self, *, schema: str = "awa", queue_slot_count: int = 16,
-                                     lease_slot_count: int = 8) -> None:
-        return self._call(self._async.prepare_queue_storage_schema(
-            schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count))
+    def prepare_queue_storage_schema(
+        self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
+    ) -> None:
+        return self._call(
+            self._async.prepare_queue_storage_schema(
+                schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
+            )
+        )
 
     def storage_status(self) -> str:
         return self._call(self._async.storage_status())
@@ -87,13 +103,34 @@ class Client:
 
     # -- producers ---------------------------------------------------------------------------
 
-    def insert(self, args: Any, *, kind: str | None = None, queue: str = DEFAULT_QUEUE,
-               priority: int = 2, max_attempts: int = 25, tags: list[str] | None = None,
-               metadata: dict | None = None, run_at: Any = None, unique_opts: dict | None = None,
-               ordering_key: bytes | str | None = None):
-        return self._call(self._async.insert(
-            args, kind=kind, queue=queue, priority=priority, max_attempts=max_attempts, tags=tags,
-            metadata=metadata, run_at=run_at, unique_opts=unique_opts, ordering_key=ordering_key))
+    def insert(
+        self,
+        args: Any,
+        *,
+        kind: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: list[str] | None = None,
+        metadata: dict | None = None,
+        run_at: Any = None,
+        unique_opts: dict | None = None,
+        ordering_key: bytes | str | None = None,
+    ):
+        return self._call(
+            self._async.insert(
+                args,
+                kind=kind,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                tags=tags,
+                metadata=metadata,
+                run_at=run_at,
+                unique_opts=unique_opts,
+                ordering_key=ordering_key,
+            )
+        )
 
     def insert_many(self, jobs: list, **opts: Any):
         return self._call(self._async.insert_many(jobs, **opts))
@@ -104,7 +141,7 @@ class Client:
     def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
         return self._call(self._async.enqueue_many_copy(jobs, **opts))
 
-    def transaction(self) -> "SyncTransaction":
+    def transaction(self) -> SyncTransaction:
         """Begin a transaction: ``with client.transaction() as tx``."""
         return SyncTransaction(self, self._call(self._async.transaction()))
 
@@ -113,8 +150,14 @@ class Client:
     def get_job(self, job_id: int):
         return self._call(self._async.get_job(job_id))
 
-    def list_jobs(self, *, state: str | None = None, kind: str | None = None,
-                  queue: str | None = None, limit: int = 100):
+    def list_jobs(
+        self,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        queue: str | None = None,
+        limit: int = 100,
+    ):
         return self._call(self._async.list_jobs(state=state, kind=kind, queue=queue, limit=limit))
 
     def retry(self, job_id: int):
@@ -126,10 +169,19 @@ class Client:
     def cancel(self, job_id: int):
         return self._call(self._async.cancel(job_id))
 
-    def cancel_by_unique_key(self, kind: str, *, queue: str | None = None, args: Any = None,
-                             period_bucket: int | None = None):
-        return self._call(self._async.cancel_by_unique_key(
-            kind, queue=queue, args=args, period_bucket=period_bucket))
+    def cancel_by_unique_key(
+        self,
+        kind: str,
+        *,
+        queue: str | None = None,
+        args: Any = None,
+        period_bucket: int | None = None,
+    ):
+        return self._call(
+            self._async.cancel_by_unique_key(
+                kind, queue=queue, args=args, period_bucket=period_bucket
+            )
+        )
 
     def retry_failed(self, *, kind: str | None = None, queue: str | None = None):
         return self._call(self._async.retry_failed(kind=kind, queue=queue))
@@ -192,8 +244,9 @@ class Client:
     def heartbeat_callback(self, callback_id: Any, timeout_seconds: float = 3600.0):
         return self._call(self._async.heartbeat_callback(callback_id, timeout_seconds))
 
-    def resolve_callback(self, callback_id: Any, payload: Any = None,
-                         default_action: str = "ignore"):
+    def resolve_callback(
+        self, callback_id: Any, payload: Any = None, default_action: str = "ignore"
+    ):
         return self._call(self._async.resolve_callback(callback_id, payload, default_action))
 
     # -- batch operations (awa_fast/batch_ops.py) --------------------------------------------
@@ -201,27 +254,61 @@ class Client:
     def preview_batch_operation(self, op_kind: str, *, spec: dict, filter: dict | None = None):
         return self._call(self._async.preview_batch_operation(op_kind, spec=spec, filter=filter))
 
-    def submit_batch_operation(self, op_kind: str, *, spec: dict, filter: dict | None = None,
-                               submitted_by: str | None = None, allow_all: bool = False):
-        return self._call(self._async.submit_batch_operation(
-            op_kind, spec=spec, filter=filter, submitted_by=submitted_by, allow_all=allow_all))
+    def submit_batch_operation(
+        self,
+        op_kind: str,
+        *,
+        spec: dict,
+        filter: dict | None = None,
+        submitted_by: str | None = None,
+        allow_all: bool = False,
+    ):
+        return self._call(
+            self._async.submit_batch_operation(
+                op_kind, spec=spec, filter=filter, submitted_by=submitted_by, allow_all=allow_all
+            )
+        )
 
     def preview_set_priority(self, priority: int, *, filter: dict | None = None):
         return self._call(self._async.preview_set_priority(priority, filter=filter))
 
-    def set_priority(self, priority: int, *, filter: dict | None = None,
-                     submitted_by: str | None = None, allow_all: bool = False):
-        return self._call(self._async.set_priority(priority, filter=filter,
-                                                   submitted_by=submitted_by, allow_all=allow_all))
+    def set_priority(
+        self,
+        priority: int,
+        *,
+        filter: dict | None = None,
+        submitted_by: str | None = None,
+        allow_all: bool = False,
+    ):
+        return self._call(
+            self._async.set_priority(
+                priority, filter=filter, submitted_by=submitted_by, allow_all=allow_all
+            )
+        )
 
-    def preview_move_queue(self, queue: str, *, priority: int | None = None,
-                           filter: dict | None = None):
+    def preview_move_queue(
+        self, queue: str, *, priority: int | None = None, filter: dict | None = None
+    ):
         return self._call(self._async.preview_move_queue(queue, priority=priority, filter=filter))
 
-    def move_queue(self, queue: str, *, priority: int | None = None, filter: dict | None = None,
-                   submitted_by: str | None = None, allow_all: bool = False):
-        return self._call(self._async.move_queue(queue, priority=priority, filter=filter,
-                                                 submitted_by=submitted_by, allow_all=allow_all))
+    def move_queue(
+        self,
+        queue: str,
+        *,
+        priority: int | None = None,
+        filter: dict | None = None,
+        submitted_by: str | None = None,
+        allow_all: bool = False,
+    ):
+        return self._call(
+            self._async.move_queue(
+                queue,
+                priority=priority,
+                filter=filter,
+                submitted_by=submitted_by,
+                allow_all=allow_all,
+            )
+        )
 
     def list_batch_operations(self, *, state: str | None = None, limit: int = 100):
         return self._call(self._async.list_batch_operations(state=state, limit=limit))
@@ -237,12 +324,26 @@ class Client:
 
     # -- dead-letter queue -------------------------------------------------------------------
 
-    def list_dlq(self, *, kind: str | None = None, queue: str | None = None,
-                 tag: str | None = None, before_id: int | None = None,
-                 before_dlq_at: datetime | str | None = None, limit: int = 100):
-        return self._call(self._async.list_dlq(kind=kind, queue=queue, tag=tag,
-                                               before_id=before_id, before_dlq_at=before_dlq_at,
-                                               limit=limit))
+    def list_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        before_id: int | None = None,
+        before_dlq_at: datetime | str | None = None,
+        limit: int = 100,
+    ):
+        return self._call(
+            self._async.list_dlq(
+                kind=kind,
+                queue=queue,
+                tag=tag,
+                before_id=before_id,
+                before_dlq_at=before_dlq_at,
+                limit=limit,
+            )
+        )
 
     def get_dlq_job(self, job_id: int):
         return self._call(self._async.get_dlq_job(job_id))
@@ -253,33 +354,70 @@ class Client:
     def dlq_depth_by_queue(self) -> dict[str, int]:
         return self._call(self._async.dlq_depth_by_queue())
 
-    def retry_from_dlq(self, job_id: int, *, run_at: datetime | str | None = None,
-                       priority: int | None = None, queue: str | None = None):
-        return self._call(self._async.retry_from_dlq(job_id, run_at=run_at, priority=priority,
-                                                     queue=queue))
+    def retry_from_dlq(
+        self,
+        job_id: int,
+        *,
+        run_at: datetime | str | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+    ):
+        return self._call(
+            self._async.retry_from_dlq(job_id, run_at=run_at, priority=priority, queue=queue)
+        )
 
-    def bulk_retry_from_dlq(self, *, kind: str | None = None, queue: str | None = None,
-                            tag: str | None = None, allow_all: bool = False) -> int:
-        return self._call(self._async.bulk_retry_from_dlq(kind=kind, queue=queue, tag=tag,
-                                                          allow_all=allow_all))
+    def bulk_retry_from_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        allow_all: bool = False,
+    ) -> int:
+        return self._call(
+            self._async.bulk_retry_from_dlq(kind=kind, queue=queue, tag=tag, allow_all=allow_all)
+        )
 
     def move_failed_to_dlq(self, job_id: int, reason: str = "manual") -> bool:
         return self._call(self._async.move_failed_to_dlq(job_id, reason))
 
-    def bulk_move_failed_to_dlq(self, *, kind: str | None = None, queue: str | None = None,
-                                reason: str = "manual", allow_all: bool = False) -> int:
-        return self._call(self._async.bulk_move_failed_to_dlq(kind=kind, queue=queue,
-                                                              reason=reason, allow_all=allow_all))
+    def bulk_move_failed_to_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        reason: str = "manual",
+        allow_all: bool = False,
+    ) -> int:
+        return self._call(
+            self._async.bulk_move_failed_to_dlq(
+                kind=kind, queue=queue, reason=reason, allow_all=allow_all
+            )
+        )
 
     def purge_dlq_job(self, job_id: int) -> bool:
         return self._call(self._async.purge_dlq_job(job_id))
 
-    def purge_dlq(self, *, kind: str | None = None, queue: str | None = None,
-                  tag: str | None = None, before_id: int | None = None,
-                  before_dlq_at: datetime | str | None = None, allow_all: bool = False) -> int:
-        return self._call(self._async.purge_dlq(kind=kind, queue=queue, tag=tag,
-                                                before_id=before_id, before_dlq_at=before_dlq_at,
-                                                allow_all=allow_all))
+    def purge_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        before_id: int | None = None,
+        before_dlq_at: datetime | str | None = None,
+        allow_all: bool = False,
+    ) -> int:
+        return self._call(
+            self._async.purge_dlq(
+                kind=kind,
+                queue=queue,
+                tag=tag,
+                before_id=before_id,
+                before_dlq_at=before_dlq_at,
+                allow_all=allow_all,
+            )
+        )
 
 
 class SyncTransaction:
@@ -318,7 +456,7 @@ class SyncTransaction:
     def rollback(self) -> None:
         return self._client._call(self._tx.rollback())
 
-    def __enter__(self) -> "SyncTransaction":
+    def __enter__(self) -> SyncTransaction:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -51,11 +51,15 @@ def inject(metadata: dict | None) -> dict | None:
     """``metadata`` with the current ``traceparent`` under ``awa:traceparent`` (a copy; the
     input is never changed), or ``metadata`` itself when there is nothing to add."""
     if sys.modules.get(_OTEL_TRACE) is None or (
-            metadata is not None and (not isinstance(metadata, dict) or TRACE_KEY in metadata)):
+        metadata is not None and (not isinstance(metadata, dict) or TRACE_KEY in metadata)
+    ):
         return metadata  # nothing to do, or the caller's value (or bad metadata, rejected later)
     traceparent = current_traceparent()
     if traceparent is None or os.environ.get(_CAPTURE_ENV, "").strip().lower() in (
-            "off", "false", "0"):
+        "off",
+        "false",
+        "0",
+    ):
         return metadata
     out = dict(metadata) if metadata else {}
     out[TRACE_KEY] = traceparent
@@ -71,7 +75,7 @@ class HandlerSpan:
         self._span, self._context, self._token = span, context, None
         self._started = time.perf_counter()
 
-    def __enter__(self) -> "HandlerSpan":
+    def __enter__(self) -> HandlerSpan:
         from opentelemetry import context as otel_context
 
         self._token = otel_context.attach(self._context)
@@ -99,8 +103,9 @@ class HandlerSpan:
                 self._span.set_status(Status(StatusCode.ERROR, str(error.get("error", kind))))
 
 
-def handler_span(kind: str, queue: str, job_id: int, attempt: int,
-                 metadata: dict | None) -> HandlerSpan | None:
+def handler_span(
+    kind: str, queue: str, job_id: int, attempt: int, metadata: dict | None
+) -> HandlerSpan | None:
     """The span to run an attempt in, or ``None`` when OpenTelemetry is not in use (no SDK
     tracer provider and no producer context to continue)."""
     trace = sys.modules.get(_OTEL_TRACE)
@@ -116,8 +121,11 @@ def handler_span(kind: str, queue: str, job_id: int, attempt: int,
     from opentelemetry import context as otel_context
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    remote = (TraceContextTextMapPropagator().extract({"traceparent": traceparent})
-              if traceparent else None)
+    remote = (
+        TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+        if traceparent
+        else None
+    )
     if not recording:  # continue the producer's context for the handler's own instrumentation
         return HandlerSpan(None, remote)
     links = []
@@ -128,12 +136,21 @@ def handler_span(kind: str, queue: str, job_id: int, attempt: int,
     elif remote is None:
         parent = otel_context.Context()
     span = provider.get_tracer("awa_fast").start_span(
-        f"job.execute {kind}", context=parent, kind=trace.SpanKind.CONSUMER, links=links,
-        attributes={"job.id": job_id, "job.kind": kind, "job.queue": queue,
-                    "job.attempt": attempt, "messaging.system": "awa",
-                    "messaging.destination.name": queue,
-                    "messaging.operation.type": "process",
-                    "messaging.message.id": str(job_id)})
+        f"job.execute {kind}",
+        context=parent,
+        kind=trace.SpanKind.CONSUMER,
+        links=links,
+        attributes={
+            "job.id": job_id,
+            "job.kind": kind,
+            "job.queue": queue,
+            "job.attempt": attempt,
+            "messaging.system": "awa",
+            "messaging.destination.name": queue,
+            "messaging.operation.type": "process",
+            "messaging.message.id": str(job_id),
+        },
+    )
     return HandlerSpan(span, trace.set_span_in_context(span, parent))
 
 
@@ -163,15 +180,23 @@ def _instruments_of(meter) -> dict:
         "retryable": meter.create_counter("awa.job.retried", description="Jobs retried"),
         "cancelled": meter.create_counter("awa.job.cancelled", description="Jobs cancelled"),
         "waiting_external": meter.create_counter(
-            "awa.job.waiting_external", description="Jobs parked for a callback"),
-        "duration": meter.create_histogram("awa.job.duration", unit="s",
-                                           description="Handler duration"),
+            "awa.job.waiting_external", description="Jobs parked for a callback"
+        ),
+        "duration": meter.create_histogram(
+            "awa.job.duration", unit="s", description="Handler duration"
+        ),
     }
 
 
-def init_telemetry(endpoint: str, service_name: str, export_interval_ms: int = 5000,
-                   traces: bool = True, *, metric_reader: Any = None,
-                   span_processor: Any = None) -> bool:
+def init_telemetry(
+    endpoint: str,
+    service_name: str,
+    export_interval_ms: int = 5000,
+    traces: bool = True,
+    *,
+    metric_reader: Any = None,
+    span_processor: Any = None,
+) -> bool:
     """Install OpenTelemetry metrics (exported every ``export_interval_ms`` milliseconds) and,
     with ``traces``, spans, both over OTLP/gRPC to ``endpoint`` (e.g.
     ``http://localhost:4317``), under resource ``service.name = service_name``. Returns
@@ -190,8 +215,12 @@ def init_telemetry(endpoint: str, service_name: str, export_interval_ms: int = 5
     if not isinstance(service_name, str) or not service_name:
         raise ValidationError("service_name must be a non-empty string", field="service_name")
     if not isinstance(export_interval_ms, int) or export_interval_ms < 1:
-        raise ValidationError(f"export_interval_ms must be an integer >= 1 (milliseconds), got "
-                              f"{export_interval_ms!r}", field="export_interval_ms", limit=">= 1")
+        raise ValidationError(
+            f"export_interval_ms must be an integer >= 1 (milliseconds), got "
+            f"{export_interval_ms!r}",
+            field="export_interval_ms",
+            limit=">= 1",
+        )
     with _lock:
         if _providers is not None:
             return False
@@ -202,24 +231,29 @@ def init_telemetry(endpoint: str, service_name: str, export_interval_ms: int = 5
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
             if metric_reader is None or (traces and span_processor is None):
                 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                    OTLPMetricExporter)
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-                    OTLPSpanExporter)
+                    OTLPMetricExporter,
+                )
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
         except ImportError as exc:
-            raise ConfigError(f"init_telemetry needs the OpenTelemetry SDK and OTLP exporter: "
-                              f"pip install 'awa-fast[otel]' ({exc})") from exc
+            raise ConfigError(
+                f"init_telemetry needs the OpenTelemetry SDK and OTLP exporter: "
+                f"pip install 'awa-fast[otel]' ({exc})"
+            ) from exc
         resource = Resource.create({"service.name": service_name})
         if metric_reader is None:
             metric_reader = PeriodicExportingMetricReader(
-                OTLPMetricExporter(endpoint=endpoint), export_interval_millis=export_interval_ms)
+                OTLPMetricExporter(endpoint=endpoint), export_interval_millis=export_interval_ms
+            )
         meter_provider = MeterProvider(resource=resource, metric_readers=[metric_reader])
         tracer_provider = None
         if traces:
             tracer_provider = TracerProvider(resource=resource)
             tracer_provider.add_span_processor(
-                span_processor or BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+                span_processor or BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
+            )
             trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
         _instruments = _instruments_of(meter_provider.get_meter("awa_fast"))

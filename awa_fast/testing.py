@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 from psycopg.rows import dict_row
@@ -20,8 +21,12 @@ from awa_fast.worker.follow_ups import FollowUps
 from awa_fast.worker.registry import args_decoder
 
 _OUTCOME_NAMES = {
-    ex.COMPLETED: "completed", ex.RETRY: "retryable", ex.SNOOZE: "snoozed",
-    ex.CANCEL: "cancelled", ex.FAIL: "failed", ex.WAIT: "waiting_external",
+    ex.COMPLETED: "completed",
+    ex.RETRY: "retryable",
+    ex.SNOOZE: "snoozed",
+    ex.CANCEL: "cancelled",
+    ex.FAIL: "failed",
+    ex.WAIT: "waiting_external",
 }
 
 
@@ -54,12 +59,19 @@ class JobRow:
     state: str | None = None
 
     @classmethod
-    def from_row(cls, row: dict) -> "JobRow":
+    def from_row(cls, row: dict) -> JobRow:
         """From a mapping with the column names (extra keys are ignored)."""
-        return cls(id=row["id"], kind=row["kind"], queue=row["queue"], args=row["args"],
-                   attempt=row["attempt"], max_attempts=row["max_attempts"],
-                   priority=row["priority"], tags=list(row.get("tags") or []),
-                   state=None if row.get("state") is None else str(row["state"]))
+        return cls(
+            id=row["id"],
+            kind=row["kind"],
+            queue=row["queue"],
+            args=row["args"],
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            priority=row["priority"],
+            tags=list(row.get("tags") or []),
+            state=None if row.get("state") is None else str(row["state"]),
+        )
 
 
 @dataclasses.dataclass
@@ -122,8 +134,9 @@ class AwaTestClient:
         async with pool.connection() as conn:
             await conn.execute(sql.CLEAN)
 
-    async def work_one(self, args_type: Any, handler: Callable, *, kind: str | None = None,
-                       queue: str = "default") -> WorkResult:
+    async def work_one(
+        self, args_type: Any, handler: Callable, *, kind: str | None = None, queue: str = "default"
+    ) -> WorkResult:
         """Claim one available job of ``kind`` (default: derived from ``args_type``) in
         ``queue`` -- bumping its run lease --, run ``handler`` and apply the outcome in one
         guarded transaction, exactly as the runtime does: staged follow-ups are inserted in that
@@ -141,8 +154,9 @@ class AwaTestClient:
             return WorkResult(NoJob, "no_job")
         ctx = JobContext(row, None)
         raised: list[BaseException] = []
-        handler_rec = Registry().register(args_type, _recording(handler, raised), kind=kind,
-                                          queue=queue)
+        handler_rec = Registry().register(
+            args_type, _recording(handler, raised), kind=kind, queue=queue
+        )
         if self._finalizer is None:
             self._finalizer = Finalizer(self.client.pool, flushers=0)
         self._finalizer.spec_runner = getattr(self.client, "specs", None)
@@ -160,6 +174,7 @@ class AwaTestClient:
 def _recording(handler: Callable, raised: list) -> Callable:
     """``handler``, recording what it raises (awa's ``WorkResult.error`` is ``str(exc)``)."""
     if inspect.iscoroutinefunction(handler):
+
         @functools.wraps(handler)
         async def run(job):
             try:
@@ -168,6 +183,7 @@ def _recording(handler: Callable, raised: list) -> Callable:
                 raised.append(exc)
                 raise
     else:
+
         @functools.wraps(handler)
         def run(job):
             try:
@@ -175,6 +191,7 @@ def _recording(handler: Callable, raised: list) -> Callable:
             except BaseException as exc:
                 raised.append(exc)
                 raise
+
     return run
 
 
@@ -227,13 +244,21 @@ class HandlerJob:
         before = len(self._follow_ups.staged)
         self._follow_ups.enqueue_on_completion(args, **options)
         for p in self._follow_ups.staged[before:]:
-            self.staged.append({
-                "kind": p.kind, "queue": p.queue, "args": orjson.loads(p.args),
-                "priority": p.priority, "max_attempts": p.max_attempts, "tags": p.tags,
-                "metadata": orjson.loads(p.metadata), "run_at": p.run_at,
-                "unique_key": p.unique_key, "unique_states": p.unique_states,
-                "ordering_key": p.ordering_key,
-            })
+            self.staged.append(
+                {
+                    "kind": p.kind,
+                    "queue": p.queue,
+                    "args": orjson.loads(p.args),
+                    "priority": p.priority,
+                    "max_attempts": p.max_attempts,
+                    "tags": p.tags,
+                    "metadata": orjson.loads(p.metadata),
+                    "run_at": p.run_at,
+                    "unique_key": p.unique_key,
+                    "unique_states": p.unique_states,
+                    "ordering_key": p.ordering_key,
+                }
+            )
 
 
 def decode_args(args_type: Any, raw: dict) -> Any:
@@ -247,7 +272,8 @@ class UndeclaredFailureConsequences(AssertionError):
     def __init__(self, kinds: list[str]):
         super().__init__(
             "kinds without a failure consequence declaration (pass failure_consequence=fn or "
-            "awa_fast.NO_FAILURE_CONSEQUENCE): " + ", ".join(kinds))
+            "awa_fast.NO_FAILURE_CONSEQUENCE): " + ", ".join(kinds)
+        )
         self.kinds = kinds
 
 

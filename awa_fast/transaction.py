@@ -111,8 +111,10 @@ class Transaction:
         finally:
             await self._pool.putconn(self._conn)
         if commit and failed:
-            raise AwaError("the transaction was aborted by an earlier error and has been rolled "
-                           "back: nothing in it was committed")
+            raise AwaError(
+                "the transaction was aborted by an earlier error and has been rolled "
+                "back: nothing in it was committed"
+            )
 
     async def commit(self) -> None:
         await self._finish(True)
@@ -120,7 +122,7 @@ class Transaction:
     async def rollback(self) -> None:
         await self._finish(False)
 
-    async def __aenter__(self) -> "Transaction":
+    async def __aenter__(self) -> Transaction:
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:

@@ -12,10 +12,10 @@ check (decided once per type).
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -55,8 +55,12 @@ def needs_check(cls: type) -> bool:
 
 def _same(sent: Any, got: Any) -> bool:
     numbers = (int, float)
-    if (isinstance(sent, numbers) and isinstance(got, numbers)
-            and not isinstance(sent, bool) and not isinstance(got, bool)):
+    if (
+        isinstance(sent, numbers)
+        and isinstance(got, numbers)
+        and not isinstance(sent, bool)
+        and not isinstance(got, bool)
+    ):
         return sent == got  # 1 in a float field arrives as 1.0: the same number
     if type(sent) is not type(got):
         return False
@@ -75,9 +79,11 @@ def check_round_trip(args: Any, builtins: dict) -> None:
         back = msgspec.convert(builtins, cls)
     except msgspec.ValidationError as exc:
         path = str(exc).rsplit("`$.", 1)[-1].rstrip("`") if "`$." in str(exc) else ""
-        raise ValidationError(f"args.{path or '?'}: does not round-trip through JSON as its "
-                              f"declared type ({exc})", field=f"args.{path}" if path else "args",
-                              limit="declared field type") from None
+        raise ValidationError(
+            f"args.{path or '?'}: does not round-trip through JSON as its declared type ({exc})",
+            field=f"args.{path}" if path else "args",
+            limit="declared field type",
+        ) from None
     except Exception:  # a type msgspec cannot decode: the handler gets awa's plain decoding
         return
     for name in _fields(cls):
@@ -86,7 +92,9 @@ def check_round_trip(args: Any, builtins: dict) -> None:
             raise ValidationError(
                 f"args.{name}: {type(sent).__name__} value {sent!r} would reach the handler as "
                 f"{type(got).__name__} {got!r}; declare the field's type or convert the value",
-                field=f"args.{name}", limit="declared field type")
+                field=f"args.{name}",
+                limit="declared field type",
+            )
 
 
 def dataclass_decoder(cls: type) -> Callable[[dict], Any]:

@@ -35,7 +35,9 @@ async def _main(cfg: dict) -> None:
                 go.set()
 
     ctl = asyncio.create_task(control())
-    stats = await adapter.run_worker(cfg["dsn"], cfg["workload"], cfg["max_workers"], go, stop, ready)
+    stats = await adapter.run_worker(
+        cfg["dsn"], cfg["workload"], cfg["max_workers"], go, stop, ready
+    )
     ctl.cancel()
     print("STATS " + json.dumps(stats or {}), flush=True)
 
@@ -45,6 +47,7 @@ def main() -> None:
     cfg = json.loads(sys.argv[1])
     try:
         import uvloop
+
         uvloop.run(_main(cfg))
     except ImportError:
         asyncio.run(_main(cfg))

@@ -49,6 +49,7 @@ def log(msg: str) -> None:
 def run_async(coro):
     try:
         import uvloop
+
         return uvloop.run(coro)
     except ImportError:
         return asyncio.run(coro)
@@ -69,38 +70,83 @@ def results_dir() -> Path:
 
 
 def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.replace("``", "`"),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--compare", action="store_true",
-                   help="also run the peers (awa-pg, pgqueuer, procrastinate) and print ratios")
-    p.add_argument("--systems", default=None,
-                   help=f"comma-separated subset of {','.join(NAMES)} (default: awa_fast, or all with --compare)")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS),
-                   help=f"comma-separated subset of {','.join(SCENARIOS)}")
-    p.add_argument("--jobs", type=int, default=20_000,
-                   help="jobs for insert_many / COPY / unique enqueue and the drains (default 20000)")
-    p.add_argument("--single-jobs", type=int, default=None,
-                   help="jobs for the single-insert rate (default jobs/10, i.e. 2000)")
-    p.add_argument("--failure-jobs", type=int, default=None,
-                   help="jobs of the failure mix (default jobs/2)")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.replace("``", "`"),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also run the peers (awa-pg, pgqueuer, procrastinate) and print ratios",
+    )
+    p.add_argument(
+        "--systems",
+        default=None,
+        help=f"comma-separated subset of {','.join(NAMES)} (default: awa_fast, or all with --compare)",
+    )
+    p.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated subset of {','.join(SCENARIOS)}",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=20_000,
+        help="jobs for insert_many / COPY / unique enqueue and the drains (default 20000)",
+    )
+    p.add_argument(
+        "--single-jobs",
+        type=int,
+        default=None,
+        help="jobs for the single-insert rate (default jobs/10, i.e. 2000)",
+    )
+    p.add_argument(
+        "--failure-jobs", type=int, default=None, help="jobs of the failure mix (default jobs/2)"
+    )
     p.add_argument("--batch", type=int, default=1000, help="insert_many batch size (default 1000)")
-    p.add_argument("--processes", type=int, default=2, help="worker processes of the N-process drain")
-    p.add_argument("--max-workers", type=int, default=512, help="per-process worker slots (default 512)")
+    p.add_argument(
+        "--processes", type=int, default=2, help="worker processes of the N-process drain"
+    )
+    p.add_argument(
+        "--max-workers", type=int, default=512, help="per-process worker slots (default 512)"
+    )
     p.add_argument("--latency-iterations", type=int, default=200)
-    p.add_argument("--poll-ms", type=int, default=5000,
-                   help="poll interval of the latency scenario, so pickups come from NOTIFY")
-    p.add_argument("--timeout", type=float, default=60.0,
-                   help="seconds before a drain gives up and reports its partial rate (default 60)")
-    p.add_argument("--database-url", default=None,
-                   help="use this server (scratch databases are created and dropped on it) "
-                        "instead of a throwaway one")
-    p.add_argument("--unsafe-fsync-off", action="store_true",
-                   help="throwaway server with fsync=off/full_page_writes=off (awa_fast.embedded.start_temp "
-                        "defaults): faster, NOT durable numbers")
-    p.add_argument("--out", default=None,
-                   help=f"JSONL output (default {results_dir()}/<timestamp>.jsonl)")
-    p.add_argument("--plot", nargs="?", const="", default=None,
-                   help="write a PNG chart (default path: the JSONL path with .png)")
+    p.add_argument(
+        "--poll-ms",
+        type=int,
+        default=5000,
+        help="poll interval of the latency scenario, so pickups come from NOTIFY",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds before a drain gives up and reports its partial rate (default 60)",
+    )
+    p.add_argument(
+        "--database-url",
+        default=None,
+        help="use this server (scratch databases are created and dropped on it) "
+        "instead of a throwaway one",
+    )
+    p.add_argument(
+        "--unsafe-fsync-off",
+        action="store_true",
+        help="throwaway server with fsync=off/full_page_writes=off (awa_fast.embedded.start_temp "
+        "defaults): faster, NOT durable numbers",
+    )
+    p.add_argument(
+        "--out", default=None, help=f"JSONL output (default {results_dir()}/<timestamp>.jsonl)"
+    )
+    p.add_argument(
+        "--plot",
+        nargs="?",
+        const="",
+        default=None,
+        help="write a PNG chart (default path: the JSONL path with .png)",
+    )
     args = p.parse_args(argv)
     args.single_jobs = args.single_jobs or max(1, args.jobs // 10)
     args.failure_jobs = args.failure_jobs or max(3, args.jobs // 2)
@@ -122,20 +168,38 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
 
 
 def environment(admin_dsn: str, args: argparse.Namespace, server_kind: str) -> dict:
-    names = ("server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_level",
-             "shared_buffers", "max_connections", "max_wal_size", "checkpoint_timeout")
+    names = (
+        "server_version",
+        "fsync",
+        "synchronous_commit",
+        "full_page_writes",
+        "wal_level",
+        "shared_buffers",
+        "max_connections",
+        "max_wal_size",
+        "checkpoint_timeout",
+    )
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         settings = {n: conn.execute(f"SHOW {n}").fetchone()[0] for n in names}
     try:
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True, timeout=5).stdout.strip()
-    except Exception:  # noqa: BLE001
+        git = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except Exception:
         git = ""
     return {
         "awa_fast_version": dist_version("awa-fast"),
         "awa_fast_git": git,
-        "peers": {"awa-pg": dist_version("awa-pg"), "pgqueuer": dist_version("pgqueuer"),
-                  "asyncpg": dist_version("asyncpg"), "procrastinate": dist_version("procrastinate")},
+        "peers": {
+            "awa-pg": dist_version("awa-pg"),
+            "pgqueuer": dist_version("pgqueuer"),
+            "asyncpg": dist_version("asyncpg"),
+            "procrastinate": dist_version("procrastinate"),
+        },
         "psycopg": dist_version("psycopg"),
         "uvloop": dist_version("uvloop"),
         "python": platform.python_version(),
@@ -144,10 +208,16 @@ def environment(admin_dsn: str, args: argparse.Namespace, server_kind: str) -> d
         "postgres": settings.pop("server_version"),
         "pg_settings": settings,
         "server": server_kind,
-        "options": {"jobs": args.jobs, "single_jobs": args.single_jobs,
-                    "failure_jobs": args.failure_jobs, "batch": args.batch,
-                    "processes": args.processes, "max_workers": args.max_workers,
-                    "latency_iterations": args.latency_iterations, "poll_ms": args.poll_ms},
+        "options": {
+            "jobs": args.jobs,
+            "single_jobs": args.single_jobs,
+            "failure_jobs": args.failure_jobs,
+            "batch": args.batch,
+            "processes": args.processes,
+            "max_workers": args.max_workers,
+            "latency_iterations": args.latency_iterations,
+            "poll_ms": args.poll_ms,
+        },
     }
 
 
@@ -165,8 +235,12 @@ class Recorder:
         self._fh.flush()
 
     def add(self, rec: dict) -> None:
-        rec = {"type": "result", **rec, "env": self.env,
-               "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        rec = {
+            "type": "result",
+            **rec,
+            "env": self.env,
+            "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        }
         self.records.append(rec)
         self._fh.write(json.dumps(rec, default=str) + "\n")
         self._fh.flush()
@@ -187,15 +261,22 @@ def _details(rec: dict) -> str:
     if "p50_ms" in rec:
         parts.append(f"p50 {rec['p50_ms']:.1f} p95 {rec['p95_ms']:.1f} p99 {rec['p99_ms']:.1f} ms")
     if "wal_bytes_per_job" in rec:
-        parts.append(f"WAL {rec['wal_bytes_per_job']:.0f} B/job, {rec['commits_per_job']:.3f} commits/job")
+        parts.append(
+            f"WAL {rec['wal_bytes_per_job']:.0f} B/job, {rec['commits_per_job']:.3f} commits/job"
+        )
     if "elapsed_s" in rec and "p50_ms" not in rec:
         parts.append(f"{rec['elapsed_s']:.2f} s")
     if "compact_share" in rec:
-        parts.append(f"batched {rec['compact_share']:.0%} (compact {rec['compact']}, per_job {rec['per_job']})")
+        parts.append(
+            f"batched {rec['compact_share']:.0%} (compact {rec['compact']}, per_job {rec['per_job']})"
+        )
     if "vs_plain_drain" in rec:
         parts.append(f"{rec['vs_plain_drain']:.2f}x plain drain")
     if rec.get("alternatives_per_s"):
-        parts.append("alt/s: " + ", ".join(f"{k} {v:,.0f}" for k, v in rec["alternatives_per_s"].items() if v))
+        parts.append(
+            "alt/s: "
+            + ", ".join(f"{k} {v:,.0f}" for k, v in rec["alternatives_per_s"].items() if v)
+        )
     if rec.get("timed_out"):
         parts.append(f"TIMEOUT ({rec['finalized']} of {rec['target']})")
     return "; ".join(parts)
@@ -204,8 +285,10 @@ def _details(rec: dict) -> str:
 def format_row(rec: dict) -> str:
     rate = rec.get("rate")
     rate_s = "n/a" if rate is None else f"{rate:,.0f}"
-    return (f"{rec['scenario']:<22} {rec['system']:<14} {rec.get('n', ''):>7} {rate_s:>10} "
-            f"{rec.get('method', ''):<{METHOD_WIDTH}} {_details(rec)}").rstrip()
+    return (
+        f"{rec['scenario']:<22} {rec['system']:<14} {rec.get('n', ''):>7} {rate_s:>10} "
+        f"{rec.get('method', ''):<{METHOD_WIDTH}} {_details(rec)}"
+    ).rstrip()
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -223,7 +306,7 @@ class Databases:
     def drop(self, name: str) -> None:
         try:
             srv.drop_database(self.admin, name)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log(f"could not drop {name}: {exc}")
 
 
@@ -241,8 +324,11 @@ def _wal_lsn(dsn: str) -> int:
 def _commits(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
-        return int(conn.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()[0])
+        return int(
+            conn.execute(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            ).fetchone()[0]
+        )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -263,17 +349,33 @@ def scenario_enqueue(adapter, dbs: Databases, args, rec: Recorder) -> None:
         if adapter.name == "procrastinate" and mode == "unique":
             n = args.single_jobs  # one job per call: keep it as long as the single-insert run
         name, dsn = dbs.fresh(adapter.name, f"enq_{mode}")
-        base = {"scenario": f"enqueue_{mode}", "system": adapter.name, "version": adapter.version, "n": n}
+        base = {
+            "scenario": f"enqueue_{mode}",
+            "system": adapter.name,
+            "version": adapter.version,
+            "n": n,
+        }
         try:
             setup = run_async(adapter.setup(dsn))
             log(f"{adapter.name}: enqueue {mode} x {n}")
             r = run_async(adapter.enqueue(dsn, mode, n, args.batch))
-            rec.add({**base, **setup, "rate": n / r["elapsed"], "elapsed_s": r["elapsed"],
-                     "method": r["method"], **({"alternatives_per_s": r["alternatives_per_s"]}
-                                              if "alternatives_per_s" in r else {})})
+            rec.add(
+                {
+                    **base,
+                    **setup,
+                    "rate": n / r["elapsed"],
+                    "elapsed_s": r["elapsed"],
+                    "method": r["method"],
+                    **(
+                        {"alternatives_per_s": r["alternatives_per_s"]}
+                        if "alternatives_per_s" in r
+                        else {}
+                    ),
+                }
+            )
         except NotSupported:
             rec.add({**base, "rate": None, "method": "not supported"})
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             rec.add({**base, "rate": None, "error": repr(exc)})
         finally:
             dbs.drop(name)
@@ -281,11 +383,20 @@ def scenario_enqueue(adapter, dbs: Databases, args, rec: Recorder) -> None:
 
 def _spawn_children(system: str, dsn: str, workload: str, processes: int, max_workers: int):
     children = []
-    cfg = json.dumps({"system": system, "dsn": dsn, "workload": workload, "max_workers": max_workers})
+    cfg = json.dumps(
+        {"system": system, "dsn": dsn, "workload": workload, "max_workers": max_workers}
+    )
     for _ in range(processes):
-        children.append(subprocess.Popen(
-            [sys.executable, "-m", "bench.child", cfg], cwd=str(REPO), stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True, bufsize=1))
+        children.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "bench.child", cfg],
+                cwd=str(REPO),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+            )
+        )
     for ch in children:
         while True:
             line = ch.stdout.readline()
@@ -358,15 +469,35 @@ def drain(adapter, dbs: Databases, args, workload: str, processes: int, label: s
         commits1 = _commits(dsn)
         own_commits += 2
         commits = max(0, commits1 - commits0 - own_commits)
-        out = {"system": adapter.name, "version": adapter.version, **setup, "n": target,
-               "target": target, "finalized": done, "timed_out": timed_out,
-               "rate": done / elapsed, "elapsed_s": elapsed, "processes": processes,
-               "wal_bytes": wal1 - wal0, "commits": commits,
-               "wal_bytes_per_job": (wal1 - wal0) / max(done, 1),
-               "commits_per_job": commits / max(done, 1), "child_stats": stats}
+        out = {
+            "system": adapter.name,
+            "version": adapter.version,
+            **setup,
+            "n": target,
+            "target": target,
+            "finalized": done,
+            "timed_out": timed_out,
+            "rate": done / elapsed,
+            "elapsed_s": elapsed,
+            "processes": processes,
+            "wal_bytes": wal1 - wal0,
+            "commits": commits,
+            "wal_bytes_per_job": (wal1 - wal0) / max(done, 1),
+            "commits_per_job": commits / max(done, 1),
+            "child_stats": stats,
+        }
         if stats and any("compact" in s for s in stats):
-            agg = {k: sum(s.get(k, 0) for s in stats) for k in ("compact", "per_job", "stale", "batches",
-                                                                 "follow_ups_inserted", "follow_ups_skipped")}
+            agg = {
+                k: sum(s.get(k, 0) for s in stats)
+                for k in (
+                    "compact",
+                    "per_job",
+                    "stale",
+                    "batches",
+                    "follow_ups_inserted",
+                    "follow_ups_skipped",
+                )
+            }
             out.update(agg)
             total = agg["compact"] + agg["per_job"]
             out["compact_share"] = agg["compact"] / total if total else 0.0
@@ -383,12 +514,16 @@ def scenario_drain(adapter, dbs, args, rec: Recorder, rates: dict) -> None:
             r = drain(adapter, dbs, args, "noop", procs, label)
             rates[(adapter.name, procs)] = r["rate"]
             rec.add({**base, **r, "method": f"{procs} process(es) x {args.max_workers} slots"})
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             rec.add({**base, "rate": None, "error": repr(exc)})
 
 
 def scenario_pipeline(adapter, dbs, args, rec: Recorder, rates: dict) -> None:
-    base = {"scenario": f"pipeline_{args.processes}p", "system": adapter.name, "version": adapter.version}
+    base = {
+        "scenario": f"pipeline_{args.processes}p",
+        "system": adapter.name,
+        "version": adapter.version,
+    }
     if not adapter.supports("pipeline"):
         rec.add({**base, "rate": None, "method": "not supported (no handler-staged follow-ups)"})
         return
@@ -398,7 +533,7 @@ def scenario_pipeline(adapter, dbs, args, rec: Recorder, rates: dict) -> None:
         if plain:
             r["vs_plain_drain"] = r["rate"] / plain
         rec.add({**base, **r, "method": "A stages B via enqueue_on_completion(unique_opts={})"})
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         rec.add({**base, "rate": None, "error": repr(exc)})
 
 
@@ -407,23 +542,36 @@ def scenario_failures(adapter, dbs, args, rec: Recorder) -> None:
     try:
         r = drain(adapter, dbs, args, "failmix", 1, "failures")
         rec.add({**base, **r, "method": "1/3 retry once, 1/3 terminal, 1/3 snooze once"})
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         rec.add({**base, "rate": None, "error": repr(exc)})
 
 
 def scenario_latency(adapter, dbs, args, rec: Recorder) -> None:
-    base = {"scenario": "pickup_latency", "system": adapter.name, "version": adapter.version,
-            "n": args.latency_iterations}
+    base = {
+        "scenario": "pickup_latency",
+        "system": adapter.name,
+        "version": adapter.version,
+        "n": args.latency_iterations,
+    }
     name, dsn = dbs.fresh(adapter.name, "latency")
     try:
         setup = run_async(adapter.setup(dsn))
         log(f"{adapter.name}: pickup latency x {args.latency_iterations}")
         lat = run_async(adapter.pickup_latency(dsn, args.latency_iterations, args.poll_ms))
-        rec.add({**base, **setup, "rate": None, "p50_ms": percentile(lat, 0.5),
-                 "p95_ms": percentile(lat, 0.95), "p99_ms": percentile(lat, 0.99),
-                 "mean_ms": statistics.fmean(lat), "max_ms": max(lat),
-                 "method": f"insert -> handler start, poll {args.poll_ms} ms (NOTIFY wakes)"})
-    except Exception as exc:  # noqa: BLE001
+        rec.add(
+            {
+                **base,
+                **setup,
+                "rate": None,
+                "p50_ms": percentile(lat, 0.5),
+                "p95_ms": percentile(lat, 0.95),
+                "p99_ms": percentile(lat, 0.99),
+                "mean_ms": statistics.fmean(lat),
+                "max_ms": max(lat),
+                "method": f"insert -> handler start, poll {args.poll_ms} ms (NOTIFY wakes)",
+            }
+        )
+    except Exception as exc:
         rec.add({**base, "rate": None, "error": repr(exc)})
     finally:
         dbs.drop(name)
@@ -456,8 +604,10 @@ def ratios(records: list[dict], systems: list[str]) -> list[str]:
                 a, b = (me or {}).get("rate"), (other or {}).get("rate")
                 cells.append(f"{a / b:>13.2f}x" if a and b else f"{'n/a':>14}")
         lines.append(f"{scen:<22} " + " ".join(cells))
-    lines.append("(pickup_latency: peer p95 / awa_fast p95, higher = awa_fast faster; "
-                 "wal: see the drain rows)")
+    lines.append(
+        "(pickup_latency: peer p95 / awa_fast p95, higher = awa_fast faster; "
+        "wal: see the drain rows)"
+    )
     return lines
 
 
@@ -475,8 +625,10 @@ def targets(records: list[dict], processes: int) -> list[str]:
             out.append(f"  {label:<58} n/a")
             return
         ok = value <= goal if lower_is_better else value >= goal
-        out.append(f"  {label:<58} {fmt.format(value):>10}  goal {'<=' if lower_is_better else '>='} "
-                   f"{fmt.format(goal)}  {'MET' if ok else 'NOT MET'}")
+        out.append(
+            f"  {label:<58} {fmt.format(value):>10}  goal {'<=' if lower_is_better else '>='} "
+            f"{fmt.format(goal)}  {'MET' if ok else 'NOT MET'}"
+        )
 
     def ratio(scen, peer):
         a, b = rate(scen, "awa_fast"), rate(scen, peer)
@@ -493,21 +645,38 @@ def targets(records: list[dict], processes: int) -> list[str]:
     check("single insert vs awa-pg", ratio("enqueue_single", "awa_pg"), 2.0)
     check("unique enqueue vs awa-pg", ratio("enqueue_unique", "awa_pg"), 1.0)
     lat = idx.get(("pickup_latency", "awa_fast"))
-    check("pickup latency idle p95 (ms)", lat and lat.get("p95_ms"), 20.0, "{:.1f}", lower_is_better=True)
+    check(
+        "pickup latency idle p95 (ms)",
+        lat and lat.get("p95_ms"),
+        20.0,
+        "{:.1f}",
+        lower_is_better=True,
+    )
     pipe = idx.get((f"pipeline_{processes}p", "awa_fast"))
     check("stage-A/stage-B vs plain drain", pipe and pipe.get("vs_plain_drain"), 0.5)
     walr = idx.get(("drain_1p", "awa_fast"))
-    check("WAL per completed no-op job, 1 process (B)", walr and walr.get("wal_bytes_per_job"),
-          1.8 * 1024, "{:.0f}", lower_is_better=True)
+    check(
+        "WAL per completed no-op job, 1 process (B)",
+        walr and walr.get("wal_bytes_per_job"),
+        1.8 * 1024,
+        "{:.0f}",
+        lower_is_better=True,
+    )
     walr = idx.get((d, "awa_fast"))
-    check(f"WAL per completed no-op job, {processes} processes (B)", walr and walr.get("wal_bytes_per_job"),
-          1.8 * 1024, "{:.0f}", lower_is_better=True)
+    check(
+        f"WAL per completed no-op job, {processes} processes (B)",
+        walr and walr.get("wal_bytes_per_job"),
+        1.8 * 1024,
+        "{:.0f}",
+        lower_is_better=True,
+    )
     return out
 
 
 def plot(records: list[dict], path: Path) -> None:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -529,8 +698,13 @@ def plot(records: list[dict], path: Path) -> None:
     ax1.legend()
     for i, sys_ in enumerate(systems):
         r = idx.get(("pickup_latency", sys_)) or {}
-        ax2.bar([i - 0.2, i + 0.2], [r.get("p50_ms") or 0, r.get("p95_ms") or 0], 0.4,
-                color=["C%d" % i, "C%d" % i], alpha=1.0)
+        ax2.bar(
+            [i - 0.2, i + 0.2],
+            [r.get("p50_ms") or 0, r.get("p95_ms") or 0],
+            0.4,
+            color=["C%d" % i, "C%d" % i],
+            alpha=1.0,
+        )
     ax2.set_xticks(range(len(systems)))
     ax2.set_xticklabels(systems, rotation=30, ha="right")
     ax2.set_ylabel("ms (left bar p50, right bar p95)")
@@ -552,13 +726,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         admin, server_kind = args.database_url, "external (--database-url)"
     elif args.unsafe_fsync_off:
         from awa_fast.embedded import start_temp
+
         log("starting a throwaway PostgreSQL (start_temp: fsync=off, full_page_writes=off)")
         server = start_temp()
         admin, server_kind = server.dsn, "throwaway start_temp() -- fsync=off, NOT durable"
     else:
-        log("starting a throwaway PostgreSQL with fsync=on, full_page_writes=on, synchronous_commit=on")
+        log(
+            "starting a throwaway PostgreSQL with fsync=on, full_page_writes=on, synchronous_commit=on"
+        )
         server = srv.start_durable()
-        admin, server_kind = server.dsn, "throwaway, durable settings (bench/server.py start_durable)"
+        admin, server_kind = (
+            server.dsn,
+            "throwaway, durable settings (bench/server.py start_durable)",
+        )
     try:
         env = environment(admin, args, server_kind)
         adapters, skipped = [], {}
@@ -568,10 +748,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
             except ImportError as exc:
                 skipped[name] = f"not importable: {exc}"
         env["skipped_systems"] = skipped
-        print(f"awa-fast {env['awa_fast_version']} ({env['awa_fast_git']}) | peers "
-              + ", ".join(f"{k} {v}" for k, v in env["peers"].items()))
-        print(f"Python {env['python']} | PostgreSQL {env['postgres']} | {env['cores']} cores | "
-              f"{env['server']}")
+        print(
+            f"awa-fast {env['awa_fast_version']} ({env['awa_fast_git']}) | peers "
+            + ", ".join(f"{k} {v}" for k, v in env["peers"].items())
+        )
+        print(
+            f"Python {env['python']} | PostgreSQL {env['postgres']} | {env['cores']} cores | "
+            f"{env['server']}"
+        )
         print("settings: " + ", ".join(f"{k}={v}" for k, v in env["pg_settings"].items()))
         print("options: " + ", ".join(f"{k}={v}" for k, v in env["options"].items()))
         for k, v in skipped.items():
@@ -595,7 +779,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
                         try:
                             r = drain(a, dbs, args, "noop", args.processes, "plain_for_pipeline")
                             rates[(a.name, args.processes)] = r["rate"]
-                        except Exception as exc:  # noqa: BLE001
+                        except Exception as exc:
                             log(f"plain drain for the pipeline ratio failed: {exc!r}")
                     scenario_pipeline(a, dbs, args, rec, rates)
                 elif scen == "failures":

@@ -46,22 +46,40 @@ def start_durable(settings: dict[str, str] | None = None, timeout: float = 60.0)
         emb._initdb(bindir, datadir, acct, nosync=True)
         log_path = datadir / "server.log"
         port = emb._free_port()
-        argv = [str(bindir / "postgres"), "-D", str(datadir), "-p", str(port),
-                "-k", str(datadir), "-h", "127.0.0.1"]
+        argv = [
+            str(bindir / "postgres"),
+            "-D",
+            str(datadir),
+            "-p",
+            str(port),
+            "-k",
+            str(datadir),
+            "-h",
+            "127.0.0.1",
+        ]
         for key, value in settings.items():
             argv += ["-c", f"{key}={value}"]
         with open(log_path, "wb") as log:
             if acct.switch:
                 os.fchown(log.fileno(), acct.uid, acct.gid)
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=str(datadir), env=emb._server_env(), preexec_fn=emb._make_pdeathsig_preexec(),
-                start_new_session=True, **acct.popen_kwargs())
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=str(datadir),
+                env=emb._server_env(),
+                preexec_fn=emb._make_pdeathsig_preexec(),
+                start_new_session=True,
+                **acct.popen_kwargs(),
+            )
         dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise emb.EmbeddedPostgresError("postgres exited at start" + emb._log_tail(log_path))
+                raise emb.EmbeddedPostgresError(
+                    "postgres exited at start" + emb._log_tail(log_path)
+                )
             try:
                 with psycopg.connect(dsn, connect_timeout=2, autocommit=True):
                     pass
@@ -70,7 +88,9 @@ def start_durable(settings: dict[str, str] | None = None, timeout: float = 60.0)
                 pass
             if time.monotonic() > deadline:
                 emb._stop_proc(proc)
-                raise emb.EmbeddedPostgresError("postgres did not accept connections" + emb._log_tail(log_path))
+                raise emb.EmbeddedPostgresError(
+                    "postgres did not accept connections" + emb._log_tail(log_path)
+                )
             time.sleep(0.05)
     except BaseException:
         shutil.rmtree(datadir, ignore_errors=True)
@@ -96,6 +116,7 @@ def dsn_for(admin_dsn: str, dbname: str) -> str:
     from urllib.parse import quote
 
     from psycopg.conninfo import conninfo_to_dict
+
     p = conninfo_to_dict(admin_dsn)
     user = quote(p.get("user") or "postgres", safe="")
     auth = user + (":" + quote(p["password"], safe="") if p.get("password") else "")

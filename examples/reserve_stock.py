@@ -40,11 +40,14 @@ async def release_reservation(failure: awa.JobFailure) -> None:
         raise ConnectionError("inventory service unavailable")
     cur = await failure.conn.execute(
         "UPDATE demo_reservations SET released = true WHERE order_id = %s AND NOT released "
-        "RETURNING item, qty", (failure.args.order_id,))
+        "RETURNING item, qty",
+        (failure.args.order_id,),
+    )
     row = await cur.fetchone()
     if row:  # a repeat finds it released and does nothing
         await failure.conn.execute(
-            "UPDATE demo_stock SET available = available + %s WHERE item = %s", (row[1], row[0]))
+            "UPDATE demo_stock SET available = available + %s WHERE item = %s", (row[1], row[0])
+        )
 
 
 def build_client(url: str) -> awa.AsyncClient:
@@ -57,9 +60,13 @@ def build_client(url: str) -> awa.AsyncClient:
             async with conn.transaction():
                 await conn.execute(
                     "INSERT INTO demo_reservations (order_id, item, qty) VALUES (%s, %s, %s) "
-                    "ON CONFLICT DO NOTHING", (job.args.order_id, job.args.item, job.args.qty))
-                await conn.execute("UPDATE demo_stock SET available = available - %s "
-                                   "WHERE item = %s", (job.args.qty, job.args.item))
+                    "ON CONFLICT DO NOTHING",
+                    (job.args.order_id, job.args.item, job.args.qty),
+                )
+                await conn.execute(
+                    "UPDATE demo_stock SET available = available - %s WHERE item = %s",
+                    (job.args.qty, job.args.item),
+                )
         raise awa.TerminalError("payment declined")
 
     return client
@@ -89,9 +96,13 @@ async def main() -> None:
         await asyncio.sleep(0.05)
     async with pool.connection() as conn:
         stock = (await (await conn.execute("SELECT available FROM demo_stock")).fetchone())[0]
-        row = await (await conn.execute(
-            "SELECT consequence_state, consequence_reason, consequence_path "
-            "FROM awa_fast.jobs WHERE id = %s", (job.id,))).fetchone()
+        row = await (
+            await conn.execute(
+                "SELECT consequence_state, consequence_reason, consequence_path "
+                "FROM awa_fast.jobs WHERE id = %s",
+                (job.id,),
+            )
+        ).fetchone()
     print(f"release attempts: {release_attempts}; consequence: {row}; widget stock: {stock}")
     await client.close()
 

@@ -63,7 +63,9 @@ def dsn(request, pg_base_dsn):
         yield db_dsn
     finally:
         with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 @pytest.fixture
@@ -78,7 +80,9 @@ def fresh_db(pg_base_dsn):
         yield make_conninfo(**params)
     finally:
         with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 @pytest.fixture

@@ -31,17 +31,28 @@ async def release_reservation(failure: awa.JobFailure) -> None:
     """Repeat-safe: the reservation row guards the stock update (an external system here: its
     own autocommit connection, so the write survives a crash before our commit)."""
     async with await psycopg.AsyncConnection.connect(failure.conn.info.dsn, autocommit=True) as ext:
-        await ext.execute("INSERT INTO public.effect_log (job_id, reason) VALUES (%s, %s)",
-                          (failure.id, failure.reason))
+        await ext.execute(
+            "INSERT INTO public.effect_log (job_id, reason) VALUES (%s, %s)",
+            (failure.id, failure.reason),
+        )
         cur = await ext.execute(
             "UPDATE public.reservations SET released = true WHERE job_id = %s AND NOT released "
-            "RETURNING qty", (failure.id,))
+            "RETURNING qty",
+            (failure.id,),
+        )
         row = await cur.fetchone()
         if row:
-            await ext.execute("UPDATE public.stock SET available = available + %s WHERE item = %s",
-                              (row[0], failure.args.item))
-        runs = (await (await ext.execute("SELECT count(*) FROM public.effect_log WHERE job_id = %s",
-                                         (failure.id,))).fetchone())[0]
+            await ext.execute(
+                "UPDATE public.stock SET available = available + %s WHERE item = %s",
+                (row[0], failure.args.item),
+            )
+        runs = (
+            await (
+                await ext.execute(
+                    "SELECT count(*) FROM public.effect_log WHERE job_id = %s", (failure.id,)
+                )
+            ).fetchone()
+        )[0]
     if os.environ.get("CRASH_AFTER_EFFECT") and runs == 1:
         os.kill(os.getpid(), signal.SIGKILL)
 

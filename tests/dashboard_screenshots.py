@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from playwright.async_api import async_playwright
@@ -31,10 +31,17 @@ class RenderVideo:
 
 
 async def _shoot(base: str, out: Path, ids: dict[str, int]) -> list[str]:
-    pages = [("queues", "/queues"), ("jobs", "/jobs"), ("jobs-failed", "/jobs?state=failed"),
-             ("job-failed", f"/jobs/{ids['boom']}"), ("job-lineage", f"/jobs/{ids['ship']}"),
-             ("dlq", "/dlq"), ("consequences", "/consequences"), ("cron", "/cron"),
-             ("workers", "/workers")]
+    pages = [
+        ("queues", "/queues"),
+        ("jobs", "/jobs"),
+        ("jobs-failed", "/jobs?state=failed"),
+        ("job-failed", f"/jobs/{ids['boom']}"),
+        ("job-lineage", f"/jobs/{ids['ship']}"),
+        ("dlq", "/dlq"),
+        ("consequences", "/consequences"),
+        ("cron", "/cron"),
+        ("workers", "/workers"),
+    ]
     written = []
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -65,25 +72,47 @@ async def main(out: Path) -> None:
 
         await client.insert_many([dashboard_seed.PlaceOrder(n) for n in range(2000, 2400)])
         await client.insert_many([RenderVideo(n) for n in range(6)], queue="media")
-        await client.insert_many([dashboard_seed.SendInvoice(n) for n in range(3)],
-                                 queue="billing", max_attempts=1)
+        await client.insert_many(
+            [dashboard_seed.SendInvoice(n) for n in range(3)], queue="billing", max_attempts=1
+        )
         await client.pause_queue("reports", paused_by="ops")
-        await client.insert_many([dashboard_seed.NightlyReport() for _ in range(12)],
-                                 queue="reports")
-        await client.start([("default", 8), ("shipping", 4), ("media", 2),
-                            {"name": "billing", "max_workers": 2, "dlq": True}],
-                           **dashboard_seed.FAST)
+        await client.insert_many(
+            [dashboard_seed.NightlyReport() for _ in range(12)], queue="reports"
+        )
+        await client.start(
+            [
+                ("default", 8),
+                ("shipping", 4),
+                ("media", 2),
+                {"name": "billing", "max_workers": 2, "dlq": True},
+            ],
+            **dashboard_seed.FAST,
+        )
         try:
-            await wait_for(lambda: scalar(dsn, "SELECT count(*) = 0 FROM awa_fast.jobs WHERE "
-                                          "state = 'available' AND queue IN ('default', "
-                                          "'shipping')"), 60, "the orders to drain")
-            await wait_for(lambda: scalar(dsn, "SELECT count(*) = 2 FROM awa_fast.jobs WHERE "
-                                          "state = 'running' AND progress IS NOT NULL"), 30,
-                           "two videos running with progress")
-            await wait_for(lambda: scalar(dsn, "SELECT count(*) >= 4 FROM awa_fast.dlq"), 30,
-                           "the DLQ entries")
+            await wait_for(
+                lambda: scalar(
+                    dsn,
+                    "SELECT count(*) = 0 FROM awa_fast.jobs WHERE "
+                    "state = 'available' AND queue IN ('default', "
+                    "'shipping')",
+                ),
+                60,
+                "the orders to drain",
+            )
+            await wait_for(
+                lambda: scalar(
+                    dsn,
+                    "SELECT count(*) = 2 FROM awa_fast.jobs WHERE "
+                    "state = 'running' AND progress IS NOT NULL",
+                ),
+                30,
+                "two videos running with progress",
+            )
+            await wait_for(
+                lambda: scalar(dsn, "SELECT count(*) >= 4 FROM awa_fast.dlq"), 30, "the DLQ entries"
+            )
             # the newest rows: a mix of kinds, queues and waiting states for the jobs page
-            later = datetime.now(timezone.utc) + timedelta(hours=2)
+            later = datetime.now(UTC) + timedelta(hours=2)
             for n in range(8):
                 await client.insert(dashboard_seed.PlaceOrder(3000 + n), run_at=later)
                 await client.insert(dashboard_seed.NightlyReport(), queue="reports")

@@ -15,15 +15,20 @@ is meant to show, then shuts the worker down. It returns the ids:
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import awa_fast as awa
 from tests.support import scalar, wait_for, wait_state
 
 NONE = awa.NO_FAILURE_CONSEQUENCE
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=100,
-            deadline_rescue_interval_ms=100)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    heartbeat_rescue_interval_ms=100,
+    deadline_rescue_interval_ms=100,
+)
 
 
 @dataclasses.dataclass
@@ -100,24 +105,38 @@ async def seed(dsn: str) -> dict[str, int]:
     try:
         order = (await client.insert(PlaceOrder(1001))).id
         boom = (await client.insert(SendInvoice(1001))).id
-        later = (await client.insert(PlaceOrder(1002),
-                                     run_at=datetime.now(timezone.utc) + timedelta(hours=1))).id
+        later = (
+            await client.insert(PlaceOrder(1002), run_at=datetime.now(UTC) + timedelta(hours=1))
+        ).id
         dead = (await client.insert(SendInvoice(7), queue="billing", max_attempts=1)).id
         charge = (await client.insert(ChargeCard(1001), queue="billing")).id
         refund = (await client.insert(RefundCard(1001))).id
-        await client.start([("default", 4), ("shipping", 2), {"name": "billing", "max_workers": 2,
-                                                                "dlq": True}],
-                           **FAST)
+        await client.start(
+            [("default", 4), ("shipping", 2), {"name": "billing", "max_workers": 2, "dlq": True}],
+            **FAST,
+        )
         await wait_state(dsn, order, "completed")
         await wait_state(dsn, boom, "failed")
         await wait_state(dsn, charge, "consequence_pending")
         await wait_state(dsn, refund, "failed")
         await wait_for(lambda: client.get_dlq_job(dead), what=f"job {dead} in the DLQ")
-        ship = await wait_for(lambda: scalar(
-            dsn, "SELECT max(id) FROM awa_fast.jobs WHERE metadata->>'awa:triggered_by' = %s",
-            (str(order),)), what=f"the follow-up of job {order}")
+        ship = await wait_for(
+            lambda: scalar(
+                dsn,
+                "SELECT max(id) FROM awa_fast.jobs WHERE metadata->>'awa:triggered_by' = %s",
+                (str(order),),
+            ),
+            what=f"the follow-up of job {order}",
+        )
         await wait_state(dsn, ship, "completed")
     finally:
         await client.close()
-    return {"order": order, "ship": ship, "boom": boom, "later": later, "dead": dead,
-            "charge": charge, "refund": refund}
+    return {
+        "order": order,
+        "ship": ship,
+        "boom": boom,
+        "later": later,
+        "dead": dead,
+        "charge": charge,
+        "refund": refund,
+    }

@@ -9,11 +9,19 @@ import re
 import subprocess
 import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 _LISTENING = re.compile(r"Uvicorn running on (http://\S+)")
 
 
@@ -23,8 +31,13 @@ def served(dsn: str, *args: str, timeout: float = 60.0) -> Iterator[str]:
     uvicorn's start line, so no port race and no sleep), stops it afterwards."""
     env = {**os.environ, "AWA_FAST_DATABASE_URL": dsn}
     env.pop("AWA_FAST_SERVE_TOKEN", None)
-    proc = subprocess.Popen([sys.executable, "-m", "awa_fast", "serve", "--port", "0", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_fast", "serve", "--port", "0", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     found = threading.Event()
     url: list[str] = []
     lines: list[str] = []

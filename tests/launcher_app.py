@@ -28,10 +28,16 @@ if FAIL == "import" or (FAIL == "child-import" and IN_CHILD):
 client = awa.AsyncClient(os.environ.get("AWA_FAST_LAUNCHER_DSN", ""), max_connections=4)
 
 # Passed by the launcher to client.start(): fast polling, heartbeats, rescue and election.
-START_OPTIONS = dict(poll_interval_ms=50, heartbeat_interval_ms=100, heartbeat_staleness_ms=1000,
-                     heartbeat_rescue_interval_ms=200, deadline_rescue_interval_ms=200,
-                     callback_rescue_interval_ms=200,
-                     promote_interval_ms=50, leader_election_interval_ms=200)
+START_OPTIONS = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    heartbeat_staleness_ms=1000,
+    heartbeat_rescue_interval_ms=200,
+    deadline_rescue_interval_ms=200,
+    callback_rescue_interval_ms=200,
+    promote_interval_ms=50,
+    leader_election_interval_ms=200,
+)
 
 if FAIL == "start" and IN_CHILD:
     START_OPTIONS["no_such_option"] = 1  # start() raises TypeError

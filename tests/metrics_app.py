@@ -20,10 +20,16 @@ import os
 import awa_fast as awa
 
 client = awa.AsyncClient(os.environ.get("AWA_FAST_LAUNCHER_DSN", ""), max_connections=4)
-START_OPTIONS = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-                     leader_election_interval_ms=200, callback_rescue_interval_ms=100,
-                     heartbeat_staleness_ms=1000, heartbeat_rescue_interval_ms=200,
-                     metrics_refresh_ms=100)
+START_OPTIONS = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=200,
+    callback_rescue_interval_ms=100,
+    heartbeat_staleness_ms=1000,
+    heartbeat_rescue_interval_ms=200,
+    metrics_refresh_ms=100,
+)
 
 
 @dataclasses.dataclass

@@ -34,11 +34,17 @@ async def pipe_b(job):
     return None
 
 
-START_OPTIONS = dict(poll_interval_ms=100, heartbeat_interval_ms=100, heartbeat_staleness_ms=1000,
-                     heartbeat_rescue_interval_ms=200, deadline_rescue_interval_ms=200,
-                     callback_rescue_interval_ms=200,
-                     promote_interval_ms=100, leader_election_interval_ms=200,
-                     staged_completions=os.environ.get("STAGED_COMPLETIONS", "per_job"))
+START_OPTIONS = dict(
+    poll_interval_ms=100,
+    heartbeat_interval_ms=100,
+    heartbeat_staleness_ms=1000,
+    heartbeat_rescue_interval_ms=200,
+    deadline_rescue_interval_ms=200,
+    callback_rescue_interval_ms=200,
+    promote_interval_ms=100,
+    leader_election_interval_ms=200,
+    staged_completions=os.environ.get("STAGED_COMPLETIONS", "per_job"),
+)
 
 
 async def main() -> None:

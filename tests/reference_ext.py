@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 import re
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 from blake3 import blake3
 
@@ -25,11 +25,19 @@ _INT64_MAX = 2**63 - 1
 def _check_name(value, field, max_chars):
     limit = f"1..{max_chars} characters"
     if not isinstance(value, str):
-        raise ValidationError(f"{field} must be a str, got {type(value).__name__}", field=field, limit=limit)
+        raise ValidationError(
+            f"{field} must be a str, got {type(value).__name__}", field=field, limit=limit
+        )
     if not 1 <= len(value) <= max_chars:
-        raise ValidationError(f"{field} must be 1 to {max_chars} characters, got {len(value)}", field=field, limit=limit)
+        raise ValidationError(
+            f"{field} must be 1 to {max_chars} characters, got {len(value)}",
+            field=field,
+            limit=limit,
+        )
     if "\x00" in value:
-        raise ValidationError(f"{field} must not contain NUL characters", field=field, limit=NUL_LIMIT)
+        raise ValidationError(
+            f"{field} must not contain NUL characters", field=field, limit=NUL_LIMIT
+        )
     _check_utf8(value, field)
 
 
@@ -37,8 +45,11 @@ def _check_utf8(value, field):
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValidationError(f"{field} must be valid Unicode (no lone surrogates)", field=field,
-                              limit="valid UTF-8 (no lone surrogates)") from None
+        raise ValidationError(
+            f"{field} must be valid Unicode (no lone surrogates)",
+            field=field,
+            limit="valid UTF-8 (no lone surrogates)",
+        ) from None
 
 
 def _check_int(value, field, lo, hi):
@@ -49,7 +60,9 @@ def _check_int(value, field, lo, hi):
             limit=f"{lo}..{hi}",
         )
     if not lo <= value <= hi:
-        raise ValidationError(f"{field} must be between {lo} and {hi}, got {value}", field=field, limit=f"{lo}..{hi}")
+        raise ValidationError(
+            f"{field} must be between {lo} and {hi}, got {value}", field=field, limit=f"{lo}..{hi}"
+        )
 
 
 def validate_insert(kind, queue, priority, max_attempts, tags):
@@ -61,16 +74,24 @@ def validate_insert(kind, queue, priority, max_attempts, tags):
         return []
     if not isinstance(tags, (list, tuple)):
         raise ValidationError(
-            f"tags must be a list or tuple of str, got {type(tags).__name__}", field="tags", limit="<= 20"
+            f"tags must be a list or tuple of str, got {type(tags).__name__}",
+            field="tags",
+            limit="<= 20",
         )
     if len(tags) > 20:
-        raise ValidationError(f"tags: at most 20 tags, got {len(tags)}", field="tags", limit="<= 20")
+        raise ValidationError(
+            f"tags: at most 20 tags, got {len(tags)}", field="tags", limit="<= 20"
+        )
     out = list(tags)
     for i, tag in enumerate(out):
         if not isinstance(tag, str):
-            raise ValidationError(f"tags[{i}] must be a str, got {type(tag).__name__}", field="tags", limit="<= 20")
+            raise ValidationError(
+                f"tags[{i}] must be a str, got {type(tag).__name__}", field="tags", limit="<= 20"
+            )
         if "\x00" in tag:
-            raise ValidationError(f"tags[{i}] must not contain NUL characters", field="tags", limit=NUL_LIMIT)
+            raise ValidationError(
+                f"tags[{i}] must not contain NUL characters", field="tags", limit=NUL_LIMIT
+            )
         _check_utf8(tag, "tags")
     return out
 
@@ -86,7 +107,9 @@ def check_json_nul(data, field):
     if not isinstance(field, str):
         raise TypeError(f"field must be str, got {type(field).__name__}")
     if _JSON_NUL.search(data):
-        raise ValidationError(f"{field} must not contain NUL characters (\\u0000)", field=field, limit=NUL_LIMIT)
+        raise ValidationError(
+            f"{field} must not contain NUL characters (\\u0000)", field=field, limit=NUL_LIMIT
+        )
 
 
 def normalize_run_at(value):
@@ -100,7 +123,9 @@ def normalize_run_at(value):
             value = datetime.fromisoformat(text)
         except (ValueError, TypeError):
             raise ValidationError(
-                f"run_at must be an RFC 3339 timestamp, got {value!r}", field="run_at", limit="RFC 3339 timestamp"
+                f"run_at must be an RFC 3339 timestamp, got {value!r}",
+                field="run_at",
+                limit="RFC 3339 timestamp",
             ) from None
     elif not isinstance(value, datetime):
         kind = "date" if isinstance(value, date) else type(value).__name__
@@ -110,9 +135,9 @@ def normalize_run_at(value):
             limit="datetime, RFC 3339 str or None",
         )
     if value.utcoffset() is None:
-        return value.replace(tzinfo=timezone.utc)
+        return value.replace(tzinfo=UTC)
     try:
-        return value.astimezone(timezone.utc)
+        return value.astimezone(UTC)
     except (OverflowError, ValueError):
         raise ValidationError(
             f"run_at must fall within years 1..9999 in UTC, got {value.isoformat()}",
@@ -160,11 +185,15 @@ def parse_unique_opts(opts):
         return None
     if not isinstance(opts, dict):
         raise ValidationError(
-            f"unique_opts must be a dict, got {type(opts).__name__}", field="unique_opts", limit=_KEYS_LIMIT
+            f"unique_opts must be a dict, got {type(opts).__name__}",
+            field="unique_opts",
+            limit=_KEYS_LIMIT,
         )
     for key in opts:
         if key not in ("by_queue", "by_args", "by_period", "states"):
-            raise ValidationError(f"unique_opts: unknown key {key!r}", field="unique_opts", limit=_KEYS_LIMIT)
+            raise ValidationError(
+                f"unique_opts: unknown key {key!r}", field="unique_opts", limit=_KEYS_LIMIT
+            )
     by_queue = opts.get("by_queue", False)
     by_args = opts.get("by_args", True)
     for name, val in (("by_queue", by_queue), ("by_args", by_args)):
@@ -197,7 +226,9 @@ def parse_unique_opts(opts):
         )
     if not 0 <= states <= 255:
         raise ValidationError(
-            f"unique_opts.states must be between 0 and 255, got {states}", field="unique_opts.states", limit="0..255"
+            f"unique_opts.states must be between 0 and 255, got {states}",
+            field="unique_opts.states",
+            limit="0..255",
         )
     return (by_queue, by_args, by_period, states)
 
@@ -302,8 +333,9 @@ def encode_many(objs, field):
         try:
             data = orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
         except TypeError as exc:
-            raise SerializationError(f"{field}[{i}] is not JSON-serializable: {exc}",
-                                     field=f"{field}[{i}]", limit="JSON") from exc
+            raise SerializationError(
+                f"{field}[{i}] is not JSON-serializable: {exc}", field=f"{field}[{i}]", limit="JSON"
+            ) from exc
         check_json_nul(data, f"{field}[{i}]")
         out.append(data)
     return out
@@ -314,8 +346,12 @@ def keys_many(kind, queue, jsons, by_queue, by_args, by_period):
 
 
 def _copy_escape(data: bytes) -> bytes:
-    return (data.replace(b"\\", b"\\\\").replace(b"\t", b"\\t").replace(b"\n", b"\\n")
-            .replace(b"\r", b"\\r"))
+    return (
+        data.replace(b"\\", b"\\\\")
+        .replace(b"\t", b"\\t")
+        .replace(b"\n", b"\\n")
+        .replace(b"\r", b"\\r")
+    )
 
 
 def copy_block(ids, jsons, keys, head, mid, tail):
@@ -324,6 +360,7 @@ def copy_block(ids, jsons, keys, head, mid, tail):
     rows = []
     for i, job_id in enumerate(ids):
         key = b"\\N" if keys is None else b"\\\\x" + keys[i].hex().encode()
-        rows.append(b"\t".join([str(job_id).encode(), head, _copy_escape(jsons[i]), mid, key,
-                                tail]) + b"\n")
+        rows.append(
+            b"\t".join([str(job_id).encode(), head, _copy_escape(jsons[i]), mid, key, tail]) + b"\n"
+        )
     return b"".join(rows)

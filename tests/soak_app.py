@@ -41,12 +41,19 @@ class SoakPay:
 
 async def release(failure: awa.JobFailure) -> None:
     """Repeat-safe effect on another system (its own autocommit connection)."""
-    async with await psycopg.AsyncConnection.connect(DSN, autocommit=True, connect_timeout=5) as ext:
-        await ext.execute("INSERT INTO public.effect_log (n, reason) VALUES (%s, %s)",
-                          (failure.args.n, failure.reason))
+    async with await psycopg.AsyncConnection.connect(
+        DSN, autocommit=True, connect_timeout=5
+    ) as ext:
+        await ext.execute(
+            "INSERT INTO public.effect_log (n, reason) VALUES (%s, %s)",
+            (failure.args.n, failure.reason),
+        )
         async with ext.transaction():
-            cur = await ext.execute("UPDATE public.reservations SET released = true "
-                                    "WHERE n = %s AND NOT released RETURNING qty", (failure.args.n,))
+            cur = await ext.execute(
+                "UPDATE public.reservations SET released = true "
+                "WHERE n = %s AND NOT released RETURNING qty",
+                (failure.args.n,),
+            )
             row = await cur.fetchone()
             if row:
                 await ext.execute("UPDATE public.stock SET available = available + %s", (row[0],))
@@ -74,10 +81,17 @@ async def soak_pay(job):
         await asyncio.sleep(0.3)
 
 
-START_OPTIONS = dict(poll_interval_ms=100, heartbeat_interval_ms=100, heartbeat_staleness_ms=1000,
-                     heartbeat_rescue_interval_ms=200, deadline_rescue_interval_ms=200,
-                     promote_interval_ms=100, leader_election_interval_ms=200,
-                     reconcile_interval_ms=100, consequence_backoff_ms=100)
+START_OPTIONS = dict(
+    poll_interval_ms=100,
+    heartbeat_interval_ms=100,
+    heartbeat_staleness_ms=1000,
+    heartbeat_rescue_interval_ms=200,
+    deadline_rescue_interval_ms=200,
+    promote_interval_ms=100,
+    leader_election_interval_ms=200,
+    reconcile_interval_ms=100,
+    consequence_backoff_ms=100,
+)
 
 
 async def main() -> None:

@@ -24,8 +24,13 @@ async def zombie(job):
 
 
 async def main() -> None:
-    await client.start([("stop_q", 4)], heartbeat_interval_ms=100, heartbeat_staleness_ms=STALE_MS,
-                       leader_election_interval_ms=100, heartbeat_rescue_interval_ms=100)
+    await client.start(
+        [("stop_q", 4)],
+        heartbeat_interval_ms=100,
+        heartbeat_staleness_ms=STALE_MS,
+        leader_election_interval_ms=100,
+        heartbeat_rescue_interval_ms=100,
+    )
     rt = client.runtime
     for _ in range(100):
         if rt.maintenance.is_leader:

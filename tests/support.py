@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import psycopg
 
 
-async def wait_for(predicate: Callable[[], Awaitable[Any]], timeout: float = 15.0,
-                   what: str = "condition") -> Any:
+async def wait_for(
+    predicate: Callable[[], Awaitable[Any]], timeout: float = 15.0, what: str = "condition"
+) -> Any:
     """Poll ``predicate`` (an async callable) until it returns a truthy value; bounded by
     ``timeout`` seconds. Database state has no push signal, so tests poll it."""
     deadline = time.monotonic() + timeout
@@ -33,6 +35,7 @@ async def job_row(dsn: str, job_id: int) -> dict:
 
 async def wait_state(dsn: str, job_id: int, *states: str, timeout: float = 15.0) -> dict:
     """Wait until job ``job_id`` is in one of ``states``; returns its row."""
+
     async def check():
         row = await job_row(dsn, job_id)
         return row if row and row["state"] in states else None
@@ -48,14 +51,22 @@ async def scalar(dsn: str, query: str, params: Any = None) -> Any:
 
 async def truncate(dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq, "
-                           "awa_fast.callback_expressions, awa_fast.queue_descriptors, "
-                           "awa_fast.job_kind_descriptors, awa_fast.batch_operations CASCADE")
+        await conn.execute(
+            "TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq, "
+            "awa_fast.callback_expressions, awa_fast.queue_descriptors, "
+            "awa_fast.job_kind_descriptors, awa_fast.batch_operations CASCADE"
+        )
 
 
 @contextlib.asynccontextmanager
-async def failing_rows(dsn: str, when: str, *, event: str = "INSERT",
-                       table: str = "awa_fast.jobs", name: str = "explode"):
+async def failing_rows(
+    dsn: str,
+    when: str,
+    *,
+    event: str = "INSERT",
+    table: str = "awa_fast.jobs",
+    name: str = "explode",
+):
     """A trigger added outside awa-fast that fails every ``event`` (INSERT / UPDATE) of a row
     of ``table`` matching ``when`` (an SQL condition over NEW/OLD), as an unpredictable
     per-row error would (ADR-046's example); removed afterwards."""

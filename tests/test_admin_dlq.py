@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -17,9 +17,15 @@ from awa_fast.admin import DlqEntry, HealthCheck, QueueHealth
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 from tests.support import job_row, scalar, wait_for, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=100, callback_rescue_interval_ms=100,
-            deadline_rescue_interval_ms=100)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    heartbeat_rescue_interval_ms=100,
+    callback_rescue_interval_ms=100,
+    deadline_rescue_interval_ms=100,
+)
 
 
 @dataclasses.dataclass
@@ -55,17 +61,33 @@ async def execute(dsn: str, query: str, params=None) -> None:
         await conn.execute(query, params)
 
 
-async def make_failed(dsn, client, args=None, *, kind="dlq_admin", queue="adm", tags=None,
-                      unique_opts=None, attempt=2, lease=5) -> awa.Job:
+async def make_failed(
+    dsn,
+    client,
+    args=None,
+    *,
+    kind="dlq_admin",
+    queue="adm",
+    tags=None,
+    unique_opts=None,
+    attempt=2,
+    lease=5,
+) -> awa.Job:
     """Insert a job and turn it into a failed one (two attempts, two error entries)."""
-    job = await client.insert(args or {"n": 1}, kind=kind, queue=queue, tags=tags,
-                              unique_opts=unique_opts, max_attempts=3)
-    errors = [{"error": f"err {i}", "attempt": i, "at": "2024-01-01T00:00:00+00:00"}
-              for i in range(1, attempt + 1)]
-    await execute(dsn, "UPDATE awa_fast.jobs SET state = 'failed', attempt = %s, run_lease = %s, "
-                       "finalized_at = now(), attempted_at = now(), errors = %s::jsonb, "
-                       "progress = '{\"step\": 7}' WHERE id = %s",
-                  (attempt, lease, json.dumps(errors), job.id))
+    job = await client.insert(
+        args or {"n": 1}, kind=kind, queue=queue, tags=tags, unique_opts=unique_opts, max_attempts=3
+    )
+    errors = [
+        {"error": f"err {i}", "attempt": i, "at": "2024-01-01T00:00:00+00:00"}
+        for i in range(1, attempt + 1)
+    ]
+    await execute(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'failed', attempt = %s, run_lease = %s, "
+        "finalized_at = now(), attempted_at = now(), errors = %s::jsonb, "
+        "progress = '{\"step\": 7}' WHERE id = %s",
+        (attempt, lease, json.dumps(errors), job.id),
+    )
     return await client.get_job(job.id)
 
 
@@ -86,8 +108,9 @@ async def test_terminal_failure_and_exhaustion_route_to_dlq_only_where_enabled(d
     exhausted = await client.insert(DlqWork("boom"), queue="dq", max_attempts=1)
     plain = await client.insert(DlqWork("terminal"), queue="plain")
     ok = await client.insert(DlqWork("ok"), queue="dq")
-    await client.start([{"name": "dq", "max_workers": 2, "dlq": True},
-                        {"name": "plain", "max_workers": 2}], **FAST)
+    await client.start(
+        [{"name": "dq", "max_workers": 2, "dlq": True}, {"name": "plain", "max_workers": 2}], **FAST
+    )
 
     entry = await in_dlq(client, terminal.id)
     assert entry.reason == "terminal_error"
@@ -128,8 +151,11 @@ async def test_client_wide_default_and_per_queue_opt_out(dsn, client):
     register(client)
     routed = await client.insert(DlqWork("terminal"), queue="dflt")
     kept = await client.insert(DlqWork("terminal"), queue="optout")
-    await client.start([("dflt", 2), {"name": "optout", "max_workers": 2, "dlq": False}],
-                       dlq_enabled_by_default=True, **FAST)
+    await client.start(
+        [("dflt", 2), {"name": "optout", "max_workers": 2, "dlq": False}],
+        dlq_enabled_by_default=True,
+        **FAST,
+    )
     entry = await in_dlq(client, routed.id)
     assert entry.reason == "terminal_error"
     await wait_state(dsn, kept.id, "failed")
@@ -146,8 +172,9 @@ async def test_retry_from_dlq_puts_it_back_and_it_runs(dsn, client):
     await client.shutdown()
 
     # the handler is fixed: the args say "ok" now
-    await execute(dsn, "UPDATE awa_fast.dlq SET args = '{\"mode\": \"ok\", \"n\": 0}' WHERE id = %s",
-                  (job.id,))
+    await execute(
+        dsn, 'UPDATE awa_fast.dlq SET args = \'{"mode": "ok", "n": 0}\' WHERE id = %s', (job.id,)
+    )
     retried = await client.retry_from_dlq(job.id)
     assert retried.id == job.id
     assert retried.state == awa.JobState.Available
@@ -170,7 +197,7 @@ async def test_retry_from_dlq_puts_it_back_and_it_runs(dsn, client):
 async def test_retry_from_dlq_overrides(dsn, client):
     a = await dead_letter(dsn, client)
     b = await dead_letter(dsn, client)
-    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    later = datetime.now(UTC) + timedelta(hours=1)
     job = await client.retry_from_dlq(a.id, run_at=later, priority=4, queue="elsewhere")
     assert job.state == awa.JobState.Scheduled and job.priority == 4 and job.queue == "elsewhere"
     assert abs(datetime.fromisoformat(job.run_at) - later) < timedelta(seconds=1)
@@ -214,8 +241,11 @@ async def test_list_get_depth(dsn, client):
     c = await dead_letter(dsn, client, kind="k1", queue="q2", tags=["red", "blue"])
     # make the order deterministic: a oldest, c newest
     for i, job in enumerate((a, b, c)):
-        await execute(dsn, "UPDATE awa_fast.dlq SET dlq_at = now() - %s * interval '1 minute' "
-                           "WHERE id = %s", (10 - i, job.id))
+        await execute(
+            dsn,
+            "UPDATE awa_fast.dlq SET dlq_at = now() - %s * interval '1 minute' WHERE id = %s",
+            (10 - i, job.id),
+        )
 
     entries = await client.list_dlq()
     assert [e.job.id for e in entries] == [c.id, b.id, a.id]
@@ -301,8 +331,12 @@ async def test_move_failed_to_dlq(dsn, client):
 
     # a failed job whose failure consequence is still owed stays (the reconciler needs it)
     owed = await make_failed(dsn, client, kind="mv", queue="m1")
-    await execute(dsn, "UPDATE awa_fast.jobs SET consequence_state = 'owed', "
-                       "consequence_retry_at = now() + interval '1 hour' WHERE id = %s", (owed.id,))
+    await execute(
+        dsn,
+        "UPDATE awa_fast.jobs SET consequence_state = 'owed', "
+        "consequence_retry_at = now() + interval '1 hour' WHERE id = %s",
+        (owed.id,),
+    )
     assert await client.move_failed_to_dlq(owed.id) is False
 
     other = await make_failed(dsn, client, kind="mv2", queue="m2")
@@ -322,9 +356,10 @@ async def test_purge(dsn, client):
     assert await client.purge_dlq_job(a.id) is False
     assert await client.purge_dlq(tag="x") == 0
     assert await client.purge_dlq(queue="pq") == 1
-    await execute(dsn, "UPDATE awa_fast.dlq SET dlq_at = now() - interval '1 day' WHERE id = %s",
-                  (b.id,))
-    assert await client.purge_dlq(before_dlq_at=datetime.now(timezone.utc) - timedelta(hours=1)) == 1
+    await execute(
+        dsn, "UPDATE awa_fast.dlq SET dlq_at = now() - interval '1 day' WHERE id = %s", (b.id,)
+    )
+    assert await client.purge_dlq(before_dlq_at=datetime.now(UTC) - timedelta(hours=1)) == 1
     assert await client.purge_dlq(before_id=d.id) == 0
     assert await client.purge_dlq(kind="p3") == 1
     assert await client.dlq_depth() == 0
@@ -334,16 +369,23 @@ async def test_purge(dsn, client):
 async def test_dlq_retention_prune(dsn, client):
     old = await dead_letter(dsn, client)
     young = await dead_letter(dsn, client)
-    await execute(dsn, "UPDATE awa_fast.dlq SET dlq_at = now() - interval '3 days' WHERE id = %s",
-                  (old.id,))
+    await execute(
+        dsn, "UPDATE awa_fast.dlq SET dlq_at = now() - interval '3 days' WHERE id = %s", (old.id,)
+    )
     m = Maintenance(dsn, client.pool, MaintenanceConfig(dlq_retention_days=2))
     assert await m.prune() == 1
     assert await client.get_dlq_job(old.id) is None
     assert await client.get_dlq_job(young.id) is not None
     # the default (30 days) keeps both ages; job retention does not touch the DLQ
     await execute(dsn, "UPDATE awa_fast.dlq SET dlq_at = now() - interval '29 days'")
-    assert await Maintenance(dsn, client.pool, MaintenanceConfig(
-        completed_retention_hours=0.001, failed_retention_hours=0.001)).prune() == 0
+    assert (
+        await Maintenance(
+            dsn,
+            client.pool,
+            MaintenanceConfig(completed_retention_hours=0.001, failed_retention_hours=0.001),
+        ).prune()
+        == 0
+    )
     assert await client.dlq_depth() == 1
     # the runtime keyword reaches the maintenance config
     client.task(DlqWork)(lambda job: None)
@@ -391,8 +433,11 @@ async def test_retry_failed(dsn, client):
 async def test_retry_failed_wakes_workers(dsn, client):
     register(client)
     job = await client.insert(DlqWork("ok"), queue="wake")
-    await execute(dsn, "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
-                       "WHERE id = %s", (job.id,))
+    await execute(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() WHERE id = %s",
+        (job.id,),
+    )
     await client.start([("wake", 1)], **{**FAST, "poll_interval_ms": 600_000})
     d = client.runtime.dispatchers["wake"]
     await wait_for(lambda: _true(d.claims >= 1), what="first claim")
@@ -405,8 +450,12 @@ async def test_discard_failed(dsn, client):
     b = await make_failed(dsn, client, kind="disc")
     keep = await make_failed(dsn, client, kind="keep")
     avail = await client.insert({"x": 1}, kind="disc", queue="adm")
-    await execute(dsn, "UPDATE awa_fast.jobs SET consequence_state = 'owed', "
-                       "consequence_retry_at = now() + interval '1 hour' WHERE id = %s", (b.id,))
+    await execute(
+        dsn,
+        "UPDATE awa_fast.jobs SET consequence_state = 'owed', "
+        "consequence_retry_at = now() + interval '1 hour' WHERE id = %s",
+        (b.id,),
+    )
     assert await client.discard_failed("disc") == 1
     assert await job_row(dsn, a.id) is None
     for j in (b, keep, avail):
@@ -416,15 +465,20 @@ async def test_discard_failed(dsn, client):
 
 async def test_drain_queue(dsn, client):
     avail = await client.insert({"x": 1}, kind="dr", queue="drq")
-    sched = await client.insert({"x": 2}, kind="dr", queue="drq",
-                                run_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    sched = await client.insert(
+        {"x": 2}, kind="dr", queue="drq", run_at=datetime.now(UTC) + timedelta(hours=1)
+    )
     retry = await client.insert({"x": 3}, kind="dr", queue="drq")
     running = await client.insert({"x": 4}, kind="dr", queue="drq")
     failed = await make_failed(dsn, client, kind="dr", queue="drq")
     other = await client.insert({"x": 5}, kind="dr", queue="other")
     await execute(dsn, "UPDATE awa_fast.jobs SET state = 'retryable' WHERE id = %s", (retry.id,))
-    await execute(dsn, "UPDATE awa_fast.jobs SET state = 'running', attempt = 1, run_lease = 1, "
-                       "heartbeat_at = now() WHERE id = %s", (running.id,))
+    await execute(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'running', attempt = 1, run_lease = 1, "
+        "heartbeat_at = now() WHERE id = %s",
+        (running.id,),
+    )
 
     assert await client.drain_queue("drq") == 3
     for j in (avail, sched, retry):
@@ -446,9 +500,18 @@ async def test_dump_job(dsn, client):
     dumped = json.loads(await client.dump_job(job.id))
     assert dumped["id"] == job.id and dumped["kind"] == "dump" and dumped["state"] == "failed"
     assert dumped["args"] == {"a": 1} and dumped["in_dlq"] is False
-    for column in ("consequence_state", "consequence_reason", "consequence_path",
-                   "consequence_attempts", "consequence_applied_at", "verified_at",
-                   "ordering_key", "unique_states", "run_lease", "progress"):
+    for column in (
+        "consequence_state",
+        "consequence_reason",
+        "consequence_path",
+        "consequence_attempts",
+        "consequence_applied_at",
+        "verified_at",
+        "ordering_key",
+        "unique_states",
+        "run_lease",
+        "progress",
+    ):
         assert column in dumped, column
     assert dumped["unique_key"] == job.to_dict()["unique_key"]
     assert dumped["progress"] == {"step": 7}
@@ -496,6 +559,7 @@ async def test_health_check(dsn, client):
     await client.insert({"mode": "ok"}, kind="not_handled_here", queue="idle")
     await client.pause_queue("idle")
     await client.start([("hq", 3), ("idle", 2)], **FAST)
+
     async def healthy():
         h = await client.health_check()
         return h if h.healthy else None

@@ -13,9 +13,16 @@ import pytest
 import awa_fast as awa
 from tests.support import job_row, scalar, wait_for, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=50, callback_rescue_interval_ms=50,
-            deadline_rescue_interval_ms=50, callback_poll_interval_ms=20)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    heartbeat_rescue_interval_ms=50,
+    callback_rescue_interval_ms=50,
+    deadline_rescue_interval_ms=50,
+    callback_poll_interval_ms=20,
+)
 
 
 @dataclasses.dataclass
@@ -85,8 +92,11 @@ async def test_bad_callback_ids_and_arguments(dsn, client):
 
     @client.task(Ext)
     async def ext(job):
-        for kwargs in ({"timeout_seconds": -1}, {"timeout_seconds": float("inf")},
-                       {"filter": "payload.ok =="}):
+        for kwargs in (
+            {"timeout_seconds": -1},
+            {"timeout_seconds": float("inf")},
+            {"filter": "payload.ok =="},
+        ):
             try:
                 await job.register_callback(**kwargs)
             except (ValueError, awa.ValidationError) as exc:
@@ -194,8 +204,10 @@ async def test_staged_follow_ups_survive_a_resumed_wait(dsn, client):
     await wait_state(dsn, job.id, "waiting_external")
     await client.resume_external(token)
     await wait_state(dsn, job.id, "completed")
-    assert await scalar(dsn, "SELECT array_agg((args->>'n')::int ORDER BY id) FROM awa_fast.jobs "
-                             "WHERE kind = 'after'") == [1, 2]
+    assert await scalar(
+        dsn,
+        "SELECT array_agg((args->>'n')::int ORDER BY id) FROM awa_fast.jobs WHERE kind = 'after'",
+    ) == [1, 2]
 
 
 async def test_external_completion_discards_staged_follow_ups(dsn, client):

@@ -23,7 +23,9 @@ TIMEOUT_S = 180
 
 
 def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")
+    }
     env.update(extra)
     return env
 
@@ -33,8 +35,13 @@ def cli(*args: str, dsn: str | None = None, env: dict | None = None) -> subproce
     argv = [sys.executable, "-m", "awa_fast"]
     if dsn is not None:
         argv += ["--database-url", dsn]
-    return subprocess.run(argv + list(args), capture_output=True, text=True, timeout=TIMEOUT_S,
-                          env=env if env is not None else _env())
+    return subprocess.run(
+        argv + list(args),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env if env is not None else _env(),
+    )
 
 
 def ok(*args: str, dsn: str | None = None, env: dict | None = None) -> str:
@@ -75,7 +82,10 @@ def test_migrate_fresh_then_idempotent(fresh_db):
 
 
 def test_migrate_on_fixture_db_is_up_to_date(dsn):
-    assert ok("migrate", dsn=dsn).strip() == f"schema up to date (version {current_migration_version()})"
+    assert (
+        ok("migrate", dsn=dsn).strip()
+        == f"schema up to date (version {current_migration_version()})"
+    )
 
 
 def test_migrate_sql_needs_no_database():
@@ -94,8 +104,12 @@ def test_migrate_sql_needs_no_database():
 @pytest.fixture(scope="module")
 def jobs(client):
     """Three ``cli_mail`` jobs (queue ``cli_q``) and one ``cli_other`` job (queue ``cli_q2``)."""
-    inserted = [client.insert({"to": f"user{i}@example.com"}, kind="cli_mail", queue="cli_q",
-                              tags=["t1"], priority=1) for i in range(3)]
+    inserted = [
+        client.insert(
+            {"to": f"user{i}@example.com"}, kind="cli_mail", queue="cli_q", tags=["t1"], priority=1
+        )
+        for i in range(3)
+    ]
     inserted.append(client.insert({"x": 1}, kind="cli_other", queue="cli_q2"))
     return inserted
 
@@ -103,8 +117,17 @@ def jobs(client):
 def test_job_list_table(dsn, jobs):
     out = ok("job", "list", "--queue", "cli_q", dsn=dsn)
     lines = out.strip().splitlines()
-    assert lines[0].split() == ["ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "PROGRESS",
-                                "RUN_AT", "CREATED_AT"]
+    assert lines[0].split() == [
+        "ID",
+        "KIND",
+        "QUEUE",
+        "STATE",
+        "PRIORITY",
+        "ATTEMPT",
+        "PROGRESS",
+        "RUN_AT",
+        "CREATED_AT",
+    ]
     assert set(lines[1]) <= {"-", " "}
     rows = [line.split() for line in lines[2:]]
     mail_ids = [j.id for j in jobs[:3]]
@@ -149,8 +172,10 @@ def test_job_cancel_then_retry(dsn, jobs, client):
 
     r = cli("job", "cancel", str(job_id), dsn=dsn)
     assert r.returncode == 1
-    assert r.stderr.strip() == (f"awa-fast: error: job {job_id} is already cancelled; only "
-                                "non-terminal jobs can be cancelled")
+    assert r.stderr.strip() == (
+        f"awa-fast: error: job {job_id} is already cancelled; only "
+        "non-terminal jobs can be cancelled"
+    )
 
     retried = ok_json("job", "retry", str(job_id), dsn=dsn)
     assert retried["id"] == job_id and retried["state"] == "available" and retried["attempt"] == 0
@@ -184,13 +209,20 @@ def _stat(dsn: str, queue: str) -> dict:
 
 def test_queue_pause_resume_stats(dsn, jobs):
     assert _stat(dsn, "cli_q2")["paused"] is False
-    assert ok("queue", "pause", "cli_q2", "--by", "ops", dsn=dsn).strip() == "queue cli_q2 paused by ops"
+    assert (
+        ok("queue", "pause", "cli_q2", "--by", "ops", dsn=dsn).strip()
+        == "queue cli_q2 paused by ops"
+    )
     stat = _stat(dsn, "cli_q2")
     assert stat["paused"] is True
     assert stat["available"] == 1 and stat["total_queued"] == 1
     with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT paused_by FROM awa_fast.queue_meta WHERE queue = 'cli_q2'"
-                            ).fetchone()[0] == "ops"
+        assert (
+            conn.execute(
+                "SELECT paused_by FROM awa_fast.queue_meta WHERE queue = 'cli_q2'"
+            ).fetchone()[0]
+            == "ops"
+        )
 
     # the table shows the paused queue
     lines = ok("queue", "stats", dsn=dsn).strip().splitlines()
@@ -214,17 +246,31 @@ def test_queue_pause_resume_stats(dsn, jobs):
 # admin: dump-run, retry-failed, discard, drain
 
 
-def _make_failed(dsn: str, client, kind: str, queue: str, *, unique: bool = False,
-                 args: dict | None = None, attempts: int = 2) -> int:
+def _make_failed(
+    dsn: str,
+    client,
+    kind: str,
+    queue: str,
+    *,
+    unique: bool = False,
+    args: dict | None = None,
+    attempts: int = 2,
+) -> int:
     """Insert a job and turn it into a failed one with one errors entry per attempt."""
-    job = client.insert(args or {"n": 1}, kind=kind, queue=queue, tags=["cli"],
-                        unique_opts={} if unique else None)
-    errors = [{"error": f"boom {i}", "attempt": i, "at": "2024-01-01T00:00:00+00:00"}
-              for i in range(1, attempts + 1)]
+    job = client.insert(
+        args or {"n": 1}, kind=kind, queue=queue, tags=["cli"], unique_opts={} if unique else None
+    )
+    errors = [
+        {"error": f"boom {i}", "attempt": i, "at": "2024-01-01T00:00:00+00:00"}
+        for i in range(1, attempts + 1)
+    ]
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE awa_fast.jobs SET state = 'failed', attempt = %s, run_lease = %s, "
-                     "finalized_at = now(), attempted_at = now(), errors = %s::jsonb "
-                     "WHERE id = %s", (attempts, attempts, json.dumps(errors), job.id))
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'failed', attempt = %s, run_lease = %s, "
+            "finalized_at = now(), attempted_at = now(), errors = %s::jsonb "
+            "WHERE id = %s",
+            (attempts, attempts, json.dumps(errors), job.id),
+        )
     return job.id
 
 
@@ -243,7 +289,9 @@ def test_job_dump_run(dsn, client):
 
     r = cli("job", "dump-run", str(job_id), "--attempt", "9", dsn=dsn)
     assert r.returncode == 1
-    assert r.stderr.strip() == f"awa-fast: error: job {job_id} has no attempt 9 (attempts so far: 3)"
+    assert (
+        r.stderr.strip() == f"awa-fast: error: job {job_id} has no attempt 9 (attempts so far: 3)"
+    )
     r = cli("job", "dump-run", "987654321", dsn=dsn)
     assert r.returncode == 1 and r.stderr.strip() == "awa-fast: error: job not found: 987654321"
 
@@ -256,8 +304,17 @@ def test_job_retry_failed_and_discard(dsn, client):
     out = ok("job", "retry-failed", "--kind", "cli_rf", dsn=dsn)
     lines = out.strip().splitlines()
     assert lines[0] == "retried 2 failed job(s) of kind cli_rf"
-    assert lines[1].split() == ["ID", "KIND", "QUEUE", "STATE", "PRIORITY", "ATTEMPT", "PROGRESS",
-                                "RUN_AT", "CREATED_AT"]
+    assert lines[1].split() == [
+        "ID",
+        "KIND",
+        "QUEUE",
+        "STATE",
+        "PRIORITY",
+        "ATTEMPT",
+        "PROGRESS",
+        "RUN_AT",
+        "CREATED_AT",
+    ]
     rows = [line.split() for line in lines[3:]]
     assert sorted(int(r[0]) for r in rows) == [a, b]
     assert all(r[3] == "available" and r[5] == "0/25" for r in rows)
@@ -266,31 +323,41 @@ def test_job_retry_failed_and_discard(dsn, client):
 
     retried = ok_json("job", "retry-failed", "--queue", "cli_rf_q1", dsn=dsn)
     assert [j["id"] for j in retried] == [c] and retried[0]["state"] == "available"
-    assert ok("job", "retry-failed", "--queue", "cli_rf_q1", dsn=dsn).strip() == \
-        "retried 0 failed job(s) of queue cli_rf_q1"
+    assert (
+        ok("job", "retry-failed", "--queue", "cli_rf_q1", dsn=dsn).strip()
+        == "retried 0 failed job(s) of queue cli_rf_q1"
+    )
 
     d1 = _make_failed(dsn, client, "cli_disc", "cli_disc_q")
     d2 = _make_failed(dsn, client, "cli_disc", "cli_disc_q")
     keep = client.insert({"x": 1}, kind="cli_disc", queue="cli_disc_q")
-    assert ok("job", "discard", "--kind", "cli_disc", dsn=dsn).strip() == \
-        "discarded 2 failed job(s) of kind cli_disc"
+    assert (
+        ok("job", "discard", "--kind", "cli_disc", dsn=dsn).strip()
+        == "discarded 2 failed job(s) of kind cli_disc"
+    )
     for job_id in (d1, d2):
         with pytest.raises(awa.JobNotFound):
             client.get_job(job_id)
     assert _state(client, keep.id) == "available"
-    assert ok_json("job", "discard", "--kind", "cli_disc", dsn=dsn) == {"kind": "cli_disc",
-                                                                         "discarded": 0}
+    assert ok_json("job", "discard", "--kind", "cli_disc", dsn=dsn) == {
+        "kind": "cli_disc",
+        "discarded": 0,
+    }
 
 
 def test_queue_drain(dsn, client):
     ids = [client.insert({"i": i}, kind="cli_drain", queue="cli_drain_q").id for i in range(3)]
     failed = _make_failed(dsn, client, "cli_drain", "cli_drain_q")
-    assert ok("queue", "drain", "cli_drain_q", dsn=dsn).strip() == \
-        "drained queue cli_drain_q: 3 waiting job(s) cancelled"
+    assert (
+        ok("queue", "drain", "cli_drain_q", dsn=dsn).strip()
+        == "drained queue cli_drain_q: 3 waiting job(s) cancelled"
+    )
     assert {_state(client, i) for i in ids} == {"cancelled"}
     assert _state(client, failed) == "failed"
-    assert ok_json("queue", "drain", "cli_drain_q", dsn=dsn) == {"queue": "cli_drain_q",
-                                                                  "drained": 0}
+    assert ok_json("queue", "drain", "cli_drain_q", dsn=dsn) == {
+        "queue": "cli_drain_q",
+        "drained": 0,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,8 +376,7 @@ def test_dlq_list_and_depth(dsn, client):
     c = _dead_letter(dsn, client, "cli_dlq_a", "cli_dlq_q2")
 
     lines = ok("dlq", "list", "--kind", "cli_dlq_a", dsn=dsn).strip().splitlines()
-    assert lines[0].split() == ["ID", "KIND", "QUEUE", "ATTEMPT", "REASON", "DLQ_AT",
-                                "LAST_ERROR"]
+    assert lines[0].split() == ["ID", "KIND", "QUEUE", "ATTEMPT", "REASON", "DLQ_AT", "LAST_ERROR"]
     assert set(lines[1]) <= {"-", " "}
     rows = [line.split() for line in lines[2:]]
     assert [int(r[0]) for r in rows] == [c, a]  # newest first
@@ -325,16 +391,24 @@ def test_dlq_list_and_depth(dsn, client):
     assert [e["id"] for e in listed] == [b, a]
     assert listed[0]["dlq_reason"] == "manual" and listed[0]["original_run_lease"] == 2
     assert listed[0]["state"] == "failed" and listed[0]["kind"] == "cli_dlq_b"
-    assert [e["id"] for e in ok_json("dlq", "list", "--queue", "cli_dlq_q1", "--before-id",
-                                     str(b), dsn=dsn)] == [a]
+    assert [
+        e["id"]
+        for e in ok_json("dlq", "list", "--queue", "cli_dlq_q1", "--before-id", str(b), dsn=dsn)
+    ] == [a]
     assert len(ok_json("dlq", "list", "--tag", "cli", "--limit", "1", dsn=dsn)) == 1
     future = "2999-01-01T00:00:00"
-    assert {e["id"] for e in ok_json("dlq", "list", "--before-dlq-at", future, dsn=dsn)} >= {a, b, c}
+    assert {e["id"] for e in ok_json("dlq", "list", "--before-dlq-at", future, dsn=dsn)} >= {
+        a,
+        b,
+        c,
+    }
     assert ok("dlq", "list", "--kind", "nothing_here", dsn=dsn).strip() == "no matching DLQ entries"
 
     assert ok("dlq", "depth", "--queue", "cli_dlq_q1", dsn=dsn).strip() == "2"
-    assert ok_json("dlq", "depth", "--queue", "cli_dlq_q2", dsn=dsn) == {"queue": "cli_dlq_q2",
-                                                                          "depth": 1}
+    assert ok_json("dlq", "depth", "--queue", "cli_dlq_q2", dsn=dsn) == {
+        "queue": "cli_dlq_q2",
+        "depth": 1,
+    }
     depth = ok_json("dlq", "depth", dsn=dsn)
     assert depth["by_queue"]["cli_dlq_q1"] == 2 and depth["by_queue"]["cli_dlq_q2"] == 1
     assert depth["total"] == sum(depth["by_queue"].values())
@@ -347,8 +421,10 @@ def test_dlq_list_and_depth(dsn, client):
 def test_dlq_retry(dsn, client):
     job_id = _dead_letter(dsn, client, "cli_dlq_r", "cli_dlq_rq")
     lease = client.get_dlq_job(job_id).original_run_lease
-    assert ok("dlq", "retry", str(job_id), dsn=dsn).strip() == \
-        f"job {job_id} retried from the DLQ (now available, queue cli_dlq_rq)"
+    assert (
+        ok("dlq", "retry", str(job_id), dsn=dsn).strip()
+        == f"job {job_id} retried from the DLQ (now available, queue cli_dlq_rq)"
+    )
     job = client.get_job(job_id)
     assert str(job.state) == "available" and job.attempt == 0 and job.run_lease == lease
 
@@ -366,14 +442,18 @@ def test_dlq_retry_unique_conflict_exits_1_and_changes_nothing(dsn, client):
     live = client.insert({"o": 1}, kind="cli_dlq_u", queue="cli_dlq_uq", unique_opts={})
     r = cli("dlq", "retry", str(dead), dsn=dsn)
     assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr.strip() == (f"awa-fast: error: cannot retry DLQ job {dead}: its unique key "
-                                f"is held by job {live.id} (available); the job stays in the DLQ "
-                                "(nothing changed)")
+    assert r.stderr.strip() == (
+        f"awa-fast: error: cannot retry DLQ job {dead}: its unique key "
+        f"is held by job {live.id} (available); the job stays in the DLQ "
+        "(nothing changed)"
+    )
     assert client.get_dlq_job(dead) is not None
     assert str(client.get_job(live.id).state) == "available"
     # retry-all skips it
-    assert ok("dlq", "retry-all", "--kind", "cli_dlq_u", dsn=dsn).strip() == \
-        "retried 0 job(s) from the DLQ"
+    assert (
+        ok("dlq", "retry-all", "--kind", "cli_dlq_u", dsn=dsn).strip()
+        == "retried 0 job(s) from the DLQ"
+    )
     assert client.get_dlq_job(dead) is not None
 
 
@@ -381,17 +461,22 @@ def test_dlq_retry_all_and_purge(dsn, client):
     a = _dead_letter(dsn, client, "cli_dlq_bulk", "cli_dlq_bq")
     b = _dead_letter(dsn, client, "cli_dlq_bulk", "cli_dlq_bq")
     c = _dead_letter(dsn, client, "cli_dlq_bulk2", "cli_dlq_bq")
-    assert ok("dlq", "retry-all", "--kind", "cli_dlq_bulk", dsn=dsn).strip() == \
-        "retried 2 job(s) from the DLQ"
+    assert (
+        ok("dlq", "retry-all", "--kind", "cli_dlq_bulk", dsn=dsn).strip()
+        == "retried 2 job(s) from the DLQ"
+    )
     assert _state(client, a) == _state(client, b) == "available"
-    assert ok_json("dlq", "retry-all", "--queue", "cli_dlq_bq", "--tag", "cli", dsn=dsn) == \
-        {"retried": 1}
+    assert ok_json("dlq", "retry-all", "--queue", "cli_dlq_bq", "--tag", "cli", dsn=dsn) == {
+        "retried": 1
+    }
     assert _state(client, c) == "available"
 
     p1 = _dead_letter(dsn, client, "cli_dlq_p", "cli_dlq_pq")
     p2 = _dead_letter(dsn, client, "cli_dlq_p", "cli_dlq_pq")
-    assert ok("dlq", "purge", "--kind", "cli_dlq_p", "--before-id", str(p2), dsn=dsn).strip() == \
-        "purged 1 DLQ entry"
+    assert (
+        ok("dlq", "purge", "--kind", "cli_dlq_p", "--before-id", str(p2), dsn=dsn).strip()
+        == "purged 1 DLQ entry"
+    )
     assert client.get_dlq_job(p1) is None and client.get_dlq_job(p2) is not None
     assert ok_json("dlq", "purge", "--queue", "cli_dlq_pq", dsn=dsn) == {"purged": 1}
     _dead_letter(dsn, client, "cli_dlq_p", "cli_dlq_pq")
@@ -402,12 +487,15 @@ def test_dlq_retry_all_and_purge(dsn, client):
     assert ok_json("dlq", "retry-all", "--all", dsn=dsn) == {"retried": 0}
 
 
-@pytest.mark.parametrize("args, message", [
-    (["dlq", "retry-all"], "give at least one filter, or --all"),
-    (["dlq", "purge"], "give at least one filter, or --all"),
-    (["dlq", "retry-all", "--all", "--kind", "k"], "--all cannot be combined with a filter"),
-    (["dlq", "purge", "--all", "--before-id", "5"], "--all cannot be combined with a filter"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["dlq", "retry-all"], "give at least one filter, or --all"),
+        (["dlq", "purge"], "give at least one filter, or --all"),
+        (["dlq", "retry-all", "--all", "--kind", "k"], "--all cannot be combined with a filter"),
+        (["dlq", "purge", "--all", "--before-id", "5"], "--all cannot be combined with a filter"),
+    ],
+)
 def test_dlq_bulk_needs_filter_or_all(args, message):
     r = cli(*args, dsn=CLOSED_PORT_DSN)  # a usage error: the database is never contacted
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -423,17 +511,29 @@ def test_cron_list_and_remove(dsn, client):
     assert ok("cron", "list", dsn=dsn).strip() == "no cron jobs"
     assert ok_json("cron", "list", dsn=dsn) == []
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO awa_fast.cron_jobs (name, cron_expr, timezone, kind, queue, "
-                     "last_fire_at) VALUES ('cli_nightly', '0 3 * * *', 'Europe/Paris', "
-                     "'cli_report', 'cli_cron_q', '2024-05-01T01:00:00Z'), "
-                     "('cli_often', '*/5 * * * *', 'UTC', 'cli_tick', 'default', NULL)")
+        conn.execute(
+            "INSERT INTO awa_fast.cron_jobs (name, cron_expr, timezone, kind, queue, "
+            "last_fire_at) VALUES ('cli_nightly', '0 3 * * *', 'Europe/Paris', "
+            "'cli_report', 'cli_cron_q', '2024-05-01T01:00:00Z'), "
+            "('cli_often', '*/5 * * * *', 'UTC', 'cli_tick', 'default', NULL)"
+        )
 
     lines = ok("cron", "list", dsn=dsn).strip().splitlines()
-    assert lines[0].split() == ["NAME", "CRON", "TIMEZONE", "KIND", "QUEUE", "POLICY",
-                                "LAST_FIRE", "NEXT_FIRE"]
+    assert lines[0].split() == [
+        "NAME",
+        "CRON",
+        "TIMEZONE",
+        "KIND",
+        "QUEUE",
+        "POLICY",
+        "LAST_FIRE",
+        "NEXT_FIRE",
+    ]
     assert lines[2].startswith("cli_nightly  0 3 * * *")
-    assert "Europe/Paris  cli_report  cli_cron_q  coalesce  2024-05-01 01:00:00Z  " \
-           "2024-05-02 01:00:00Z" in lines[2]
+    assert (
+        "Europe/Paris  cli_report  cli_cron_q  coalesce  2024-05-01 01:00:00Z  "
+        "2024-05-02 01:00:00Z" in lines[2]
+    )
     assert lines[3].startswith("cli_often")
     listed = ok_json("cron", "list", dsn=dsn)
     assert [j["name"] for j in listed] == ["cli_nightly", "cli_often"]
@@ -452,32 +552,35 @@ def test_cron_list_and_remove(dsn, client):
 # errors, URL resolution
 
 
-@pytest.mark.parametrize("args", [
-    [],
-    ["nonsense"],
-    ["job"],
-    ["job", "dump"],
-    ["job", "dump", "abc"],
-    ["job", "dump", "0"],
-    ["job", "list", "--state", "bogus"],
-    ["job", "list", "--limit", "0"],
-    ["queue", "pause"],
-    ["demo", "--limit", "0"],
-    ["demo", "--processes", "0"],
-    ["worker"],
-    ["worker", "tests.launcher_app:client", "--processes", "0"],
-    ["worker", "tests.launcher_app:client", "--queues", "q:zero"],
-    ["job", "dump-run"],
-    ["job", "dump-run", "1", "--attempt", "0"],
-    ["job", "discard"],
-    ["queue", "drain"],
-    ["dlq"],
-    ["dlq", "retry"],
-    ["dlq", "list", "--before-dlq-at", "yesterday"],
-    ["dlq", "list", "--limit", "0"],
-    ["cron"],
-    ["cron", "remove"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["nonsense"],
+        ["job"],
+        ["job", "dump"],
+        ["job", "dump", "abc"],
+        ["job", "dump", "0"],
+        ["job", "list", "--state", "bogus"],
+        ["job", "list", "--limit", "0"],
+        ["queue", "pause"],
+        ["demo", "--limit", "0"],
+        ["demo", "--processes", "0"],
+        ["worker"],
+        ["worker", "tests.launcher_app:client", "--processes", "0"],
+        ["worker", "tests.launcher_app:client", "--queues", "q:zero"],
+        ["job", "dump-run"],
+        ["job", "dump-run", "1", "--attempt", "0"],
+        ["job", "discard"],
+        ["queue", "drain"],
+        ["dlq"],
+        ["dlq", "retry"],
+        ["dlq", "list", "--before-dlq-at", "yesterday"],
+        ["dlq", "list", "--limit", "0"],
+        ["cron"],
+        ["cron", "remove"],
+    ],
+)
 def test_usage_errors_exit_2(args):
     r = cli(*args, dsn=CLOSED_PORT_DSN)
     assert r.returncode == 2, (args, r.stdout, r.stderr)
@@ -494,7 +597,7 @@ def test_connection_failure_exits_1():
         r = cli(*args, dsn=CLOSED_PORT_DSN)
         assert r.returncode == 1, args
         # (the demo first says what it is about to do, on lines of its own)
-        errors = r.stderr[r.stderr.index("awa-fast: error:"):]
+        errors = r.stderr[r.stderr.index("awa-fast: error:") :]
         assert errors.startswith("awa-fast: error: could not connect to the database"), args
         assert "Traceback" not in r.stderr
 
@@ -514,42 +617,96 @@ def test_database_url_from_environment(dsn, jobs):
 # help
 
 
-@pytest.mark.parametrize("args, words", [
-    ([], ["migrate", "job", "queue", "dlq", "cron", "embedded", "demo", "worker", "--database-url",
-          "--json", "AWA_FAST_DATABASE_URL", "DATABASE_URL"]),
-    (["migrate"], ["--sql"]),
-    (["job"], ["list", "dump", "dump-run", "retry", "cancel", "retry-failed", "discard"]),
-    (["job", "list"], ["--state", "--kind", "--queue", "--limit", "--json"]),
-    (["job", "dump"], ["ID", "JSON"]),
-    (["job", "retry"], ["ID", "failed", "cancelled"]),
-    (["job", "cancel"], ["ID"]),
-    (["job", "dump-run"], ["ID", "--attempt", "latest", "JSON", "--json"]),
-    (["job", "retry-failed"], ["--kind", "--queue", "exactly one", "attempt 0", "unique key"]),
-    (["job", "discard"], ["--kind", "failed"]),
-    (["queue"], ["stats", "pause", "resume", "drain"]),
-    (["queue", "drain"], ["QUEUE", "available", "scheduled", "retryable", "Running"]),
-    (["dlq"], ["list", "depth", "retry", "retry-all", "purge"]),
-    (["dlq", "list"], ["--kind", "--queue", "--tag", "--before-id", "--before-dlq-at",
-                       "--limit", "default: 50", "newest first", "--json"]),
-    (["dlq", "depth"], ["--queue", "total"]),
-    (["dlq", "retry"], ["ID", "same id", "attempt 0", "unique key"]),
-    (["dlq", "retry-all"], ["--kind", "--queue", "--tag", "--all", "filter"]),
-    (["dlq", "purge"], ["--kind", "--queue", "--tag", "--before-id", "--before-dlq-at",
-                        "--all"]),
-    (["cron"], ["list", "remove"]),
-    (["cron", "list"], ["cron", "timezone", "next", "--json"]),
-    (["cron", "remove"], ["NAME"]),
-    (["queue", "stats"], ["paused", "--json"]),
-    (["queue", "pause"], ["QUEUE", "--by"]),
-    (["queue", "resume"], ["QUEUE"]),
-    (["embedded"], ["stop", "url"]),
-    (["embedded", "stop"], ["Stop"]),
-    (["embedded", "url"], ["URL"]),
-    (["demo"], ["--limit", "--processes", "--extra-path", "--timeout", "standard library",
-                "unique", "duplicates"]),
-    (["worker"], ["APP", "module:attribute", "--processes", "--queues", "--drain-timeout",
-                  "--status-interval", "START_OPTIONS", "SIGTERM", "[child N pid P]"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (
+            [],
+            [
+                "migrate",
+                "job",
+                "queue",
+                "dlq",
+                "cron",
+                "embedded",
+                "demo",
+                "worker",
+                "--database-url",
+                "--json",
+                "AWA_FAST_DATABASE_URL",
+                "DATABASE_URL",
+            ],
+        ),
+        (["migrate"], ["--sql"]),
+        (["job"], ["list", "dump", "dump-run", "retry", "cancel", "retry-failed", "discard"]),
+        (["job", "list"], ["--state", "--kind", "--queue", "--limit", "--json"]),
+        (["job", "dump"], ["ID", "JSON"]),
+        (["job", "retry"], ["ID", "failed", "cancelled"]),
+        (["job", "cancel"], ["ID"]),
+        (["job", "dump-run"], ["ID", "--attempt", "latest", "JSON", "--json"]),
+        (["job", "retry-failed"], ["--kind", "--queue", "exactly one", "attempt 0", "unique key"]),
+        (["job", "discard"], ["--kind", "failed"]),
+        (["queue"], ["stats", "pause", "resume", "drain"]),
+        (["queue", "drain"], ["QUEUE", "available", "scheduled", "retryable", "Running"]),
+        (["dlq"], ["list", "depth", "retry", "retry-all", "purge"]),
+        (
+            ["dlq", "list"],
+            [
+                "--kind",
+                "--queue",
+                "--tag",
+                "--before-id",
+                "--before-dlq-at",
+                "--limit",
+                "default: 50",
+                "newest first",
+                "--json",
+            ],
+        ),
+        (["dlq", "depth"], ["--queue", "total"]),
+        (["dlq", "retry"], ["ID", "same id", "attempt 0", "unique key"]),
+        (["dlq", "retry-all"], ["--kind", "--queue", "--tag", "--all", "filter"]),
+        (
+            ["dlq", "purge"],
+            ["--kind", "--queue", "--tag", "--before-id", "--before-dlq-at", "--all"],
+        ),
+        (["cron"], ["list", "remove"]),
+        (["cron", "list"], ["cron", "timezone", "next", "--json"]),
+        (["cron", "remove"], ["NAME"]),
+        (["queue", "stats"], ["paused", "--json"]),
+        (["queue", "pause"], ["QUEUE", "--by"]),
+        (["queue", "resume"], ["QUEUE"]),
+        (["embedded"], ["stop", "url"]),
+        (["embedded", "stop"], ["Stop"]),
+        (["embedded", "url"], ["URL"]),
+        (
+            ["demo"],
+            [
+                "--limit",
+                "--processes",
+                "--extra-path",
+                "--timeout",
+                "standard library",
+                "unique",
+                "duplicates",
+            ],
+        ),
+        (
+            ["worker"],
+            [
+                "APP",
+                "module:attribute",
+                "--processes",
+                "--queues",
+                "--drain-timeout",
+                "--status-interval",
+                "START_OPTIONS",
+                "SIGTERM",
+                "[child N pid P]",
+            ],
+        ),
+    ],
+)
 def test_help(args, words):
     r = cli(*args, "--help")
     assert r.returncode == 0, r.stderr
@@ -576,11 +733,21 @@ def test_demo(dsn):
     """The demo end to end is tests/test_demo.py; here: a small run through the CLI."""
     r = cli("demo", "--limit", "20", "--processes", "1", dsn=dsn)
     assert r.returncode == 0, (r.stdout, r.stderr)
-    summary = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1)
-                   for line in r.stdout.strip().splitlines() if re.search(r"\S\s{2,}\S", line))
+    summary = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in r.stdout.strip().splitlines()
+        if re.search(r"\S\s{2,}\S", line)
+    )
     assert summary["files processed"].startswith("20 ")
-    for key in ("A completed", "A failed", "distinct modules", "B jobs inserted",
-                "B skipped as dup", "wall time", "throughput"):
+    for key in (
+        "A completed",
+        "A failed",
+        "distinct modules",
+        "B jobs inserted",
+        "B skipped as dup",
+        "wall time",
+        "throughput",
+    ):
         assert key in summary
     assert "check: OK" in r.stdout
 
@@ -614,7 +781,9 @@ def embedded_data_dir():
 def test_embedded_url_default_database_and_stop(embedded_data_dir):
     datadir, env = embedded_data_dir
     assert json.loads(ok("embedded", "stop", "--json", env=env)) == {
-        "stopped": False, "data_dir": str(datadir)}
+        "stopped": False,
+        "data_dir": str(datadir),
+    }
 
     r = cli("embedded", "url", env=env)
     assert r.returncode == 0, r.stderr
@@ -635,11 +804,14 @@ def test_embedded_url_default_database_and_stop(embedded_data_dir):
 # a wrong module:client: the same exit status from `check` as from `worker`
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("tests.no_such_module:client", "cannot import module 'tests.no_such_module'"),
-    ("tests.launcher_app:nope", "module 'tests.launcher_app' has no attribute 'nope'"),
-    ("tests.launcher_app:Nap", "tests.launcher_app:Nap is a type, not an awa_fast AsyncClient"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("tests.no_such_module:client", "cannot import module 'tests.no_such_module'"),
+        ("tests.launcher_app:nope", "module 'tests.launcher_app' has no attribute 'nope'"),
+        ("tests.launcher_app:Nap", "tests.launcher_app:Nap is a type, not an awa_fast AsyncClient"),
+    ],
+)
 def test_check_of_a_wrong_application_spec_is_a_usage_error(spec, message):
     root = str(Path(__file__).resolve().parent.parent)
     r = cli("check", spec, env=_env(PYTHONPATH=root))
@@ -650,21 +822,31 @@ def test_check_of_a_wrong_application_spec_is_a_usage_error(spec, message):
 
 def test_check_of_an_application_whose_import_raises_exits_1():
     root = str(Path(__file__).resolve().parent.parent)
-    r = cli("check", "tests.launcher_app:client",
-            env=_env(PYTHONPATH=root, AWA_FAST_LAUNCHER_FAIL="import"))
+    r = cli(
+        "check",
+        "tests.launcher_app:client",
+        env=_env(PYTHONPATH=root, AWA_FAST_LAUNCHER_FAIL="import"),
+    )
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert r.stderr.startswith("awa-fast check: error: importing tests.launcher_app:client "
-                               "failed:\nTraceback"), r.stderr
+    assert r.stderr.startswith(
+        "awa-fast check: error: importing tests.launcher_app:client failed:\nTraceback"
+    ), r.stderr
     assert r.stderr.count("RuntimeError: launcher_app: failing at import on purpose") == 1
 
 
 def test_check_and_worker_help_state_what_they_report_and_exit():
     check = " ".join(cli("check", "--help").stdout.split())
-    for phrase in ("failure-consequence declaration", "ConfigError",
-                   "client.start(**START_OPTIONS) would raise", "a queue other than 'default'",
-                   "1 when a kind is undeclared, start() would fail or importing APP raises, "
-                   "2 when APP names no module or no AsyncClient"):
+    for phrase in (
+        "failure-consequence declaration",
+        "ConfigError",
+        "client.start(**START_OPTIONS) would raise",
+        "a queue other than 'default'",
+        "1 when a kind is undeclared, start() would fail or importing APP raises, "
+        "2 when APP names no module or no AsyncClient",
+    ):
         assert phrase in check, phrase
     worker = " ".join(cli("worker", "--help").stdout.split())
-    assert ("exit 2 if its module cannot be found or it names no AsyncClient, 1 if importing it "
-            "raises or start() would reject its START_OPTIONS") in worker
+    assert (
+        "exit 2 if its module cannot be found or it names no AsyncClient, 1 if importing it "
+        "raises or start() would reject its START_OPTIONS"
+    ) in worker

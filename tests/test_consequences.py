@@ -19,11 +19,19 @@ from awa_fast.testing import UndeclaredFailureConsequences, assert_failure_conse
 from tests.consequence_app import Reserve, release_reservation
 from tests.support import job_row, scalar, truncate, wait_for, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=50, callback_rescue_interval_ms=50,
-            deadline_rescue_interval_ms=50, reconcile_interval_ms=50,
-            consequence_backoff_ms=50, callback_poll_interval_ms=20,
-            heartbeat_staleness_ms=500)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    heartbeat_rescue_interval_ms=50,
+    callback_rescue_interval_ms=50,
+    deadline_rescue_interval_ms=50,
+    reconcile_interval_ms=50,
+    consequence_backoff_ms=50,
+    callback_poll_interval_ms=20,
+    heartbeat_staleness_ms=500,
+)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -48,13 +56,16 @@ class Order:
 
 def with_release(client, calls, fail_times=0):
     """A repeat-safe effect writing on the settlement connection; fails ``fail_times`` times."""
+
     async def release(failure: awa.JobFailure) -> None:
         calls.append((failure.id, failure.path, failure.reason, failure.idempotency_key))
         await failure.conn.execute(
             "INSERT INTO public.released (job_id, reason) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-            (failure.id, failure.reason))
+            (failure.id, failure.reason),
+        )
         if len([c for c in calls if c[0] == failure.id]) <= fail_times:
             raise RuntimeError("inventory service unavailable")
+
     return release
 
 
@@ -88,8 +99,16 @@ async def test_each_failure_reason_applies_and_retries_or_success_never_do(dsn, 
         return None
 
     ids = {}
-    for mode, attempts in (("terminal", 3), ("exhausted", 1), ("poison", 3), ("retry", 3),
-                           ("retry_after", 3), ("ok", 3), ("external", 3), ("timeout", 1)):
+    for mode, attempts in (
+        ("terminal", 3),
+        ("exhausted", 1),
+        ("poison", 3),
+        ("retry", 3),
+        ("retry_after", 3),
+        ("ok", 3),
+        ("external", 3),
+        ("timeout", 1),
+    ):
         ids[mode] = (await client.insert(Order(mode), max_attempts=attempts)).id
     # Rescue on the final attempt (stale heartbeat / passed deadline) and with attempts left.
     for mode, attempts in (("stale", 1), ("deadline", 1), ("stale_retry", 3)):
@@ -104,9 +123,16 @@ async def test_each_failure_reason_applies_and_retries_or_success_never_do(dsn, 
     correct = await client.correct_to_failed(ids["ok"], error="shipment never left")
     assert correct.state == awa.JobState.Failed
 
-    expect = {"terminal": "terminal_error", "exhausted": "exhausted", "poison": "terminal_error",
-              "external": "callback_failed", "timeout": "callback_timeout",
-              "stale": "rescue_exhausted", "deadline": "deadline_exhausted", "ok": "corrected"}
+    expect = {
+        "terminal": "terminal_error",
+        "exhausted": "exhausted",
+        "poison": "terminal_error",
+        "external": "callback_failed",
+        "timeout": "callback_timeout",
+        "stale": "rescue_exhausted",
+        "deadline": "deadline_exhausted",
+        "ok": "corrected",
+    }
     for mode, reason in expect.items():
         row = await wait_state(dsn, ids[mode], "failed")
         assert (row["consequence_state"], row["consequence_reason"]) == ("applied", reason), mode
@@ -127,7 +153,8 @@ async def _simulate_running(dsn, job_id, *, deadline=False):
             "UPDATE awa_fast.jobs SET state = 'running', attempt = attempt + 1, "
             "run_lease = run_lease + 1, heartbeat_at = now() - interval '1 hour' * %s, "
             "deadline_at = CASE WHEN %s THEN now() - interval '1 second' END WHERE id = %s",
-            (0 if deadline else 1, deadline, job_id))
+            (0 if deadline else 1, deadline, job_id),
+        )
 
 
 async def test_effect_failing_twice_keeps_the_job_pending_and_visible_then_settles(dsn, client):
@@ -173,6 +200,7 @@ async def test_correction_whose_effect_fails_survives_a_restart_of_every_process
     first = awa.AsyncClient(dsn)
     calls = []
     try:
+
         @first.task(Order, failure_consequence=with_release(first, calls, fail_times=10**6))
         async def order(job):
             return None
@@ -195,7 +223,9 @@ async def test_correction_whose_effect_fails_survives_a_restart_of_every_process
         second.failure_consequence(Order, with_release(second, calls2))
         await second.start([("other", 1)], **FAST)  # a maintenance-only process
         row = await wait_for(lambda: _applied(dsn, job.id), what="owed consequence applied")
-        assert row["consequence_path"] == "reconciliation" and row["consequence_reason"] == "corrected"
+        assert (
+            row["consequence_path"] == "reconciliation" and row["consequence_reason"] == "corrected"
+        )
         assert await released(dsn) == {job.id: "corrected"}
     finally:
         await second.close()
@@ -209,8 +239,11 @@ async def _applied(dsn, job_id):
 async def test_verify_success_corrects_jobs_reported_not_done(dsn, client):
     calls = []
 
-    @client.task(Order, failure_consequence=with_release(client, calls),
-                 verify_success=lambda job: job.args.mode != "lost")
+    @client.task(
+        Order,
+        failure_consequence=with_release(client, calls),
+        verify_success=lambda job: job.args.mode != "lost",
+    )
     async def order(job):
         return None
 
@@ -230,8 +263,14 @@ async def _verified(dsn, job_id):
 
 async def _start_app(dsn, *args, **env):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.consequence_app", *args, cwd=ROOT, stdout=subprocess.PIPE,
-        env={**os.environ, "AWA_FAST_APP_DSN": dsn, **env})
+        sys.executable,
+        "-m",
+        "tests.consequence_app",
+        *args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "AWA_FAST_APP_DSN": dsn, **env},
+    )
     return proc
 
 
@@ -260,8 +299,9 @@ async def test_sigkilled_worker_on_the_final_attempt_gets_its_consequence(dsn, c
 
 async def _reserve(dsn, job_id, qty):
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("INSERT INTO public.reservations (job_id, qty) VALUES (%s, %s)",
-                           (job_id, qty))
+        await conn.execute(
+            "INSERT INTO public.reservations (job_id, qty) VALUES (%s, %s)", (job_id, qty)
+        )
         await conn.execute("UPDATE public.stock SET available = available - %s", (qty,))
 
 
@@ -305,8 +345,7 @@ def _recorded_release(client) -> tuple[list, list]:
     return keys, runs
 
 
-async def test_killed_after_the_effect_on_a_non_final_attempt_repeats_it_never_retries(dsn,
-                                                                                      client):
+async def test_killed_after_the_effect_on_a_non_final_attempt_repeats_it_never_retries(dsn, client):
     # models/settlement.pml NEG_EFFECT_FIRST: with the effect run before the failure was durable,
     # rescue retried this attempt and its next failure ran the effect under another key.
     job_id = (await _killed_after_the_effect(dsn, client, max_attempts=2))["id"]
@@ -321,7 +360,8 @@ async def test_killed_after_the_effect_on_a_non_final_attempt_repeats_it_never_r
 
 @pytest.mark.parametrize("how", ["fail_external", "resolve"])
 async def test_client_killed_after_the_effect_of_fail_external_repeats_it_never_retries(
-        dsn, client, how):
+    dsn, client, how
+):
     # models/settlement.pml NEG_EFFECT_FIRST on the client path: fail_external (and a CEL on_fail)
     # ran the effect and settled in one transaction, so a client process killed after the
     # effect's outside part left the job parked on its callback; the callback timeout then
@@ -330,8 +370,9 @@ async def test_client_killed_after_the_effect_of_fail_external_repeats_it_never_
 
     @parker.task(Reserve, failure_consequence=release_reservation)
     async def park(job):  # the callback times out at once: only maintenance could act on it
-        return awa.WaitForCallback(await job.register_callback(
-            timeout_seconds=0.1, on_fail='payload.status == "declined"'))
+        return awa.WaitForCallback(
+            await job.register_callback(timeout_seconds=0.1, on_fail='payload.status == "declined"')
+        )
 
     job = await client.insert(Reserve("widget", 4, "park"), max_attempts=2)
     await _reserve(dsn, job.id, 4)
@@ -347,7 +388,10 @@ async def test_client_killed_after_the_effect_of_fail_external_repeats_it_never_
     await client.start([("default", 1)], **FAST)  # callback rescue, promotion, reconciler
     row = await wait_state(dsn, job.id, "failed", timeout=30)
     assert (row["consequence_state"], row["consequence_reason"], row["attempt"]) == (
-        "applied", "callback_failed", 1)
+        "applied",
+        "callback_failed",
+        1,
+    )
     assert keys == [f"awa-fast:{job.id}:lease-1:failed"] and runs == []  # the repeat, same key
     assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 2
     assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # released once
@@ -400,12 +444,21 @@ def test_check_command_lists_undeclared_kinds(dsn, tmp_path):
         "@client.task(dict, kind='alpha')\n"
         "async def a(job): pass\n"
         "@client.task(dict, kind='beta', failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
-        "async def b(job): pass\n")
-    run = lambda: sp.run([sys.executable, "-m", "awa_fast", "check", "check_app:client"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        "async def b(job): pass\n"
+    )
+    run = lambda: sp.run(
+        [sys.executable, "-m", "awa_fast", "check", "check_app:client"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     res = run()
     assert res.returncode == 1 and "alpha" in res.stdout and "beta" not in res.stdout
-    app.write_text(app.read_text().replace("kind='alpha'",
-                                           "kind='alpha', failure_consequence=awa.NO_FAILURE_CONSEQUENCE"))
+    app.write_text(
+        app.read_text().replace(
+            "kind='alpha'", "kind='alpha', failure_consequence=awa.NO_FAILURE_CONSEQUENCE"
+        )
+    )
     res = run()
     assert res.returncode == 0, res.stdout + res.stderr

@@ -41,14 +41,17 @@ def csrf_of(html: str) -> str:
 
 def row(dsn: str, job_id: int) -> dict | None:
     with psycopg.connect(dsn, row_factory=psycopg.rows.dict_row) as conn:
-        return conn.execute("SELECT id, state::text AS state, attempt FROM awa_fast.jobs "
-                            "WHERE id = %s", (job_id,)).fetchone()
+        return conn.execute(
+            "SELECT id, state::text AS state, attempt FROM awa_fast.jobs WHERE id = %s", (job_id,)
+        ).fetchone()
 
 
 def in_dlq(dsn: str, job_id: int) -> bool:
     with psycopg.connect(dsn) as conn:
-        return conn.execute("SELECT 1 FROM awa_fast.dlq WHERE id = %s", (job_id,)).fetchone() \
+        return (
+            conn.execute("SELECT 1 FROM awa_fast.dlq WHERE id = %s", (job_id,)).fetchone()
             is not None
+        )
 
 
 def test_provenance_key_matches_the_staging_code():
@@ -69,10 +72,10 @@ def test_every_page_renders_the_seeded_rows(web, ids):
 
     r = web.get(f"/jobs/{ids['order']}")
     assert r.status_code == 200
-    lineage = r.text[r.text.index('id="lineage"'):]
+    lineage = r.text[r.text.index('id="lineage"') :]
     assert f'href="/jobs/{ids["ship"]}"' in lineage  # the follow-up it staged
     r = web.get(f"/jobs/{ids['ship']}")
-    assert f'href="/jobs/{ids["order"]}"' in r.text[r.text.index('id="lineage"'):]  # its trigger
+    assert f'href="/jobs/{ids["order"]}"' in r.text[r.text.index('id="lineage"') :]  # its trigger
 
     r = web.get(f"/jobs/{ids['boom']}")
     assert "TerminalError: invoice template missing for order 1001" in r.text
@@ -86,9 +89,9 @@ def test_every_page_renders_the_seeded_rows(web, ids):
     assert f'data-id="{ids["dead"]}"' in r.text
 
     r = web.get("/consequences")
-    owed = r.text[r.text.index('id="owed"'):r.text.index('id="applied"')]
+    owed = r.text[r.text.index('id="owed"') : r.text.index('id="applied"')]
     assert f'data-id="{ids["charge"]}"' in owed
-    assert f'data-id="{ids["refund"]}"' in r.text[r.text.index('id="applied"'):]
+    assert f'data-id="{ids["refund"]}"' in r.text[r.text.index('id="applied"') :]
     assert 'id="owed-count">1<' in r.text
 
     r = web.get("/cron")
@@ -118,14 +121,23 @@ def test_keyset_pages_walk_every_match_exactly_once(web, dsn, monkeypatch):
     once, newest first, including across windows with no match."""
     monkeypatch.setattr(dq, "SCAN_WINDOW_IDS", 3)
     monkeypatch.setattr(dq, "PAGE_ROWS", 2)
-    filters = [{}, {"state": "completed"}, {"state": "failed"}, {"kind": "place_order"},
-               {"queue": "shipping", "state": "completed"}]
+    filters = [
+        {},
+        {"state": "completed"},
+        {"state": "failed"},
+        {"kind": "place_order"},
+        {"queue": "shipping", "state": "completed"},
+    ]
     for f in filters:
         seen = walk(web, "/jobs?" + "&".join(f"{k}={v}" for k, v in f.items()))
         where = " AND ".join([f"{k}::text = %s" for k in f] or ["true"])
         with psycopg.connect(dsn) as conn:
-            want = [r[0] for r in conn.execute(
-                f"SELECT id FROM awa_fast.jobs WHERE {where} ORDER BY id DESC", list(f.values()))]
+            want = [
+                r[0]
+                for r in conn.execute(
+                    f"SELECT id FROM awa_fast.jobs WHERE {where} ORDER BY id DESC", list(f.values())
+                )
+            ]
         assert seen == want and want, f
 
 
@@ -147,17 +159,20 @@ def test_dlq_keyset_pages(web, dsn, monkeypatch):
     assert want and walk(web, "/dlq") == want
 
 
-@pytest.mark.parametrize("url, status", [
-    ("/jobs/999999999", 404),
-    ("/jobs/abc", 400),
-    ("/jobs/0", 400),
-    ("/jobs/99999999999999999999999", 400),
-    ("/jobs?state=exploded", 400),
-    ("/jobs?before=-3", 400),
-    ("/jobs?queue=" + "q" * 201, 400),
-    ("/dlq?kind=" + "k" * 201, 400),
-    ("/nowhere", 404),
-])
+@pytest.mark.parametrize(
+    "url, status",
+    [
+        ("/jobs/999999999", 404),
+        ("/jobs/abc", 400),
+        ("/jobs/0", 400),
+        ("/jobs/99999999999999999999999", 400),
+        ("/jobs?state=exploded", 400),
+        ("/jobs?before=-3", 400),
+        ("/jobs?queue=" + "q" * 201, 400),
+        ("/dlq?kind=" + "k" * 201, 400),
+        ("/nowhere", 404),
+    ],
+)
 def test_bad_input_gets_a_4xx_page(web, url, status):
     r = web.get(url)
     assert r.status_code == status, r.text
@@ -195,27 +210,32 @@ def test_actions_change_the_rows(web, dsn, ids):
     assert web.post("/queues/pause", data={"csrf": token}).status_code == 400
     assert web.post("/queues/pause", data={"csrf": token, "queue": "default"}).status_code == 303
     with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT paused, paused_by FROM awa_fast.queue_meta "
-                            "WHERE queue = 'default'").fetchone() == (True, "dashboard")
+        assert conn.execute(
+            "SELECT paused, paused_by FROM awa_fast.queue_meta WHERE queue = 'default'"
+        ).fetchone() == (True, "dashboard")
     assert web.post("/queues/resume", data={"csrf": token, "queue": "default"}).status_code == 303
     with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT paused FROM awa_fast.queue_meta "
-                            "WHERE queue = 'default'").fetchone() == (False,)
+        assert conn.execute(
+            "SELECT paused FROM awa_fast.queue_meta WHERE queue = 'default'"
+        ).fetchone() == (False,)
     # purging the whole DLQ without a filter is refused
     assert web.post("/dlq/purge", data={"csrf": token}).status_code == 400
     assert web.post("/dlq/999999999/retry", data={"csrf": token}).status_code == 404
 
 
 def test_read_only_hides_and_refuses_actions(dsn, ids):
-    with TestClient(create_app(dsn, read_only=True), base_url=BASE,
-                    follow_redirects=False) as web:
+    with TestClient(create_app(dsn, read_only=True), base_url=BASE, follow_redirects=False) as web:
         page = web.get(f"/jobs/{ids['boom']}").text
         assert "read-only" in page and f"/jobs/{ids['boom']}/retry" not in page
         assert "/queues/pause" not in web.get("/queues").text
         assert 'name="csrf"' not in page  # no action forms at all
-        for url in (f"/jobs/{ids['boom']}/retry", f"/jobs/{ids['boom']}/cancel",
-                    "/queues/pause", f"/dlq/{ids['dead']}/retry",
-                    f"/dlq/{ids['dead']}/purge"):
+        for url in (
+            f"/jobs/{ids['boom']}/retry",
+            f"/jobs/{ids['boom']}/cancel",
+            "/queues/pause",
+            f"/dlq/{ids['dead']}/retry",
+            f"/dlq/{ids['dead']}/purge",
+        ):
             r = web.post(url, data={"csrf": "any"})  # refused before the CSRF check
             assert r.status_code == 403 and "read-only" in r.text, url
     assert row(dsn, ids["boom"])["state"] == "failed" and in_dlq(dsn, ids["dead"])
@@ -227,8 +247,9 @@ def test_token_is_required_when_set(dsn, ids):
         r = web.get("/queues")
         assert r.status_code == 401 and 'action="/login"' in r.text
         assert web.get("/queues", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert web.get("/queues",
-                       headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
+        assert (
+            web.get("/queues", headers={"Authorization": "Bearer s3cret-token"}).status_code == 200
+        )
         token = csrf_of(web.get("/login").text)
         assert web.post("/login", data={"csrf": token, "token": "nope"}).status_code == 401
         assert web.post("/login", data={"token": "s3cret-token"}).status_code == 403  # no CSRF
@@ -254,8 +275,13 @@ def test_bind_rule():
 
 def test_serve_off_loopback_without_a_token_exits_2(dsn):
     env = {"PATH": "/usr/bin:/bin", "AWA_FAST_DATABASE_URL": dsn}
-    proc = subprocess.run([sys.executable, "-m", "awa_fast", "serve", "--host", "0.0.0.0"],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "serve", "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "requires a token" in proc.stderr and "AWA_FAST_SERVE_TOKEN" in proc.stderr
 
@@ -266,8 +292,11 @@ def test_dlq_purge_one_and_matching(web, dsn):
     with awa.Client(dsn) as client:
         jobs = [client.insert(SendInvoice(n), queue="purge_me") for n in range(3)]
         with psycopg.connect(dsn) as conn:
-            conn.execute("UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
-                         "WHERE id = ANY(%s)", ([j.id for j in jobs],))
+            conn.execute(
+                "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
+                "WHERE id = ANY(%s)",
+                ([j.id for j in jobs],),
+            )
         for j in jobs:
             assert client.move_failed_to_dlq(j.id)
     token = csrf_of(web.get("/dlq").text)
@@ -279,14 +308,22 @@ def test_dlq_purge_one_and_matching(web, dsn):
     assert not in_dlq(dsn, jobs[1].id) and not in_dlq(dsn, jobs[2].id)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--port", "70000"], "--port must be 0..65535"),
-    (["--json"], "--json does not apply"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--port", "70000"], "--port must be 0..65535"),
+        (["--json"], "--json does not apply"),
+    ],
+)
 def test_serve_usage_errors_exit_2(dsn, args, message):
     env = {"PATH": "/usr/bin:/bin", "AWA_FAST_DATABASE_URL": dsn}
-    proc = subprocess.run([sys.executable, "-m", "awa_fast", "serve", *args],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
@@ -296,8 +333,10 @@ def test_dlq_retry_blocked_by_a_unique_key_is_a_409_and_changes_nothing(web, dsn
     with awa.Client(dsn) as client:
         first = client.insert(SendInvoice(4242), queue="uniq", unique_opts={})
         with psycopg.connect(dsn) as conn:
-            conn.execute("UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
-                         "WHERE id = %s", (first.id,))
+            conn.execute(
+                "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() WHERE id = %s",
+                (first.id,),
+            )
         assert client.move_failed_to_dlq(first.id)
         holder = client.insert(SendInvoice(4242), queue="uniq", unique_opts={})
     token = csrf_of(web.get("/dlq").text)

@@ -64,7 +64,8 @@ async def test_click_through_every_page(page, base_url, ids):
     await expect(page.locator(f'tr[data-id="{ids["order"]}"]')).to_have_count(0)
     await page.click(f'tr[data-id="{ids["boom"]}"] a')
     await expect(page.locator("#errors")).to_contain_text(
-        "TerminalError: invoice template missing for order 1001")
+        "TerminalError: invoice template missing for order 1001"
+    )
     await expect(page.locator("#errors pre.trace")).to_contain_text("Traceback")
     await expect(page.locator("#progress")).to_contain_text("rendering invoice")
 
@@ -81,7 +82,8 @@ async def test_click_through_every_page(page, base_url, ids):
     await page.click("header nav >> text=Consequences")
     await expect(page.locator("#owed-count")).to_have_text("1")
     await expect(page.locator(f'#owed tr[data-id="{ids["charge"]}"]')).to_contain_text(
-        "stock service unreachable")
+        "stock service unreachable"
+    )
     await expect(page.locator(f'#applied tr[data-id="{ids["refund"]}"]')).to_be_visible()
     await page.click("header nav >> text=Cron")
     await expect(page.locator('tr[data-name="nightly-report"]')).to_contain_text("0 3 * * *")
@@ -102,15 +104,17 @@ async def test_actions_change_the_rows(page, base_url, dsn, ids):
     await page.goto(f"{base_url}/jobs/{ids['boom']}")
     await page.click("#actions button:has-text('Retry')")
     await expect(page.locator(".flash")).to_contain_text("retried")
-    assert db(dsn, "SELECT state::text, attempt FROM awa_fast.jobs WHERE id = %s",
-              (ids["boom"],)) == ("available", 0)
+    assert db(
+        dsn, "SELECT state::text, attempt FROM awa_fast.jobs WHERE id = %s", (ids["boom"],)
+    ) == ("available", 0)
 
     # cancel the scheduled job (accepting the confirm dialog)
     await page.goto(f"{base_url}/jobs/{ids['later']}")
     await page.click("#actions button:has-text('Cancel')")
     await expect(page.locator(".flash")).to_contain_text("cancelled")
-    assert db(dsn, "SELECT state::text FROM awa_fast.jobs WHERE id = %s",
-              (ids["later"],)) == ("cancelled",)
+    assert db(dsn, "SELECT state::text FROM awa_fast.jobs WHERE id = %s", (ids["later"],)) == (
+        "cancelled",
+    )
     await expect(page.locator("#actions button:has-text('Cancel')")).to_have_count(0)
 
     # pause and resume a queue
@@ -128,8 +132,9 @@ async def test_actions_change_the_rows(page, base_url, dsn, ids):
     await expect(page).to_have_url(f"{base_url}/jobs/{ids['dead']}")
     await expect(page.locator(".flash")).to_contain_text("moved from the DLQ")
     assert db(dsn, "SELECT count(*) FROM awa_fast.dlq WHERE id = %s", (ids["dead"],)) == (0,)
-    assert db(dsn, "SELECT state::text, attempt FROM awa_fast.jobs WHERE id = %s",
-              (ids["dead"],)) == ("available", 0)
+    assert db(
+        dsn, "SELECT state::text, attempt FROM awa_fast.jobs WHERE id = %s", (ids["dead"],)
+    ) == ("available", 0)
 
 
 async def test_token_login(page, dsn, ids):

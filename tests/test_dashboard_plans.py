@@ -75,19 +75,27 @@ def cases(newest: int) -> dict[str, tuple[str, dict | None]]:
         "jobs, no filter": (dq.JOB_PAGE, {**none, **window(newest)}),
         "jobs, failed": (dq.JOB_PAGE, {**none, "state": "failed", **window(newest)}),
         "jobs, running": (dq.JOB_PAGE, {**none, "state": "running", **window(newest)}),
-        "jobs, queue+kind": (dq.JOB_PAGE, {**none, "queue": "q1", "kind": "kind_4",
-                                           **window(newest)}),
+        "jobs, queue+kind": (
+            dq.JOB_PAGE,
+            {**none, "queue": "q1", "kind": "kind_4", **window(newest)},
+        ),
         "jobs, unknown kind": (dq.JOB_PAGE, {**none, "kind": "nope", **window(newest)}),
-        "jobs, older page": (dq.JOB_PAGE, {**none, "state": "cancelled",
-                                           **window(newest - 120_000)}),
+        "jobs, older page": (
+            dq.JOB_PAGE,
+            {**none, "state": "cancelled", **window(newest - 120_000)},
+        ),
         "job detail": (dq.JOB_DETAIL, {"id": 12345}),
         "dlq detail": (dq.DLQ_DETAIL, {"id": 10000007}),
         "job summary": (dq.JOB_SUMMARY, {"id": 12345}),
         "follow-ups": (dq.JOB_CHILDREN, {"id": 12399, "limit": dq.CHILD_ROWS}),
-        "dlq page": (dq.DLQ_PAGE, {"queue": "q2", "kind": None, "before": 10005001,
-                                   "limit": dq.PAGE_ROWS}),
-        "dlq page, kind": (dq.DLQ_PAGE, {"queue": None, "kind": "kind_3", "before": 10004001,
-                                         "limit": dq.PAGE_ROWS}),
+        "dlq page": (
+            dq.DLQ_PAGE,
+            {"queue": "q2", "kind": None, "before": 10005001, "limit": dq.PAGE_ROWS},
+        ),
+        "dlq page, kind": (
+            dq.DLQ_PAGE,
+            {"queue": None, "kind": "kind_3", "before": 10004001, "limit": dq.PAGE_ROWS},
+        ),
         "consequence counts": (dq.CONSEQUENCE_COUNTS, None),
         "consequences owed": (dq.CONSEQUENCES_OWED, {"limit": dq.OWED_ROWS}),
         "consequences applied": (dq.CONSEQUENCES_APPLIED, {**sample, "limit": dq.PAGE_ROWS}),
@@ -101,8 +109,11 @@ def cases(newest: int) -> dict[str, tuple[str, dict | None]]:
 def test_no_dashboard_statement_scans_the_job_table(history):
     dsn, newest = history
     plans = {name: plan_of(dsn, stmt, params) for name, (stmt, params) in cases(newest).items()}
-    scans = {name: plan for name, plan in plans.items()
-             if "Seq Scan on jobs" in plan or "Seq Scan on dlq" in plan}
+    scans = {
+        name: plan
+        for name, plan in plans.items()
+        if "Seq Scan on jobs" in plan or "Seq Scan on dlq" in plan
+    }
     assert not scans, "\n\n".join(f"{name}:\n{plan}" for name, plan in scans.items())
     # the indexes each page is meant to use
     assert "idx_awa_fast_jobs_triggered_by" in plans["follow-ups"], plans["follow-ups"]

@@ -23,12 +23,19 @@ TIMEOUT_S = 300
 
 
 def _env() -> dict:
-    return {k: v for k, v in os.environ.items() if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")}
+    return {
+        k: v for k, v in os.environ.items() if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")
+    }
 
 
 def run_demo(dsn: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "awa_fast", "--database-url", dsn, "demo", *args],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, env=_env())
+    return subprocess.run(
+        [sys.executable, "-m", "awa_fast", "--database-url", dsn, "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=_env(),
+    )
 
 
 def report(stdout: str) -> dict:
@@ -56,17 +63,39 @@ def test_removal_advice_names_the_binaries_copy_and_never_deletes_a_shared_accou
 
     base = {"data_dir": "/var/lib/awa-fast/pg18", "os_user": "awa-postgres", "running": False}
     # as root, with an account that already existed (maybe used by something else)
-    text = "\n".join(embedded_notice({**base, "system_account": True, "creates_user": False,
-                                      "binaries_copy": None}))
-    assert ("to remove it, stop it, then `rm -rf /var/lib/awa-fast/pg18`, "
-            "`rm -rf /tmp/awa-pg-bin-*` and, if nothing else uses that account, "
-            "`userdel awa-postgres`") in text
-    text = "\n".join(embedded_notice({**base, "system_account": True, "creates_user": True,
-                                      "binaries_copy": "/tmp/awa-pg-bin-18.1"}))
+    text = "\n".join(
+        embedded_notice(
+            {**base, "system_account": True, "creates_user": False, "binaries_copy": None}
+        )
+    )
+    assert (
+        "to remove it, stop it, then `rm -rf /var/lib/awa-fast/pg18`, "
+        "`rm -rf /tmp/awa-pg-bin-*` and, if nothing else uses that account, "
+        "`userdel awa-postgres`"
+    ) in text
+    text = "\n".join(
+        embedded_notice(
+            {
+                **base,
+                "system_account": True,
+                "creates_user": True,
+                "binaries_copy": "/tmp/awa-pg-bin-18.1",
+            }
+        )
+    )
     assert "`rm -rf /tmp/awa-pg-bin-18.1` and, if nothing else uses that account" in text
     # as an ordinary user: the data directory only
-    text = "\n".join(embedded_notice({**base, "os_user": "me", "system_account": False,
-                                      "creates_user": False, "binaries_copy": None}))
+    text = "\n".join(
+        embedded_notice(
+            {
+                **base,
+                "os_user": "me",
+                "system_account": False,
+                "creates_user": False,
+                "binaries_copy": None,
+            }
+        )
+    )
     assert text.endswith("to remove it, stop it, then `rm -rf /var/lib/awa-fast/pg18`")
     assert "userdel" not in text and "awa-pg-bin" not in text
 
@@ -91,13 +120,22 @@ def test_demo_pipeline_with_a_broken_file(dsn, tmp_path):
     assert int(rep["B skipped as dup"].split()[0]) == staged - distinct > 0
 
     with psycopg.connect(dsn) as conn:
-        rows = dict(conn.execute(
-            "SELECT kind || ':' || state::text, count(*) FROM awa_fast.jobs "
-            "WHERE queue = 'demo' GROUP BY 1").fetchall())
-        names = [r[0] for r in conn.execute(
-            "SELECT args->>'name' FROM awa_fast.jobs WHERE kind = 'demo_resolve_module'")]
-        fake = conn.execute("SELECT count(*) FROM awa_fast_demo_modules "
-                            "WHERE name LIKE 'demo_fake_mod_%%' AND NOT found").fetchone()[0]
+        rows = dict(
+            conn.execute(
+                "SELECT kind || ':' || state::text, count(*) FROM awa_fast.jobs "
+                "WHERE queue = 'demo' GROUP BY 1"
+            ).fetchall()
+        )
+        names = [
+            r[0]
+            for r in conn.execute(
+                "SELECT args->>'name' FROM awa_fast.jobs WHERE kind = 'demo_resolve_module'"
+            )
+        ]
+        fake = conn.execute(
+            "SELECT count(*) FROM awa_fast_demo_modules "
+            "WHERE name LIKE 'demo_fake_mod_%%' AND NOT found"
+        ).fetchone()[0]
     assert rows["demo_parse_imports:failed"] == 1
     assert rows["demo_resolve_module:completed"] == distinct
     assert len(names) == len(set(names)) == distinct  # exactly one B per distinct module
@@ -117,8 +155,23 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
     """A real SIGINT while stage B is held back (a SHARE lock on the results table blocks its
     upserts, so the pipeline cannot finish first)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "awa_fast", "--database-url", dsn, "demo", "--processes", "1",
-         "--limit", "200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        [
+            sys.executable,
+            "-m",
+            "awa_fast",
+            "--database-url",
+            dsn,
+            "demo",
+            "--processes",
+            "1",
+            "--limit",
+            "200",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     seen = []
     try:
         with psycopg.connect(dsn) as lock:
@@ -133,8 +186,9 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
             with psycopg.connect(dsn) as conn:  # wait until B is held at the lock
                 deadline = time.monotonic() + 60
                 while not conn.execute(
-                        "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'demo_resolve_module' "
-                        "AND state = 'running'").fetchone()[0]:
+                    "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'demo_resolve_module' "
+                    "AND state = 'running'"
+                ).fetchone()[0]:
                     assert time.monotonic() < deadline, "no stage-B job started"
                     time.sleep(0.05)
             proc.send_signal(signal.SIGINT)
@@ -153,13 +207,19 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
     lines = out.splitlines()
     assert re.fullmatch(r"interrupted after \d+\.\d s \(1 worker process, 200 files\)", lines[0])
     assert re.fullmatch(r"stage A: \d+ completed, \d+ failed, \d+ unfinished", lines[1])
-    removed = int(re.fullmatch(r"removed (\d+) unfinished demo job\(s\) from queue 'demo'; "
-                               r"finished rows stay until the next `awa-fast demo` deletes them",
-                               lines[3]).group(1))
+    removed = int(
+        re.fullmatch(
+            r"removed (\d+) unfinished demo job\(s\) from queue 'demo'; "
+            r"finished rows stay until the next `awa-fast demo` deletes them",
+            lines[3],
+        ).group(1)
+    )
     assert removed > 0
     with psycopg.connect(dsn) as conn:
-        left = conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE queue = 'demo' AND state "
-                            "IN ('available', 'scheduled', 'retryable', 'running')").fetchone()[0]
+        left = conn.execute(
+            "SELECT count(*) FROM awa_fast.jobs WHERE queue = 'demo' AND state "
+            "IN ('available', 'scheduled', 'retryable', 'running')"
+        ).fetchone()[0]
     assert left == 0
 
 
@@ -170,23 +230,34 @@ def test_demo_on_the_embedded_server_says_what_it_does_first():
     datadir = parent / "pg"
     env = {**_env(), "AWA_PG_DATA": str(datadir)}
     try:
-        r = subprocess.run([sys.executable, "-m", "awa_fast", "demo", "--limit", "5",
-                            "--processes", "1"], capture_output=True, text=True,
-                           timeout=TIMEOUT_S, env=env)
+        r = subprocess.run(
+            [sys.executable, "-m", "awa_fast", "demo", "--limit", "5", "--processes", "1"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env=env,
+        )
         assert r.returncode == 0, (r.stdout, r.stderr)
         err = r.stderr
-        notice = err.index("demo: no database configured (--database-url, "
-                           "AWA_FAST_DATABASE_URL, DATABASE_URL):")
+        notice = err.index(
+            "demo: no database configured (--database-url, AWA_FAST_DATABASE_URL, DATABASE_URL):"
+        )
         started = err.index(f"awa-fast: started embedded PostgreSQL 18 at {datadir}")
         assert notice < started  # said before it happens
         assert f"demo:   starting the embedded PostgreSQL 18 in {datadir}, as " in err
-        assert (f"demo:   it keeps running after the demo: `awa-fast embedded stop` stops it; "
-                f"to remove it, stop it, then `rm -rf {datadir}`") in err
+        assert (
+            f"demo:   it keeps running after the demo: `awa-fast embedded stop` stops it; "
+            f"to remove it, stop it, then `rm -rf {datadir}`"
+        ) in err
         if os.geteuid() == 0:
             assert "as the system account 'awa-postgres'" in err
             assert "if nothing else uses that account, `userdel awa-postgres`" in err
         assert "check: OK" in r.stdout
     finally:
-        subprocess.run([sys.executable, "-m", "awa_fast", "embedded", "stop"], env=env,
-                       capture_output=True, timeout=TIMEOUT_S)
+        subprocess.run(
+            [sys.executable, "-m", "awa_fast", "embedded", "stop"],
+            env=env,
+            capture_output=True,
+            timeout=TIMEOUT_S,
+        )
         shutil.rmtree(parent, ignore_errors=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,19 +55,25 @@ def _backticked() -> list[tuple[str, str]]:
     return found
 
 
-@lru_cache(maxsize=None)
+@cache
 def _code_files() -> tuple[Path, ...]:
-    return tuple(p for d in CODE_DIRS if (ROOT / d).is_dir() for p in (ROOT / d).rglob("*")
-                 if p.suffix in CODE_SUFFIXES and "__pycache__" not in p.parts
-                 and p.name != Path(__file__).name)
+    return tuple(
+        p
+        for d in CODE_DIRS
+        if (ROOT / d).is_dir()
+        for p in (ROOT / d).rglob("*")
+        if p.suffix in CODE_SUFFIXES
+        and "__pycache__" not in p.parts
+        and p.name != Path(__file__).name
+    )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _code_text() -> str:
     return "\n".join(p.read_text(errors="replace") for p in _code_files())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _modules() -> dict[str, str]:
     """Short module name -> dotted name, for awa_fast's modules (top level and worker/)."""
     mods = {}
@@ -78,7 +84,7 @@ def _modules() -> dict[str, str]:
     return mods
 
 
-@lru_cache(maxsize=None)
+@cache
 def _classes() -> dict[str, list[tuple[str, set[str]]]]:
     """Class name -> [(module, names assigned as ``self.x`` in its methods or annotated in
     its body)]."""
@@ -87,20 +93,30 @@ def _classes() -> dict[str, list[tuple[str, set[str]]]]:
         module = ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.ClassDef):
-                attrs = {t.attr for n in ast.walk(node) for t in getattr(n, "targets", [])
-                         + [getattr(n, "target", None)]
-                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                         and t.value.id == "self"}
+                attrs = {
+                    t.attr
+                    for n in ast.walk(node)
+                    for t in getattr(n, "targets", []) + [getattr(n, "target", None)]
+                    if isinstance(t, ast.Attribute)
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id == "self"
+                }
                 # dataclass / annotated fields without a default are not class attributes
-                attrs |= {n.target.id for n in node.body
-                          if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+                attrs |= {
+                    n.target.id
+                    for n in node.body
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                }
                 classes.setdefault(node.name, []).append((module, attrs))
     return classes
 
 
 def _has_file(name: str) -> bool:
-    tracked = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob(Path(name).name)
-               if ".git" not in p.parts and "__pycache__" not in p.parts]
+    tracked = [
+        p.relative_to(ROOT).as_posix()
+        for p in ROOT.rglob(Path(name).name)
+        if ".git" not in p.parts and "__pycache__" not in p.parts
+    ]
     return any(t == name or t.endswith("/" + name) for t in tracked)
 
 
@@ -151,6 +167,9 @@ def test_a_missing_name_is_reported() -> None:
 
 
 def test_every_backticked_code_name_exists() -> None:
-    problems = [f"{doc}: `{name}`: {problem}" for doc, name in sorted(set(_backticked()))
-                if (problem := _problem(name)) is not None]
+    problems = [
+        f"{doc}: `{name}`: {problem}"
+        for doc, name in sorted(set(_backticked()))
+        if (problem := _problem(name)) is not None
+    ]
     assert not problems, "\n".join(problems)

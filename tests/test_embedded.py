@@ -85,7 +85,11 @@ def test_restart_keeps_data_and_drops_connections(mode):
         old.close()
         with psycopg.connect(server.dsn) as conn:
             assert conn.execute("SELECT n FROM kept").fetchone() == (7,)
-        recovery = "database system was interrupted" if mode == "immediate" else "database system was shut down"
+        recovery = (
+            "database system was interrupted"
+            if mode == "immediate"
+            else "database system was shut down"
+        )
         assert recovery in server.log_path.read_text()
         with pytest.raises(ValueError, match="restart mode"):
             server.restart("smart")
@@ -166,7 +170,9 @@ def test_ensure_running_and_stop_persistent(persistent_data_dir, capfd):
     assert dsn == f"postgresql://postgres@/postgres?host={datadir}&port=5432"
     err = capfd.readouterr()
     assert err.out == ""
-    assert err.err.strip().splitlines() == [f"awa-fast: started embedded PostgreSQL {(datadir / 'PG_VERSION').read_text().strip()} at {datadir}"]
+    assert err.err.strip().splitlines() == [
+        f"awa-fast: started embedded PostgreSQL {(datadir / 'PG_VERSION').read_text().strip()} at {datadir}"
+    ]
     if not os.environ.get("AWA_PG_BINDIR"):
         assert "PostgreSQL 18" in _version(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:

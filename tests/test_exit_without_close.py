@@ -49,9 +49,16 @@ def test_return_after_shutdown_without_close_exits(dsn, tmp_path):
     script.write_text(SCRIPT)
     for run in range(RUNS):
         try:
-            proc = subprocess.run([sys.executable, str(script), dsn], cwd=ROOT,
-                                  capture_output=True, text=True, timeout=TIMEOUT_S)
+            proc = subprocess.run(
+                [sys.executable, str(script), dsn],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired as exc:
-            pytest.fail(f"run {run}: still running after {TIMEOUT_S} s without close(); "
-                        f"stderr: {exc.stderr!r}")
+            pytest.fail(
+                f"run {run}: still running after {TIMEOUT_S} s without close(); "
+                f"stderr: {exc.stderr!r}"
+            )
         assert proc.returncode == 0, f"run {run}: {proc.stderr}"

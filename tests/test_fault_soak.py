@@ -35,9 +35,14 @@ FAULTS = ("sigkill", "backends", "leader_lock", "restart_fast", "backends", "res
 
 async def _spawn(dsn):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.soak_app", cwd=ROOT, stdout=subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "tests.soak_app",
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "AWA_FAST_APP_DSN": f"{dsn} application_name={APP_NAME}"})
+        env={**os.environ, "AWA_FAST_APP_DSN": f"{dsn} application_name={APP_NAME}"},
+    )
     assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"ready"
     return proc
 
@@ -51,9 +56,11 @@ async def _terminate(dsn, query: str, params=()) -> int:
 async def _terminate_job_backends(dsn) -> int:
     for states in (("active", "idle in transaction"), ("idle",)):
         hit = await _terminate(
-            dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s "
-                 "AND state = ANY(%s) AND query ILIKE %s AND query NOT ILIKE 'LISTEN%%'",
-            (APP_NAME, list(states), "%awa_fast.jobs%"))
+            dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s "
+            "AND state = ANY(%s) AND query ILIKE %s AND query NOT ILIKE 'LISTEN%%'",
+            (APP_NAME, list(states), "%awa_fast.jobs%"),
+        )
         if hit:
             return hit
     return 0
@@ -62,15 +69,19 @@ async def _terminate_job_backends(dsn) -> int:
 async def _terminate_leader_lock(dsn) -> int:
     # The maintenance leader holds one session advisory lock on its lock connection.
     return await _terminate(
-        dsn, "SELECT pg_terminate_backend(l.pid) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-             "WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = %s", (APP_NAME,))
+        dsn,
+        "SELECT pg_terminate_backend(l.pid) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+        "WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = %s",
+        (APP_NAME,),
+    )
 
 
 async def _insert_wave(dsn, round_: int) -> None:
     client = awa.AsyncClient(dsn)  # a new pool: the last round may have restarted the server
     try:
-        await client.insert_many([SoakA(n) for n in range(round_ * WAVE_A, (round_ + 1) * WAVE_A)],
-                                 max_attempts=25)
+        await client.insert_many(
+            [SoakA(n) for n in range(round_ * WAVE_A, (round_ + 1) * WAVE_A)], max_attempts=25
+        )
         pays = [SoakPay(n, MODES[n % 4]) for n in range(round_ * WAVE_PAY, (round_ + 1) * WAVE_PAY)]
         await client.insert_many([p for p in pays if p.mode != "slow"], max_attempts=25)
         await client.insert_many([p for p in pays if p.mode == "slow"], max_attempts=1)
@@ -99,8 +110,10 @@ async def test_guarantees_hold_under_every_fault_at_once(own_server, business):
     hits = dict.fromkeys(FAULTS, 0)
     try:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute("INSERT INTO public.reservations (n, qty) "
-                               "SELECT n, n + 1 FROM generate_series(0, %s) n" % (PAYS - 1))
+            await conn.execute(
+                "INSERT INTO public.reservations (n, qty) "
+                "SELECT n, n + 1 FROM generate_series(0, %s) n" % (PAYS - 1)
+            )
         procs = [await _spawn(dsn) for _ in range(2)]
         for round_ in range(ROUNDS):
             await _insert_wave(dsn, round_)  # fresh work in flight when each fault hits
@@ -121,10 +134,15 @@ async def test_guarantees_hold_under_every_fault_at_once(own_server, business):
                 hits[fault] += 1
 
         async def settled():
-            return await scalar(
-                dsn, "SELECT count(*) FROM awa_fast.jobs WHERE state NOT IN "
-                     "('completed', 'failed', 'cancelled') OR consequence_state = 'owed' "
-                     "OR (kind = 'soak_pay' AND state = 'completed' AND verified_at IS NULL)") == 0
+            return (
+                await scalar(
+                    dsn,
+                    "SELECT count(*) FROM awa_fast.jobs WHERE state NOT IN "
+                    "('completed', 'failed', 'cancelled') OR consequence_state = 'owed' "
+                    "OR (kind = 'soak_pay' AND state = 'completed' AND verified_at IS NULL)",
+                )
+                == 0
+            )
 
         await wait_for(settled, timeout=180, what="every job settled, owed and verified")
         for p in procs:  # every worker survived the restarts
@@ -136,30 +154,53 @@ async def test_guarantees_hold_under_every_fault_at_once(own_server, business):
                 await p.wait()
 
     print("faults that hit:", hits)
-    assert hits["sigkill"] and hits["backends"] and hits["restart_fast"] and hits["restart_immediate"], hits
+    assert (
+        hits["sigkill"] and hits["backends"] and hits["restart_fast"] and hits["restart_immediate"]
+    ), hits
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
+
         async def rows(query, *params):
             return await (await conn.execute(query, params)).fetchall()
 
         # Nothing lost: every job is in the table in a final state.
-        assert await rows("SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('soak_a', 'soak_pay')") == [(A_JOBS + PAYS,)]
-        assert await rows("SELECT count(*) FROM awa_fast.dlq") == [(0,)]
-        assert dict(await rows("SELECT state::text, count(*) FROM awa_fast.jobs WHERE kind = 'soak_a' "
-                               "GROUP BY 1")) == {"completed": A_JOBS}
-        # ADR-046: every B traces to a completed A, no key twice, every value has its B.
         assert await rows(
-            "SELECT b.id FROM awa_fast.jobs b LEFT JOIN awa_fast.jobs a "
-            "ON a.id = (b.metadata->>'awa:triggered_by')::bigint "
-            "WHERE b.kind = 'soak_b' AND (a.id IS NULL OR a.state <> 'completed')") == []
-        assert await rows("SELECT (args->>'value')::int FROM awa_fast.jobs WHERE kind = 'soak_b' "
-                          "GROUP BY 1 HAVING count(*) > 1") == []
-        assert await rows("SELECT count(*), count(*) FILTER (WHERE state = 'completed') "
-                          "FROM awa_fast.jobs WHERE kind = 'soak_b'") == [(29, 29)]
+            "SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('soak_a', 'soak_pay')"
+        ) == [(A_JOBS + PAYS,)]
+        assert await rows("SELECT count(*) FROM awa_fast.dlq") == [(0,)]
+        assert dict(
+            await rows(
+                "SELECT state::text, count(*) FROM awa_fast.jobs WHERE kind = 'soak_a' GROUP BY 1"
+            )
+        ) == {"completed": A_JOBS}
+        # ADR-046: every B traces to a completed A, no key twice, every value has its B.
+        assert (
+            await rows(
+                "SELECT b.id FROM awa_fast.jobs b LEFT JOIN awa_fast.jobs a "
+                "ON a.id = (b.metadata->>'awa:triggered_by')::bigint "
+                "WHERE b.kind = 'soak_b' AND (a.id IS NULL OR a.state <> 'completed')"
+            )
+            == []
+        )
+        assert (
+            await rows(
+                "SELECT (args->>'value')::int FROM awa_fast.jobs WHERE kind = 'soak_b' "
+                "GROUP BY 1 HAVING count(*) > 1"
+            )
+            == []
+        )
+        assert await rows(
+            "SELECT count(*), count(*) FILTER (WHERE state = 'completed') "
+            "FROM awa_fast.jobs WHERE kind = 'soak_b'"
+        ) == [(29, 29)]
         # Consequences: a reservation is released iff its job failed, the stock moved exactly
         # once per failed job, and each failed job records its consequence applied.
-        pay = {n: (state, cstate, reason) for n, state, cstate, reason in await rows(
-            "SELECT (args->>'n')::int, state::text, consequence_state, consequence_reason "
-            "FROM awa_fast.jobs WHERE kind = 'soak_pay'")}
+        pay = {
+            n: (state, cstate, reason)
+            for n, state, cstate, reason in await rows(
+                "SELECT (args->>'n')::int, state::text, consequence_state, consequence_reason "
+                "FROM awa_fast.jobs WHERE kind = 'soak_pay'"
+            )
+        }
         released = dict(await rows("SELECT n, released FROM public.reservations"))
         wrong = {n: (pay[n], released[n]) for n in pay if (pay[n][0] == "failed") != released[n]}
         assert wrong == {}

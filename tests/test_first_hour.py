@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def readme_block(heading: str) -> str:
     """The first ```python block after ``## heading`` in README.md."""
     text = (ROOT / "README.md").read_text()
-    section = text[text.index(f"## {heading}\n"):]
+    section = text[text.index(f"## {heading}\n") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -45,16 +45,22 @@ def _poll(fn, timeout: float, what: str):
 
 def _state(dsn: str, job_id: int) -> str:
     with psycopg.connect(dsn) as conn:
-        return conn.execute("SELECT state::text FROM awa_fast.jobs WHERE id = %s",
-                            (job_id,)).fetchone()[0]
+        return conn.execute(
+            "SELECT state::text FROM awa_fast.jobs WHERE id = %s", (job_id,)
+        ).fetchone()[0]
 
 
 def _worker_until_completed(dsn: str, job_id: int, app: str, *args: str, cwd, env) -> str:
     """Run ``awa-fast worker app --processes 1 args...`` until job ``job_id`` completes, then
     SIGTERM it; asserts a clean exit and returns its stdout."""
-    proc = subprocess.Popen([sys.executable, "-m", "awa_fast", "worker", app, "--processes", "1",
-                             *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_fast", "worker", app, "--processes", "1", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _poll(lambda: _state(dsn, job_id) == "completed", 60, "the worker to complete the job")
     finally:
@@ -72,14 +78,24 @@ def test_readme_example_runs_as_written(dsn, tmp_path):
     script = tmp_path / "readme_example.py"
     script.write_text(readme_block("Using it"))
     assert "localhost" not in script.read_text()
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                       timeout=TIMEOUT_S, cwd=tmp_path,
-                       env=_env(AWA_FAST_DATABASE_URL=dsn, DATABASE_URL=CLOSED_PORT_DSN))
+    r = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
+        env=_env(AWA_FAST_DATABASE_URL=dsn, DATABASE_URL=CLOSED_PORT_DSN),
+    )
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert r.stdout == "sending to a@example.com\n"
     with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE kind = 'send_email' "
-                            "AND state = 'completed'").fetchone()[0] >= 1
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'send_email' "
+                "AND state = 'completed'"
+            ).fetchone()[0]
+            >= 1
+        )
 
 
 def test_readme_example_is_a_module_that_check_and_the_worker_import(dsn, tmp_path):
@@ -90,8 +106,14 @@ def test_readme_example_is_a_module_that_check_and_the_worker_import(dsn, tmp_pa
     assert "awa-fast worker example:client" in commands
     (tmp_path / "example.py").write_text(readme_block("Using it"))
     env = _env(AWA_FAST_DATABASE_URL=dsn, DATABASE_URL=CLOSED_PORT_DSN)
-    r = subprocess.run([sys.executable, "-m", "awa_fast", "check", "example:client"],
-                       capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path, env=env)
+    r = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "check", "example:client"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
+        env=env,
+    )
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert "sending to" not in r.stdout  # importing it did not run main()
     with awa.Client(dsn) as c:
@@ -119,18 +141,26 @@ def test_worker_without_url_uses_the_environment(dsn):
     with awa.Client(dsn) as c:
         job = c.insert(Ping(2), queue="fh_q")
     env = _env(AWA_FAST_DATABASE_URL=dsn, DATABASE_URL=CLOSED_PORT_DSN)
-    out = _worker_until_completed(dsn, job.id, "tests.first_hour_app:client", "--queues", "fh_q:2",
-                                  cwd=ROOT, env=env)
+    out = _worker_until_completed(
+        dsn, job.id, "tests.first_hour_app:client", "--queues", "fh_q:2", cwd=ROOT, env=env
+    )
     assert "ready (queues: fh_q:2)" in out
 
 
 def test_worker_help_tells_one_story():
-    r = subprocess.run([sys.executable, "-m", "awa_fast", "worker", "--help"], capture_output=True,
-                       text=True, timeout=TIMEOUT_S, env=_env())
+    r = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "worker", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=_env(),
+    )
     assert r.returncode == 0
     text = " ".join(r.stdout.split())
-    assert "--database-url, else the URL the client was built with, else " \
-           "$AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server" in text
+    assert (
+        "--database-url, else the URL the client was built with, else "
+        "$AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server" in text
+    )
     assert "the client's own URL is used" not in text
 
 
@@ -155,8 +185,12 @@ async def test_progress_is_written_on_its_own_cadence_and_listed(dsn):
 
     job = await client.insert(Crunch(1), queue="fh_prog")
     # heartbeats every 60 s: only the progress cadence can write it while the handler waits
-    await client.start([("fh_prog", 1)], heartbeat_interval_ms=60_000,
-                       heartbeat_staleness_ms=180_000, maintenance=False)
+    await client.start(
+        [("fh_prog", 1)],
+        heartbeat_interval_ms=60_000,
+        heartbeat_staleness_ms=180_000,
+        maintenance=False,
+    )
     try:
         await asyncio.wait_for(started.wait(), 30)
         rt = client.runtime
@@ -170,15 +204,28 @@ async def test_progress_is_written_on_its_own_cadence_and_listed(dsn):
         assert rt.heartbeat.beats == 0
 
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "awa_fast", "--database-url", dsn, "job", "list", "--queue",
-            "fh_prog", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=_env())
+            sys.executable,
+            "-m",
+            "awa_fast",
+            "--database-url",
+            dsn,
+            "job",
+            "list",
+            "--queue",
+            "fh_prog",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=_env(),
+        )
         out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT_S)
         assert proc.returncode == 0, err
         header, _rule, line = out.decode().splitlines()
         assert "PROGRESS" in header.split()
-        assert re.search(rf"^\s*{job.id}\s+crunch\s+fh_prog\s+running\s+2\s+1/25\s+"
-                         r"40% halfway there\s+\d{4}-", line), line
+        assert re.search(
+            rf"^\s*{job.id}\s+crunch\s+fh_prog\s+running\s+2\s+1/25\s+"
+            r"40% halfway there\s+\d{4}-",
+            line,
+        ), line
     finally:
         release.set()
         await client.shutdown()
@@ -193,8 +240,10 @@ def test_retry_failed_prints_a_count_and_the_first_rows(dsn):
     with awa.Client(dsn) as c:
         jobs = c.insert_many([{"n": i} for i in range(45)], kind="fh_many", queue="fh_rf")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE awa_fast.jobs SET state = 'failed', attempt = 1, run_lease = 1, "
-                     "finalized_at = now() WHERE kind = 'fh_many'")
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'failed', attempt = 1, run_lease = 1, "
+            "finalized_at = now() WHERE kind = 'fh_many'"
+        )
     r = cli("--database-url", dsn, "job", "retry-failed", "--kind", "fh_many")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -203,8 +252,12 @@ def test_retry_failed_prints_a_count_and_the_first_rows(dsn):
     assert {int(line.split()[0]) for line in lines[3:23]} <= {j.id for j in jobs}
     assert lines[-1] == ("... and 25 more (awa-fast job list --kind fh_many --state available)")
     with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE kind = 'fh_many' "
-                            "AND state = 'available'").fetchone()[0] == 45
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'fh_many' AND state = 'available'"
+            ).fetchone()[0]
+            == 45
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,11 +269,15 @@ async def test_insert_without_queue_of_a_kind_registered_elsewhere_warns_once(ds
 
     client = awa.AsyncClient(dsn)
     client.task(Pay, queue="fh_pay2", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)(
-        lambda job: None)
+        lambda job: None
+    )
     try:
-        with pytest.warns(awa.QueueMismatchWarning, match=r"job kind 'pay' is registered for "
-                          r"queue 'fh_pay2' on this client but was inserted without queue=, "
-                          r"so it went to 'default'") as record:
+        with pytest.warns(
+            awa.QueueMismatchWarning,
+            match=r"job kind 'pay' is registered for "
+            r"queue 'fh_pay2' on this client but was inserted without queue=, "
+            r"so it went to 'default'",
+        ) as record:
             job = await client.insert(Pay(1))
         assert job.queue == "default"  # awa-pg's semantics are kept
         assert record[0].filename == __file__  # points at the caller's insert
@@ -265,8 +322,9 @@ def test_bench_help_names_the_command_and_every_scenario():
 def test_bench_results_go_to_the_user_directory_with_a_method_column(pg_base_dsn, tmp_path):
     env = _env(XDG_DATA_HOME=str(tmp_path))
     env.pop("AWA_FAST_BENCH_DIR", None)
-    r = cli("bench", "--scenarios", "enqueue", "--jobs", "40", "--database-url", pg_base_dsn,
-            env=env)
+    r = cli(
+        "bench", "--scenarios", "enqueue", "--jobs", "40", "--database-url", pg_base_dsn, env=env
+    )
     assert r.returncode == 0, (r.stdout, r.stderr)
     written = list((tmp_path / "awa-fast" / "bench").glob("*.jsonl"))
     assert len(written) == 1 and f"results: {written[0]} " in r.stdout
@@ -275,7 +333,7 @@ def test_bench_results_go_to_the_user_directory_with_a_method_column(pg_base_dsn
     header = lines[head]
     assert header.split() == ["scenario", "system", "n", "rate/s", "method", "details"]
     at = header.index("method")
-    rows = [line for line in lines[head + 1:] if line.startswith("enqueue_")]
+    rows = [line for line in lines[head + 1 :] if line.startswith("enqueue_")]
     assert len(rows) == 4
     for row in rows:  # every method starts in its own column, after a blank
         assert row[at - 1] == " " and row[at] != " ", row
@@ -296,9 +354,18 @@ def _json_lines(text: str) -> list[dict]:
 def test_json_formatter_carries_extra_fields():
     from awa_fast import log_format
 
-    record = logging.makeLogRecord({"name": "awa_fast.runtime", "levelno": logging.WARNING,
-                                    "levelname": "WARNING", "msg": "job %s failed",
-                                    "args": (7,), "kind": "pay", "job_id": 7, "attempt": 2})
+    record = logging.makeLogRecord(
+        {
+            "name": "awa_fast.runtime",
+            "levelno": logging.WARNING,
+            "levelname": "WARNING",
+            "msg": "job %s failed",
+            "args": (7,),
+            "kind": "pay",
+            "job_id": 7,
+            "attempt": 2,
+        }
+    )
     out = json.loads(log_format.formatter("json", static={"pid": 1}).format(record))
     assert out["message"] == "job 7 failed" and out["level"] == "WARNING"
     assert (out["kind"], out["job_id"], out["attempt"], out["pid"]) == ("pay", 7, 2, 1)
@@ -324,10 +391,29 @@ def test_worker_json_logs_and_the_drain_timeout_names_what_it_released(dsn):
         failing = c.insert(Boom(1), queue="fh_stall", max_attempts=1)
     env = _env(AWA_FAST_DATABASE_URL=dsn)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "awa_fast", "worker", "tests.first_hour_app:client",
-         "--processes", "1", "--queues", "fh_stall:2", "--drain-timeout", "0.5",
-         "--log-format", "json", "--status-interval", "3600"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "awa_fast",
+            "worker",
+            "tests.first_hour_app:client",
+            "--processes",
+            "1",
+            "--queues",
+            "fh_stall:2",
+            "--drain-timeout",
+            "0.5",
+            "--log-format",
+            "json",
+            "--status-interval",
+            "3600",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _poll(lambda: _state(dsn, job.id) == "running", 60, "the handler to start")
         _poll(lambda: _state(dsn, failing.id) == "failed", 60, "the failing job to fail")
@@ -340,12 +426,17 @@ def test_worker_json_logs_and_the_drain_timeout_names_what_it_released(dsn):
     assert proc.returncode == 0, (out, err)
     launcher = _json_lines(out)
     assert {r["logger"] for r in launcher} == {"awa_fast.launcher"}
-    assert any(re.fullmatch(r"child 0 pid \d+ ready \(queues: fh_stall:2\)", r["message"])
-               for r in launcher)
+    assert any(
+        re.fullmatch(r"child 0 pid \d+ ready \(queues: fh_stall:2\)", r["message"])
+        for r in launcher
+    )
     children = _json_lines(err)
     assert all(r["child"] == 0 and isinstance(r["pid"], int) for r in children)
-    [released] = [r for r in children if r["logger"] == "awa_fast.runtime"
-                  and r["message"].startswith("drain timeout")]
+    [released] = [
+        r
+        for r in children
+        if r["logger"] == "awa_fast.runtime" and r["message"].startswith("drain timeout")
+    ]
     assert released["level"] == "WARNING"
     assert released["released"] == 1 and released["released_job_ids"] == [job.id]
     assert f"job ids {job.id}" in released["message"]
@@ -365,8 +456,10 @@ def test_the_dashboards_imports_are_core_dependencies():
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    core = {re.split(r"[\[<>=!~; ]", d, 1)[0].lower().replace("_", "-")
-            for d in project["dependencies"]}
+    core = {
+        re.split(r"[\[<>=!~; ]", d, maxsplit=1)[0].lower().replace("_", "-")
+        for d in project["dependencies"]
+    }
     assert project["optional-dependencies"]["web"] == []  # kept as an alias
     dists = importlib.metadata.packages_distributions()
     imported = set()

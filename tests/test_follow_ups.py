@@ -16,8 +16,12 @@ from awa_fast.testing import AwaTestClient, HandlerJob
 from awa_fast.worker import executor as ex
 from tests.support import exploding_inserts, job_row, scalar, wait_for, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+)
 
 
 @dataclasses.dataclass
@@ -36,14 +40,19 @@ pytestmark = pytest.mark.usefixtures("clean")
 
 async def b_items(dsn) -> list[str]:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        cur = await conn.execute("SELECT args->>'item' FROM awa_fast.jobs WHERE kind = 'stage_b' "
-                                 "ORDER BY id")
+        cur = await conn.execute(
+            "SELECT args->>'item' FROM awa_fast.jobs WHERE kind = 'stage_b' ORDER BY id"
+        )
         return [r[0] for r in await cur.fetchall()]
 
 
 async def settled(dsn, kind="stage_a") -> bool:
-    n = await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = %s AND state IN "
-                          "('available', 'running', 'scheduled')", (kind,))
+    n = await scalar(
+        dsn,
+        "SELECT count(*) FROM awa_fast.jobs WHERE kind = %s AND state IN "
+        "('available', 'running', 'scheduled')",
+        (kind,),
+    )
     return n == 0
 
 
@@ -54,6 +63,7 @@ def b_handler(client):
 
 
 # -- the pipeline of the ADR's Context section ----------------------------------------------------
+
 
 async def test_pipeline_one_b_per_distinct_value_and_none_for_failed_a(dsn, client):
     b_handler(client)
@@ -100,10 +110,18 @@ async def test_both_completion_paths_in_one_run(dsn, client):
 
 # -- the commit table -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode,state", [
-    ("retry_after", "retryable"), ("snooze", "scheduled"), ("cancel", "cancelled"),
-    ("error", "retryable"), ("terminal", "failed"), ("wait", "failed"),
-])
+
+@pytest.mark.parametrize(
+    "mode,state",
+    [
+        ("retry_after", "retryable"),
+        ("snooze", "scheduled"),
+        ("cancel", "cancelled"),
+        ("error", "retryable"),
+        ("terminal", "failed"),
+        ("wait", "failed"),
+    ],
+)
 async def test_discarded_on_every_other_outcome(dsn, client, mode, state, caplog):
     @client.task(StageA)
     async def stage_a(job):
@@ -128,8 +146,10 @@ async def test_discarded_on_every_other_outcome(dsn, client, mode, state, caplog
     assert await b_items(dsn) == []
     if mode == "wait":
         assert ex.metrics["staged_discarded_on_wait_for_callback"] == before + 1
-        assert any(f"job {job.id} (stage_a) returned WaitForCallback: discarding 1" in r.message
-                   for r in caplog.records)
+        assert any(
+            f"job {job.id} (stage_a) returned WaitForCallback: discarding 1" in r.message
+            for r in caplog.records
+        )
 
 
 async def test_stale_completion_discards_follow_ups(dsn, client):
@@ -145,8 +165,10 @@ async def test_stale_completion_discards_follow_ups(dsn, client):
     await client.start([("default", 1)], **FAST, maintenance=False)
     await started.wait()
     async with (await client.pool()).connection() as conn:
-        await conn.execute("UPDATE awa_fast.jobs SET heartbeat_at = now() - interval '1 hour' "
-                           "WHERE id = %s", (job.id,))
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s",
+            (job.id,),
+        )
     from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 
     await Maintenance(dsn, client.pool, MaintenanceConfig()).rescue()
@@ -231,8 +253,10 @@ async def test_staging_error_reasons_and_limits(dsn, client):
             raise
         return None
 
-    ids = {m: (await client.insert(StageA(m, m), max_attempts=3)).id
-           for m in ("too_many", "too_large", "invalid", "sixteen")}
+    ids = {
+        m: (await client.insert(StageA(m, m), max_attempts=3)).id
+        for m in ("too_many", "too_large", "invalid", "sixteen")
+    }
     await client.start([("default", 4)], **FAST)
     for m in ("too_many", "too_large", "invalid"):
         row = await wait_state(dsn, ids[m], "failed")
@@ -246,6 +270,7 @@ async def test_staging_error_reasons_and_limits(dsn, client):
 
 async def test_insert_error_other_than_duplicate_rolls_the_completion_back(dsn, client):
     async with exploding_inserts(dsn):
+
         @client.task(StageA)
         async def stage_a(job):
             job.enqueue_on_completion(StageB("fine"))
@@ -267,6 +292,7 @@ async def _no_in_flight(client):
 
 
 # -- dedup consequences ---------------------------------------------------------------------------
+
 
 async def test_follow_up_colliding_with_its_own_trigger_is_skipped(dsn, client):
     @client.task(StageA)
@@ -298,6 +324,7 @@ async def test_two_identical_stagings_collapse_to_one(dsn, client):
 
 # -- provenance, trace, EnqueueRequest -------------------------------------------------------------
 
+
 async def test_provenance_and_trace_context_reach_the_follow_up(dsn, client):
     trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -327,12 +354,15 @@ def test_enqueue_request_copies_are_non_destructive():
     meta = uniq.metadata({"a": 1})
     assert base.options == {"queue": "q", "priority": 3}
     assert uniq.options == {"queue": "q", "priority": 3, "unique_opts": {"by_queue": True}}
-    assert meta.options["metadata"] == {"a": 1} and meta.options["unique_opts"] == {"by_queue": True}
+    assert meta.options["metadata"] == {"a": 1} and meta.options["unique_opts"] == {
+        "by_queue": True
+    }
     with pytest.raises(awa.ValidationError):
         awa.EnqueueRequest(StageB("x"), colour="red")
 
 
 # -- finalize retry under injected faults -----------------------------------------------------------
+
 
 async def test_finalize_retry_after_a_terminated_backend_inserts_once(dsn, client):
     b_handler(client)
@@ -379,10 +409,14 @@ async def test_lost_commit_acknowledgement_replays_as_stale(dsn, client):
 
 # -- registered specs (ADR-029) ---------------------------------------------------------------------
 
+
 async def test_registered_specs_fire_in_the_outcome_transaction(dsn, client):
-    client.on_completed_enqueue(StageA, lambda a, job: StageB(f"done-{a.item}")
-                                if a.mode == "complete" else None)
-    client.on_retried_enqueue(StageA, lambda a, job, err, attempt, nxt: StageB(f"retried-{attempt}"))
+    client.on_completed_enqueue(
+        StageA, lambda a, job: StageB(f"done-{a.item}") if a.mode == "complete" else None
+    )
+    client.on_retried_enqueue(
+        StageA, lambda a, job, err, attempt, nxt: StageB(f"retried-{attempt}")
+    )
     client.on_exhausted_enqueue(StageA, lambda a, job, err, attempt: StageB(f"exhausted-{a.item}"))
     client.on_cancelled_enqueue(StageA, lambda a, job, reason: StageB(f"cancelled-{reason}"))
 
@@ -404,8 +438,9 @@ async def test_registered_specs_fire_in_the_outcome_transaction(dsn, client):
     await wait_for(lambda: _count_b(dsn, 6), what="six follow-ups")
     await wait_for(lambda: settled(dsn), what="As settled")
     # Completed specs come first, then staged requests in staging order.
-    assert sorted(await b_items(dsn)) == sorted([
-        "done-c", "staged-c", "staged-s", "retried-1", "exhausted-r", "cancelled-why"])
+    assert sorted(await b_items(dsn)) == sorted(
+        ["done-c", "staged-c", "staged-s", "retried-1", "exhausted-r", "cancelled-why"]
+    )
     ids = {item: i for i, item in enumerate(await b_items(dsn))}
     assert ids["done-c"] < ids["staged-c"]
     with pytest.raises(RuntimeError):
@@ -420,8 +455,11 @@ async def test_rescued_spec_runs_after_the_rescue(dsn, client):
     client.on_rescued_enqueue(StageA, lambda a, job, reason: StageB(f"rescued-{reason}"))
     job = await client.insert(StageA("a"), max_attempts=3)
     async with (await client.pool()).connection() as conn:
-        await conn.execute("UPDATE awa_fast.jobs SET state = 'running', attempt = 1, "
-                           "heartbeat_at = now() - interval '1 hour' WHERE id = %s", (job.id,))
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'running', attempt = 1, "
+            "heartbeat_at = now() - interval '1 hour' WHERE id = %s",
+            (job.id,),
+        )
     await client.start([("none", 1)], **{**FAST, "heartbeat_rescue_interval_ms": 50})
     await wait_for(lambda: _count_b(dsn, 1), what="rescued follow-up")
     assert await b_items(dsn) == ["rescued-stale_heartbeat"]
@@ -429,6 +467,7 @@ async def test_rescued_spec_runs_after_the_rescue(dsn, client):
 
 
 # -- test harness parity ---------------------------------------------------------------------------
+
 
 async def test_work_one_inserts_in_its_completion_and_discards_otherwise(dsn, client):
     harness = AwaTestClient(client)

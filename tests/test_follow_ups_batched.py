@@ -12,8 +12,13 @@ import pytest
 import awa_fast as awa
 from tests.support import exploding_inserts, job_row, scalar, wait_for, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, staged_completions="batched")
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    staged_completions="batched",
+)
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -31,14 +36,21 @@ class StageB:
 
 async def b_items(dsn) -> list[str]:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        cur = await conn.execute("SELECT args->>'item' FROM awa_fast.jobs WHERE kind = 'stage_b' "
-                                 "ORDER BY id")
+        cur = await conn.execute(
+            "SELECT args->>'item' FROM awa_fast.jobs WHERE kind = 'stage_b' ORDER BY id"
+        )
         return [r[0] for r in await cur.fetchall()]
 
 
 async def settled(dsn) -> bool:
-    return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE state IN "
-                             "('available', 'running', 'scheduled')") == 0
+    return (
+        await scalar(
+            dsn,
+            "SELECT count(*) FROM awa_fast.jobs WHERE state IN "
+            "('available', 'running', 'scheduled')",
+        )
+        == 0
+    )
 
 
 async def test_pipeline_batched_one_b_per_value_none_for_failed_a(dsn, client):
@@ -154,8 +166,10 @@ async def test_two_attempts_of_one_job_in_one_batch_only_the_current_inserts(dsn
     job = await client.insert(StageA("a"), max_attempts=5)
     # Heartbeats off (the loop is stopped): the first attempt is rescued while its handler
     # still runs, and this same runtime claims the job again.
-    await client.start([("default", 4)], **{**FAST, "heartbeat_staleness_ms": 300,
-                                            "heartbeat_rescue_interval_ms": 100})
+    await client.start(
+        [("default", 4)],
+        **{**FAST, "heartbeat_staleness_ms": 300, "heartbeat_rescue_interval_ms": 100},
+    )
     beat = next(t for t in client.runtime._tasks if t.get_name() == "awa-heartbeat")
     beat.cancel()
     row = await wait_state(dsn, job.id, "completed", timeout=20)

@@ -24,10 +24,18 @@ APP_NAME = "awa_fast_pipeline_app"
 
 async def _spawn(dsn, mode):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.pipeline_app", cwd=ROOT, stdout=subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "tests.pipeline_app",
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "AWA_FAST_APP_DSN": f"{dsn} application_name={APP_NAME}",
-             "STAGED_COMPLETIONS": mode})
+        env={
+            **os.environ,
+            "AWA_FAST_APP_DSN": f"{dsn} application_name={APP_NAME}",
+            "STAGED_COMPLETIONS": mode,
+        },
+    )
     assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"ready"
     return proc
 
@@ -52,8 +60,9 @@ async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn, mode)
                         # More running than one worker holds (16 slots): the first kill surely cuts
                         # attempts short. Terminated backends alone no longer force re-runs:
                         # the finalizer backs off and retries on a checked connection.
-                        await wait_for(lambda: _running_at_least(dsn, 17), timeout=30,
-                                       what="both workers busy")
+                        await wait_for(
+                            lambda: _running_at_least(dsn, 17), timeout=30, what="both workers busy"
+                        )
                     victim = procs.pop(rng.randrange(len(procs)))
                     victim.send_signal(signal.SIGKILL)
                     await victim.wait()
@@ -64,15 +73,23 @@ async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn, mode)
                     cur = await admin.execute(
                         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                         "WHERE application_name = %s AND state = ANY(%s) AND query ILIKE %s "
-                        "AND query NOT ILIKE 'LISTEN%%'", (APP_NAME, list(states), "%awa_fast.jobs%"))
+                        "AND query NOT ILIKE 'LISTEN%%'",
+                        (APP_NAME, list(states), "%awa_fast.jobs%"),
+                    )
                     hit = len(await cur.fetchall())
                     terminated += hit
                     if hit:
                         break
 
         async def settled():
-            return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE state NOT IN "
-                                     "('completed', 'failed', 'cancelled')") == 0
+            return (
+                await scalar(
+                    dsn,
+                    "SELECT count(*) FROM awa_fast.jobs WHERE state NOT IN "
+                    "('completed', 'failed', 'cancelled')",
+                )
+                == 0
+            )
 
         await wait_for(settled, timeout=120, what="every job settled")
     finally:
@@ -83,24 +100,42 @@ async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn, mode)
         await client.close()
 
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        a_states = dict(await (await conn.execute(
-            "SELECT state::text, count(*) FROM awa_fast.jobs WHERE kind = 'pipe_a' "
-            "GROUP BY 1")).fetchall())
-        orphans = await (await conn.execute(
-            "SELECT b.id FROM awa_fast.jobs b LEFT JOIN awa_fast.jobs a "
-            "ON a.id = (b.metadata->>'awa:triggered_by')::bigint "
-            "WHERE b.kind = 'pipe_b' AND (a.id IS NULL OR a.state <> 'completed')")).fetchall()
-        dup_keys = await (await conn.execute(
-            "SELECT unique_key FROM awa_fast.jobs WHERE kind = 'pipe_b' "
-            "GROUP BY unique_key HAVING count(*) > 1")).fetchall()
-        missing = await (await conn.execute(
-            "SELECT a.id FROM awa_fast.jobs a WHERE a.kind = 'pipe_a' AND a.state = 'completed' "
-            "AND NOT EXISTS (SELECT 1 FROM awa_fast.jobs b WHERE b.kind = 'pipe_b' "
-            "AND (b.args->>'value')::int = (a.args->>'n')::int % 37)")).fetchall()
-        b_count = await (await conn.execute(
-            "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'pipe_b'")).fetchone()
-        retried = await (await conn.execute(
-            "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'pipe_a' AND attempt > 1")).fetchone()
+        a_states = dict(
+            await (
+                await conn.execute(
+                    "SELECT state::text, count(*) FROM awa_fast.jobs WHERE kind = 'pipe_a' "
+                    "GROUP BY 1"
+                )
+            ).fetchall()
+        )
+        orphans = await (
+            await conn.execute(
+                "SELECT b.id FROM awa_fast.jobs b LEFT JOIN awa_fast.jobs a "
+                "ON a.id = (b.metadata->>'awa:triggered_by')::bigint "
+                "WHERE b.kind = 'pipe_b' AND (a.id IS NULL OR a.state <> 'completed')"
+            )
+        ).fetchall()
+        dup_keys = await (
+            await conn.execute(
+                "SELECT unique_key FROM awa_fast.jobs WHERE kind = 'pipe_b' "
+                "GROUP BY unique_key HAVING count(*) > 1"
+            )
+        ).fetchall()
+        missing = await (
+            await conn.execute(
+                "SELECT a.id FROM awa_fast.jobs a WHERE a.kind = 'pipe_a' AND a.state = 'completed' "
+                "AND NOT EXISTS (SELECT 1 FROM awa_fast.jobs b WHERE b.kind = 'pipe_b' "
+                "AND (b.args->>'value')::int = (a.args->>'n')::int % 37)"
+            )
+        ).fetchall()
+        b_count = await (
+            await conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE kind = 'pipe_b'")
+        ).fetchone()
+        retried = await (
+            await conn.execute(
+                "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'pipe_a' AND attempt > 1"
+            )
+        ).fetchone()
     # The faults really hit: backends were terminated and killed attempts ran again.
     assert terminated > 0 and retried[0] > 0, (terminated, retried)
     assert a_states == {"completed": 600}, a_states

@@ -177,12 +177,14 @@ async def test_class2_progress_and_metadata_are_validated_at_the_call(client):
     seen = {}
 
     async def work(job):
-        bad = {"nul-message": lambda: job.set_progress(50, "a\x00b"),
-               "surrogate-message": lambda: job.set_progress(50, "\ud800"),
-               "nul-metadata": lambda: job.update_metadata({"k": "v\x00"}),
-               "nul-key": lambda: job.update_metadata({"k\x00": 1}),
-               "object": lambda: job.update_metadata({"o": object()}),
-               "huge": lambda: job.update_metadata({"big": "x" * 100_000})}
+        bad = {
+            "nul-message": lambda: job.set_progress(50, "a\x00b"),
+            "surrogate-message": lambda: job.set_progress(50, "\ud800"),
+            "nul-metadata": lambda: job.update_metadata({"k": "v\x00"}),
+            "nul-key": lambda: job.update_metadata({"k\x00": 1}),
+            "object": lambda: job.update_metadata({"o": object()}),
+            "huge": lambda: job.update_metadata({"big": "x" * 100_000}),
+        }
         for name, call in bad.items():
             try:
                 call()
@@ -192,8 +194,14 @@ async def test_class2_progress_and_metadata_are_validated_at_the_call(client):
         await job.flush_progress()
 
     (row,) = await _run(client, work, "x")
-    assert set(seen) == {"nul-message", "surrogate-message", "nul-metadata", "nul-key",
-                         "object", "huge"}
+    assert set(seen) == {
+        "nul-message",
+        "surrogate-message",
+        "nul-metadata",
+        "nul-key",
+        "object",
+        "huge",
+    }
     assert seen["nul-message"][0] == "progress.message"
     assert seen["surrogate-message"] == ("progress.message", "JSON")
     assert seen["nul-metadata"][0] == seen["nul-key"][0] == "metadata"
@@ -213,6 +221,7 @@ async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn
                 WHEN (NEW.progress->>'message' = 'poison') EXECUTE FUNCTION public.refuse_poison();""")
     started, gate = [], asyncio.Event()
     try:
+
         async def work(job):
             job.set_progress(50, job.args.mode)
             started.append(job.id)
@@ -221,15 +230,20 @@ async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn
         client.task(Job)(work)
         jobs = [await client.insert(Job(m)) for m in ("fine", "poison", "also-fine")]
         # Heartbeats only when the test calls beat().
-        await client.start([("default", 8)], **{**FAST, "heartbeat_interval_ms": 3_600_000,
-                                                "heartbeat_staleness_ms": 7_200_000})
+        await client.start(
+            [("default", 8)],
+            **{**FAST, "heartbeat_interval_ms": 3_600_000, "heartbeat_staleness_ms": 7_200_000},
+        )
         await wait_for(lambda: _true(len(started) == 3), what="three handlers running")
         before = await scalar(dsn, "SELECT max(heartbeat_at) FROM awa_fast.jobs")
         hb = client.runtime.heartbeat
         await hb.beat()
         rows = [await job_row(dsn, j.id) for j in jobs]
-        assert [r["progress"] and r["progress"].get("message") for r in rows] == \
-            ["fine", None, "also-fine"]
+        assert [r["progress"] and r["progress"].get("message") for r in rows] == [
+            "fine",
+            None,
+            "also-fine",
+        ]
         assert all(r["heartbeat_at"] > before for r in rows)  # the bad row beat too
         assert hb.progress_dropped == 1
         await hb.beat()  # dropped: the next beat is a plain batch again
@@ -239,8 +253,9 @@ async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn
         assert {(await job_row(dsn, j.id))["state"] for j in jobs} == {"completed"}
     finally:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute("DROP TRIGGER refuse_poison ON awa_fast.jobs; "
-                               "DROP FUNCTION public.refuse_poison()")
+            await conn.execute(
+                "DROP TRIGGER refuse_poison ON awa_fast.jobs; DROP FUNCTION public.refuse_poison()"
+            )
 
 
 async def _true(value):
@@ -259,8 +274,9 @@ async def failing_completion(dsn):
                 EXECUTE FUNCTION public.fail_completion();""")
     yield
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("DROP TRIGGER fail_completion ON awa_fast.jobs; "
-                           "DROP FUNCTION public.fail_completion()")
+        await conn.execute(
+            "DROP TRIGGER fail_completion ON awa_fast.jobs; DROP FUNCTION public.fail_completion()"
+        )
 
 
 @pytest.mark.usefixtures("failing_completion")
@@ -285,8 +301,12 @@ async def test_class2_prompt_failure_on_the_final_attempt_fails_the_job(client):
     (row,) = await _run(client, work, "boom", max_attempts=1)
     assert row["state"] == "failed"
     assert "completion refused by trigger" in row["errors"][-1]["error"]
-    assert await scalar(client.database_url,
-                        "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'child'") == 0
+    assert (
+        await scalar(
+            client.database_url, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'child'"
+        )
+        == 0
+    )
 
 
 @dataclasses.dataclass
@@ -297,7 +317,8 @@ class Compensated:
 @pytest.mark.usefixtures("failing_completion")
 @pytest.mark.parametrize("settle_fails", [False, True])
 async def test_class2_prompt_failure_on_the_final_attempt_fires_exhausted_specs_once(
-        dsn, client, settle_fails):
+    dsn, client, settle_fails
+):
     # The completion statement fails (a trigger): the final attempt is failed by prompt
     # failure. Through the failure path (settle_fails=False), or -- when a second trigger also
     # fails the settlement -- through the rescue-shaped fallback that leaves the job
@@ -310,9 +331,16 @@ async def test_class2_prompt_failure_on_the_final_attempt_fires_exhausted_specs_
     async def compensations():
         return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'compensated'")
 
-    async with failing_rows(dsn, "NEW.state = 'failed' AND NEW.args->>'mode' = 'boom'",
-                            event="UPDATE", name="fail_settle") if settle_fails \
-            else contextlib.nullcontext():
+    async with (
+        failing_rows(
+            dsn,
+            "NEW.state = 'failed' AND NEW.args->>'mode' = 'boom'",
+            event="UPDATE",
+            name="fail_settle",
+        )
+        if settle_fails
+        else contextlib.nullcontext()
+    ):
         (row,) = await _run(client, work, "boom", max_attempts=1, consequence_backoff_ms=1)
         if settle_fails:
             assert row["state"] == "consequence_pending"  # the fallback: owed its settlement
@@ -325,8 +353,9 @@ async def test_class2_prompt_failure_on_the_final_attempt_fires_exhausted_specs_
     assert "completion refused by trigger" in " ".join(e["error"] for e in row["errors"])
     await client.runtime.reconcile()  # settled once: nothing more
     assert await compensations() == 1
-    assert await scalar(dsn, "SELECT args->>'job_id' FROM awa_fast.jobs "
-                             "WHERE kind = 'compensated'") == str(row["id"])
+    assert await scalar(
+        dsn, "SELECT args->>'job_id' FROM awa_fast.jobs WHERE kind = 'compensated'"
+    ) == str(row["id"])
 
 
 async def _settled(client, job_id: int) -> bool:
@@ -356,9 +385,13 @@ async def test_class2_finalize_backs_off_across_a_server_restart(own_server, mod
         await c._fetch("TRUNCATE awa_fast.jobs")
         first = await c.insert(Restart(0), max_attempts=1)
         # Nothing else touches the pool meanwhile: no polling claims, no heartbeats.
-        await c.start([("default", 4)], poll_interval_ms=3_600_000,
-                      heartbeat_interval_ms=3_600_000, heartbeat_staleness_ms=7_200_000,
-                      maintenance=False)
+        await c.start(
+            [("default", 4)],
+            poll_interval_ms=3_600_000,
+            heartbeat_interval_ms=3_600_000,
+            heartbeat_staleness_ms=7_200_000,
+            maintenance=False,
+        )
         await started.wait()
         pool = await c.pool()
         held = [pool.connection() for _ in range(8)]  # fill the pool: 8 idle connections
@@ -371,8 +404,12 @@ async def test_class2_finalize_backs_off_across_a_server_restart(own_server, mod
         row = await job_row(own_server.awa_dsn, first.id)
         assert row["state"] == "completed"
         assert c.runtime.finalizer.stats["retries"] >= 1
-        assert await scalar(own_server.awa_dsn, "SELECT count(*) FROM awa_fast.jobs "
-                                                "WHERE (args->>'n')::int = 1") == 1
+        assert (
+            await scalar(
+                own_server.awa_dsn, "SELECT count(*) FROM awa_fast.jobs WHERE (args->>'n')::int = 1"
+            )
+            == 1
+        )
     finally:
         await c.close()
 
@@ -421,16 +458,18 @@ async def test_class2_retries_exhausted_record_a_prompt_failure(dsn, client):
                 WHEN (NEW.state = 'completed' AND NEW.args->>'mode' = 'stuck')
                 EXECUTE FUNCTION public.always_deadlock();""")
     try:
+
         async def work(job):
             job.enqueue_on_completion(Job("child"))
 
         (row,) = await _run(client, work, "stuck")
         assert row["state"] == "retryable" and row["attempt"] == 1
-        assert "finalize failed: DeadlockDetected: simulated deadlock" in \
-            row["errors"][-1]["error"]
+        assert "finalize failed: DeadlockDetected: simulated deadlock" in row["errors"][-1]["error"]
         stats = client.runtime.finalizer.stats
         assert stats["retries"] >= 3 and stats["prompt_failures"] == 1
     finally:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute("DROP TRIGGER always_deadlock ON awa_fast.jobs; "
-                               "DROP FUNCTION public.always_deadlock()")
+            await conn.execute(
+                "DROP TRIGGER always_deadlock ON awa_fast.jobs; "
+                "DROP FUNCTION public.always_deadlock()"
+            )

@@ -40,13 +40,16 @@ class Job:
 # a retry or a completion left the row running until rescue.
 
 
-@pytest.mark.parametrize("mode, mask", [
-    ("cancel", CANCELLED_BIT),
-    ("fail", (1 << 5) | CANCELLED_BIT),
-    ("retry", (1 << 4) | CANCELLED_BIT),
-    ("snooze", (1 << 0) | CANCELLED_BIT),
-    ("complete", (1 << 3) | CANCELLED_BIT),
-])
+@pytest.mark.parametrize(
+    "mode, mask",
+    [
+        ("cancel", CANCELLED_BIT),
+        ("fail", (1 << 5) | CANCELLED_BIT),
+        ("retry", (1 << 4) | CANCELLED_BIT),
+        ("snooze", (1 << 0) | CANCELLED_BIT),
+        ("complete", (1 << 3) | CANCELLED_BIT),
+    ],
+)
 async def test_class2_outcome_into_a_key_a_cancelled_job_holds_settles(dsn, client, mode, mask):
     async def handler(job):
         if mode == "cancel":
@@ -59,17 +62,25 @@ async def test_class2_outcome_into_a_key_a_cancelled_job_holds_settles(dsn, clie
             return awa.Snooze(100)
 
     client.task(Job)(handler)
-    job = await client.insert(Job(mode), max_attempts=3,
-                              unique_opts={"by_args": False, "states": mask})
+    job = await client.insert(
+        Job(mode), max_attempts=3, unique_opts={"by_args": False, "states": mask}
+    )
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        holder = (await (await conn.execute(
-            "INSERT INTO awa_fast.jobs (kind, args, state, unique_key, unique_states, "
-            "finalized_at) SELECT 'job', '{}', 'cancelled', unique_key, unique_states, now() "
-            "FROM awa_fast.jobs WHERE id = %s RETURNING id", (job.id,))).fetchone())[0]
+        holder = (
+            await (
+                await conn.execute(
+                    "INSERT INTO awa_fast.jobs (kind, args, state, unique_key, unique_states, "
+                    "finalized_at) SELECT 'job', '{}', 'cancelled', unique_key, unique_states, now() "
+                    "FROM awa_fast.jobs WHERE id = %s RETURNING id",
+                    (job.id,),
+                )
+            ).fetchone()
+        )[0]
     await client.start([("default", 2)], **FAST)
     await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 15)
-    row = await wait_state(dsn, job.id, "cancelled", "retryable", "failed", "completed",
-                           "scheduled", timeout=5)
+    row = await wait_state(
+        dsn, job.id, "cancelled", "retryable", "failed", "completed", "scheduled", timeout=5
+    )
     assert row["state"] == "cancelled" and row["attempt"] == 1, row
     assert row["errors"][-1]["error"].startswith("cancelled as duplicate"), row["errors"]
     assert not row["unique_states"] & CANCELLED_BIT  # the duplicate does not hold the key
@@ -83,22 +94,27 @@ async def test_class2_outcome_into_a_key_a_cancelled_job_holds_settles(dsn, clie
 # true for a bool keyword, and a raw ValueError without the field.
 
 
-@pytest.mark.parametrize("options, field", [
-    ({"completed_retention_hours": float("nan")}, "completed_retention_hours"),
-    ({"failed_retention_hours": float("inf")}, "failed_retention_hours"),
-    ({"dlq_retention_days": -1}, "dlq_retention_days"),
-    ({"heartbeat_staleness_ms": float("nan")}, "heartbeat_staleness_ms"),
-    ({"heartbeat_interval_ms": 10**15, "heartbeat_staleness_ms": 10**16},
-     "heartbeat_staleness_ms"),
-    ({"promote_interval_ms": "100"}, "promote_interval_ms"),
-    ({"cleanup_batch_size": 0.5}, "cleanup_batch_size"),
-    ({"consequence_timeout_ms": float("nan")}, "consequence_timeout_ms"),
-    ({"consequence_backoff_ms": "5"}, "consequence_backoff_ms"),
-    ({"dlq_enabled_by_default": "no"}, "dlq_enabled_by_default"),
-    ({"maintenance": "no"}, "maintenance"),
-    ({"queue_subset": 1}, "queue_subset"),
-    ({"staged_completions": None}, "staged_completions"),
-])
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"completed_retention_hours": float("nan")}, "completed_retention_hours"),
+        ({"failed_retention_hours": float("inf")}, "failed_retention_hours"),
+        ({"dlq_retention_days": -1}, "dlq_retention_days"),
+        ({"heartbeat_staleness_ms": float("nan")}, "heartbeat_staleness_ms"),
+        (
+            {"heartbeat_interval_ms": 10**15, "heartbeat_staleness_ms": 10**16},
+            "heartbeat_staleness_ms",
+        ),
+        ({"promote_interval_ms": "100"}, "promote_interval_ms"),
+        ({"cleanup_batch_size": 0.5}, "cleanup_batch_size"),
+        ({"consequence_timeout_ms": float("nan")}, "consequence_timeout_ms"),
+        ({"consequence_backoff_ms": "5"}, "consequence_backoff_ms"),
+        ({"dlq_enabled_by_default": "no"}, "dlq_enabled_by_default"),
+        ({"maintenance": "no"}, "maintenance"),
+        ({"queue_subset": 1}, "queue_subset"),
+        ({"staged_completions": None}, "staged_completions"),
+    ],
+)
 async def test_class5_start_rejects_settings_no_pass_could_use(dsn, client, options, field):
     client.task(Job)(lambda job: None)
     with pytest.raises(ConfigError) as err:
@@ -194,16 +210,18 @@ async def test_class2_follow_up_spec_raising_system_exit_fails_the_finalize(dsn,
 # nothing was promoted or rescued cluster-wide, not even the stopped process's own attempts,
 # until it was continued. Its zombie attempt, once continued, must not finalize or stage.
 
-ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(
-    __file__)))
+ROOT = __import__("os").path.dirname(
+    __import__("os").path.dirname(__import__("os").path.abspath(__file__))
+)
 
 
 async def _line(proc) -> list[str]:
     return (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()
 
 
-async def test_class3_a_sigstopped_leader_is_displaced_and_its_zombie_attempt_is_fenced(dsn,
-                                                                                         client):
+async def test_class3_a_sigstopped_leader_is_displaced_and_its_zombie_attempt_is_fenced(
+    dsn, client
+):
     import os
     import signal
     import subprocess
@@ -212,8 +230,13 @@ async def test_class3_a_sigstopped_leader_is_displaced_and_its_zombie_attempt_is
     from tests.stop_app import STALE_MS
 
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.stop_app", cwd=ROOT, stdout=subprocess.PIPE,
-        env={**os.environ, "AWA_FAST_APP_DSN": dsn})
+        sys.executable,
+        "-m",
+        "tests.stop_app",
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "AWA_FAST_APP_DSN": dsn},
+    )
     try:
         assert await _line(proc) == ["ready", "True"]  # it is the leader
         job = await client.insert({"hold": 1.5}, kind="zombie", queue="stop_q", max_attempts=3)
@@ -221,15 +244,22 @@ async def test_class3_a_sigstopped_leader_is_displaced_and_its_zombie_attempt_is
         proc.send_signal(signal.SIGSTOP)
         runs = []
 
-        @client.task(dict, kind="zombie", queue="stop_q",
-                     failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+        @client.task(
+            dict, kind="zombie", queue="stop_q", failure_consequence=awa.NO_FAILURE_CONSEQUENCE
+        )
         async def zombie(j):
             runs.append(j.run_lease)
             j.enqueue_on_completion({"from_lease": j.run_lease}, kind="child", queue="child_q")
 
-        await client.start([("stop_q", 2)], poll_interval_ms=50, heartbeat_interval_ms=100,
-                           heartbeat_staleness_ms=STALE_MS, leader_election_interval_ms=100,
-                           heartbeat_rescue_interval_ms=100, promote_interval_ms=50)
+        await client.start(
+            [("stop_q", 2)],
+            poll_interval_ms=50,
+            heartbeat_interval_ms=100,
+            heartbeat_staleness_ms=STALE_MS,
+            leader_election_interval_ms=100,
+            heartbeat_rescue_interval_ms=100,
+            promote_interval_ms=50,
+        )
         row = await wait_state(dsn, job.id, "completed", timeout=20)
         assert client.runtime.maintenance.is_leader
         assert runs == [row["run_lease"]] and row["run_lease"] >= 2
@@ -267,11 +297,22 @@ async def test_class4_handlers_holding_every_pool_connection_do_not_go_stale(dsn
     leader.failure_consequence(Job, awa.NO_FAILURE_CONSEQUENCE)  # a maintenance-only process
     try:
         jobs = await worker.insert_many([Job(str(i)) for i in range(3)])
-        await worker.start([("default", 3)], poll_interval_ms=50, heartbeat_interval_ms=100,
-                           heartbeat_staleness_ms=1000, maintenance=False)
-        await leader.start([("idle_q", 1)], poll_interval_ms=50, heartbeat_interval_ms=100,
-                           heartbeat_staleness_ms=1000, heartbeat_rescue_interval_ms=100,
-                           leader_election_interval_ms=100, promote_interval_ms=50)
+        await worker.start(
+            [("default", 3)],
+            poll_interval_ms=50,
+            heartbeat_interval_ms=100,
+            heartbeat_staleness_ms=1000,
+            maintenance=False,
+        )
+        await leader.start(
+            [("idle_q", 1)],
+            poll_interval_ms=50,
+            heartbeat_interval_ms=100,
+            heartbeat_staleness_ms=1000,
+            heartbeat_rescue_interval_ms=100,
+            leader_election_interval_ms=100,
+            promote_interval_ms=50,
+        )
         for job in jobs:
             row = await wait_state(dsn, job.id, "completed", timeout=20)
             assert row["errors"] == [] and row["run_lease"] == 1, row
@@ -298,17 +339,24 @@ async def test_class3_listen_reconnects_back_off(dsn, client, caplog):
     caplog.set_level(logging.WARNING, logger="awa_fast.runtime")
 
     def delays():
-        return [float(m.group(1)) for r in caplog.records
-                if (m := re.search(r"LISTEN connection lost .*reconnecting in ([0-9.]+) s",
-                                   r.getMessage(), re.S))]
+        return [
+            float(m.group(1))
+            for r in caplog.records
+            if (
+                m := re.search(
+                    r"LISTEN connection lost .*reconnecting in ([0-9.]+) s", r.getMessage(), re.S
+                )
+            )
+        ]
 
     admin = psycopg.conninfo.make_conninfo(dsn, dbname="postgres")
     async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:
         await conn.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS false')
         try:
             await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            await wait_for(lambda: _true(len(delays()) >= 4), timeout=10,
-                           what="four failed LISTEN reconnects")
+            await wait_for(
+                lambda: _true(len(delays()) >= 4), timeout=10, what="four failed LISTEN reconnects"
+            )
         finally:
             await conn.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS true')
     assert delays()[:4] == [0.05, 0.1, 0.2, 0.4]  # poll_interval_ms=50, doubling
@@ -325,8 +373,7 @@ async def _true(value):
 # heartbeat_callback, and changes nothing.
 
 
-async def test_class2_callback_timeout_past_the_interval_range_is_a_validation_error(dsn,
-                                                                                     client):
+async def test_class2_callback_timeout_past_the_interval_range_is_a_validation_error(dsn, client):
     errors = []
 
     @client.task(Job, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
@@ -356,14 +403,20 @@ async def test_class2_callback_timeout_past_the_interval_range_is_a_validation_e
 # negative, fractional or string one was accepted too. start() rejects them naming the field.
 
 
-@pytest.mark.parametrize("key, value", [
-    ("deadline_duration_ms", 10**16), ("deadline_duration_ms", -1),
-    ("deadline_duration_ms", 1.5), ("deadline_duration_ms", "300"),
-    ("deadline_duration_ms", float("nan")),
-    ("priority_aging_interval_ms", 10**16),  # every aging pass overflowed
-])
-async def test_class1_a_deadline_no_claim_could_compute_is_rejected_at_start(dsn, client, key,
-                                                                              value):
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("deadline_duration_ms", 10**16),
+        ("deadline_duration_ms", -1),
+        ("deadline_duration_ms", 1.5),
+        ("deadline_duration_ms", "300"),
+        ("deadline_duration_ms", float("nan")),
+        ("priority_aging_interval_ms", 10**16),  # every aging pass overflowed
+    ],
+)
+async def test_class1_a_deadline_no_claim_could_compute_is_rejected_at_start(
+    dsn, client, key, value
+):
     client.task(Job)(lambda job: None)
     with pytest.raises(awa.ValidationError) as err:
         await client.start([{"name": "default", "max_workers": 2, key: value}], **FAST)
@@ -393,14 +446,22 @@ async def _frozen_leader(dsn, client, *, pass_after_stale: bool):
             lock_pid = lock.info.backend_pid
 
             async def holder_stale():
-                return await scalar(dsn, "SELECT state_change < now() - %s * interval '1 millisecond' "
-                                         "FROM pg_stat_activity WHERE pid = %s", (STALE_MS, lock_pid))
+                return await scalar(
+                    dsn,
+                    "SELECT state_change < now() - %s * interval '1 millisecond' "
+                    "FROM pg_stat_activity WHERE pid = %s",
+                    (STALE_MS, lock_pid),
+                )
 
             await wait_for(holder_stale, what="the lock connection idle past the staleness")
-        await frozen_pass.execute("SELECT epoch FROM awa_fast.leader WHERE epoch = %s FOR SHARE",
-                                  (epoch,))
-        m = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=STALE_MS,
-                                                            leader_election_interval_ms=100))
+        await frozen_pass.execute(
+            "SELECT epoch FROM awa_fast.leader WHERE epoch = %s FOR SHARE", (epoch,)
+        )
+        m = Maintenance(
+            dsn,
+            client.pool,
+            MaintenanceConfig(heartbeat_staleness_ms=STALE_MS, leader_election_interval_ms=100),
+        )
         try:
             yield lock, frozen_pass, epoch, m
         finally:
@@ -475,5 +536,10 @@ async def test_class1_inline_park_into_a_held_key_cancels_as_a_duplicate(dsn, cl
     loser = next(i for i, r in rows.items() if r["state"] == "cancelled")
     assert rows[loser]["attempt"] == 1
     assert rows[loser]["errors"][-1]["error"].startswith("cancelled as duplicate")
-    assert raised == [(loser, f"job {loser} could not park: another job holds its unique key "
-                              "in waiting_external; cancelled as a duplicate")]
+    assert raised == [
+        (
+            loser,
+            f"job {loser} could not park: another job holds its unique key "
+            "in waiting_external; cancelled as a duplicate",
+        )
+    ]

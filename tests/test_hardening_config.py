@@ -44,9 +44,12 @@ class Theirs:
 
 async def _states(dsn, kind: str) -> dict:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        cur = await conn.execute("SELECT state::text, count(*), max(attempt), "
-                                 "max(jsonb_array_length(errors)) FROM awa_fast.jobs "
-                                 "WHERE kind = %s GROUP BY 1", (kind,))
+        cur = await conn.execute(
+            "SELECT state::text, count(*), max(attempt), "
+            "max(jsonb_array_length(errors)) FROM awa_fast.jobs "
+            "WHERE kind = %s GROUP BY 1",
+            (kind,),
+        )
         return {s: (n, a, e) for s, n, a, e in await cur.fetchall()}
 
 
@@ -74,8 +77,9 @@ async def test_class5_unknown_kind_is_left_for_a_worker_that_has_it(dsn, client,
     assert await _states(dsn, "theirs") == {"available": (200, 0, 0)}
     stats = {s.queue: s for s in await client.queue_stats()}
     assert stats["shared"].unhandled == 200
-    assert await client.unhandled_kinds() == [{"queue": "shared", "kind": "theirs",
-                                               "available": 200}]
+    assert await client.unhandled_kinds() == [
+        {"queue": "shared", "kind": "theirs", "available": 200}
+    ]
 
     other = awa.AsyncClient(dsn)  # the application that has the handler starts
     ran = []
@@ -102,20 +106,28 @@ async def _true(value):
 # configuration that cannot work is rejected at start(), naming the field
 
 
-@pytest.mark.parametrize("setup, queues, options, field", [
-    ("mine", None, {"heartbeat_interval_ms": 60_000}, "heartbeat_interval_ms"),
-    ("mine", None, {"heartbeat_interval_ms": 1_000, "heartbeat_staleness_ms": 1_500},
-     "heartbeat_interval_ms"),
-    ("mine", [("", 1)], {}, "queues"),
-    ("mine", [("q\x00", 1)], {}, "queues"),
-    ("mine", [("x" * 201, 1)], {}, "queues"),
-    ("mine", [("q", 1), ("q", 2)], {}, "queues"),
-    ("long_kind", None, {}, "kind"),
-    ("nothing", [("default", 1)], {}, "handlers"),
-    ("emails", [("default", 1)], {}, "queues"),
-])
-async def test_class5_start_rejects_config_that_cannot_work(dsn, client, setup, queues,
-                                                            options, field):
+@pytest.mark.parametrize(
+    "setup, queues, options, field",
+    [
+        ("mine", None, {"heartbeat_interval_ms": 60_000}, "heartbeat_interval_ms"),
+        (
+            "mine",
+            None,
+            {"heartbeat_interval_ms": 1_000, "heartbeat_staleness_ms": 1_500},
+            "heartbeat_interval_ms",
+        ),
+        ("mine", [("", 1)], {}, "queues"),
+        ("mine", [("q\x00", 1)], {}, "queues"),
+        ("mine", [("x" * 201, 1)], {}, "queues"),
+        ("mine", [("q", 1), ("q", 2)], {}, "queues"),
+        ("long_kind", None, {}, "kind"),
+        ("nothing", [("default", 1)], {}, "handlers"),
+        ("emails", [("default", 1)], {}, "queues"),
+    ],
+)
+async def test_class5_start_rejects_config_that_cannot_work(
+    dsn, client, setup, queues, options, field
+):
     if setup == "mine":
         client.task(Mine)(lambda job: None)
     elif setup == "long_kind":
@@ -136,14 +148,21 @@ async def test_class5_callback_rescue_interval_is_honoured(dsn, client):
         return awa.WaitForCallback(token)
 
     job = await client.insert(Mine(1), max_attempts=3)
-    await client.start(None, poll_interval_ms=50, heartbeat_interval_ms=100,
-                       leader_election_interval_ms=50, promote_interval_ms=3_600_000,
-                       heartbeat_rescue_interval_ms=3_600_000,
-                       deadline_rescue_interval_ms=3_600_000, callback_rescue_interval_ms=50)
+    await client.start(
+        None,
+        poll_interval_ms=50,
+        heartbeat_interval_ms=100,
+        leader_election_interval_ms=50,
+        promote_interval_ms=3_600_000,
+        heartbeat_rescue_interval_ms=3_600_000,
+        deadline_rescue_interval_ms=3_600_000,
+        callback_rescue_interval_ms=50,
+    )
 
     async def rescued():
         row = await job_row(dsn, job.id)
         return row if row["state"] == "retryable" else None
+
     row = await wait_for(rescued, what="the expired callback rescued on its own interval")
     assert row["errors"][-1]["error"] == "callback timed out"
     loops = client.runtime.maintenance.loop_health()
@@ -167,9 +186,23 @@ async def test_class5_unmigrated_database_fails_fast(fresh_db):
 
 def _launch(*args: str, app_dsn: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "AWA_FAST_LAUNCHER_DSN": app_dsn}
-    return subprocess.run([sys.executable, "-m", "awa_fast", "worker", "tests.launcher_app:client",
-                           "--processes", "1", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "awa_fast",
+            "worker",
+            "tests.launcher_app:client",
+            "--processes",
+            "1",
+            *args,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_class5_launcher_on_an_unmigrated_database_gives_up_at_once(dsn, fresh_db):
@@ -204,16 +237,27 @@ async def test_class5_failed_attempt_logs_one_line(dsn, client, caplog):
 
     job = await client.insert(Mine(424242), max_attempts=2)
     caplog.set_level(logging.WARNING, logger="awa_fast.runtime")
-    await client.start([("default", 1)], **{**FAST, "maintenance": True,
-                                            "promote_interval_ms": 50,
-                                            "leader_election_interval_ms": 50})
+    await client.start(
+        [("default", 1)],
+        **{
+            **FAST,
+            "maintenance": True,
+            "promote_interval_ms": 50,
+            "leader_election_interval_ms": 50,
+        },
+    )
     await wait_for(lambda: _failed(dsn, job.id), what="both attempts")
-    lines = [r.getMessage() for r in caplog.records
-             if r.name == "awa_fast.runtime" and f"job {job.id} " in r.getMessage()]
-    assert lines[0].startswith(f"job {job.id} (mine) attempt 1/2 failed: ValueError: boom on "
-                               "attempt 1; retry in"), lines
-    assert lines[1] == (f"job {job.id} (mine) attempt 2/2 failed: ValueError: boom on attempt 2; "
-                        "failed (exhausted)"), lines
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "awa_fast.runtime" and f"job {job.id} " in r.getMessage()
+    ]
+    assert lines[0].startswith(
+        f"job {job.id} (mine) attempt 1/2 failed: ValueError: boom on attempt 1; retry in"
+    ), lines
+    assert lines[1] == (
+        f"job {job.id} (mine) attempt 2/2 failed: ValueError: boom on attempt 2; failed (exhausted)"
+    ), lines
     assert len(lines) == 2 and not any("424242" in line for line in lines)
 
 
@@ -228,9 +272,15 @@ def test_class5_check_command_reports_what_start_would_reject(dsn, tmp_path):
         f"client = awa.AsyncClient({dsn!r})\n"
         "START_OPTIONS = {'heartbeat_interval_ms': 60_000}\n"
         "@client.task(dict, kind='alpha', failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
-        "async def a(job): pass\n")
-    run = lambda: subprocess.run([sys.executable, "-m", "awa_fast", "check", "cfg_app:client"],
-                                 cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        "async def a(job): pass\n"
+    )
+    run = lambda: subprocess.run(
+        [sys.executable, "-m", "awa_fast", "check", "cfg_app:client"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     res = run()
     assert res.returncode == 1, res.stdout + res.stderr
     assert "start() would reject this configuration: heartbeat_interval_ms:" in res.stdout

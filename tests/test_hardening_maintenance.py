@@ -41,8 +41,9 @@ class Compensate:
 
 async def follow_ups(dsn) -> list[dict]:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        cur = await conn.execute("SELECT args FROM awa_fast.jobs WHERE kind = 'compensate' "
-                                 "ORDER BY id")
+        cur = await conn.execute(
+            "SELECT args FROM awa_fast.jobs WHERE kind = 'compensate' ORDER BY id"
+        )
         return [r[0] for r in await cur.fetchall()]
 
 
@@ -50,15 +51,19 @@ def leader_of(client) -> Maintenance:
     """A maintenance instance of ``client``'s runtime, with the runtime's settle rules, that the
     test drives pass by pass."""
     rt = client.runtime
-    return Maintenance(client.database_url, client.pool,
-                       MaintenanceConfig(heartbeat_staleness_ms=300),
-                       consequence_kinds=rt._settled_by_reconciler,
-                       known_kinds=client.consequences.known_kinds)
+    return Maintenance(
+        client.database_url,
+        client.pool,
+        MaintenanceConfig(heartbeat_staleness_ms=300),
+        consequence_kinds=rt._settled_by_reconciler,
+        known_kinds=client.consequences.known_kinds,
+    )
 
 
 async def rescued(m: Maintenance, job_id: int):
     async def once():
         return any(r[0] == job_id for r in await m.rescue())
+
     await wait_for(once, what=f"the rescue of job {job_id}")
 
 
@@ -69,8 +74,13 @@ async def rescued(m: Maintenance, job_id: int):
 async def test_class3_exhausted_spec_fires_on_rescue_after_sigkill(dsn, client):
     job = await client.insert({"n": 1}, kind="hang", queue="kill_q", max_attempts=1)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.worker_app", cwd=ROOT, stdout=subprocess.PIPE,
-        env={**os.environ, "AWA_FAST_APP_DSN": dsn})
+        sys.executable,
+        "-m",
+        "tests.worker_app",
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "AWA_FAST_APP_DSN": dsn},
+    )
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
         assert line.split() == [b"started", str(job.id).encode()]
@@ -85,18 +95,23 @@ async def test_class3_exhausted_spec_fires_on_rescue_after_sigkill(dsn, client):
     async def hang(job):
         return None
 
-    client.on_exhausted_enqueue(dict, lambda args, j, error, attempt: Compensate(j.id, error),
-                                kind="hang")
+    client.on_exhausted_enqueue(
+        dict, lambda args, j, error, attempt: Compensate(j.id, error), kind="hang"
+    )
     await client.start(IDLE, **QUIET)
     m = leader_of(client)
     await rescued(m, job.id)
     assert (await job_row(dsn, job.id))["state"] == "consequence_pending"  # owed its settlement
     await client.runtime.reconcile()
     row = await job_row(dsn, job.id)
-    assert (row["state"], row["consequence_state"], row["consequence_reason"]) == \
-        ("failed", "none", "rescue_exhausted")
-    assert await follow_ups(dsn) == [{"job_id": job.id,
-                                      "reason": "heartbeat stale: worker presumed dead"}]
+    assert (row["state"], row["consequence_state"], row["consequence_reason"]) == (
+        "failed",
+        "none",
+        "rescue_exhausted",
+    )
+    assert await follow_ups(dsn) == [
+        {"job_id": job.id, "reason": "heartbeat stale: worker presumed dead"}
+    ]
     await client.runtime.reconcile()  # settled once: nothing more
     assert len(await follow_ups(dsn)) == 1
 
@@ -109,8 +124,9 @@ async def test_class3_exhausted_spec_fires_on_deadline_expiry(dsn, client):
         started.set()
         await asyncio.Event().wait()  # never returns: the deadline abandons it
 
-    client.on_exhausted_enqueue(dict, lambda args, j, error, attempt: Compensate(j.id, error),
-                                kind="slow")
+    client.on_exhausted_enqueue(
+        dict, lambda args, j, error, attempt: Compensate(j.id, error), kind="slow"
+    )
     job = await client.insert({"n": 1}, kind="slow", queue="dl", max_attempts=1)
     await client.start([{"name": "dl", "max_workers": 1, "deadline_duration_ms": 200}], **QUIET)
     await asyncio.wait_for(started.wait(), 15)
@@ -134,8 +150,9 @@ async def completed_but_not_done(dsn, client) -> tuple:
         verdicts.append(job.id)
         return False
 
-    @client.task(dict, kind="ship", failure_consequence=awa.NO_FAILURE_CONSEQUENCE,
-                 verify_success=not_done)
+    @client.task(
+        dict, kind="ship", failure_consequence=awa.NO_FAILURE_CONSEQUENCE, verify_success=not_done
+    )
     async def ship(job):
         return None
 
@@ -148,8 +165,9 @@ async def completed_but_not_done(dsn, client) -> tuple:
 async def test_class3_verdict_and_correction_commit_together(dsn, client):
     job, verdicts = await completed_but_not_done(dsn, client)
     # A fault between the verdict and the correction: the correction statement fails.
-    async with failing_rows(dsn, "OLD.state = 'completed' AND NEW.state = 'failed'",
-                            event="UPDATE"):
+    async with failing_rows(
+        dsn, "OLD.state = 'completed' AND NEW.state = 'failed'", event="UPDATE"
+    ):
         result = await client.runtime.reconcile()
     assert result["corrected"] == []
     row = await job_row(dsn, job.id)
@@ -181,8 +199,12 @@ async def test_class3_a_loop_survives_any_exception_and_reports_it(dsn, client):
             await conn.execute("SELECT 1")
         recovered.set()
 
-    m = Maintenance(dsn, client.pool, MaintenanceConfig(leader_election_interval_ms=60_000),
-                    extra_tasks=[(0.01, flaky)])
+    m = Maintenance(
+        dsn,
+        client.pool,
+        MaintenanceConfig(leader_election_interval_ms=60_000),
+        extra_tasks=[(0.01, flaky)],
+    )
     try:
         await m._elect()
         assert m.is_leader
@@ -199,14 +221,21 @@ async def test_class3_health_check_reports_a_dead_loop_until_it_recovers(dsn, cl
     async def noop(job):
         return None
 
-    await client.start(IDLE, poll_interval_ms=50, heartbeat_interval_ms=100,
-                       leader_election_interval_ms=50, cron_interval_ms=20)
+    await client.start(
+        IDLE,
+        poll_interval_ms=50,
+        heartbeat_interval_ms=100,
+        leader_election_interval_ms=50,
+        cron_interval_ms=20,
+    )
     m = client.runtime.maintenance
-    await wait_for(lambda: _true(m.is_leader and "evaluate_cron" in m.loop_health()),
-                   what="leadership")
+    await wait_for(
+        lambda: _true(m.is_leader and "evaluate_cron" in m.loop_health()), what="leadership"
+    )
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("ALTER TABLE awa_fast.cron_jobs RENAME TO cron_jobs_away")
         try:
+
             async def dead():
                 health = await client.health_check()
                 loop = health.maintenance_loops["evaluate_cron"]
@@ -221,6 +250,7 @@ async def test_class3_health_check_reports_a_dead_loop_until_it_recovers(dsn, cl
     async def alive_again():
         health = await client.health_check()
         return health.healthy and health.maintenance_loops["evaluate_cron"].alive
+
     await wait_for(alive_again, timeout=40, what="the cron loop back (it backs off)")
     assert client.runtime.maintenance.is_leader  # it kept the lock and its loops throughout
 
@@ -235,11 +265,13 @@ async def _true(value):
 
 async def due_job(dsn, client):
     """A scheduled job whose time has come (promote's work)."""
-    job = await client.insert({"n": 2}, kind="ship", queue="elsewhere",
-                              run_at="2100-01-01T00:00:00+00:00")
+    job = await client.insert(
+        {"n": 2}, kind="ship", queue="elsewhere", run_at="2100-01-01T00:00:00+00:00"
+    )
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' "
-                           "WHERE id = %s", (job.id,))
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' WHERE id = %s", (job.id,)
+        )
     return job
 
 
@@ -300,9 +332,13 @@ async def test_class3_taking_leadership_waits_for_the_old_leaders_open_pass(dsn,
             electing = asyncio.create_task(new.acquire())
 
             async def bump_waits():  # ... so the new leader's epoch bump waits for it
-                return await scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE "
-                                         "wait_event_type = 'Lock' AND query LIKE %s",
-                                    ("%leader SET epoch%",))
+                return await scalar(
+                    dsn,
+                    "SELECT count(*) FROM pg_stat_activity WHERE "
+                    "wait_event_type = 'Lock' AND query LIKE %s",
+                    ("%leader SET epoch%",),
+                )
+
             await wait_for(bump_waits, what="the epoch bump waiting on the open pass")
             assert not electing.done()
             await conn.execute("UPDATE awa_fast.jobs SET priority = 1 WHERE id = %s", (job.id,))
@@ -311,8 +347,7 @@ async def test_class3_taking_leadership_waits_for_the_old_leaders_open_pass(dsn,
         assert (await job_row(dsn, job.id))["priority"] == 1
         with pytest.raises(Deposed):
             async with old.fenced() as conn:
-                await conn.execute("UPDATE awa_fast.jobs SET priority = 4 WHERE id = %s",
-                                   (job.id,))
+                await conn.execute("UPDATE awa_fast.jobs SET priority = 4 WHERE id = %s", (job.id,))
         assert (await job_row(dsn, job.id))["priority"] == 1
     finally:
         await old._step_down()

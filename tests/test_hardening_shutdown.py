@@ -117,7 +117,11 @@ async def test_class4_cancel_then_retry_never_overlaps(dsn, client):
 
 async def test_class4_retry_after_the_cancelled_workers_death(dsn):
     # A cancelled attempt whose worker was SIGKILLed is over once its mark is stale.
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import asyncio, sys
         import awa_fast as awa
         from tests.test_hardening_shutdown import Job
@@ -131,7 +135,12 @@ async def test_class4_retry_after_the_cancelled_workers_death(dsn):
                           maintenance=False)
             await asyncio.sleep(3600)
         asyncio.run(main())
-        """)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.getcwd(),
+    )
     admin = awa.AsyncClient(dsn)
     try:
         job = await admin.insert(Job())
@@ -141,10 +150,12 @@ async def test_class4_retry_after_the_cancelled_workers_death(dsn):
             await admin.retry(job.id)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
         # An admin runtime with a short staleness judges the dead worker's mark.
         @admin.task(Job, queue="elsewhere")
         async def unused(job):
             pass
+
         await admin.start([("elsewhere", 1)], heartbeat_staleness_ms=1000, **FAST)
 
         async def retried():
@@ -171,15 +182,19 @@ async def test_class4_shutdown_hands_over_a_claim_in_flight(dsn, client):
 
     await client.start([("default", 8)], **FAST)
     first = client.runtime.dispatchers["default"].claims
-    await wait_for(lambda: _true(client.runtime.dispatchers["default"].claims > first),
-                   what="an idle claim")
+    await wait_for(
+        lambda: _true(client.runtime.dispatchers["default"].claims > first), what="an idle claim"
+    )
     async with await psycopg.AsyncConnection.connect(dsn) as locker:
         await locker.execute("LOCK TABLE awa_fast.queue_meta IN ACCESS EXCLUSIVE MODE")
         ids = [(await client.insert(Job())).id for _ in range(6)]
 
         async def blocked():
-            return await scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE "
-                                     "wait_event_type = 'Lock' AND query LIKE '%%queue_meta%%'")
+            return await scalar(
+                dsn,
+                "SELECT count(*) FROM pg_stat_activity WHERE "
+                "wait_event_type = 'Lock' AND query LIKE '%%queue_meta%%'",
+            )
 
         await wait_for(blocked, what="the claim to block")
         stopping = asyncio.create_task(client.shutdown(timeout_ms=5000))
@@ -199,9 +214,23 @@ def test_class4_ctrl_c_during_the_demo_leaves_nothing_running(dsn):
     import json
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "awa_fast", "--database-url", dsn, "demo", "--limit", "1500",
-         "--processes", "2", "--json"], stderr=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "awa_fast",
+            "--database-url",
+            dsn,
+            "demo",
+            "--limit",
+            "1500",
+            "--processes",
+            "2",
+            "--json",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     seen = []
     for line in proc.stderr:
         seen.append(line)
@@ -229,7 +258,7 @@ async def test_class4_a_cancel_racing_the_dispatchers_wake_is_not_lost(client):
     rt = client.runtime
     for d in rt.dispatchers.values():
         task = next(t for t in rt._tasks if t.get_name() == f"awa-dispatch-{d.queue}")
-        await wait_for(lambda: _true(d.claims >= 1), what="the first claim")
+        await wait_for(lambda: _true(d.claims >= 1), what="the first claim")  # noqa: B023 - awaited in this iteration
         d.notify()  # the wake completes in the same loop iteration as the cancel
         task.cancel()
         done, _ = await asyncio.wait([task], timeout=10)
@@ -240,7 +269,8 @@ def test_class4_main_raising_without_shutdown_exits(dsn, tmp_path):
     # An application whose main raises (no shutdown()) must exit: asyncio.run cancels every
     # task once, and none may swallow that cancel.
     app = tmp_path / "app.py"
-    app.write_text(textwrap.dedent(f"""
+    app.write_text(
+        textwrap.dedent(f"""
         import asyncio, dataclasses
         import awa_fast as awa
 
@@ -265,16 +295,21 @@ def test_class4_main_raising_without_shutdown_exits(dsn, tmp_path):
             raise RuntimeError("application bug")
 
         asyncio.run(main())
-        """))
+        """)
+    )
     for _ in range(3):
-        r = subprocess.run([sys.executable, str(app)], capture_output=True, text=True,
-                           timeout=60, cwd=os.getcwd())
+        r = subprocess.run(
+            [sys.executable, str(app)], capture_output=True, text=True, timeout=60, cwd=os.getcwd()
+        )
         assert r.returncode == 1 and "application bug" in r.stderr
         with psycopg.connect(dsn, autocommit=True) as conn:
             # An abnormal exit, like a crash: attempts cut short may stay 'running' for rescue,
             # but nothing is lost or failed.
-            states = dict(conn.execute("SELECT state::text, count(*) FROM awa_fast.jobs "
-                                       "GROUP BY 1").fetchall())
+            states = dict(
+                conn.execute(
+                    "SELECT state::text, count(*) FROM awa_fast.jobs GROUP BY 1"
+                ).fetchall()
+            )
             assert set(states) <= {"completed", "available", "running"}
             assert sum(states.values()) == 1000  # nothing lost
             conn.execute("TRUNCATE awa_fast.jobs")
@@ -295,17 +330,20 @@ async def test_class4_superseded_attempt_stays_supervised(dsn, client):
             raise
 
     job = await client.insert(Job())
-    await client.start([{"name": "default", "max_workers": 4, "deadline_duration_ms": 3000}],
-                       **FAST)
+    await client.start(
+        [{"name": "default", "max_workers": 4, "deadline_duration_ms": 3000}], **FAST
+    )
     await wait_for(lambda: _true(len(started) == 1), what="attempt 1")
-    await scalar(dsn, "UPDATE awa_fast.jobs SET state = 'available' WHERE id = %s RETURNING id",
-                 (job.id,))
+    await scalar(
+        dsn, "UPDATE awa_fast.jobs SET state = 'available' WHERE id = %s RETURNING id", (job.id,)
+    )
     await wait_for(lambda: _true(len(started) == 2), what="attempt 2")
     in_flight = client.runtime.in_flight
     assert set(in_flight) == {(job.id, 1), (job.id, 2)}
     # A cancel NOTIFY names an attempt: it reaches the superseded one, and only it.
-    await scalar(dsn, "SELECT pg_notify('awa_fast_cancel', %s)",
-                 (f'{{"job_id": {job.id}, "run_lease": 1}}',))
+    await scalar(
+        dsn, "SELECT pg_notify('awa_fast_cancel', %s)", (f'{{"job_id": {job.id}, "run_lease": 1}}',)
+    )
     await wait_for(lambda: _true(in_flight[(job.id, 1)].is_cancelled()), what="cancel flag")
     assert not in_flight[(job.id, 2)].is_cancelled()
     await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
@@ -323,13 +361,14 @@ async def test_class4_heartbeat_acks_progress_only_for_rows_it_beat(dsn, client)
         await gate.wait()
 
     jobs = [await client.insert(Job(m)) for m in ("locked", "free")]
-    await client.start([("default", 4)], **{**FAST, "heartbeat_interval_ms": 3_600_000,
-                                          "heartbeat_staleness_ms": 36_000_000})
+    await client.start(
+        [("default", 4)],
+        **{**FAST, "heartbeat_interval_ms": 3_600_000, "heartbeat_staleness_ms": 36_000_000},
+    )
     await wait_for(lambda: _true(len(started) == 2), what="both running")
     ctxs = {c.args.mode: c for c in started}
     async with await psycopg.AsyncConnection.connect(dsn) as locker:
-        await locker.execute("SELECT 1 FROM awa_fast.jobs WHERE id = %s FOR UPDATE",
-                             (jobs[0].id,))
+        await locker.execute("SELECT 1 FROM awa_fast.jobs WHERE id = %s FOR UPDATE", (jobs[0].id,))
         await client.runtime.heartbeat.beat()  # SKIP LOCKED skips the locked row
         assert ctxs["free"].progress_snapshot() is None  # written
         assert ctxs["locked"].progress_snapshot() is not None  # still pending
@@ -413,7 +452,7 @@ async def test_class4_retry_of_a_live_callback_wait_is_refused(dsn, client):
     assert (await job_row(dsn, job.id))["run_lease"] == 2
 
 
-def _maint(dsn: str, client) -> "Maintenance":
+def _maint(dsn: str, client) -> Maintenance:  # noqa: F821 - imported below, lazily
     from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 
     return Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=1000))
@@ -423,7 +462,9 @@ async def _mark_outlives_staleness(dsn: str, job_id: int, since) -> None:
     # The mark is refreshed past the 1 s staleness the maintenance pass judges it with.
     async def refreshed():
         row = await job_row(dsn, job_id)
-        return row["heartbeat_at"] is not None and (row["heartbeat_at"] - since).total_seconds() > 1.2
+        return (
+            row["heartbeat_at"] is not None and (row["heartbeat_at"] - since).total_seconds() > 1.2
+        )
 
     await wait_for(refreshed, what="the mark refreshed past the staleness")
 
@@ -442,8 +483,7 @@ async def test_class4_def_handler_past_its_deadline_never_overlaps_its_rerun(dsn
         spans.append((job.run_lease, start, time.monotonic()))
 
     job = await client.insert(Job())
-    await client.start([{"name": "default", "max_workers": 2, "deadline_duration_ms": 300}],
-                       **FAST)
+    await client.start([{"name": "default", "max_workers": 2, "deadline_duration_ms": 300}], **FAST)
     m = _maint(dsn, client)
     try:
         await asyncio.to_thread(entered.wait, 10)
@@ -523,13 +563,15 @@ async def test_class4_fail_external_into_the_dlq_then_dlq_retry_never_overlaps(d
     assert exc.value.job_id == job.id
     assert await client.bulk_retry_from_dlq(kind=job.kind) == 0  # the bulk path waits too
     await client.runtime.heartbeat.beat()  # the worker keeps the DLQ entry's mark fresh
-    assert await scalar(dsn, "SELECT heartbeat_at FROM awa_fast.dlq WHERE id = %s",
-                        (job.id,)) > marked
+    assert (
+        await scalar(dsn, "SELECT heartbeat_at FROM awa_fast.dlq WHERE id = %s", (job.id,)) > marked
+    )
     assert (await client.get_dlq_job(job.id)) is not None and runs == [1]
     release.set()  # the handler ends: the worker clears the mark on the DLQ entry
     await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 30)
-    assert await scalar(dsn, "SELECT heartbeat_at FROM awa_fast.dlq WHERE id = %s",
-                        (job.id,)) is None
+    assert (
+        await scalar(dsn, "SELECT heartbeat_at FROM awa_fast.dlq WHERE id = %s", (job.id,)) is None
+    )
     assert (await client.retry_from_dlq(job.id)) is not None
     await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
     assert (await job_row(dsn, job.id))["state"] == "completed" and runs == [1, 2]
@@ -547,8 +589,7 @@ async def test_class4_async_handler_abandoned_at_its_deadline_leaves_no_mark(dsn
             await asyncio.Event().wait()  # never returns by itself
 
     job = await client.insert(Job())
-    await client.start([{"name": "default", "max_workers": 2, "deadline_duration_ms": 300}],
-                       **FAST)
+    await client.start([{"name": "default", "max_workers": 2, "deadline_duration_ms": 300}], **FAST)
     await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 30)  # abandoned
     m = _maint(dsn, client)
     assert [r[0] for r in await m.rescue()] == [job.id]

@@ -27,8 +27,12 @@ from tests.support import exploding_inserts, failing_rows, job_row, scalar, wait
 pytestmark = pytest.mark.usefixtures("clean")
 
 RUNNING_ONLY = {"states": 1 << 2}  # the key is held only while running
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+)
 
 
 @dataclasses.dataclass
@@ -53,28 +57,37 @@ async def _exec(dsn: str, query: str, params=None) -> None:
         await conn.execute(query, params)
 
 
-async def _make_running(dsn: str, ids: list[int], *, stale: bool = False,
-                        final: bool = False) -> None:
+async def _make_running(
+    dsn: str, ids: list[int], *, stale: bool = False, final: bool = False
+) -> None:
     """Put jobs in ``running`` under run lease 1 as a claim would (stale: heartbeat long ago;
     final: on their last attempt)."""
-    await _exec(dsn, """
+    await _exec(
+        dsn,
+        """
         UPDATE awa_fast.jobs SET state = 'running', run_lease = 1, attempt = 1,
             max_attempts = CASE WHEN %(final)s THEN 1 ELSE max_attempts END,
             attempted_at = now(),
             heartbeat_at = now() - CASE WHEN %(stale)s THEN interval '1 hour' ELSE '0' END
-        WHERE id = ANY(%(ids)s)""", {"ids": ids, "stale": stale, "final": final})
+        WHERE id = ANY(%(ids)s)""",
+        {"ids": ids, "stale": stale, "final": final},
+    )
 
 
 def _maintenance(client) -> Maintenance:
     # Kinds known to have no failure consequence: a final-attempt rescue fails them.
-    return Maintenance(client.database_url, client.pool,
-                       MaintenanceConfig(heartbeat_staleness_ms=1000),
-                       known_kinds=lambda: ["plain", "explode"])
+    return Maintenance(
+        client.database_url,
+        client.pool,
+        MaintenanceConfig(heartbeat_staleness_ms=1000),
+        known_kinds=lambda: ["plain", "explode"],
+    )
 
 
 async def _all_in(dsn: str, ids: list[int], state: str) -> bool:
-    return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) "
-                             "AND state = %s", (ids, state)) == len(ids)
+    return await scalar(
+        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) AND state = %s", (ids, state)
+    ) == len(ids)
 
 
 # -- claim ------------------------------------------------------------------------------------
@@ -88,8 +101,11 @@ async def test_class1_claim_does_not_wedge_on_running_only_unique_mask(dsn, clie
 
     @client.task(Held)
     async def held(job):
-        running_together.append(await scalar(
-            dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'held' AND state = 'running'"))
+        running_together.append(
+            await scalar(
+                dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'held' AND state = 'running'"
+            )
+        )
         await release.wait()
 
     @client.task(Plain)
@@ -105,8 +121,10 @@ async def test_class1_claim_does_not_wedge_on_running_only_unique_mask(dsn, clie
     states = sorted(r["state"] for r in (await _rows(dsn, "kind = 'held'")).values())
     assert states == ["available", "running"]
     release.set()
-    await wait_for(lambda: _all_in(dsn, [d.id for d in dups], "completed"),
-                   what="both duplicates, one after the other")
+    await wait_for(
+        lambda: _all_in(dsn, [d.id for d in dups], "completed"),
+        what="both duplicates, one after the other",
+    )
     assert running_together == [1, 1]  # never two running attempts holding the key
 
 
@@ -128,8 +146,7 @@ async def test_class1_claim_isolates_a_row_its_update_fails(dsn, client):
     async def plain(job):
         return None
 
-    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'running'",
-                            event="UPDATE"):
+    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'running'", event="UPDATE"):
         bad = await client.insert({"x": 1}, kind="explode", priority=1)  # claimed first
         plains = [(await client.insert(Plain(i))).id for i in range(5)]
         await client.start([("default", 4)], **FAST)
@@ -143,19 +160,27 @@ async def test_class1_claim_isolates_a_row_its_update_fails(dsn, client):
 
 
 async def test_class1_promote_isolates_a_colliding_and_a_failing_row(dsn, client):
-    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'available'",
-                            event="UPDATE"):
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.state = 'available'", event="UPDATE"
+    ):
         holder = await client.insert(Held(7), unique_opts={"states": 1 << 1})
         later = {"run_at": "2000-01-01T00:00:00+00:00"}  # due at once
         scheduled = [await client.insert(Plain(i), **later) for i in range(3)]
-        await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'scheduled' WHERE id = ANY(%s)",
-                    ([j.id for j in scheduled],))
+        await _exec(
+            dsn,
+            "UPDATE awa_fast.jobs SET state = 'scheduled' WHERE id = ANY(%s)",
+            ([j.id for j in scheduled],),
+        )
         # A scheduled duplicate (scheduled is outside its mask) and a row a trigger rejects.
-        dup = await client.insert(Held(7), unique_opts={"states": 1 << 1},
-                                  run_at="2999-01-01T00:00:00+00:00")
+        dup = await client.insert(
+            Held(7), unique_opts={"states": 1 << 1}, run_at="2999-01-01T00:00:00+00:00"
+        )
         bad = await client.insert({"x": 1}, kind="explode", run_at="2999-01-01T00:00:00+00:00")
-        await _exec(dsn, "UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' "
-                         "WHERE id = ANY(%s)", ([dup.id, bad.id],))
+        await _exec(
+            dsn,
+            "UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' WHERE id = ANY(%s)",
+            ([dup.id, bad.id],),
+        )
         promoted = await _maintenance(client).promote()
     rows = await _rows(dsn)
     assert promoted == 3
@@ -196,8 +221,9 @@ async def test_class1_rescue_isolates_a_row_its_update_fails(dsn, client):
     jobs = [await client.insert(Plain(i)) for i in range(3)]
     bad = await client.insert({"x": 1}, kind="explode")
     await _make_running(dsn, [j.id for j in jobs] + [bad.id], stale=True)
-    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'retryable'",
-                            event="UPDATE"):
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.state = 'retryable'", event="UPDATE"
+    ):
         rescued = await _maintenance(client).rescue()
     assert sorted(r[0] for r in rescued) == [j.id for j in jobs]
     rows = await _rows(dsn)
@@ -211,9 +237,12 @@ async def test_class1_rescue_isolates_a_row_its_update_fails(dsn, client):
 async def test_class1_prune_isolates_a_row_its_delete_fails(dsn, client):
     old = [await client.insert(Plain(i)) for i in range(3)]
     bad = await client.insert({"x": 1}, kind="explode")
-    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'completed', "
-                     "finalized_at = now() - interval '2 days' WHERE id = ANY(%s)",
-                ([j.id for j in old] + [bad.id],))
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'completed', "
+        "finalized_at = now() - interval '2 days' WHERE id = ANY(%s)",
+        ([j.id for j in old] + [bad.id],),
+    )
     async with failing_rows(dsn, "OLD.kind = 'explode'", event="DELETE"):
         assert await _maintenance(client).prune() == 3
     assert list(await _rows(dsn)) == [bad.id]  # kept; the others are gone
@@ -222,15 +251,21 @@ async def test_class1_prune_isolates_a_row_its_delete_fails(dsn, client):
 async def test_class1_cron_pass_fires_the_schedules_after_a_failing_one(dsn):
     from awa_fast import periodic
 
-    await _exec(dsn, "INSERT INTO awa_fast.cron_jobs (name, cron_expr, kind, last_fire_at) "
-                     "VALUES ('a_bad', '* * * * *', 'explode', now() - interval '2 minutes'), "
-                     "('b_good', '* * * * *', 'plain', now() - interval '2 minutes')")
+    await _exec(
+        dsn,
+        "INSERT INTO awa_fast.cron_jobs (name, cron_expr, kind, last_fire_at) "
+        "VALUES ('a_bad', '* * * * *', 'explode', now() - interval '2 minutes'), "
+        "('b_good', '* * * * *', 'plain', now() - interval '2 minutes')",
+    )
     async with exploding_inserts(dsn):
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             assert await periodic.evaluate(conn) >= 1
     assert {r["kind"] for r in (await _rows(dsn)).values()} == {"plain"}
-    assert await scalar(dsn, "SELECT last_fire_at < now() - interval '90 seconds' "
-                             "FROM awa_fast.cron_jobs WHERE name = 'a_bad'")  # not advanced
+    assert await scalar(
+        dsn,
+        "SELECT last_fire_at < now() - interval '90 seconds' "
+        "FROM awa_fast.cron_jobs WHERE name = 'a_bad'",
+    )  # not advanced
     await _exec(dsn, "DELETE FROM awa_fast.cron_jobs")
 
 
@@ -249,8 +284,13 @@ async def test_class1_owed_rows_that_always_fail_never_stall_the_reconciler(dsn,
 
     client.failure_consequence("owing", effect)
     client.consequences.backoff_base_s = 60.0  # a backed-off row is not due again in this test
-    m = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=1000),
-                    consequence_kinds=lambda: ["owing"], known_kinds=lambda: ["owing"])
+    m = Maintenance(
+        dsn,
+        client.pool,
+        MaintenanceConfig(heartbeat_staleness_ms=1000),
+        consequence_kinds=lambda: ["owing"],
+        known_kinds=lambda: ["owing"],
+    )
 
     async def owed(modes: list[str]) -> list[int]:
         # Final attempts of a dead worker: rescue records them owed, due now.
@@ -262,18 +302,23 @@ async def test_class1_owed_rows_that_always_fail_never_stall_the_reconciler(dsn,
     stuck = await owed(["stuck"] * (OWED_BATCH + 1))
     raising = await owed(["raise"] * 3)
     good = await owed(["good"] * 5)  # due last: behind a full batch of failing rows
-    async with failing_rows(dsn, "NEW.state = 'failed' AND NEW.args->>'mode' = 'stuck'",
-                            event="UPDATE"):
+    async with failing_rows(
+        dsn, "NEW.state = 'failed' AND NEW.args->>'mode' = 'stuck'", event="UPDATE"
+    ):
         for _ in range(3):
             await reconcile_tick(client, MaintenanceConfig())
         rows = await _rows(dsn)
-    assert all((rows[i]["state"], rows[i]["consequence_state"]) == ("failed", "applied")
-               for i in good)
+    assert all(
+        (rows[i]["state"], rows[i]["consequence_state"]) == ("failed", "applied") for i in good
+    )
     assert sorted(set(applied) & set(good)) == good
     for i in stuck + raising:  # still owed, pushed out, the error recorded
         r = rows[i]
-        assert (r["state"], r["consequence_state"], r["consequence_attempts"]) == \
-            ("consequence_pending", "owed", 1)
+        assert (r["state"], r["consequence_state"], r["consequence_attempts"]) == (
+            "consequence_pending",
+            "owed",
+            1,
+        )
         assert r["consequence_retry_at"] > r["attempted_at"] + datetime.timedelta(seconds=30)
     assert "trigger added outside awa-fast" in rows[stuck[0]]["consequence_error"]
     assert "provider down" in rows[raising[0]]["consequence_error"]
@@ -300,8 +345,9 @@ async def test_class1_heartbeat_isolates_a_row_its_update_fails(dsn, client):
     bad = await client.insert({"x": 1}, kind="explode")
     await _make_running(dsn, [j.id for j in jobs] + [bad.id], stale=True)
     attempts = [_Attempt(j.id) for j in jobs] + [_Attempt(bad.id)]
-    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.heartbeat_at > OLD.heartbeat_at",
-                            event="UPDATE"):
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.heartbeat_at > OLD.heartbeat_at", event="UPDATE"
+    ):
         await Heartbeat(client.pool, lambda: attempts, 1.0).beat()
     rows = await _rows(dsn)
     fresh = await _rows(dsn, "heartbeat_at > now() - interval '1 minute'")
@@ -318,10 +364,12 @@ async def test_class1_completion_batch_isolates_a_row_its_update_fails(dsn, clie
     await _make_running(dsn, ids)
     finalizer = Finalizer(client.pool, flushers=1)
     try:
-        async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'completed'",
-                                event="UPDATE"):
-            results = await asyncio.gather(*(finalizer.complete(i, 1) for i in ids),
-                                           return_exceptions=True)
+        async with failing_rows(
+            dsn, "NEW.kind = 'explode' AND NEW.state = 'completed'", event="UPDATE"
+        ):
+            results = await asyncio.gather(
+                *(finalizer.complete(i, 1) for i in ids), return_exceptions=True
+            )
     finally:
         await finalizer.close()
     assert results[:4] == [True] * 4
@@ -340,11 +388,17 @@ async def test_class1_retry_failed_row_by_row_keeps_the_owed_consequence_guard(d
     failed = [await client.insert(Plain(i), unique_opts={}) for i in range(3)]
     owed = await client.insert(Plain(10))
     colliding = await client.insert(Plain(20), unique_opts={})
-    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
-                     "WHERE id = ANY(%s)", ([j.id for j in failed] + [owed.id, colliding.id],))
-    await _exec(dsn, "UPDATE awa_fast.jobs SET consequence_state = 'owed', "
-                     "consequence_retry_at = now() + interval '1 hour' WHERE id = %s",
-                (owed.id,))
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() WHERE id = ANY(%s)",
+        ([j.id for j in failed] + [owed.id, colliding.id],),
+    )
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET consequence_state = 'owed', "
+        "consequence_retry_at = now() + interval '1 hour' WHERE id = %s",
+        (owed.id,),
+    )
     holder = await client.insert(Plain(20), unique_opts={})  # now holds colliding's key
     retried = await client.retry_failed(kind="plain")
     assert sorted(j.id for j in retried) == [j.id for j in failed]
@@ -357,8 +411,9 @@ async def test_class1_retry_failed_row_by_row_keeps_the_owed_consequence_guard(d
 async def test_class1_drain_queue_isolates_a_row_its_cancel_fails(dsn, client):
     jobs = [await client.insert(Plain(i), queue="dr") for i in range(3)]
     bad = await client.insert({"x": 1}, kind="explode", queue="dr")
-    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'cancelled'",
-                            event="UPDATE"):
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.state = 'cancelled'", event="UPDATE"
+    ):
         drained = await client.drain_queue("dr")
     assert drained == 3
     assert await _all_in(dsn, [j.id for j in jobs], "cancelled")
@@ -366,8 +421,11 @@ async def test_class1_drain_queue_isolates_a_row_its_cancel_fails(dsn, client):
 
 
 async def _fail(dsn: str, ids: list[int]) -> None:
-    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
-                     "WHERE id = ANY(%s)", (ids,))
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() WHERE id = ANY(%s)",
+        (ids,),
+    )
 
 
 async def _failed_with_a_bad_one(dsn: str, client) -> tuple[list, awa.Job]:
@@ -394,8 +452,7 @@ async def test_class1_dlq_move_purge_and_discard_isolate_a_row_that_fails(dsn, c
         assert (await job_row(dsn, bad.id))["state"] == "failed"  # stays, the rest moved
         assert await client.discard_failed("explode") == 0
     assert await client.dlq_depth() == 3
-    async with failing_rows(dsn, "OLD.id = %d" % jobs[0].id, event="DELETE",
-                            table="awa_fast.dlq"):
+    async with failing_rows(dsn, "OLD.id = %d" % jobs[0].id, event="DELETE", table="awa_fast.dlq"):
         assert await client.purge_dlq(allow_all=True) == 2
     assert [e.job.id for e in await client.list_dlq()] == [jobs[0].id]
     more = [await client.insert(Plain(i)) for i in range(2)]
@@ -427,8 +484,12 @@ def _keys(kind: str, *values: int) -> list:
 
 async def _wait_for_lock_waiter(dsn: str) -> None:
     async def waiting():
-        return await scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-                                 "current_database() AND wait_event_type = 'Lock'")
+        return await scalar(
+            dsn,
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+            "current_database() AND wait_event_type = 'Lock'",
+        )
+
     await wait_for(waiting, 10, "a statement waiting on a lock")
 
 
@@ -453,8 +514,9 @@ async def _hold_then_take(dsn, client, kind, second_writer):
 async def test_class1_concurrent_batches_over_the_same_keys_do_not_deadlock(dsn, client, method):
     async def second(lo, hi):
         async with awa.AsyncClient(dsn, max_connections=1) as other:
-            return await getattr(other, method)([{"v": 2}, {"v": 1}], kind="dl_keys",
-                                                unique_opts={})
+            return await getattr(other, method)(
+                [{"v": 2}, {"v": 1}], kind="dl_keys", unique_opts={}
+            )
 
     [result] = await _hold_then_take(dsn, client, "dl_keys", second)
     assert isinstance(result, awa.UniqueConflict), result  # not DeadlockDetected
@@ -468,8 +530,9 @@ async def test_class1_completions_with_shared_follow_up_keys_do_not_deadlock(dsn
 
     async def second(lo, hi):
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            cur = await conn.execute(sql.COMPLETE_WITH_FOLLOW_UPS, (
-                trigger.id, 1, enqueue.follow_ups_json([hi, lo])))
+            cur = await conn.execute(
+                sql.COMPLETE_WITH_FOLLOW_UPS, (trigger.id, 1, enqueue.follow_ups_json([hi, lo]))
+            )
             return await cur.fetchone()
 
     [(applied, inserted, _keys_)] = await _hold_then_take(dsn, client, "dl_follow", second)
@@ -499,8 +562,9 @@ async def test_class1_a_deadlock_with_another_writer_is_retried(dsn, client, cap
         await other.execute("SET deadlock_timeout = '10s'")  # insert_many detects it first
         await enqueue.insert_one(other, hi)
         with caplog.at_level(logging.INFO, logger="awa_fast.bulk"):
-            batch = asyncio.create_task(client.insert_many([{"v": 1}, {"v": 2}],
-                                                           kind="dl_other", unique_opts={}))
+            batch = asyncio.create_task(
+                client.insert_many([{"v": 1}, {"v": 2}], kind="dl_other", unique_opts={})
+            )
             await _wait_for_lock_waiter(dsn)
             await enqueue.insert_one(other, lo)  # waits on insert_many's lo: a deadlock
             await other.rollback()
@@ -555,8 +619,12 @@ async def test_class1_cancel_into_a_held_key_names_the_holder(dsn, client):
 
 async def test_class1_retry_external_into_a_held_key_names_the_holder(dsn, client):
     parked = await client.insert(Plain(6), unique_opts={})
-    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'waiting_external', attempt = 1, "
-                     "callback_id = gen_random_uuid() WHERE id = %s", (parked.id,))
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'waiting_external', attempt = 1, "
+        "callback_id = gen_random_uuid() WHERE id = %s",
+        (parked.id,),
+    )
     holder = await client.insert(Plain(6), unique_opts={})  # waiting_external does not hold
     callback = (await job_row(dsn, parked.id))["callback_id"]
     with pytest.raises(awa.UniqueConflict) as info:
@@ -571,18 +639,26 @@ async def test_class1_two_workers_drain_duplicates_one_running_attempt_per_key(d
     seen = []
 
     async def work(job):
-        seen.append(await scalar(
-            dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'held' AND state = 'running' "
-                 "AND unique_key = (SELECT unique_key FROM awa_fast.jobs WHERE id = %s)",
-            (job.id,)))
+        seen.append(
+            await scalar(
+                dsn,
+                "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'held' AND state = 'running' "
+                "AND unique_key = (SELECT unique_key FROM awa_fast.jobs WHERE id = %s)",
+                (job.id,),
+            )
+        )
         await asyncio.sleep(0.01)
 
     clients = [awa.AsyncClient(dsn, max_connections=4) for _ in range(2)]
     try:
         for c in clients:
             c.task(Held)(work)
-        ids = [j.id for j in await clients[0].insert_many(
-            [Held(n % 4) for n in range(40)], unique_opts=RUNNING_ONLY)]
+        ids = [
+            j.id
+            for j in await clients[0].insert_many(
+                [Held(n % 4) for n in range(40)], unique_opts=RUNNING_ONLY
+            )
+        ]
         for c in clients:
             await c.start([("default", 6)], **FAST)
         await wait_for(lambda: _all_in(dsn, ids, "completed"), 30, "every duplicate")
@@ -606,8 +682,9 @@ async def test_class1_snooze_into_a_held_key_cancels_that_job_as_a_duplicate(dsn
     async def plain(job):
         return None
 
-    holder = await client.insert(Held(9), unique_opts=only_scheduled,
-                                 run_at="2999-01-01T00:00:00+00:00")
+    holder = await client.insert(
+        Held(9), unique_opts=only_scheduled, run_at="2999-01-01T00:00:00+00:00"
+    )
     job = await client.insert(Held(9), unique_opts=only_scheduled)
     plains = [(await client.insert(Plain(i))).id for i in range(3)]
     await client.start([("default", 4)], **FAST)

@@ -33,20 +33,31 @@ QUEUE = "launch_q"
 class Launcher:
     """``python -m awa_fast worker tests.launcher_app:client ...`` with its stdout lines queued."""
 
-    def __init__(self, dsn: str, *args: str, fail: str | None = None,
-                 app: str = "tests.launcher_app:client"):
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")}
+    def __init__(
+        self, dsn: str, *args: str, fail: str | None = None, app: str = "tests.launcher_app:client"
+    ):
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")
+        }
         env["AWA_FAST_LAUNCHER_DSN"] = dsn
         if fail:
             env["AWA_FAST_LAUNCHER_FAIL"] = fail
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "awa_fast", "worker", app, *args],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []
         self.stderr: list[str] = []
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines), daemon=True).start()
+        threading.Thread(
+            target=self._pump, args=(self.proc.stdout, self.lines), daemon=True
+        ).start()
         err: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, args=(self.proc.stderr, err), daemon=True).start()
         self._err = err
@@ -65,15 +76,23 @@ class Launcher:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"no line matching {pattern!r} in {timeout}s; seen:\n"
-                                     + "\n".join(self.seen) + "\nstderr:\n" + self.drain_stderr())
+                raise AssertionError(
+                    f"no line matching {pattern!r} in {timeout}s; seen:\n"
+                    + "\n".join(self.seen)
+                    + "\nstderr:\n"
+                    + self.drain_stderr()
+                )
             try:
                 line = self.lines.get(timeout=left)
             except queue.Empty:
                 continue
             if line is None:
-                raise AssertionError(f"launcher output ended before {pattern!r}; seen:\n"
-                                     + "\n".join(self.seen) + "\nstderr:\n" + self.drain_stderr())
+                raise AssertionError(
+                    f"launcher output ended before {pattern!r}; seen:\n"
+                    + "\n".join(self.seen)
+                    + "\nstderr:\n"
+                    + self.drain_stderr()
+                )
             self.seen.append(line)
             m = rx.search(line)
             if m:
@@ -142,8 +161,12 @@ def enqueue(dsn: str, n: int, ms: int) -> None:
 
 def counts(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn) as conn:
-        return dict(conn.execute("SELECT state::text, count(*) FROM awa_fast.jobs "
-                                 "WHERE kind = %s GROUP BY 1", (KIND,)).fetchall())
+        return dict(
+            conn.execute(
+                "SELECT state::text, count(*) FROM awa_fast.jobs WHERE kind = %s GROUP BY 1",
+                (KIND,),
+            ).fetchall()
+        )
 
 
 def poll(fn, timeout: float, what: str):
@@ -165,7 +188,8 @@ def leader_backends(dsn: str) -> list[int]:
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND classid = %s::oid AND objid = %s::oid AND objsubid = 1",
-            (key >> 32, key & 0xFFFFFFFF)).fetchall()
+            (key >> 32, key & 0xFFFFFFFF),
+        ).fetchall()
     return [r[0] for r in rows]
 
 
@@ -198,7 +222,9 @@ def test_graceful_drain_on_sigterm_loses_nothing(dsn, launchers):
     assert final.get("available", 0) > 0  # it stopped claiming
     # in-flight handlers were allowed to finish: no attempt was cut short and released
     with psycopg.connect(dsn) as conn:
-        errors = conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE errors <> '[]'").fetchone()[0]
+        errors = conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE errors <> '[]'").fetchone()[
+            0
+        ]
     assert errors == 0
 
 
@@ -228,8 +254,9 @@ def test_exactly_one_leader_and_failover(dsn, launchers):
     pids = launcher.ready_pids(3)
     # The leader line may have come before every child was ready (already consumed).
     pattern = r"child (\d+) pid (\d+) became maintenance leader"
-    m = next((m for m in map(re.compile(pattern).search, launcher.seen) if m), None) \
-        or launcher.wait_line(pattern, 20)
+    m = next(
+        (m for m in map(re.compile(pattern).search, launcher.seen) if m), None
+    ) or launcher.wait_line(pattern, 20)
     leader_index, leader_pid = int(m.group(1)), int(m.group(2))
     assert pids[leader_index] == leader_pid
     holders = poll(lambda: leader_backends(dsn), 10, "a leader lock holder")
@@ -271,17 +298,29 @@ def test_children_that_keep_dying_make_the_launcher_give_up(dsn, launchers):
 
 
 def _worker(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "awa_fast", "worker", *args, "--processes", "2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "awa_fast", "worker", *args, "--processes", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("tests.no_such_module:client", "cannot import module 'tests.no_such_module': No module "
-                                    f"named 'tests.no_such_module' (searched the current "
-                                    f"directory {ROOT}, then sys.path)"),
-    ("tests.launcher_app:nope", "module 'tests.launcher_app' has no attribute 'nope'"),
-    ("tests.launcher_app:Nap", "tests.launcher_app:Nap is a type, not an awa_fast AsyncClient"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            "tests.no_such_module:client",
+            "cannot import module 'tests.no_such_module': No module "
+            f"named 'tests.no_such_module' (searched the current "
+            f"directory {ROOT}, then sys.path)",
+        ),
+        ("tests.launcher_app:nope", "module 'tests.launcher_app' has no attribute 'nope'"),
+        ("tests.launcher_app:Nap", "tests.launcher_app:Nap is a type, not an awa_fast AsyncClient"),
+    ],
+)
 def test_bad_application_spec_is_a_usage_error_reported_once(spec, message):
     r = _worker(spec)
     assert r.returncode == 2, (spec, r.stdout, r.stderr)
@@ -293,8 +332,9 @@ def test_failing_application_import_is_reported_once(dsn):
     env = {**os.environ, "AWA_FAST_LAUNCHER_FAIL": "import", "AWA_FAST_LAUNCHER_DSN": dsn}
     r = _worker("tests.launcher_app:client", env=env)
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert r.stderr.startswith("awa-fast worker: error: importing tests.launcher_app:client "
-                               "failed:\nTraceback")
+    assert r.stderr.startswith(
+        "awa-fast worker: error: importing tests.launcher_app:client failed:\nTraceback"
+    )
     assert r.stderr.count("RuntimeError: launcher_app: failing at import on purpose") == 1
     assert r.stdout == ""
 
@@ -303,14 +343,24 @@ def test_start_options_start_would_reject_are_reported_before_any_child(dsn):
     env = {**os.environ, "AWA_FAST_LAUNCHER_FAIL": "config", "AWA_FAST_LAUNCHER_DSN": dsn}
     r = _worker("tests.launcher_app:client", env=env)
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert r.stderr.startswith("awa-fast worker: error: tests.launcher_app:client: start() would "
-                               "reject this configuration: heartbeat_interval_ms"), r.stderr
+    assert r.stderr.startswith(
+        "awa-fast worker: error: tests.launcher_app:client: start() would "
+        "reject this configuration: heartbeat_interval_ms"
+    ), r.stderr
     assert r.stdout == ""  # no child was started
     # `awa-fast check` reports the same configuration error with the same exit status
-    c = subprocess.run([sys.executable, "-m", "awa_fast", "check", "tests.launcher_app:client"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
-    assert c.returncode == 1 and "start() would reject this configuration: heartbeat_interval_ms" \
-        in c.stdout, (c.stdout, c.stderr)
+    c = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "check", "tests.launcher_app:client"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert (
+        c.returncode == 1
+        and "start() would reject this configuration: heartbeat_interval_ms" in c.stdout
+    ), (c.stdout, c.stderr)
 
 
 def test_a_module_running_its_program_at_import_fails_the_preflight(dsn, tmp_path):
@@ -320,10 +370,16 @@ def test_a_module_running_its_program_at_import_fails_the_preflight(dsn, tmp_pat
         "import asyncio\nimport awa_fast as awa\n"
         f"client = awa.AsyncClient({dsn!r})\n"
         "async def main():\n    pass\n"
-        "asyncio.run(main())\n")
-    r = subprocess.run([sys.executable, "-m", "awa_fast", "worker", "unguarded:client",
-                        "--processes", "2"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        "asyncio.run(main())\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "worker", "unguarded:client", "--processes", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 1, (r.stdout, r.stderr)
     assert r.stderr.startswith("awa-fast worker: error: importing unguarded:client failed:\n")
     assert "asyncio.run() cannot be called from a running event loop" in r.stderr
@@ -337,6 +393,9 @@ def test_a_child_whose_import_raises_is_fatal_at_once(dsn, launchers):
     assert launcher.wait(60) == 1, launcher.transcript()
     out = launcher.transcript()
     assert re.search(r"child 0 pid \d+ exited with code 76\n", out), out
-    assert re.search(r"child 0 pid \d+: importing tests.launcher_app:client failed: "
-                     r"RuntimeError: launcher_app: failing at import on purpose; giving up", out)
+    assert re.search(
+        r"child 0 pid \d+: importing tests.launcher_app:client failed: "
+        r"RuntimeError: launcher_app: failing at import on purpose; giving up",
+        out,
+    )
     assert "restarting" not in out and out.count(" started\n") == 1, out

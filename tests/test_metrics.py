@@ -48,16 +48,21 @@ def rows(dsn: str, query: str) -> int:
 
 def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, launchers):
     with awa.Client(dsn) as c:
-        for mode, tags in (("ok", [""] * 6), ("stage", ["a", "a", "b", "c", "c", "c"]),
-                           ("stage_fail", ["x", "y"]), ("retry", [""] * 3),
-                           ("cancel", [""] * 2)):
+        for mode, tags in (
+            ("ok", [""] * 6),
+            ("stage", ["a", "a", "b", "c", "c", "c"]),
+            ("stage_fail", ["x", "y"]),
+            ("retry", [""] * 3),
+            ("cancel", [""] * 2),
+        ):
             for tag in tags:
                 c.insert(Step(mode, tag), queue="metrics_q")
         c.insert(Step("wait", "w"), queue="metrics_q", max_attempts=1)
         for amount in (1, 2):
             c.insert(Charge(amount), queue="metrics_q")
-    launcher = Launcher(dsn, "--processes", "2", "--metrics-port", "0",
-                        app="tests.metrics_app:client")
+    launcher = Launcher(
+        dsn, "--processes", "2", "--metrics-port", "0", app="tests.metrics_app:client"
+    )
     launchers.append(launcher)
     m = launcher.wait_line(r"metrics of all children at (\S+) \(directory (\S+)\)")
     url, directory = m.group(1), m.group(2)
@@ -65,45 +70,76 @@ def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, lau
     # During the run: one child takes the leadership, and the endpoint says so.
     poll(lambda: total(scrape(url), "awa_fast_maintenance_leader") == 1, 30, "a leader")
 
-    poll(lambda: rows(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('step', 'charge') "
-                           "AND state NOT IN ('completed', 'failed', 'cancelled')") == 0,
-         30, "every trigger job final")
-    expected = {o: rows(dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('step', 'charge') "
-                             f"AND state = '{o}'") for o in FINAL}
+    poll(
+        lambda: (
+            rows(
+                dsn,
+                "SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('step', 'charge') "
+                "AND state NOT IN ('completed', 'failed', 'cancelled')",
+            )
+            == 0
+        ),
+        30,
+        "every trigger job final",
+    )
+    expected = {
+        o: rows(
+            dsn,
+            f"SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('step', 'charge') "
+            f"AND state = '{o}'",
+        )
+        for o in FINAL
+    }
     children = rows(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'child'")
     assert expected == {"completed": 15, "failed": 5, "cancelled": 2} and children == 3
     # The waiting job was failed by the callback rescue, not by a finalize.
-    by_rescue = rows(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'wait' "
-                          "AND state = 'failed' AND errors::text LIKE '%%callback%%'")
+    by_rescue = rows(
+        dsn,
+        "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'wait' "
+        "AND state = 'failed' AND errors::text LIKE '%%callback%%'",
+    )
     assert by_rescue == 1
-    finalized_expected = {**expected, "failed": expected["failed"] - by_rescue,
-                          "waiting_external": 1}
+    finalized_expected = {
+        **expected,
+        "failed": expected["failed"] - by_rescue,
+        "waiting_external": 1,
+    }
 
     def settled():  # the endpoint shows every finalize and a refreshed queue depth
         s = scrape(url)
-        done = all(total(s, "awa_fast_jobs_finalized_total", outcome=o) == n
-                   for o, n in finalized_expected.items())
+        done = all(
+            total(s, "awa_fast_jobs_finalized_total", outcome=o) == n
+            for o, n in finalized_expected.items()
+        )
         depth = total(s, "awa_fast_queue_depth", queue="metrics_children", state="available")
         return s if done and depth == children else None
 
     s = poll(settled, 30, "the endpoint to show every finalize and the queue depth")
     assert total(s, "awa_fast_jobs_finalized_total", outcome="retryable") == rows(
-        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'retry' AND attempt = 2")
+        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'retry' AND attempt = 2"
+    )
     assert total(s, "awa_fast_jobs_finalized_total", kind="charge", outcome="failed") == 2
     assert total(s, "awa_fast_follow_ups_inserted_total") == children
     assert total(s, "awa_fast_follow_ups_skipped_total") == 6 - children
     assert total(s, "awa_fast_follow_ups_discarded_total", outcome="failed") == rows(
-        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'stage_fail' "
-             "AND state = 'failed'")
+        dsn,
+        "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'stage_fail' "
+        "AND state = 'failed'",
+    )
     assert total(s, "awa_fast_rescues_total", cause="callback") == by_rescue
     assert total(s, "awa_fast_follow_ups_discarded_total", outcome="waiting_external") == 1
     assert total(s, "awa_fast_staged_discarded_on_wait_for_callback_total") == 1
-    assert total(s, "awa_fast_consequences_applied_total", kind="charge") == rows(
-        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE consequence_state = 'applied'") == 2
+    assert (
+        total(s, "awa_fast_consequences_applied_total", kind="charge")
+        == rows(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE consequence_state = 'applied'")
+        == 2
+    )
     assert total(s, "awa_fast_consequences_owed") == 0
     assert total(s, "awa_fast_queue_depth", queue="metrics_q", state="available") == 0
-    finalized = sum(total(s, "awa_fast_jobs_finalized_total", outcome=o)
-                    for o in (*FINAL, "retryable", "waiting_external"))
+    finalized = sum(
+        total(s, "awa_fast_jobs_finalized_total", outcome=o)
+        for o in (*FINAL, "retryable", "waiting_external")
+    )
     assert total(s, "awa_fast_finalize_seconds_count") == finalized
     assert total(s, "awa_fast_claim_seconds_count") >= 1
     assert total(s, "awa_fast_maintenance_leader") == 1  # one leader among the live children
@@ -119,29 +155,60 @@ def test_killed_child_keeps_its_counts_and_its_job_is_rescued_by_heartbeat(dsn, 
     with awa.Client(dsn) as c:
         oks = [c.insert(Step("ok"), queue="metrics_q").id for _ in range(3)]
         hang = c.insert(Step("hang"), queue="metrics_q").id
-    launcher = Launcher(dsn, "--processes", "1", "--metrics-port", "0",
-                        app="tests.metrics_app:client")
+    launcher = Launcher(
+        dsn, "--processes", "1", "--metrics-port", "0", app="tests.metrics_app:client"
+    )
     launchers.append(launcher)
     url = launcher.wait_line(r"metrics of all children at (\S+)").group(1)
     pid = launcher.ready_pids(1)[0]
-    poll(lambda: rows(dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(ARRAY{oks}) "
-                           "AND state = 'completed'") == 3
-         and rows(dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE id = {hang} "
-                       "AND state = 'running'") == 1, 30, "3 completed, 1 running")
-    poll(lambda: (lambda s: total(s, "awa_fast_jobs_finalized_total", outcome="completed") == 3
-                  and total(s, "awa_fast_maintenance_leader") == 1)(scrape(url)),
-         30, "the first child's counts and leadership")
+    poll(
+        lambda: (
+            rows(
+                dsn,
+                f"SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(ARRAY{oks}) "
+                "AND state = 'completed'",
+            )
+            == 3
+            and rows(
+                dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE id = {hang} AND state = 'running'"
+            )
+            == 1
+        ),
+        30,
+        "3 completed, 1 running",
+    )
+    poll(
+        lambda: (
+            lambda s: (
+                total(s, "awa_fast_jobs_finalized_total", outcome="completed") == 3
+                and total(s, "awa_fast_maintenance_leader") == 1
+            )
+        )(scrape(url)),
+        30,
+        "the first child's counts and leadership",
+    )
 
     os.kill(pid, signal.SIGKILL)
     assert launcher.wait_line(r"child 0 pid (\d+) ready").group(1) != str(pid)
-    poll(lambda: rows(dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE id = {hang} "
-                           "AND state = 'completed' AND attempt = 2") == 1,
-         30, "the hung job rescued and completed")
+    poll(
+        lambda: (
+            rows(
+                dsn,
+                f"SELECT count(*) FROM awa_fast.jobs WHERE id = {hang} "
+                "AND state = 'completed' AND attempt = 2",
+            )
+            == 1
+        ),
+        30,
+        "the hung job rescued and completed",
+    )
 
     def after():
         s = scrape(url)
-        ok = (total(s, "awa_fast_rescues_total", cause="heartbeat") == 1
-              and total(s, "awa_fast_jobs_finalized_total", outcome="completed") == 4)
+        ok = (
+            total(s, "awa_fast_rescues_total", cause="heartbeat") == 1
+            and total(s, "awa_fast_jobs_finalized_total", outcome="completed") == 4
+        )
         return s if ok else None
 
     s = poll(after, 30, "the rescue and the dead child's completions on the endpoint")
@@ -164,6 +231,7 @@ class Owe:
 async def test_library_runtime_serves_its_own_endpoint(dsn, client):
     """metrics_port on start(): this process's series, including a deadline rescue and an owed
     consequence (its effect keeps failing)."""
+
     @client.task(Hang, queue="metrics_lib")
     async def hang(job):
         if job.attempt == 1:
@@ -178,22 +246,34 @@ async def test_library_runtime_serves_its_own_endpoint(dsn, client):
 
     job = await client.insert(Hang(1), queue="metrics_lib", max_attempts=3)
     owing = await client.insert(Owe(1), queue="metrics_lib")
-    await client.start([{"name": "metrics_lib", "max_workers": 1, "deadline_duration_ms": 200}],
-                       poll_interval_ms=50, promote_interval_ms=50,
-                       leader_election_interval_ms=100, deadline_rescue_interval_ms=100,
-                       metrics_port=0, metrics_refresh_ms=100)
+    await client.start(
+        [{"name": "metrics_lib", "max_workers": 1, "deadline_duration_ms": 200}],
+        poll_interval_ms=50,
+        promote_interval_ms=50,
+        leader_election_interval_ms=100,
+        deadline_rescue_interval_ms=100,
+        metrics_port=0,
+        metrics_refresh_ms=100,
+    )
     exporter = client.runtime.metrics_exporter
     await wait_state(dsn, job.id, "completed")
-    await wait_for(lambda: scalar(dsn, "SELECT consequence_state = 'owed' FROM awa_fast.jobs "
-                                       f"WHERE id = {owing.id}"), 15, "the consequence owed")
+    await wait_for(
+        lambda: scalar(
+            dsn, f"SELECT consequence_state = 'owed' FROM awa_fast.jobs WHERE id = {owing.id}"
+        ),
+        15,
+        "the consequence owed",
+    )
 
     async def rescued():
         s = await asyncio.to_thread(scrape, exporter.url)
-        ok = (total(s, "awa_fast_rescues_total", cause="deadline") >= 1
-              and total(s, "awa_fast_consequences_owed") == 1
-              and total(s, "awa_fast_jobs_finalized_total", queue="metrics_lib",
-                        outcome="completed") == 1
-              and total(s, "awa_fast_maintenance_leader") == 1)
+        ok = (
+            total(s, "awa_fast_rescues_total", cause="deadline") >= 1
+            and total(s, "awa_fast_consequences_owed") == 1
+            and total(s, "awa_fast_jobs_finalized_total", queue="metrics_lib", outcome="completed")
+            == 1
+            and total(s, "awa_fast_maintenance_leader") == 1
+        )
         return s if ok else None
 
     await wait_for(rescued, 15, "a deadline rescue, the completion and leadership on the endpoint")
@@ -228,10 +308,13 @@ def test_launcher_metrics_port_errors_are_usage_errors(dsn, launchers):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        for port, reason in (("70000", "must be in 0..65535"),
-                             (str(taken.getsockname()[1]), "cannot listen on 127.0.0.1")):
-            launcher = Launcher(dsn, "--processes", "1", "--metrics-port", port,
-                                app="tests.metrics_app:client")
+        for port, reason in (
+            ("70000", "must be in 0..65535"),
+            (str(taken.getsockname()[1]), "cannot listen on 127.0.0.1"),
+        ):
+            launcher = Launcher(
+                dsn, "--processes", "1", "--metrics-port", port, app="tests.metrics_app:client"
+            )
             launchers.append(launcher)
             assert launcher.wait() == 2
             out = launcher.transcript()

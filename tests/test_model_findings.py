@@ -18,9 +18,15 @@ import awa_fast as awa
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 from tests.support import job_row, truncate, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, reconcile_interval_ms=50,
-            consequence_backoff_ms=50, heartbeat_staleness_ms=500)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    reconcile_interval_ms=50,
+    consequence_backoff_ms=50,
+    heartbeat_staleness_ms=500,
+)
 
 
 @dataclasses.dataclass
@@ -41,6 +47,7 @@ async def test_prune_keeps_a_failed_row_whose_consequence_is_owed(dsn):
     await truncate(dsn)
     client = awa.AsyncClient(dsn)
     try:
+
         @client.task(Shipment, failure_consequence=unavailable)
         async def ship(job):
             return None
@@ -76,6 +83,7 @@ async def test_cancel_leaves_a_consequence_pending_job_owed(dsn):
     await truncate(dsn)
     client = awa.AsyncClient(dsn)
     try:
+
         @client.task(Shipment, failure_consequence=unavailable)
         async def ship(job):
             raise awa.TerminalError("address rejected")
@@ -89,4 +97,3 @@ async def test_cancel_leaves_a_consequence_pending_job_owed(dsn):
         await client.close()
     row = await job_row(dsn, job.id)
     assert (row["state"], row["consequence_state"]) == ("consequence_pending", "owed")
-

@@ -22,14 +22,20 @@ DEPTH = 1_000_000  # pan -m: far above every model's depth; a truncated search f
 CASES = [
     ("staged_finalization.pml", [], None),
     ("staged_finalization.pml", ["BATCHED"], None),
-    ("staged_finalization.pml", ["NEG_FOLLOWUPS_BEFORE"],
-     "follow_up_traces_to_committed_completion"),
+    (
+        "staged_finalization.pml",
+        ["NEG_FOLLOWUPS_BEFORE"],
+        "follow_up_traces_to_committed_completion",
+    ),
     ("staged_finalization.pml", ["NEG_FOLLOWUPS_AFTER"], "completion_has_follow_up_or_holder"),
     ("staged_finalization.pml", ["NEG_NO_LEASE_GUARD"], "only_current_lease_completes"),
     ("staged_finalization.pml", ["NEG_DRAIN_ON_FIRST"], "completion_has_follow_up_or_holder"),
     ("staged_finalization.pml", ["NEG_COMPACT_PATH"], "completion_has_follow_up_or_holder"),
-    ("staged_finalization.pml", ["BATCHED", "NEG_BATCH_BY_ID"],
-     "follow_up_traces_to_committed_completion"),
+    (
+        "staged_finalization.pml",
+        ["BATCHED", "NEG_BATCH_BY_ID"],
+        "follow_up_traces_to_committed_completion",
+    ),
     ("settlement.pml", [], None),
     ("settlement.pml", ["NEG_VERDICT_FIRST"], "failed_job_has_effect_applied_or_owed"),
     ("settlement.pml", ["NEG_SETTLE_FIRST"], "failed_job_has_effect_applied_or_owed"),
@@ -69,8 +75,10 @@ def check(model: str, defines: list[str], workdir: pathlib.Path, *, optimize: bo
     _run(["spin", *flags, "-a", model], workdir)
     # -O2 pays off only on the large positive searches; counterexamples are found in a few
     # hundred states, where compiling dominates.
-    _run(["gcc", "-O2" if optimize else "-O0", "-w", "-DSAFETY", "-DCOLLAPSE", "-o", "pan",
-          "pan.c"], workdir)
+    _run(
+        ["gcc", "-O2" if optimize else "-O0", "-w", "-DSAFETY", "-DCOLLAPSE", "-o", "pan", "pan.c"],
+        workdir,
+    )
     out = _run(["./pan", f"-m{DEPTH}"], workdir)
     errors = re.search(r"errors: (\d+)", out)
     states = re.search(r"(\d+) states, stored", out)
@@ -81,9 +89,14 @@ def check(model: str, defines: list[str], workdir: pathlib.Path, *, optimize: bo
     if (workdir / f"{model}.trail").exists():
         replay = _run(["spin", *flags, "-t", model], workdir)
         violated = re.findall(r"INVARIANT VIOLATED: (\w+)", replay)
-    return {"errors": int(errors.group(1)), "states": int(states.group(1)),
-            "depth": int(depth.group(1)), "seconds": float(seconds.group(1)) if seconds else None,
-            "output": out, "violated": violated}
+    return {
+        "errors": int(errors.group(1)),
+        "states": int(states.group(1)),
+        "depth": int(depth.group(1)),
+        "seconds": float(seconds.group(1)) if seconds else None,
+        "output": out,
+        "violated": violated,
+    }
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
@@ -91,11 +104,13 @@ def test_model(case, tmp_path):
     model, defines, expected = case
     result = check(model, defines, tmp_path, optimize=expected is None)
     out = result["output"]
-    print(f"{_case_id(case)}: {result['states']} states, depth {result['depth']}, "
-          f"{result['seconds']} s, violated {result['violated']}")
+    print(
+        f"{_case_id(case)}: {result['states']} states, depth {result['depth']}, "
+        f"{result['seconds']} s, violated {result['violated']}"
+    )
     if expected is None:
         assert result["errors"] == 0, f"the model found a violation:\n{out}"
-        assert "Full statespace search" in out, out          # exhaustive, not bitstate
+        assert "Full statespace search" in out, out  # exhaustive, not bitstate
         assert "max search depth too small" not in out, out  # not truncated
         assert result["depth"] < DEPTH
         assert not result["violated"]
@@ -114,7 +129,9 @@ if __name__ == "__main__":  # the table in models/README.md: python -m tests.tes
             started = time.monotonic()
             r = check(model, defines, pathlib.Path(d), optimize=expected is None)
             wall = time.monotonic() - started
-        print(f"| {model.removesuffix('.pml')} | {' '.join(defines) or '(default)'} | "
-              f"{r['states']:,} | {r['depth']} | {r['seconds']} | {wall:.1f} | "
-              f"{', '.join(r['violated']) or str(r['errors']) + ' errors'} |",
-              flush=True)
+        print(
+            f"| {model.removesuffix('.pml')} | {' '.join(defines) or '(default)'} | "
+            f"{r['states']:,} | {r['depth']} | {r['seconds']} | {wall:.1f} | "
+            f"{', '.join(r['violated']) or str(r['errors']) + ' errors'} |",
+            flush=True,
+        )

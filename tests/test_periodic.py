@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -20,8 +20,13 @@ import awa_fast as awa
 from awa_fast import periodic
 from tests.support import scalar, truncate, wait_for
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, cron_interval_ms=50)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    cron_interval_ms=50,
+)
 IDLE = [("cron_idle", 1)]  # a queue nobody inserts into: cron jobs stay where they are
 MINUTE = timedelta(minutes=1)
 
@@ -45,6 +50,7 @@ async def db_now(dsn) -> datetime:
 async def away_from_minute_boundary(dsn, margin_s: int = 10) -> datetime:
     """Wait (at most ``margin_s`` + 2 s) until at least ``margin_s`` seconds remain in the current
     minute of the database clock; returns the latest every-minute fire time (that minute)."""
+
     async def ok():
         now = await db_now(dsn)
         return now if now.second < 60 - margin_s else None
@@ -55,8 +61,9 @@ async def away_from_minute_boundary(dsn, margin_s: int = 10) -> datetime:
 
 async def set_last_fire(dsn, name: str, at: datetime) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute("UPDATE awa_fast.cron_jobs SET last_fire_at = %s WHERE name = %s",
-                                 (at, name))
+        cur = await conn.execute(
+            "UPDATE awa_fast.cron_jobs SET last_fire_at = %s WHERE name = %s", (at, name)
+        )
         assert cur.rowcount == 1
 
 
@@ -68,22 +75,33 @@ async def cron_jobs(dsn, name: str) -> list[dict]:
     """Jobs enqueued by schedule ``name``, oldest fire first, with parsed fire times."""
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        await cur.execute("SELECT * FROM awa_fast.jobs WHERE metadata->>'awa:cron_name' = %s "
-                          "ORDER BY id", (name,))
+        await cur.execute(
+            "SELECT * FROM awa_fast.jobs WHERE metadata->>'awa:cron_name' = %s ORDER BY id", (name,)
+        )
         rows = await cur.fetchall()
     for r in rows:
         r["fire_at"] = datetime.fromisoformat(r["metadata"]["awa:cron_fire_at"])
     return sorted(rows, key=lambda r: (r["fire_at"], r["id"]))
 
 
-async def start_client(dsn, name: str, policy: str = "coalesce", *,
-                       maintenance: bool = True) -> awa.AsyncClient:
+async def start_client(
+    dsn, name: str, policy: str = "coalesce", *, maintenance: bool = True
+) -> awa.AsyncClient:
     """A runtime that registers schedule ``name``. Tests that evaluate by hand or only need the
     registration pass ``maintenance=False`` (no leader, no background evaluation)."""
     client = awa.AsyncClient(dsn)
-    client.periodic(name, "* * * * *", Tick, Tick(7), queue="cron_q", priority=3,
-                    max_attempts=5, tags=["cron"], metadata={"team": "ops"},
-                    missed_fire_policy=policy)
+    client.periodic(
+        name,
+        "* * * * *",
+        Tick,
+        Tick(7),
+        queue="cron_q",
+        priority=3,
+        max_attempts=5,
+        tags=["cron"],
+        metadata={"team": "ops"},
+        missed_fire_policy=policy,
+    )
     await client.start(IDLE, maintenance=maintenance, **FAST)
     return client
 
@@ -91,13 +109,15 @@ async def start_client(dsn, name: str, policy: str = "coalesce", *,
 async def first_fire_cleared(dsn, name: str) -> None:
     """Wait for a new schedule's first fire (awa fires the registration minute at once), then
     delete its jobs so a test counts only the fires it provokes."""
+
     async def fired():
         return await last_fire(dsn, name) is not None
 
     await wait_for(fired, what=f"{name}'s first fire")
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("DELETE FROM awa_fast.jobs WHERE metadata->>'awa:cron_name' = %s",
-                           (name,))
+        await conn.execute(
+            "DELETE FROM awa_fast.jobs WHERE metadata->>'awa:cron_name' = %s", (name,)
+        )
 
 
 async def wait_leader(*clients: awa.AsyncClient) -> awa.AsyncClient:
@@ -111,8 +131,19 @@ async def wait_leader(*clients: awa.AsyncClient) -> awa.AsyncClient:
 # -- registration -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("expr", ["not a cron", "61 * * * *", "* * * *", "*/5 * * * * *",
-                                  "* * 32 * *", "", "@reboot", "@sometimes"])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "not a cron",
+        "61 * * * *",
+        "* * * *",
+        "*/5 * * * * *",
+        "* * 32 * *",
+        "",
+        "@reboot",
+        "@sometimes",
+    ],
+)
 async def test_invalid_cron_expression_fails_at_registration(dsn, expr):
     client = awa.AsyncClient(dsn)  # registration itself needs no database
     with pytest.raises(awa.ValidationError) as info:
@@ -150,18 +181,21 @@ async def test_invalid_policy_and_options_fail_at_registration(dsn):
 
 
 def test_due_fires_policies_cap_and_timezone():
-    last = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+    last = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
     now = last + timedelta(minutes=5, seconds=30)
     assert periodic.due_fires("* * * * *", "UTC", "coalesce", last, now) == [last + 5 * MINUTE]
     assert periodic.due_fires("* * * * *", "UTC", "catch_up", last, now) == [
-        last + i * MINUTE for i in range(1, 6)]
+        last + i * MINUTE for i in range(1, 6)
+    ]
     assert periodic.due_fires("* * * * *", "UTC", "catch_up", last, now, limit=2) == [
-        last + MINUTE, last + 2 * MINUTE]
+        last + MINUTE,
+        last + 2 * MINUTE,
+    ]
     assert periodic.due_fires("* * * * *", "UTC", "catch_up", now, now) == []
     # 09:00 in Paris is 08:00 UTC in winter, 07:00 UTC in summer.
-    winter = datetime(2026, 1, 10, 12, 0, tzinfo=timezone.utc)
+    winter = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
     assert periodic.latest_fire("0 9 * * *", "Europe/Paris", winter) == winter.replace(hour=8)
-    summer = datetime(2026, 7, 10, 12, 0, tzinfo=timezone.utc)
+    summer = datetime(2026, 7, 10, 12, 0, tzinfo=UTC)
     assert periodic.latest_fire("0 9 * * *", "Europe/Paris", summer) == summer.replace(hour=7)
     # A fire time exactly at ``now`` is due.
     assert periodic.latest_fire("* * * * *", "UTC", last) == last
@@ -207,7 +241,11 @@ async def test_due_fire_enqueues_exactly_one_job(dsn):
         job = jobs[0]
         assert job["fire_at"] == latest
         assert (job["kind"], job["queue"], job["priority"], job["max_attempts"]) == (
-            "tick", "cron_q", 3, 5)
+            "tick",
+            "cron_q",
+            3,
+            5,
+        )
         assert job["args"] == {"n": 7} and job["tags"] == ["cron"]
         assert job["metadata"]["team"] == "ops"
         assert job["state"] == "available"
@@ -221,8 +259,10 @@ async def test_contending_evaluators_fire_once(dsn):
     client = awa.AsyncClient(dsn)
     client.periodic("race_coalesce", "* * * * *", Tick, Tick(), missed_fire_policy="coalesce")
     client.periodic("race_catch_up", "* * * * *", Tick, Tick(), missed_fire_policy="catch_up")
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as a, \
-            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as b:
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as a,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as b,
+    ):
         await periodic.sync_schedules(a, list(client.periodic_jobs.values()))
         latest = await away_from_minute_boundary(dsn)
         rounds, expected_catch_up = 30, 0
@@ -244,8 +284,10 @@ async def test_second_evaluator_waits_and_rechecks(dsn):
     transaction is open); evaluator B blocks on the lock and, once A commits, finds nothing due."""
     client = awa.AsyncClient(dsn)
     client.periodic("locked", "* * * * *", Tick, Tick())
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as a, \
-            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as b:
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as a,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as b,
+    ):
         await periodic.sync_schedules(a, list(client.periodic_jobs.values()))
         latest = await away_from_minute_boundary(dsn)
         await set_last_fire(dsn, "locked", latest - 3 * MINUTE)
@@ -254,8 +296,11 @@ async def test_second_evaluator_waits_and_rechecks(dsn):
             second = asyncio.create_task(periodic.fire_one(b, "locked"))
 
             async def b_blocked():
-                return await scalar(dsn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity "
-                                         "WHERE pid = %s", (b.info.backend_pid,))
+                return await scalar(
+                    dsn,
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                    (b.info.backend_pid,),
+                )
 
             await wait_for(b_blocked, what="the second evaluator to wait on the row lock")
             assert not second.done()
@@ -300,6 +345,7 @@ async def test_restart_across_missed_fires(dsn, policy, missed, expected):
 
     client = await start_client(dsn, name, policy)  # restart: same schedule re-registered
     try:
+
         async def caught_up():
             last = await last_fire(dsn, name)
             return last is not None and last >= latest
@@ -343,8 +389,17 @@ async def test_changed_expression_restarts_from_now(dsn):
 
 async def test_list_and_delete_cron_jobs(dsn):
     client = awa.AsyncClient(dsn)
-    client.periodic("b_daily", "0 9 * * *", Tick, Tick(1), timezone="Europe/Paris",
-                    queue="reports", tags=["t"], metadata={"m": 1}, missed_fire_policy="catch_up")
+    client.periodic(
+        "b_daily",
+        "0 9 * * *",
+        Tick,
+        Tick(1),
+        timezone="Europe/Paris",
+        queue="reports",
+        tags=["t"],
+        metadata={"m": 1},
+        missed_fire_policy="catch_up",
+    )
     client.periodic("a_minutely", "* * * * *", Tick, {"n": 2})
     await client.start(IDLE, maintenance=False, **FAST)
     try:

@@ -6,7 +6,7 @@ queue_stats and pause/resume.
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import msgspec
 import psycopg
@@ -17,7 +17,7 @@ import awa_fast
 from awa_fast import EnqueueRequest, JobState, derive_kind
 from awa_fast.bridge import insert_job, insert_job_sync
 
-UTC = timezone.utc
+UTC = UTC
 
 
 # -- args types -------------------------------------------------------------------------------
@@ -120,9 +120,16 @@ async def test_async_client_insert_returns_job_with_all_fields(dsn):
     run_at = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=2)
     async with awa_fast.AsyncClient(dsn, max_connections=10) as c:
         job = await c.insert(
-            SendEmail(to="a@example.com"), queue="mail", priority=1, max_attempts=7,
-            tags=["t1", "t2"], metadata={"trace": {"id": "abc"}}, run_at=run_at,
-            unique_opts={"by_queue": True}, ordering_key="tenant-1")
+            SendEmail(to="a@example.com"),
+            queue="mail",
+            priority=1,
+            max_attempts=7,
+            tags=["t1", "t2"],
+            metadata={"trace": {"id": "abc"}},
+            run_at=run_at,
+            unique_opts={"by_queue": True},
+            ordering_key="tenant-1",
+        )
         fetched = await c.get_job(job.id)
     assert isinstance(job, awa_fast.Job)
     assert job.kind == "send_email"
@@ -183,17 +190,22 @@ async def test_args_types_and_kind_derivation(client, dsn):
         ("custom_kind", {"free": "form"}),
         ("override", {"to": "y", "subject": "hi"}),
     ]
-    stored = {r["id"]: (r["kind"], r["args"]) for r in q(dsn, "SELECT id, kind, args FROM awa_fast.jobs")}
+    stored = {
+        r["id"]: (r["kind"], r["args"]) for r in q(dsn, "SELECT id, kind, args FROM awa_fast.jobs")
+    }
     assert stored == {j.id: (j.kind, j.args) for j in jobs}
 
 
-@pytest.mark.parametrize("delta, state", [
-    (timedelta(hours=1), JobState.Scheduled),
-    (timedelta(days=365 * 50), JobState.Scheduled),
-    # awa-pg: any explicit run_at, even past, makes the job scheduled (promotion follows)
-    (timedelta(seconds=-1), JobState.Scheduled),
-    (timedelta(days=-3650), JobState.Scheduled),
-])
+@pytest.mark.parametrize(
+    "delta, state",
+    [
+        (timedelta(hours=1), JobState.Scheduled),
+        (timedelta(days=365 * 50), JobState.Scheduled),
+        # awa-pg: any explicit run_at, even past, makes the job scheduled (promotion follows)
+        (timedelta(seconds=-1), JobState.Scheduled),
+        (timedelta(days=-3650), JobState.Scheduled),
+    ],
+)
 async def test_run_at_decides_state(client, dsn, delta, state):
     run_at = datetime.now(UTC) + delta
     job = await client.insert({"d": str(delta)}, kind="timed", run_at=run_at)
@@ -213,12 +225,25 @@ async def test_run_at_string_future_is_scheduled(client):
 
 
 async def test_insert_many_in_order_with_shared_options(client, dsn):
-    jobs = await client.insert_many([{"i": i} for i in range(300)], kind="bulk", queue="b",
-                                    priority=3, tags=["x", "y,z"], metadata={"m": 1})
+    jobs = await client.insert_many(
+        [{"i": i} for i in range(300)],
+        kind="bulk",
+        queue="b",
+        priority=3,
+        tags=["x", "y,z"],
+        metadata={"m": 1},
+    )
     assert [j.args["i"] for j in jobs] == list(range(300))
     assert len({j.id for j in jobs}) == 300
-    assert all(j.kind == "bulk" and j.queue == "b" and j.priority == 3 and j.tags == ["x", "y,z"]
-               and j.metadata == {"m": 1} and j.state == JobState.Available for j in jobs)
+    assert all(
+        j.kind == "bulk"
+        and j.queue == "b"
+        and j.priority == 3
+        and j.tags == ["x", "y,z"]
+        and j.metadata == {"m": 1}
+        and j.state == JobState.Available
+        for j in jobs
+    )
     rows = {r["id"]: r for r in q(dsn, "SELECT id, args, tags, priority FROM awa_fast.jobs")}
     assert len(rows) == 300
     for j in jobs:
@@ -227,12 +252,15 @@ async def test_insert_many_in_order_with_shared_options(client, dsn):
 
 async def test_insert_many_mixed_requests_and_tags(client, dsn):
     future = datetime.now(UTC) + timedelta(hours=1)
-    jobs = await client.insert_many([
-        SendEmail(to="a"),
-        EnqueueRequest({"k": 1}, kind="req", queue="other", priority=4, tags=["only"],
-                       run_at=future),
-        EnqueueRequest(OAuthRefresh(user_id=1), tags=[]),
-    ])
+    jobs = await client.insert_many(
+        [
+            SendEmail(to="a"),
+            EnqueueRequest(
+                {"k": 1}, kind="req", queue="other", priority=4, tags=["only"], run_at=future
+            ),
+            EnqueueRequest(OAuthRefresh(user_id=1), tags=[]),
+        ]
+    )
     assert [(j.kind, j.queue, j.priority, j.tags, j.state) for j in jobs] == [
         ("send_email", "default", 2, [], JobState.Available),
         ("req", "other", 4, ["only"], JobState.Scheduled),
@@ -253,9 +281,13 @@ async def test_insert_many_empty(client, dsn):
 
 async def test_insert_many_copy_10k(client, dsn):
     n = 10_000
-    jobs = await client.insert_many_copy([{"i": i, "s": f"v\t{i}\\n"} for i in range(n)],
-                                         kind="copied", queue="copyq", tags=["a b", "{c}"],
-                                         metadata={"src": "copy"})
+    jobs = await client.insert_many_copy(
+        [{"i": i, "s": f"v\t{i}\\n"} for i in range(n)],
+        kind="copied",
+        queue="copyq",
+        tags=["a b", "{c}"],
+        metadata={"src": "copy"},
+    )
     assert len(jobs) == n
     assert count(dsn) == n
     rows = q(dsn, "SELECT id, (args->>'i')::int AS i, args->>'s' AS s FROM awa_fast.jobs")
@@ -271,17 +303,30 @@ async def test_insert_many_copy_10k(client, dsn):
 async def test_insert_many_copy_options_match_get_job(client, dsn):
     future = datetime(2040, 1, 1, 12, 30, tzinfo=timezone(timedelta(hours=2)))
     past = datetime(2001, 1, 1, tzinfo=UTC)
-    jobs = await client.insert_many_copy([
-        EnqueueRequest({"a": 1}, kind="c1", run_at=future, priority=1, max_attempts=3,
-                       unique_opts={"by_period": 7}),
-        EnqueueRequest({"a": 2}, kind="c2", run_at=past, ordering_key="ok"),
-        {"a": 3},
-    ], kind="c3", metadata={"x": [1, 2]})
+    jobs = await client.insert_many_copy(
+        [
+            EnqueueRequest(
+                {"a": 1},
+                kind="c1",
+                run_at=future,
+                priority=1,
+                max_attempts=3,
+                unique_opts={"by_period": 7},
+            ),
+            EnqueueRequest({"a": 2}, kind="c2", run_at=past, ordering_key="ok"),
+            {"a": 3},
+        ],
+        kind="c3",
+        metadata={"x": [1, 2]},
+    )
     assert [j.state for j in jobs] == [JobState.Scheduled, JobState.Scheduled, JobState.Available]
     assert ts(jobs[0].run_at) == future and ts(jobs[1].run_at) == past
     for j in jobs:
         assert (await client.get_job(j.id)).to_dict() == j.to_dict()
-    assert q(dsn, "SELECT count(*) AS n FROM awa_fast.jobs WHERE ordering_key = 'ok'::bytea")[0]["n"] == 1
+    assert (
+        q(dsn, "SELECT count(*) AS n FROM awa_fast.jobs WHERE ordering_key = 'ok'::bytea")[0]["n"]
+        == 1
+    )
 
 
 async def test_insert_many_copy_run_at_matches_get_job_on_non_utc_session(dsn):
@@ -311,7 +356,9 @@ async def test_transaction_commits_with_caller_statements(client, dsn):
         assert await tx.execute("INSERT INTO side_effects (note) VALUES ($1)", "created") == 1
         job = await tx.insert({"order": 1}, kind="tx_job")
         many = await tx.insert_many([{"order": 2}, {"order": 3}], kind="tx_job")
-        row = await tx.fetch_one("SELECT count(*) AS n FROM awa_fast.jobs WHERE kind = $1", "tx_job")
+        row = await tx.fetch_one(
+            "SELECT count(*) AS n FROM awa_fast.jobs WHERE kind = $1", "tx_job"
+        )
         assert row["n"] == 3
         pct = await tx.fetch_one("SELECT $1::text || '%' AS v, 'a%b' LIKE 'a%' AS m", "50")
         assert pct == {"v": "50%", "m": True}
@@ -372,7 +419,12 @@ async def test_bridge_insert_job_joins_caller_transaction(dsn):
         out = await insert_job(conn, SendEmail(to="b"), queue="bq", priority=3, tags=["t"])
         assert isinstance(out, dict)
         assert (out["kind"], out["queue"], out["priority"], out["state"], out["tags"]) == (
-            "send_email", "bq", 3, "available", ["t"])
+            "send_email",
+            "bq",
+            3,
+            "available",
+            ["t"],
+        )
         assert count(dsn) == 0  # uncommitted
         await conn.rollback()
         assert count(dsn) == 0 and side_count(dsn) == 0
@@ -432,11 +484,12 @@ async def test_get_job_missing_raises_awa_error(client, sync_client):
 async def test_list_jobs_filters(client, dsn):
     a = await client.insert({"n": 1}, kind="alpha", queue="q1")
     b = await client.insert({"n": 2}, kind="beta", queue="q1")
-    c = await client.insert({"n": 3}, kind="alpha", queue="q2",
-                            run_at=datetime.now(UTC) + timedelta(hours=1))
+    c = await client.insert(
+        {"n": 3}, kind="alpha", queue="q2", run_at=datetime.now(UTC) + timedelta(hours=1)
+    )
     d = await client.insert({"n": 4}, kind="alpha", queue="q1")
     await client.cancel(d.id)
-    ids = lambda jobs: [j.id for j in jobs]  # noqa: E731
+    ids = lambda jobs: [j.id for j in jobs]
     assert ids(await client.list_jobs()) == [d.id, c.id, b.id, a.id]
     assert ids(await client.list_jobs(kind="alpha")) == [d.id, c.id, a.id]
     assert ids(await client.list_jobs(queue="q1")) == [d.id, b.id, a.id]
@@ -463,8 +516,11 @@ async def test_cancel_and_retry(client, dsn):
 
     failed = await client.insert({"n": 2}, kind="adm")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE awa_fast.jobs SET state = 'failed', attempt = 5, "
-                     "finalized_at = now() WHERE id = %s", (failed.id,))
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'failed', attempt = 5, "
+            "finalized_at = now() WHERE id = %s",
+            (failed.id,),
+        )
     r = await client.retry(failed.id)
     assert (r.state, r.attempt) == (JobState.Available, 0)
     row = q(dsn, "SELECT state::text, attempt FROM awa_fast.jobs WHERE id = %s", (failed.id,))[0]
@@ -487,10 +543,14 @@ async def test_queue_stats_and_pause_resume(client, dsn):
     done = await client.insert({"d": 1}, kind="st", queue="qb")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE awa_fast.jobs SET state = 'retryable' WHERE id = %s", (r1.id,))
-        conn.execute("UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() "
-                     "WHERE id = %s", (f1.id,))
-        conn.execute("UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() "
-                     "WHERE id = %s", (done.id,))
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() WHERE id = %s",
+            (f1.id,),
+        )
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() WHERE id = %s",
+            (done.id,),
+        )
     await client.cancel(c1.id)
 
     stats = {s.queue: s for s in await client.queue_stats()}
@@ -507,7 +567,10 @@ async def test_queue_stats_and_pause_resume(client, dsn):
     stats = {s.queue: s for s in await client.queue_stats()}
     assert stats["qa"].paused and not stats["qb"].paused
     assert stats["empty_q"].paused and stats["empty_q"].total_queued == 0
-    assert q(dsn, "SELECT paused_by FROM awa_fast.queue_meta WHERE queue = 'qa'")[0]["paused_by"] == "ops"
+    assert (
+        q(dsn, "SELECT paused_by FROM awa_fast.queue_meta WHERE queue = 'qa'")[0]["paused_by"]
+        == "ops"
+    )
     assert stats["qa"].available == 3  # pausing does not change counts
 
     await client.resume_queue("qa")

@@ -11,10 +11,18 @@ import pytest
 import awa_fast as awa
 from tests.support import job_row, scalar, wait_for, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=50, callback_rescue_interval_ms=50,
-            deadline_rescue_interval_ms=50, reconcile_interval_ms=50,
-            consequence_backoff_ms=50, callback_poll_interval_ms=20)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    heartbeat_rescue_interval_ms=50,
+    callback_rescue_interval_ms=50,
+    deadline_rescue_interval_ms=50,
+    reconcile_interval_ms=50,
+    consequence_backoff_ms=50,
+    callback_poll_interval_ms=20,
+)
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -73,8 +81,9 @@ async def test_a_unique_collision_does_not_fail_a_whole_completion_batch(dsn, cl
 
 
 async def _all_completed(dsn, ids):
-    return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) AND "
-                             "state = 'completed'", (ids,)) == len(ids)
+    return await scalar(
+        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) AND state = 'completed'", (ids,)
+    ) == len(ids)
 
 
 async def test_a_reclaimed_job_keeps_its_in_flight_bookkeeping(dsn, client):
@@ -95,8 +104,12 @@ async def test_a_reclaimed_job_keeps_its_in_flight_bookkeeping(dsn, client):
     await first_started.wait()
     # Superseded as rescue would (cancel + retry now refuses while the attempt runs):
     # the row is re-claimed under lease 2 while the first handler still runs.
-    await scalar(dsn, "UPDATE awa_fast.jobs SET state = 'available', heartbeat_at = NULL "
-                      "WHERE id = %s RETURNING id", (job.id,))
+    await scalar(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'available', heartbeat_at = NULL "
+        "WHERE id = %s RETURNING id",
+        (job.id,),
+    )
     await second_started.wait()
     release_first.set()  # the old attempt ends while the new one runs
     await wait_for(lambda: _true(client.runtime.finalizer.stats["stale"]), what="stale old attempt")
@@ -261,8 +274,9 @@ async def test_lone_surrogates_are_validation_errors(client, field):
     assert info.value.field == field
 
 
-@pytest.mark.parametrize("override", [{"priority": 40000}, {"priority": True},
-                                      {"queue": "a\x00b"}, {"queue": 5}])
+@pytest.mark.parametrize(
+    "override", [{"priority": 40000}, {"priority": True}, {"queue": "a\x00b"}, {"queue": 5}]
+)
 async def test_dlq_retry_overrides_are_validated(client, override):
     with pytest.raises(awa.ValidationError):
         await client.retry_from_dlq(1, **override)
@@ -274,8 +288,10 @@ async def test_rescue_duplicate_cancel_leaves_a_job_that_completed_meanwhile(dsn
     job = await client.insert(Job("x"))
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         # The rescue saw it stale, then its worker completed it before the cancel ran.
-        await conn.execute("UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() "
-                           "WHERE id = %s", (job.id,))
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() WHERE id = %s",
+            (job.id,),
+        )
         cur = await conn.execute(sql.CANCEL_RESCUED_DUPLICATE, {"id": job.id, "stale_ms": 1})
         assert cur.rowcount == 0
         # ... and a promotion fallback leaves a job that is no longer due alone too.

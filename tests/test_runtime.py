@@ -10,16 +10,22 @@ import signal
 import subprocess
 import sys
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 import awa_fast as awa
 from tests.support import job_row, scalar, wait_for, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, heartbeat_rescue_interval_ms=100, callback_rescue_interval_ms=100,
-            deadline_rescue_interval_ms=100)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    heartbeat_rescue_interval_ms=100,
+    callback_rescue_interval_ms=100,
+    deadline_rescue_interval_ms=100,
+)
 
 
 @dataclasses.dataclass
@@ -63,12 +69,19 @@ async def test_every_outcome_and_its_row(dsn, client):
     ids["bad_args"] = (await client.insert({"unexpected": 1}, kind="work")).id
     await client.start([("default", 20)], **FAST)
     expect = {
-        "complete": "completed", "value": "completed", "retry_after": "retryable",
-        "snooze": "scheduled", "cancel": "cancelled", "terminal": "failed", "boom": "retryable",
-        "retry_after_final": "failed", "boom_final": "failed", "bad_args": "failed",
+        "complete": "completed",
+        "value": "completed",
+        "retry_after": "retryable",
+        "snooze": "scheduled",
+        "cancel": "cancelled",
+        "terminal": "failed",
+        "boom": "retryable",
+        "retry_after_final": "failed",
+        "boom_final": "failed",
+        "bad_args": "failed",
     }
     rows = {m: await wait_state(dsn, ids[m], expect[m]) for m in expect}
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
 
     assert rows["complete"]["finalized_at"] is not None and rows["complete"]["progress"] is None
     assert rows["complete"]["errors"] == [] and rows["complete"]["attempt"] == 1
@@ -159,8 +172,10 @@ async def test_stale_completion_changes_nothing(dsn, client):
     await started.wait()
     # The attempt is rescued (its heartbeat looks stale) before the handler returns.
     async with (await client.pool()).connection() as conn:
-        await conn.execute("UPDATE awa_fast.jobs SET heartbeat_at = now() - interval '1 hour' "
-                           "WHERE id = %s", (job.id,))
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET heartbeat_at = now() - interval '1 hour' WHERE id = %s",
+            (job.id,),
+        )
     rescued = await _rescue_directly(client)
     assert [r[0] for r in rescued] == [job.id]
     before = await job_row(dsn, job.id)
@@ -174,7 +189,9 @@ async def test_stale_completion_changes_nothing(dsn, client):
 async def _rescue_directly(client):
     from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 
-    m = Maintenance(client.database_url, client.pool, MaintenanceConfig(heartbeat_staleness_ms=1000))
+    m = Maintenance(
+        client.database_url, client.pool, MaintenanceConfig(heartbeat_staleness_ms=1000)
+    )
     return await m.rescue()
 
 
@@ -182,8 +199,13 @@ async def test_sigkilled_worker_job_is_rescued_and_completed_elsewhere(dsn, clie
     job = await client.insert({"k": 1}, kind="hang", queue="kill_q", max_attempts=3)
     env = {**os.environ, "AWA_FAST_APP_DSN": dsn}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.worker_app", env=env, stdout=subprocess.PIPE,
-        cwd=os.path.dirname(os.path.dirname(__file__)))
+        sys.executable,
+        "-m",
+        "tests.worker_app",
+        env=env,
+        stdout=subprocess.PIPE,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
         assert line.decode().split() == ["started", str(job.id)]
@@ -232,8 +254,9 @@ async def test_graceful_shutdown_finishes_or_releases_and_loses_nothing(dsn, cli
 
 
 async def _all_state(dsn, ids, state):
-    n = await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) AND state = %s",
-                     (ids, state))
+    n = await scalar(
+        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) AND state = %s", (ids, state)
+    )
     return n == len(ids)
 
 
@@ -291,7 +314,10 @@ async def test_progress_is_piggybacked_on_heartbeats_and_cleared_on_completion(d
         return row["progress"]
 
     assert await wait_for(progress, what="progress flushed") == {
-        "percent": 40, "message": "halfway", "metadata": {"cursor": 7}}
+        "percent": 40,
+        "message": "halfway",
+        "metadata": {"cursor": 7},
+    }
     release.set()
     row = await wait_state(dsn, job.id, "completed")
     assert row["progress"] is None
@@ -302,7 +328,7 @@ async def test_scheduled_job_is_promoted_and_runs(dsn, client):
     async def work(job):
         return None
 
-    job = await client.insert(Work("x"), run_at=datetime.now(timezone.utc) + timedelta(seconds=0.3))
+    job = await client.insert(Work("x"), run_at=datetime.now(UTC) + timedelta(seconds=0.3))
     assert job.state == awa.JobState.Scheduled
     await client.start([("default", 1)], **FAST)
     await wait_state(dsn, job.id, "completed")
@@ -324,10 +350,15 @@ async def test_prune_deletes_terminal_jobs_past_retention(dsn, client):
     old = await client.insert(Work("x"))
     young = await client.insert(Work("y"))
     async with (await client.pool()).connection() as conn:
-        await conn.execute("UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() - "
-                           "interval '2 hours' WHERE id = %s", (old.id,))
-        await conn.execute("UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() "
-                           "WHERE id = %s", (young.id,))
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() - "
+            "interval '2 hours' WHERE id = %s",
+            (old.id,),
+        )
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() WHERE id = %s",
+            (young.id,),
+        )
     from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 
     m = Maintenance(dsn, client.pool, MaintenanceConfig(completed_retention_hours=1))
@@ -389,8 +420,7 @@ async def test_deadline_abandons_the_handler_and_rescue_retries_it(dsn, client):
         return None
 
     job = await client.insert(Work("x"), max_attempts=3)
-    await client.start([{"name": "default", "max_workers": 1, "deadline_duration_ms": 300}],
-                       **FAST)
+    await client.start([{"name": "default", "max_workers": 1, "deadline_duration_ms": 300}], **FAST)
     row = await wait_state(dsn, job.id, "completed")
     assert attempts == [1, 2] and cancelled == [job.id]
     assert row["errors"][0]["error"] == "hard deadline exceeded"

@@ -28,17 +28,30 @@ def empty_db(pg_base_dsn):
 
 def test_concurrent_migrations_from_many_processes(empty_db):
     code = "import sys; from awa_fast.schema import migrate_sync; print(migrate_sync(sys.argv[1]))"
-    procs = [subprocess.Popen([sys.executable, "-c", code, empty_db], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, empty_db],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * 6, [o[1] for o in outputs]
-    applied = [ast.literal_eval(o[0]) for o in outputs]  # each prints the list of versions it applied
+    applied = [
+        ast.literal_eval(o[0]) for o in outputs
+    ]  # each prints the list of versions it applied
     everything = list(range(1, current_migration_version() + 1))
     assert sorted(v for a in applied for v in a) == everything  # each applied exactly once
     assert migrate_sync(empty_db) == []  # idempotent
     with psycopg.connect(empty_db) as conn:
-        versions = [r[0] for r in conn.execute(
-            "SELECT version FROM awa_fast.schema_version ORDER BY 1").fetchall()]
+        versions = [
+            r[0]
+            for r in conn.execute(
+                "SELECT version FROM awa_fast.schema_version ORDER BY 1"
+            ).fetchall()
+        ]
     assert versions == everything
 
 
@@ -47,14 +60,20 @@ def test_claim_uses_the_partial_claim_index(dsn):
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE awa_fast.jobs")
-        conn.execute("INSERT INTO awa_fast.jobs (kind, queue, state) SELECT 'k', "
-                     "CASE WHEN g % 10 = 0 THEN 'q1' ELSE 'q2' END, "
-                     "CASE WHEN g % 3 = 0 THEN 'available' ELSE 'completed' END::awa_fast.job_state "
-                     "FROM generate_series(1, 20000) g")
+        conn.execute(
+            "INSERT INTO awa_fast.jobs (kind, queue, state) SELECT 'k', "
+            "CASE WHEN g % 10 = 0 THEN 'q1' ELSE 'q2' END, "
+            "CASE WHEN g % 3 = 0 THEN 'available' ELSE 'completed' END::awa_fast.job_state "
+            "FROM generate_series(1, 20000) g"
+        )
         conn.execute("ANALYZE awa_fast.jobs")
         with conn.transaction():
-            plan = "\n".join(r[0] for r in conn.execute(
-                "EXPLAIN " + sql.CLAIM, {"queue": "q1", "limit": 10, "deadline_ms": 1000,
-                                       "kinds": ["k"]}))
+            plan = "\n".join(
+                r[0]
+                for r in conn.execute(
+                    "EXPLAIN " + sql.CLAIM,
+                    {"queue": "q1", "limit": 10, "deadline_ms": 1000, "kinds": ["k"]},
+                )
+            )
             raise psycopg.Rollback()
     assert "idx_awa_fast_jobs_claim" in plan, plan

@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -18,7 +18,7 @@ from psycopg.rows import dict_row
 import awa_fast
 from awa_fast import EnqueueRequest, JobState, UniqueConflict, UniqueOpts
 
-UTC = timezone.utc
+UTC = UTC
 UNIQUE_INDEX = "idx_awa_fast_jobs_unique"
 
 # Bit positions of the states mask.
@@ -62,8 +62,9 @@ def count(dsn: str, where: str = "true", params=None) -> int:
 
 def set_state(dsn: str, job_id: int, state: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE awa_fast.jobs SET state = %s::awa_fast.job_state WHERE id = %s",
-                     (state, job_id))
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = %s::awa_fast.job_state WHERE id = %s", (state, job_id)
+        )
 
 
 async def conflicts(client, args, **opts) -> bool:
@@ -94,8 +95,11 @@ async def test_duplicate_raises_unique_conflict(client, dsn):
 
 async def test_default_options_equal_explicit_defaults(client):
     a = await client.insert({"a": 1}, kind="u", unique_opts={})
-    for opts in ({"by_args": True, "by_queue": False, "states": 31},
-                 UniqueOpts(), {"by_period": None}):
+    for opts in (
+        {"by_args": True, "by_queue": False, "states": 31},
+        UniqueOpts(),
+        {"by_period": None},
+    ):
         with pytest.raises(UniqueConflict):
             await client.insert({"a": 1}, kind="u", unique_opts=opts)
     assert a.unique_states == 31
@@ -103,44 +107,74 @@ async def test_default_options_equal_explicit_defaults(client):
 
 async def test_args_are_canonical(client, dsn):
     await client.insert({"a": 1, "b": {"y": 2, "x": [1, "é"]}}, kind="canon", unique_opts={})
-    assert await conflicts(client, {"b": {"x": [1, "é"], "y": 2}, "a": 1}, kind="canon",
-                           unique_opts={})
+    assert await conflicts(
+        client, {"b": {"x": [1, "é"], "y": 2}, "a": 1}, kind="canon", unique_opts={}
+    )
     # Typed args and the equal dict share a key under the same kind.
     await client.insert(SyncInvoice(invoice=7), unique_opts={})
-    assert await conflicts(client, {"region": "eu", "invoice": 7}, kind="sync_invoice",
-                           unique_opts={})
+    assert await conflicts(
+        client, {"region": "eu", "invoice": 7}, kind="sync_invoice", unique_opts={}
+    )
     assert count(dsn) == 2
 
 
-@pytest.mark.parametrize("first, second, conflict", [
-    # by_args (default True): different args -> different key
-    (dict(args={"a": 1}), dict(args={"a": 2}), False),
-    (dict(args={"a": 1}), dict(args={"a": 1.5}), False),
-    # by_args False: args ignored
-    (dict(args={"a": 1}, u={"by_args": False}), dict(args={"a": 2}, u={"by_args": False}), True),
-    # by_queue False (default): queue ignored
-    (dict(queue="q1"), dict(queue="q2"), True),
-    # by_queue True: different queue allowed, same queue conflicts
-    (dict(queue="q1", u={"by_queue": True}), dict(queue="q2", u={"by_queue": True}), False),
-    (dict(queue="q1", u={"by_queue": True}), dict(queue="q1", u={"by_queue": True}), True),
-    # by_period: the bucket number is part of the key
-    (dict(u={"by_period": 100}), dict(u={"by_period": 101}), False),
-    (dict(u={"by_period": 100}), dict(u={"by_period": 100}), True),
-    (dict(u={"by_period": -1}), dict(u={}), False),
-    # kind is always part of the key
-    (dict(kind="k1"), dict(kind="k2"), False),
-    # the key does not depend on the states mask, priority, tags or metadata
-    (dict(u={"states": 31}), dict(u={"states": 2}, priority=4, tags=["t"], metadata={"m": 1}), True),
-    # by_queue changes the key even for the same queue
-    (dict(u={"by_queue": True}), dict(u={}), False),
-], ids=["args_differ", "int_vs_float", "by_args_false", "queue_ignored", "by_queue_differ",
-        "by_queue_same", "period_differ", "period_same", "period_vs_none", "kind_differ",
-        "mask_not_in_key", "by_queue_changes_key"])
+@pytest.mark.parametrize(
+    "first, second, conflict",
+    [
+        # by_args (default True): different args -> different key
+        (dict(args={"a": 1}), dict(args={"a": 2}), False),
+        (dict(args={"a": 1}), dict(args={"a": 1.5}), False),
+        # by_args False: args ignored
+        (
+            dict(args={"a": 1}, u={"by_args": False}),
+            dict(args={"a": 2}, u={"by_args": False}),
+            True,
+        ),
+        # by_queue False (default): queue ignored
+        (dict(queue="q1"), dict(queue="q2"), True),
+        # by_queue True: different queue allowed, same queue conflicts
+        (dict(queue="q1", u={"by_queue": True}), dict(queue="q2", u={"by_queue": True}), False),
+        (dict(queue="q1", u={"by_queue": True}), dict(queue="q1", u={"by_queue": True}), True),
+        # by_period: the bucket number is part of the key
+        (dict(u={"by_period": 100}), dict(u={"by_period": 101}), False),
+        (dict(u={"by_period": 100}), dict(u={"by_period": 100}), True),
+        (dict(u={"by_period": -1}), dict(u={}), False),
+        # kind is always part of the key
+        (dict(kind="k1"), dict(kind="k2"), False),
+        # the key does not depend on the states mask, priority, tags or metadata
+        (
+            dict(u={"states": 31}),
+            dict(u={"states": 2}, priority=4, tags=["t"], metadata={"m": 1}),
+            True,
+        ),
+        # by_queue changes the key even for the same queue
+        (dict(u={"by_queue": True}), dict(u={}), False),
+    ],
+    ids=[
+        "args_differ",
+        "int_vs_float",
+        "by_args_false",
+        "queue_ignored",
+        "by_queue_differ",
+        "by_queue_same",
+        "period_differ",
+        "period_same",
+        "period_vs_none",
+        "kind_differ",
+        "mask_not_in_key",
+        "by_queue_changes_key",
+    ],
+)
 async def test_key_components(client, dsn, first, second, conflict):
     def call(spec):
-        return dict(kind=spec.get("kind", "comp"), queue=spec.get("queue", "default"),
-                    unique_opts=spec.get("u", {}), priority=spec.get("priority", 2),
-                    tags=spec.get("tags"), metadata=spec.get("metadata"))
+        return dict(
+            kind=spec.get("kind", "comp"),
+            queue=spec.get("queue", "default"),
+            unique_opts=spec.get("u", {}),
+            priority=spec.get("priority", 2),
+            tags=spec.get("tags"),
+            metadata=spec.get("metadata"),
+        )
 
     await client.insert(first.get("args", {"a": 1}), **call(first))
     assert await conflicts(client, second.get("args", {"a": 1}), **call(second)) is conflict
@@ -242,16 +276,25 @@ async def test_cancel_by_unique_key_default(client, dsn):
 
 
 async def test_cancel_by_unique_key_with_queue_period_and_typed_args(client, dsn):
-    job = await client.insert(SyncInvoice(invoice=5), queue="billing",
-                              unique_opts={"by_queue": True, "by_period": 42})
+    job = await client.insert(
+        SyncInvoice(invoice=5), queue="billing", unique_opts={"by_queue": True, "by_period": 42}
+    )
     assert await client.cancel_by_unique_key("sync_invoice", args=SyncInvoice(invoice=5)) is None
-    assert await client.cancel_by_unique_key("sync_invoice", queue="billing",
-                                             args=SyncInvoice(invoice=5)) is None
-    assert await client.cancel_by_unique_key("sync_invoice", queue="billing",
-                                             args={"invoice": 5, "region": "eu"},
-                                             period_bucket=41) is None
-    got = await client.cancel_by_unique_key("sync_invoice", queue="billing",
-                                            args={"region": "eu", "invoice": 5}, period_bucket=42)
+    assert (
+        await client.cancel_by_unique_key(
+            "sync_invoice", queue="billing", args=SyncInvoice(invoice=5)
+        )
+        is None
+    )
+    assert (
+        await client.cancel_by_unique_key(
+            "sync_invoice", queue="billing", args={"invoice": 5, "region": "eu"}, period_bucket=41
+        )
+        is None
+    )
+    got = await client.cancel_by_unique_key(
+        "sync_invoice", queue="billing", args={"region": "eu", "invoice": 5}, period_bucket=42
+    )
     assert got.id == job.id and got.state == JobState.Cancelled
 
 
@@ -270,7 +313,8 @@ async def test_concurrent_duplicate_inserts_async(dsn):
         await asyncio.gather(*(c.pool() for c in clients))
         results = await asyncio.gather(
             *(c.insert({"race": 1}, kind="race", unique_opts={}) for c in clients),
-            return_exceptions=True)
+            return_exceptions=True,
+        )
     finally:
         await asyncio.gather(*(c.close() for c in clients))
     ok = [r for r in results if isinstance(r, awa_fast.Job)]
@@ -289,7 +333,7 @@ def test_concurrent_duplicate_inserts_threads(dsn):
         barrier.wait()
         try:
             results[i] = clients[i].insert({"race": 2}, kind="race", unique_opts={})
-        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+        except Exception as exc:
             results[i] = exc
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
@@ -313,7 +357,8 @@ async def _wait_for_lock_waiter(dsn: str, timeout: float = 10.0) -> None:
         while True:
             cur = await conn.execute(
                 "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'")
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
             if (await cur.fetchone())[0] > 0:
                 return
             if time.monotonic() > deadline:
@@ -366,11 +411,13 @@ async def test_batch_duplicate_of_existing_writes_nothing(client, dsn, method):
 
 
 async def test_batch_mixed_unique_and_plain(client, dsn):
-    jobs = await client.insert_many([
-        EnqueueRequest({"x": 1}, kind="mix").unique({"by_args": False}),
-        EnqueueRequest({"x": 2}, kind="mix"),
-        EnqueueRequest({"x": 2}, kind="mix"),
-    ])
+    jobs = await client.insert_many(
+        [
+            EnqueueRequest({"x": 1}, kind="mix").unique({"by_args": False}),
+            EnqueueRequest({"x": 2}, kind="mix"),
+            EnqueueRequest({"x": 2}, kind="mix"),
+        ]
+    )
     assert [j.unique_key is None for j in jobs] == [False, True, True]
     assert await conflicts(client, {"x": 99}, kind="mix", unique_opts={"by_args": False})
     assert count(dsn) == 3

@@ -8,7 +8,7 @@ PostgreSQL (fixture ``dsn``); each test starts from empty tables.
 from __future__ import annotations
 
 import dataclasses
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 
 import msgspec
 import psycopg
@@ -17,7 +17,7 @@ import pytest
 import awa_fast
 from awa_fast import EnqueueRequest, ValidationError
 
-UTC = timezone.utc
+UTC = UTC
 PLUS5 = timezone(timedelta(hours=5))
 MINUS5 = timezone(timedelta(hours=-5))
 
@@ -90,27 +90,30 @@ async def test_limit_boundaries(client, dsn, kw, goods, bads, field, mentions):
 
 async def test_kind_length_counts_characters_not_bytes(client, dsn):
     # 200 four-byte characters are 200 characters (800 UTF-8 bytes): allowed.
-    job = await client.insert({}, kind="\U0001F600" * 200, queue="\u00e9" * 200)
-    assert row(dsn, job.id)["kind"] == "\U0001F600" * 200
+    job = await client.insert({}, kind="\U0001f600" * 200, queue="\u00e9" * 200)
+    assert row(dsn, job.id)["kind"] == "\U0001f600" * 200
     with pytest.raises(ValidationError) as ei:
-        await client.insert({}, kind="\U0001F600" * 201)
+        await client.insert({}, kind="\U0001f600" * 201)
     assert_field(ei.value, "kind")
     assert count(dsn) == 1
 
 
-@pytest.mark.parametrize("kw, value, field", [
-    ("priority", True, "priority"),
-    ("priority", 2.0, "priority"),
-    ("priority", "2", "priority"),
-    ("max_attempts", None, "max_attempts"),
-    ("max_attempts", 10**30, "max_attempts"),
-    ("kind", 5, "kind"),
-    ("queue", None, "queue"),
-    ("tags", "a,b", "tags"),
-    ("tags", ["ok", 3], "tags"),
-    ("metadata", ["not", "a", "dict"], "metadata"),
-    ("ordering_key", 12, "ordering_key"),
-])
+@pytest.mark.parametrize(
+    "kw, value, field",
+    [
+        ("priority", True, "priority"),
+        ("priority", 2.0, "priority"),
+        ("priority", "2", "priority"),
+        ("max_attempts", None, "max_attempts"),
+        ("max_attempts", 10**30, "max_attempts"),
+        ("kind", 5, "kind"),
+        ("queue", None, "queue"),
+        ("tags", "a,b", "tags"),
+        ("tags", ["ok", 3], "tags"),
+        ("metadata", ["not", "a", "dict"], "metadata"),
+        ("ordering_key", 12, "ordering_key"),
+    ],
+)
 async def test_wrong_types_rejected(client, dsn, kw, value, field):
     with pytest.raises(ValidationError) as ei:
         await client.insert({"x": 1}, **{"kind": "typed", kw: value})
@@ -216,8 +219,11 @@ async def test_unserializable_typed_args_raise_validation_error(client, dsn, arg
         assert count(dsn) == 0
 
 
-@pytest.mark.parametrize("args", [None, [1, 2], "text", 42, (("a", 1),), NulArgs],
-                         ids=["none", "list", "str", "int", "tuple", "dataclass_type"])
+@pytest.mark.parametrize(
+    "args",
+    [None, [1, 2], "text", 42, (("a", 1),), NulArgs],
+    ids=["none", "list", "str", "int", "tuple", "dataclass_type"],
+)
 async def test_args_of_unsupported_type_rejected(client, dsn, args):
     with pytest.raises(ValidationError) as ei:
         await client.insert(args, kind="whatever")
@@ -237,12 +243,18 @@ async def test_dict_args_need_kind(client, dsn):
 RUN_AT_OK = [
     ("year1_utc", datetime(1, 1, 1, tzinfo=UTC), datetime(1, 1, 1, tzinfo=UTC)),
     ("year1_naive", datetime(1, 1, 1), datetime(1, 1, 1, tzinfo=UTC)),
-    ("year9999_utc", datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
-     datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)),
+    (
+        "year9999_utc",
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    ),
     ("year1_plus_offset_west", datetime(1, 1, 1, tzinfo=MINUS5), datetime(1, 1, 1, 5, tzinfo=UTC)),
     ("naive_is_utc", datetime(2040, 6, 1, 12, 0), datetime(2040, 6, 1, 12, 0, tzinfo=UTC)),
-    ("aware_converted", datetime(2040, 6, 1, 17, 0, tzinfo=PLUS5),
-     datetime(2040, 6, 1, 12, 0, tzinfo=UTC)),
+    (
+        "aware_converted",
+        datetime(2040, 6, 1, 17, 0, tzinfo=PLUS5),
+        datetime(2040, 6, 1, 12, 0, tzinfo=UTC),
+    ),
     ("str_z", "2040-06-01T12:00:00Z", datetime(2040, 6, 1, 12, 0, tzinfo=UTC)),
     ("str_offset", "2040-06-01T07:00:00-05:00", datetime(2040, 6, 1, 12, 0, tzinfo=UTC)),
     ("str_naive", "2040-06-01T12:00:00.250000", datetime(2040, 6, 1, 12, 0, 0, 250000, tzinfo=UTC)),
@@ -304,10 +316,17 @@ async def test_bad_unique_opts_rejected(client, dsn, case, opts, field):
     assert count(dsn) == 0
 
 
-@pytest.mark.parametrize("opts", [
-    {"states": 0}, {"states": 255}, {"by_period": -(2**63)}, {"by_period": 2**63 - 1},
-    {"by_queue": True, "by_args": False},
-], ids=["states0", "states255", "period_min", "period_max", "bools"])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"states": 0},
+        {"states": 255},
+        {"by_period": -(2**63)},
+        {"by_period": 2**63 - 1},
+        {"by_queue": True, "by_args": False},
+    ],
+    ids=["states0", "states255", "period_min", "period_max", "bools"],
+)
 async def test_unique_opts_boundaries_accepted(client, dsn, opts):
     job = await client.insert({"x": 1}, kind="uniq", unique_opts=opts)
     assert job.unique_states == opts.get("states", 31)
@@ -325,8 +344,11 @@ BATCH_BAD = [
     ("request_priority", EnqueueRequest({"bad": 1}, kind="batch_job", priority=5), "priority"),
     ("request_run_at", EnqueueRequest({"bad": 1}, kind="batch_job", run_at="never"), "run_at"),
     ("request_tags", EnqueueRequest({"bad": 1}, kind="batch_job", tags=["t"] * 21), "tags"),
-    ("request_unique", EnqueueRequest({"bad": 1}, kind="batch_job", unique_opts={"states": 300}),
-     "unique_opts.states"),
+    (
+        "request_unique",
+        EnqueueRequest({"bad": 1}, kind="batch_job", unique_opts={"states": 300}),
+        "unique_opts.states",
+    ),
 ]
 
 

@@ -55,8 +55,14 @@ RETURNING {JOB_COLUMNS}"""
 _INSERT_TARGET_WITH_ID = _INSERT_TARGET.replace("(kind,", "(id, kind,", 1)
 INSERT_MANY_KEYED = f"""{_INSERT_TARGET_WITH_ID}
 SELECT v.id, {_INSERT_PROJECTION.split("SELECT ", 1)[1]}
-{_INSERT_MANY_ROWS.format(id=f"nextval('{S}.jobs_id_seq') AS id, ", ordinality=" WITH ORDINALITY",
-                          ord=", ord", order=" ORDER BY u.ord")}
+{
+    _INSERT_MANY_ROWS.format(
+        id=f"nextval('{S}.jobs_id_seq') AS id, ",
+        ordinality=" WITH ORDINALITY",
+        ord=", ord",
+        order=" ORDER BY u.ord",
+    )
+}
 ORDER BY v.unique_key
 RETURNING {JOB_COLUMNS}"""
 
@@ -68,12 +74,15 @@ COPY_JOBS = (
 
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM {S}.jobs WHERE id = %s"
 
+
 # A row's unique key is held by ANOTHER row (that row's state is in that row's mask): the
 # predicate of idx_awa_fast_jobs_unique, so the lookup uses that index.
 def _key_held_by_other(alias: str) -> str:
-    return (f"EXISTS (SELECT 1 FROM {S}.jobs h WHERE h.unique_key = {alias}.unique_key "
-            f"AND h.id <> {alias}.id AND h.unique_key IS NOT NULL "
-            f"AND (h.unique_states & (1 << {S}.state_bit(h.state))) <> 0)")
+    return (
+        f"EXISTS (SELECT 1 FROM {S}.jobs h WHERE h.unique_key = {alias}.unique_key "
+        f"AND h.id <> {alias}.id AND h.unique_key IS NOT NULL "
+        f"AND (h.unique_states & (1 << {S}.state_bit(h.state))) <> 0)"
+    )
 
 
 # Claim guard (bulk and row by row). A row whose mask holds 'running' (bit 4) is not claimed
@@ -264,14 +273,16 @@ CANCEL_RESCUED_DUPLICATE = f"""{_CANCEL_DUPLICATE.replace("{mark}", _KEEP_FRESH_
   AND (({_STALE}) OR ({_CALLBACK_EXPIRED}))"""
 
 # ... a due scheduled/retryable row whose promotion collided.
-CANCEL_AS_DUPLICATE = f"""{_CANCEL_DUPLICATE.replace("{mark}", "NULL")}WHERE j.id = %(id)s AND {_DUE}"""
+CANCEL_AS_DUPLICATE = (
+    f"""{_CANCEL_DUPLICATE.replace("{mark}", "NULL")}WHERE j.id = %(id)s AND {_DUE}"""
+)
 
 # Rescue of attempts whose worker is presumed dead or whose deadline passed. attempt is kept: the
 # next claim counts a new attempt. On the final attempt the job fails -- or, for kinds with a
 # failure consequence, waits in consequence_pending for the reconciler to apply it and settle.
 # A kind owes a consequence when this process knows it has one -- or does not know the kind at
 # all (its declaration lives elsewhere): then it waits, owed and visible, for a reconciler that does.
-_OWES = ("(j.kind = ANY(%(consequence_kinds)s) OR NOT j.kind = ANY(%(known_kinds)s))")
+_OWES = "(j.kind = ANY(%(consequence_kinds)s) OR NOT j.kind = ANY(%(known_kinds)s))"
 
 _RESCUE_SET = f"""
     state = (CASE WHEN j.attempt < j.max_attempts THEN 'retryable'
@@ -510,8 +521,10 @@ RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, 
           j.deadline_at, j.created_at, j.errors::text, j.metadata::text, j.tags, j.run_lease,
           j.progress"""
 
-CLEAN = (f"TRUNCATE {S}.jobs, {S}.queue_meta, {S}.dlq, {S}.cron_jobs, {S}.callback_expressions, "
-         f"{S}.queue_descriptors, {S}.job_kind_descriptors, {S}.batch_operations CASCADE")
+CLEAN = (
+    f"TRUNCATE {S}.jobs, {S}.queue_meta, {S}.dlq, {S}.cron_jobs, {S}.callback_expressions, "
+    f"{S}.queue_descriptors, {S}.job_kind_descriptors, {S}.batch_operations CASCADE"
+)
 
 
 # -- periodic (cron) jobs: awa_fast/periodic.py, migration 003 -----------------------------------
@@ -580,8 +593,9 @@ WHERE id = %s AND run_lease = %s AND state = 'running' FOR UPDATE"""
 # heartbeat_at: a running row gets %(mark)s (NULL from the worker, whose handler returned; the
 # live attempt's heartbeat from fail_external), a row that already left 'running' keeps its
 # "still running" mark; dead_letter_if_enabled carries it into the DLQ entry.
-_SETTLE_MARK = ("heartbeat_at = CASE WHEN state = 'running' THEN %(mark)s::timestamptz "
-                "ELSE heartbeat_at END")
+_SETTLE_MARK = (
+    "heartbeat_at = CASE WHEN state = 'running' THEN %(mark)s::timestamptz ELSE heartbeat_at END"
+)
 
 SETTLE_FAILED = f"""
 UPDATE {S}.jobs
@@ -877,9 +891,12 @@ PRUNE_DLQ_ONE = f"DELETE FROM {S}.dlq d WHERE d.id = %(id)s AND {_DLQ_PRUNABLE} 
 # retry_failed: failed -> available, attempt 0 (as RETRY_JOB), by kind or queue: the settled
 # failed jobs, except a failed row whose handler still runs (an early fail_external; see
 # _ATTEMPT_STILL_RUNS), which waits.
-_RETRYABLE_FAILED = _SETTLED_FAILED + """
+_RETRYABLE_FAILED = (
+    _SETTLED_FAILED
+    + """
       AND NOT (j.heartbeat_at IS NOT NULL
                AND j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond')"""
+)
 
 _RETRY_FAILED_SET = f"""
 UPDATE {S}.jobs j
@@ -914,8 +931,9 @@ DELETE FROM {S}.jobs j WHERE j.id = %(id)s AND {_SETTLED_FAILED} RETURNING j.id"
 
 # drain_queue guard: waiting rows of one queue, parked (waiting_external) ones included as in
 # awa-pg; running attempts are left alone.
-_DRAINABLE = ("j.queue = %(queue)s "
-              "AND j.state IN ('available', 'scheduled', 'retryable', 'waiting_external')")
+_DRAINABLE = (
+    "j.queue = %(queue)s AND j.state IN ('available', 'scheduled', 'retryable', 'waiting_external')"
+)
 
 # heartbeat_at is kept: a parked handler still in wait_for_callback keeps its mark.
 _DRAIN_SET = f"""
@@ -950,7 +968,9 @@ GROUP BY queue"""
 # sees the trigger's own just-completed row); any other error fails the whole statement.
 UNIQUE_CONFLICT_TARGET = (
     "(unique_key) WHERE unique_key IS NOT NULL "
-    f"AND (unique_states & (1 << {S}.state_bit(state))) <> 0")
+    f"AND (unique_states & (1 << {S}.state_bit(state))) <> 0"
+)
+
 
 # Follow-up requests passed as one JSON array (enqueue.follow_ups_json), read back as rows and
 # inserted with ON CONFLICT DO NOTHING. Ids are drawn in (trigger, order) order among the rows
@@ -975,6 +995,7 @@ def _follow_ups_insert(where: str) -> str:
           ORDER BY r.trigger, r.ord) AS v
     ORDER BY v.unique_key, v.id
     ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING"""
+
 
 # Follow-ups inserted inside a caller's transaction (failure settlement, external completion,
 # other outcomes): one statement, keys in key order, held keys skipped. Returns the count.
@@ -1060,8 +1081,10 @@ ISOLATED = {
     "claim": (_CLAIMABLE, (CLAIM, CLAIM_CANDIDATES, CLAIM_ONE)),
     "promote": (_DUE, (PROMOTE, DUE_IDS, PROMOTE_ONE, CANCEL_AS_DUPLICATE)),
     "rescue": (_STALE, (RESCUE, RESCUE_CANDIDATES, CANCEL_RESCUED_DUPLICATE)),
-    "rescue_callbacks": (_CALLBACK_EXPIRED, (RESCUE_CALLBACKS, RESCUE_CALLBACK_CANDIDATES,
-                                             CANCEL_RESCUED_DUPLICATE)),
+    "rescue_callbacks": (
+        _CALLBACK_EXPIRED,
+        (RESCUE_CALLBACKS, RESCUE_CALLBACK_CANDIDATES, CANCEL_RESCUED_DUPLICATE),
+    ),
     "retry_failed": (_RETRYABLE_FAILED, (RETRY_FAILED, FAILED_IDS, RETRY_FAILED_ONE)),
     "drain_queue": (_DRAINABLE, (DRAIN_QUEUE, DRAINABLE_IDS, DRAIN_ONE)),
     "dlq_retry": (_DLQ_FILTER, (DLQ_RETRY_BULK, DLQ_MATCHING_IDS, DLQ_RETRY_ONE)),
@@ -1124,6 +1147,7 @@ SCHEMA_VERSION = f"SELECT max(version) FROM {S}.schema_version"
 
 # -- queue and job-kind descriptors: awa_fast/descriptors.py, migration 007 ---------------------
 
+
 def _descriptor_upsert(table: str, key: str) -> str:
     return f"""
 INSERT INTO {S}.{table} AS d ({key}, display_name, description, owner, docs_url, tags, extra,
@@ -1150,18 +1174,22 @@ WITH q AS (DELETE FROM {S}.queue_descriptors
            WHERE last_seen_at < now() - %(retention_s)s * interval '1 second' RETURNING 1)
 SELECT (SELECT count(*) FROM q) + (SELECT count(*) FROM k)"""
 
-DESCRIPTOR_COLUMNS = ("display_name, description, owner, docs_url, tags, extra, descriptor_hash, "
-                      "created_at, updated_at, last_seen_at")
-LIST_QUEUE_DESCRIPTORS = (f"SELECT queue AS name, {DESCRIPTOR_COLUMNS} FROM {S}.queue_descriptors "
-                          "ORDER BY queue")
-LIST_KIND_DESCRIPTORS = (f"SELECT kind AS name, {DESCRIPTOR_COLUMNS} FROM "
-                         f"{S}.job_kind_descriptors ORDER BY kind")
+DESCRIPTOR_COLUMNS = (
+    "display_name, description, owner, docs_url, tags, extra, descriptor_hash, "
+    "created_at, updated_at, last_seen_at"
+)
+LIST_QUEUE_DESCRIPTORS = (
+    f"SELECT queue AS name, {DESCRIPTOR_COLUMNS} FROM {S}.queue_descriptors ORDER BY queue"
+)
+LIST_KIND_DESCRIPTORS = (
+    f"SELECT kind AS name, {DESCRIPTOR_COLUMNS} FROM {S}.job_kind_descriptors ORDER BY kind"
+)
 
 # -- batch operations: awa_fast/batch_ops.py, migration 008 -------------------------------------
 
 # awa's structured filter (ADR-030) over the operation-eligible rows (available, scheduled);
 # every field optional, all intersected. Shared by preview and scan (one population).
-_BATCH_MATCH = f"""
+_BATCH_MATCH = """
 j.state IN ('available', 'scheduled')
 AND (%(f_kind)s::text IS NULL OR j.kind = %(f_kind)s)
 AND (%(f_queue)s::text IS NULL OR j.queue = %(f_queue)s)
@@ -1179,7 +1207,8 @@ BATCH_COUNT = f"SELECT count(*) FROM {S}.jobs j WHERE {_BATCH_MATCH}"
 BATCH_OPERATION_COLUMNS = (
     "id::text, op_kind, filter, spec, state, submitted_by, submitted_at, started_at, "
     "finalized_at, cursor, total_matched, processed, skipped, errored, last_error, "
-    "runner_instance, retention_until, updated_at")
+    "runner_instance, retention_until, updated_at"
+)
 
 BATCH_SUBMIT = f"""
 INSERT INTO {S}.batch_operations (op_kind, filter, spec, submitted_by)

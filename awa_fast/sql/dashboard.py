@@ -61,8 +61,10 @@ QUEUE_META = f"SELECT queue, paused, paused_at, paused_by, dlq FROM {S}.queue_me
 
 # -- jobs --------------------------------------------------------------------------------------
 
-_LIST_COLUMNS = ("id, kind, queue, state::text AS state, priority, attempt, max_attempts, run_at, "
-                 "created_at, finalized_at, progress")
+_LIST_COLUMNS = (
+    "id, kind, queue, state::text AS state, priority, attempt, max_attempts, run_at, "
+    "created_at, finalized_at, progress"
+)
 
 # One page of jobs, newest first, inside the id window [floor, before): a filter that matches
 # few rows costs at most the window, and the page says which ids it examined.
@@ -85,8 +87,9 @@ UNION ALL
 SELECT id, kind, queue, state::text, true FROM {S}.dlq WHERE id = %(id)s"""
 
 # The follow-ups a job staged: rows whose provenance names it (partial indexes of migration 004).
-_CHILD_MATCH = (f"metadata ? '{PROVENANCE_KEY}' "
-                f"AND metadata->>'{PROVENANCE_KEY}' = %(id)s::bigint::text")
+_CHILD_MATCH = (
+    f"metadata ? '{PROVENANCE_KEY}' AND metadata->>'{PROVENANCE_KEY}' = %(id)s::bigint::text"
+)
 JOB_CHILDREN = f"""
 SELECT * FROM (
     SELECT id, kind, queue, state::text AS state, false AS in_dlq FROM {S}.jobs

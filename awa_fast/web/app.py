@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 import secrets
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,13 @@ log = logging.getLogger("awa_fast.web")
 HERE = Path(__file__).parent
 STATES = tuple(str(s) for s in JobState)
 MAX_NAME = 200  # jobs_kind_length / jobs_queue_length in 001_init.sql
-MAX_ID = 2 ** 63 - 1
+MAX_ID = 2**63 - 1
 RETRYABLE_STATES = ("failed", "cancelled", "waiting_external")
 FINISHED_STATES = ("completed", "failed", "cancelled")
 
 
 # -- rendering -------------------------------------------------------------------------------------
+
 
 def _ts(value: Any) -> str:
     if value is None:
@@ -55,7 +56,7 @@ def _ts(value: Any) -> str:
             value = datetime.fromisoformat(value)
         except ValueError:
             return value
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _ago(value: Any) -> str:
@@ -63,7 +64,7 @@ def _ago(value: Any) -> str:
         return "–"
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
-    seconds = (datetime.now(timezone.utc) - value).total_seconds()
+    seconds = (datetime.now(UTC) - value).total_seconds()
     future = seconds < 0
     seconds = abs(seconds)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
@@ -82,24 +83,33 @@ def _pretty(value: Any) -> str:
 def _error_parts(entry: Any) -> dict:
     """An ``errors`` entry as ``{attempt, at, head, trace, terminal, raw}`` for the template."""
     if not isinstance(entry, dict):
-        return {"attempt": None, "at": None, "head": _pretty(entry), "trace": "",
-                "terminal": False}
+        return {"attempt": None, "at": None, "head": _pretty(entry), "trace": "", "terminal": False}
     text = str(entry.get("error", ""))
     head, _, trace = text.partition("\n")
-    return {"attempt": entry.get("attempt"), "at": entry.get("at"), "head": head,
-            "trace": trace, "terminal": bool(entry.get("terminal"))}
+    return {
+        "attempt": entry.get("attempt"),
+        "at": entry.get("at"),
+        "head": head,
+        "trace": trace,
+        "terminal": bool(entry.get("terminal")),
+    }
 
 
 def _templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     env = templates.env
     env.filters.update(ts=_ts, ago=_ago, pretty=_pretty)
-    env.globals.update(states=STATES, bounds=bounds, retryable_states=RETRYABLE_STATES,
-                       finished_states=FINISHED_STATES)
+    env.globals.update(
+        states=STATES,
+        bounds=bounds,
+        retryable_states=RETRYABLE_STATES,
+        finished_states=FINISHED_STATES,
+    )
     return templates
 
 
 # -- input -----------------------------------------------------------------------------------------
+
 
 def _bad(message: str) -> HTTPException:
     return HTTPException(400, message)
@@ -143,8 +153,10 @@ def _state(text: str | None) -> str | None:
 
 # -- application -----------------------------------------------------------------------------------
 
-def create_app(database_url: str, *, read_only: bool = False,
-               token: str | None = None) -> Starlette:
+
+def create_app(
+    database_url: str, *, read_only: bool = False, token: str | None = None
+) -> Starlette:
     """The dashboard for the awa-fast database at ``database_url`` (a libpq URL/DSN).
 
     Args:
@@ -165,11 +177,16 @@ def create_app(database_url: str, *, read_only: bool = False,
     def reads() -> Reads:
         return state["reads"]
 
-    def render(request: HTTPConnection, name: str, context: dict | None = None,
-               status: int = 200) -> Response:
-        ctx = {"read_only": read_only, "auth": token is not None,
-               "csrf": security.csrf_token(request),
-               "flash": request.session.pop("flash", None), **(context or {})}
+    def render(
+        request: HTTPConnection, name: str, context: dict | None = None, status: int = 200
+    ) -> Response:
+        ctx = {
+            "read_only": read_only,
+            "auth": token is not None,
+            "csrf": security.csrf_token(request),
+            "flash": request.session.pop("flash", None),
+            **(context or {}),
+        }
         return templates.TemplateResponse(request, name, ctx, status_code=status)  # type: ignore[arg-type]
 
     def error_page(request: HTTPConnection, status: int, message: str) -> Response:
@@ -197,8 +214,11 @@ def create_app(database_url: str, *, read_only: bool = False,
 
     async def jobs(request: Request) -> Response:
         p = request.query_params
-        filters = {"queue": _name(p.get("queue"), "queue"), "kind": _name(p.get("kind"), "kind"),
-                   "state": _state(p.get("state"))}
+        filters = {
+            "queue": _name(p.get("queue"), "queue"),
+            "kind": _name(p.get("kind"), "kind"),
+            "state": _state(p.get("state")),
+        }
         before = _positive_id(p.get("before"), "before")
         page = await reads().jobs(**filters, before=before)
         return render(request, "jobs.html", {"nav": "jobs", "page": page, "filters": filters})
@@ -210,26 +230,44 @@ def create_app(database_url: str, *, read_only: bool = False,
             raise HTTPException(404, f"no job {job_id} (neither in awa_fast.jobs nor in the DLQ)")
         trigger, trigger_id, children = await reads().lineage(row)
         errors = [_error_parts(e) for e in (row.get("errors") or [])]
-        return render(request, "job.html", {
-            "nav": "jobs", "job": row, "errors": errors, "trigger": trigger,
-            "trigger_id": trigger_id, "children": children})
+        return render(
+            request,
+            "job.html",
+            {
+                "nav": "jobs",
+                "job": row,
+                "errors": errors,
+                "trigger": trigger,
+                "trigger_id": trigger_id,
+                "children": children,
+            },
+        )
 
     async def dlq(request: Request) -> Response:
         p = request.query_params
         filters = {"queue": _name(p.get("queue"), "queue"), "kind": _name(p.get("kind"), "kind")}
         before = _positive_id(p.get("before"), "before")
         page = await reads().dlq(**filters, before=before)
-        return render(request, "dlq.html", {
-            "nav": "dlq", "page": page, "filters": filters,
-            "depth": await client().dlq_depth_by_queue()})
+        return render(
+            request,
+            "dlq.html",
+            {
+                "nav": "dlq",
+                "page": page,
+                "filters": filters,
+                "depth": await client().dlq_depth_by_queue(),
+            },
+        )
 
     async def consequences(request: Request) -> Response:
-        return render(request, "consequences.html",
-                      {"nav": "consequences", **await reads().consequences()})
+        return render(
+            request, "consequences.html", {"nav": "consequences", **await reads().consequences()}
+        )
 
     async def cron(request: Request) -> Response:
-        return render(request, "cron.html",
-                      {"nav": "cron", "schedules": await client().list_cron_jobs()})
+        return render(
+            request, "cron.html", {"nav": "cron", "schedules": await client().list_cron_jobs()}
+        )
 
     async def workers(request: Request) -> Response:
         return render(request, "workers.html", {"nav": "workers", **await reads().workers()})
@@ -241,10 +279,15 @@ def create_app(database_url: str, *, read_only: bool = False,
         await action_form(request)
         retried = await client().retry(job_id)  # UniqueConflict: the 409 handler
         if retried is None:
-            return await _wrong_state(request, job_id, "retried", "only failed, cancelled or "
-                                      "waiting_external jobs whose consequence is not owed")
-        return done(request, f"job {job_id} retried: available again with attempt 0",
-                    f"/jobs/{job_id}")
+            return await _wrong_state(
+                request,
+                job_id,
+                "retried",
+                "only failed, cancelled or waiting_external jobs whose consequence is not owed",
+            )
+        return done(
+            request, f"job {job_id} retried: available again with attempt 0", f"/jobs/{job_id}"
+        )
 
     async def job_cancel(request: Request) -> Response:
         job_id = _path_id(request)
@@ -277,8 +320,11 @@ def create_app(database_url: str, *, read_only: bool = False,
         retried = await client().retry_from_dlq(job_id)  # UniqueConflict: the 409 handler
         if retried is None:
             return error_page(request, 404, f"job {job_id} is not in the DLQ")
-        return done(request, f"job {job_id} moved from the DLQ back to queue {retried.queue}",
-                    f"/jobs/{job_id}")
+        return done(
+            request,
+            f"job {job_id} moved from the DLQ back to queue {retried.queue}",
+            f"/jobs/{job_id}",
+        )
 
     async def dlq_purge(request: Request) -> Response:
         job_id = _path_id(request)
@@ -292,8 +338,10 @@ def create_app(database_url: str, *, read_only: bool = False,
         queue = _name(form.get("queue"), "queue")  # type: ignore[arg-type]
         kind = _name(form.get("kind"), "kind")  # type: ignore[arg-type]
         if queue is None and kind is None:
-            raise _bad("purging the DLQ needs a queue or kind filter (the dashboard never "
-                       "purges the whole DLQ)")
+            raise _bad(
+                "purging the DLQ needs a queue or kind filter (the dashboard never "
+                "purges the whole DLQ)"
+            )
         n = await client().purge_dlq(queue=queue, kind=kind)
         return done(request, f"purged {n} DLQ entries", "/dlq")
 
@@ -339,8 +387,9 @@ def create_app(database_url: str, *, read_only: bool = False,
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("dashboard error on %s %s", request.method, request.url.path)
-        return Response("internal error (logged by the server)", status_code=500,
-                        media_type="text/plain")
+        return Response(
+            "internal error (logged by the server)", status_code=500, media_type="text/plain"
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -375,17 +424,29 @@ def create_app(database_url: str, *, read_only: bool = False,
     ]
     middleware = []
     if token is None:
-        middleware.append(Middleware(TrustedHostMiddleware,
-                                     allowed_hosts=security.LOOPBACK_HOSTS))
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=security.LOOPBACK_HOSTS))
     middleware += [
         # Fresh secret per process: a restart signs everyone out (sessions hold only the CSRF
         # token and the login mark).
-        Middleware(SessionMiddleware, secret_key=secrets.token_urlsafe(32),
-                   session_cookie="awa_fast_dashboard", same_site="strict", max_age=12 * 3600),
+        Middleware(
+            SessionMiddleware,
+            secret_key=secrets.token_urlsafe(32),
+            session_cookie="awa_fast_dashboard",
+            same_site="strict",
+            max_age=12 * 3600,
+        ),
         Middleware(security.TokenAuth, token=token, on_denied=denied),
     ]
     return Starlette(
-        routes=routes, middleware=middleware, lifespan=lifespan,
-        exception_handlers={HTTPException: http_error, security.AccessError: access_error,
-                            UniqueConflict: conflict, AttemptStillRunning: conflict,
-                            psycopg.errors.QueryCanceled: db_timeout, Exception: server_error})
+        routes=routes,
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={
+            HTTPException: http_error,
+            security.AccessError: access_error,
+            UniqueConflict: conflict,
+            AttemptStillRunning: conflict,
+            psycopg.errors.QueryCanceled: db_timeout,
+            Exception: server_error,
+        },
+    )

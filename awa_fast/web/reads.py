@@ -17,8 +17,14 @@ from awa_fast import sql
 from awa_fast.sql import dashboard as q
 
 STATEMENT_TIMEOUT_MS = 5000
-ACTIVE_STATES = ("available", "scheduled", "retryable", "running", "waiting_external",
-                 "consequence_pending")
+ACTIVE_STATES = (
+    "available",
+    "scheduled",
+    "retryable",
+    "running",
+    "waiting_external",
+    "consequence_pending",
+)
 
 
 async def _configure(conn) -> None:
@@ -47,9 +53,14 @@ class Reads:
 
     def __init__(self, database_url: str, max_connections: int = 4):
         self._pool = AsyncConnectionPool(
-            database_url, min_size=1, max_size=max_connections, open=False, timeout=10,
+            database_url,
+            min_size=1,
+            max_size=max_connections,
+            open=False,
+            timeout=10,
             kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
-            configure=_configure)
+            configure=_configure,
+        )
 
     async def open(self) -> None:
         await self._pool.open(wait=True, timeout=30)
@@ -76,10 +87,22 @@ class Reads:
         out: dict[str, dict[str, Any]] = {}
 
         def row(name: str) -> dict[str, Any]:
-            return out.setdefault(name, {
-                "queue": name, "depth": dict.fromkeys(ACTIVE_STATES, 0), "oldest": None,
-                "completed": 0, "failed": 0, "cancelled": 0, "completed_5m": 0,
-                "paused": False, "paused_at": None, "paused_by": None, "dlq": 0})
+            return out.setdefault(
+                name,
+                {
+                    "queue": name,
+                    "depth": dict.fromkeys(ACTIVE_STATES, 0),
+                    "oldest": None,
+                    "completed": 0,
+                    "failed": 0,
+                    "cancelled": 0,
+                    "completed_5m": 0,
+                    "paused": False,
+                    "paused_at": None,
+                    "paused_by": None,
+                    "dlq": 0,
+                },
+            )
 
         for r in await self._all(q.QUEUE_DEPTH):
             entry = row(r["queue"])
@@ -104,8 +127,9 @@ class Reads:
 
     # -- jobs ------------------------------------------------------------------------------------
 
-    async def jobs(self, *, queue: str | None, kind: str | None, state: str | None,
-                   before: int | None) -> Page:
+    async def jobs(
+        self, *, queue: str | None, kind: str | None, state: str | None, before: int | None
+    ) -> Page:
         """Newest jobs below id ``before`` matching the filters, within one id window (see
         :class:`Page`)."""
         filters = {"queue": queue, "kind": kind, "state": state}
@@ -115,8 +139,9 @@ class Reads:
             return Page([], 0, 0, None)
         top = newest + 1 if before is None else min(before, newest + 1)
         floor = max(top - q.SCAN_WINDOW_IDS, lowest)
-        rows = await self._all(q.JOB_PAGE, {**filters, "before": top, "floor": floor,
-                                            "limit": q.PAGE_ROWS})
+        rows = await self._all(
+            q.JOB_PAGE, {**filters, "before": top, "floor": floor, "limit": q.PAGE_ROWS}
+        )
         if len(rows) == q.PAGE_ROWS:
             next_before = rows[-1]["id"]
         else:
@@ -139,16 +164,17 @@ class Reads:
         staged (at most ``CHILD_ROWS``)."""
         raw = (job.get("metadata") or {}).get(q.PROVENANCE_KEY)
         trigger = None
-        if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw < 2 ** 63:
+        if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw < 2**63:
             trigger = await self._one(q.JOB_SUMMARY, {"id": raw})
         children = await self._all(q.JOB_CHILDREN, {"id": job["id"], "limit": q.CHILD_ROWS})
         return trigger, raw, children
 
     async def dlq(self, *, queue: str | None, kind: str | None, before: int | None) -> Page:
         """Newest DLQ entries below id ``before`` matching the filters (keyset, no window)."""
-        top = before if before is not None else 2 ** 63 - 1
-        rows = await self._all(q.DLQ_PAGE, {"queue": queue, "kind": kind, "before": top,
-                                            "limit": q.PAGE_ROWS})
+        top = before if before is not None else 2**63 - 1
+        rows = await self._all(
+            q.DLQ_PAGE, {"queue": queue, "kind": kind, "before": top, "limit": q.PAGE_ROWS}
+        )
         full = len(rows) == q.PAGE_ROWS
         return Page(rows, top, 0, rows[-1]["id"] if full else None, windowed=False)
 
@@ -162,8 +188,12 @@ class Reads:
         bounds = await self._one(q.ID_BOUNDS)
         floor = (bounds["max"] or 0) - q.SAMPLE_IDS + 1
         applied = await self._all(q.CONSEQUENCES_APPLIED, {"floor": floor, "limit": q.PAGE_ROWS})
-        return {"owed_count": counts["owed"], "overdue_count": counts["overdue"], "owed": owed,
-                "applied": applied}
+        return {
+            "owed_count": counts["owed"],
+            "overdue_count": counts["overdue"],
+            "owed": owed,
+            "applied": applied,
+        }
 
     async def workers(self) -> dict:
         """The maintenance leader's backend, client connections to this database and the

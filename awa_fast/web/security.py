@@ -45,8 +45,10 @@ def check_bind(host: str, token: str | None) -> str | None:
     if token is not None and not token.strip():
         return "the dashboard token must not be empty"
     if token is None and not is_loopback(host):
-        return (f"binding the dashboard to {host} (not loopback) requires a token: pass "
-                f"--token TOKEN or set ${TOKEN_ENV}")
+        return (
+            f"binding the dashboard to {host} (not loopback) requires a token: pass "
+            f"--token TOKEN or set ${TOKEN_ENV}"
+        )
     return None
 
 
@@ -62,8 +64,11 @@ def csrf_token(conn: HTTPConnection) -> str:
 def check_csrf(conn: HTTPConnection, submitted: object) -> None:
     """Raises :class:`AccessError` (403) unless ``submitted`` is the session's CSRF token."""
     expected = conn.session.get("csrf")
-    if not (isinstance(expected, str) and isinstance(submitted, str)
-            and secrets.compare_digest(expected.encode(), submitted.encode())):
+    if not (
+        isinstance(expected, str)
+        and isinstance(submitted, str)
+        and secrets.compare_digest(expected.encode(), submitted.encode())
+    ):
         raise AccessError(403, "missing or wrong CSRF token: reload the page and try again")
 
 
@@ -82,8 +87,12 @@ class TokenAuth:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if self.token is None or scope["type"] != "http" or path == "/login" \
-                or path.startswith("/static/"):
+        if (
+            self.token is None
+            or scope["type"] != "http"
+            or path == "/login"
+            or path.startswith("/static/")
+        ):
             await self.app(scope, receive, send)
             return
         conn = HTTPConnection(scope)

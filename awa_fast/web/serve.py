@@ -21,8 +21,14 @@ def resolve_token(explicit: str | None) -> str | None:
     return os.environ.get(security.TOKEN_ENV) or None
 
 
-def run(database_url: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
-        read_only: bool = False, token: str | None = None) -> None:
+def run(
+    database_url: str,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    read_only: bool = False,
+    token: str | None = None,
+) -> None:
     """Serve the dashboard of ``database_url`` on ``host:port`` until interrupted.
 
     Raises:
@@ -37,5 +43,6 @@ def run(database_url: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
     if reason is not None:
         raise ValueError(reason)
     app = create_app(database_url, read_only=read_only, token=token)
-    uvicorn.run(app, host=host, port=port, log_level="info", proxy_headers=False,
-                server_header=False)
+    uvicorn.run(
+        app, host=host, port=port, log_level="info", proxy_headers=False, server_header=False
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import psycopg
 
@@ -26,8 +26,9 @@ AGE_BATCH = 1000  # rows per pass and queue (awa ages up to 1000 per pass)
 async def age_once(pool, queue: str, interval_ms: int, limit: int = AGE_BATCH) -> int:
     """One aging pass over ``queue``; returns the number of jobs whose priority was raised."""
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.AGE_PRIORITIES, {"queue": queue, "interval_ms": interval_ms,
-                                                      "limit": limit})
+        cur = await conn.execute(
+            sql.AGE_PRIORITIES, {"queue": queue, "interval_ms": interval_ms, "limit": limit}
+        )
         return len(await cur.fetchall())
 
 
@@ -38,7 +39,12 @@ async def run_aging(pool_getter: Callable, queue: str, interval_ms: int) -> None
         try:
             await age_once(await pool_getter(), queue, interval_ms)
         except Exception as exc:  # the aging loop must survive every error
-            log.warning("priority aging of queue %r failed: %s: %s", queue, type(exc).__name__,
-                        exc, exc_info=not isinstance(exc, (psycopg.Error, OSError)))
+            log.warning(
+                "priority aging of queue %r failed: %s: %s",
+                queue,
+                type(exc).__name__,
+                exc,
+                exc_info=not isinstance(exc, (psycopg.Error, OSError)),
+            )
         raise_if_cancelling()  # see worker/cancellation.py
         await asyncio.sleep(period_s)

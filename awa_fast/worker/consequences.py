@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import orjson
 import psycopg
@@ -35,8 +36,15 @@ from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE, UNDECLARED, Registr
 
 log = logging.getLogger("awa_fast.consequences")
 
-REASONS = ("terminal_error", "exhausted", "rescue_exhausted", "deadline_exhausted",
-           "callback_failed", "callback_timeout", "corrected")
+REASONS = (
+    "terminal_error",
+    "exhausted",
+    "rescue_exhausted",
+    "deadline_exhausted",
+    "callback_failed",
+    "callback_timeout",
+    "corrected",
+)
 MAX_BACKOFF_S = 600.0
 
 
@@ -98,8 +106,7 @@ class ConsequenceApplier:
         backoff_base_s: first reconciler retry delay (seconds); doubles per failure.
     """
 
-    def __init__(self, registry: Registry, *, timeout_s: float = 30.0,
-                 backoff_base_s: float = 1.0):
+    def __init__(self, registry: Registry, *, timeout_s: float = 30.0, backoff_base_s: float = 1.0):
         self.registry = registry
         self.timeout_s = timeout_s
         self.backoff_base_s = backoff_base_s
@@ -118,8 +125,9 @@ class ConsequenceApplier:
 
     def kinds_with_effects(self) -> list[str]:
         kinds = {k for k in self.registry.consequences if callable(self.registry.consequences[k])}
-        kinds.update(h.kind for h in self.registry.handlers.values()
-                     if callable(h.failure_consequence))
+        kinds.update(
+            h.kind for h in self.registry.handlers.values() if callable(h.failure_consequence)
+        )
         return sorted(kinds)
 
     def known_kinds(self) -> list[str]:
@@ -140,12 +148,20 @@ class ConsequenceApplier:
                 pass
         return job
 
-    async def run_effect(self, conn, fn: Callable[[JobFailure], Awaitable[Any]], job: Job,
-                         path: str, reason: str, error: str) -> str | None:
+    async def run_effect(
+        self,
+        conn,
+        fn: Callable[[JobFailure], Awaitable[Any]],
+        job: Job,
+        path: str,
+        reason: str,
+        error: str,
+    ) -> str | None:
         """Run ``fn`` under a savepoint on ``conn``; returns ``None`` on success or the error
         text (the savepoint is rolled back: the effect's writes are undone)."""
-        failure = JobFailure(job, path, reason, error, conn,
-                             idempotency_key(job.id, job.run_lease, reason))
+        failure = JobFailure(
+            job, path, reason, error, conn, idempotency_key(job.id, job.run_lease, reason)
+        )
         await conn.execute("SAVEPOINT awa_fast_effect")
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -153,11 +169,12 @@ class ConsequenceApplier:
                 if asyncio.iscoroutine(result):
                     await result
             if conn.info.transaction_status == TransactionStatus.INERROR:
-                raise RuntimeError("the effect left the transaction aborted (it caught a "
-                                   "database error)")
+                raise RuntimeError(
+                    "the effect left the transaction aborted (it caught a database error)"
+                )
         except asyncio.CancelledError:
             raise  # the runtime's own cancellation (asyncio.timeout turns its own into TimeoutError)
-        except BaseException as exc:  # noqa: BLE001 - any failure of the effect, SystemExit and
+        except BaseException as exc:
             # KeyboardInterrupt raised inside it included, keeps the job owed (as for handlers)
             log.warning("failure consequence of %s job %s failed: %s", job.kind, job.id, exc)
             await conn.execute("ROLLBACK TO SAVEPOINT awa_fast_effect")
@@ -190,10 +207,19 @@ class Settler:
     def _consequence_value(self, kind: str) -> str | None:
         return "none" if self.applier.declaration(kind) is NO_FAILURE_CONSEQUENCE else None
 
-    async def settle_failure(self, conn, row: tuple, *, reason: str, path: str,
-                             error_entry: dict | None, progress: str | None = None,
-                             exhausted: list | None = None, owe_unknown: bool = True,
-                             mark: datetime | None = None) -> str:
+    async def settle_failure(
+        self,
+        conn,
+        row: tuple,
+        *,
+        reason: str,
+        path: str,
+        error_entry: dict | None,
+        progress: str | None = None,
+        exhausted: list | None = None,
+        owe_unknown: bool = True,
+        mark: datetime | None = None,
+    ) -> str:
         """Inside the caller's transaction, with the job's row locked (``row`` from
         ``sql.LOCK_RUNNING``-style ``JOB_COLUMNS``): run the kind's effect, then settle.
         ``mark`` is the "still running" mark a ``running`` row keeps (its handler lives on:
@@ -210,17 +236,34 @@ class Settler:
         if owe_unknown and not self.applier.knows(row[1]):
             # This process cannot know the kind's consequence (declared elsewhere): leave it
             # owed and visible for a reconciler that does, instead of settling without it.
-            await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
-                "id": job_id, "reason": reason, "path": path, "retry_in": 0, "mark": mark,
-                "error": "consequence not declared in the settling process"})
+            await conn.execute(
+                sql.MARK_CONSEQUENCE_PENDING,
+                {
+                    "id": job_id,
+                    "reason": reason,
+                    "path": path,
+                    "retry_in": 0,
+                    "mark": mark,
+                    "error": "consequence not declared in the settling process",
+                },
+            )
             self.stats["pending"] += 1
             return "consequence_pending"
         return await self._apply_and_settle(conn, row, reason, path, error, exhausted, mark)
 
-    async def owe_or_settle(self, conn, row: tuple, *, reason: str, path: str,
-                            error_entry: dict | None, progress: str | None = None,
-                            exhausted: list | None = None, owe_unknown: bool = True,
-                            mark: datetime | None = None) -> bool:
+    async def owe_or_settle(
+        self,
+        conn,
+        row: tuple,
+        *,
+        reason: str,
+        path: str,
+        error_entry: dict | None,
+        progress: str | None = None,
+        exhausted: list | None = None,
+        owe_unknown: bool = True,
+        mark: datetime | None = None,
+    ) -> bool:
         """The failure path's first transaction (the worker's ``Finalizer._fail_once``,
         ``fail_external`` and ``resolve_callback``'s on_fail), with the job's row locked. A kind
         with an effect only records the failure as owed (:meth:`owe_failure`) and this returns
@@ -230,17 +273,40 @@ class Settler:
         kinds settle here (:meth:`settle_failure`) and this returns False. ``mark``: as for
         :meth:`settle_failure`."""
         if self.applier.effect_of(row[1]) is None:
-            await self.settle_failure(conn, row, reason=reason, path=path,
-                                      error_entry=error_entry, progress=progress,
-                                      exhausted=exhausted, owe_unknown=owe_unknown, mark=mark)
+            await self.settle_failure(
+                conn,
+                row,
+                reason=reason,
+                path=path,
+                error_entry=error_entry,
+                progress=progress,
+                exhausted=exhausted,
+                owe_unknown=owe_unknown,
+                mark=mark,
+            )
             return False
-        await self.owe_failure(conn, row, reason=reason, path=path, error_entry=error_entry,
-                               progress=progress, mark=mark)
+        await self.owe_failure(
+            conn,
+            row,
+            reason=reason,
+            path=path,
+            error_entry=error_entry,
+            progress=progress,
+            mark=mark,
+        )
         return True
 
-    async def owe_failure(self, conn, row: tuple, *, reason: str, path: str,
-                          error_entry: dict | None, progress: str | None = None,
-                          mark: datetime | None = None) -> None:
+    async def owe_failure(
+        self,
+        conn,
+        row: tuple,
+        *,
+        reason: str,
+        path: str,
+        error_entry: dict | None,
+        progress: str | None = None,
+        mark: datetime | None = None,
+    ) -> None:
         """Inside the caller's transaction, with the job's row locked: record the failure as
         ``consequence_pending`` with its consequence owed and due now, without running the
         effect (:meth:`reconcile_on` applies it and settles, in the next transaction). A
@@ -248,8 +314,9 @@ class Settler:
         returned); a row that already left ``running`` keeps its own, and the settlement in
         the next transaction keeps it too (the row is no longer ``running`` then)."""
         await _append_error(conn, row[0], error_entry, progress)
-        await conn.execute(sql.OWE_FAILURE, {"id": row[0], "reason": reason, "path": path,
-                                             "mark": mark})
+        await conn.execute(
+            sql.OWE_FAILURE, {"id": row[0], "reason": reason, "path": path, "mark": mark}
+        )
         self.stats["pending"] += 1
 
     async def apply_owed(self, conn, job_id: int, exhausted: list | None = None) -> str | None:
@@ -260,35 +327,65 @@ class Settler:
         or ``None`` on such an error."""
         try:
             return await self.reconcile_on(conn, job_id, exhausted)
-        except Exception as exc:  # noqa: BLE001 - the reconciler repeats it under the same key
-            log.warning("applying the failure consequence of job %s failed (%s); it stays "
-                        "owed for the reconciler", job_id, exc)
+        except Exception as exc:
+            log.warning(
+                "applying the failure consequence of job %s failed (%s); it stays "
+                "owed for the reconciler",
+                job_id,
+                exc,
+            )
             return None
 
-    async def _apply_and_settle(self, conn, row: tuple, reason: str, path: str, error: str,
-                                exhausted: list | None, mark: datetime | None = None) -> str:
+    async def _apply_and_settle(
+        self,
+        conn,
+        row: tuple,
+        reason: str,
+        path: str,
+        error: str,
+        exhausted: list | None,
+        mark: datetime | None = None,
+    ) -> str:
         job_id, kind = row[0], row[1]
         fn = self.applier.effect_of(kind)
         consequence = self._consequence_value(kind)
         if fn is not None:
-            failed = await self.applier.run_effect(conn, fn, self.applier.snapshot(row), path,
-                                                   reason, error)
+            failed = await self.applier.run_effect(
+                conn, fn, self.applier.snapshot(row), path, reason, error
+            )
             if failed is not None:
                 attempts = (row_consequence_attempts(row) or 0) + 1
-                await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
-                    "id": job_id, "reason": reason, "path": path, "error": failed, "mark": mark,
-                    "retry_in": backoff(attempts, self.applier.backoff_base_s)})
+                await conn.execute(
+                    sql.MARK_CONSEQUENCE_PENDING,
+                    {
+                        "id": job_id,
+                        "reason": reason,
+                        "path": path,
+                        "error": failed,
+                        "mark": mark,
+                        "retry_in": backoff(attempts, self.applier.backoff_base_s),
+                    },
+                )
                 self.stats["pending"] += 1
                 return "consequence_pending"
             consequence = "applied"
             self.stats["applied"] += 1
             metrics.CONSEQUENCES_APPLIED.labels(kind).inc()
-        await conn.execute(sql.SETTLE_FAILED, {"id": job_id, "consequence": consequence,
-                                               "reason": reason, "path": path, "mark": mark})
+        await conn.execute(
+            sql.SETTLE_FAILED,
+            {
+                "id": job_id,
+                "consequence": consequence,
+                "reason": reason,
+                "path": path,
+                "mark": mark,
+            },
+        )
         if exhausted is None:
             job = Job.from_row(row)
-            exhausted = self.specs.requests(kind, "exhausted", job.args, job, job_id,
-                                            job.metadata, error, job.attempt)
+            exhausted = self.specs.requests(
+                kind, "exhausted", job.args, job, job_id, job.metadata, error, job.attempt
+            )
         if exhausted:
             await enqueue.insert_follow_ups(conn, exhausted, kind, job_id)
         cur = await conn.execute(sql.DEAD_LETTER, (job_id, reason))
@@ -300,9 +397,15 @@ class Settler:
     async def defer(self, conn, job_id: int, error: str) -> None:
         """Push the next reconciler try of owed job ``job_id`` out by the doubling backoff
         (``backoff_base_s`` * 2^attempts, at most ``MAX_BACKOFF_S``), recording ``error``."""
-        await conn.execute(sql.DEFER_OWED, {"id": job_id, "error": error,
-                                            "base_s": self.applier.backoff_base_s,
-                                            "cap_s": MAX_BACKOFF_S})
+        await conn.execute(
+            sql.DEFER_OWED,
+            {
+                "id": job_id,
+                "error": error,
+                "base_s": self.applier.backoff_base_s,
+                "cap_s": MAX_BACKOFF_S,
+            },
+        )
 
     def correction_state(self, kind: str) -> str | None:
         """What a correction of ``kind`` owes: ``"owed"``, ``"none"`` (declared no effect) or
@@ -318,11 +421,20 @@ class Settler:
         """Inside the caller's transaction: a ``completed`` job becomes ``failed`` with
         ``error`` appended and its consequence owed (``correction_state``). Returns False (and
         writes nothing) when the job is no longer ``completed``."""
-        entry = {"error": str(error), "attempt": attempt, "corrected": True,
-                 "at": datetime.now(timezone.utc).isoformat()}
-        cur = await conn.execute(sql.CORRECT_TO_FAILED, {
-            "id": job_id, "cstate": self.correction_state(kind),
-            "error": orjson.dumps([entry]).decode()})
+        entry = {
+            "error": str(error),
+            "attempt": attempt,
+            "corrected": True,
+            "at": datetime.now(UTC).isoformat(),
+        }
+        cur = await conn.execute(
+            sql.CORRECT_TO_FAILED,
+            {
+                "id": job_id,
+                "cstate": self.correction_state(kind),
+                "error": orjson.dumps([entry]).decode(),
+            },
+        )
         return await cur.fetchone() is not None
 
     async def reconcile_one(self, pool, job_id: int) -> str | None:
@@ -344,11 +456,17 @@ class Settler:
             kind, state = row[1], row[4]
             decl = self.applier.declaration(kind)
             if decl is UNDECLARED and self.applier.registry.get(kind) is None:  # unknown here
-                log.warning("consequence of %s job %s is owed but %s is not declared in "
-                            "this process; leaving it owed", kind, job_id, kind)
+                log.warning(
+                    "consequence of %s job %s is owed but %s is not declared in "
+                    "this process; leaving it owed",
+                    kind,
+                    job_id,
+                    kind,
+                )
                 # ... backed off, so owed jobs of unknown kinds never fill the sweep's batch
-                await self.defer(conn, job_id, f"consequence of {kind!r} not declared in the "
-                                               "reconciling process")
+                await self.defer(
+                    conn, job_id, f"consequence of {kind!r} not declared in the reconciling process"
+                )
                 return None
             reason, path = row_consequence(row)
             error = error_text(row[14])
@@ -358,26 +476,41 @@ class Settler:
             fn = self.applier.effect_of(kind)
             if fn is not None:
                 failed = await self.applier.run_effect(
-                    conn, fn, self.applier.snapshot(row), path, reason, error)
+                    conn, fn, self.applier.snapshot(row), path, reason, error
+                )
                 if failed is not None:
                     attempts = (row_consequence_attempts(row) or 0) + 1
-                    await conn.execute(sql.MARK_CONSEQUENCE_PENDING, {
-                        "id": job_id, "reason": reason, "path": path, "error": failed,
-                        "mark": None, "retry_in": backoff(attempts, self.applier.backoff_base_s)})
+                    await conn.execute(
+                        sql.MARK_CONSEQUENCE_PENDING,
+                        {
+                            "id": job_id,
+                            "reason": reason,
+                            "path": path,
+                            "error": failed,
+                            "mark": None,
+                            "retry_in": backoff(attempts, self.applier.backoff_base_s),
+                        },
+                    )
                     return "owed"
                 self.stats["applied"] += 1
                 metrics.CONSEQUENCES_APPLIED.labels(kind).inc()
-            await conn.execute(sql.MARK_CONSEQUENCE_APPLIED, {
-                "id": job_id, "path": path,
-                "state": "applied" if fn is not None else "none"})
+            await conn.execute(
+                sql.MARK_CONSEQUENCE_APPLIED,
+                {"id": job_id, "path": path, "state": "applied" if fn is not None else "none"},
+            )
             return "applied" if fn is not None else "none"
 
 
 async def _append_error(conn, job_id: int, error_entry: dict | None, progress: str | None) -> None:
     if error_entry is not None or progress is not None:
-        await conn.execute(sql.APPEND_ERROR, {
-            "id": job_id, "progress": progress,
-            "error": None if error_entry is None else orjson.dumps([error_entry]).decode()})
+        await conn.execute(
+            sql.APPEND_ERROR,
+            {
+                "id": job_id,
+                "progress": progress,
+                "error": None if error_entry is None else orjson.dumps([error_entry]).decode(),
+            },
+        )
 
 
 # Extra columns after JOB_COLUMNS in LOCK_OWED / LOCK_RUNNING rows.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -33,16 +33,54 @@ class JobContext:
     ``progress`` (the live progress buffer or ``None``).
     """
 
-    __slots__ = ("id", "kind", "queue", "raw_args", "args", "priority", "attempt", "max_attempts",
-                 "_run_at", "_deadline", "_created_at", "_errors", "_metadata", "tags", "run_lease",
-                 "progress", "_progress_gen", "_progress_acked", "_cancelled", "_follow_ups",
-                 "runtime", "callback_id", "waiting", "deadline_expired", "returned",
-                 "thread", "__weakref__")
+    __slots__ = (
+        "id",
+        "kind",
+        "queue",
+        "raw_args",
+        "args",
+        "priority",
+        "attempt",
+        "max_attempts",
+        "_run_at",
+        "_deadline",
+        "_created_at",
+        "_errors",
+        "_metadata",
+        "tags",
+        "run_lease",
+        "progress",
+        "_progress_gen",
+        "_progress_acked",
+        "_cancelled",
+        "_follow_ups",
+        "runtime",
+        "callback_id",
+        "waiting",
+        "deadline_expired",
+        "returned",
+        "thread",
+        "__weakref__",
+    )
 
     def __init__(self, row: tuple, runtime: Any = None):
-        (self.id, self.kind, self.queue, self.raw_args, self.priority, self.attempt,
-         self.max_attempts, self._run_at, self._deadline, self._created_at, self._errors,
-         self._metadata, self.tags, self.run_lease, self.progress) = row
+        (
+            self.id,
+            self.kind,
+            self.queue,
+            self.raw_args,
+            self.priority,
+            self.attempt,
+            self.max_attempts,
+            self._run_at,
+            self._deadline,
+            self._created_at,
+            self._errors,
+            self._metadata,
+            self.tags,
+            self.run_lease,
+            self.progress,
+        ) = row
         self.args = self.raw_args
         self._progress_gen = 0
         self._progress_acked = 0
@@ -210,9 +248,14 @@ class JobContext:
 
     # -- external waits (ADR-021) ---------------------------------------------------------------
 
-    async def register_callback(self, timeout_seconds: float = 3600, filter: Any = None,
-                                on_complete: Any = None, on_fail: Any = None,
-                                transform: Any = None) -> CallbackToken:
+    async def register_callback(
+        self,
+        timeout_seconds: float = 3600,
+        filter: Any = None,
+        on_complete: Any = None,
+        on_fail: Any = None,
+        transform: Any = None,
+    ) -> CallbackToken:
         """Register a callback for this attempt (guarded by its run lease) before handing the
         id to the outside world; the callback times out after ``timeout_seconds`` seconds.
 
@@ -228,12 +271,15 @@ class JobContext:
         stored = None if expressions is None else Jsonb(expressions)
         pool = await self.runtime.client.pool()
         async with pool.connection() as conn:
-            cur = await conn.execute(sql.REGISTER_CALLBACK, {
-                "timeout": timeout, "exprs": stored, "id": self.id, "lease": self.run_lease})
+            cur = await conn.execute(
+                sql.REGISTER_CALLBACK,
+                {"timeout": timeout, "exprs": stored, "id": self.id, "lease": self.run_lease},
+            )
             row = await cur.fetchone()
         if row is None:
-            raise ValidationError(f"job {self.id} is not running under this attempt",
-                                  field="job", limit="running")
+            raise ValidationError(
+                f"job {self.id} is not running under this attempt", field="job", limit="running"
+            )
         self.callback_id = str(row[0])
         return CallbackToken(self.callback_id, row[1].isoformat())
 
@@ -249,25 +295,30 @@ class JobContext:
         """
         callback_id = str(getattr(token, "id", token))
         if callback_id != self.callback_id:
-            raise ValidationError("stale callback token: register a new callback first",
-                                  field="token", limit="the current callback")
+            raise ValidationError(
+                "stale callback token: register a new callback first",
+                field="token",
+                limit="the current callback",
+            )
         runtime = self.runtime
         pool = await runtime.client.pool()
         async with pool.connection() as conn:
             try:
-                cur = await conn.execute(sql.PARK_FOR_CALLBACK,
-                                         (self.id, self.run_lease, callback_id))
+                cur = await conn.execute(
+                    sql.PARK_FOR_CALLBACK, (self.id, self.run_lease, callback_id)
+                )
             except psycopg.errors.UniqueViolation:
                 # waiting_external would take a key another job holds: cancelled as a
                 # duplicate, as a WaitForCallback result into a held key is.
                 await conn.execute(sql.CANCEL_DUPLICATE_PARKING, (self.id, self.run_lease))
-                raise AwaError(f"job {self.id} could not park: another job holds its unique key "
-                               "in waiting_external; cancelled as a duplicate") from None
+                raise AwaError(
+                    f"job {self.id} could not park: another job holds its unique key "
+                    "in waiting_external; cancelled as a duplicate"
+                ) from None
         if cur.rowcount == 0:
             raise AwaError(f"job {self.id} could not park: it is no longer running this attempt")
         # The wait does not count against the attempt's deadline: the rest of it resumes after.
-        remaining = (None if self._deadline is None
-                     else self._deadline - datetime.now(timezone.utc))
+        remaining = None if self._deadline is None else self._deadline - datetime.now(UTC)
         self.waiting = True
         try:
             while True:
@@ -279,13 +330,14 @@ class JobContext:
                     self.callback_id = None
                     return payload
                 if state != "waiting_external" or lease != self.run_lease:
-                    raise AwaError(f"job {self.id} left waiting_external ({state}) without "
-                                   "being resumed")
+                    raise AwaError(
+                        f"job {self.id} left waiting_external ({state}) without being resumed"
+                    )
                 await asyncio.sleep(runtime.callback_poll_interval_s)
         finally:
             self.waiting = False
             if remaining is not None:
-                self._deadline = datetime.now(timezone.utc) + remaining
+                self._deadline = datetime.now(UTC) + remaining
 
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} kind={self.kind!r} attempt={self.attempt}>"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import psycopg
 
@@ -41,11 +41,21 @@ class Dispatcher:
         cap: weighted mode: most attempts of this queue at once (its ``max_workers``), or None.
     """
 
-    def __init__(self, queue: str, *, pool_getter: Callable, spawn: Callable[[tuple], None],
-                 max_workers: int, deadline_ms: int, claim_batch_size: int,
-                 poll_interval_s: float, kinds: list[str],
-                 rate_limit: tuple[float, int] | None = None,
-                 overflow: OverflowPool | None = None, cap: int | None = None):
+    def __init__(
+        self,
+        queue: str,
+        *,
+        pool_getter: Callable,
+        spawn: Callable[[tuple], None],
+        max_workers: int,
+        deadline_ms: int,
+        claim_batch_size: int,
+        poll_interval_s: float,
+        kinds: list[str],
+        rate_limit: tuple[float, int] | None = None,
+        overflow: OverflowPool | None = None,
+        cap: int | None = None,
+    ):
         self.queue = queue
         self.max_workers = max_workers
         self.free = max_workers
@@ -118,9 +128,13 @@ class Dispatcher:
                 metrics.claimed(self.queue, time.perf_counter() - started)
             except Exception as exc:  # the claim loop must survive every error
                 self._give_back(granted)
-                log.warning("claim from queue %r failed: %s: %s", self.queue,
-                            type(exc).__name__, exc,
-                            exc_info=not isinstance(exc, (psycopg.Error, OSError)))
+                log.warning(
+                    "claim from queue %r failed: %s: %s",
+                    self.queue,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=not isinstance(exc, (psycopg.Error, OSError)),
+                )
                 raise_if_cancelling()
                 await asyncio.sleep(min(self.poll_interval_s, 1.0))
                 continue
@@ -161,10 +175,15 @@ class Dispatcher:
         # One statement; if a row makes it fail (a trigger, or a unique collision with a
         # concurrent claim of a duplicate), the candidates are claimed one by one and that row
         # stays available (logged), so it cannot wedge the queue.
-        params = {"queue": self.queue, "limit": limit, "deadline_ms": self.deadline_ms,
-                  "kinds": self.kinds}
+        params = {
+            "queue": self.queue,
+            "limit": limit,
+            "deadline_ms": self.deadline_ms,
+            "kinds": self.kinds,
+        }
         pool = await self._pool_getter()
         async with pool.connection() as conn:
+
             async def fetch(query: str, extra: dict | None = None) -> list[tuple]:
                 cur = await conn.execute(query, {**params, **(extra or {})})
                 return await cur.fetchall()
@@ -173,7 +192,10 @@ class Dispatcher:
                 return [r[0] for r in await fetch(sql.CLAIM_CANDIDATES)]
 
             done = await bulk.run_isolated(
-                conn, what=f"claim from queue {self.queue!r}", bulk=lambda: fetch(sql.CLAIM),
-                keys=candidates, one=lambda job_id: fetch(sql.CLAIM_ONE, {"id": job_id}))
+                conn,
+                what=f"claim from queue {self.queue!r}",
+                bulk=lambda: fetch(sql.CLAIM),
+                keys=candidates,
+                one=lambda job_id: fetch(sql.CLAIM_ONE, {"id": job_id}),
+            )
             return done.rows
-

@@ -22,7 +22,7 @@ import logging
 import random
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from awa_fast import metrics as metrics_mod
@@ -58,9 +58,16 @@ class Outcome:
 
     __slots__ = ("kind", "delay", "error", "reason", "follow_ups", "callback_id")
 
-    def __init__(self, kind: str, *, delay: float | None = None, error: dict | None = None,
-                 reason: str | None = None, follow_ups: list | None = None,
-                 callback_id: str | None = None):
+    def __init__(
+        self,
+        kind: str,
+        *,
+        delay: float | None = None,
+        error: dict | None = None,
+        reason: str | None = None,
+        follow_ups: list | None = None,
+        callback_id: str | None = None,
+    ):
         self.kind = kind
         self.delay = delay
         self.error = error
@@ -84,7 +91,7 @@ def format_error(exc: BaseException) -> str:
     head = f"{type(exc).__qualname__}: {storable.describe(exc)}"
     try:
         lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
-    except BaseException as err:  # noqa: BLE001 - a pathological exception object
+    except BaseException as err:
         lines = [f"(traceback unavailable: {type(err).__qualname__})"]
     if len(lines) > TRACE_LINES:
         cut = len(lines) - TRACE_LINES
@@ -94,8 +101,7 @@ def format_error(exc: BaseException) -> str:
 
 def error_entry(text: Any, attempt: int, terminal: bool = False) -> dict:
     """An ``errors[]`` entry; ``text`` is made storable (NUL, lone surrogates, size)."""
-    entry = {"error": storable.text(text), "attempt": attempt,
-             "at": datetime.now(timezone.utc).isoformat()}
+    entry = {"error": storable.text(text), "attempt": attempt, "at": datetime.now(UTC).isoformat()}
     if terminal:
         entry["terminal"] = True
     return entry
@@ -113,8 +119,9 @@ def failed(ctx: JobContext, text: str, *, terminal: bool) -> Outcome:
 def handler_error(ctx: JobContext, exc: BaseException) -> Outcome:
     """The outcome of a handler that raised ``exc`` (discarding its staged follow-ups)."""
     if isinstance(exc, TerminalError):
-        outcome = Outcome(FAIL, reason="terminal_error",
-                          error=error_entry(format_error(exc), ctx.attempt, True))
+        outcome = Outcome(
+            FAIL, reason="terminal_error", error=error_entry(format_error(exc), ctx.attempt, True)
+        )
     else:
         outcome = failed(ctx, format_error(exc), terminal=False)
     return _discarding(ctx, outcome)
@@ -126,9 +133,17 @@ def map_result(ctx: JobContext, result: Any) -> Outcome:
     result that cannot be mapped fails the attempt terminally, naming the error."""
     try:
         return _map_result(ctx, result)
-    except BaseException as exc:  # noqa: BLE001 - see the module docstring
-        return _discarding(ctx, Outcome(FAIL, reason="terminal_error", error=error_entry(
-            f"handler result could not be mapped: {format_error(exc)}", ctx.attempt, True)))
+    except BaseException as exc:
+        return _discarding(
+            ctx,
+            Outcome(
+                FAIL,
+                reason="terminal_error",
+                error=error_entry(
+                    f"handler result could not be mapped: {format_error(exc)}", ctx.attempt, True
+                ),
+            ),
+        )
 
 
 def _map_result(ctx: JobContext, result: Any) -> Outcome:
@@ -136,29 +151,45 @@ def _map_result(ctx: JobContext, result: Any) -> Outcome:
     if isinstance(result, RetryAfter):
         delay = RetryAfter(result.seconds).seconds  # re-validated: .seconds may be replaced
         if ctx.attempt >= ctx.max_attempts:
-            outcome = Outcome(FAIL, reason="exhausted", error=error_entry(
-                f"RetryAfter({delay}) on the final attempt", ctx.attempt))
+            outcome = Outcome(
+                FAIL,
+                reason="exhausted",
+                error=error_entry(f"RetryAfter({delay}) on the final attempt", ctx.attempt),
+            )
         else:
             outcome = Outcome(RETRY, delay=delay)
     elif isinstance(result, Snooze):
         outcome = Outcome(SNOOZE, delay=Snooze(result.seconds).seconds)
     elif isinstance(result, Cancel):
-        outcome = Outcome(CANCEL, error=error_entry(
-            f"cancelled: {storable.describe(result.reason)}", ctx.attempt))
+        outcome = Outcome(
+            CANCEL, error=error_entry(f"cancelled: {storable.describe(result.reason)}", ctx.attempt)
+        )
     elif isinstance(result, WaitForCallback):
         if fu is not None and fu.staged:
             metrics_mod.WAIT_FOR_CALLBACK_DISCARDS.inc()
-            log.warning("job %s (%s) returned WaitForCallback: discarding %d staged follow-up(s)",
-                        ctx.id, ctx.kind, len(fu.staged))
+            log.warning(
+                "job %s (%s) returned WaitForCallback: discarding %d staged follow-up(s)",
+                ctx.id,
+                ctx.kind,
+                len(fu.staged),
+            )
         if ctx.callback_id is None or ctx.callback_id != str(result.callback_id):
-            outcome = Outcome(FAIL, reason="terminal_error", error=error_entry(
-                "WaitForCallback without a registered callback", ctx.attempt, True))
+            outcome = Outcome(
+                FAIL,
+                reason="terminal_error",
+                error=error_entry(
+                    "WaitForCallback without a registered callback", ctx.attempt, True
+                ),
+            )
         else:
             outcome = Outcome(WAIT, callback_id=result.callback_id)
     elif fu is not None and fu.poison is not None:
         # ADR-046: a swallowed staging error still fails the attempt terminally.
-        outcome = Outcome(FAIL, reason="terminal_error",
-                          error=error_entry(format_error(fu.poison), ctx.attempt, True))
+        outcome = Outcome(
+            FAIL,
+            reason="terminal_error",
+            error=error_entry(format_error(fu.poison), ctx.attempt, True),
+        )
     else:
         return Outcome(COMPLETED, follow_ups=fu.seal() if fu is not None else None)
     if fu is not None:
@@ -176,8 +207,16 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
     try:
         ctx.args = handler.decode(ctx.raw_args)
     except Exception as exc:  # a conversion error is deterministic: no retry helps
-        return _discarding(ctx, Outcome(FAIL, reason="terminal_error", error=error_entry(
-            f"args conversion failed: {format_error(exc)}", ctx.attempt, True)))
+        return _discarding(
+            ctx,
+            Outcome(
+                FAIL,
+                reason="terminal_error",
+                error=error_entry(
+                    f"args conversion failed: {format_error(exc)}", ctx.attempt, True
+                ),
+            ),
+        )
     measured = telemetry.metrics_on()
     started = time.perf_counter() if measured else 0.0
     span = telemetry.handler_span(ctx.kind, ctx.queue, ctx.id, ctx.attempt, ctx.metadata)
@@ -188,8 +227,7 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
             outcome = await _outcome(handler, ctx, thread_pool, True)
             span.outcome(outcome.kind, outcome.error)
     if measured:
-        telemetry.record_attempt(ctx.kind, ctx.queue, outcome.kind,
-                                 time.perf_counter() - started)
+        telemetry.record_attempt(ctx.kind, ctx.queue, outcome.kind, time.perf_counter() - started)
     return outcome
 
 
@@ -200,7 +238,7 @@ async def _outcome(handler: Handler, ctx: JobContext, thread_pool: Any, traced: 
         result = await _call(handler, ctx, thread_pool, traced)
     except asyncio.CancelledError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt/SystemExit from a handler
+    except BaseException as exc:
         log.debug("job %s (%s) attempt %s raised", ctx.id, ctx.kind, ctx.attempt, exc_info=True)
         return handler_error(ctx, exc)
     return map_result(ctx, result)
@@ -210,8 +248,9 @@ async def _call(handler: Handler, ctx: JobContext, thread_pool: Any, traced: boo
     if handler.is_async:
         return await handler.fn(ctx)
     # A traced def handler runs in a copy of this context: the span is current in its thread.
-    fn, fn_args = ((contextvars.copy_context().run, (handler.fn, ctx)) if traced
-                   else (handler.fn, (ctx,)))
+    fn, fn_args = (
+        (contextvars.copy_context().run, (handler.fn, ctx)) if traced else (handler.fn, (ctx,))
+    )
     if thread_pool is None:
         result = await asyncio.get_running_loop().run_in_executor(None, fn, *fn_args)
     else:

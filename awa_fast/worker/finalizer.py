@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -72,8 +73,15 @@ class Finalizer:
         batch_size: most completions in one compact statement.
     """
 
-    def __init__(self, pool_getter: Callable[[], Awaitable[Any]], *, batch_size: int = BATCH_SIZE,
-                 flushers: int = FLUSHERS, spec_runner: Any = None, settler: Any = None):
+    def __init__(
+        self,
+        pool_getter: Callable[[], Awaitable[Any]],
+        *,
+        batch_size: int = BATCH_SIZE,
+        flushers: int = FLUSHERS,
+        spec_runner: Any = None,
+        settler: Any = None,
+    ):
         self._pool_getter = pool_getter
         self.batch_size = batch_size
         self._pending: list[tuple[int, int, asyncio.Future]] = []
@@ -81,17 +89,28 @@ class Finalizer:
         self._staged: list[tuple[JobContext, list, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self._closing = False
-        self._flushers = [asyncio.create_task(self._flush_loop(), name=f"awa-finalizer-{i}")
-                          for i in range(flushers)]
+        self._flushers = [
+            asyncio.create_task(self._flush_loop(), name=f"awa-finalizer-{i}")
+            for i in range(flushers)
+        ]
         self.spec_runner = spec_runner
         self.settler = settler
         # Test hooks for fault injection: awaited with (conn, ctx) inside the per-job
         # transaction just before COMMIT, and after the COMMIT returned.
         self.before_commit: Callable[..., Awaitable[None]] | None = None
         self.after_commit: Callable[..., Awaitable[None]] | None = None
-        self.stats = {"compact": 0, "per_job": 0, "stale": 0, "batches": 0, "retries": 0,
-                      "follow_ups_inserted": 0, "follow_ups_skipped": 0,
-                      "duplicates_cancelled": 0, "staged_batched": 0, "prompt_failures": 0}
+        self.stats = {
+            "compact": 0,
+            "per_job": 0,
+            "stale": 0,
+            "batches": 0,
+            "retries": 0,
+            "follow_ups_inserted": 0,
+            "follow_ups_skipped": 0,
+            "duplicates_cancelled": 0,
+            "staged_batched": 0,
+            "prompt_failures": 0,
+        }
 
     # -- compact path ---------------------------------------------------------------------------
 
@@ -142,8 +161,9 @@ class Finalizer:
                 if not await self._may_retry(attempt, exc):
                     break
                 attempt += 1
-                log.warning("completion batch of %d failed (%s); retry %d", len(batch), exc,
-                            attempt)
+                log.warning(
+                    "completion batch of %d failed (%s); retry %d", len(batch), exc, attempt
+                )
             except Exception as exc:  # never leave waiters hanging
                 log.exception("completion batch of %d failed", len(batch))
                 for _, _, fut in batch:
@@ -173,14 +193,19 @@ class Finalizer:
         # holding 'completed' but not 'running') is cancelled as a duplicate, any other failing
         # row's waiter gets the error; the other jobs complete.
         async def complete(items: list[tuple[int, int]]) -> list[tuple]:
-            cur = await conn.execute(sql.COMPLETE_MANY, ([i for i, _ in items],
-                                                         [lease for _, lease in items]))
+            cur = await conn.execute(
+                sql.COMPLETE_MANY, ([i for i, _ in items], [lease for _, lease in items])
+            )
             return [tuple(r) for r in await cur.fetchall()]
 
         return await bulk.run_isolated(
-            conn, what="completion batch", bulk=lambda: complete(attempts), keys=attempts,
+            conn,
+            what="completion batch",
+            bulk=lambda: complete(attempts),
+            keys=attempts,
             one=lambda attempt: complete([attempt]),
-            on_conflict=lambda attempt, _exc: self._cancel_duplicate(conn, *attempt))
+            on_conflict=lambda attempt, _exc: self._cancel_duplicate(conn, *attempt),
+        )
 
     async def _flush_staged(self, batch: list) -> None:
         # One guarded statement for many triggers and all their follow-ups, one commit. On a
@@ -190,15 +215,17 @@ class Finalizer:
         ids = [ctx.id for ctx, _, _ in batch]
         leases = [ctx.run_lease for ctx, _, _ in batch]
         payload = enqueue.batch_follow_ups_json(
-            [(ctx.id, ctx.run_lease, reqs) for ctx, reqs, _ in batch])
+            [(ctx.id, ctx.run_lease, reqs) for ctx, reqs, _ in batch]
+        )
         done = None
         attempt = 0
         while True:
             try:
                 pool = await self._pool_getter()
                 async with pool.connection() as conn:
-                    cur = await conn.execute(sql.COMPLETE_MANY_WITH_FOLLOW_UPS,
-                                             (ids, leases, payload))
+                    cur = await conn.execute(
+                        sql.COMPLETE_MANY_WITH_FOLLOW_UPS, (ids, leases, payload)
+                    )
                     done_ids, done_leases, inserted = await cur.fetchone()
                     done = set(zip(done_ids, done_leases))
                 break
@@ -206,11 +233,15 @@ class Finalizer:
                 if not await self._may_retry(attempt, exc):
                     break
                 attempt += 1
-                log.warning("staged completion batch of %d failed (%s); retry %d", len(batch),
-                            exc, attempt)
+                log.warning(
+                    "staged completion batch of %d failed (%s); retry %d", len(batch), exc, attempt
+                )
             except Exception as exc:  # one job's follow-up failed: isolate it
-                log.warning("staged completion batch of %d failed (%s); completing job by job",
-                            len(batch), exc)
+                log.warning(
+                    "staged completion batch of %d failed (%s); completing job by job",
+                    len(batch),
+                    exc,
+                )
                 break
         if done is None:
             for ctx, reqs, fut in batch:
@@ -239,8 +270,11 @@ class Finalizer:
     async def _cancel_duplicate(self, conn, job_id: int, lease: int) -> None:
         await conn.execute(sql.CANCEL_DUPLICATE_ATTEMPT, (job_id, lease))
         self.stats["duplicates_cancelled"] += 1
-        log.warning("job %s cancelled as a duplicate: its new state would take a unique key "
-                    "another job holds", job_id)
+        log.warning(
+            "job %s cancelled as a duplicate: its new state would take a unique key "
+            "another job holds",
+            job_id,
+        )
 
     # -- per-job path ---------------------------------------------------------------------------
 
@@ -269,8 +303,11 @@ class Finalizer:
         when its retries are spent, else pause (jittered, doubling) and return True. After a
         connection error the pool's idle connections are checked first: after a server restart
         they are all dead, and back-to-back retries on them fail within milliseconds."""
-        limit = (MAX_CONNECTION_RETRIES if isinstance(exc, psycopg.OperationalError)
-                 else MAX_FINALIZE_RETRIES)
+        limit = (
+            MAX_CONNECTION_RETRIES
+            if isinstance(exc, psycopg.OperationalError)
+            else MAX_FINALIZE_RETRIES
+        )
         if attempt >= limit:
             return False
         self.stats["retries"] += 1
@@ -279,7 +316,7 @@ class Finalizer:
                 await (await self._pool_getter()).check()
             except Exception as err:  # the server may still be down: the pause covers it
                 log.debug("pool check after a connection error failed: %s", err)
-        pause = min(RETRY_PAUSE_S * 2 ** attempt, RETRY_PAUSE_MAX_S)
+        pause = min(RETRY_PAUSE_S * 2**attempt, RETRY_PAUSE_MAX_S)
         await asyncio.sleep(pause * (0.5 + random.random()))
         return True
 
@@ -303,23 +340,36 @@ class Finalizer:
         try:
             ok = await self._finalize_requests(ctx, outcome, self.requests_for(ctx, outcome))
         except Exception as exc:
-            log.warning("prompt failure of job %s through the failure path failed (%s); "
-                        "recording it without inserts", ctx.id, exc)
+            log.warning(
+                "prompt failure of job %s through the failure path failed (%s); "
+                "recording it without inserts",
+                ctx.id,
+                exc,
+            )
             applier = None if self.settler is None else self.settler.applier
             pool = await self._pool_getter()
             async with pool.connection() as conn:
-                cur = await conn.execute(sql.FAIL_ATTEMPT, {
-                    "id": ctx.id, "lease": ctx.run_lease, "message": outcome.error["error"],
-                    # settled later by the reconciler: consequence and exhausted specs
-                    "consequence_kinds": [] if applier is None else self.settler.pending_kinds(),
-                    "known_kinds": [ctx.kind] if applier is None else applier.known_kinds()})
+                cur = await conn.execute(
+                    sql.FAIL_ATTEMPT,
+                    {
+                        "id": ctx.id,
+                        "lease": ctx.run_lease,
+                        "message": outcome.error["error"],
+                        # settled later by the reconciler: consequence and exhausted specs
+                        "consequence_kinds": []
+                        if applier is None
+                        else self.settler.pending_kinds(),
+                        "known_kinds": [ctx.kind] if applier is None else applier.known_kinds(),
+                    },
+                )
                 ok = await cur.fetchone() is not None
         if ok:
             self.stats["prompt_failures"] += 1
         return ok
 
-    async def _finalize_requests(self, ctx: JobContext, outcome: ex.Outcome,
-                                 requests: list) -> bool:
+    async def _finalize_requests(
+        self, ctx: JobContext, outcome: ex.Outcome, requests: list
+    ) -> bool:
         attempt = 0
         while True:
             try:
@@ -333,8 +383,9 @@ class Finalizer:
                 return False
             except _RETRYABLE as exc:
                 if not await self._may_retry(attempt, exc):
-                    log.error("finalize of job %s gave up after %d retries: %s", ctx.id,
-                              attempt, exc)
+                    log.error(
+                        "finalize of job %s gave up after %d retries: %s", ctx.id, attempt, exc
+                    )
                     raise
                 attempt += 1
                 log.warning("finalize of job %s failed (%s); retry %d", ctx.id, exc, attempt)
@@ -342,17 +393,25 @@ class Finalizer:
     async def _finalize_once(self, ctx: JobContext, outcome: ex.Outcome, requests: list) -> bool:
         if outcome.kind == ex.FAIL and self.settler is not None:
             return await self._fail_once(ctx, outcome, requests)
-        if outcome.kind == ex.COMPLETED and requests and self.before_commit is None \
-                and self.after_commit is None:
+        if (
+            outcome.kind == ex.COMPLETED
+            and requests
+            and self.before_commit is None
+            and self.after_commit is None
+        ):
             return await self._complete_with_follow_ups(ctx, requests)
         state, delta = _TRANSITIONS[outcome.kind]
         snap = ctx.progress_snapshot()
         params = {
-            "state": state, "attempt_delta": delta, "delay": outcome.delay,
+            "state": state,
+            "attempt_delta": delta,
+            "delay": outcome.delay,
             "error": None if outcome.error is None else storable.json_text([outcome.error]),
             "progress": None if snap is None else snap[1],
-            "id": ctx.id, "lease": ctx.run_lease,
+            "id": ctx.id,
+            "lease": ctx.run_lease,
         }
+
         async def body(conn) -> None:
             cur = await conn.execute(sql.TRANSITION, params)
             if cur.rowcount == 0:
@@ -382,11 +441,13 @@ class Finalizer:
         self.stats["per_job"] += 1
         return True
 
-    async def insert_follow_ups(self, conn, trigger_kind: str, trigger_id: int,
-                                requests: list) -> None:
+    async def insert_follow_ups(
+        self, conn, trigger_kind: str, trigger_id: int, requests: list
+    ) -> None:
         """Insert follow-ups in the caller's transaction (see ``enqueue.insert_follow_ups``)."""
-        inserted, skipped = await enqueue.insert_follow_ups(conn, requests, trigger_kind,
-                                                            trigger_id)
+        inserted, skipped = await enqueue.insert_follow_ups(
+            conn, requests, trigger_kind, trigger_id
+        )
         self.stats["follow_ups_inserted"] += inserted
         self.stats["follow_ups_skipped"] += skipped
         metrics.follow_ups(inserted, skipped)
@@ -398,8 +459,10 @@ class Finalizer:
         pool = await self._pool_getter()
         async with pool.connection() as conn:
             with enqueue.mapped_errors():
-                cur = await conn.execute(sql.COMPLETE_WITH_FOLLOW_UPS, (
-                    ctx.id, ctx.run_lease, enqueue.follow_ups_json(requests)))
+                cur = await conn.execute(
+                    sql.COMPLETE_WITH_FOLLOW_UPS,
+                    (ctx.id, ctx.run_lease, enqueue.follow_ups_json(requests)),
+                )
                 applied, inserted, keys = await cur.fetchone()
         if not applied:
             self.stats["stale"] += 1
@@ -413,8 +476,12 @@ class Finalizer:
             if log.isEnabledFor(logging.DEBUG):
                 held = set(keys)
                 kinds = [p.kind for p in requests if p.unique_key and p.unique_key not in held]
-                log.debug("follow-ups %s of %s job %s skipped: unique key already held",
-                          kinds, ctx.kind, ctx.id)
+                log.debug(
+                    "follow-ups %s of %s job %s skipped: unique key already held",
+                    kinds,
+                    ctx.kind,
+                    ctx.id,
+                )
         return True
 
     async def _fail_once(self, ctx: JobContext, outcome: ex.Outcome, exhausted: list) -> bool:
@@ -432,9 +499,15 @@ class Finalizer:
             if row is None:
                 raise Stale()
             owed = await self.settler.owe_or_settle(
-                conn, row, reason=outcome.reason or "terminal_error", path="failure",
-                error_entry=outcome.error, progress=None if snap is None else snap[1],
-                exhausted=exhausted, owe_unknown=False)  # a worker knows its kinds
+                conn,
+                row,
+                reason=outcome.reason or "terminal_error",
+                path="failure",
+                error_entry=outcome.error,
+                progress=None if snap is None else snap[1],
+                exhausted=exhausted,
+                owe_unknown=False,
+            )  # a worker knows its kinds
 
         if not await self._guarded_transaction(ctx, body):
             return False
@@ -444,8 +517,12 @@ class Finalizer:
                 async with pool.connection() as conn:
                     await self.settler.apply_owed(conn, ctx.id, exhausted)
             except Exception as exc:  # no connection: the debt is durable (the reconciler)
-                log.warning("no connection to apply the failure consequence of job %s (%s); it "
-                            "stays owed for the reconciler", ctx.id, exc)
+                log.warning(
+                    "no connection to apply the failure consequence of job %s (%s); it "
+                    "stays owed for the reconciler",
+                    ctx.id,
+                    exc,
+                )
         return True
 
     async def release(self, ctx: JobContext) -> bool:

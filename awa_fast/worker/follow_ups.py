@@ -126,6 +126,11 @@ class FollowUps:
         self._sealed = True
         if self._staged:
             metrics.FOLLOW_UPS_DISCARDED.labels(why).inc(len(self._staged))
-            log.debug("discarded %d staged follow-up(s) of %s job %s on %s",
-                      len(self._staged), kind, self.job_id, why)
+            log.debug(
+                "discarded %d staged follow-up(s) of %s job %s on %s",
+                len(self._staged),
+                kind,
+                self.job_id,
+                why,
+            )
             self._staged = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import psycopg
 
@@ -40,9 +40,15 @@ class Heartbeat:
     their live attempts rescued as stale and run again. Without it, beats use the pool.
     """
 
-    def __init__(self, pool_getter: Callable, in_flight: Callable[[], Iterable[JobContext]],
-                 interval_s: float, progress_interval_s: float = PROGRESS_FLUSH_S, *,
-                 database_url: str | None = None):
+    def __init__(
+        self,
+        pool_getter: Callable,
+        in_flight: Callable[[], Iterable[JobContext]],
+        interval_s: float,
+        progress_interval_s: float = PROGRESS_FLUSH_S,
+        *,
+        database_url: str | None = None,
+    ):
         self._pool_getter = pool_getter
         self._database_url = database_url
         self._conn: psycopg.AsyncConnection | None = None
@@ -82,7 +88,7 @@ class Heartbeat:
         wrote_progress = False
         async with self._connection() as conn:
             for start in range(0, len(ctxs), CHUNK):
-                chunk = ctxs[start:start + CHUNK]
+                chunk = ctxs[start : start + CHUNK]
                 snaps = [c.progress_snapshot() for c in chunk]
                 beaten = await self._beat_chunk(conn, chunk, snaps)
                 for c, s in zip(chunk, snaps):
@@ -92,8 +98,9 @@ class Heartbeat:
             if not progress_only:
                 # An attempt whose job was dead-lettered while its handler runs (an early
                 # fail_external) keeps its mark fresh on the DLQ entry.
-                await conn.execute(sql.HEARTBEAT_DLQ_MARKS, ([c.id for c in ctxs],
-                                                             [c.run_lease for c in ctxs]))
+                await conn.execute(
+                    sql.HEARTBEAT_DLQ_MARKS, ([c.id for c in ctxs], [c.run_lease for c in ctxs])
+                )
         if not progress_only:
             self.beats += 1
         if wrote_progress:  # waiters re-check their own condition
@@ -109,7 +116,8 @@ class Heartbeat:
         async with self._conn_lock:  # the beat and progress loops share the connection
             if self._conn is None or self._conn.closed:
                 self._conn = await psycopg.AsyncConnection.connect(
-                    self._database_url, autocommit=True, connect_timeout=10)
+                    self._database_url, autocommit=True, connect_timeout=10
+                )
             try:
                 yield self._conn
             except psycopg.OperationalError:
@@ -132,9 +140,14 @@ class Heartbeat:
         dropped: set[tuple] = set()
 
         async def beat(attempts: list[tuple], with_progress: bool = True) -> list[tuple]:
-            cur = await conn.execute(sql.HEARTBEAT, (
-                [a[0] for a in attempts], [a[1] for a in attempts],
-                [progress[a] if with_progress else None for a in attempts]))
+            cur = await conn.execute(
+                sql.HEARTBEAT,
+                (
+                    [a[0] for a in attempts],
+                    [a[1] for a in attempts],
+                    [progress[a] if with_progress else None for a in attempts],
+                ),
+            )
             return [(r[0], r[1]) for r in await cur.fetchall()]
 
         async def without_progress(attempt: tuple, exc: Exception) -> None:
@@ -142,11 +155,17 @@ class Heartbeat:
             if progress[attempt] is not None and await beat([attempt], with_progress=False):
                 dropped.add(attempt)
                 self.progress_dropped += 1
-                log.warning("progress of job %s (%s) cannot be stored; dropped", attempt[0],
-                            kinds[attempt])
+                log.warning(
+                    "progress of job %s (%s) cannot be stored; dropped", attempt[0], kinds[attempt]
+                )
 
         attempts = list(progress)
-        done = await bulk.run_isolated(conn, what="heartbeat", bulk=lambda: beat(attempts),
-                                       keys=attempts, one=lambda a: beat([a]),
-                                       on_error=without_progress)
+        done = await bulk.run_isolated(
+            conn,
+            what="heartbeat",
+            bulk=lambda: beat(attempts),
+            keys=attempts,
+            one=lambda a: beat([a]),
+            on_error=without_progress,
+        )
         return set(done.rows) | dropped

@@ -64,13 +64,15 @@ class Lingering:
     def watch(self, ctx: Any, *, release: bool) -> None:
         """Watch ``ctx``'s attempt (a :class:`JobContext` whose ``thread`` still runs)."""
         snap = ctx.progress_snapshot()
-        attempt = _Attempt(ctx.id, ctx.run_lease, ctx.queue, ctx.thread, release,
-                           None if snap is None else snap[1])
+        attempt = _Attempt(
+            ctx.id, ctx.run_lease, ctx.queue, ctx.thread, release, None if snap is None else snap[1]
+        )
         with self._lock:
             self._attempts[(ctx.id, ctx.run_lease)] = attempt
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="awa-fast-lingering",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="awa-fast-lingering", daemon=True
+                )
                 self._thread.start()
         ctx.thread.add_done_callback(lambda _f: self._wake.set())
         self._wake.set()
@@ -92,8 +94,9 @@ class Lingering:
                     attempts = list(self._attempts.values())
                 try:
                     if conn is None or conn.closed:
-                        conn = psycopg.connect(self.database_url, autocommit=True,
-                                               connect_timeout=10)
+                        conn = psycopg.connect(
+                            self.database_url, autocommit=True, connect_timeout=10
+                        )
                     self._beat(conn, [a for a in attempts if not a.future.done()])
                     for a in attempts:
                         if a.future.done():
@@ -120,9 +123,17 @@ class Lingering:
         key = {"id": a.job_id, "lease": a.run_lease}
         with conn.transaction():
             if a.release:
-                cur = conn.execute(sql.TRANSITION, {
-                    "state": "available", "attempt_delta": -1, "delay": 0.0, "error": None,
-                    "progress": a.progress, **key})
+                cur = conn.execute(
+                    sql.TRANSITION,
+                    {
+                        "state": "available",
+                        "attempt_delta": -1,
+                        "delay": 0.0,
+                        "error": None,
+                        "progress": a.progress,
+                        **key,
+                    },
+                )
                 if cur.rowcount:
                     conn.execute(sql.NOTIFY_QUEUE, (a.queue,))
             conn.execute(sql.ACK_ATTEMPT_ENDED, key)

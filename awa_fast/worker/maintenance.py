@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 import functools
+import logging
 import os
 import socket
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import psycopg
 
@@ -88,11 +89,16 @@ class Maintenance:
     ``(interval_s, fn)``; ``fn(fenced)`` gets :meth:`fenced` for its write transactions.
     """
 
-    def __init__(self, database_url: str, pool_getter: Callable, config: MaintenanceConfig,
-                 on_rescued: Callable[[list[tuple]], Awaitable[None]] | None = None,
-                 extra_tasks: list[tuple[float, Callable[[], Awaitable[Any]]]] | None = None,
-                 consequence_kinds: Callable[[], list[str]] = list,
-                 known_kinds: Callable[[], list[str]] = list):
+    def __init__(
+        self,
+        database_url: str,
+        pool_getter: Callable,
+        config: MaintenanceConfig,
+        on_rescued: Callable[[list[tuple]], Awaitable[None]] | None = None,
+        extra_tasks: list[tuple[float, Callable[[], Awaitable[Any]]]] | None = None,
+        consequence_kinds: Callable[[], list[str]] = list,
+        known_kinds: Callable[[], list[str]] = list,
+    ):
         self.database_url = database_url
         self._pool_getter = pool_getter
         self.config = config
@@ -112,8 +118,10 @@ class Maintenance:
         """Elect forever (cancel to stop; the lock connection is closed on the way out)."""
         # A leader's lock connection runs a statement at least every staleness / 3: another
         # process displaces a holder idle longer than the staleness (sql.DISPLACE_FROZEN_LEADER).
-        interval = min(self.config.leader_election_interval_ms,
-                       self.config.heartbeat_staleness_ms / 3) / 1000
+        interval = (
+            min(self.config.leader_election_interval_ms, self.config.heartbeat_staleness_ms / 3)
+            / 1000
+        )
         try:
             while True:
                 try:
@@ -154,16 +162,22 @@ class Maintenance:
         if self.is_leader:
             return True
         if self._lock_conn is None or self._lock_conn.closed:
-            self._lock_conn = await psycopg.AsyncConnection.connect(self.database_url,
-                                                                    autocommit=True)
+            self._lock_conn = await psycopg.AsyncConnection.connect(
+                self.database_url, autocommit=True
+            )
         cur = await self._lock_conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
         if not (await cur.fetchone())[0]:
-            cur = await self._lock_conn.execute(sql.DISPLACE_FROZEN_LEADER, {
-                "key": sql.LEADER_LOCK_KEY, "stale_ms": self.config.heartbeat_staleness_ms})
+            cur = await self._lock_conn.execute(
+                sql.DISPLACE_FROZEN_LEADER,
+                {"key": sql.LEADER_LOCK_KEY, "stale_ms": self.config.heartbeat_staleness_ms},
+            )
             if not (await cur.fetchone())[0]:
                 return False
-            log.warning("displaced a frozen maintenance leader (its lock connection idle for "
-                        "more than heartbeat_staleness_ms=%s)", self.config.heartbeat_staleness_ms)
+            log.warning(
+                "displaced a frozen maintenance leader (its lock connection idle for "
+                "more than heartbeat_staleness_ms=%s)",
+                self.config.heartbeat_staleness_ms,
+            )
             cur = await self._lock_conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
             if not (await cur.fetchone())[0]:
                 return False
@@ -187,13 +201,15 @@ class Maintenance:
                 async with self._lock_conn.transaction():
                     await self._lock_conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
                     cur = await self._lock_conn.execute(
-                        sql.LEADER_BUMP, (f"{socket.gethostname()} pid {os.getpid()}",))
+                        sql.LEADER_BUMP, (f"{socket.gethostname()} pid {os.getpid()}",)
+                    )
                     return (await cur.fetchone())[0]
             except psycopg.errors.LockNotAvailable:
                 if last:
                     raise
                 cur = await self._lock_conn.execute(
-                    sql.DISPLACE_FROZEN_PASSES, {"stale_ms": self.config.heartbeat_staleness_ms})
+                    sql.DISPLACE_FROZEN_PASSES, {"stale_ms": self.config.heartbeat_staleness_ms}
+                )
                 if not (await cur.fetchone())[0]:
                     raise
                 log.warning("terminated a frozen pass of the previous maintenance leader")
@@ -202,16 +218,21 @@ class Maintenance:
     def _start_loops(self) -> None:
         c = self.config
         rescue_ms = min(c.heartbeat_rescue_interval_ms, c.deadline_rescue_interval_ms)
-        loops = [("promote", c.promote_interval_ms / 1000, self.promote),
-                 ("rescue", rescue_ms / 1000, self.rescue_running),
-                 ("callback_rescue", c.callback_rescue_interval_ms / 1000,
-                  self.rescue_callbacks),
-                 ("prune", c.cleanup_interval_ms / 1000, self.prune)]
-        loops += [(getattr(fn, "__name__", repr(fn)).lstrip("_"), s,
-                   functools.partial(fn, self.fenced)) for s, fn in self.extra_tasks]
+        loops = [
+            ("promote", c.promote_interval_ms / 1000, self.promote),
+            ("rescue", rescue_ms / 1000, self.rescue_running),
+            ("callback_rescue", c.callback_rescue_interval_ms / 1000, self.rescue_callbacks),
+            ("prune", c.cleanup_interval_ms / 1000, self.prune),
+        ]
+        loops += [
+            (getattr(fn, "__name__", repr(fn)).lstrip("_"), s, functools.partial(fn, self.fenced))
+            for s, fn in self.extra_tasks
+        ]
         self.loops = {name: LoopHealth(name) for name, _s, _fn in loops}
-        self._loops = [asyncio.create_task(self._every(name, s, fn), name=f"awa-maint-{name}")
-                       for name, s, fn in loops]
+        self._loops = [
+            asyncio.create_task(self._every(name, s, fn), name=f"awa-maint-{name}")
+            for name, s, fn in loops
+        ]
 
     async def _step_down(self) -> None:
         for task in self._loops:
@@ -257,8 +278,7 @@ class Maintenance:
                 self.loops[name].alive = False
         return dict(self.loops)
 
-    async def _every(self, name: str, interval_s: float,
-                     fn: Callable[[], Awaitable[Any]]) -> None:
+    async def _every(self, name: str, interval_s: float, fn: Callable[[], Awaitable[Any]]) -> None:
         health = self.loops.setdefault(name, LoopHealth(name))
         while True:
             delay = interval_s
@@ -278,8 +298,13 @@ class Maintenance:
                 health.last_error = f"{type(exc).__name__}: {exc}"
                 health.alive = health.failures < DEAD_AFTER_FAILURES
                 delay = min(max(interval_s, 0.1) * 2 ** (health.failures - 1), MAX_BACKOFF_S)
-                log.error("maintenance %s failed (%d in a row; next try in %.1f s)", name,
-                          health.failures, delay, exc_info=True)
+                log.error(
+                    "maintenance %s failed (%d in a row; next try in %.1f s)",
+                    name,
+                    health.failures,
+                    delay,
+                    exc_info=True,
+                )
             # Python 3.11's wait_for (inside the pool) can swallow a cancel that lands as a
             # connection is handed out: honour a pending cancel here so shutdown never hangs.
             if asyncio.current_task().cancelling():
@@ -291,16 +316,21 @@ class Maintenance:
         key another job holds is cancelled as a duplicate; any other row that fails alone is
         left due (logged); the rest are promoted (``bulk.run_isolated``). A row whose previous
         attempt still runs (a fresh "still running" mark) waits until it ends."""
-        limit = {"limit": self.config.promote_batch_size,
-                 "stale_ms": self.config.heartbeat_staleness_ms}
+        limit = {
+            "limit": self.config.promote_batch_size,
+            "stale_ms": self.config.heartbeat_staleness_ms,
+        }
         async with self.fenced() as conn:
             done = await bulk.run_isolated(
-                conn, what="promote",
+                conn,
+                what="promote",
                 bulk=lambda: _fetch(conn, sql.PROMOTE, limit),
                 keys=lambda: _ids(_fetch(conn, sql.DUE_IDS, limit)),
                 one=lambda job_id: _fetch(conn, sql.PROMOTE_ONE, {**limit, "id": job_id}),
                 on_conflict=lambda job_id, _exc: self._cancel_duplicate(
-                    conn, sql.CANCEL_AS_DUPLICATE, {**limit, "id": job_id}))
+                    conn, sql.CANCEL_AS_DUPLICATE, {**limit, "id": job_id}
+                ),
+            )
             for queue in sorted({queue for _id, queue in done.rows}):
                 await conn.execute(sql.NOTIFY_QUEUE, (queue,))
         self.counts["promoted"] += len(done.rows)
@@ -309,8 +339,11 @@ class Maintenance:
     async def _cancel_duplicate(self, conn, query: str, params: dict) -> None:
         cur = await conn.execute(query, params)
         if cur.rowcount:
-            log.warning("job %s cancelled as a duplicate: its new state would take a unique "
-                        "key another job holds", params["id"])
+            log.warning(
+                "job %s cancelled as a duplicate: its new state would take a unique "
+                "key another job holds",
+                params["id"],
+            )
 
     async def rescue_running(self) -> list[tuple]:
         """The heartbeat / deadline rescue loop's pass (see :meth:`rescue`)."""
@@ -331,17 +364,21 @@ class Maintenance:
         together. A row whose rescue collides on its unique key is cancelled as a duplicate; a
         row whose dead-letter move fails stays ``failed`` in ``jobs`` with that error appended;
         any other row that fails alone is left as it was (logged); the rest proceed."""
-        params = {"stale_ms": self.config.heartbeat_staleness_ms, "limit": 500,
-                  "consequence_kinds": self.consequence_kinds(), "known_kinds": self.known_kinds(),
-                  "only": None}
+        params = {
+            "stale_ms": self.config.heartbeat_staleness_ms,
+            "limit": 500,
+            "consequence_kinds": self.consequence_kinds(),
+            "known_kinds": self.known_kinds(),
+            "only": None,
+        }
         async with self.fenced() as conn:
             rows = []
             if running:
-                rows += await self._rescue_with(conn, sql.RESCUE, sql.RESCUE_CANDIDATES,
-                                                params)
+                rows += await self._rescue_with(conn, sql.RESCUE, sql.RESCUE_CANDIDATES, params)
             if callbacks:
-                rows += await self._rescue_with(conn, sql.RESCUE_CALLBACKS,
-                                                sql.RESCUE_CALLBACK_CANDIDATES, params)
+                rows += await self._rescue_with(
+                    conn, sql.RESCUE_CALLBACKS, sql.RESCUE_CALLBACK_CANDIDATES, params
+                )
             await self._dead_letter(conn, [(r[0], r[4]) for r in rows if r[2] == "failed"])
         if rows:
             self.counts["rescued"] += len(rows)
@@ -353,12 +390,15 @@ class Maintenance:
 
     async def _rescue_with(self, conn, query: str, candidates: str, params: dict) -> list[tuple]:
         done = await bulk.run_isolated(
-            conn, what="rescue",
+            conn,
+            what="rescue",
             bulk=lambda: _fetch(conn, query, params),
             keys=lambda: _ids(_fetch(conn, candidates, params)),
             one=lambda job_id: _fetch(conn, query, {**params, "only": job_id}),
             on_conflict=lambda job_id, _exc: self._cancel_duplicate(
-                conn, sql.CANCEL_RESCUED_DUPLICATE, {**params, "id": job_id}))
+                conn, sql.CANCEL_RESCUED_DUPLICATE, {**params, "id": job_id}
+            ),
+        )
         return done.rows
 
     async def _dead_letter(self, conn, moves: list[tuple[int, str]]) -> None:
@@ -371,39 +411,52 @@ class Maintenance:
 
         reasons = dict(moves)
         await bulk.run_isolated(
-            conn, what="dead-letter move",
-            bulk=lambda: _fetch(conn, sql.DEAD_LETTER_MANY, ([m[0] for m in moves],
-                                                             [m[1] for m in moves])),
+            conn,
+            what="dead-letter move",
+            bulk=lambda: _fetch(
+                conn, sql.DEAD_LETTER_MANY, ([m[0] for m in moves], [m[1] for m in moves])
+            ),
             keys=[m[0] for m in moves],
             one=lambda job_id: _fetch(conn, sql.DEAD_LETTER, (job_id, reasons[job_id])),
-            on_conflict=note, on_error=note)
+            on_conflict=note,
+            on_error=note,
+        )
 
     async def prune(self) -> int:
         """Delete terminal jobs older than their retention, and DLQ entries older than
         ``dlq_retention_days``. Returns the rows deleted (both tables). A row whose delete
         fails alone (say a trigger refuses it) is kept (logged); the rest are pruned."""
         c = self.config
-        params = {"completed_s": c.completed_retention_hours * 3600,
-                  "failed_s": c.failed_retention_hours * 3600,
-                  "dlq_s": c.dlq_retention_days * 86400, "limit": c.cleanup_batch_size}
+        params = {
+            "completed_s": c.completed_retention_hours * 3600,
+            "failed_s": c.failed_retention_hours * 3600,
+            "dlq_s": c.dlq_retention_days * 86400,
+            "limit": c.cleanup_batch_size,
+        }
         pruned = 0
         async with self.fenced() as conn:
             await conn.execute(sql.WORKERS_PRUNE)
             await conn.execute(sql.CALLBACK_EXPRESSIONS_PRUNE)
             await conn.execute(sql.BATCH_RETENTION_PRUNE)
             if c.descriptor_retention_days > 0:
-                await conn.execute(sql.DESCRIPTORS_PRUNE,
-                                   {"retention_s": c.descriptor_retention_days * 86400})
-            for what, many, ids, one in (("prune", sql.PRUNE, sql.PRUNE_IDS, sql.PRUNE_ONE),
-                                         ("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS,
-                                          sql.PRUNE_DLQ_ONE)):
+                await conn.execute(
+                    sql.DESCRIPTORS_PRUNE, {"retention_s": c.descriptor_retention_days * 86400}
+                )
+            for what, many, ids, one in (
+                ("prune", sql.PRUNE, sql.PRUNE_IDS, sql.PRUNE_ONE),
+                ("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS, sql.PRUNE_DLQ_ONE),
+            ):
                 done = await bulk.run_isolated(
-                    conn, what=what, bulk=lambda q=many: _fetch(conn, q, params),
+                    conn,
+                    what=what,
+                    bulk=lambda q=many: _fetch(conn, q, params),
                     keys=lambda q=ids: _ids(_fetch(conn, q, params)),
-                    one=lambda job_id, q=one: _fetch(conn, q, {**params, "id": job_id}))
+                    one=lambda job_id, q=one: _fetch(conn, q, {**params, "id": job_id}),
+                )
                 pruned += len(done.rows)
         self.counts["pruned"] += pruned
         return pruned
+
 
 async def _fetch(conn, query: str, params) -> list[tuple]:
     return await (await conn.execute(query, params)).fetchall()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, AsyncContextManager, Callable
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager as AsyncContextManager
+from typing import Any
 
 from awa_fast import sql
 from awa_fast.worker.maintenance import Deposed
@@ -17,8 +19,9 @@ VERIFY_BATCH = 100
 NOT_DONE = "verify_success: the job's work was found not done"
 
 
-async def reconcile_tick(client: Any, config: Any,
-                         fenced: Callable[[], AsyncContextManager] | None = None) -> dict:
+async def reconcile_tick(
+    client: Any, config: Any, fenced: Callable[[], AsyncContextManager] | None = None
+) -> dict:
     """Run each kind's ``verify_success`` hook once on its recently completed jobs (within
     ``config.verify_window_s`` seconds), correcting those it reports as not done, then retry
     every owed consequence that is due (corrections of this tick included), ``OWED_BATCH``
@@ -57,8 +60,9 @@ async def _defer(client: Any, fenced: Callable, job_id: int, exc: Exception) -> 
     # and, with OWED_BATCH others like it, stall the sweep: push its next try out instead.
     try:
         async with fenced() as conn:
-            await client.settler.defer(conn, job_id, f"reconcile failed: "
-                                                     f"{type(exc).__qualname__}: {exc}")
+            await client.settler.defer(
+                conn, job_id, f"reconcile failed: {type(exc).__qualname__}: {exc}"
+            )
     except Deposed:
         raise
     except Exception:  # it stays due; logged, the other jobs proceed
@@ -71,6 +75,7 @@ def _plain_transaction(pool: Any) -> Callable[[], AsyncContextManager]:
         async with pool.connection() as conn:
             async with conn.transaction():
                 yield conn
+
     return transaction
 
 
@@ -79,8 +84,9 @@ async def _verify(client: Any, pool: Any, config: Any, fenced: Callable) -> list
     if not verifiers:
         return []
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.UNVERIFIED_COMPLETED,
-                                 (list(verifiers), config.verify_window_s, VERIFY_BATCH))
+        cur = await conn.execute(
+            sql.UNVERIFIED_COMPLETED, (list(verifiers), config.verify_window_s, VERIFY_BATCH)
+        )
         rows = await cur.fetchall()
     corrected = []
     for row in rows:
@@ -91,7 +97,7 @@ async def _verify(client: Any, pool: Any, config: Any, fenced: Callable) -> list
                 verdict = await verdict
         except asyncio.CancelledError:
             raise
-        except BaseException:  # noqa: BLE001 - an unverifiable job (SystemExit included) stays
+        except BaseException:
             # unverified and is retried next tick
             log.exception("verify_success of %s job %s raised", job.kind, job.id)
             continue
@@ -108,11 +114,15 @@ async def _verify(client: Any, pool: Any, config: Any, fenced: Callable) -> list
         except Deposed:
             raise
         except Exception:
-            log.exception("recording the verdict on %s job %s failed; it is verified again "
-                          "next tick", job.kind, job.id)
+            log.exception(
+                "recording the verdict on %s job %s failed; it is verified again next tick",
+                job.kind,
+                job.id,
+            )
             continue
         if not verdict:
-            log.warning("verify_success found %s job %s not done: corrected to failed",
-                        job.kind, job.id)
+            log.warning(
+                "verify_success found %s job %s not done: corrected to failed", job.kind, job.id
+            )
             corrected.append(job.id)
     return corrected

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -51,8 +52,10 @@ def check_consequence(kind: str, consequence: Any) -> None:
     """Raises TypeError unless ``consequence`` is a callable, NO_FAILURE_CONSEQUENCE or unset."""
     if consequence is UNDECLARED or consequence is NO_FAILURE_CONSEQUENCE or callable(consequence):
         return
-    raise TypeError(f"failure_consequence of {kind!r} must be an async callable taking a "
-                    "JobFailure, or awa_fast.NO_FAILURE_CONSEQUENCE")
+    raise TypeError(
+        f"failure_consequence of {kind!r} must be an async callable taking a "
+        "JobFailure, or awa_fast.NO_FAILURE_CONSEQUENCE"
+    )
 
 
 class Registry:
@@ -67,8 +70,16 @@ class Registry:
         # kind -> its handler's queue, for kinds registered for a queue other than "default"
         self.off_default: dict[str, str] = {}
 
-    def register(self, args_type: Any, fn: Callable, *, kind: str, queue: str | None = None,
-                 failure_consequence: Any = UNDECLARED, verify_success: Callable | None = None) -> Handler:
+    def register(
+        self,
+        args_type: Any,
+        fn: Callable,
+        *,
+        kind: str,
+        queue: str | None = None,
+        failure_consequence: Any = UNDECLARED,
+        verify_success: Callable | None = None,
+    ) -> Handler:
         """Register ``fn`` for ``kind``.
 
         Raises:
@@ -77,13 +88,22 @@ class Registry:
         if not callable(fn):
             raise TypeError(f"handler for {kind!r} must be callable")
         is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None))
+            getattr(fn, "__call__", None)  # noqa: B004 - the bound __call__ itself, not callable()
+        )
         check_consequence(kind, failure_consequence)
         if failure_consequence is UNDECLARED and kind in self.consequences:
             failure_consequence = self.consequences[kind]
-        handler = Handler(kind, args_type, fn, queue or "default", is_async,
-                          args_decoder(args_type), failure_consequence, verify_success,
-                          explicit_queue=queue is not None)
+        handler = Handler(
+            kind,
+            args_type,
+            fn,
+            queue or "default",
+            is_async,
+            args_decoder(args_type),
+            failure_consequence,
+            verify_success,
+            explicit_queue=queue is not None,
+        )
         if verify_success is not None:
             self.verifiers[kind] = verify_success
         self.handlers[kind] = handler
@@ -108,8 +128,11 @@ class Registry:
 
     def undeclared_kinds(self) -> list[str]:
         """Registered kinds with neither a consequence nor an explicit no-effect declaration."""
-        return sorted(k for k, h in self.handlers.items()
-                      if h.failure_consequence is UNDECLARED and k not in self.consequences)
+        return sorted(
+            k
+            for k, h in self.handlers.items()
+            if h.failure_consequence is UNDECLARED and k not in self.consequences
+        )
 
     def decoder(self, kind: str) -> Callable[[dict], Any] | None:
         """How to type ``kind``'s args: its handler's args type, else a declared one."""

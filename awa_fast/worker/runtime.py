@@ -12,7 +12,7 @@ import os
 import socket
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -48,16 +48,33 @@ UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live 
 # (None; "auto" for storage_transition_role), never ignored.
 _UNSUPPORTED = {
     "terminal_count_rollup_interval_ms",
-    "queue_storage_schema", "queue_storage_queue_slot_count", "queue_storage_lease_slot_count",
-    "queue_storage_claim_slot_count", "queue_storage_queue_stripe_count",
-    "queue_storage_queue_rotate_interval_ms", "queue_storage_lease_rotate_interval_ms",
-    "queue_storage_claim_rotate_interval_ms", "storage_transition_role",
+    "queue_storage_schema",
+    "queue_storage_queue_slot_count",
+    "queue_storage_lease_slot_count",
+    "queue_storage_claim_slot_count",
+    "queue_storage_queue_stripe_count",
+    "queue_storage_queue_rotate_interval_ms",
+    "queue_storage_lease_rotate_interval_ms",
+    "queue_storage_claim_rotate_interval_ms",
+    "storage_transition_role",
 }
 # Per-queue dict keys awa-fast honours; awa's others are rejected by name.
-_QUEUE_KEYS = {"name", "max_workers", "deadline_duration_ms", "claim_batch_size", "claimers",
-               "rate_limit", "priority_aging_interval_ms", "dlq", "min_workers", "weight"}
-_QUEUE_UNSUPPORTED = {"retention": "per-queue retention; use completed_retention_hours / "
-                                   "failed_retention_hours of start()"}
+_QUEUE_KEYS = {
+    "name",
+    "max_workers",
+    "deadline_duration_ms",
+    "claim_batch_size",
+    "claimers",
+    "rate_limit",
+    "priority_aging_interval_ms",
+    "dlq",
+    "min_workers",
+    "weight",
+}
+_QUEUE_UNSUPPORTED = {
+    "retention": "per-queue retention; use completed_retention_hours / "
+    "failed_retention_hours of start()"
+}
 
 
 @dataclasses.dataclass
@@ -79,8 +96,9 @@ class QueueConfig:
     cap: int | None = None
 
 
-def parse_queues(queues: Any, registered: list[str],
-                 global_max_workers: int | None = None) -> list[QueueConfig]:
+def parse_queues(
+    queues: Any, registered: list[str], global_max_workers: int | None = None
+) -> list[QueueConfig]:
     """awa's queue forms: ``None`` (one queue per registered handler queue, 10 workers), a list of
     ``(name, max_workers)`` tuples, a list of dicts with ``name`` and ``max_workers`` plus
     optional ``deadline_duration_ms``, ``claim_batch_size``, ``claimers`` (1 only: one claim
@@ -100,27 +118,36 @@ def parse_queues(queues: Any, registered: list[str],
     if weighted:
         _positive(global_max_workers, "global_max_workers")
         if queues is None:
-            raise ValidationError("weighted mode requires explicit queue configs "
-                                  "(global_max_workers set but queues=None)", field="queues")
+            raise ValidationError(
+                "weighted mode requires explicit queue configs "
+                "(global_max_workers set but queues=None)",
+                field="queues",
+            )
     if queues is None:
         return [QueueConfig(q) for q in (registered or ["default"])]
     out = []
     for item in queues:
         if isinstance(item, tuple) and weighted:
-            raise ValidationError("tuple queue config is not supported with global_max_workers; "
-                                  "use dict form with min_workers/weight", field="queues")
+            raise ValidationError(
+                "tuple queue config is not supported with global_max_workers; "
+                "use dict form with min_workers/weight",
+                field="queues",
+            )
         if isinstance(item, tuple):
             name, max_workers = item
             out.append(QueueConfig(name, _positive(max_workers, f"{name}: max_workers")))
             continue
         if not isinstance(item, dict) or "name" not in item:
-            raise ValidationError("each queue must be a (name, max_workers) tuple or a dict with "
-                                  "'name'", field="queues")
+            raise ValidationError(
+                "each queue must be a (name, max_workers) tuple or a dict with 'name'",
+                field="queues",
+            )
         cfg = dict(item)
         name = cfg.pop("name")
         if "max_workers" in cfg and "min_workers" in cfg:
-            raise ValidationError(f"queue {name!r}: give max_workers or min_workers, not both",
-                                  field="min_workers")
+            raise ValidationError(
+                f"queue {name!r}: give max_workers or min_workers, not both", field="min_workers"
+            )
         for key in cfg:
             if key in _QUEUE_UNSUPPORTED:
                 raise Unsupported(key, f"queue {name!r}: {_QUEUE_UNSUPPORTED[key]}")
@@ -130,32 +157,53 @@ def parse_queues(queues: Any, registered: list[str],
             if key in cfg:
                 _positive(cfg[key], f"queue {name!r}: {key}")
         if cfg.pop("claimers", 1) != 1:
-            raise Unsupported("claimers", f"queue {name!r}: awa-fast runs one claim loop per "
-                                          "queue and process; use more processes")
+            raise Unsupported(
+                "claimers",
+                f"queue {name!r}: awa-fast runs one claim loop per "
+                "queue and process; use more processes",
+            )
         if not weighted and ("min_workers" in cfg or "weight" in cfg):
             key = "min_workers" if "min_workers" in cfg else "weight"
-            raise ValidationError(f"queue {name!r}: {key} needs weighted mode "
-                                  "(start(global_max_workers=N))", field=key)
+            raise ValidationError(
+                f"queue {name!r}: {key} needs weighted mode (start(global_max_workers=N))",
+                field=key,
+            )
         share = {}
         if weighted:
-            share = {"min_workers": _count(cfg.pop("min_workers", 0), f"queue {name!r}: min_workers", 0),
-                     "weight": _count(cfg.pop("weight", 1), f"queue {name!r}: weight", 1),
-                     "cap": (_positive(cfg.pop("max_workers"), f"{name}: max_workers")
-                             if "max_workers" in cfg else None)}
-        out.append(QueueConfig(
-            name, _positive(cfg.pop("max_workers", DEFAULT_MAX_WORKERS), f"{name}: max_workers"),
-            deadline_duration_ms=_deadline_ms(name, cfg.pop("deadline_duration_ms",
-                                                            DEFAULT_DEADLINE_MS)),
-            claim_batch_size=int(cfg.pop("claim_batch_size", DEFAULT_CLAIM_BATCH)),
-            rate_limit=parse_rate_limit(name, cfg.pop("rate_limit", None)),
-            priority_aging_interval_ms=_aging_ms(name, cfg.pop("priority_aging_interval_ms", None)),
-            options=cfg, **share))
+            share = {
+                "min_workers": _count(cfg.pop("min_workers", 0), f"queue {name!r}: min_workers", 0),
+                "weight": _count(cfg.pop("weight", 1), f"queue {name!r}: weight", 1),
+                "cap": (
+                    _positive(cfg.pop("max_workers"), f"{name}: max_workers")
+                    if "max_workers" in cfg
+                    else None
+                ),
+            }
+        out.append(
+            QueueConfig(
+                name,
+                _positive(cfg.pop("max_workers", DEFAULT_MAX_WORKERS), f"{name}: max_workers"),
+                deadline_duration_ms=_deadline_ms(
+                    name, cfg.pop("deadline_duration_ms", DEFAULT_DEADLINE_MS)
+                ),
+                claim_batch_size=int(cfg.pop("claim_batch_size", DEFAULT_CLAIM_BATCH)),
+                rate_limit=parse_rate_limit(name, cfg.pop("rate_limit", None)),
+                priority_aging_interval_ms=_aging_ms(
+                    name, cfg.pop("priority_aging_interval_ms", None)
+                ),
+                options=cfg,
+                **share,
+            )
+        )
     if weighted:
         total_min = sum(q.min_workers for q in out)
         if total_min > global_max_workers:
-            raise ValidationError(f"sum of min_workers ({total_min}) exceeds global_max_workers "
-                                  f"({global_max_workers})", field="global_max_workers",
-                                  limit=f">= {total_min}")
+            raise ValidationError(
+                f"sum of min_workers ({total_min}) exceeds global_max_workers "
+                f"({global_max_workers})",
+                field="global_max_workers",
+                limit=f">= {total_min}",
+            )
     return out
 
 
@@ -166,20 +214,27 @@ def _deadline_ms(queue: str, value: Any) -> int:
     Raises:
         ValidationError: naming the queue and the field.
     """
-    if (isinstance(value, bool) or not isinstance(value, int) or value < 0
-            or value > MAX_SETTING_S * 1000):
-        raise ValidationError(f"queue {queue!r}: deadline_duration_ms must be an int from 0 (no "
-                              f"deadline) to {MAX_SETTING_S * 1000} (100 years), got {value!r}",
-                              field="deadline_duration_ms",
-                              limit=f">= 0 and <= {MAX_SETTING_S * 1000}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < 0
+        or value > MAX_SETTING_S * 1000
+    ):
+        raise ValidationError(
+            f"queue {queue!r}: deadline_duration_ms must be an int from 0 (no "
+            f"deadline) to {MAX_SETTING_S * 1000} (100 years), got {value!r}",
+            field="deadline_duration_ms",
+            limit=f">= 0 and <= {MAX_SETTING_S * 1000}",
+        )
     return value
 
 
 def _count(value: Any, what: str, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         field = what.rsplit(": ", 1)[-1]
-        raise ValidationError(f"{what} must be an integer >= {least}, got {value!r}",
-                              field=field, limit=f">= {least}")
+        raise ValidationError(
+            f"{what} must be an integer >= {least}, got {value!r}", field=field, limit=f">= {least}"
+        )
     return value
 
 
@@ -194,28 +249,47 @@ def parse_rate_limit(queue: str, value: Any) -> tuple[float, int] | None:
     try:
         rate, burst = value
     except (TypeError, ValueError):
-        raise ValidationError(f"queue {queue!r}: rate_limit must be (max_rate, burst), got "
-                              f"{value!r}", field="rate_limit") from None
-    if (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0
-            or rate == float("inf")):
-        raise ValidationError(f"queue {queue!r}: rate_limit max_rate must be a finite number "
-                              f"> 0 (claims per second), got {rate!r}", field="rate_limit",
-                              limit="> 0")
+        raise ValidationError(
+            f"queue {queue!r}: rate_limit must be (max_rate, burst), got {value!r}",
+            field="rate_limit",
+        ) from None
+    if (
+        isinstance(rate, bool)
+        or not isinstance(rate, (int, float))
+        or not rate > 0
+        or rate == float("inf")
+    ):
+        raise ValidationError(
+            f"queue {queue!r}: rate_limit max_rate must be a finite number "
+            f"> 0 (claims per second), got {rate!r}",
+            field="rate_limit",
+            limit="> 0",
+        )
     if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-        raise ValidationError(f"queue {queue!r}: rate_limit burst must be an int >= 1, got "
-                              f"{burst!r}", field="rate_limit", limit=">= 1")
+        raise ValidationError(
+            f"queue {queue!r}: rate_limit burst must be an int >= 1, got {burst!r}",
+            field="rate_limit",
+            limit=">= 1",
+        )
     return float(rate), burst
 
 
 def _aging_ms(queue: str, value: Any) -> int:
     if value is None:
         return 0
-    if (isinstance(value, bool) or not isinstance(value, int) or value < 0
-            or value > MAX_SETTING_S * 1000):  # beyond it every aging pass overflows
-        raise ValidationError(f"queue {queue!r}: priority_aging_interval_ms must be an int from "
-                              f"0 (0 disables aging) to {MAX_SETTING_S * 1000} (100 years), got "
-                              f"{value!r}", field="priority_aging_interval_ms",
-                              limit=f">= 0 and <= {MAX_SETTING_S * 1000}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < 0
+        or value > MAX_SETTING_S * 1000
+    ):  # beyond it every aging pass overflows
+        raise ValidationError(
+            f"queue {queue!r}: priority_aging_interval_ms must be an int from "
+            f"0 (0 disables aging) to {MAX_SETTING_S * 1000} (100 years), got "
+            f"{value!r}",
+            field="priority_aging_interval_ms",
+            limit=f">= 0 and <= {MAX_SETTING_S * 1000}",
+        )
     return value
 
 
@@ -242,9 +316,17 @@ async def _cancel_and_wait(tasks: list, grace_s: float = 0.0) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def check_config(registry: Any, queues: list[QueueConfig], explicit_queues: bool,
-                 heartbeat_interval_ms: int, heartbeat_staleness_ms: int, *,
-                 maintenance: bool = True, periodic: bool = False, specs: bool = False) -> None:
+def check_config(
+    registry: Any,
+    queues: list[QueueConfig],
+    explicit_queues: bool,
+    heartbeat_interval_ms: int,
+    heartbeat_staleness_ms: int,
+    *,
+    maintenance: bool = True,
+    periodic: bool = False,
+    specs: bool = False,
+) -> None:
     """Reject at ``start()`` a configuration that cannot work.
 
     Raises:
@@ -256,45 +338,65 @@ def check_config(registry: Any, queues: list[QueueConfig], explicit_queues: bool
     if not (registry.handlers or periodic or (maintenance and (registry.consequences or specs))):
         # Without handlers a process is useful only to register periodic schedules or as a
         # maintenance process that knows the consequences or specs of kinds handled elsewhere.
-        raise ConfigError("no handlers registered: register at least one with @client.task "
-                          "before start() (a maintenance-only process declares failure "
-                          "consequences with client.failure_consequence)", field="handlers",
-                          limit=">= 1 handler")
+        raise ConfigError(
+            "no handlers registered: register at least one with @client.task "
+            "before start() (a maintenance-only process declares failure "
+            "consequences with client.failure_consequence)",
+            field="handlers",
+            limit=">= 1 handler",
+        )
     for i, q in enumerate(queues):
         try:
             _native.validate_insert("k", q.name, 2, 25, None)
         except (ValidationError, TypeError) as exc:
-            raise ConfigError(f"queues[{i}]: queue name {q.name!r} would be rejected by insert: "
-                              f"{exc}", field="queues", limit=getattr(exc, "limit", None)) from exc
+            raise ConfigError(
+                f"queues[{i}]: queue name {q.name!r} would be rejected by insert: {exc}",
+                field="queues",
+                limit=getattr(exc, "limit", None),
+            ) from exc
     started = {q.name for q in queues}
     if len(started) < len(queues):
         dup = sorted({q.name for q in queues if [x.name for x in queues].count(q.name) > 1})
-        raise ConfigError(f"queue(s) {', '.join(map(repr, dup))} configured more than once",
-                          field="queues", limit="each queue once")
+        raise ConfigError(
+            f"queue(s) {', '.join(map(repr, dup))} configured more than once",
+            field="queues",
+            limit="each queue once",
+        )
     for kind, handler in registry.handlers.items():
         try:
             _native.validate_insert(kind, handler.queue, 2, 25, None)
         except (ValidationError, TypeError) as exc:
-            raise ConfigError(f"handler kind {kind!r} (queue {handler.queue!r}) would be rejected "
-                              f"by insert: {exc}", field="kind",
-                              limit=getattr(exc, "limit", None)) from exc
+            raise ConfigError(
+                f"handler kind {kind!r} (queue {handler.queue!r}) would be rejected "
+                f"by insert: {exc}",
+                field="kind",
+                limit=getattr(exc, "limit", None),
+            ) from exc
         if explicit_queues and handler.explicit_queue and handler.queue not in started:
-            raise ConfigError(f"the handler of {kind!r} is registered for queue {handler.queue!r}, "
-                              f"which this process does not start (queues: "
-                              f"{', '.join(sorted(started))})", field="queues",
-                              limit=f"includes {handler.queue!r}")
+            raise ConfigError(
+                f"the handler of {kind!r} is registered for queue {handler.queue!r}, "
+                f"which this process does not start (queues: "
+                f"{', '.join(sorted(started))})",
+                field="queues",
+                limit=f"includes {handler.queue!r}",
+            )
     if heartbeat_interval_ms * HEARTBEAT_SAFETY > heartbeat_staleness_ms:
         raise ConfigError(
             f"heartbeat_interval_ms={heartbeat_interval_ms} is too close to "
             f"heartbeat_staleness_ms={heartbeat_staleness_ms}: a live attempt would be rescued and "
-            f"run again", field="heartbeat_interval_ms",
-            limit=f"<= heartbeat_staleness_ms / {HEARTBEAT_SAFETY}")
+            f"run again",
+            field="heartbeat_interval_ms",
+            limit=f"<= heartbeat_staleness_ms / {HEARTBEAT_SAFETY}",
+        )
 
 
 def _positive(value: Any, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValidationError(f"{what} must be a positive int, got {value!r}",
-                              field=what.rsplit(" ", 1)[-1], limit="> 0")
+        raise ValidationError(
+            f"{what} must be a positive int, got {value!r}",
+            field=what.rsplit(" ", 1)[-1],
+            limit="> 0",
+        )
     return value
 
 
@@ -312,15 +414,26 @@ def _setting(value: Any, field: str, *, integer: bool = False) -> float:
         ConfigError: naming ``field`` and the limit.
     """
     kinds = (int,) if integer else (int, float)
-    if (isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value)
-            or value <= 0):
-        raise ConfigError(f"{field} must be a {'positive int' if integer else 'finite number > 0'}"
-                          f", got {value!r}", field=field, limit="> 0")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kinds)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(
+            f"{field} must be a {'positive int' if integer else 'finite number > 0'}"
+            f", got {value!r}",
+            field=field,
+            limit="> 0",
+        )
     unit = next((u for suffix, u in _UNIT_S.items() if field.endswith(suffix)), None)
     if unit is not None and value * unit > MAX_SETTING_S:
-        raise ConfigError(f"{field}={value!r} is longer than 100 years (PostgreSQL's interval "
-                          "arithmetic would overflow)", field=field,
-                          limit=f"<= {MAX_SETTING_S / unit:.0f}")
+        raise ConfigError(
+            f"{field}={value!r} is longer than 100 years (PostgreSQL's interval "
+            "arithmetic would overflow)",
+            field=field,
+            limit=f"<= {MAX_SETTING_S / unit:.0f}",
+        )
     return value
 
 
@@ -333,8 +446,11 @@ def _flag(value: Any, field: str, *, optional: bool = False) -> Any:
     """
     if isinstance(value, bool) or (optional and value is None):
         return value
-    raise ConfigError(f"{field} must be a bool{' or None' if optional else ''}, got {value!r}",
-                      field=field, limit="bool")
+    raise ConfigError(
+        f"{field} must be a bool{' or None' if optional else ''}, got {value!r}",
+        field=field,
+        limit="bool",
+    )
 
 
 def _metrics_port(port: Any) -> int | None:
@@ -342,9 +458,12 @@ def _metrics_port(port: Any) -> int | None:
     if port is None:
         return None
     if os.environ.get(metrics.LAUNCHER_ENV):
-        raise ConfigError(f"metrics_port={port!r}: this process's metrics are aggregated by the "
-                          "launcher (awa-fast worker --metrics-port) through "
-                          f"{metrics.MULTIPROC_ENV}; give the port there", field="metrics_port")
+        raise ConfigError(
+            f"metrics_port={port!r}: this process's metrics are aggregated by the "
+            "launcher (awa-fast worker --metrics-port) through "
+            f"{metrics.MULTIPROC_ENV}; give the port there",
+            field="metrics_port",
+        )
     return metrics.check_port(port)
 
 
@@ -357,10 +476,16 @@ def _log_failed_attempt(ctx: JobContext, outcome: ex.Outcome) -> None:
         then = f"retry in {outcome.delay or 0:.1f} s"
     else:
         then = f"failed ({outcome.reason})"
-    log.warning("job %s (%s) attempt %d/%d failed: %s; %s", ctx.id, ctx.kind, ctx.attempt,
-                ctx.max_attempts, head, then,
-                extra={"kind": ctx.kind, "job_id": ctx.id, "attempt": ctx.attempt,
-                       "outcome": outcome.kind})
+    log.warning(
+        "job %s (%s) attempt %d/%d failed: %s; %s",
+        ctx.id,
+        ctx.kind,
+        ctx.attempt,
+        ctx.max_attempts,
+        head,
+        then,
+        extra={"kind": ctx.kind, "job_id": ctx.id, "attempt": ctx.attempt, "outcome": outcome.kind},
+    )
 
 
 async def _check_schema(conn: Any) -> None:
@@ -374,11 +499,14 @@ async def _check_schema(conn: Any) -> None:
         version = (await (await conn.execute(sql.SCHEMA_VERSION)).fetchone())[0]
     need = schema.current_migration_version()
     if version is None:
-        raise SchemaNotMigrated("the awa_fast schema is missing from this database: run "
-                                "`awa-fast migrate`")
+        raise SchemaNotMigrated(
+            "the awa_fast schema is missing from this database: run `awa-fast migrate`"
+        )
     if version < need:
-        raise SchemaNotMigrated(f"the awa_fast schema is at version {version}, this package "
-                                f"needs {need}: run `awa-fast migrate`")
+        raise SchemaNotMigrated(
+            f"the awa_fast schema is at version {version}, this package "
+            f"needs {need}: run `awa-fast migrate`"
+        )
 
 
 def _first(ids: list[int], n: int = 20) -> str:
@@ -403,35 +531,42 @@ class Runtime:
     is a ``ConfigError``.
     """
 
-    def __init__(self, client: Any, queues: Any = None, *, poll_interval_ms: int = 200,
-                 global_max_workers: int | None = None, heartbeat_interval_ms: int | None = None,
-                 completed_retention_hours: float | None = None,
-                 failed_retention_hours: float | None = None,
-                 dlq_retention_days: float | None = None,
-                 descriptor_retention_days: float | None = None,
-                 cleanup_batch_size: int | None = None,
-                 leader_election_interval_ms: int | None = None,
-                 promote_interval_ms: int | None = None,
-                 heartbeat_rescue_interval_ms: int | None = None,
-                 heartbeat_staleness_ms: int | None = None,
-                 deadline_rescue_interval_ms: int | None = None,
-                 callback_rescue_interval_ms: int | None = None,
-                 cleanup_interval_ms: int | None = None,
-                 reconcile_interval_ms: int | None = None,
-                 consequence_timeout_ms: int | None = None,
-                 consequence_backoff_ms: int | None = None,
-                 dlq_enabled_by_default: bool | None = None,
-                 callback_poll_interval_ms: int = 200,
-                 staged_completions: str = "per_job",
-                 finalizer_batch_size: int = 512,
-                 sync_handler_threads: int | None = None,
-                 maintenance: bool = True,
-                 queue_subset: bool = False,
-                 cron_interval_ms: int | None = None,
-                 metrics_port: int | None = None,
-                 metrics_host: str = metrics.DEFAULT_HOST,
-                 metrics_refresh_ms: int = metrics.DEFAULT_REFRESH_MS,
-                 **unsupported: Any):
+    def __init__(
+        self,
+        client: Any,
+        queues: Any = None,
+        *,
+        poll_interval_ms: int = 200,
+        global_max_workers: int | None = None,
+        heartbeat_interval_ms: int | None = None,
+        completed_retention_hours: float | None = None,
+        failed_retention_hours: float | None = None,
+        dlq_retention_days: float | None = None,
+        descriptor_retention_days: float | None = None,
+        cleanup_batch_size: int | None = None,
+        leader_election_interval_ms: int | None = None,
+        promote_interval_ms: int | None = None,
+        heartbeat_rescue_interval_ms: int | None = None,
+        heartbeat_staleness_ms: int | None = None,
+        deadline_rescue_interval_ms: int | None = None,
+        callback_rescue_interval_ms: int | None = None,
+        cleanup_interval_ms: int | None = None,
+        reconcile_interval_ms: int | None = None,
+        consequence_timeout_ms: int | None = None,
+        consequence_backoff_ms: int | None = None,
+        dlq_enabled_by_default: bool | None = None,
+        callback_poll_interval_ms: int = 200,
+        staged_completions: str = "per_job",
+        finalizer_batch_size: int = 512,
+        sync_handler_threads: int | None = None,
+        maintenance: bool = True,
+        queue_subset: bool = False,
+        cron_interval_ms: int | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = metrics.DEFAULT_HOST,
+        metrics_refresh_ms: int = metrics.DEFAULT_REFRESH_MS,
+        **unsupported: Any,
+    ):
         _flag(queue_subset, "queue_subset")
         unknown = set(unsupported) - _UNSUPPORTED
         if unknown:
@@ -443,8 +578,10 @@ class Runtime:
         self.queues = parse_queues(queues, client.registry.queues(), global_max_workers)
         self.overflow = None
         if global_max_workers is not None:  # awa's weighted mode (worker/weighted.py)
-            self.overflow = OverflowPool(global_max_workers - sum(q.min_workers for q in self.queues),
-                                         {q.name: q.weight for q in self.queues})
+            self.overflow = OverflowPool(
+                global_max_workers - sum(q.min_workers for q in self.queues),
+                {q.name: q.weight for q in self.queues},
+            )
         self.poll_interval_s = _positive(poll_interval_ms, "poll_interval_ms") / 1000
         if heartbeat_interval_ms is not None:
             _positive(heartbeat_interval_ms, "heartbeat_interval_ms")
@@ -467,51 +604,73 @@ class Runtime:
             if value is not None:
                 setattr(mconf, key, _setting(value, key, integer=key == "cleanup_batch_size"))
         if descriptor_retention_days is not None:  # awa: 0 keeps descriptors forever
-            if (isinstance(descriptor_retention_days, bool)
-                    or not isinstance(descriptor_retention_days, (int, float))
-                    or not 0 <= descriptor_retention_days < float("inf")):
-                raise ValidationError("descriptor_retention_days must be a number >= 0 (days), "
-                                      f"got {descriptor_retention_days!r}",
-                                      field="descriptor_retention_days", limit=">= 0")
+            if (
+                isinstance(descriptor_retention_days, bool)
+                or not isinstance(descriptor_retention_days, (int, float))
+                or not 0 <= descriptor_retention_days < float("inf")
+            ):
+                raise ValidationError(
+                    "descriptor_retention_days must be a number >= 0 (days), "
+                    f"got {descriptor_retention_days!r}",
+                    field="descriptor_retention_days",
+                    limit=">= 0",
+                )
             mconf.descriptor_retention_days = descriptor_retention_days
         self.maintenance_config = mconf
         names = {q.name for q in self.queues}
         for queue in getattr(client, "queue_descriptors", {}):
             if queue not in names:  # awa's QueueDescriptorWithoutQueue
-                raise ValidationError(f"queue descriptor declared for unknown queue {queue!r} "
-                                      "(not among the queues start() runs)", field="queue")
+                raise ValidationError(
+                    f"queue descriptor declared for unknown queue {queue!r} "
+                    "(not among the queues start() runs)",
+                    field="queue",
+                )
         # queue_subset: this process deliberately works some of the application's queues
         # (the launcher's --queues); handlers of the others are left to other processes.
-        check_config(client.registry, self.queues, queues is not None and not queue_subset,
-                     heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS, mconf.heartbeat_staleness_ms,
-                     maintenance=maintenance,
-                     periodic=bool(getattr(client, "periodic_jobs", None)),
-                     specs=bool(client.specs.kinds_any()))
+        check_config(
+            client.registry,
+            self.queues,
+            queues is not None and not queue_subset,
+            heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS,
+            mconf.heartbeat_staleness_ms,
+            maintenance=maintenance,
+            periodic=bool(getattr(client, "periodic_jobs", None)),
+            specs=bool(client.specs.kinds_any()),
+        )
         # This process's presence row (awa_fast.workers) and the kinds it claims.
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.kinds = sorted(client.registry.handlers)
         self.unhandled_warned: set[tuple[str, str]] = set()
-        for key, value in (("consequence_timeout_ms", consequence_timeout_ms),
-                           ("consequence_backoff_ms", consequence_backoff_ms)):
+        for key, value in (
+            ("consequence_timeout_ms", consequence_timeout_ms),
+            ("consequence_backoff_ms", consequence_backoff_ms),
+        ):
             if value is not None:
                 _setting(value, key)
         if consequence_timeout_ms is not None:
             client.consequences.timeout_s = consequence_timeout_ms / 1000
         if consequence_backoff_ms is not None:
             client.consequences.backoff_base_s = consequence_backoff_ms / 1000
-        self.dlq_enabled_by_default = _flag(dlq_enabled_by_default, "dlq_enabled_by_default",
-                                            optional=True)
+        self.dlq_enabled_by_default = _flag(
+            dlq_enabled_by_default, "dlq_enabled_by_default", optional=True
+        )
         if staged_completions not in ("per_job", "batched"):
-            raise ConfigError("staged_completions must be 'per_job' (ADR-046, the default) or "
-                             f"'batched', got {staged_completions!r}",
-                              field="staged_completions", limit="'per_job' or 'batched'")
+            raise ConfigError(
+                "staged_completions must be 'per_job' (ADR-046, the default) or "
+                f"'batched', got {staged_completions!r}",
+                field="staged_completions",
+                limit="'per_job' or 'batched'",
+            )
         self.staged_completions = staged_completions
-        self.callback_poll_interval_s = _positive(callback_poll_interval_ms,
-                                                  "callback_poll_interval_ms") / 1000
+        self.callback_poll_interval_s = (
+            _positive(callback_poll_interval_ms, "callback_poll_interval_ms") / 1000
+        )
         self.run_maintenance = _flag(maintenance, "maintenance")
         # Periodic jobs: how often the maintenance leader evaluates awa_fast.cron_jobs.
-        self.cron_interval_s = _positive(1000 if cron_interval_ms is None else cron_interval_ms,
-                                         "cron_interval_ms") / 1000
+        self.cron_interval_s = (
+            _positive(1000 if cron_interval_ms is None else cron_interval_ms, "cron_interval_ms")
+            / 1000
+        )
         self.finalizer_batch_size = _positive(finalizer_batch_size, "finalizer_batch_size")
         if sync_handler_threads is not None:
             _positive(sync_handler_threads, "sync_handler_threads")
@@ -521,7 +680,8 @@ class Runtime:
         self.metrics_exporter: metrics.Exporter | None = None
         self.thread_pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=sync_handler_threads or min(32, (os.cpu_count() or 1) + 4),
-            thread_name_prefix="awa-fast-handler")
+            thread_name_prefix="awa-fast-handler",
+        )
         # Every structure is keyed by attempt (job id, run_lease).
         self.in_flight: dict[tuple[int, int], JobContext] = {}
         self.lingering: Lingering | None = None  # def-handler threads outliving their task
@@ -556,18 +716,33 @@ class Runtime:
         await self._sync_periodic()
         if self.metrics_port is not None:  # ConfigError when the port cannot be bound
             self.metrics_exporter = metrics.Exporter(self.metrics_port, self.metrics_host)
-        self.finalizer = Finalizer(pool_getter, batch_size=self.finalizer_batch_size,
-                                   spec_runner=self.client.specs, settler=self.client.settler)
+        self.finalizer = Finalizer(
+            pool_getter,
+            batch_size=self.finalizer_batch_size,
+            spec_runner=self.client.specs,
+            settler=self.client.settler,
+        )
         for q in self.queues:
             weighted = self.overflow is not None
             self.dispatchers[q.name] = Dispatcher(
-                q.name, pool_getter=pool_getter, spawn=self._spawn,
+                q.name,
+                pool_getter=pool_getter,
+                spawn=self._spawn,
                 max_workers=q.min_workers if weighted else q.max_workers,
-                deadline_ms=q.deadline_duration_ms, claim_batch_size=q.claim_batch_size,
-                poll_interval_s=self.poll_interval_s, rate_limit=q.rate_limit,
-                kinds=self.kinds, overflow=self.overflow, cap=q.cap)
-        self.heartbeat = Heartbeat(pool_getter, self._heartbeat_targets, self.heartbeat_interval_s,
-                                   database_url=self.client.database_url)
+                deadline_ms=q.deadline_duration_ms,
+                claim_batch_size=q.claim_batch_size,
+                poll_interval_s=self.poll_interval_s,
+                rate_limit=q.rate_limit,
+                kinds=self.kinds,
+                overflow=self.overflow,
+                cap=q.cap,
+            )
+        self.heartbeat = Heartbeat(
+            pool_getter,
+            self._heartbeat_targets,
+            self.heartbeat_interval_s,
+            database_url=self.client.database_url,
+        )
         self.lingering = Lingering(self.client.database_url, self.heartbeat_interval_s)
         try:
             await self._listen_connect()
@@ -575,28 +750,40 @@ class Runtime:
             if self.metrics_exporter is not None:
                 self.metrics_exporter.close()
             raise
-        self._tasks = [asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
-                       for d in self.dispatchers.values()]
+        self._tasks = [
+            asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
+            for d in self.dispatchers.values()
+        ]
         self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="awa-heartbeat"))
         self._tasks.append(asyncio.create_task(self.heartbeat.run_progress(), name="awa-progress"))
         self._tasks.append(asyncio.create_task(self._sweep_deadlines(), name="awa-deadlines"))
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
-        self._tasks += [asyncio.create_task(run_aging(pool_getter, q.name,
-                                                      q.priority_aging_interval_ms),
-                                            name=f"awa-aging-{q.name}")
-                        for q in self.queues if q.priority_aging_interval_ms > 0]
+        self._tasks += [
+            asyncio.create_task(
+                run_aging(pool_getter, q.name, q.priority_aging_interval_ms),
+                name=f"awa-aging-{q.name}",
+            )
+            for q in self.queues
+            if q.priority_aging_interval_ms > 0
+        ]
         self._tasks.append(asyncio.create_task(self._presence_loop(), name="awa-presence"))
         if self.metrics_port is not None or os.environ.get(metrics.LAUNCHER_ENV) == "refresh":
             self._tasks.append(asyncio.create_task(self._metrics_loop(), name="awa-metrics"))
         if self.run_maintenance:
             mc = self.maintenance_config
             self.maintenance = Maintenance(
-                self.client.database_url, pool_getter, mc, on_rescued=self._on_rescued,
+                self.client.database_url,
+                pool_getter,
+                mc,
+                on_rescued=self._on_rescued,
                 consequence_kinds=self._settled_by_reconciler,
                 known_kinds=self.client.consequences.known_kinds,
-                extra_tasks=[(self.cron_interval_s, self._evaluate_cron),
-                             (mc.reconcile_interval_ms / 1000, self.reconcile),
-                             (BATCH_RUNNER_S, self._run_batch_operations)])
+                extra_tasks=[
+                    (self.cron_interval_s, self._evaluate_cron),
+                    (mc.reconcile_interval_ms / 1000, self.reconcile),
+                    (BATCH_RUNNER_S, self._run_batch_operations),
+                ],
+            )
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
@@ -627,11 +814,14 @@ class Runtime:
                     task.cancel()
                     given_back.append(key[0])
             if given_back:
-                log.warning("drain timeout (%g s) passed: %d handler(s) still running were "
-                            "cancelled and their attempts given back to available: job ids %s",
-                            timeout_s, len(given_back), _first(sorted(given_back)),
-                            extra={"released": len(given_back),
-                                   "released_job_ids": sorted(given_back)})
+                log.warning(
+                    "drain timeout (%g s) passed: %d handler(s) still running were "
+                    "cancelled and their attempts given back to available: job ids %s",
+                    timeout_s,
+                    len(given_back),
+                    _first(sorted(given_back)),
+                    extra={"released": len(given_back), "released_job_ids": sorted(given_back)},
+                )
             await asyncio.gather(*still, return_exceptions=True)
         await _cancel_and_wait(self._tasks)
         await self.finalizer.close()
@@ -669,8 +859,12 @@ class Runtime:
             if handler is None:
                 # The claim takes only kinds with a handler here; a job claimed anyway (its
                 # handler dropped after start) is never failed for it: hand it back uncounted.
-                log.error("job %s of kind %r was claimed but this process has no handler for "
-                          "it; released for a worker that has one", ctx.id, ctx.kind)
+                log.error(
+                    "job %s of kind %r was claimed but this process has no handler for "
+                    "it; released for a worker that has one",
+                    ctx.id,
+                    ctx.kind,
+                )
                 dispatcher.slot_freed()
                 released = True
                 await self.finalizer.release(ctx)
@@ -701,9 +895,12 @@ class Runtime:
                         if _thread_runs(ctx):
                             # A thread cannot be stopped: releasing now would let another
                             # worker run the job while this thread still does.
-                            log.warning("job %s (%s): its handler thread is still running; the "
-                                        "attempt is given back when the thread finishes",
-                                        ctx.id, ctx.kind)
+                            log.warning(
+                                "job %s (%s): its handler thread is still running; the "
+                                "attempt is given back when the thread finishes",
+                                ctx.id,
+                                ctx.kind,
+                            )
                             self.lingering.watch(ctx, release=True)
                             return
                         # Shutdown gave up waiting: hand the attempt back, uncounted.
@@ -719,17 +916,24 @@ class Runtime:
                 returned_at = time.perf_counter()
                 applied = await self._finalize(ctx, outcome)
                 if applied:
-                    metrics.finalized(ctx.queue, ctx.kind, outcome.kind,
-                                      time.perf_counter() - returned_at)
+                    metrics.finalized(
+                        ctx.queue, ctx.kind, outcome.kind, time.perf_counter() - returned_at
+                    )
             except Exception as exc:
-                log.warning("finalize of job %s (%s) failed (%s: %s); recording a prompt "
-                            "failure", ctx.id, ctx.kind, type(exc).__name__, exc)
+                log.warning(
+                    "finalize of job %s (%s) failed (%s: %s); recording a prompt failure",
+                    ctx.id,
+                    ctx.kind,
+                    type(exc).__name__,
+                    exc,
+                )
                 applied = await self.finalizer.fail_promptly(ctx, exc)
                 if applied:
                     metrics.finalized(ctx.queue, ctx.kind, "prompt_failure")
         except Exception:
-            log.exception("finalizing job %s (%s) failed; it stays running until rescue",
-                          ctx.id, ctx.kind)
+            log.exception(
+                "finalizing job %s (%s) failed; it stays running until rescue", ctx.id, ctx.kind
+            )
         finally:
             if not released:
                 dispatcher.slot_freed()
@@ -760,13 +964,15 @@ class Runtime:
             batched = self.finalizer.complete(ctx.id, ctx.run_lease)
         elif outcome.kind == ex.COMPLETED and self.staged_completions == "batched":
             batched = self.finalizer.complete_with_follow_ups(
-                ctx, self.finalizer.requests_for(ctx, outcome))
+                ctx, self.finalizer.requests_for(ctx, outcome)
+            )
         if batched is not None:
             try:
                 return await batched
             except Exception as exc:
-                log.warning("batched completion of job %s failed (%s); finalizing it alone",
-                            ctx.id, exc)
+                log.warning(
+                    "batched completion of job %s failed (%s); finalizing it alone", ctx.id, exc
+                )
         return await self.finalizer.finalize(ctx, outcome)
 
     async def _metrics_loop(self) -> None:
@@ -792,20 +998,26 @@ class Runtime:
         while True:
             await asyncio.sleep(DEADLINE_SWEEP_S)
             try:
-                self._abandon_overdue(datetime.now(timezone.utc))
+                self._abandon_overdue(datetime.now(UTC))
             except Exception:  # the sweep must survive every error
                 log.exception("deadline sweep failed")
 
     def _abandon_overdue(self, now: datetime) -> None:
         for key, ctx in list(self.in_flight.items()):
             deadline = ctx.deadline_at
-            if (deadline is not None and deadline <= now and not ctx.returned
-                    and not ctx.waiting and not ctx.deadline_expired):
+            if (
+                deadline is not None
+                and deadline <= now
+                and not ctx.returned
+                and not ctx.waiting
+                and not ctx.deadline_expired
+            ):
                 ctx.deadline_expired = True
                 task = self._handler_tasks.get(key)
                 if task is not None:
-                    log.warning("job %s (%s) passed its deadline: abandoning the attempt",
-                                ctx.id, ctx.kind)
+                    log.warning(
+                        "job %s (%s) passed its deadline: abandoning the attempt", ctx.id, ctx.kind
+                    )
                     task.cancel()
 
     def _has_specs(self, ctx: JobContext) -> bool:
@@ -822,14 +1034,16 @@ class Runtime:
         for job_id, kind, _state, reason, _exhausted in wanted:
             try:
                 job = await self.client.get_job(job_id)
-                requests = specs.requests(kind, "rescued", job.args, job, job_id, job.metadata,
-                                          reason)
+                requests = specs.requests(
+                    kind, "rescued", job.args, job, job_id, job.metadata, reason
+                )
                 async with pool.connection() as conn:
                     async with conn.transaction():
                         await self.finalizer.insert_follow_ups(conn, kind, job_id, requests)
             except Exception:
-                log.exception("rescued follow-up spec of %s job %s failed (best effort)", kind,
-                              job_id)
+                log.exception(
+                    "rescued follow-up spec of %s job %s failed (best effort)", kind, job_id
+                )
 
     # -- periodic jobs ----------------------------------------------------------------------------
 
@@ -882,14 +1096,24 @@ class Runtime:
     # -- presence and unhandled kinds -----------------------------------------------------------
 
     async def _seen(self, conn: Any) -> None:
-        ttl_ms = max(self.maintenance_config.heartbeat_staleness_ms,
-                     3 * self.heartbeat_interval_s * 1000)
-        await conn.execute(sql.WORKER_SEEN, {"instance": self.instance, "kinds": self.kinds,
-                                             "queues": [q.name for q in self.queues],
-                                             "ttl_ms": ttl_ms})
+        ttl_ms = max(
+            self.maintenance_config.heartbeat_staleness_ms, 3 * self.heartbeat_interval_s * 1000
+        )
+        await conn.execute(
+            sql.WORKER_SEEN,
+            {
+                "instance": self.instance,
+                "kinds": self.kinds,
+                "queues": [q.name for q in self.queues],
+                "ttl_ms": ttl_ms,
+            },
+        )
         # the descriptors this process declares: stored at start, refreshed with presence
-        await descriptors.sync(conn, getattr(self.client, "queue_descriptors", {}),
-                               getattr(self.client, "kind_descriptors", {}))
+        await descriptors.sync(
+            conn,
+            getattr(self.client, "queue_descriptors", {}),
+            getattr(self.client, "kind_descriptors", {}),
+        )
 
     async def check_unhandled(self) -> list[tuple[str, str, int]]:
         """Refresh this process's presence row, then look in its queues for available jobs no
@@ -902,9 +1126,15 @@ class Runtime:
         for queue, kind, n in rows:
             if (queue, kind) not in self.unhandled_warned:
                 self.unhandled_warned.add((queue, kind))
-                log.error("queue %r holds %d available job(s) of kind %r, which no live worker "
-                          "has a handler for (this process handles: %s); they wait for a worker "
-                          "that has one", queue, n, kind, ", ".join(self.kinds))
+                log.error(
+                    "queue %r holds %d available job(s) of kind %r, which no live worker "
+                    "has a handler for (this process handles: %s); they wait for a worker "
+                    "that has one",
+                    queue,
+                    n,
+                    kind,
+                    ", ".join(self.kinds),
+                )
         return rows
 
     async def _presence_loop(self) -> None:
@@ -926,8 +1156,9 @@ class Runtime:
     # -- notifications --------------------------------------------------------------------------
 
     async def _listen_connect(self) -> None:
-        conn = await psycopg.AsyncConnection.connect(self.client.database_url, autocommit=True,
-                                                     connect_timeout=10)
+        conn = await psycopg.AsyncConnection.connect(
+            self.client.database_url, autocommit=True, connect_timeout=10
+        )
         await conn.execute(f'LISTEN "{sql.CHANNEL_QUEUE}"')
         await conn.execute(f'LISTEN "{sql.CHANNEL_CANCEL}"')
         self._listen_conn = conn
@@ -948,8 +1179,13 @@ class Runtime:
                 # line per poll interval); the dispatchers poll meanwhile.
                 failures += 1
                 delay = min(self.poll_interval_s * 2 ** (failures - 1), MAX_BACKOFF_S)
-                log.warning("LISTEN connection lost (%s: %s); polling until it is back "
-                            "(reconnecting in %.2f s)", type(exc).__name__, exc, delay)
+                log.warning(
+                    "LISTEN connection lost (%s: %s); polling until it is back "
+                    "(reconnecting in %.2f s)",
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
                 self._listen_conn = None
                 raise_if_cancelling()  # see worker/cancellation.py
                 await asyncio.sleep(delay)

@@ -29,8 +29,9 @@ path, inserting the follow-ups in that settling transaction.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from awa_fast.requests import Prepared, kind_for_type
 from awa_fast.worker import executor as ex
@@ -40,8 +41,13 @@ from awa_fast.worker.registry import args_decoder
 log = logging.getLogger("awa_fast.specs")
 
 OUTCOMES = ("completed", "retried", "exhausted", "cancelled", "waiting_for_callback", "rescued")
-_FROM_OUTCOME = {ex.COMPLETED: "completed", ex.RETRY: "retried", ex.FAIL: "exhausted",
-                 ex.CANCEL: "cancelled", ex.WAIT: "waiting_for_callback"}
+_FROM_OUTCOME = {
+    ex.COMPLETED: "completed",
+    ex.RETRY: "retried",
+    ex.FAIL: "exhausted",
+    ex.CANCEL: "cancelled",
+    ex.WAIT: "waiting_for_callback",
+}
 
 
 class SpecRunner:
@@ -51,8 +57,9 @@ class SpecRunner:
         self._specs: dict[tuple[str, str], list[tuple[Callable, Callable]]] = {}
         self.frozen = False
 
-    def register(self, outcome: str, trigger_args_type: Any, fn: Callable, *,
-                 kind: str | None = None) -> None:
+    def register(
+        self, outcome: str, trigger_args_type: Any, fn: Callable, *, kind: str | None = None
+    ) -> None:
         """Add a spec.
 
         Raises:
@@ -83,8 +90,16 @@ class SpecRunner:
     def has_completed(self, kind: str) -> bool:
         return (kind, "completed") in self._specs
 
-    def requests(self, kind: str, outcome: str, raw_args: dict, job: Any, job_id: int,
-                 metadata: dict | None, *extra: Any) -> list[Prepared]:
+    def requests(
+        self,
+        kind: str,
+        outcome: str,
+        raw_args: dict,
+        job: Any,
+        job_id: int,
+        metadata: dict | None,
+        *extra: Any,
+    ) -> list[Prepared]:
         """Build and validate the follow-ups of ``(kind, outcome)`` in registration order.
 
         Raises:
@@ -102,10 +117,11 @@ class SpecRunner:
                 result = fn(decode(raw_args), job, *extra)
             except Exception:
                 raise
-            except BaseException as exc:  # noqa: BLE001 - SystemExit / KeyboardInterrupt raised
+            except BaseException as exc:
                 # inside a spec is the spec's failure, not this process's: as for handlers
-                raise RuntimeError(f"the {outcome} follow-up spec of {kind!r} raised "
-                                   f"{type(exc).__name__}: {exc}") from exc
+                raise RuntimeError(
+                    f"the {outcome} follow-up spec of {kind!r} raised {type(exc).__name__}: {exc}"
+                ) from exc
             if result is not None:
                 out.append(build_request(result, {}, job_id, trace))
         return out
@@ -117,7 +133,7 @@ class SpecRunner:
             return []
         error = None if outcome.error is None else outcome.error.get("error")
         if name == "retried":
-            next_run = datetime.now(timezone.utc) + timedelta(seconds=outcome.delay or 0)
+            next_run = datetime.now(UTC) + timedelta(seconds=outcome.delay or 0)
             extra = (error, ctx.attempt, next_run)
         elif name == "exhausted":
             extra = (error, ctx.attempt)

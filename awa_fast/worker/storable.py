@@ -38,11 +38,11 @@ def describe(value: Any) -> str:
             out = render(value)
             if isinstance(out, str):
                 return out
-        except BaseException:  # noqa: BLE001 - a handler's object may raise anything here
+        except BaseException:
             continue
     try:
         name = type(value).__qualname__
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         name = "object"
     return f"<unprintable {name}>"
 
@@ -68,7 +68,7 @@ def _clean(value: Any, depth: int) -> Any:
     if isinstance(value, str):
         return text(value)
     if isinstance(value, int):
-        return value if -(2 ** 63) <= value < 2 ** 64 else str(value)
+        return value if -(2**63) <= value < 2**64 else str(value)
     if isinstance(value, float):
         return value  # orjson writes NaN/inf as null
     if depth >= MAX_DEPTH:
@@ -84,7 +84,7 @@ def json_text(value: Any) -> str:
     """JSON text of ``value`` that a ``jsonb`` column always accepts; never raises."""
     try:
         return orjson.dumps(_clean(value, 0)).decode()
-    except BaseException:  # noqa: BLE001 - e.g. a dict subclass whose items() raises
+    except BaseException:
         return orjson.dumps(text(value)).decode()
 
 
@@ -99,6 +99,8 @@ def check_progress(value: Any, field: str) -> None:
     """
     data = to_json(value, field)
     if len(data) > MAX_PROGRESS_BYTES:
-        raise ValidationError(f"{field} is {len(data)} bytes as JSON; at most "
-                              f"{MAX_PROGRESS_BYTES} allowed", field=field,
-                              limit=f"<= {MAX_PROGRESS_BYTES} bytes")
+        raise ValidationError(
+            f"{field} is {len(data)} bytes as JSON; at most {MAX_PROGRESS_BYTES} allowed",
+            field=field,
+            limit=f"<= {MAX_PROGRESS_BYTES} bytes",
+        )

@@ -56,8 +56,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from awa_fast import log_format as log_format_mod
 from awa_fast import metrics
@@ -116,8 +117,11 @@ def parse_queues(text: str | None) -> list[tuple[str, int]] | None:
 def _child_logging(index: int, level: str, log_format: str = "text") -> None:
     pid = os.getpid()
     log_format_mod.configure(
-        log_format, level, static={"child": index, "pid": pid},
-        text_format=f"%(asctime)s [child {index} pid {pid}] %(levelname)s %(name)s: %(message)s")
+        log_format,
+        level,
+        static={"child": index, "pid": pid},
+        text_format=f"%(asctime)s [child {index} pid {pid}] %(levelname)s %(name)s: %(message)s",
+    )
 
 
 class _Reporter:
@@ -139,9 +143,13 @@ def _runtime_status(client: Any) -> dict:
         return {"leader": False, "in_flight": 0}
     leader = bool(rt.maintenance is not None and rt.maintenance.is_leader)
     stats = rt.finalizer.stats if rt.finalizer is not None else {}
-    return {"leader": leader, "in_flight": len(rt.in_flight), "outcomes": dict(rt.outcomes),
-            "follow_ups_inserted": stats.get("follow_ups_inserted", 0),
-            "follow_ups_skipped": stats.get("follow_ups_skipped", 0)}
+    return {
+        "leader": leader,
+        "in_flight": len(rt.in_flight),
+        "outcomes": dict(rt.outcomes),
+        "follow_ups_inserted": stats.get("follow_ups_inserted", 0),
+        "follow_ups_skipped": stats.get("follow_ups_skipped", 0),
+    }
 
 
 async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
@@ -156,8 +164,11 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
         # The preflight imported it in a running loop too, so this fails the same way each
         # time (or is flaky at import): restarting would only repeat it.
         log.exception("importing %s failed", args.app)
-        reporter.send(event="error", error=f"importing {args.app} failed: "
-                      f"{type(exc).__name__}: {exc}{_import_hint(str(exc))}")
+        reporter.send(
+            event="error",
+            error=f"importing {args.app} failed: "
+            f"{type(exc).__name__}: {exc}{_import_hint(str(exc))}",
+        )
         return EXIT_IMPORT_FAILED
     if args.database_url:
         client.database_url = args.database_url
@@ -199,7 +210,7 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
             last, last_sent = status, now
         try:
             await asyncio.wait_for(stop.wait(), CHILD_REPORT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     log.info("draining (timeout %g s)", args.drain_timeout)
     reporter.send(event="draining")
@@ -236,8 +247,10 @@ async def _reach_database(url: str) -> None:
 
 def _import_hint(error: str) -> str:
     if "cannot be called from a running event loop" in error:
-        return ("; does the module run its program at import? Put it under "
-                "`if __name__ == \"__main__\":` so that importing it only defines the client")
+        return (
+            "; does the module run its program at import? Put it under "
+            '`if __name__ == "__main__":` so that importing it only defines the client'
+        )
     return ""
 
 
@@ -248,6 +261,7 @@ def _check_app(app: str, queues: str | None) -> int:
     and print ``{"explicit_url": bool}``. A bad spec prints its message on stderr and exits
     EXIT_BAD_APP; an import that raises prints its traceback and exits 1; a configuration
     ``start()`` would reject prints why and exits EXIT_BAD_CONFIG."""
+
     async def load() -> tuple[Any, Any]:
         return load_client(app)
 
@@ -314,9 +328,11 @@ def child_entry(argv: list[str]) -> int:
 # Children are fresh interpreters (connections are opened in them, never inherited). They put
 # this installation of awa_fast first on sys.path, then run the child entry point.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
-_CHILD_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-               "from awa_fast.worker.supervisor import child_entry; "
-               "sys.exit(child_entry(sys.argv[1:]))")
+_CHILD_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from awa_fast.worker.supervisor import child_entry; "
+    "sys.exit(child_entry(sys.argv[1:]))"
+)
 
 
 @dataclasses.dataclass
@@ -381,12 +397,22 @@ class Supervisor:
         ConfigError: ``metrics_port`` / ``metrics_host`` is not a valid port / address.
     """
 
-    def __init__(self, app: str, processes: int | None = None, *, queues: str | None = None,
-                 drain_timeout: float = 10.0, database_url: str | None = None,
-                 out: TextIO | None = None, status_interval: float = 10.0,
-                 log_level: str = "info", extra_env: dict | None = None,
-                 log_format: str = "text", metrics_port: int | None = None,
-                 metrics_host: str = metrics.DEFAULT_HOST):
+    def __init__(
+        self,
+        app: str,
+        processes: int | None = None,
+        *,
+        queues: str | None = None,
+        drain_timeout: float = 10.0,
+        database_url: str | None = None,
+        out: TextIO | None = None,
+        status_interval: float = 10.0,
+        log_level: str = "info",
+        extra_env: dict | None = None,
+        log_format: str = "text",
+        metrics_port: int | None = None,
+        metrics_host: str = metrics.DEFAULT_HOST,
+    ):
         self.app = app
         self.processes = processes or os.cpu_count() or 1
         self.queues = queues
@@ -396,16 +422,20 @@ class Supervisor:
         self.status_interval = status_interval
         self.log_level = log_level
         self.log_format = log_format
-        self._json = (log_format_mod.formatter("json", static={"pid": os.getpid()})
-                      if log_format == "json" else None)
+        self._json = (
+            log_format_mod.formatter("json", static={"pid": os.getpid()})
+            if log_format == "json"
+            else None
+        )
         self.extra_env = extra_env or {}
         self.children = [Child(i) for i in range(self.processes)]
         self.failed: str | None = None  # why the supervisor gave up
         self._no_database = 0  # EXIT_NO_DATABASE exits since a child was last ready
         self._print_lock = threading.Lock()
         self._next_status = 0.0
-        self.metrics_port = (None if metrics_port is None
-                             else metrics.check_port(metrics_port, "--metrics-port"))
+        self.metrics_port = (
+            None if metrics_port is None else metrics.check_port(metrics_port, "--metrics-port")
+        )
         self.metrics_host = metrics.check_host(metrics_host, "--metrics-host")
         self.metrics_exporter: metrics.LauncherExporter | None = None
 
@@ -416,8 +446,9 @@ class Supervisor:
         log object of logger ``awa_fast.launcher`` with ``log_format="json"``."""
         out = sys.stderr if error else (self.out or sys.stdout)
         if self._json is not None:
-            text = log_format_mod.line(self._json, "awa_fast.launcher", message,
-                                       logging.ERROR if error else logging.INFO)
+            text = log_format_mod.line(
+                self._json, "awa_fast.launcher", message, logging.ERROR if error else logging.INFO
+            )
         else:
             text = f"{PREFIX} {'error: ' if error else ''}{message}"
         with self._print_lock:
@@ -459,8 +490,9 @@ class Supervisor:
         argv = [sys.executable, "-c", _CHILD_BOOT, _PACKAGE_ROOT, "--check", "--app", self.app]
         if self.queues:
             argv += ["--queues", self.queues]
-        r = subprocess.run(argv, env=self._env(), capture_output=True, text=True,
-                           stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            argv, env=self._env(), capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
         if r.returncode == EXIT_BAD_APP:
             raise AppLoadError(r.stderr.strip(), usage=True)
         if r.returncode == EXIT_BAD_CONFIG:
@@ -490,18 +522,34 @@ class Supervisor:
 
     def _spawn(self, c: Child) -> None:
         rfd, wfd = os.pipe()
-        argv = [sys.executable, "-c", _CHILD_BOOT, _PACKAGE_ROOT, "--child", "--app", self.app,
-                "--index", str(c.index), "--drain-timeout", str(self.drain_timeout),
-                "--status-fd", str(wfd), "--log-level", self.log_level,
-                "--log-format", self.log_format]
+        argv = [
+            sys.executable,
+            "-c",
+            _CHILD_BOOT,
+            _PACKAGE_ROOT,
+            "--child",
+            "--app",
+            self.app,
+            "--index",
+            str(c.index),
+            "--drain-timeout",
+            str(self.drain_timeout),
+            "--status-fd",
+            str(wfd),
+            "--log-level",
+            self.log_level,
+            "--log-format",
+            self.log_format,
+        ]
         if self.queues:
             argv += ["--queues", self.queues]
         if self.database_url:
             argv += ["--database-url", self.database_url]
         try:
             # Own process group: a terminal's Ctrl-C reaches the parent only, which forwards it.
-            c.proc = subprocess.Popen(argv, env=self._env(c.index), pass_fds=(wfd,),
-                                      process_group=0)
+            c.proc = subprocess.Popen(
+                argv, env=self._env(c.index), pass_fds=(wfd,), process_group=0
+            )
         finally:
             os.close(wfd)
         c.started_at = time.monotonic()
@@ -510,8 +558,12 @@ class Supervisor:
         c.error = None
         c.status = {}
         c.exit_code = None
-        c.reader = threading.Thread(target=self._read_status, args=(c, c.proc, rfd),
-                                    name=f"awa-fast-child-{c.index}", daemon=True)
+        c.reader = threading.Thread(
+            target=self._read_status,
+            args=(c, c.proc, rfd),
+            name=f"awa-fast-child-{c.index}",
+            daemon=True,
+        )
         c.reader.start()
         self.say(f"{self._describe(c)} started")
 
@@ -549,8 +601,10 @@ class Supervisor:
         """
         if self.metrics_port is not None and self.metrics_exporter is None:
             self.metrics_exporter = metrics.LauncherExporter(self.metrics_port, self.metrics_host)
-            self.say(f"metrics of all children at {self.metrics_exporter.url} "
-                     f"(directory {self.metrics_exporter.directory})")
+            self.say(
+                f"metrics of all children at {self.metrics_exporter.url} "
+                f"(directory {self.metrics_exporter.directory})"
+            )
         for c in self.children:
             self._spawn(c)
         self._next_status = time.monotonic() + self.status_interval
@@ -569,8 +623,10 @@ class Supervisor:
                     self.failed = f"{self._describe(c)} cannot load {self.app}; giving up"
                     self.say(f"{self._describe(c)} exited with code {code}")
                     return False
-                if code in (EXIT_BAD_CONFIG, EXIT_NO_DATABASE, EXIT_IMPORT_FAILED) \
-                        and c.reader is not None:
+                if (
+                    code in (EXIT_BAD_CONFIG, EXIT_NO_DATABASE, EXIT_IMPORT_FAILED)
+                    and c.reader is not None
+                ):
                     c.reader.join(timeout=1.0)  # its last words (the error event) first
                 if code == EXIT_IMPORT_FAILED:
                     why = c.error or f"importing {self.app} failed"
@@ -578,17 +634,22 @@ class Supervisor:
                     self.say(f"{self._describe(c)} exited with code {code}")
                     return False
                 if code == EXIT_BAD_CONFIG:
-                    self.failed = (f"{self._describe(c)} cannot start {self.app}: "
-                                   f"{c.error or 'configuration rejected'}; giving up")
+                    self.failed = (
+                        f"{self._describe(c)} cannot start {self.app}: "
+                        f"{c.error or 'configuration rejected'}; giving up"
+                    )
                     self.say(f"{self._describe(c)} exited with code {code}")
                     return False
                 if code == EXIT_NO_DATABASE:
                     self._no_database += 1
                     if self._no_database >= NO_DATABASE_LIMIT and not any(
-                            x.ready for x in self.children):
+                        x.ready for x in self.children
+                    ):
                         self.say(f"{self._describe(c)} exited with code {code}")
-                        self.failed = (f"{c.error or 'the database cannot be reached'} "
-                                       f"({self._no_database} attempts); giving up")
+                        self.failed = (
+                            f"{c.error or 'the database cannot be reached'} "
+                            f"({self._no_database} attempts); giving up"
+                        )
                         return False
                 if now - c.started_at >= STABLE_AFTER_S:
                     c.backoff = RESTART_BACKOFF_INITIAL_S
@@ -597,12 +658,15 @@ class Supervisor:
                     c.deaths.popleft()
                 if len(c.deaths) > CRASH_LIMIT:
                     self.say(f"{self._describe(c)} exited with code {code}")
-                    self.failed = (f"child {c.index} died {len(c.deaths)} times within "
-                                   f"{CRASH_WINDOW_S:g} s; giving up")
+                    self.failed = (
+                        f"child {c.index} died {len(c.deaths)} times within "
+                        f"{CRASH_WINDOW_S:g} s; giving up"
+                    )
                     return False
                 c.restart_at = now + c.backoff
-                self.say(f"{self._describe(c)} exited with code {code}; restarting in "
-                         f"{c.backoff:g} s")
+                self.say(
+                    f"{self._describe(c)} exited with code {code}; restarting in {c.backoff:g} s"
+                )
                 c.backoff = min(c.backoff * 2, RESTART_BACKOFF_MAX_S)
             elif c.restart_at is not None and now >= c.restart_at:
                 self._spawn(c)
@@ -620,8 +684,9 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
 
-    def drain(self, timeout: float | None = None, *, interrupted: Callable[[], bool] = lambda: False
-              ) -> bool:
+    def drain(
+        self, timeout: float | None = None, *, interrupted: Callable[[], bool] = lambda: False
+    ) -> bool:
         """SIGTERM every child and wait for them (up to the drain timeout plus a grace period for
         the finalizer flush, then SIGKILL). Pending restarts are dropped. Returns True when every
         running child exited 0."""
@@ -631,8 +696,9 @@ class Supervisor:
         if running:
             self.say(f"draining {len(running)} child(ren) (timeout {self.drain_timeout:g} s)")
         self.signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + (self.drain_timeout if timeout is None else timeout) \
-            + KILL_GRACE_S
+        deadline = (
+            time.monotonic() + (self.drain_timeout if timeout is None else timeout) + KILL_GRACE_S
+        )
         clean = True
         for c in running:
             while c.proc.poll() is None:
@@ -684,8 +750,9 @@ class Supervisor:
             return 2 if exc.usage else 1
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self.say(f"starting {self.processes} worker process(es) for {self.app} "
-                     f"(pid {os.getpid()})")
+            self.say(
+                f"starting {self.processes} worker process(es) for {self.app} (pid {os.getpid()})"
+            )
             try:
                 self.start()
             except ConfigError as exc:

@@ -14,7 +14,7 @@ process, so no lock is needed.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 
 class OverflowPool:
@@ -39,8 +39,9 @@ class OverflowPool:
         available = self.total - sum(self.held.values())
         if available <= 0:
             return 0
-        contending = sum(w for q, w in self.weights.items()
-                         if self.demand[q] > 0 or self.held[q] > 0)
+        contending = sum(
+            w for q, w in self.weights.items() if self.demand[q] > 0 or self.held[q] > 0
+        )
         share = math.ceil(self.total * self.weights[queue] / contending)
         granted = max(0, min(wanted, available, share - self.held[queue]))
         self.held[queue] += granted

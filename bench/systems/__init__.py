@@ -6,8 +6,12 @@ from __future__ import annotations
 import importlib
 
 NAMES = ("awa_fast", "awa_pg", "pgqueuer", "procrastinate")
-MODULES = {"awa_fast": "bench.systems.awa_fast_sys", "awa_pg": "bench.systems.awa_pg_sys",
-           "pgqueuer": "bench.systems.pgqueuer_sys", "procrastinate": "bench.systems.procrastinate_sys"}
+MODULES = {
+    "awa_fast": "bench.systems.awa_fast_sys",
+    "awa_pg": "bench.systems.awa_pg_sys",
+    "pgqueuer": "bench.systems.pgqueuer_sys",
+    "procrastinate": "bench.systems.procrastinate_sys",
+}
 
 
 class NotSupported(Exception):
@@ -22,6 +26,7 @@ def load(name: str):
 
 def dist_version(dist: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version(dist)
     except PackageNotFoundError:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import asyncio
 import dataclasses
+import os
 import time
 
-
 import awa_fast as awa
-from bench.systems import NotSupported, dist_version  # noqa: F401
+from bench.systems import NotSupported, dist_version
 
 QUEUE = "bench"
 
@@ -66,8 +65,11 @@ class Adapter:
                 jobs = [Noop(i) for i in range(n)]
                 t = time.perf_counter()
                 for k in range(0, n, batch):
-                    await client.insert_many(jobs[k:k + batch], queue=QUEUE)
-                return {"elapsed": time.perf_counter() - t, "method": f"insert_many (batches of {batch})"}
+                    await client.insert_many(jobs[k : k + batch], queue=QUEUE)
+                return {
+                    "elapsed": time.perf_counter() - t,
+                    "method": f"insert_many (batches of {batch})",
+                }
             if mode == "copy":
                 # insert_many_copy (returns Jobs) is the target's reference; enqueue_many_copy
                 # (returns a count, like awa-pg's) is measured too and kept in alternatives.
@@ -77,14 +79,18 @@ class Adapter:
                     t = time.perf_counter()
                     await getattr(client, method)(jobs, queue=QUEUE)
                     results[method] = time.perf_counter() - t
-                return {"elapsed": results["insert_many_copy"], "method": "insert_many_copy (one call)",
-                        "alternatives_per_s": {k: round(n / v, 1) for k, v in results.items()}}
+                return {
+                    "elapsed": results["insert_many_copy"],
+                    "method": "insert_many_copy (one call)",
+                    "alternatives_per_s": {k: round(n / v, 1) for k, v in results.items()},
+                }
             if mode == "unique":
                 # unique_opts={} (awa's defaults: by args). Both paths, on disjoint args so the
                 # keys do not collide; the faster one is reported, the other kept alongside.
                 results = {}
-                for off, method in enumerate(("insert_many_copy", "enqueue_many_copy",
-                                              "insert_many")):
+                for off, method in enumerate(
+                    ("insert_many_copy", "enqueue_many_copy", "insert_many")
+                ):
                     jobs = [Noop(off * n + i) for i in range(n)]
                     fn = getattr(client, method)
                     t = time.perf_counter()
@@ -92,12 +98,15 @@ class Adapter:
                         await fn(jobs, queue=QUEUE, unique_opts={})
                     else:
                         for k in range(0, n, batch):
-                            await fn(jobs[k:k + batch], queue=QUEUE, unique_opts={})
+                            await fn(jobs[k : k + batch], queue=QUEUE, unique_opts={})
                     results[method] = time.perf_counter() - t
                 best = min(results, key=results.get)
                 label = best if best != "insert_many" else f"insert_many (batches of {batch})"
-                return {"elapsed": results[best], "method": f"{label}, unique_opts={{}}",
-                        "alternatives_per_s": {k: round(n / v, 1) for k, v in results.items()}}
+                return {
+                    "elapsed": results[best],
+                    "method": f"{label}, unique_opts={{}}",
+                    "alternatives_per_s": {k: round(n / v, 1) for k, v in results.items()},
+                }
             raise NotSupported(mode)
         finally:
             await client.close()
@@ -116,7 +125,7 @@ class Adapter:
             else:
                 raise NotSupported(workload)
             for k in range(0, n, 10_000):
-                await client.insert_many_copy(jobs[k:k + 10_000], queue=QUEUE)
+                await client.insert_many_copy(jobs[k : k + 10_000], queue=QUEUE)
         finally:
             await client.close()
         # The pipeline stages one B per pair of A's (values n // 2): 1.5 n jobs finalize.
@@ -132,9 +141,18 @@ class Adapter:
 
     # -- child side ---------------------------------------------------------------------------
 
-    async def run_worker(self, dsn: str, workload: str, max_workers: int,
-                         go: asyncio.Event, stop: asyncio.Event, ready) -> dict:
-        client = awa.AsyncClient(dsn, max_connections=int(os.environ.get("BENCH_AWA_FAST_CONNECTIONS", "10")))
+    async def run_worker(
+        self,
+        dsn: str,
+        workload: str,
+        max_workers: int,
+        go: asyncio.Event,
+        stop: asyncio.Event,
+        ready,
+    ) -> dict:
+        client = awa.AsyncClient(
+            dsn, max_connections=int(os.environ.get("BENCH_AWA_FAST_CONNECTIONS", "10"))
+        )
         snoozed: set[int] = set()
 
         @client.task(Noop, queue=QUEUE)
@@ -165,8 +183,10 @@ class Adapter:
         ready()
         await go.wait()
         # BENCH_STAGED_COMPLETIONS=batched measures the opt-in batched staged path.
-        await client.start([(QUEUE, max_workers)],
-                           staged_completions=os.environ.get("BENCH_STAGED_COMPLETIONS", "per_job"))
+        await client.start(
+            [(QUEUE, max_workers)],
+            staged_completions=os.environ.get("BENCH_STAGED_COMPLETIONS", "per_job"),
+        )
         await stop.wait()
         stats = dict(client.runtime.finalizer.stats)
         stats["outcomes"] = dict(client.runtime.outcomes)

@@ -42,15 +42,18 @@ class Adapter:
 
     def __init__(self):
         import awa  # noqa: F401  (ImportError = not available)
+
         self.version = dist_version(self.dist)
         self._engine: dict[str, str] = {}
 
     def _client(self, dsn: str, max_connections: int = 10):
         import awa
+
         return awa.AsyncClient(dsn, max_connections=max_connections)
 
     async def setup(self, dsn: str) -> dict:
         import awa
+
         await awa.migrate(dsn)
         client = self._client(dsn, 4)
 
@@ -63,7 +66,9 @@ class Adapter:
         await client.shutdown()
         await client.close()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute("SELECT current_engine, state FROM awa.storage_transition_state").fetchone()
+            row = conn.execute(
+                "SELECT current_engine, state FROM awa.storage_transition_state"
+            ).fetchone()
         engine = f"{row[0]}/{row[1]}" if row else "unknown"
         self._engine[dsn] = engine
         return {"engine": engine}
@@ -84,10 +89,12 @@ class Adapter:
                 t = time.perf_counter()
                 for k in range(0, n, batch):
                     tx = await client.transaction()
-                    await tx.insert_many(jobs[k:k + batch], queue=QUEUE)
+                    await tx.insert_many(jobs[k : k + batch], queue=QUEUE)
                     await tx.commit()
-                return {"elapsed": time.perf_counter() - t,
-                        "method": f"Transaction.insert_many (batches of {batch})"}
+                return {
+                    "elapsed": time.perf_counter() - t,
+                    "method": f"Transaction.insert_many (batches of {batch})",
+                }
             if mode == "copy":
                 # The target names insert_many_copy (the compat COPY); enqueue_many_copy (direct
                 # queue-storage COPY) is measured too and kept in "alternatives_per_s".
@@ -97,8 +104,11 @@ class Adapter:
                     t = time.perf_counter()
                     await getattr(client, method)(jobs, queue=QUEUE)
                     results[method] = time.perf_counter() - t
-                return {"elapsed": results["insert_many_copy"], "method": "insert_many_copy (one call)",
-                        "alternatives_per_s": {k: round(n / v, 1) for k, v in results.items()}}
+                return {
+                    "elapsed": results["insert_many_copy"],
+                    "method": "insert_many_copy (one call)",
+                    "alternatives_per_s": {k: round(n / v, 1) for k, v in results.items()},
+                }
             if mode == "unique":
                 results = {}
                 for off, method in enumerate(("insert_many_copy", "enqueue_many_copy")):
@@ -106,15 +116,20 @@ class Adapter:
                     t = time.perf_counter()
                     try:
                         await getattr(client, method)(jobs, queue=QUEUE, unique_opts={})
-                    except Exception as exc:  # noqa: BLE001
+                    except Exception as exc:
                         results[method] = None
                         print(f"  awa_pg {method} unique failed: {exc}")
                         continue
                     results[method] = time.perf_counter() - t
                 ok = {k: v for k, v in results.items() if v}
                 best = min(ok, key=ok.get)
-                return {"elapsed": ok[best], "method": f"{best}, unique_opts={{}}",
-                        "alternatives_per_s": {k: (round(n / v, 1) if v else None) for k, v in results.items()}}
+                return {
+                    "elapsed": ok[best],
+                    "method": f"{best}, unique_opts={{}}",
+                    "alternatives_per_s": {
+                        k: (round(n / v, 1) if v else None) for k, v in results.items()
+                    },
+                }
             raise NotSupported(mode)
         finally:
             await client.close()
@@ -128,9 +143,11 @@ class Adapter:
             raise NotSupported(workload)
         client = self._client(dsn, 2)
         try:
-            method = client.enqueue_many_copy if self._queue_storage(dsn) else client.insert_many_copy
+            method = (
+                client.enqueue_many_copy if self._queue_storage(dsn) else client.insert_many_copy
+            )
             for k in range(0, n, 10_000):
-                await method(jobs[k:k + 10_000], queue=QUEUE)
+                await method(jobs[k : k + 10_000], queue=QUEUE)
         finally:
             await client.close()
         return n
@@ -145,10 +162,12 @@ class Adapter:
         states = "('completed', 'failed')" if workload == "failmix" else "('completed')"
         return (
             "SELECT (SELECT COALESCE(sum(completed_count), 0) FROM awa.receipt_completion_batches)"
-            f" + (SELECT count(*) FROM awa.done_entries WHERE state::text IN {states})")
+            f" + (SELECT count(*) FROM awa.done_entries WHERE state::text IN {states})"
+        )
 
     async def run_worker(self, dsn, workload, max_workers, go, stop, ready) -> dict:
         import awa
+
         client = self._client(dsn, 10)
         snoozed: set[int] = set()
 

@@ -29,6 +29,7 @@ class Adapter:
     def __init__(self):
         import asyncpg  # noqa: F401
         import pgqueuer  # noqa: F401
+
         self.version = dist_version(self.dist)
         self.driver_version = dist_version("asyncpg")
 
@@ -36,6 +37,7 @@ class Adapter:
         import asyncpg
         from pgqueuer.db import AsyncpgDriver
         from pgqueuer.queries import Queries
+
         conn = await asyncpg.connect(dsn)
         return conn, Queries(AsyncpgDriver(conn))
 
@@ -60,18 +62,29 @@ class Adapter:
                 t = time.perf_counter()
                 for k in range(0, n, step):
                     m = min(step, n - k)
-                    await q.enqueue(["noop"] * m, [str(i).encode() for i in range(k, k + m)], [0] * m)
-                label = f"Queries.enqueue lists (batches of {step})" if mode == "many" else \
-                    "Queries.enqueue lists, one call (no COPY path)"
+                    await q.enqueue(
+                        ["noop"] * m, [str(i).encode() for i in range(k, k + m)], [0] * m
+                    )
+                label = (
+                    f"Queries.enqueue lists (batches of {step})"
+                    if mode == "many"
+                    else "Queries.enqueue lists, one call (no COPY path)"
+                )
                 return {"elapsed": time.perf_counter() - t, "method": label}
             if mode == "unique":
                 t = time.perf_counter()
                 for k in range(0, n, batch):
                     m = min(batch, n - k)
-                    await q.enqueue(["noop"] * m, [str(i).encode() for i in range(k, k + m)], [0] * m,
-                                    dedupe_key=[f"u{i}" for i in range(k, k + m)])
-                return {"elapsed": time.perf_counter() - t,
-                        "method": f"Queries.enqueue lists + dedupe_key (batches of {batch})"}
+                    await q.enqueue(
+                        ["noop"] * m,
+                        [str(i).encode() for i in range(k, k + m)],
+                        [0] * m,
+                        dedupe_key=[f"u{i}" for i in range(k, k + m)],
+                    )
+                return {
+                    "elapsed": time.perf_counter() - t,
+                    "method": f"Queries.enqueue lists + dedupe_key (batches of {batch})",
+                }
             raise NotSupported(mode)
         finally:
             await conn.close()
@@ -86,8 +99,10 @@ class Adapter:
         conn, q = await self._queries(dsn)
         try:
             for k in range(0, n, 5000):
-                part = eps[k:k + 5000]
-                await q.enqueue(part, [str(i).encode() for i in range(k, k + len(part))], [0] * len(part))
+                part = eps[k : k + 5000]
+                await q.enqueue(
+                    part, [str(i).encode() for i in range(k, k + len(part))], [0] * len(part)
+                )
         finally:
             await conn.close()
         self._seeded = n
@@ -130,13 +145,18 @@ class Adapter:
 
         ready()
         await go.wait()
-        task = asyncio.create_task(qm.run(batch_size=BATCH_SIZE, dequeue_timeout=timedelta(seconds=5),
-                                          max_concurrent_tasks=max(max_workers, 2 * BATCH_SIZE)))
+        task = asyncio.create_task(
+            qm.run(
+                batch_size=BATCH_SIZE,
+                dequeue_timeout=timedelta(seconds=5),
+                max_concurrent_tasks=max(max_workers, 2 * BATCH_SIZE),
+            )
+        )
         await stop.wait()
         qm.shutdown.set()
         try:
             await asyncio.wait_for(task, 10)
-        except Exception:  # noqa: BLE001
+        except Exception:
             task.cancel()
         await conn.close()
         return {}
@@ -158,7 +178,9 @@ class Adapter:
             started[i] = time.perf_counter()
             events[i].set()
 
-        task = asyncio.create_task(qm.run(batch_size=10, dequeue_timeout=timedelta(milliseconds=poll_ms)))
+        task = asyncio.create_task(
+            qm.run(batch_size=10, dequeue_timeout=timedelta(milliseconds=poll_ms))
+        )
         conn, q = await self._queries(dsn)
         await asyncio.sleep(0.5)
         out = []
@@ -174,7 +196,7 @@ class Adapter:
             qm.shutdown.set()
             try:
                 await asyncio.wait_for(task, 10)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 task.cancel()
             await conn.close()
             await wconn.close()

@@ -57,6 +57,7 @@ class Adapter:
 
     def __init__(self):
         import procrastinate  # noqa: F401
+
         self.version = dist_version(self.dist)
 
     async def setup(self, dsn: str) -> dict:
@@ -79,15 +80,20 @@ class Adapter:
                 t = time.perf_counter()
                 for k in range(0, n, step):
                     await noop.batch_defer_async(*({"n": i} for i in range(k, min(n, k + step))))
-                label = f"batch_defer_async (batches of {step})" if mode == "many" else \
-                    "batch_defer_async, one call (no COPY path)"
+                label = (
+                    f"batch_defer_async (batches of {step})"
+                    if mode == "many"
+                    else "batch_defer_async, one call (no COPY path)"
+                )
                 return {"elapsed": time.perf_counter() - t, "method": label}
             if mode == "unique":
                 t = time.perf_counter()
                 for i in range(n):
                     await noop.configure(queueing_lock=f"u{i}").defer_async(n=i)
-                return {"elapsed": time.perf_counter() - t,
-                        "method": "configure(queueing_lock=...).defer_async, one per call"}
+                return {
+                    "elapsed": time.perf_counter() - t,
+                    "method": "configure(queueing_lock=...).defer_async, one per call",
+                }
         raise NotSupported(mode)
 
     async def seed(self, dsn: str, workload: str, n: int) -> int:
@@ -98,7 +104,9 @@ class Adapter:
                 if workload == "noop":
                     await tasks["noop"].batch_defer_async(*({"n": i} for i in idx))
                 elif workload == "failmix":
-                    await tasks["failmix"].batch_defer_async(*({"n": i, "mode": i % 3} for i in idx))
+                    await tasks["failmix"].batch_defer_async(
+                        *({"n": i, "mode": i % 3} for i in idx)
+                    )
                 else:
                     raise NotSupported(workload)
         return n
@@ -115,14 +123,20 @@ class Adapter:
         async with app.open_async():
             ready()
             await go.wait()
-            task = asyncio.create_task(app.run_worker_async(
-                queues=[QUEUE], concurrency=min(max_workers, CONCURRENCY), wait=True,
-                install_signal_handlers=False, delete_jobs="never"))
+            task = asyncio.create_task(
+                app.run_worker_async(
+                    queues=[QUEUE],
+                    concurrency=min(max_workers, CONCURRENCY),
+                    wait=True,
+                    install_signal_handlers=False,
+                    delete_jobs="never",
+                )
+            )
             await stop.wait()
             task.cancel()
             try:
                 await asyncio.wait_for(task, 10)
-            except BaseException:  # noqa: BLE001
+            except BaseException:
                 pass
         return {}
 
@@ -130,9 +144,16 @@ class Adapter:
         app, tasks, state = _make_app(dsn)
         out = []
         async with app.open_async():
-            task = asyncio.create_task(app.run_worker_async(
-                queues=["latency"], concurrency=8, wait=True, install_signal_handlers=False,
-                fetch_job_polling_interval=poll_ms / 1000, listen_notify=True))
+            task = asyncio.create_task(
+                app.run_worker_async(
+                    queues=["latency"],
+                    concurrency=8,
+                    wait=True,
+                    install_signal_handlers=False,
+                    fetch_job_polling_interval=poll_ms / 1000,
+                    listen_notify=True,
+                )
+            )
             await asyncio.sleep(0.5)
             try:
                 for i in range(iterations):
@@ -146,6 +167,6 @@ class Adapter:
                 task.cancel()
                 try:
                     await asyncio.wait_for(task, 10)
-                except BaseException:  # noqa: BLE001
+                except BaseException:
                     pass
         return out

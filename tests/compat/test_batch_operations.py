@@ -7,7 +7,7 @@ twins, and an operation run to completion by a real maintenance leader."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -38,17 +38,23 @@ async def _run_to_end(dsn, op_id: str, steps: int = 50) -> dict:
     raise AssertionError(f"operation {op_id} did not finish in {steps} steps")
 
 
-@pytest.mark.parametrize("call, field", [
-    (lambda c: c.preview_batch_operation("delete_all", spec={}), "op_kind"),
-    (lambda c: c.preview_set_priority(9), "priority"),
-    (lambda c: c.preview_move_queue("", filter={"queue": "a"}), "queue"),
-    (lambda c: c.preview_set_priority(1, filter={"colour": "red"}), "filter"),
-    (lambda c: c.preview_set_priority(1, filter={"state": "sleeping"}), "state"),
-    (lambda c: c.preview_set_priority(1, filter={"created_at_lt": "yesterday"}), "created_at_lt"),
-    (lambda c: c.set_priority(1), "filter"),  # every queued job: needs allow_all=True
-    (lambda c: c.get_batch_operation("not-a-uuid"), "operation_id"),
-    (lambda c: c.list_batch_operations(state="dozing"), "state"),
-])
+@pytest.mark.parametrize(
+    "call, field",
+    [
+        (lambda c: c.preview_batch_operation("delete_all", spec={}), "op_kind"),
+        (lambda c: c.preview_set_priority(9), "priority"),
+        (lambda c: c.preview_move_queue("", filter={"queue": "a"}), "queue"),
+        (lambda c: c.preview_set_priority(1, filter={"colour": "red"}), "filter"),
+        (lambda c: c.preview_set_priority(1, filter={"state": "sleeping"}), "state"),
+        (
+            lambda c: c.preview_set_priority(1, filter={"created_at_lt": "yesterday"}),
+            "created_at_lt",
+        ),
+        (lambda c: c.set_priority(1), "filter"),  # every queued job: needs allow_all=True
+        (lambda c: c.get_batch_operation("not-a-uuid"), "operation_id"),
+        (lambda c: c.list_batch_operations(state="dozing"), "state"),
+    ],
+)
 async def test_bad_operations_are_validation_errors(client, call, field):
     with pytest.raises(awa.ValidationError) as info:
         await call(client)
@@ -58,12 +64,15 @@ async def test_bad_operations_are_validation_errors(client, call, field):
 
 async def test_preview_submit_run_set_priority(dsn, client):
     queued = [await client.insert(Item(i), queue="bq", priority=3) for i in range(5)]
-    later = await client.insert(Item(9), queue="bq", priority=3,
-                                run_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    later = await client.insert(
+        Item(9), queue="bq", priority=3, run_at=datetime.now(UTC) + timedelta(hours=1)
+    )
     other = await client.insert(Item(8), queue="elsewhere", priority=3)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("UPDATE awa_fast.jobs SET state = 'running', run_lease = 1, "
-                           "attempt = 1 WHERE id = %s", (queued[0].id,))  # not eligible
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'running', run_lease = 1, attempt = 1 WHERE id = %s",
+            (queued[0].id,),
+        )  # not eligible
     preview = await client.preview_set_priority(1, filter={"queue": "bq"})
     assert preview["total_matched"] == 5  # 4 available + 1 scheduled; the running one is not
     assert [r["id"] for r in preview["sample"]] == [j.id for j in queued[1:]] + [later.id]
@@ -77,11 +86,18 @@ async def test_preview_submit_run_set_priority(dsn, client):
             await batch_ops.run_once(conn, "r")  # scan: membership frozen
     # claimed between scan and apply: skipped, not changed
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("UPDATE awa_fast.jobs SET state = 'running', run_lease = 1, "
-                           "attempt = 1 WHERE id = %s", (queued[1].id,))
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'running', run_lease = 1, attempt = 1 WHERE id = %s",
+            (queued[1].id,),
+        )
     done = await _run_to_end(dsn, op["id"])
-    assert (done["state"], done["total_matched"], done["processed"], done["skipped"],
-            done["errored"]) == ("completed", 5, 4, 1, 0)
+    assert (
+        done["state"],
+        done["total_matched"],
+        done["processed"],
+        done["skipped"],
+        done["errored"],
+    ) == ("completed", 5, 4, 1, 0)
     assert done["retention_until"] is not None and done["started_at"] is not None
     for job in queued[2:] + [later]:
         assert (await job_row(dsn, job.id))["priority"] == 1
@@ -91,15 +107,21 @@ async def test_preview_submit_run_set_priority(dsn, client):
 
 
 async def test_move_queue_a_failing_row_is_errored_and_the_rest_move(dsn, client):
-    jobs = [await client.insert(Item(i), queue="from_q", priority=2, tags=["acme"])
-            for i in range(4)]
+    jobs = [
+        await client.insert(Item(i), queue="from_q", priority=2, tags=["acme"]) for i in range(4)
+    ]
     untagged = await client.insert(Item(7), queue="from_q")
     op = await client.move_queue("to_q", priority=4, filter={"tag": "acme", "queue": "from_q"})
-    async with failing_rows(dsn, f"OLD.id = {jobs[2].id} AND NEW.queue = 'to_q'",
-                            event="UPDATE", name="no_move"):
+    async with failing_rows(
+        dsn, f"OLD.id = {jobs[2].id} AND NEW.queue = 'to_q'", event="UPDATE", name="no_move"
+    ):
         done = await _run_to_end(dsn, op["id"])
     assert (done["state"], done["processed"], done["skipped"], done["errored"]) == (
-        "completed", 3, 0, 1)
+        "completed",
+        3,
+        0,
+        1,
+    )
     assert done["last_error"].startswith(f"job {jobs[2].id}:")
     for job in jobs[:2] + jobs[3:]:
         row = await job_row(dsn, job.id)
@@ -107,9 +129,12 @@ async def test_move_queue_a_failing_row_is_errored_and_the_rest_move(dsn, client
         assert row["metadata"]["_awa_original_queue"] == "from_q"
     assert (await job_row(dsn, jobs[2].id))["queue"] == "from_q"
     assert (await job_row(dsn, untagged.id))["queue"] == "from_q"
-    assert await scalar(dsn, "SELECT array_agg(state ORDER BY job_id) FROM "
-                             "awa_fast.batch_operation_items WHERE operation_id = %s",
-                        (op["id"],)) == ["processed", "processed", "errored", "processed"]
+    assert await scalar(
+        dsn,
+        "SELECT array_agg(state ORDER BY job_id) FROM "
+        "awa_fast.batch_operation_items WHERE operation_id = %s",
+        (op["id"],),
+    ) == ["processed", "processed", "errored", "processed"]
 
 
 async def test_cancel_and_purge(dsn, client):
@@ -130,10 +155,8 @@ async def test_cancel_and_purge(dsn, client):
     assert done["state"] == "cancelled" and done["processed"] == 0  # stopped before a chunk
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE priority = 4") == 0
 
-    assert await client.purge_batch_operations(datetime.now(timezone.utc)
-                                               - timedelta(days=1)) == 0
-    assert await client.purge_batch_operations(datetime.now(timezone.utc)
-                                               + timedelta(seconds=1)) == 2
+    assert await client.purge_batch_operations(datetime.now(UTC) - timedelta(days=1)) == 0
+    assert await client.purge_batch_operations(datetime.now(UTC) + timedelta(seconds=1)) == 2
     with pytest.raises(awa.JobNotFound):
         await client.get_batch_operation(active["id"])
 
@@ -160,8 +183,12 @@ async def test_the_leader_runs_it_and_the_sync_twins(dsn, client):
         assert done["processed"] == 3
         assert sync.get_batch_operation(op["id"])["state"] == "completed"
         assert [o["id"] for o in sync.list_batch_operations()] == [op["id"]]
-        assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE queue = 'lq' "
-                                 "AND priority = 2") == 3
+        assert (
+            await scalar(
+                dsn, "SELECT count(*) FROM awa_fast.jobs WHERE queue = 'lq' AND priority = 2"
+            )
+            == 3
+        )
     finally:
         sync.close()
         await client.shutdown()
@@ -172,19 +199,41 @@ async def test_cli_batch_ops(dsn, client):
 
     for i in range(2):
         await client.insert(Item(i), queue="cliq", priority=3)
-    found = ok_json("batch-ops", "preview", "--op-kind", "set_priority", "--spec",
-                    '{"priority": 1}', "--filter", '{"queue": "cliq"}', dsn=dsn)
+    found = ok_json(
+        "batch-ops",
+        "preview",
+        "--op-kind",
+        "set_priority",
+        "--spec",
+        '{"priority": 1}',
+        "--filter",
+        '{"queue": "cliq"}',
+        dsn=dsn,
+    )
     assert found["total_matched"] == 2
-    refused = cli("batch-ops", "submit", "--op-kind", "set_priority", "--spec",
-                  '{"priority": 1}', dsn=dsn)
+    refused = cli(
+        "batch-ops", "submit", "--op-kind", "set_priority", "--spec", '{"priority": 1}', dsn=dsn
+    )
     assert refused.returncode == 1 and "allow_all" in refused.stderr
-    op = ok_json("batch-ops", "submit", "--op-kind", "move_queue", "--spec", '{"queue": "q2"}',
-                 "--filter", '{"queue": "cliq"}', "--submitted-by", "cli-test", dsn=dsn)
+    op = ok_json(
+        "batch-ops",
+        "submit",
+        "--op-kind",
+        "move_queue",
+        "--spec",
+        '{"queue": "q2"}',
+        "--filter",
+        '{"queue": "cliq"}',
+        "--submitted-by",
+        "cli-test",
+        dsn=dsn,
+    )
     assert op["state"] == "pending" and op["submitted_by"] == "cli-test"
     assert [o["id"] for o in ok_json("batch-ops", "list", dsn=dsn)] == [op["id"]]
     assert ok_json("batch-ops", "cancel", op["id"], dsn=dsn)["state"] == "cancelled"
     assert ok_json("batch-ops", "get", op["id"], dsn=dsn)["state"] == "cancelled"
-    assert ok_json("batch-ops", "purge", "--before", "2999-01-01T00:00:00Z",
-                   dsn=dsn) == {"purged": 1}
+    assert ok_json("batch-ops", "purge", "--before", "2999-01-01T00:00:00Z", dsn=dsn) == {
+        "purged": 1
+    }
     bad = cli("batch-ops", "preview", "--op-kind", "set_priority", "--spec", "{oops", dsn=dsn)
     assert bad.returncode == 1 and "--spec is not JSON" in bad.stderr

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import uuid
 import warnings
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -46,8 +46,8 @@ async def test_bad_cron_timezone_and_callback_timeout_are_validation_errors(clie
 
 
 async def test_any_explicit_run_at_is_scheduled_then_promoted(dsn, client):
-    past = datetime.now(timezone.utc) - timedelta(days=1)
-    for run_at in (past, past.isoformat(), datetime.now(timezone.utc) + timedelta(hours=1)):
+    past = datetime.now(UTC) - timedelta(days=1)
+    for run_at in (past, past.isoformat(), datetime.now(UTC) + timedelta(hours=1)):
         assert (await client.insert(Tick(), run_at=run_at)).state == awa.JobState.Scheduled
     assert (await client.insert(Tick())).state == awa.JobState.Available
     copied = await client.insert_many_copy([Tick(1), Tick(2)], run_at=past)
@@ -66,9 +66,11 @@ def test_unreachable_database_raises_at_construction():
 
 async def test_worker_decorator_is_deprecated(client):
     with pytest.warns(DeprecationWarning, match="use client.task"):
+
         @client.worker(Tick)
         async def handle(job):
             return None
+
     assert client.registry.get("tick") is not None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -90,10 +92,14 @@ def test_migrations_sql_creates_its_schema_and_runs_by_hand(fresh_db):
 async def test_drain_queue_cancels_parked_jobs(dsn, client):
     parked = await client.insert(Tick(), queue="drain_me")
     waiting = await client.insert(Tick(), queue="drain_me")
-    await scalar(dsn, "UPDATE awa_fast.jobs SET state = 'waiting_external', attempt = 1, "
-                      "run_lease = 1, callback_id = gen_random_uuid(), "
-                      "callback_timeout_at = now() + interval '1 hour' WHERE id = %s "
-                      "RETURNING 1", (parked.id,))
+    await scalar(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'waiting_external', attempt = 1, "
+        "run_lease = 1, callback_id = gen_random_uuid(), "
+        "callback_timeout_at = now() + interval '1 hour' WHERE id = %s "
+        "RETURNING 1",
+        (parked.id,),
+    )
     assert await client.drain_queue("drain_me") == 2
     for job_id in (parked.id, waiting.id):
         row = await job_row(dsn, job_id)
@@ -118,8 +124,15 @@ class Loose:
 
 
 async def test_typed_args_arrive_with_their_declared_types(client):
-    sent = Typed(datetime(2024, 5, 1, 12, 30, tzinfo=timezone.utc), date(2024, 5, 2),
-                 Decimal("10.25"), b"\x00\xffbin", uuid.uuid4(), {"b", "a"}, ratio=2)
+    sent = Typed(
+        datetime(2024, 5, 1, 12, 30, tzinfo=UTC),
+        date(2024, 5, 2),
+        Decimal("10.25"),
+        b"\x00\xffbin",
+        uuid.uuid4(),
+        {"b", "a"},
+        ratio=2,
+    )
     stored = await client.insert(sent)
     assert stored.args["labels"] == ["a", "b"]  # sets are stored sorted
     got: list = []
@@ -133,11 +146,14 @@ async def test_typed_args_arrive_with_their_declared_types(client):
     assert type(got[0].amount) is Decimal and type(got[0].labels) is set
 
 
-@pytest.mark.parametrize("args, field", [
-    (Loose(extra=datetime(2024, 1, 1)), "args.extra"),  # would arrive as str
-    (Loose(extra={1, 2}), "args.extra"),               # would arrive as list
-    (Loose(n=float("nan")), "args.n"),                  # NaN is stored as null
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (Loose(extra=datetime(2024, 1, 1)), "args.extra"),  # would arrive as str
+        (Loose(extra={1, 2}), "args.extra"),  # would arrive as list
+        (Loose(n=float("nan")), "args.n"),  # NaN is stored as null
+    ],
+)
 async def test_args_that_cannot_round_trip_are_rejected_at_insert(dsn, client, args, field):
     with pytest.raises(awa.ValidationError) as e:
         await client.insert(args)
@@ -167,6 +183,7 @@ async def test_flush_progress_sync_from_an_async_handler_returns(dsn, client):
 
         async def done():
             return (await job_row(dsn, job.id))["state"] == "completed"
+
         await wait_for(done, what="completion")
     finally:
         release.set()
@@ -174,8 +191,9 @@ async def test_flush_progress_sync_from_an_async_handler_returns(dsn, client):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "awa_fast", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "awa_fast", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_awa_forms(dsn):

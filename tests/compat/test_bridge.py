@@ -34,8 +34,9 @@ class Rollback(Exception):
 
 def _count(dsn: str, kind: str) -> int:
     with psycopg.connect(dsn) as conn:
-        return conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE kind = %s",
-                            (kind,)).fetchone()[0]
+        return conn.execute(
+            "SELECT count(*) FROM awa_fast.jobs WHERE kind = %s", (kind,)
+        ).fetchone()[0]
 
 
 def _url(dsn: str, driver: str) -> str:
@@ -46,13 +47,25 @@ def _url(dsn: str, driver: str) -> str:
 
 async def test_asyncpg_commit_rollback_and_unique(dsn):
     p = conninfo_to_dict(dsn)
-    conn = await asyncpg.connect(host=p.get("host"), port=int(p.get("port", 5432)),
-                                 user=p.get("user"), password=p.get("password"),
-                                 database=p["dbname"])
+    conn = await asyncpg.connect(
+        host=p.get("host"),
+        port=int(p.get("port", 5432)),
+        user=p.get("user"),
+        password=p.get("password"),
+        database=p["dbname"],
+    )
     try:
         async with conn.transaction():
-            job = await insert_job(conn, Bridged(1), kind="br_apg", queue="bq", priority=1,
-                                   tags=["t"], metadata={"m": 1}, ordering_key="k")
+            job = await insert_job(
+                conn,
+                Bridged(1),
+                kind="br_apg",
+                queue="bq",
+                priority=1,
+                tags=["t"],
+                metadata={"m": 1},
+                ordering_key="k",
+            )
         assert job["kind"] == "br_apg" and job["queue"] == "bq" and job["state"] == "available"
         assert job["args"] == {"n": 1} and job["tags"] == ["t"] and job["metadata"] == {"m": 1}
         with pytest.raises(Rollback):
@@ -129,11 +142,19 @@ def _django_connection(dsn: str):
 
     p = conninfo_to_dict(dsn)
     if not settings.configured:
-        settings.configure(DATABASES={"default": {
-            "ENGINE": "django.db.backends.postgresql", "NAME": p["dbname"],
-            "USER": p.get("user", "postgres"), "PASSWORD": p.get("password", ""),
-            "HOST": p.get("host", "127.0.0.1"), "PORT": p.get("port", "5432")}},
-            USE_TZ=True)
+        settings.configure(
+            DATABASES={
+                "default": {
+                    "ENGINE": "django.db.backends.postgresql",
+                    "NAME": p["dbname"],
+                    "USER": p.get("user", "postgres"),
+                    "PASSWORD": p.get("password", ""),
+                    "HOST": p.get("host", "127.0.0.1"),
+                    "PORT": p.get("port", "5432"),
+                }
+            },
+            USE_TZ=True,
+        )
         django.setup()
     from django.db import connection
 

@@ -11,8 +11,9 @@ from awa_fast import callback_contract as cc
 def test_known_vector_and_roundtrip():
     secret = bytes([7] * 32)
     # awa's pinned vector: blake3::keyed_hash(&[7u8; 32], b"abc")
-    assert cc.sign(secret, "abc") == \
-        "b1495225f01fa8cd09e410d288d09b68c1cc9fb2414686c0d3ac13fc905497d9"
+    assert (
+        cc.sign(secret, "abc") == "b1495225f01fa8cd09e410d288d09b68c1cc9fb2414686c0d3ac13fc905497d9"
+    )
     cid = "550e8400-e29b-41d4-a716-446655440000"
     sig = cc.sign(secret, cid)
     assert len(sig) == 64 and cc.verify(secret, cid, sig) is True
@@ -39,11 +40,19 @@ def test_urls_and_constants():
     assert cc.SIGNATURE_HEADER == "X-Awa-Signature"
     assert cc.DEFAULT_PATH_PREFIX == "/api/callbacks"
     assert cc.DEFAULT_HEARTBEAT_TIMEOUT_SECS == 3600.0
-    assert cc.build_callback_url("https://awa.example.com", cc.DEFAULT_PATH_PREFIX, "abc",
-                                 "complete") == "https://awa.example.com/api/callbacks/abc/complete"
-    assert cc.build_callback_url("https://x.example/", "/awa-cb/", "abc", "heartbeat") == \
-        "https://x.example/awa-cb/abc/heartbeat"
-    assert cc.build_callback_url("https://x.example", "awa-cb", "abc", "fail") == \
-        "https://x.example/awa-cb/abc/fail"
-    assert cc.build_callback_url("https://x.example", "   ", "abc", "complete") == \
-        "https://x.example/abc/complete"
+    assert (
+        cc.build_callback_url("https://awa.example.com", cc.DEFAULT_PATH_PREFIX, "abc", "complete")
+        == "https://awa.example.com/api/callbacks/abc/complete"
+    )
+    assert (
+        cc.build_callback_url("https://x.example/", "/awa-cb/", "abc", "heartbeat")
+        == "https://x.example/awa-cb/abc/heartbeat"
+    )
+    assert (
+        cc.build_callback_url("https://x.example", "awa-cb", "abc", "fail")
+        == "https://x.example/awa-cb/abc/fail"
+    )
+    assert (
+        cc.build_callback_url("https://x.example", "   ", "abc", "complete")
+        == "https://x.example/abc/complete"
+    )

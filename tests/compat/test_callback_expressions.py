@@ -15,8 +15,13 @@ import awa_fast as awa
 from awa_fast.sync_client import Client
 from tests.support import job_row, scalar, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100, callback_poll_interval_ms=20)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    callback_poll_interval_ms=20,
+)
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -55,9 +60,12 @@ async def _parked(dsn, client, tokens, exprs: dict, wait: bool = False) -> tuple
     return job.id, cid
 
 
-EXPRS = {"filter": 'payload.source == "bank"', "on_fail": 'payload.status == "declined"',
-         "on_complete": 'payload.status == "paid"',
-         "transform": '{"amount": payload.cents / 100, "ref": payload.ref}'}
+EXPRS = {
+    "filter": 'payload.source == "bank"',
+    "on_fail": 'payload.status == "declined"',
+    "on_complete": 'payload.status == "paid"',
+    "transform": '{"amount": payload.cents / 100, "ref": payload.ref}',
+}
 
 
 async def test_filter_on_fail_on_complete_transform_in_awas_order(dsn, client):
@@ -66,13 +74,15 @@ async def test_filter_on_fail_on_complete_transform_in_awas_order(dsn, client):
 
     job_id, cid = await _parked(dsn, client, tokens, EXPRS)
     # filter false: ignored with awa's reason, nothing changes (the callback stays usable)
-    res = await client.resolve_callback(cid, {"source": "spam", "status": "paid"},
-                                        default_action="complete")
+    res = await client.resolve_callback(
+        cid, {"source": "spam", "status": "paid"}, default_action="complete"
+    )
     assert res.is_ignored() and res.reason == "filter expression returned false"
     assert res.job is None and (await job_row(dsn, job_id))["state"] == "waiting_external"
     # on_complete matched: completed, the result carries the transformed payload
-    res = await client.resolve_callback(cid, {"source": "bank", "status": "paid", "cents": 1250,
-                                              "ref": "r-1"})
+    res = await client.resolve_callback(
+        cid, {"source": "bank", "status": "paid", "cents": 1250, "ref": "r-1"}
+    )
     assert res.is_completed() and res.payload == {"amount": 12, "ref": "r-1"}
     assert res.job.state == awa.JobState.Completed and res.job.id == job_id
     with pytest.raises(awa.CallbackNotFound):  # resolved once
@@ -91,8 +101,9 @@ async def test_filter_on_fail_on_complete_transform_in_awas_order(dsn, client):
     job_id, cid = await _parked(dsn, client, tokens, EXPRS)
     res = await client.resolve_callback(cid, {"source": "bank", "status": "pending"})
     assert res.is_ignored() and res.reason == "no expressions configured, default is ignore"
-    res = await client.resolve_callback(cid, {"source": "bank", "status": "pending"},
-                                        default_action="fail")
+    res = await client.resolve_callback(
+        cid, {"source": "bank", "status": "pending"}, default_action="fail"
+    )
     assert res.is_failed()
     assert (await job_row(dsn, job_id))["errors"][-1]["error"] == "callback failed: default action"
 
@@ -102,8 +113,12 @@ async def test_errors_fail_open(dsn, client):
     await _start(client, outcomes, tokens)
     # a missing field errors: the filter passes, on_fail / on_complete do not match; a
     # transform that errors returns the payload unchanged; a non-bool is an error too
-    exprs = {"filter": "payload.nope == 1", "on_fail": "payload.nope", "on_complete": "payload.n",
-             "transform": "payload.nope.deeper"}
+    exprs = {
+        "filter": "payload.nope == 1",
+        "on_fail": "payload.nope",
+        "on_complete": "payload.n",
+        "transform": "payload.nope.deeper",
+    }
     job_id, cid = await _parked(dsn, client, tokens, exprs)
     res = await client.resolve_callback(cid, {"n": 5}, default_action="ignore")
     assert res.is_ignored() and res.reason == "no expressions configured, default is ignore"
@@ -114,8 +129,12 @@ async def test_errors_fail_open(dsn, client):
 async def test_bad_expressions_are_rejected_at_registration_naming_the_field(dsn, client):
     outcomes, tokens = {}, asyncio.Queue()
     await _start(client, outcomes, tokens)
-    cases = {"filter": "payload.ok ==", "on_complete": "secret == 1", "transform": 42,
-             "on_fail": "payload.items.exists(i, i > limit)"}
+    cases = {
+        "filter": "payload.ok ==",
+        "on_complete": "secret == 1",
+        "transform": 42,
+        "on_fail": "payload.items.exists(i, i > limit)",
+    }
     ids = {}
     for field, source in cases.items():
         ids[field] = (await client.insert(Hook({field: source}))).id
@@ -127,8 +146,9 @@ async def test_bad_expressions_are_rejected_at_registration_naming_the_field(dsn
     assert "undeclared variable(s): secret" in str(outcomes[ids["on_complete"]])
     assert "undeclared variable(s): limit" in str(outcomes[ids["on_fail"]])
     # nothing was registered for the rejected calls
-    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE callback_id IS NOT NULL"
-                        ) == 0
+    assert (
+        await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE callback_id IS NOT NULL") == 0
+    )
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.callback_expressions") == 0
 
 
@@ -155,7 +175,8 @@ async def test_concurrent_resolves_act_once(dsn, client):
     await _start(client, outcomes, tokens)
     job_id, cid = await _parked(dsn, client, tokens, {"on_complete": "payload.ok"})
     results = await asyncio.gather(
-        *(client.resolve_callback(cid, {"ok": True}) for _ in range(4)), return_exceptions=True)
+        *(client.resolve_callback(cid, {"ok": True}) for _ in range(4)), return_exceptions=True
+    )
     done = [r for r in results if isinstance(r, awa.ResolveResult)]
     assert len(done) == 1 and done[0].is_completed()
     assert all(isinstance(r, awa.CallbackNotFound) for r in results if r not in done)

@@ -7,7 +7,7 @@ whatever its policy); once it has fired, ``coalesce`` enqueues the latest missed
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -16,7 +16,7 @@ import awa_fast as awa
 from awa_fast import periodic
 from tests.support import scalar
 
-UTC = timezone.utc
+UTC = UTC
 M = timedelta(minutes=1)
 
 
@@ -45,9 +45,14 @@ def test_missed_fires_after_the_first_follow_the_policy():
     last, now = at(14, 0), at(15, 0, 20)
     assert due("*/20 * * * *", "UTC", "coalesce", last, now, at(9, 0)) == [at(15, 0)]
     assert due("*/20 * * * *", "UTC", "catch_up", last, now, at(9, 0)) == [
-        at(14, 20), at(14, 40), at(15, 0)]
+        at(14, 20),
+        at(14, 40),
+        at(15, 0),
+    ]
     assert due("*/20 * * * *", "UTC", "catch_up", last, now, at(9, 0), limit=2) == [
-        at(14, 20), at(14, 40)]
+        at(14, 20),
+        at(14, 40),
+    ]
     assert due("*/20 * * * *", "UTC", "catch_up", at(15, 0), now, at(9, 0)) == []
 
 
@@ -70,13 +75,16 @@ async def test_a_new_schedule_fires_at_once_on_postgres(dsn):
             assert await periodic.evaluate(conn) == 0
             # the yearly schedule, registered (say) two years ago and never evaluated since:
             # exactly one job, for the latest 1 January, though its policy is catch_up
-            await conn.execute("UPDATE awa_fast.cron_jobs SET created_at = now() - "
-                               "interval '2 years' WHERE name = 'yearly'")
+            await conn.execute(
+                "UPDATE awa_fast.cron_jobs SET created_at = now() - "
+                "interval '2 years' WHERE name = 'yearly'"
+            )
             assert await periodic.evaluate(conn) == 1
             assert await periodic.evaluate(conn) == 0
             cur = await conn.execute(
                 "SELECT metadata->>'awa:cron_name', metadata->>'awa:cron_fire_at' "
-                "FROM awa_fast.jobs ORDER BY id")
+                "FROM awa_fast.jobs ORDER BY id"
+            )
             rows = await cur.fetchall()
     minute = periodic.latest_fire("* * * * *", "UTC", now)
     year = periodic.latest_fire("0 0 1 1 *", "UTC", now)

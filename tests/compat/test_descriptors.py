@@ -31,15 +31,18 @@ async def _rows(dsn, table: str, key: str) -> dict:
         return {r[key]: r for r in await cur.fetchall()}
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"display_name": "x" * 201}, "display_name"),
-    ({"description": "x" * 2001}, "description"),
-    ({"owner": 5}, "owner"),
-    ({"docs_url": "h" * 2049}, "docs_url"),
-    ({"tags": ["t"] * 21}, "tags"),
-    ({"tags": "solo"}, "tags"),
-    ({"extra": ["not", "a", "dict"]}, "extra"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"display_name": "x" * 201}, "display_name"),
+        ({"description": "x" * 2001}, "description"),
+        ({"owner": 5}, "owner"),
+        ({"docs_url": "h" * 2049}, "docs_url"),
+        ({"tags": ["t"] * 21}, "tags"),
+        ({"tags": "solo"}, "tags"),
+        ({"extra": ["not", "a", "dict"]}, "extra"),
+    ],
+)
 async def test_limits_are_validation_errors(client, kwargs, field):
     for declare in (client.queue_descriptor, client.job_kind_descriptor):
         with pytest.raises(awa.ValidationError) as info:
@@ -53,9 +56,14 @@ async def test_declared_stored_refreshed_and_rules(dsn, client):
     async def send(job):
         return None
 
-    client.queue_descriptor("email", display_name="Outbound email", owner="growth@example.com",
-                            docs_url="https://runbook/email", tags=["user-facing"],
-                            extra={"tier": 1})
+    client.queue_descriptor(
+        "email",
+        display_name="Outbound email",
+        owner="growth@example.com",
+        docs_url="https://runbook/email",
+        tags=["user-facing"],
+        extra={"tier": 1},
+    )
     client.job_kind_descriptor("send_email", description="Renders and hands off to SES.")
     client.queue_descriptor("nowhere", display_name="not run here")
     with pytest.raises(awa.ValidationError, match="unknown queue 'nowhere'") as info:
@@ -69,15 +77,28 @@ async def test_declared_stored_refreshed_and_rules(dsn, client):
     queues = await _rows(dsn, "queue_descriptors", "queue")
     kinds = await _rows(dsn, "job_kind_descriptors", "kind")
     email = queues["email"]
-    assert (email["display_name"], email["owner"], email["docs_url"], email["tags"],
-            email["extra"]) == ("Outbound email", "growth@example.com", "https://runbook/email",
-                                ["user-facing"], {"tier": 1})
+    assert (
+        email["display_name"],
+        email["owner"],
+        email["docs_url"],
+        email["tags"],
+        email["extra"],
+    ) == (
+        "Outbound email",
+        "growth@example.com",
+        "https://runbook/email",
+        ["user-facing"],
+        {"tier": 1},
+    )
     assert kinds["send_email"]["description"] == "Renders and hands off to SES."
     assert kinds["send_email"]["display_name"] is None and kinds["send_email"]["tags"] == []
 
     # the presence beat refreshes last_seen_at; an unchanged declaration keeps updated_at
-    await scalar(dsn, "UPDATE awa_fast.queue_descriptors SET last_seen_at = now() - "
-                      "interval '2 days', updated_at = now() - interval '2 days' RETURNING 1")
+    await scalar(
+        dsn,
+        "UPDATE awa_fast.queue_descriptors SET last_seen_at = now() - "
+        "interval '2 days', updated_at = now() - interval '2 days' RETURNING 1",
+    )
     await client.runtime.check_unhandled()
     email = (await _rows(dsn, "queue_descriptors", "queue"))["email"]
     assert email["last_seen_at"] > email["updated_at"]
@@ -87,6 +108,7 @@ async def test_declared_stored_refreshed_and_rules(dsn, client):
     before = email
     again = awa.AsyncClient(dsn)
     try:
+
         @again.task(SendEmail, queue="email")
         async def send2(job):
             return None
@@ -114,14 +136,20 @@ async def test_leader_prunes_unrefreshed_descriptors(dsn, client):
     await client.start([("email", 1)], descriptor_retention_days=3, **FAST)
     assert client.runtime.maintenance_config.descriptor_retention_days == 3
     await client.shutdown()
-    await scalar(dsn, "UPDATE awa_fast.job_kind_descriptors SET last_seen_at = now() - "
-                      "interval '4 days' RETURNING 1")
+    await scalar(
+        dsn,
+        "UPDATE awa_fast.job_kind_descriptors SET last_seen_at = now() - "
+        "interval '4 days' RETURNING 1",
+    )
     # one pass of the leader's cleanup, with that retention
     await Maintenance(dsn, client.pool, MaintenanceConfig(descriptor_retention_days=3)).prune()
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.job_kind_descriptors") == 0
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.queue_descriptors") == 1
-    await scalar(dsn, "UPDATE awa_fast.queue_descriptors SET last_seen_at = now() - "
-                      "interval '400 days' RETURNING 1")
+    await scalar(
+        dsn,
+        "UPDATE awa_fast.queue_descriptors SET last_seen_at = now() - "
+        "interval '400 days' RETURNING 1",
+    )
     # awa: 0 keeps them forever
     await Maintenance(dsn, client.pool, MaintenanceConfig(descriptor_retention_days=0)).prune()
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.queue_descriptors") == 1

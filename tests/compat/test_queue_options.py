@@ -26,18 +26,21 @@ class Tick:
     n: int
 
 
-@pytest.mark.parametrize("options", [
-    {"terminal_count_rollup_interval_ms": 1000},
-    {"queue_storage_schema": "awa"},
-    {"queue_storage_queue_slot_count": 16},
-    {"queue_storage_lease_slot_count": 8},
-    {"queue_storage_claim_slot_count": 8},
-    {"queue_storage_queue_stripe_count": 2},
-    {"queue_storage_queue_rotate_interval_ms": 1000},
-    {"queue_storage_lease_rotate_interval_ms": 250},
-    {"queue_storage_claim_rotate_interval_ms": 100},
-    {"storage_transition_role": "queue_storage_target"},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"terminal_count_rollup_interval_ms": 1000},
+        {"queue_storage_schema": "awa"},
+        {"queue_storage_queue_slot_count": 16},
+        {"queue_storage_lease_slot_count": 8},
+        {"queue_storage_claim_slot_count": 8},
+        {"queue_storage_queue_stripe_count": 2},
+        {"queue_storage_queue_rotate_interval_ms": 1000},
+        {"queue_storage_lease_rotate_interval_ms": 250},
+        {"queue_storage_claim_rotate_interval_ms": 100},
+        {"storage_transition_role": "queue_storage_target"},
+    ],
+)
 async def test_unimplemented_start_keywords_are_rejected_by_name(client, options):
     (key,) = options
     with pytest.raises(awa.ValidationError, match=f"{key} is not implemented by awa-fast yet") as e:
@@ -46,11 +49,14 @@ async def test_unimplemented_start_keywords_are_rejected_by_name(client, options
     assert client.runtime is None
 
 
-@pytest.mark.parametrize("queue, key", [
-    ({"name": "q", "max_workers": 2, "retention": {"completed_hours": 1}}, "retention"),
-    ({"name": "q", "max_workers": 2, "claimers": 2}, "claimers"),
-    ({"name": "q", "max_workers": 2, "no_such_option": 1}, "no_such_option"),
-])
+@pytest.mark.parametrize(
+    "queue, key",
+    [
+        ({"name": "q", "max_workers": 2, "retention": {"completed_hours": 1}}, "retention"),
+        ({"name": "q", "max_workers": 2, "claimers": 2}, "claimers"),
+        ({"name": "q", "max_workers": 2, "no_such_option": 1}, "no_such_option"),
+    ],
+)
 async def test_unimplemented_queue_keys_are_rejected_by_name(client, queue, key):
     with pytest.raises(awa.ValidationError, match=f"{key} is not implemented by awa-fast yet") as e:
         await client.start([queue])
@@ -58,8 +64,9 @@ async def test_unimplemented_queue_keys_are_rejected_by_name(client, queue, key)
     assert client.runtime is None
 
 
-@pytest.mark.parametrize("rate_limit", [(0, 1), (-1.0, 5), (10.0, 0), (10.0, 1.5), "fast",
-                                        (float("inf"), 1), (True, 1)])
+@pytest.mark.parametrize(
+    "rate_limit", [(0, 1), (-1.0, 5), (10.0, 0), (10.0, 1.5), "fast", (float("inf"), 1), (True, 1)]
+)
 async def test_bad_rate_limit_is_a_validation_error(client, rate_limit):
     with pytest.raises(awa.ValidationError, match="rate_limit") as e:
         await client.start([{"name": "q", "max_workers": 1, "rate_limit": rate_limit}])
@@ -74,8 +81,12 @@ async def test_bad_aging_interval_is_a_validation_error(client):
 async def test_accepted_defaults_start(client):
     # awa's defaults (nothing asked) start fine; claimers=1 is what awa-fast does.
     client.task(Tick, queue="q")(lambda job: None)
-    await client.start([{"name": "q", "max_workers": 1, "claimers": 1}],
-                       storage_transition_role="auto", queue_storage_schema=None, **FAST)
+    await client.start(
+        [{"name": "q", "max_workers": 1, "claimers": 1}],
+        storage_transition_role="auto",
+        queue_storage_schema=None,
+        **FAST,
+    )
     await client.shutdown()
 
 
@@ -121,15 +132,21 @@ async def test_priority_aging_lets_an_old_low_priority_job_overtake(dsn, client)
 
     old = await client.insert(Aged("old"), queue="aging", priority=4)
     # It has waited 1 s, i.e. 5 intervals of 200 ms (set directly: the test does not sleep).
-    await scalar(dsn, "UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' "
-                      "WHERE id = %s RETURNING 1", (old.id,))
+    await scalar(
+        dsn,
+        "UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' WHERE id = %s RETURNING 1",
+        (old.id,),
+    )
     await client.insert(Aged("new"), queue="aging", priority=2)
     await client.pause_queue("aging")
-    await client.start([{"name": "aging", "max_workers": 1, "priority_aging_interval_ms": 200}],
-                       **FAST)
+    await client.start(
+        [{"name": "aging", "max_workers": 1, "priority_aging_interval_ms": 200}], **FAST
+    )
     try:
+
         async def aged():
             return (await job_row(dsn, old.id))["priority"] == 1
+
         await wait_for(aged, what="the aging pass to raise the old job's priority")
         row = await job_row(dsn, old.id)
         assert row["metadata"]["_awa_original_priority"] == 4
@@ -143,8 +160,11 @@ async def test_priority_aging_lets_an_old_low_priority_job_overtake(dsn, client)
 async def test_aging_pass_is_idempotent_and_bounded_by_wait(dsn, client):
     fresh = await client.insert({"n": 1}, kind="k", queue="age2", priority=3)
     waited = await client.insert({"n": 2}, kind="k", queue="age2", priority=4)
-    await scalar(dsn, "UPDATE awa_fast.jobs SET run_at = now() - interval '25 s' "
-                      "WHERE id = %s RETURNING 1", (waited.id,))
+    await scalar(
+        dsn,
+        "UPDATE awa_fast.jobs SET run_at = now() - interval '25 s' WHERE id = %s RETURNING 1",
+        (waited.id,),
+    )
     pool = await client.pool()
     assert await age_once(pool, "age2", 10_000) == 1
     assert await age_once(pool, "age2", 10_000) == 0  # a repeated pass changes nothing

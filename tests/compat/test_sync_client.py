@@ -16,10 +16,23 @@ from awa_fast.sync_client import Client, SyncTransaction
 from awa_fast.transaction import Transaction
 
 # Worker lifecycle and registration: async client only, as in awa-pg.
-WORKER_ONLY = {"pool", "task", "worker", "start", "shutdown", "periodic", "failure_consequence",
-               "on_completed_enqueue", "on_retried_enqueue", "on_exhausted_enqueue",
-               "on_cancelled_enqueue", "on_waiting_for_callback_enqueue", "on_rescued_enqueue",
-               "queue_descriptor", "job_kind_descriptor"}
+WORKER_ONLY = {
+    "pool",
+    "task",
+    "worker",
+    "start",
+    "shutdown",
+    "periodic",
+    "failure_consequence",
+    "on_completed_enqueue",
+    "on_retried_enqueue",
+    "on_exhausted_enqueue",
+    "on_cancelled_enqueue",
+    "on_waiting_for_callback_enqueue",
+    "on_rescued_enqueue",
+    "queue_descriptor",
+    "job_kind_descriptor",
+}
 
 
 def _public(cls) -> dict:
@@ -27,8 +40,9 @@ def _public(cls) -> dict:
 
 
 def _params(fn) -> list:
-    return [(p.name, p.kind, p.default) for p in
-            list(inspect.signature(fn).parameters.values())[1:]]
+    return [
+        (p.name, p.kind, p.default) for p in list(inspect.signature(fn).parameters.values())[1:]
+    ]
 
 
 def test_every_async_method_has_a_written_out_sync_twin():
@@ -64,7 +78,9 @@ def _park(dsn: str, client: Client) -> tuple[int, str]:
         cid = conn.execute(
             "UPDATE awa_fast.jobs SET state = 'waiting_external', attempt = 1, run_lease = 1, "
             "callback_id = gen_random_uuid(), callback_timeout_at = now() + interval '1 hour' "
-            "WHERE id = %s RETURNING callback_id", (job.id,)).fetchone()[0]
+            "WHERE id = %s RETURNING callback_id",
+            (job.id,),
+        ).fetchone()[0]
     return job.id, str(cid)
 
 
@@ -109,8 +125,11 @@ def test_correct_to_failed_and_retry_failed_result(dsn, sync_client):
     c = sync_client
     job = c.insert({"n": 1}, kind="done_kind", queue="rf")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("UPDATE awa_fast.jobs SET state = 'completed', attempt = 1, "
-                     "finalized_at = now() WHERE id = %s", (job.id,))
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'completed', attempt = 1, "
+            "finalized_at = now() WHERE id = %s",
+            (job.id,),
+        )
     failed = c.correct_to_failed(job.id, error="refund bounced")
     assert failed.state == awa.JobState.Failed
     result = c.retry_failed(queue="rf")
@@ -131,8 +150,14 @@ def test_storage_calls_answer_for_awa_fast(sync_client):
     assert status["current_engine"] == status["active_engine"] == "awa_fast"
     assert status["state"] == "active" and status["can_finalize"] is False
     assert status["details"]["migration_version"] == awa.current_migration_version()
-    for key in ("prepared_engine", "transition_epoch", "entered_at", "finalize_blockers",
-                "canonical_live_backlog", "live_runtime_capability_counts"):
+    for key in (
+        "prepared_engine",
+        "transition_epoch",
+        "entered_at",
+        "finalize_blockers",
+        "canonical_live_backlog",
+        "live_runtime_capability_counts",
+    ):
         assert key in status
     for kw in ({"schema": "awa_exp"}, {"queue_slot_count": 32}, {"reset": True}):
         with pytest.raises(awa.Unsupported, match=next(iter(kw))):
@@ -141,9 +166,13 @@ def test_storage_calls_answer_for_awa_fast(sync_client):
 
 def test_insert_many_copy_per_job_opts(sync_client):
     c = sync_client
-    jobs = c.insert_many_copy([{"i": 0}, {"i": 1}, {"i": 2}], kind="copy_k", queue="base",
-                              ordering_key="batch",
-                              opts=[None, {"queue": "other"}, {"ordering_key": None, "queue": "x"}])
+    jobs = c.insert_many_copy(
+        [{"i": 0}, {"i": 1}, {"i": 2}],
+        kind="copy_k",
+        queue="base",
+        ordering_key="batch",
+        opts=[None, {"queue": "other"}, {"ordering_key": None, "queue": "x"}],
+    )
     assert [j.queue for j in jobs] == ["base", "other", "x"]
     with pytest.raises(awa.ValidationError, match="opts length must match jobs length"):
         c.insert_many_copy([{"i": 0}], kind="copy_k", opts=[])
@@ -156,8 +185,9 @@ def test_insert_many_copy_per_job_opts(sync_client):
 
 
 def test_enqueue_many_copy_stripes(sync_client):
-    assert sync_client.enqueue_many_copy([{"i": 1}], kind="copy_s",
-                                         queue_storage_queue_stripe_count=1) == 1
+    assert (
+        sync_client.enqueue_many_copy([{"i": 1}], kind="copy_s", queue_storage_queue_stripe_count=1)
+        == 1
+    )
     with pytest.raises(awa.Unsupported, match="queue_storage_queue_stripe_count"):
-        sync_client.enqueue_many_copy([{"i": 2}], kind="copy_s",
-                                      queue_storage_queue_stripe_count=2)
+        sync_client.enqueue_many_copy([{"i": 2}], kind="copy_s", queue_storage_queue_stripe_count=2)

@@ -19,8 +19,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import awa_fast as awa
 from tests.support import wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, promote_interval_ms=50,
-            leader_election_interval_ms=100)
+FAST = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+)
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -38,9 +42,16 @@ class TracedSync:
 @pytest.fixture(scope="module")
 def otel():
     exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
-    assert awa.init_telemetry("http://localhost:4317", "awa-fast-test", 1000,
-                              metric_reader=reader,
-                              span_processor=SimpleSpanProcessor(exporter)) is True
+    assert (
+        awa.init_telemetry(
+            "http://localhost:4317",
+            "awa-fast-test",
+            1000,
+            metric_reader=reader,
+            span_processor=SimpleSpanProcessor(exporter),
+        )
+        is True
+    )
     yield exporter, reader
     awa.shutdown_telemetry()
 
@@ -78,11 +89,13 @@ async def test_handler_runs_in_the_producers_trace(dsn, client, otel):
         job = await client.insert(Traced())
         sync_job = await client.insert(TracedSync(1))
     untraced = await client.insert(Traced())  # no span current: nothing stored
-    own = await client.insert(Traced(), metadata={"awa:traceparent": "00-" + "1" * 32 + "-"
-                                                  + "2" * 16 + "-01"})
+    own = await client.insert(
+        Traced(), metadata={"awa:traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    )
     pc = produce.get_span_context()
     assert job.metadata["awa:traceparent"] == (
-        f"00-{pc.trace_id:032x}-{pc.span_id:016x}-{pc.trace_flags:02x}")
+        f"00-{pc.trace_id:032x}-{pc.span_id:016x}-{pc.trace_flags:02x}"
+    )
     assert "awa:traceparent" not in untraced.metadata
     assert own.metadata["awa:traceparent"].startswith("00-" + "1" * 32)  # the caller's wins
 
@@ -96,7 +109,9 @@ async def test_handler_runs_in_the_producers_trace(dsn, client, otel):
     span = execs[job.id]
     assert span.context.trace_id == pc.trace_id and span.parent.span_id == pc.span_id
     assert span.kind == trace.SpanKind.CONSUMER
-    assert span.attributes["messaging.system"] == "awa" and span.attributes["job.queue"] == "default"
+    assert (
+        span.attributes["messaging.system"] == "awa" and span.attributes["job.queue"] == "default"
+    )
     assert span.attributes["awa.job.outcome"] == "completed"
     # the handler's own span nests under job.execute
     work = [s for s in _spans(exporter, "handler-work") if s.context.trace_id == pc.trace_id]
@@ -108,8 +123,9 @@ async def test_handler_runs_in_the_producers_trace(dsn, client, otel):
 
     # outcomes counted on awa's instruments
     data = reader.get_metrics_data()
-    names = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics
-             for m in sm.metrics}
+    names = {
+        m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    }
     completed = sum(p.value for p in names["awa.job.completed"].data.data_points)
     assert completed >= 4 and "awa.job.duration" in names
 
@@ -129,19 +145,22 @@ async def test_a_retry_starts_a_new_trace_linked_to_the_producer(dsn, client, ot
     await client.start([("default", 1)], **FAST)
     await wait_state(dsn, job.id, "completed")  # after awa's backoff (2-2.5 s)
     await client.shutdown()
-    first, second = sorted((s for s in _spans(exporter, "job.execute traced")
-                            if s.attributes["job.id"] == job.id),
-                           key=lambda s: s.attributes["job.attempt"])
+    first, second = sorted(
+        (s for s in _spans(exporter, "job.execute traced") if s.attributes["job.id"] == job.id),
+        key=lambda s: s.attributes["job.attempt"],
+    )
     assert first.context.trace_id == pc.trace_id and first.status.status_code.name == "ERROR"
     assert second.context.trace_id != pc.trace_id and second.parent is None
     assert [link.context.span_id for link in second.links] == [pc.span_id]
 
 
 def test_without_opentelemetry_nothing_is_imported():
-    code = ("import sys, awa_fast\n"
-            "from awa_fast.requests import prepare\n"
-            "p = prepare({'a': 1}, kind='k')\n"
-            "assert 'awa:traceparent' not in p.metadata\n"
-            "assert not [m for m in sys.modules if m.startswith('opentelemetry')], "
-            "sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n")
+    code = (
+        "import sys, awa_fast\n"
+        "from awa_fast.requests import prepare\n"
+        "p = prepare({'a': 1}, kind='k')\n"
+        "assert 'awa:traceparent' not in p.metadata\n"
+        "assert not [m for m in sys.modules if m.startswith('opentelemetry')], "
+        "sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

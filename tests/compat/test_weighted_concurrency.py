@@ -24,17 +24,23 @@ class Work:
     n: int = 0
 
 
-@pytest.mark.parametrize("queues, options, field", [
-    (None, {"global_max_workers": 4}, "queues"),
-    ([("a", 2)], {"global_max_workers": 4}, "queues"),
-    ([{"name": "a", "min_workers": 3}, {"name": "b", "min_workers": 2}],
-     {"global_max_workers": 4}, "global_max_workers"),
-    ([{"name": "a", "min_workers": 1, "weight": 0}], {"global_max_workers": 4}, "weight"),
-    ([{"name": "a", "min_workers": -1}], {"global_max_workers": 4}, "min_workers"),
-    ([{"name": "a", "min_workers": 1}], {"global_max_workers": 0}, "global_max_workers"),
-    ([{"name": "a", "min_workers": 1}], {}, "min_workers"),  # needs weighted mode
-    ([{"name": "a", "max_workers": 2, "weight": 2}], {}, "weight"),
-])
+@pytest.mark.parametrize(
+    "queues, options, field",
+    [
+        (None, {"global_max_workers": 4}, "queues"),
+        ([("a", 2)], {"global_max_workers": 4}, "queues"),
+        (
+            [{"name": "a", "min_workers": 3}, {"name": "b", "min_workers": 2}],
+            {"global_max_workers": 4},
+            "global_max_workers",
+        ),
+        ([{"name": "a", "min_workers": 1, "weight": 0}], {"global_max_workers": 4}, "weight"),
+        ([{"name": "a", "min_workers": -1}], {"global_max_workers": 4}, "min_workers"),
+        ([{"name": "a", "min_workers": 1}], {"global_max_workers": 0}, "global_max_workers"),
+        ([{"name": "a", "min_workers": 1}], {}, "min_workers"),  # needs weighted mode
+        ([{"name": "a", "max_workers": 2, "weight": 2}], {}, "weight"),
+    ],
+)
 async def test_awas_weighted_mode_rules(client, queues, options, field):
     with pytest.raises(awa.ValidationError) as info:
         await client.start(queues, **options)
@@ -82,7 +88,7 @@ async def _rounds(gate: Gate, full: int, n: int) -> list[dict[str, int]]:
         previous.set()
 
         async def refilled():
-            return (len(gate.inflight) == full and not (set(gate.inflight) & old)) or None
+            return (len(gate.inflight) == full and not (set(gate.inflight) & old)) or None  # noqa: B023 - awaited in this iteration
 
         await wait_for(refilled, what=f"{full} new attempts holding")
         splits.append(gate.split())
@@ -101,8 +107,13 @@ async def _start(client, gate: Gate, queues, global_max: int, jobs: dict[str, in
 
 async def test_shares_under_contention_follow_the_weights(client):
     gate = Gate()
-    await _start(client, gate, [{"name": "heavy", "weight": 3}, {"name": "light", "weight": 1}],
-                 8, {"heavy": 40, "light": 40})
+    await _start(
+        client,
+        gate,
+        [{"name": "heavy", "weight": 3}, {"name": "light", "weight": 1}],
+        8,
+        {"heavy": 40, "light": 40},
+    )
     try:
         await _running(gate, 8)  # whoever claimed first may hold more than its share now
         # once both queues ask, each gets ceil(8 * w / 4): 6 and 2, every round
@@ -116,10 +127,17 @@ async def test_shares_under_contention_follow_the_weights(client):
 
 async def test_a_lone_busy_queue_takes_the_whole_pool_and_minimums_hold(client):
     gate = Gate()
-    await _start(client, gate, [{"name": "busy", "weight": 1},
-                                {"name": "idle", "weight": 5},
-                                {"name": "small", "min_workers": 1, "weight": 1}],
-                 6, {"busy": 30})
+    await _start(
+        client,
+        gate,
+        [
+            {"name": "busy", "weight": 1},
+            {"name": "idle", "weight": 5},
+            {"name": "small", "min_workers": 1, "weight": 1},
+        ],
+        6,
+        {"busy": 30},
+    )
     try:
         # work-conserving: the idle queues' shares go to the busy one (6 = the whole budget:
         # 5 overflow permits and not small's reserved slot, which only small may use)
