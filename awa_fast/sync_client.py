@@ -3,9 +3,9 @@
 Every producer/admin method of :class:`~awa_fast.client.AsyncClient` has a twin here with the
 same name and parameters, written out (no attribute forwarding, so a missing twin is a visible
 gap, checked by ``tests/compat/test_sync_client.py``). Each twin runs the async method on a
-private event loop in a daemon thread and blocks until it returns. Worker lifecycle (``task``,
-``start``, ``shutdown``, ``periodic``, follow-up specs, failure consequences) is async only, as
-in awa-pg.
+private event loop in a daemon thread and blocks until it returns, and carries the async
+method's docstring (arguments, errors). The methods without a twin are listed in
+:data:`ASYNC_ONLY`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,29 @@ from typing import Any
 
 from awa_fast.client import DEFAULT_QUEUE, AsyncClient
 from awa_fast.transaction import Transaction
+
+# AsyncClient methods with no blocking twin: worker lifecycle and registration (as in awa-pg,
+# whose sync Client has no task/start/shutdown/periodic), plus the pool itself (it belongs to the
+# private loop; use ``Client.async_client`` from that loop's thread, or a connection of your own).
+ASYNC_ONLY = frozenset(
+    {
+        "pool",
+        "task",
+        "worker",
+        "start",
+        "shutdown",
+        "periodic",
+        "failure_consequence",
+        "on_completed_enqueue",
+        "on_retried_enqueue",
+        "on_exhausted_enqueue",
+        "on_cancelled_enqueue",
+        "on_waiting_for_callback_enqueue",
+        "on_rescued_enqueue",
+        "queue_descriptor",
+        "job_kind_descriptor",
+    }
+)
 
 
 class Client:
@@ -418,6 +441,18 @@ class Client:
                 allow_all=allow_all,
             )
         )
+
+
+def _docstrings_from_async() -> None:
+    """Give each written-out twin without a docstring of its own the async method's (the
+    behaviour, arguments and errors are the async method's)."""
+    for name, fn in vars(Client).items():
+        twin = getattr(AsyncClient, name, None)
+        if callable(fn) and not name.startswith("_") and fn.__doc__ is None and twin is not None:
+            fn.__doc__ = twin.__doc__
+
+
+_docstrings_from_async()
 
 
 class SyncTransaction:

@@ -12,7 +12,7 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.client import AsyncClient
-from awa_fast.sync_client import Client, SyncTransaction
+from awa_fast.sync_client import ASYNC_ONLY, Client, SyncTransaction
 from awa_fast.transaction import Transaction
 
 # Worker lifecycle and registration: async client only, as in awa-pg.
@@ -54,6 +54,10 @@ def test_every_async_method_has_a_written_out_sync_twin():
         assert _params(fn) == _params(sync_methods[name]), name
         if inspect.iscoroutinefunction(fn):
             assert not inspect.iscoroutinefunction(sync_methods[name]), name
+    for name in sync_methods:  # each twin is written out in Client itself, a plain function
+        assert inspect.isfunction(vars(Client).get(name)), name
+    assert ASYNC_ONLY == WORKER_ONLY  # the documented list is the one checked here
+    assert Client.get_job.__doc__ == AsyncClient.get_job.__doc__
     tx_async = {n for n, f in _public(Transaction).items()}
     tx_sync = {n for n, f in _public(SyncTransaction).items()}
     assert tx_async == tx_sync
