@@ -11,7 +11,7 @@ Parameters are named (``%(name)s``); the web layer runs these on connections wit
 prepared statements, so each is planned with its actual values.
 """
 
-from awa_fast.sql import S
+from awa_fast.sql.fragments import S
 
 # Bounds (ids, rows) shared with the web layer, which shows them on the pages.
 SCAN_WINDOW_IDS = 50_000  # a job list page examines at most this many ids

@@ -1,0 +1,102 @@
+"""Failure settlement and consequences: the settle / owe / defer transitions the reconciler
+and the worker's failure path run, corrections of completed jobs and the verify pass.
+"""
+
+from awa_fast.sql.fragments import CONSEQUENCE_COLUMNS, JOB_COLUMNS, S, ends_attempt
+
+LOCK_RUNNING = f"""
+SELECT {JOB_COLUMNS}, {CONSEQUENCE_COLUMNS} FROM {S}.jobs
+WHERE id = %s AND run_lease = %s AND state = 'running' FOR UPDATE"""
+
+# heartbeat_at: a running row gets %(mark)s (NULL from the worker, whose handler returned; the
+# live attempt's heartbeat from fail_external), a row that already left 'running' keeps its
+# "still running" mark; dead_letter_if_enabled carries it into the DLQ entry.
+_SETTLE_MARK = "CASE WHEN state = 'running' THEN %(mark)s::timestamptz ELSE heartbeat_at END"
+
+SETTLE_FAILED = f"""
+UPDATE {S}.jobs
+SET state = 'failed', finalized_at = now(), {ends_attempt(_SETTLE_MARK)},
+    consequence_state = %(consequence)s, consequence_reason = %(reason)s,
+    consequence_path = CASE WHEN %(consequence)s::text = 'applied' THEN %(path)s END,
+    consequence_applied_at = CASE WHEN %(consequence)s::text = 'applied' THEN now() END,
+    consequence_retry_at = NULL, consequence_error = NULL
+WHERE id = %(id)s"""
+
+# A failing job whose consequence did not apply stays consequence_pending (a corrected job stays
+# failed); either way the consequence is owed and retried after retry_in seconds.
+MARK_CONSEQUENCE_PENDING = f"""
+UPDATE {S}.jobs
+SET state = CASE WHEN state = 'failed' THEN state ELSE 'consequence_pending' END,
+    {ends_attempt(_SETTLE_MARK)},
+    consequence_state = 'owed', consequence_reason = %(reason)s, consequence_path = %(path)s,
+    consequence_error = %(error)s, consequence_attempts = consequence_attempts + 1,
+    consequence_retry_at = now() + %(retry_in)s * interval '1 second'
+WHERE id = %(id)s"""
+
+# The worker's failure path, first transaction: the failure is recorded (consequence_pending,
+# owed, due now) before the effect runs, so a crash after the effect's outside part leaves a
+# debt the reconciler repeats under the same idempotency key (models/settlement.pml).
+OWE_FAILURE = f"""
+UPDATE {S}.jobs
+SET state = 'consequence_pending',
+    {ends_attempt(_SETTLE_MARK)},
+    consequence_state = 'owed', consequence_reason = %(reason)s, consequence_path = %(path)s,
+    consequence_error = NULL, consequence_retry_at = now()
+WHERE id = %(id)s"""
+
+MARK_CONSEQUENCE_APPLIED = f"""
+UPDATE {S}.jobs
+SET consequence_state = %(state)s, consequence_path = %(path)s,
+    consequence_applied_at = CASE WHEN %(state)s::text = 'applied' THEN now() END,
+    consequence_retry_at = NULL, consequence_error = NULL
+WHERE id = %(id)s"""
+
+OWED_DUE = f"""
+SELECT id FROM {S}.jobs
+WHERE consequence_state = 'owed' AND consequence_retry_at <= now()
+ORDER BY consequence_retry_at LIMIT %s"""
+
+# A due owed job the reconciler could not settle (its settlement raised, or this process does
+# not know its kind): pushed out by a doubling backoff, so it leaves the front of OWED_DUE and
+# the other owed jobs proceed. Params: id, error, base_s, cap_s.
+DEFER_OWED = f"""
+UPDATE {S}.jobs
+SET consequence_attempts = consequence_attempts + 1, consequence_error = %(error)s,
+    consequence_retry_at = now() + LEAST(%(base_s)s * power(2, consequence_attempts),
+                                         %(cap_s)s) * interval '1 second'
+WHERE id = %(id)s AND consequence_state = 'owed'
+RETURNING consequence_retry_at"""
+
+LOCK_OWED = f"""
+SELECT {JOB_COLUMNS}, {CONSEQUENCE_COLUMNS} FROM {S}.jobs
+WHERE id = %s AND consequence_state = 'owed' AND consequence_retry_at <= now()
+  AND state IN ('consequence_pending', 'failed')
+FOR UPDATE SKIP LOCKED"""
+
+CORRECT_TO_FAILED = f"""
+UPDATE {S}.jobs
+SET state = 'failed', finalized_at = now(), errors = errors || %(error)s::jsonb,
+    consequence_state = %(cstate)s, consequence_reason = 'corrected',
+    consequence_path = 'reconciliation', consequence_retry_at = now(),
+    consequence_applied_at = NULL, consequence_error = NULL
+WHERE id = %(id)s AND state = 'completed'
+RETURNING {JOB_COLUMNS}"""
+
+CONSEQUENCES_OWED = f"""
+SELECT id, kind, queue, state::text, consequence_reason, consequence_path, consequence_attempts,
+       consequence_error, consequence_retry_at,
+       (consequence_attempts > 0 OR consequence_retry_at < now() - interval '60 seconds') AS overdue
+FROM {S}.jobs WHERE consequence_state = 'owed' ORDER BY id LIMIT %s"""
+
+UNVERIFIED_COMPLETED = f"""
+SELECT {JOB_COLUMNS} FROM {S}.jobs
+WHERE kind = ANY(%s) AND state = 'completed' AND verified_at IS NULL
+  AND finalized_at > now() - %s * interval '1 second'
+ORDER BY id LIMIT %s"""
+
+MARK_VERIFIED = f"UPDATE {S}.jobs SET verified_at = now() WHERE id = ANY(%s)"
+
+# The verify pass re-checks, under the row lock, that the job is still unverified and completed.
+LOCK_UNVERIFIED = f"""
+SELECT id FROM {S}.jobs WHERE id = %s AND state = 'completed' AND verified_at IS NULL
+FOR UPDATE SKIP LOCKED"""

@@ -1,0 +1,99 @@
+"""Fragments several statement modules share: the schema name, column lists, predicates that
+more than one concern tests, and the SET items that end an attempt (``ends_attempt``).
+"""
+
+S = "awa_fast"
+
+JOB_COLUMNS = (
+    "id, kind, queue, args, state, priority, attempt, max_attempts, run_at, heartbeat_at, "
+    "deadline_at, attempted_at, finalized_at, created_at, errors, metadata, tags, unique_key, "
+    "unique_states, callback_id, callback_timeout_at, run_lease, progress"
+)
+
+J_JOB_COLUMNS = ", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))
+
+
+def ends_attempt(heartbeat_at: str | None = "NULL") -> str:
+    """The SET items that end an attempt: no deadline, no callback wait. ``heartbeat_at``: the
+    SQL expression the column gets, or None to keep it (a live handler's "still running" mark,
+    see _ATTEMPT_STILL_RUNS)."""
+    cleared = "deadline_at = NULL, callback_id = NULL, callback_timeout_at = NULL"
+    return cleared if heartbeat_at is None else f"heartbeat_at = {heartbeat_at}, {cleared}"
+
+
+# The SET items of every completion (the worker's, batched or not, and an external one).
+COMPLETED = f"state = 'completed', finalized_at = now(), progress = NULL, {ends_attempt()}"
+
+
+# A row's unique key is held by ANOTHER row (that row's state is in that row's mask): the
+# predicate of idx_awa_fast_jobs_unique, so the lookup uses that index.
+def _key_held_by_other(alias: str) -> str:
+    return (
+        f"EXISTS (SELECT 1 FROM {S}.jobs h WHERE h.unique_key = {alias}.unique_key "
+        f"AND h.id <> {alias}.id AND h.unique_key IS NOT NULL "
+        f"AND (h.unique_states & (1 << {S}.state_bit(h.state))) <> 0)"
+    )
+
+
+# A row whose next state would take a unique key another job holds: cancelled as a duplicate.
+# Each use adds its own guard, so a row that moved on meanwhile is left alone. A duplicate
+# never holds the key as cancelled (the cancelled bit leaves its mask): with a mask holding
+# `cancelled` the cancel itself would collide with a cancelled holder and the attempt could
+# not settle at all. ``mark``: the SQL expression heartbeat_at gets.
+def _cancel_duplicate(mark: str) -> str:
+    return f"""
+UPDATE {S}.jobs j
+SET state = 'cancelled', finalized_at = now(),
+    unique_states = j.unique_states & ~(1 << {S}.state_bit('cancelled')),
+    {ends_attempt(mark)},
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'error', 'cancelled as duplicate: another job holds its unique key',
+        'attempt', attempt, 'at', now()))
+"""
+
+
+# Rescue of attempts whose worker is presumed dead or whose deadline passed. attempt is kept: the
+# next claim counts a new attempt. On the final attempt the job fails -- or, for kinds with a
+# failure consequence, waits in consequence_pending for the reconciler to apply it and settle.
+# A kind owes a consequence when this process knows it has one -- or does not know the kind at
+# all (its declaration lives elsewhere): then it waits, owed and visible, for a reconciler that does.
+_OWES = "(j.kind = ANY(%(consequence_kinds)s) OR NOT j.kind = ANY(%(known_kinds)s))"
+
+
+# The SET list of rescue and prompt failure, over `r` (its CTE of locked rows: `owes` is _OWES
+# of the row, evaluated once there; `exhausted_reason`, `message`). ``mark``: the SQL expression
+# heartbeat_at gets.
+def _rescue_set(mark: str) -> str:
+    return f"""
+    state = (CASE WHEN j.attempt < j.max_attempts THEN 'retryable'
+                  WHEN r.owes THEN 'consequence_pending'
+                  ELSE 'failed' END)::{S}.job_state,
+    finalized_at = CASE WHEN j.attempt >= j.max_attempts AND NOT r.owes THEN now() END,
+    {ends_attempt(mark)},
+    consequence_state = CASE WHEN j.attempt >= j.max_attempts AND r.owes THEN 'owed' END,
+    consequence_reason = CASE WHEN j.attempt >= j.max_attempts THEN r.exhausted_reason END,
+    consequence_path = CASE WHEN j.attempt >= j.max_attempts AND r.owes THEN 'failure' END,
+    consequence_retry_at = CASE WHEN j.attempt >= j.max_attempts AND r.owes THEN now() END,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'error', r.message, 'attempt', j.attempt, 'at', now()) ||
+        CASE WHEN j.attempt >= j.max_attempts THEN '{{"terminal": true}}'::jsonb
+             ELSE '{{}}'::jsonb END)"""
+
+
+# "The attempt still runs": a row that is not 'running' but whose heartbeat_at is set and fresh.
+# Only a live handler keeps it so (the worker's heartbeat refreshes it, ACK_ATTEMPT_ENDED
+# clears it, a dead worker's mark goes stale); every other transition out of 'running' clears
+# heartbeat_at. Admin paths that would start a new attempt refuse such a row: the new attempt
+# would overlap the old one.
+_ATTEMPT_STILL_RUNS = """state <> 'running' AND heartbeat_at IS NOT NULL
+      AND heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond'"""
+
+# Rows of these two carry the consequence columns after JOB_COLUMNS.
+CONSEQUENCE_COLUMNS = "consequence_reason, consequence_path, consequence_attempts"
+
+# Failed jobs an admin bulk call may act on (retry_failed, move to the DLQ, discard), by kind
+# and/or queue (NULL = any). A job whose failure consequence is still owed is never touched:
+# retrying, moving or deleting it would lose the consequence (the reconciler sees only jobs).
+_SETTLED_FAILED = """j.state = 'failed' AND j.consequence_state IS DISTINCT FROM 'owed'
+      AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)"""

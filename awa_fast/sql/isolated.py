@@ -1,0 +1,77 @@
+"""The registry of bulk statements and their row-by-row fallbacks (``bulk.run_isolated``)."""
+
+from awa_fast.sql.admin import (
+    _DRAINABLE,
+    _RETRYABLE_FAILED,
+    DISCARD_FAILED,
+    DISCARD_FAILED_ONE,
+    DRAIN_ONE,
+    DRAIN_QUEUE,
+    DRAINABLE_IDS,
+    FAILED_IDS,
+    RETRY_FAILED,
+    RETRY_FAILED_ONE,
+    SETTLED_FAILED_IDS,
+)
+from awa_fast.sql.claim import _CLAIMABLE, CLAIM, CLAIM_CANDIDATES, CLAIM_ONE
+from awa_fast.sql.dlq import (
+    _DLQ_FILTER,
+    DEAD_LETTER,
+    DEAD_LETTER_MANY,
+    DLQ_MATCHING_IDS,
+    DLQ_MOVE_BULK,
+    DLQ_MOVE_ONE,
+    DLQ_PURGE,
+    DLQ_PURGE_MATCHING_ONE,
+    DLQ_RETRY_BULK,
+    DLQ_RETRY_ONE,
+)
+from awa_fast.sql.finalize import COMPLETE_MANY, HEARTBEAT
+from awa_fast.sql.fragments import _SETTLED_FAILED, S
+from awa_fast.sql.maintenance import (
+    _CALLBACK_EXPIRED,
+    _DLQ_PRUNABLE,
+    _DUE,
+    _PRUNABLE,
+    _STALE,
+    CANCEL_AS_DUPLICATE,
+    CANCEL_RESCUED_DUPLICATE,
+    DUE_IDS,
+    PROMOTE,
+    PROMOTE_ONE,
+    PRUNE,
+    PRUNE_DLQ,
+    PRUNE_DLQ_IDS,
+    PRUNE_DLQ_ONE,
+    PRUNE_IDS,
+    PRUNE_ONE,
+    RESCUE,
+    RESCUE_CALLBACK_CANDIDATES,
+    RESCUE_CALLBACKS,
+    RESCUE_CANDIDATES,
+)
+
+# Every bulk statement run through bulk.run_isolated, with the statements of its row-by-row
+# fallback (candidates, one row, duplicate cancel): each carries the family's one guard
+# fragment (checked by tests/test_hardening_wedge.py). Complete, heartbeat, rescue and the
+# dead-letter move redo rows with the bulk statement itself (one-element arrays / %(only)s).
+ISOLATED = {
+    "claim": (_CLAIMABLE, (CLAIM, CLAIM_CANDIDATES, CLAIM_ONE)),
+    "promote": (_DUE, (PROMOTE, DUE_IDS, PROMOTE_ONE, CANCEL_AS_DUPLICATE)),
+    "rescue": (_STALE, (RESCUE, RESCUE_CANDIDATES, CANCEL_RESCUED_DUPLICATE)),
+    "rescue_callbacks": (
+        _CALLBACK_EXPIRED,
+        (RESCUE_CALLBACKS, RESCUE_CALLBACK_CANDIDATES, CANCEL_RESCUED_DUPLICATE),
+    ),
+    "retry_failed": (_RETRYABLE_FAILED, (RETRY_FAILED, FAILED_IDS, RETRY_FAILED_ONE)),
+    "drain_queue": (_DRAINABLE, (DRAIN_QUEUE, DRAINABLE_IDS, DRAIN_ONE)),
+    "dlq_retry": (_DLQ_FILTER, (DLQ_RETRY_BULK, DLQ_MATCHING_IDS, DLQ_RETRY_ONE)),
+    "dlq_purge": (_DLQ_FILTER, (DLQ_PURGE, DLQ_MATCHING_IDS, DLQ_PURGE_MATCHING_ONE)),
+    "dlq_move": (_SETTLED_FAILED, (DLQ_MOVE_BULK, SETTLED_FAILED_IDS, DLQ_MOVE_ONE)),
+    "discard_failed": (_SETTLED_FAILED, (DISCARD_FAILED, SETTLED_FAILED_IDS, DISCARD_FAILED_ONE)),
+    "complete": ("j.run_lease = b.lease AND j.state = 'running'", (COMPLETE_MANY,)),
+    "heartbeat": ("j.run_lease = b.lease", (HEARTBEAT,)),
+    "dead_letter": (f"{S}.dead_letter_if_enabled(", (DEAD_LETTER_MANY, DEAD_LETTER)),
+    "prune": (_PRUNABLE, (PRUNE, PRUNE_IDS, PRUNE_ONE)),
+    "prune_dlq": (_DLQ_PRUNABLE, (PRUNE_DLQ, PRUNE_DLQ_IDS, PRUNE_DLQ_ONE)),
+}

@@ -1,0 +1,53 @@
+"""The maintenance leader: its advisory lock, the epoch fencing (docs/architecture.md, "the
+leader's fencing rule") and the displacement of a frozen leader and its frozen passes.
+"""
+
+from awa_fast.sql.fragments import S
+
+# Arbitrary constant: the advisory-lock key of the maintenance leader.
+LEADER_LOCK_KEY = 0x6177615F6C6561  # "awa_lea"
+
+TRY_LEADER = "SELECT pg_try_advisory_lock(%s)"
+
+# A frozen leader (SIGSTOPped, its loop blocked) keeps its lock connection open, so the lock
+# never frees. A live leader runs LEADER_EPOCH on that connection at least every
+# staleness / 3 (Maintenance.run), so a holder idle longer than %(stale_ms)s is frozen: its lock
+# connection is terminated, and with it every transaction it left open on the leader row (a
+# pass frozen mid-way, idle in transaction as long), which the epoch bump would wait for. The
+# epoch fencing keeps whatever it does when continued from writing anything.
+_FROZEN_PASSES = f"""
+    SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.relation = '{S}.leader'::regclass
+      AND a.pid <> pg_backend_pid() AND a.state = 'idle in transaction'
+      AND a.state_change < now() - %(stale_ms)s * interval '1 millisecond'"""
+
+DISPLACE_FROZEN_LEADER = f"""
+WITH holder AS (
+    SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
+              SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.classid = (%(key)s::bigint >> 32)::oid
+      AND l.objid = (%(key)s::bigint & 4294967295)::oid
+      AND l.objsubid = 1 AND a.state = 'idle'
+      AND a.state_change < now() - %(stale_ms)s * interval '1 millisecond'),
+open_passes AS ({_FROZEN_PASSES}
+      AND EXISTS (SELECT FROM holder))
+SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
+FROM (SELECT pid FROM holder UNION SELECT pid FROM open_passes) frozen"""
+
+# Run by a process that holds the advisory lock but whose epoch bump timed out: a pass of the
+# displaced leader that froze a moment after its lock connection (so was not yet stale when the
+# holder was terminated) still holds the leader row; once idle in transaction longer than
+# %(stale_ms)s it is frozen too and is terminated, so the bump can go through.
+DISPLACE_FROZEN_PASSES = f"""
+SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM ({_FROZEN_PASSES}) frozen"""
+
+# Taking leadership: bump the epoch. The UPDATE waits for every transaction still holding the
+# old epoch FOR SHARE (an old leader's pass in flight); afterwards any such pass finds no row.
+LEADER_BUMP = f"""
+UPDATE {S}.leader SET epoch = epoch + 1, holder = %s, since = now() RETURNING epoch"""
+
+# First statement of every leader write transaction.
+LEADER_FENCE = f"SELECT epoch FROM {S}.leader WHERE epoch = %s FOR SHARE"
+
+LEADER_EPOCH = f"SELECT epoch FROM {S}.leader"

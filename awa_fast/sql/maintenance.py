@@ -1,0 +1,152 @@
+"""The maintenance passes: promotion of due jobs, rescue of stale / past-deadline attempts and
+expired callback waits, retention (jobs and DLQ), priority aging, pruning of worker presence
+and of unread callback expressions. Each bulk pass has a row-by-row twin with the same guard
+(``ISOLATED``).
+"""
+
+from awa_fast.sql.fragments import _OWES, S, _cancel_duplicate, _rescue_set
+
+# Promotion guard (bulk and row by row): due scheduled / retryable rows -- except one whose
+# previous attempt still runs (a deadline rescue of a live def-handler thread keeps the
+# "still running" mark, see _ATTEMPT_STILL_RUNS): it waits until the mark is cleared or stale.
+_DUE = """j.state IN ('scheduled', 'retryable') AND j.run_at <= now()
+      AND NOT (j.heartbeat_at IS NOT NULL
+               AND j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond')"""
+
+PROMOTE = f"""
+WITH d AS (
+    SELECT j.id FROM {S}.jobs j WHERE {_DUE}
+    ORDER BY j.run_at, j.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+UPDATE {S}.jobs j SET state = 'available' FROM d WHERE j.id = d.id
+RETURNING j.id, j.queue"""
+
+DUE_IDS = f"""
+SELECT j.id FROM {S}.jobs j WHERE {_DUE} ORDER BY j.run_at, j.id LIMIT %(limit)s"""
+
+PROMOTE_ONE = f"""
+UPDATE {S}.jobs j SET state = 'available' WHERE j.id = %(id)s AND {_DUE}
+RETURNING j.id, j.queue"""
+
+# Rescue guards (bulk, candidates, row by row and the duplicate cancel share them): a running
+# attempt whose heartbeat is stale or whose deadline passed; a parked job whose callback timed out.
+_STALE = """j.state = 'running'
+      AND (j.heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
+           OR (j.deadline_at IS NOT NULL AND j.deadline_at < now()))"""
+
+_CALLBACK_EXPIRED = "j.state = 'waiting_external' AND j.callback_timeout_at < now()"
+
+RESCUE_CANDIDATES = f"""
+SELECT j.id FROM {S}.jobs j WHERE {_STALE} ORDER BY j.id LIMIT %(limit)s"""
+
+RESCUE_CALLBACK_CANDIDATES = f"""
+SELECT j.id FROM {S}.jobs j WHERE {_CALLBACK_EXPIRED} ORDER BY j.id LIMIT %(limit)s"""
+
+# A rescued attempt whose heartbeat is still fresh (deadline passed or callback timed out while
+# the worker lives: a def handler's thread cannot be stopped) keeps heartbeat_at as its "still
+# running" mark: promotion and retries wait until the worker clears it or it goes stale.
+_KEEP_FRESH_MARK = """CASE WHEN j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond'
+                        THEN j.heartbeat_at END"""
+
+# Rescue's per-row fallback: only a row that is still the stale attempt being rescued (a live
+# attempt's fresh mark is kept, as rescue keeps it).
+CANCEL_RESCUED_DUPLICATE = f"""{_cancel_duplicate(_KEEP_FRESH_MARK)}WHERE j.id = %(id)s
+  AND (({_STALE}) OR ({_CALLBACK_EXPIRED}))"""
+
+# ... a due scheduled/retryable row whose promotion collided.
+CANCEL_AS_DUPLICATE = f"""{_cancel_duplicate("NULL")}WHERE j.id = %(id)s AND {_DUE}"""
+
+RESCUE = f"""
+WITH r AS (
+    SELECT id,
+           CASE WHEN deadline_at IS NOT NULL AND deadline_at < now() THEN 'deadline_exceeded'
+                ELSE 'stale_heartbeat' END AS rescue_reason,
+           CASE WHEN deadline_at IS NOT NULL AND deadline_at < now() THEN 'deadline_exhausted'
+                ELSE 'rescue_exhausted' END AS exhausted_reason,
+           CASE WHEN deadline_at IS NOT NULL AND deadline_at < now() THEN 'hard deadline exceeded'
+                ELSE 'heartbeat stale: worker presumed dead' END AS message,
+           {_OWES} AS owes
+    FROM {S}.jobs j
+    WHERE {_STALE}
+      AND (%(only)s::bigint IS NULL OR id = %(only)s)
+    ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+UPDATE {S}.jobs j SET {_rescue_set(_KEEP_FRESH_MARK)}, run_at = now()
+FROM r WHERE j.id = r.id
+RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
+
+# Parked jobs whose callback timed out: retried with backoff, or failed on the final attempt.
+RESCUE_CALLBACKS = f"""
+WITH r AS (
+    SELECT id, 'expired_callback' AS rescue_reason, 'callback_timeout' AS exhausted_reason,
+           'callback timed out' AS message, {_OWES} AS owes
+    FROM {S}.jobs j
+    WHERE {_CALLBACK_EXPIRED}
+      AND (%(only)s::bigint IS NULL OR id = %(only)s)
+    ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+UPDATE {S}.jobs j SET {_rescue_set(_KEEP_FRESH_MARK)},
+    run_at = now() + LEAST(power(2, j.attempt) * (1 + random() * 0.25), 86400) * interval '1 second'
+FROM r WHERE j.id = r.id
+RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
+
+# Prune guard (bulk and row by row): terminal rows past their retention.
+# A row whose failure consequence is still owed is kept past retention: deleting it would drop
+# the debt (models/settlement.pml, nothing_owed_is_lost).
+_PRUNABLE = """((j.state = 'completed'
+        AND j.finalized_at < now() - %(completed_s)s * interval '1 second')
+       OR (j.state IN ('failed', 'cancelled')
+           AND j.finalized_at < now() - %(failed_s)s * interval '1 second'))
+      AND j.consequence_state IS DISTINCT FROM 'owed'"""
+
+PRUNE = f"""
+DELETE FROM {S}.jobs WHERE id IN (
+    SELECT j.id FROM {S}.jobs j WHERE {_PRUNABLE} LIMIT %(limit)s)
+RETURNING id"""
+
+PRUNE_IDS = f"SELECT j.id FROM {S}.jobs j WHERE {_PRUNABLE} LIMIT %(limit)s"
+
+PRUNE_ONE = f"DELETE FROM {S}.jobs j WHERE j.id = %(id)s AND {_PRUNABLE} RETURNING id"
+
+# Maintenance: DLQ retention (independent of the jobs' retention).
+_DLQ_PRUNABLE = "d.dlq_at < now() - %(dlq_s)s * interval '1 second'"
+
+PRUNE_DLQ = f"""
+DELETE FROM {S}.dlq WHERE id IN (
+    SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit)s)
+RETURNING id"""
+
+PRUNE_DLQ_IDS = f"SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit)s"
+
+PRUNE_DLQ_ONE = f"DELETE FROM {S}.dlq d WHERE d.id = %(id)s AND {_DLQ_PRUNABLE} RETURNING id"
+
+# Priority aging (awa's ADR-005 rule): an available job waiting k whole intervals has priority
+# max(1, original - k); the original is kept in metadata._awa_original_priority. Computed from
+# run_at, so repeated or concurrent passes agree (no leader needed). Params: queue, interval_ms,
+# limit. Returns the aged ids.
+AGE_PRIORITIES = f"""
+WITH c AS (
+    SELECT id, COALESCE((metadata->>'_awa_original_priority')::int, priority) AS orig,
+           GREATEST(1, COALESCE((metadata->>'_awa_original_priority')::int, priority)
+               - floor(extract(epoch FROM now() - run_at) * 1000 / %(interval_ms)s))::smallint AS p
+    FROM {S}.jobs
+    WHERE state = 'available' AND queue = %(queue)s AND priority > 1
+      AND run_at <= now() - %(interval_ms)s * interval '1 millisecond'
+      AND GREATEST(1, COALESCE((metadata->>'_awa_original_priority')::int, priority)
+               - floor(extract(epoch FROM now() - run_at) * 1000 / %(interval_ms)s)) < priority
+    ORDER BY run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {S}.jobs j
+SET priority = c.p,
+    metadata = j.metadata || jsonb_build_object('_awa_original_priority', c.orig)
+FROM c WHERE j.id = c.id AND j.state = 'available'
+RETURNING j.id"""
+
+WORKERS_PRUNE = f"DELETE FROM {S}.workers WHERE expires_at < now() - interval '1 hour'"
+
+# Expressions of callbacks no job waits on any more (resolved, completed, timed out, pruned).
+CALLBACK_EXPRESSIONS_PRUNE = f"""
+DELETE FROM {S}.callback_expressions e
+WHERE NOT EXISTS (SELECT 1 FROM {S}.jobs j WHERE j.id = e.job_id AND j.callback_id = e.callback_id)"""

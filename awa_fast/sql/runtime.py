@@ -1,0 +1,42 @@
+"""What a running process says and checks: worker presence, wake-up notifications, the schema
+version check at start, storage history and queue health.
+"""
+
+from awa_fast.sql.admin import UNHANDLED_AVAILABLE
+from awa_fast.sql.fragments import S
+
+NOTIFY_QUEUE = "SELECT pg_notify('awa_fast', %s)"
+
+NOTIFY_CANCEL = "SELECT pg_notify('awa_fast_cancel', %s)"
+
+CHANNEL_QUEUE = "awa_fast"
+
+CHANNEL_CANCEL = "awa_fast_cancel"
+
+
+HEALTH_AVAILABLE = f"""
+SELECT queue, count(*) FROM {S}.jobs WHERE state = 'available' AND queue = ANY(%s)
+GROUP BY queue"""
+
+# storage_status(): when the schema was first and last migrated, and its version.
+STORAGE_HISTORY = f"""
+SELECT min(applied_at), max(applied_at), max(version) FROM {S}.schema_version"""
+
+# Worker presence (awa_fast.workers): which queues and kinds each live process claims.
+WORKER_SEEN = f"""
+INSERT INTO {S}.workers (instance, queues, kinds, expires_at)
+VALUES (%(instance)s, %(queues)s, %(kinds)s, now() + %(ttl_ms)s * interval '1 millisecond')
+ON CONFLICT (instance) DO UPDATE
+SET queues = EXCLUDED.queues, kinds = EXCLUDED.kinds, seen_at = now(),
+    expires_at = EXCLUDED.expires_at"""
+
+WORKER_GONE = f"DELETE FROM {S}.workers WHERE instance = %s"
+
+# The kinds waiting in this process's queues that no live worker handles (logged once each).
+UNHANDLED_IN_QUEUES = f"""
+SELECT queue, kind, n FROM ({UNHANDLED_AVAILABLE}) x WHERE queue = ANY(%s) ORDER BY 1, 2"""
+
+# Schema version check at start(): a worker on an unmigrated database fails fast.
+SCHEMA_PRESENT = f"SELECT to_regclass('{S}.schema_version') IS NOT NULL"
+
+SCHEMA_VERSION = f"SELECT max(version) FROM {S}.schema_version"
