@@ -16,7 +16,7 @@ from awa_fast import sql
 from awa_fast.job import Job
 from awa_fast.worker import executor as ex
 from awa_fast.worker.context import JobContext
-from awa_fast.worker.finalizer import Finalizer
+from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.follow_ups import FollowUps
 from awa_fast.worker.registry import args_decoder
 
@@ -120,7 +120,6 @@ class AwaTestClient:
 
     def __init__(self, client: Any):
         self.client = client
-        self._finalizer: Finalizer | None = None
 
     async def insert(self, args: Any, **opts: Any) -> Job:
         return await self.client.insert(args, **opts)
@@ -138,9 +137,10 @@ class AwaTestClient:
         self, args_type: Any, handler: Callable, *, kind: str | None = None, queue: str = "default"
     ) -> WorkResult:
         """Claim one available job of ``kind`` (default: derived from ``args_type``) in
-        ``queue`` -- bumping its run lease --, run ``handler`` and apply the outcome in one
-        guarded transaction, exactly as the runtime does: staged follow-ups are inserted in that
-        transaction on completion, poisoning applies, and they are discarded otherwise.
+        ``queue`` -- bumping its run lease --, run ``handler`` and apply the outcome with the
+        runtime's statements (an inline ``Finalizer``): staged follow-ups are inserted with the
+        completion, poisoning applies, and they are discarded otherwise; an outcome that cannot
+        be written is recorded as a prompt failure (``applied`` is then False).
         """
         from awa_fast.requests import kind_for_type
         from awa_fast.worker.registry import Registry
@@ -157,12 +157,13 @@ class AwaTestClient:
         handler_rec = Registry().register(
             args_type, _recording(handler, raised), kind=kind, queue=queue
         )
-        if self._finalizer is None:
-            self._finalizer = Finalizer(self.client.pool, flushers=0)
-        self._finalizer.spec_runner = getattr(self.client, "specs", None)
-        self._finalizer.settler = getattr(self.client, "settler", None)
+        finalizer = Finalizer.inline(
+            self.client.pool,
+            specs=getattr(self.client, "specs", None),
+            settler=getattr(self.client, "settler", None),
+        )
         outcome = await ex.execute(handler_rec, ctx)
-        applied = await self._finalizer.finalize(ctx, outcome)
+        applied = await finalizer.submit(FinalizeRequest.of(ctx, outcome)) is Finalized.APPLIED
         async with pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(sql.TESTING_JOB_ROW, (ctx.id,))

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import re
 
 import psycopg
 import pytest
 
 import awa_fast as awa
+from awa_fast import sql
 from awa_fast.testing import AwaTestClient, HandlerJob
 from awa_fast.worker import executor as ex
 from tests.support import exploding_inserts, job_row, scalar, wait_for, wait_state
@@ -372,8 +374,10 @@ async def test_finalize_retry_after_a_terminated_backend_inserts_once(dsn, clien
     async def stage_a(job):
         job.enqueue_on_completion(StageB("once"))
 
-    async def kill_before_commit(conn, ctx):
-        calls.append(ctx.id)
+    async def kill_before_commit(conn, statement, requests):
+        if statement is not sql.COMPLETE_WITH_FOLLOW_UPS:
+            return  # B's compact completion
+        calls.append(requests[0].attempt.id)
         if len(calls) == 1:
             pid = conn.info.backend_pid
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
@@ -381,7 +385,7 @@ async def test_finalize_retry_after_a_terminated_backend_inserts_once(dsn, clien
 
     job = await client.insert(StageA("a"))
     await client.start([("default", 1)], **FAST)
-    client.runtime.finalizer.before_commit = kill_before_commit
+    client.runtime.finalizer.inject_faults(before_commit=kill_before_commit)
     await wait_state(dsn, job.id, "completed")
     assert len(calls) == 2 and client.runtime.finalizer.stats["retries"] == 1
     assert await b_items(dsn) == ["once"]
@@ -394,17 +398,65 @@ async def test_lost_commit_acknowledgement_replays_as_stale(dsn, client):
     async def stage_a(job):
         job.enqueue_on_completion(StageB("once"))
 
-    async def lose_ack(conn, ctx):
-        if not results:
+    async def lose_ack(conn, statement, requests):
+        if statement is sql.COMPLETE_WITH_FOLLOW_UPS and not results:
             results.append("lost")
             raise psycopg.OperationalError("simulated: connection lost after COMMIT was sent")
 
     job = await client.insert(StageA("a"))
     await client.start([("default", 1)], **FAST)
-    client.runtime.finalizer.after_commit = lose_ack
+    client.runtime.finalizer.inject_faults(after_commit=lose_ack)
     await wait_state(dsn, job.id, "completed")
     await wait_for(lambda: _true(client.runtime.finalizer.stats["stale"]), what="stale replay")
     assert await b_items(dsn) == ["once"]
+
+
+def _shape(text: str) -> str:
+    """A statement with its placeholders (psycopg's ``%s`` or the server's ``$n``) unified."""
+    return re.sub(r"%s|\$\d+", "?", text).strip()
+
+
+async def test_fault_hooks_wrap_the_statements_production_runs(dsn, client):
+    # The hooks never change the path: a completion with follow-ups still commits through
+    # sql.COMPLETE_WITH_FOLLOW_UPS (the constant itself), a plain one through the compact
+    # sql.COMPLETE_MANY, a retry through sql.TRANSITION -- and right after the commit, the
+    # backend's last statement (pg_stat_activity, read from another session) is that text.
+    seen: dict[str, list] = {"before": [], "after": []}
+
+    @client.task(StageA)
+    async def stage_a(job):
+        job.enqueue_on_completion(StageB("x"))
+        if job.args.mode == "retry":
+            return awa.RetryAfter(3600)
+
+    b_handler(client)
+
+    async def before(conn, statement, requests):
+        seen["before"].append((statement, requests[0].attempt.kind, requests[0].outcome.kind))
+
+    async def after(conn, statement, requests):
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+            cur = await other.execute(
+                "SELECT query FROM pg_stat_activity WHERE pid = %s", (conn.info.backend_pid,)
+            )
+            (ran,) = await cur.fetchone()
+        seen["after"].append((statement, ran))
+
+    await client.start([("default", 1)], **FAST)
+    client.runtime.finalizer.inject_faults(before_commit=before, after_commit=after)
+    await client.insert(StageA("a"))
+    await client.insert(StageA("r", mode="retry"))
+    await wait_for(lambda: _true(len(seen["after"]) >= 3), what="three commits")
+    kinds = {(kind, outcome): statement for statement, kind, outcome in seen["before"]}
+    assert kinds[("stage_a", ex.COMPLETED)] is sql.COMPLETE_WITH_FOLLOW_UPS
+    assert kinds[("stage_b", ex.COMPLETED)] is sql.COMPLETE_MANY
+    assert kinds[("stage_a", ex.RETRY)] is sql.TRANSITION
+    for statement, ran in seen["after"]:
+        if statement is sql.TRANSITION:
+            assert ran == "COMMIT"  # a transaction: the hook ran just before its COMMIT
+        else:  # pg_stat_activity keeps the first 1024 bytes (track_activity_query_size)
+            full, got = _shape(statement), _shape(ran)
+            assert full.startswith(got) and (got == full or len(ran.encode()) >= 1000)
 
 
 # -- registered specs (ADR-029) ---------------------------------------------------------------------

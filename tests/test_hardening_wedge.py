@@ -19,7 +19,9 @@ import pytest
 import awa_fast as awa
 from awa_fast import bulk, enqueue, sql
 from awa_fast.requests import prepare
-from awa_fast.worker.finalizer import Finalizer
+from awa_fast.worker.context import JobContext
+from awa_fast.worker.executor import COMPLETED, Outcome
+from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 from tests.support import exploding_inserts, failing_rows, job_row, scalar, wait_for
@@ -357,25 +359,41 @@ async def test_class1_heartbeat_isolates_a_row_its_update_fails(dsn, client):
     assert rows[bad.id]["progress"] is None
 
 
+def _attempt(job_id: int, kind: str) -> JobContext:
+    """The attempt ``_make_running`` made (run lease 1), as a claim would hand it over."""
+    return JobContext(
+        (job_id, kind, "default", {}, 2, 1, 25, None, None, None, "[]", "{}", [], 1, None)
+    )
+
+
 async def test_class1_completion_batch_isolates_a_row_its_update_fails(dsn, client):
     jobs = [await client.insert(Plain(i)) for i in range(4)]
     bad = await client.insert({"x": 1}, kind="explode")
     ids = [j.id for j in jobs] + [bad.id]
     await _make_running(dsn, ids)
-    finalizer = Finalizer(client.pool, flushers=1)
+    finalizer = Finalizer.batching(client.pool, flushers=1)
+    requests = [
+        FinalizeRequest.of(_attempt(i, "explode" if i == bad.id else "plain"), Outcome(COMPLETED))
+        for i in ids
+    ]
     try:
         async with failing_rows(
             dsn, "NEW.kind = 'explode' AND NEW.state = 'completed'", event="UPDATE"
         ):
             results = await asyncio.gather(
-                *(finalizer.complete(i, 1) for i in ids), return_exceptions=True
+                *(finalizer.submit(r) for r in requests), return_exceptions=True
             )
     finally:
         await finalizer.close()
-    assert results[:4] == [True] * 4
-    assert isinstance(results[4], psycopg.Error)  # its waiter learns; the attempt is not lost
+    assert results[:4] == [Finalized.APPLIED] * 4
+    # The four completed in the compact batch, not redone alone; the bad row's completion
+    # failed alone too, and its attempt is not lost: a prompt failure records the error.
+    assert finalizer.stats["compact"] == 4 and finalizer.stats["batches"] >= 1
+    assert results[4] is Finalized.PROMPT_FAILURE and finalizer.stats["prompt_failures"] == 1
     assert await _all_in(dsn, [j.id for j in jobs], "completed")
-    assert (await job_row(dsn, bad.id))["state"] == "running"
+    row = await job_row(dsn, bad.id)
+    assert row["state"] == "retryable"
+    assert "trigger added outside awa-fast" in row["errors"][-1]["error"]
 
 
 # -- admin bulk operations ------------------------------------------------------------------------

@@ -1,38 +1,57 @@
 """Makes attempt outcomes durable. One finalizer per process, shared by its handler tasks.
 
-* Compact path: completions that staged nothing and have no Completed specs are buffered and
-  flushed as one guarded statement per batch (sorted by id); a flush starts as soon as the
-  previous one returns, so batches grow with load (group commit, no timer).
-* Per-job path: every other outcome, and completions with staged follow-ups or registered specs,
-  run in their own transaction: the guarded transition, then registered specs, then staged
-  requests in staging order, inserted by one statement with ``ON CONFLICT`` on the dedup index
-  (a held unique key is skipped, anything else rolls the completion back) -- ADR-029 / ADR-046,
-  ADR 003.
-* Retries (:meth:`Finalizer.finalize`; loop in ``_finalize_requests`` / ``_may_retry``): a
-  deadlock re-runs the whole transaction with the same sealed follow-ups, at most 3 more times,
-  a lost connection at most 6 more times; each retry waits a jittered, doubling pause, and
-  after a connection error the pool's idle connections are checked first (after a server
-  restart they are all dead). A commit whose acknowledgement was lost replays as stale (the
-  guard no longer matches) and inserts nothing.
-* Prompt failure (ADR-046's open extension, :meth:`Finalizer.fail_promptly`): an attempt whose
-  finalize failed for good is failed at once, guarded by its lease, with the error -- it does
-  not wait ``running`` for heartbeat rescue.
+One entry point, :meth:`Finalizer.submit` with a :class:`FinalizeRequest` (the attempt, its
+outcome and its sealed staged follow-ups); the finalizer picks the path:
 
-Every waiter learns ``True`` (applied) or ``False`` (stale: rescued, cancelled or superseded).
+* Compact path: completions that staged nothing and whose Completed specs insert nothing are
+  completed by one guarded statement per batch (``sql.COMPLETE_MANY``, sorted by id); with the
+  batching finalizer a flush starts as soon as the previous one returns, so batches grow with
+  load (group commit, no timer).
+* Staged batch path (opt-in, ``staged_completions="batched"``, ADR 007): completions with
+  follow-ups flushed as one statement per batch (``sql.COMPLETE_MANY_WITH_FOLLOW_UPS``).
+* Per-job path: every other outcome, and by default every completion with staged follow-ups or
+  registered specs, in its own transaction. A completion with follow-ups is one statement
+  (``sql.COMPLETE_WITH_FOLLOW_UPS``: the guarded transition, then registered specs, then staged
+  requests in staging order, inserted with ``ON CONFLICT`` on the dedup index -- a held unique
+  key is skipped, anything else rolls the completion back; ADR-029 / ADR-046, ADR 003). Other
+  outcomes run ``sql.TRANSITION`` (or the settlement of a failure) and their specs' inserts.
+* A batched completion that fails is redone alone on the per-job path (one bad row must not
+  fail the others).
+* Retries (loop in ``_finalize_requests`` / ``_may_retry``): a deadlock re-runs the whole
+  transaction with the same sealed follow-ups, at most 3 more times, a lost connection at most
+  6 more times; each retry waits a jittered, doubling pause, and after a connection error the
+  pool's idle connections are checked first (after a server restart they are all dead). A
+  commit whose acknowledgement was lost replays as stale (the guard no longer matches) and
+  inserts nothing.
+* Prompt failure (ADR-046's open extension, ``_fail_promptly``): an attempt whose finalize
+  failed for good is failed at once, guarded by its lease, with the error -- it does not wait
+  ``running`` for heartbeat rescue. A release (shutdown) is never failed: it stays for rescue.
+
+Two named constructors: :meth:`Finalizer.batching` (the runtime: background flushers) and
+:meth:`Finalizer.inline` (``testing.AwaTestClient``: no background task, a batch of one is
+flushed in the caller's task). Both run the same statements through the same code; only the
+buffering differs. The fault-injection hooks (:meth:`Finalizer.inject_faults`) wrap the commit
+point of those very statements.
+
+Every waiter learns :class:`Finalized`: applied, stale (rescued, cancelled or superseded), or
+failed promptly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import enum
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
 from awa_fast import bulk, enqueue, metrics, sql
+from awa_fast.requests import Prepared
 from awa_fast.worker import executor as ex
 from awa_fast.worker import storable
 from awa_fast.worker.cancellation import raise_if_cancelling
@@ -46,6 +65,8 @@ RETRY_PAUSE_S = 0.1  # first pause; doubles per retry, jittered x0.5..1.5, cappe
 RETRY_PAUSE_MAX_S = 2.0
 BATCH_SIZE = 512
 FLUSHERS = 2
+STAGED_COMPLETIONS = ("per_job", "batched")
+RELEASED = "released"
 
 # Outcome kind -> (state written, attempt delta)
 _TRANSITIONS = {
@@ -55,10 +76,52 @@ _TRANSITIONS = {
     ex.CANCEL: ("cancelled", 0),
     ex.FAIL: ("failed", 0),
     ex.WAIT: ("waiting_external", 0),
-    "released": ("available", -1),
+    RELEASED: ("available", -1),
 }
 
 _RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, psycopg.OperationalError)
+
+# A fault-injection hook: ``await hook(conn, statement, requests)`` with the connection, the SQL
+# constant (from ``awa_fast.sql``) whose commit it surrounds and the requests it finalizes.
+FaultHook = Callable[[Any, str, Sequence["FinalizeRequest"]], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FinalizeRequest:
+    """One attempt's outcome to make durable.
+
+    Attributes:
+        attempt: the attempt's :class:`JobContext` (its ``id`` and ``run_lease`` guard every
+            write).
+        outcome: what the attempt ended with (``executor.Outcome``).
+        follow_ups: the sealed staged follow-ups (``Prepared``), inserted iff a completion
+            commits; empty for any other outcome.
+    """
+
+    attempt: JobContext
+    outcome: ex.Outcome
+    follow_ups: tuple[Prepared, ...] = ()
+
+    @classmethod
+    def of(cls, attempt: JobContext, outcome: ex.Outcome) -> FinalizeRequest:
+        """The request for a handler's outcome (its staged follow-ups count only on
+        completion)."""
+        staged = outcome.follow_ups if outcome.kind == ex.COMPLETED else None
+        return cls(attempt, outcome, tuple(staged or ()))
+
+    @classmethod
+    def release(cls, attempt: JobContext) -> FinalizeRequest:
+        """Give an unfinished attempt back (shutdown, no handler): available again, the
+        attempt not counted."""
+        return cls(attempt, ex.Outcome(RELEASED, delay=0.0))
+
+
+class Finalized(enum.Enum):
+    """What :meth:`Finalizer.submit` did with a request."""
+
+    APPLIED = "applied"  # the outcome is durable
+    STALE = "stale"  # the guard matched no row (rescued, cancelled, superseded): nothing changed
+    PROMPT_FAILURE = "prompt_failure"  # the outcome failed for good; a failure was recorded
 
 
 class Stale(Exception):
@@ -66,39 +129,43 @@ class Stale(Exception):
 
 
 class Finalizer:
-    """The per-process finalizer (see the module docstring).
+    """The per-process finalizer (see the module docstring). Build it with :meth:`batching`
+    or :meth:`inline`.
 
-    Args:
-        pool_getter: ``async () -> AsyncConnectionPool``.
-        batch_size: most completions in one compact statement.
+    ``stats`` counts, per process: ``compact``, ``per_job``, ``staged_batched`` (applied
+    completions by path), ``stale``, ``batches``, ``retries``, ``follow_ups_inserted``,
+    ``follow_ups_skipped``, ``duplicates_cancelled``, ``prompt_failures``.
     """
 
     def __init__(
         self,
         pool_getter: Callable[[], Awaitable[Any]],
         *,
-        batch_size: int = BATCH_SIZE,
-        flushers: int = FLUSHERS,
-        spec_runner: Any = None,
-        settler: Any = None,
+        flushers: int,
+        batch_size: int,
+        staged_completions: str,
+        specs: Any,
+        settler: Any,
     ):
+        if staged_completions not in STAGED_COMPLETIONS:
+            raise ValueError(f"staged_completions must be one of {STAGED_COMPLETIONS}")
         self._pool_getter = pool_getter
-        self.batch_size = batch_size
-        self._pending: list[tuple[int, int, asyncio.Future]] = []
-        # Opt-in batched completions with follow-ups: (ctx, requests, future).
-        self._staged: list[tuple[JobContext, list, asyncio.Future]] = []
+        self._batch_size = batch_size
+        self._staged_batched = staged_completions == "batched"
+        self._specs = specs
+        self._settler = settler
+        # Buffers of the batching finalizer: (request, future).
+        self._pending: list[tuple[FinalizeRequest, asyncio.Future]] = []
+        # Opt-in batched completions with follow-ups: (request, inserts, future).
+        self._staged: list[tuple[FinalizeRequest, list, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self._closing = False
         self._flushers = [
             asyncio.create_task(self._flush_loop(), name=f"awa-finalizer-{i}")
             for i in range(flushers)
         ]
-        self.spec_runner = spec_runner
-        self.settler = settler
-        # Test hooks for fault injection: awaited with (conn, ctx) inside the per-job
-        # transaction just before COMMIT, and after the COMMIT returned.
-        self.before_commit: Callable[..., Awaitable[None]] | None = None
-        self.after_commit: Callable[..., Awaitable[None]] | None = None
+        self._before_commit: FaultHook | None = None
+        self._after_commit: FaultHook | None = None
         self.stats = {
             "compact": 0,
             "per_job": 0,
@@ -112,22 +179,148 @@ class Finalizer:
             "prompt_failures": 0,
         }
 
+    @classmethod
+    def batching(
+        cls,
+        pool_getter: Callable[[], Awaitable[Any]],
+        *,
+        batch_size: int = BATCH_SIZE,
+        flushers: int = FLUSHERS,
+        staged_completions: str = "per_job",
+        specs: Any = None,
+        settler: Any = None,
+    ) -> Finalizer:
+        """The runtime's finalizer: ``flushers`` background tasks flush compact completions
+        (and, with ``staged_completions="batched"``, completions with follow-ups) in batches
+        of at most ``batch_size``. Must be built inside a running event loop; stop it with
+        :meth:`close`.
+
+        Args:
+            pool_getter: ``async () -> AsyncConnectionPool``.
+            specs: the registered follow-up specs (``worker.specs.Specs``) or None.
+            settler: the failure settler (``worker.consequences.Settler``) or None (a failure
+                is then a plain guarded transition).
+
+        Raises:
+            ValueError: ``flushers`` or ``batch_size`` below 1, or an unknown
+                ``staged_completions``.
+        """
+        if flushers < 1 or batch_size < 1:
+            raise ValueError("a batching finalizer needs flushers >= 1 and batch_size >= 1")
+        return cls(
+            pool_getter,
+            flushers=flushers,
+            batch_size=batch_size,
+            staged_completions=staged_completions,
+            specs=specs,
+            settler=settler,
+        )
+
+    @classmethod
+    def inline(
+        cls,
+        pool_getter: Callable[[], Awaitable[Any]],
+        *,
+        staged_completions: str = "per_job",
+        specs: Any = None,
+        settler: Any = None,
+    ) -> Finalizer:
+        """A finalizer without background tasks (``testing.AwaTestClient``): each request
+        runs in the caller's task, a batched path as a batch of one -- the same statements
+        as :meth:`batching`. Arguments as :meth:`batching`."""
+        return cls(
+            pool_getter,
+            flushers=0,
+            batch_size=1,
+            staged_completions=staged_completions,
+            specs=specs,
+            settler=settler,
+        )
+
+    def inject_faults(
+        self, *, before_commit: FaultHook | None = None, after_commit: FaultHook | None = None
+    ) -> None:
+        """Tests: await ``before_commit(conn, statement, requests)`` just before the writes of
+        ``statement`` commit (before COMMIT of a transaction, or before an autocommit statement
+        that writes and commits at once) and ``after_commit`` once its commit returned.
+        ``statement`` is the ``awa_fast.sql`` constant production runs for those requests; the
+        hooks never change which statement runs. ``None`` removes a hook."""
+        self._before_commit = before_commit
+        self._after_commit = after_commit
+
+    # -- the one entry point --------------------------------------------------------------------
+
+    async def submit(self, request: FinalizeRequest) -> Finalized:
+        """Make ``request``'s outcome durable on its path (module docstring), retrying a
+        deadlock up to 3 times and a lost connection up to 6 times; an outcome that still
+        cannot be written is recorded as a prompt failure of the attempt (not a release).
+
+        Returns:
+            :class:`Finalized`: ``APPLIED``, ``STALE`` (also a prompt failure that found the
+            attempt gone), or ``PROMPT_FAILURE``.
+
+        Raises:
+            psycopg.Error: nothing could be written (database unreachable, or a release that
+                failed for good); the attempt stays running until rescue.
+        """
+        try:
+            applied = await self._route(request)
+        except Exception as exc:
+            if request.outcome.kind == RELEASED:
+                raise
+            ctx = request.attempt
+            log.warning(
+                "finalize of job %s (%s) failed (%s: %s); recording a prompt failure",
+                ctx.id,
+                ctx.kind,
+                type(exc).__name__,
+                exc,
+            )
+            if await self._fail_promptly(ctx, exc):
+                return Finalized.PROMPT_FAILURE
+            return Finalized.STALE
+        return Finalized.APPLIED if applied else Finalized.STALE
+
+    async def _route(self, request: FinalizeRequest) -> bool:
+        ctx, outcome = request.attempt, request.outcome
+        # Built once: every retry and the per-job redo reuse them.
+        inserts = self._inserts_for(request)
+        if outcome.kind == ex.COMPLETED and (not inserts or self._staged_batched):
+            try:
+                if not inserts:
+                    return await self._buffered(self._pending, self._flush, (request,))
+                return await self._buffered(self._staged, self._flush_staged, (request, inserts))
+            except Exception as exc:
+                log.warning(
+                    "batched completion of job %s failed (%s); finalizing it alone", ctx.id, exc
+                )
+        return await self._finalize_requests(request, inserts)
+
+    def _inserts_for(self, request: FinalizeRequest) -> list:
+        """The follow-ups an outcome inserts: registered specs first, then (completed only)
+        the sealed staged requests in staging order."""
+        inserts = (
+            [] if self._specs is None else self._specs.for_outcome(request.attempt, request.outcome)
+        )
+        inserts.extend(request.follow_ups)
+        return inserts
+
+    async def _buffered(self, buffer: list, flush: Callable, item: tuple) -> bool:
+        fut = asyncio.get_running_loop().create_future()
+        if self._flushers:
+            buffer.append((*item, fut))
+            self._wake.set()
+        else:  # inline: a batch of one, now
+            await flush([(*item, fut)])
+        return await fut
+
+    async def _commit_point(
+        self, hook: FaultHook | None, conn: Any, statement: str, requests: Sequence
+    ) -> None:
+        if hook is not None:
+            await hook(conn, statement, requests)
+
     # -- compact path ---------------------------------------------------------------------------
-
-    def complete(self, job_id: int, lease: int) -> asyncio.Future:
-        """Queue a plain completion; the future resolves to True (applied) or False (stale)."""
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append((job_id, lease, fut))
-        self._wake.set()
-        return fut
-
-    def complete_with_follow_ups(self, ctx: JobContext, requests: list) -> asyncio.Future:
-        """Queue a completion with follow-ups for the opt-in batched path
-        (``start(staged_completions="batched")``); resolves like :meth:`complete`."""
-        fut = asyncio.get_running_loop().create_future()
-        self._staged.append((ctx, requests, fut))
-        self._wake.set()
-        return fut
 
     async def _flush_loop(self) -> None:
         while True:
@@ -138,24 +331,28 @@ class Finalizer:
                 await self._wake.wait()
                 continue
             if self._staged:
-                staged = self._staged[: self.batch_size]
-                del self._staged[: self.batch_size]
+                staged = self._staged[: self._batch_size]
+                del self._staged[: self._batch_size]
                 await self._flush_staged(staged)
             if self._pending:
-                batch = self._pending[: self.batch_size]
-                del self._pending[: self.batch_size]
+                batch = self._pending[: self._batch_size]
+                del self._pending[: self._batch_size]
                 await self._flush(batch)
             raise_if_cancelling()  # see worker/cancellation.py
 
     async def _flush(self, batch: list) -> None:
-        batch.sort(key=lambda item: item[0])
+        batch.sort(key=lambda item: item[0].attempt.id)
+        requests = [request for request, _ in batch]
+        attempts = [(r.attempt.id, r.attempt.run_lease) for r in requests]
         done = None
         attempt = 0
         while True:
             try:
                 pool = await self._pool_getter()
                 async with pool.connection() as conn:
-                    done = await self._complete_isolated(conn, [(b[0], b[1]) for b in batch])
+                    await self._commit_point(self._before_commit, conn, sql.COMPLETE_MANY, requests)
+                    done = await self._complete_isolated(conn, attempts)
+                    await self._commit_point(self._after_commit, conn, sql.COMPLETE_MANY, requests)
                 break
             except _RETRYABLE as exc:
                 if not await self._may_retry(attempt, exc):
@@ -166,13 +363,13 @@ class Finalizer:
                 )
             except Exception as exc:  # never leave waiters hanging
                 log.exception("completion batch of %d failed", len(batch))
-                for _, _, fut in batch:
+                for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 return
         self.stats["batches"] += 1
         applied = None if done is None else set(done.rows)
-        for job_id, lease, fut in batch:
+        for (job_id, lease), (_, fut) in zip(attempts, batch, strict=True):
             if fut.done():
                 continue
             failed = None if done is None else done.failed.get((job_id, lease))
@@ -207,27 +404,31 @@ class Finalizer:
             on_conflict=lambda attempt, _exc: self._cancel_duplicate(conn, *attempt),
         )
 
+    # -- staged batch path (opt-in) -------------------------------------------------------------
+
     async def _flush_staged(self, batch: list) -> None:
         # One guarded statement for many triggers and all their follow-ups, one commit. On a
         # deadlock or lost connection the same batch is re-run (a trigger already completed
         # replays as stale and inserts nothing); on any other error each job is redone alone.
-        batch.sort(key=lambda item: item[0].id)
-        ids = [ctx.id for ctx, _, _ in batch]
-        leases = [ctx.run_lease for ctx, _, _ in batch]
+        batch.sort(key=lambda item: item[0].attempt.id)
+        requests = [request for request, _, _ in batch]
+        ids = [r.attempt.id for r in requests]
+        leases = [r.attempt.run_lease for r in requests]
         payload = enqueue.batch_follow_ups_json(
-            [(ctx.id, ctx.run_lease, reqs) for ctx, reqs, _ in batch]
+            [(r.attempt.id, r.attempt.run_lease, inserts) for r, inserts, _ in batch]
         )
+        statement = sql.COMPLETE_MANY_WITH_FOLLOW_UPS
         done = None
         attempt = 0
         while True:
             try:
                 pool = await self._pool_getter()
                 async with pool.connection() as conn:
-                    cur = await conn.execute(
-                        sql.COMPLETE_MANY_WITH_FOLLOW_UPS, (ids, leases, payload)
-                    )
+                    await self._commit_point(self._before_commit, conn, statement, requests)
+                    cur = await conn.execute(statement, (ids, leases, payload))
                     done_ids, done_leases, inserted = await cur.fetchone()
-                    done = set(zip(done_ids, done_leases))
+                    done = set(zip(done_ids, done_leases, strict=True))
+                    await self._commit_point(self._after_commit, conn, statement, requests)
                 break
             except _RETRYABLE as exc:
                 if not await self._may_retry(attempt, exc):
@@ -244,9 +445,9 @@ class Finalizer:
                 )
                 break
         if done is None:
-            for ctx, reqs, fut in batch:
+            for request, inserts, fut in batch:
                 try:
-                    ok = await self._finalize_requests(ctx, ex.Outcome(ex.COMPLETED), reqs)
+                    ok = await self._finalize_requests(request, inserts)
                 except Exception as exc:  # never leave a waiter hanging
                     if not fut.done():
                         fut.set_exception(exc)
@@ -256,13 +457,15 @@ class Finalizer:
             return
         # Applied by (job, lease): a stale attempt of a job whose newer attempt completed in the
         # same batch is stale.
-        staged = sum(len(reqs) for ctx, reqs, _ in batch if (ctx.id, ctx.run_lease) in done)
+        staged = sum(
+            len(inserts) for r, inserts, _ in batch if (r.attempt.id, r.attempt.run_lease) in done
+        )
         self.stats["batches"] += 1
         self.stats["follow_ups_inserted"] += inserted
         self.stats["follow_ups_skipped"] += staged - inserted
         metrics.follow_ups(inserted, staged - inserted)
-        for ctx, _, fut in batch:
-            ok = (ctx.id, ctx.run_lease) in done
+        for r, _, fut in batch:
+            ok = (r.attempt.id, r.attempt.run_lease) in done
             self.stats["staged_batched" if ok else "stale"] += 1
             if not fut.done():
                 fut.set_result(ok)
@@ -277,26 +480,6 @@ class Finalizer:
         )
 
     # -- per-job path ---------------------------------------------------------------------------
-
-    async def finalize(self, ctx: JobContext, outcome: ex.Outcome) -> bool:
-        """Apply ``outcome`` for ``ctx``'s attempt in its own guarded transaction, retrying a
-        deadlock up to 3 times and a lost connection up to 6 times (``_may_retry``).
-
-        Returns True if applied, False if stale.
-
-        Raises:
-            psycopg.Error: a non-retryable error, or retries exhausted; the caller then records
-                a prompt failure (:meth:`fail_promptly`).
-        """
-        return await self._finalize_requests(ctx, outcome, self.requests_for(ctx, outcome))
-
-    def requests_for(self, ctx: JobContext, outcome: ex.Outcome) -> list:
-        """The follow-ups an outcome inserts: registered specs first, then (completed only) the
-        sealed staged requests in staging order. Built once: every retry reuses them."""
-        requests = [] if self.spec_runner is None else self.spec_runner.for_outcome(ctx, outcome)
-        if outcome.kind == ex.COMPLETED and outcome.follow_ups:
-            requests.extend(outcome.follow_ups)
-        return requests
 
     async def _may_retry(self, attempt: int, exc: BaseException) -> bool:
         """After failed try number ``attempt`` (0-based) with the retryable ``exc``: False
@@ -320,25 +503,20 @@ class Finalizer:
         await asyncio.sleep(pause * (0.5 + random.random()))
         return True
 
-    async def fail_promptly(self, ctx: JobContext, cause: BaseException) -> bool:
-        """ADR-046's prompt failure: ``ctx``'s finalize failed for good with ``cause``; record
-        a lease-guarded failure of the attempt now, with the error, instead of leaving it
-        ``running`` until heartbeat rescue. The failure is an ordinary failed attempt
-        (retryable with backoff, or on the final attempt failed / settled with the kind's
-        consequence and exhausted specs); if even that cannot be written, the rescue-shaped
-        ``sql.FAIL_ATTEMPT`` (no inserts) records it.
-
-        Returns True if recorded, False if stale (the attempt was rescued, cancelled or
-        superseded meanwhile).
-
-        Raises:
-            psycopg.Error: nothing could be written (database unreachable); the attempt stays
-                running until rescue.
-        """
+    async def _fail_promptly(self, ctx: JobContext, cause: BaseException) -> bool:
+        # ADR-046's prompt failure: ``ctx``'s finalize failed for good with ``cause``; record a
+        # lease-guarded failure of the attempt now, with the error, instead of leaving it
+        # ``running`` until heartbeat rescue. The failure is an ordinary failed attempt
+        # (retryable with backoff, or on the final attempt failed / settled with the kind's
+        # consequence and exhausted specs); if even that cannot be written, the rescue-shaped
+        # ``sql.FAIL_ATTEMPT`` (no inserts) records it. False if stale; raises psycopg.Error
+        # when nothing could be written.
         text = f"finalize failed: {type(cause).__qualname__}: {storable.describe(cause)}"
         outcome = ex.failed(ctx, text, terminal=False)
+        error = outcome.error or ex.error_entry(text, ctx.attempt)  # failed() always sets it
+        request = FinalizeRequest(ctx, outcome)
         try:
-            ok = await self._finalize_requests(ctx, outcome, self.requests_for(ctx, outcome))
+            ok = await self._finalize_requests(request, self._inserts_for(request))
         except Exception as exc:
             log.warning(
                 "prompt failure of job %s through the failure path failed (%s); "
@@ -346,7 +524,7 @@ class Finalizer:
                 ctx.id,
                 exc,
             )
-            applier = None if self.settler is None else self.settler.applier
+            applier = None if self._settler is None else self._settler.applier
             pool = await self._pool_getter()
             async with pool.connection() as conn:
                 cur = await conn.execute(
@@ -354,11 +532,11 @@ class Finalizer:
                     {
                         "id": ctx.id,
                         "lease": ctx.run_lease,
-                        "message": outcome.error["error"],
+                        "message": error["error"],
                         # settled later by the reconciler: consequence and exhausted specs
                         "consequence_kinds": []
                         if applier is None
-                        else self.settler.pending_kinds(),
+                        else self._settler.pending_kinds(),
                         "known_kinds": [ctx.kind] if applier is None else applier.known_kinds(),
                     },
                 )
@@ -367,13 +545,12 @@ class Finalizer:
             self.stats["prompt_failures"] += 1
         return ok
 
-    async def _finalize_requests(
-        self, ctx: JobContext, outcome: ex.Outcome, requests: list
-    ) -> bool:
+    async def _finalize_requests(self, request: FinalizeRequest, inserts: list) -> bool:
+        ctx = request.attempt
         attempt = 0
         while True:
             try:
-                return await self._finalize_once(ctx, outcome, requests)
+                return await self._finalize_once(request, inserts)
             except (pg_errors.UniqueViolation, enqueue.UniqueConflict):
                 # The transition itself would take a key a duplicate holds (not a follow-up:
                 # those skip on conflict): cancel this attempt's job as a duplicate.
@@ -390,16 +567,12 @@ class Finalizer:
                 attempt += 1
                 log.warning("finalize of job %s failed (%s); retry %d", ctx.id, exc, attempt)
 
-    async def _finalize_once(self, ctx: JobContext, outcome: ex.Outcome, requests: list) -> bool:
-        if outcome.kind == ex.FAIL and self.settler is not None:
-            return await self._fail_once(ctx, outcome, requests)
-        if (
-            outcome.kind == ex.COMPLETED
-            and requests
-            and self.before_commit is None
-            and self.after_commit is None
-        ):
-            return await self._complete_with_follow_ups(ctx, requests)
+    async def _finalize_once(self, request: FinalizeRequest, inserts: list) -> bool:
+        ctx, outcome = request.attempt, request.outcome
+        if outcome.kind == ex.FAIL and self._settler is not None:
+            return await self._fail_once(request, inserts)
+        if outcome.kind == ex.COMPLETED and inserts:
+            return await self._complete_with_follow_ups(request, inserts)
         state, delta = _TRANSITIONS[outcome.kind]
         snap = ctx.progress_snapshot()
         params = {
@@ -416,35 +589,36 @@ class Finalizer:
             cur = await conn.execute(sql.TRANSITION, params)
             if cur.rowcount == 0:
                 raise Stale()
-            if requests:
-                await self.insert_follow_ups(conn, ctx.kind, ctx.id, requests)
+            if inserts:
+                await self.insert_follow_ups(conn, ctx.kind, ctx.id, inserts)
             if state == "available":
                 await conn.execute(sql.NOTIFY_QUEUE, (ctx.queue,))
 
-        return await self._guarded_transaction(ctx, body)
+        return await self._guarded_transaction(request, sql.TRANSITION, body)
 
-    async def _guarded_transaction(self, ctx: JobContext, body: Callable) -> bool:
-        # One per-job transaction around ``body`` (which raises Stale when its guard misses),
-        # with the fault-injection hooks around COMMIT.
+    async def _guarded_transaction(
+        self, request: FinalizeRequest, statement: str, body: Callable
+    ) -> bool:
+        # One per-job transaction around ``body`` (which raises Stale when its guard misses,
+        # ``statement`` being its guarded statement), with the fault hooks around COMMIT.
         pool = await self._pool_getter()
         async with pool.connection() as conn:
             try:
                 async with conn.transaction():
                     await body(conn)
-                    if self.before_commit is not None:
-                        await self.before_commit(conn, ctx)
+                    await self._commit_point(self._before_commit, conn, statement, (request,))
             except Stale:
                 self.stats["stale"] += 1
                 return False
-            if self.after_commit is not None:
-                await self.after_commit(conn, ctx)
+            await self._commit_point(self._after_commit, conn, statement, (request,))
         self.stats["per_job"] += 1
         return True
 
     async def insert_follow_ups(
         self, conn, trigger_kind: str, trigger_id: int, requests: list
     ) -> None:
-        """Insert follow-ups in the caller's transaction (see ``enqueue.insert_follow_ups``)."""
+        """Insert follow-ups in the caller's transaction (see ``enqueue.insert_follow_ups``),
+        counted in ``stats``: the rescued specs' best-effort inserts outside an outcome."""
         inserted, skipped = await enqueue.insert_follow_ups(
             conn, requests, trigger_kind, trigger_id
         )
@@ -452,30 +626,33 @@ class Finalizer:
         self.stats["follow_ups_skipped"] += skipped
         metrics.follow_ups(inserted, skipped)
 
-    async def _complete_with_follow_ups(self, ctx: JobContext, requests: list) -> bool:
+    async def _complete_with_follow_ups(self, request: FinalizeRequest, inserts: list) -> bool:
         # One statement, one round trip, one commit (autocommit): see
-        # sql.COMPLETE_WITH_FOLLOW_UPS. A lost connection is retried by finalize(); a commit
-        # whose acknowledgement was lost then replays as stale and inserts nothing.
+        # sql.COMPLETE_WITH_FOLLOW_UPS. A lost connection is retried by _finalize_requests; a
+        # commit whose acknowledgement was lost then replays as stale and inserts nothing.
+        ctx = request.attempt
+        statement = sql.COMPLETE_WITH_FOLLOW_UPS
         pool = await self._pool_getter()
         async with pool.connection() as conn:
+            await self._commit_point(self._before_commit, conn, statement, (request,))
             with enqueue.mapped_errors():
                 cur = await conn.execute(
-                    sql.COMPLETE_WITH_FOLLOW_UPS,
-                    (ctx.id, ctx.run_lease, enqueue.follow_ups_json(requests)),
+                    statement, (ctx.id, ctx.run_lease, enqueue.follow_ups_json(inserts))
                 )
                 applied, inserted, keys = await cur.fetchone()
+            await self._commit_point(self._after_commit, conn, statement, (request,))
         if not applied:
             self.stats["stale"] += 1
             return False
         self.stats["per_job"] += 1
         self.stats["follow_ups_inserted"] += inserted
-        skipped = len(requests) - inserted
+        skipped = len(inserts) - inserted
         metrics.follow_ups(inserted, skipped)
         if skipped:
             self.stats["follow_ups_skipped"] += skipped
             if log.isEnabledFor(logging.DEBUG):
                 held = set(keys)
-                kinds = [p.kind for p in requests if p.unique_key and p.unique_key not in held]
+                kinds = [p.kind for p in inserts if p.unique_key and p.unique_key not in held]
                 log.debug(
                     "follow-ups %s of %s job %s skipped: unique key already held",
                     kinds,
@@ -484,11 +661,12 @@ class Finalizer:
                 )
         return True
 
-    async def _fail_once(self, ctx: JobContext, outcome: ex.Outcome, exhausted: list) -> bool:
+    async def _fail_once(self, request: FinalizeRequest, exhausted: list) -> bool:
         # Failure path: lock the attempt under its lease, then settle (failed / DLQ + exhausted
         # specs). A kind with an effect first records the failure as owed and commits; the
         # effect then runs, and the job settles, in the next transaction (Settler.owe_or_settle,
         # Settler.apply_owed; models/settlement.pml).
+        ctx, outcome = request.attempt, request.outcome
         snap = ctx.progress_snapshot()
         owed = False
 
@@ -498,7 +676,7 @@ class Finalizer:
             row = await cur.fetchone()
             if row is None:
                 raise Stale()
-            owed = await self.settler.owe_or_settle(
+            owed = await self._settler.owe_or_settle(
                 conn,
                 row,
                 reason=outcome.reason or "terminal_error",
@@ -509,13 +687,13 @@ class Finalizer:
                 owe_unknown=False,
             )  # a worker knows its kinds
 
-        if not await self._guarded_transaction(ctx, body):
+        if not await self._guarded_transaction(request, sql.LOCK_RUNNING, body):
             return False
         if owed:
             try:
                 pool = await self._pool_getter()
                 async with pool.connection() as conn:
-                    await self.settler.apply_owed(conn, ctx.id, exhausted)
+                    await self._settler.apply_owed(conn, ctx.id, exhausted)
             except Exception as exc:  # no connection: the debt is durable (the reconciler)
                 log.warning(
                     "no connection to apply the failure consequence of job %s (%s); it "
@@ -525,14 +703,10 @@ class Finalizer:
                 )
         return True
 
-    async def release(self, ctx: JobContext) -> bool:
-        """Give an unfinished attempt back (shutdown): available again, attempt not counted."""
-        return await self.finalize(ctx, ex.Outcome("released", delay=0.0))
-
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Flush what is buffered and stop the flushers."""
+        """Flush what is buffered and stop the flushers (nothing to do for an inline one)."""
         self._closing = True
         self._wake.set()
         await asyncio.gather(*self._flushers, return_exceptions=True)

@@ -25,7 +25,7 @@ from awa_fast.worker.aging import run_aging
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.dispatcher import Dispatcher
-from awa_fast.worker.finalizer import Finalizer
+from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.maintenance import MAX_BACKOFF_S, Maintenance, MaintenanceConfig
@@ -716,10 +716,11 @@ class Runtime:
         await self._sync_periodic()
         if self.metrics_port is not None:  # ConfigError when the port cannot be bound
             self.metrics_exporter = metrics.Exporter(self.metrics_port, self.metrics_host)
-        self.finalizer = Finalizer(
+        self.finalizer = Finalizer.batching(
             pool_getter,
             batch_size=self.finalizer_batch_size,
-            spec_runner=self.client.specs,
+            staged_completions=self.staged_completions,
+            specs=self.client.specs,
             settler=self.client.settler,
         )
         for q in self.queues:
@@ -867,7 +868,7 @@ class Runtime:
                 )
                 dispatcher.slot_freed()
                 released = True
-                await self.finalizer.release(ctx)
+                await self.finalizer.submit(FinalizeRequest.release(ctx))
                 return
             else:
                 try:
@@ -904,7 +905,8 @@ class Runtime:
                             self.lingering.watch(ctx, release=True)
                             return
                         # Shutdown gave up waiting: hand the attempt back, uncounted.
-                        applied = await self.finalizer.release(ctx)
+                        result = await self.finalizer.submit(FinalizeRequest.release(ctx))
+                        applied = result is Finalized.APPLIED
                         return
                 ctx.returned = True
             dispatcher.slot_freed()
@@ -912,24 +914,15 @@ class Runtime:
             self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
             if outcome.kind in (ex.FAIL, ex.RETRY):
                 _log_failed_attempt(ctx, outcome)
-            try:
-                returned_at = time.perf_counter()
-                applied = await self._finalize(ctx, outcome)
-                if applied:
-                    metrics.finalized(
-                        ctx.queue, ctx.kind, outcome.kind, time.perf_counter() - returned_at
-                    )
-            except Exception as exc:
-                log.warning(
-                    "finalize of job %s (%s) failed (%s: %s); recording a prompt failure",
-                    ctx.id,
-                    ctx.kind,
-                    type(exc).__name__,
-                    exc,
+            returned_at = time.perf_counter()
+            result = await self.finalizer.submit(FinalizeRequest.of(ctx, outcome))
+            applied = result is not Finalized.STALE
+            if result is Finalized.APPLIED:
+                metrics.finalized(
+                    ctx.queue, ctx.kind, outcome.kind, time.perf_counter() - returned_at
                 )
-                applied = await self.finalizer.fail_promptly(ctx, exc)
-                if applied:
-                    metrics.finalized(ctx.queue, ctx.kind, "prompt_failure")
+            elif result is Finalized.PROMPT_FAILURE:
+                metrics.finalized(ctx.queue, ctx.kind, "prompt_failure")
         except Exception:
             log.exception(
                 "finalizing job %s (%s) failed; it stays running until rescue", ctx.id, ctx.kind
@@ -955,25 +948,6 @@ class Runtime:
         while self.attempts_ended < n:
             self._attempt_ended.clear()
             await self._attempt_ended.wait()
-
-    async def _finalize(self, ctx: JobContext, outcome: ex.Outcome) -> bool:
-        # A batched completion that fails is redone alone (one bad row must not fail the
-        # others); what fails alone too is the caller's prompt failure.
-        batched = None
-        if outcome.kind == ex.COMPLETED and not outcome.follow_ups and not self._has_specs(ctx):
-            batched = self.finalizer.complete(ctx.id, ctx.run_lease)
-        elif outcome.kind == ex.COMPLETED and self.staged_completions == "batched":
-            batched = self.finalizer.complete_with_follow_ups(
-                ctx, self.finalizer.requests_for(ctx, outcome)
-            )
-        if batched is not None:
-            try:
-                return await batched
-            except Exception as exc:
-                log.warning(
-                    "batched completion of job %s failed (%s); finalizing it alone", ctx.id, exc
-                )
-        return await self.finalizer.finalize(ctx, outcome)
 
     async def _metrics_loop(self) -> None:
         """Refresh the queue depth and consequence gauges every ``metrics_refresh_ms``."""
@@ -1019,10 +993,6 @@ class Runtime:
                         "job %s (%s) passed its deadline: abandoning the attempt", ctx.id, ctx.kind
                     )
                     task.cancel()
-
-    def _has_specs(self, ctx: JobContext) -> bool:
-        runner = self.finalizer.spec_runner
-        return runner is not None and runner.has_completed(ctx.kind)
 
     async def _on_rescued(self, rows: list[tuple]) -> None:
         """Rescued specs: best effort, each in its own transaction after the rescue committed."""
