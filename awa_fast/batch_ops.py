@@ -24,7 +24,7 @@ import orjson
 from psycopg.rows import dict_row
 
 from awa_fast import bulk, sql
-from awa_fast.errors import JobNotFound, ValidationError
+from awa_fast.errors import ValidationError
 from awa_fast.job import JobState
 
 KINDS = ("set_priority", "move_queue")
@@ -362,98 +362,3 @@ async def run_once(conn: Any, runner: str) -> int:
     for queue in {r[1] for r in done.rows if r[2] == "available"}:
         await conn.execute(sql.NOTIFY_QUEUE, (queue,))  # wake the destination's dispatchers
     return len(ids)
-
-
-class BatchOperationsMixin:
-    """awa's batch-operation methods of :class:`~awa_fast.client.AsyncClient` (``self`` is the
-    client). Raises ``ValidationError`` (naming the field) for a bad op kind, spec, filter or
-    id; ``JobNotFound`` (``get``/``cancel``) for an unknown or finished operation."""
-
-    async def _batch(self, fn, *args: Any, **kwargs: Any) -> Any:
-        async with (await self.pool()).connection() as conn:
-            return await fn(conn, *args, **kwargs)
-
-    async def preview_batch_operation(
-        self, op_kind: BatchOperationKind, *, spec: dict, filter: BatchOperationFilter | None = None
-    ) -> BatchOperationPreview:
-        """Count and sample the queued jobs an operation would change (no submission)."""
-        return await self._batch(preview, op_kind, spec, filter)
-
-    async def submit_batch_operation(
-        self,
-        op_kind: BatchOperationKind,
-        *,
-        spec: dict,
-        filter: BatchOperationFilter | None = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ) -> BatchOperation:
-        """Submit an operation for the maintenance leader to run; returns it (``pending``).
-        ``submitted_by`` defaults to the database session user."""
-        return await self._batch(submit, op_kind, spec, filter, submitted_by, allow_all)
-
-    async def preview_set_priority(self, priority: int, *, filter: dict | None = None) -> dict:
-        return await self.preview_batch_operation(
-            "set_priority", spec={"priority": priority}, filter=filter
-        )
-
-    async def set_priority(
-        self,
-        priority: int,
-        *,
-        filter: dict | None = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ) -> dict:
-        """Submit ``set_priority`` (1-4) over the matched available / scheduled jobs."""
-        return await self.submit_batch_operation(
-            "set_priority",
-            spec={"priority": priority},
-            filter=filter,
-            submitted_by=submitted_by,
-            allow_all=allow_all,
-        )
-
-    async def preview_move_queue(
-        self, queue: str, *, priority: int | None = None, filter: dict | None = None
-    ) -> dict:
-        spec = {"queue": queue} if priority is None else {"queue": queue, "priority": priority}
-        return await self.preview_batch_operation("move_queue", spec=spec, filter=filter)
-
-    async def move_queue(
-        self,
-        queue: str,
-        *,
-        priority: int | None = None,
-        filter: dict | None = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ) -> dict:
-        """Submit ``move_queue`` (optionally with a new priority) over the matched jobs."""
-        spec = {"queue": queue} if priority is None else {"queue": queue, "priority": priority}
-        return await self.submit_batch_operation(
-            "move_queue", spec=spec, filter=filter, submitted_by=submitted_by, allow_all=allow_all
-        )
-
-    async def list_batch_operations(
-        self, *, state: str | None = None, limit: int = 100
-    ) -> list[dict]:
-        """Operations, newest first (``state`` filters)."""
-        return await self._batch(list_all, state, limit)
-
-    async def get_batch_operation(self, operation_id: str) -> dict:
-        found = await self._batch(get, operation_id)
-        if found is None:
-            raise JobNotFound(f"no batch operation {operation_id}")
-        return found
-
-    async def cancel_batch_operation(self, operation_id: str) -> dict:
-        """Cancel a pending operation, or ask the runner to stop an active one."""
-        found = await self._batch(cancel, operation_id)
-        if found is None:
-            raise JobNotFound(f"no active batch operation {operation_id}")
-        return found
-
-    async def purge_batch_operations(self, before: datetime, *, limit: int = 1000) -> int:
-        """Delete finalized operations finalized before ``before``; returns how many."""
-        return await self._batch(purge, before, limit)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from psycopg import errors as pg_errors
 
@@ -21,6 +21,29 @@ from awa_fast.job import Job
 from awa_fast.requests import to_json
 from awa_fast.results import MAX_DELAY_S
 from awa_fast.worker import storable
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+    from awa_fast.worker.consequences import Settler
+    from awa_fast.worker.specs import SpecRunner
+
+
+class CallbackDeps(Protocol):
+    """What the callback operations need (``awa_fast.admin.callbacks.CallbackAdmin``): the pool,
+    the registered follow-up specs (a completion inserts its Completed specs), the settler (a
+    failure goes through the failure path) and the heartbeat staleness in ms (a retry waits for
+    the last attempt to end)."""
+
+    @property
+    def specs(self) -> SpecRunner: ...
+
+    @property
+    def settler(self) -> Settler: ...
+
+    async def pool(self) -> AsyncConnectionPool: ...
+
+    def staleness_ms(self) -> int: ...
 
 
 class CallbackToken:
@@ -76,7 +99,7 @@ async def _locked(conn, callback_id: uuid.UUID) -> tuple:
 
 
 @enqueue.maps_errors
-async def complete_external(client: Any, callback_id: Any, payload: Any = None) -> Job:
+async def complete_external(deps: CallbackDeps, callback_id: Any, payload: Any = None) -> Job:
     """Complete the job waiting on ``callback_id`` (``waiting_external``, or still ``running``:
     an early callback). Registered Completed specs fire in the same transaction; staged
     follow-ups of a still-running handler are discarded (its completion is then stale).
@@ -86,16 +109,16 @@ async def complete_external(client: Any, callback_id: Any, payload: Any = None) 
         ValidationError: ``callback_id`` is not a UUID.
     """
     cid = parse_callback_id(callback_id)
-    pool = await client.pool()
+    pool = await deps.pool()
     async with pool.connection() as conn:
         async with conn.transaction():
-            return await _complete_locked(client, conn, await _locked(conn, cid))
+            return await _complete_locked(deps, conn, await _locked(conn, cid))
 
 
-async def _complete_locked(client: Any, conn, row: tuple) -> Job:
+async def _complete_locked(deps: CallbackDeps, conn, row: tuple) -> Job:
     """Complete the job of a row :func:`_locked` returned, in the caller's transaction."""
     job = Job.from_row(row)
-    requests = client.specs.requests(job.kind, "completed", job.args, job, job.id, job.metadata)
+    requests = deps.specs.requests(job.kind, "completed", job.args, job, job.id, job.metadata)
     cur = await conn.execute(sql.COMPLETE_EXTERNAL, (job.id,))
     done = Job.from_row(await cur.fetchone())
     if requests:
@@ -104,7 +127,7 @@ async def _complete_locked(client: Any, conn, row: tuple) -> Job:
 
 
 @enqueue.maps_errors
-async def fail_external(client: Any, callback_id: Any, error: str) -> Job:
+async def fail_external(deps: CallbackDeps, callback_id: Any, error: str) -> Job:
     """Fail the job waiting on ``callback_id`` through the failure path: a kind with a failure
     consequence is first recorded ``consequence_pending`` (owed) and committed, then its effect
     runs and it settles in a second transaction (failed / DLQ and exhausted specs); if the
@@ -115,16 +138,16 @@ async def fail_external(client: Any, callback_id: Any, error: str) -> Job:
         CallbackNotFound, ValidationError: as :func:`complete_external`.
     """
     cid = parse_callback_id(callback_id)
-    pool = await client.pool()
+    pool = await deps.pool()
     async with pool.connection() as conn:
         async with conn.transaction():
             row = await _locked(conn, cid)
-            owed = await _fail_locked(client, conn, row, error)
-        return await _after_failure(client, conn, row, owed)
+            owed = await _fail_locked(deps, conn, row, error)
+        return await _after_failure(deps, conn, row, owed)
 
 
 async def _fail_locked(
-    client: Any, conn, row: tuple, error: str, expression: str | None = None
+    deps: CallbackDeps, conn, row: tuple, error: str, expression: str | None = None
 ) -> bool:
     """Fail the job of a row :func:`_locked` returned, in the caller's transaction (awa's
     error entry; ``expression`` is the on_fail expression that matched, if any). Returns True
@@ -137,7 +160,7 @@ async def _fail_locked(
     # running" mark -- in jobs, through consequence_pending, or, if the job is dead-lettered,
     # in the DLQ entry -- so neither retry() nor retry_from_dlq() can overlap it. A parked row
     # keeps its own mark.
-    return await client.settler.owe_or_settle(
+    return await deps.settler.owe_or_settle(
         conn,
         row,
         reason="callback_failed",
@@ -147,19 +170,19 @@ async def _fail_locked(
     )
 
 
-async def _after_failure(client: Any, conn, row: tuple, owed: bool) -> Job:
+async def _after_failure(deps: CallbackDeps, conn, row: tuple, owed: bool) -> Job:
     """After the failing transaction committed: apply an owed failure's effect and settle it
     (a second transaction on ``conn``; on error it stays owed for the reconciler), then
     return the job as committed (the locked row itself if it moved to the DLQ)."""
     if owed:
-        await client.settler.apply_owed(conn, row[0])
+        await deps.settler.apply_owed(conn, row[0])
     cur = await conn.execute(sql.GET_JOB, (row[0],))
     found = await cur.fetchone()
     return Job.from_row(row if found is None else found)
 
 
 @enqueue.maps_errors
-async def retry_external(client: Any, callback_id: Any) -> Job:
+async def retry_external(deps: CallbackDeps, callback_id: Any) -> Job:
     """Send a parked job back to ``available`` with attempt 0.
 
     Raises:
@@ -169,13 +192,11 @@ async def retry_external(client: Any, callback_id: Any) -> Job:
             changes): cancel the job, or resume it, instead.
     """
     cid = parse_callback_id(callback_id)
-    params = {"cid": cid, "stale_ms": client.staleness_ms()}
+    params = {"cid": cid, "stale_ms": deps.staleness_ms()}
     try:
-        return await _one(
-            client, sql.RETRY_EXTERNAL, cid, notify=True, action="retry", params=params
-        )
+        return await _one(deps, sql.RETRY_EXTERNAL, cid, notify=True, action="retry", params=params)
     except CallbackNotFound:
-        pool = await client.pool()
+        pool = await deps.pool()
         async with pool.connection() as conn:
             cur = await conn.execute(sql.ATTEMPT_STILL_RUNS_BY_CALLBACK, params)
             live = await cur.fetchone()
@@ -189,7 +210,7 @@ async def retry_external(client: Any, callback_id: Any) -> Job:
 
 
 @enqueue.maps_errors
-async def resume_external(client: Any, callback_id: Any, payload: Any = None) -> Job:
+async def resume_external(deps: CallbackDeps, callback_id: Any, payload: Any = None) -> Job:
     """Resume a handler blocked in ``job.wait_for_callback``: the job is ``running`` again and
     the payload becomes ``wait_for_callback``'s return value. The token is consumed.
 
@@ -200,7 +221,7 @@ async def resume_external(client: Any, callback_id: Any, payload: Any = None) ->
     """
     cid = parse_callback_id(callback_id)
     data = to_json({"_awa_callback_result": payload}, "payload").decode()
-    pool = await client.pool()
+    pool = await deps.pool()
     async with pool.connection() as conn:
         cur = await conn.execute(sql.RESUME_EXTERNAL, (data, cid))
         row = await cur.fetchone()
@@ -210,11 +231,13 @@ async def resume_external(client: Any, callback_id: Any, payload: Any = None) ->
 
 
 @enqueue.maps_errors
-async def heartbeat_callback(client: Any, callback_id: Any, timeout_seconds: float = 3600.0) -> Job:
+async def heartbeat_callback(
+    deps: CallbackDeps, callback_id: Any, timeout_seconds: float = 3600.0
+) -> Job:
     """Push the callback's timeout to now + ``timeout_seconds`` seconds."""
     cid = parse_callback_id(callback_id)
     timeout = check_timeout(timeout_seconds)
-    pool = await client.pool()
+    pool = await deps.pool()
     async with pool.connection() as conn:
         cur = await conn.execute(sql.HEARTBEAT_CALLBACK, (timeout, cid))
         row = await cur.fetchone()
@@ -224,14 +247,14 @@ async def heartbeat_callback(client: Any, callback_id: Any, timeout_seconds: flo
 
 
 async def _one(
-    client: Any,
+    deps: CallbackDeps,
     query: str,
     cid: uuid.UUID,
     notify: bool = False,
     action: str = "update",
     params: Any = None,
 ) -> Job:
-    pool = await client.pool()
+    pool = await deps.pool()
     async with pool.connection() as conn:
         try:
             cur = await conn.execute(query, (cid,) if params is None else params)
@@ -275,7 +298,7 @@ class ResolveResult:
 
 @enqueue.maps_errors
 async def resolve_callback(
-    client: Any, callback_id: Any, payload: Any = None, default_action: str = "ignore"
+    deps: CallbackDeps, callback_id: Any, payload: Any = None, default_action: str = "ignore"
 ) -> ResolveResult:
     """Resolve a callback with its CEL expressions (awa's order: ``filter`` false ignores the
     payload, ``on_fail`` true fails the job, ``on_complete`` true completes it with the
@@ -296,7 +319,7 @@ async def resolve_callback(
             field="default_action",
         )
     cid = parse_callback_id(callback_id)
-    async with (await client.pool()).connection() as conn:
+    async with (await deps.pool()).connection() as conn:
         async with conn.transaction():
             row = await _locked(conn, cid)
             cur = await conn.execute(sql.CALLBACK_EXPRESSIONS, (row[0], cid))
@@ -304,10 +327,10 @@ async def resolve_callback(
             expressions = None if found is None else found[0]
             decision = callback_expressions.decide(expressions, payload, default_action, row[0])
             if decision.action == "complete":
-                job = await _complete_locked(client, conn, row)
+                job = await _complete_locked(deps, conn, row)
                 return ResolveResult("completed", job, decision.payload)
             if decision.action == "fail":
-                owed = await _fail_locked(client, conn, row, decision.error, decision.expression)
+                owed = await _fail_locked(deps, conn, row, decision.error, decision.expression)
             else:
                 return ResolveResult("ignored", reason=decision.reason)
-        return ResolveResult("failed", await _after_failure(client, conn, row, owed))
+        return ResolveResult("failed", await _after_failure(deps, conn, row, owed))

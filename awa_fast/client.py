@@ -8,9 +8,9 @@ application moves over with ``import awa_fast as awa``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import warnings
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -18,16 +18,27 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import bulk, callbacks, enqueue, schema, sql
-from awa_fast.admin import AdminMixin
-from awa_fast.batch_ops import BatchOperationsMixin
+from awa_fast import bulk, callbacks, enqueue, schema
+from awa_fast.admin.batches import BatchAdmin
+from awa_fast.admin.callbacks import CallbackAdmin
+from awa_fast.admin.connections import Connections
+from awa_fast.admin.consequences import ConsequenceAdmin
+from awa_fast.admin.cron import CronAdmin
+from awa_fast.admin.dlq import DlqAdmin, DlqEntry
+from awa_fast.admin.health import HealthAdmin, HealthCheck
+from awa_fast.admin.jobs import JobAdmin, RetryFailedResult
+from awa_fast.admin.queues import QueueAdmin, QueueStat
+from awa_fast.admin.storage import StorageAdmin
+from awa_fast.batch_ops import (
+    BatchOperation,
+    BatchOperationFilter,
+    BatchOperationKind,
+    BatchOperationPreview,
+)
 from awa_fast.database_url import resolve_database_url
 from awa_fast.errors import (
-    AttemptStillRunning,
     DatabaseError,
-    JobNotFound,
     QueueMismatchWarning,
-    UniqueConflict,
     Unsupported,
     ValidationError,
 )
@@ -37,30 +48,6 @@ from awa_fast.transaction import Transaction
 from awa_fast.worker.consequences import ConsequenceApplier, Settler
 from awa_fast.worker.registry import Registry
 from awa_fast.worker.specs import SpecRunner
-
-
-@dataclasses.dataclass(frozen=True)
-class QueueStat:
-    """Counts per queue (awa's fields, plus ``consequence_pending`` and the failure
-    consequences still owed / overdue). ``lag_seconds`` is the age of the oldest available job,
-    in seconds. ``unhandled`` counts available jobs whose kind no live worker process has a
-    handler for on that queue (they wait; see ``unhandled_kinds()``)."""
-
-    queue: str
-    total_queued: int
-    scheduled: int
-    available: int
-    retryable: int
-    running: int
-    failed: int
-    waiting_external: int
-    consequence_pending: int
-    consequences_owed: int
-    consequences_overdue: int
-    completed_last_hour: int
-    lag_seconds: float
-    paused: bool
-    unhandled: int = 0
 
 
 async def _configure(conn: psycopg.AsyncConnection) -> None:
@@ -85,7 +72,7 @@ class _ImplicitQueue(str):
 DEFAULT_QUEUE = _ImplicitQueue("default")
 
 
-class AsyncClient(AdminMixin, BatchOperationsMixin):
+class AsyncClient:
     """Async client: insert jobs, administer them, and run workers.
 
     Args:
@@ -127,6 +114,29 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
         self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
         self._off_queue_warned: set[str] = set()  # kinds warned about (QueueMismatchWarning)
+        # Admin, one object per area (awa_fast/admin/), each given only what it uses. The
+        # client's methods are looked up at each call (late bound), as the mixins did.
+        self._connections = Connections(lambda: self.pool())
+
+        def staleness() -> int:
+            return self.staleness_ms()
+
+        self._jobs = JobAdmin(self._connections, staleness)
+        self._queues = QueueAdmin(self._connections)
+        self._health = HealthAdmin(self._connections, lambda: self._runtime)
+        self._cron = CronAdmin(self._connections)
+        self._callbacks = CallbackAdmin(
+            self._connections, lambda: self.specs, lambda: self.settler, staleness
+        )
+        self._consequences = ConsequenceAdmin(
+            self._connections,
+            lambda: self.settler,
+            lambda: self.consequences,
+            lambda job_id: self.get_job(job_id),
+        )
+        self._dlq = DlqAdmin(self._connections, staleness)
+        self._storage = StorageAdmin(self._connections, lambda: self.migrate())
+        self._batches = BatchAdmin(self._connections)
         if self.explicit_database_url is not None:
             _check_reachable(self.explicit_database_url)
 
@@ -353,19 +363,17 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             raise
         return Transaction(pool, conn)
 
-    # -- admin ----------------------------------------------------------------------------------
+    # -- admin: each method delegates to one area of awa_fast/admin/ ------------------------------
 
     async def _fetch(self, query: str, params: Any = None) -> list[tuple]:
-        async with (await self.pool()).connection() as conn:
-            cur = await conn.execute(query, params)
-            return await cur.fetchall() if cur.description else []
+        # One statement on a pooled connection (the CLI and the demo use it).
+        return await self._connections.fetch(query, params)
+
+    # -- jobs (admin/jobs.py) ---------------------------------------------------------------------
 
     async def get_job(self, job_id: int) -> Job:
         """The job with this id. Raises :class:`JobNotFound` (an ``AwaError``) if there is none."""
-        rows = await self._fetch(sql.GET_JOB, (job_id,))
-        if not rows:
-            raise JobNotFound(f"job not found: {job_id}")
-        return Job.from_row(rows[0])
+        return await self._jobs.get_job(job_id)
 
     async def list_jobs(
         self,
@@ -376,16 +384,7 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         limit: int = 100,
     ) -> list[Job]:
         """Jobs, newest first, filtered by state / kind / queue."""
-        rows = await self._fetch(
-            sql.LIST_JOBS,
-            {
-                "state": None if state is None else str(state),
-                "kind": kind,
-                "queue": queue,
-                "limit": limit,
-            },
-        )
-        return [Job.from_row(r) for r in rows]
+        return await self._jobs.list_jobs(state=state, kind=kind, queue=queue, limit=limit)
 
     async def retry(self, job_id: int) -> Job | None:
         """Make a failed, cancelled or waiting_external job available again with attempt 0.
@@ -403,26 +402,7 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             AttemptStillRunning: the job's last attempt is still running (nothing changes);
                 retry after it ends.
         """
-        params = {"id": job_id, "stale_ms": self.staleness_ms()}
-        async with (await self.pool()).connection() as conn:
-            try:
-                with enqueue.mapped_errors():
-                    cur = await conn.execute(sql.RETRY_JOB, params)
-                    row = await cur.fetchone()
-            except UniqueConflict as exc:
-                raise await enqueue.holder_conflict(conn, job_id, "retry", exc) from exc
-            if row is not None:
-                await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
-            else:
-                cur = await conn.execute(sql.ATTEMPT_STILL_RUNS, params)
-                running = await cur.fetchone()
-                if running is not None:
-                    raise AttemptStillRunning(
-                        f"job {job_id} left 'running' but its attempt's handler is still running "
-                        f"(last heartbeat {running[0].isoformat()}); retry once it has ended",
-                        job_id=job_id,
-                    )
-        return None if row is None else Job.from_row(row)
+        return await self._jobs.retry(job_id)
 
     def staleness_ms(self) -> int:
         """How old (milliseconds) a heartbeat must be for its attempt to count as dead: this
@@ -444,20 +424,7 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             UniqueConflict: its mask holds ``cancelled`` and another job holds its key there
                 (``holder_id`` names it; nothing changes).
         """
-        async with (await self.pool()).connection() as conn:
-            try:
-                async with conn.transaction():
-                    cur = await conn.execute(sql.CANCEL_JOB, (job_id,))
-                    row = await cur.fetchone()
-                    if row is None:
-                        return None
-                    old_state, lease = row[0], row[1]
-                    if old_state == "running":
-                        payload = orjson.dumps({"job_id": job_id, "run_lease": lease}).decode()
-                        await conn.execute(sql.NOTIFY_CANCEL, (payload,))
-            except psycopg.errors.UniqueViolation as exc:
-                raise await enqueue.holder_conflict(conn, job_id, "cancel", exc) from exc
-        return Job.from_row(row[2:])
+        return await self._jobs.cancel(job_id)
 
     async def cancel_by_unique_key(
         self,
@@ -469,92 +436,106 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
     ) -> Job | None:
         """Cancel the oldest non-terminal job whose unique key matches the given components
         (pass only those used at insert time). Returns it, or ``None``."""
-        from awa_fast import _native
-        from awa_fast.requests import args_to_builtins, to_json
-
-        args_json = None if args is None else to_json(args_to_builtins(args), "args")
-        key = _native.unique_key(
-            kind, queue or "", args_json or b"", queue is not None, args is not None, period_bucket
+        return await self._jobs.cancel_by_unique_key(
+            kind, queue=queue, args=args, period_bucket=period_bucket
         )
-        rows = await self._fetch(sql.CANCEL_BY_UNIQUE_KEY, (key,))
-        return await self.cancel(rows[0][0]) if rows else None
+
+    async def retry_failed(
+        self, *, kind: str | None = None, queue: str | None = None
+    ) -> RetryFailedResult:
+        """Make every ``failed`` job of ``kind`` or of ``queue`` (exactly one) available again
+        with attempt 0; returns a :class:`RetryFailedResult`. A job whose failure consequence is
+        still owed stays failed; so does a job whose unique key another live job now holds
+        (logged, naming the holder), whose update fails alone for another reason, or whose
+        last attempt's handler still runs (an early ``fail_external``).
+
+        Raises:
+            ValueError: neither or both of ``kind`` and ``queue`` (awa's message).
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
+        """
+        return await self._jobs.retry_failed(kind=kind, queue=queue)
+
+    async def discard_failed(self, kind: str) -> int:
+        """Delete the ``failed`` jobs of ``kind`` (not those whose failure consequence is still
+        owed); returns how many. A job whose delete fails alone is kept (logged).
+
+        Raises:
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
+        """
+        return await self._jobs.discard_failed(kind)
+
+    async def dump_job(self, job_id: int) -> str:
+        """Every column of the job as indented JSON (failure-consequence bookkeeping included).
+        A dead-lettered job is dumped from the DLQ, with ``"in_dlq": true`` and its
+        ``dlq_reason`` / ``dlq_at`` / ``original_run_lease``.
+
+        Raises:
+            JobNotFound: no such job in ``awa_fast.jobs`` nor the DLQ.
+        """
+        return await self._jobs.dump_job(job_id)
+
+    async def dump_run(self, job_id: int, attempt: int | None = None) -> str:
+        """One attempt of a job as indented JSON: the job, the attempt number, the ``errors``
+        entry recorded for it (``null`` if it did not fail), progress, run lease and timestamps.
+        ``attempt`` defaults to the latest.
+
+        Raises:
+            JobNotFound: no such job.
+            AwaError: the job has no such attempt (or has never run).
+        """
+        return await self._jobs.dump_run(job_id, attempt)
+
+    # -- queues (admin/queues.py) and health (admin/health.py) ------------------------------------
 
     async def queue_stats(self) -> list[QueueStat]:
         """Per-queue counts (see :class:`QueueStat`)."""
-        out = []
-        for (
-            queue,
-            scheduled,
-            available,
-            retryable,
-            running,
-            failed,
-            waiting,
-            pending,
-            owed,
-            overdue,
-            completed_hour,
-            lag,
-            paused,
-            unhandled,
-        ) in await self._fetch(sql.QUEUE_STATS):
-            out.append(
-                QueueStat(
-                    queue,
-                    scheduled + available + retryable,
-                    scheduled,
-                    available,
-                    retryable,
-                    running,
-                    failed,
-                    waiting,
-                    pending,
-                    owed,
-                    overdue,
-                    completed_hour,
-                    float(lag),
-                    paused,
-                    unhandled,
-                )
-            )
-        return out
+        return await self._queues.queue_stats()
 
     async def unhandled_kinds(self) -> list[dict]:
         """Available jobs no live worker handles, per queue and kind:
         ``[{"queue", "kind", "available"}]`` (a live worker is a started runtime whose presence
         row in ``awa_fast.workers`` has not expired)."""
-        rows = await self._fetch(sql.UNHANDLED_AVAILABLE + " ORDER BY 1, 2")
-        return [{"queue": q, "kind": k, "available": n} for q, k, n in rows]
+        return await self._queues.unhandled_kinds()
 
     async def pause_queue(self, queue: str, paused_by: str | None = None) -> None:
         """Stop claims from ``queue`` (running jobs finish)."""
-        await self._fetch(sql.PAUSE_QUEUE, (queue, paused_by))
+        return await self._queues.pause_queue(queue, paused_by)
 
     async def resume_queue(self, queue: str) -> None:
         """Allow claims from ``queue`` again and wake its workers."""
-        await self._fetch(sql.RESUME_QUEUE, (queue,))
-        await self._fetch(sql.NOTIFY_QUEUE, (queue,))
+        return await self._queues.resume_queue(queue)
 
-    # -- periodic (cron) jobs -------------------------------------------------------------------
+    async def drain_queue(self, queue: str) -> int:
+        """Cancel every job of ``queue`` that is waiting (``available``, ``scheduled``,
+        ``retryable``, and parked in ``waiting_external``, as awa-pg does); running attempts are
+        left alone. Returns how many. A job whose
+        cancel fails alone (e.g. its mask holds ``cancelled`` and another cancelled job holds
+        its key) is left waiting (logged).
+
+        Raises:
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
+        """
+        return await self._queues.drain_queue(queue)
+
+    async def health_check(self) -> HealthCheck:
+        """Postgres reachability plus, when this client runs a runtime, its loops, leadership
+        and per-queue load (see :class:`HealthCheck`)."""
+        return await self._health.health_check()
+
+    # -- periodic (cron) jobs (admin/cron.py) -----------------------------------------------------
 
     async def list_cron_jobs(self) -> list[dict]:
         """Every stored periodic schedule as a dict: the ``awa_fast.cron_jobs`` columns
         (``last_fire_at`` = the scheduled fire time last enqueued, also as awa's
         ``last_enqueued_at``) plus ``next_fire_at``; timestamps are ISO 8601 strings."""
-        from awa_fast import periodic
-
-        async with (await self.pool()).connection() as conn:
-            return await periodic.list_schedules(conn)
+        return await self._cron.list_cron_jobs()
 
     async def delete_cron_job(self, name: str) -> bool:
         """Delete a stored schedule; ``True`` if it existed. A process that still registers it
         upserts it again at its next ``start()``."""
-        from awa_fast import periodic
+        return await self._cron.delete_cron_job(name)
 
-        async with (await self.pool()).connection() as conn:
-            return await periodic.delete_schedule(conn, name)
-
-    # -- external callbacks (ADR-021) -----------------------------------------------------------
+    # -- external callbacks, ADR-021 (admin/callbacks.py) -----------------------------------------
 
     async def complete_external(self, callback_id: Any, payload: Any = None) -> Job:
         """Complete the job waiting on ``callback_id`` (see ``awa_fast.callbacks``).
@@ -563,26 +544,26 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             CallbackNotFound: unknown or expired callback id.
             ValidationError: malformed callback id.
         """
-        return await callbacks.complete_external(self, callback_id, payload)
+        return await self._callbacks.complete_external(callback_id, payload)
 
     async def fail_external(self, callback_id: Any, error: str) -> Job:
         """Fail the job waiting on ``callback_id`` through the failure path (its failure
         consequence first). Raises as :meth:`complete_external`."""
-        return await callbacks.fail_external(self, callback_id, error)
+        return await self._callbacks.fail_external(callback_id, error)
 
     async def retry_external(self, callback_id: Any) -> Job:
         """Send the parked job back to available with attempt 0. Raises as
         :meth:`complete_external`."""
-        return await callbacks.retry_external(self, callback_id)
+        return await self._callbacks.retry_external(callback_id)
 
     async def resume_external(self, callback_id: Any, payload: Any = None) -> Job:
         """Resume a handler blocked in ``wait_for_callback`` with ``payload``. Raises as
         :meth:`complete_external`."""
-        return await callbacks.resume_external(self, callback_id, payload)
+        return await self._callbacks.resume_external(callback_id, payload)
 
     async def heartbeat_callback(self, callback_id: Any, timeout_seconds: float = 3600.0) -> Job:
         """Extend the callback's timeout to now + ``timeout_seconds`` seconds."""
-        return await callbacks.heartbeat_callback(self, callback_id, timeout_seconds)
+        return await self._callbacks.heartbeat_callback(callback_id, timeout_seconds)
 
     async def resolve_callback(
         self, callback_id: Any, payload: Any = None, default_action: str = "ignore"
@@ -595,9 +576,9 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
         Raises:
             CallbackNotFound: unknown callback id. ValidationError: malformed id or action.
         """
-        return await callbacks.resolve_callback(self, callback_id, payload, default_action)
+        return await self._callbacks.resolve_callback(callback_id, payload, default_action)
 
-    # -- failure consequences --------------------------------------------------------------------
+    # -- failure consequences (admin/consequences.py) ---------------------------------------------
 
     def failure_consequence(self, args_type_or_kind: Any, fn: Any) -> None:
         """Declare the failure consequence of a kind whose handler may live elsewhere (every
@@ -628,38 +609,264 @@ class AsyncClient(AdminMixin, BatchOperationsMixin):
             JobNotFound: no job with that id.
             AwaError: the job is not ``completed``.
         """
-        from awa_fast.errors import AwaError
-
-        job = await self.get_job(job_id)
-        pool = await self.pool()
-        async with pool.connection() as conn:
-            async with conn.transaction():
-                corrected = await self.settler.correct(conn, job_id, job.kind, job.attempt, error)
-        if not corrected:
-            raise AwaError(f"job {job_id} is {job.state}, not completed: nothing to correct")
-        if (
-            self.settler.correction_state(job.kind) == "owed"
-            and self.consequences.effect_of(job.kind) is not None
-        ):
-            await self.settler.reconcile_one(pool, job_id)
-        return await self.get_job(job_id)
+        return await self._consequences.correct_to_failed(job_id, error=error)
 
     async def consequences_owed(self, limit: int = 100) -> list[dict]:
         """Jobs whose failure consequence is owed (pending failures and corrections), with
         ``overdue`` true once an application failed or it waited over 60 s."""
-        keys = (
-            "id",
-            "kind",
-            "queue",
-            "state",
-            "reason",
-            "path",
-            "attempts",
-            "error",
-            "retry_at",
-            "overdue",
+        return await self._consequences.consequences_owed(limit)
+
+    # -- dead-letter queue, ADR-020 (admin/dlq.py) ------------------------------------------------
+
+    async def list_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        before_id: int | None = None,
+        before_dlq_at: datetime | str | None = None,
+        limit: int = 100,
+    ) -> list[DlqEntry]:
+        """Dead-lettered jobs, newest first (``dlq_at``, then id). ``before_id`` /
+        ``before_dlq_at`` page backwards (strictly older)."""
+        return await self._dlq.list_dlq(
+            kind=kind,
+            queue=queue,
+            tag=tag,
+            before_id=before_id,
+            before_dlq_at=before_dlq_at,
+            limit=limit,
         )
-        return [dict(zip(keys, r)) for r in await self._fetch(sql.CONSEQUENCES_OWED, (limit,))]
+
+    async def get_dlq_job(self, job_id: int) -> DlqEntry | None:
+        """The DLQ entry of job ``job_id``, or ``None``."""
+        return await self._dlq.get_dlq_job(job_id)
+
+    async def dlq_depth(self, *, queue: str | None = None) -> int:
+        """Number of dead-lettered jobs (of ``queue``, or in all)."""
+        return await self._dlq.dlq_depth(queue=queue)
+
+    async def dlq_depth_by_queue(self) -> dict[str, int]:
+        """``{queue: dead-lettered jobs}`` for every queue with at least one."""
+        return await self._dlq.dlq_depth_by_queue()
+
+    async def retry_from_dlq(
+        self,
+        job_id: int,
+        *,
+        run_at: datetime | str | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+    ) -> Job | None:
+        """Move a dead-lettered job back to ``awa_fast.jobs`` under the same id: attempt 0,
+        run lease kept (never reused, so a zombie attempt stays stale), errors kept, ``available`` (``scheduled`` for a future ``run_at``), with
+        optional ``priority`` / ``queue`` overrides. Returns the job, or ``None`` if job
+        ``job_id`` is not in the DLQ.
+
+        Raises:
+            UniqueConflict: a live job holds its unique key; nothing changes (the DLQ row stays).
+            ValidationError: an override breaks a rule (e.g. priority outside 1..4).
+            AttemptStillRunning: the handler of the job's last attempt is still running (an
+                early ``fail_external`` dead-lettered it; docs/architecture.md, "No two
+                executions of one job overlap"); nothing changes, retry once it has ended.
+        """
+        return await self._dlq.retry_from_dlq(job_id, run_at=run_at, priority=priority, queue=queue)
+
+    async def bulk_retry_from_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        allow_all: bool = False,
+    ) -> int:
+        """Retry every matching DLQ entry (as :meth:`retry_from_dlq`); returns how many.
+        Entries whose unique key is held by a live job are skipped and stay in the DLQ (logged
+        with the holder); so does an entry whose re-insert fails for another reason, and one
+        whose last attempt's handler is still running (retry it once it has ended).
+
+        Raises:
+            ValueError: no filter and not ``allow_all``.
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
+        """
+        return await self._dlq.bulk_retry_from_dlq(
+            kind=kind, queue=queue, tag=tag, allow_all=allow_all
+        )
+
+    async def move_failed_to_dlq(self, job_id: int, reason: str = "manual") -> bool:
+        """Move a ``failed`` job to the DLQ (whatever its queue's DLQ setting). ``False`` if
+        the job is not failed (or its failure consequence is still owed)."""
+        return await self._dlq.move_failed_to_dlq(job_id, reason)
+
+    async def bulk_move_failed_to_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        reason: str = "manual",
+        allow_all: bool = False,
+    ) -> int:
+        """Move every matching ``failed`` job to the DLQ; returns how many.
+
+        A job whose move fails alone (say a trigger refuses it) stays failed (logged).
+
+        Raises:
+            ValueError: no filter and not ``allow_all``.
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
+        """
+        return await self._dlq.bulk_move_failed_to_dlq(
+            kind=kind, queue=queue, reason=reason, allow_all=allow_all
+        )
+
+    async def purge_dlq_job(self, job_id: int) -> bool:
+        """Delete one DLQ entry; ``True`` if it existed."""
+        return await self._dlq.purge_dlq_job(job_id)
+
+    async def purge_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        before_id: int | None = None,
+        before_dlq_at: datetime | str | None = None,
+        allow_all: bool = False,
+    ) -> int:
+        """Delete matching DLQ entries; returns how many. An entry whose delete fails alone is
+        kept (logged).
+
+        Raises:
+            ValueError: no filter and not ``allow_all``.
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
+        """
+        return await self._dlq.purge_dlq(
+            kind=kind,
+            queue=queue,
+            tag=tag,
+            before_id=before_id,
+            before_dlq_at=before_dlq_at,
+            allow_all=allow_all,
+        )
+
+    # -- storage, awa-pg's start-up calls (admin/storage.py) --------------------------------------
+
+    async def flush_admin_metadata(self) -> None:
+        """awa recomputes cached admin counters here; awa-fast caches none (``queue_stats()``
+        counts the jobs table when called), so there is nothing to flush."""
+        return await self._storage.flush_admin_metadata()
+
+    async def install_queue_storage(
+        self,
+        *,
+        schema: str = "awa",
+        queue_slot_count: int = 16,
+        lease_slot_count: int = 8,
+        reset: bool = False,
+    ) -> None:
+        """awa installs and activates its queue-storage engine here. awa-fast has one engine,
+        the ``awa_fast`` schema, always active: this applies its migrations (idempotent).
+
+        Raises:
+            Unsupported: a non-default ``schema``, slot count, or ``reset=True`` (awa-fast's
+                schema and layout are fixed; it never drops jobs to reset storage).
+        """
+        return await self._storage.install_queue_storage(
+            schema=schema,
+            queue_slot_count=queue_slot_count,
+            lease_slot_count=lease_slot_count,
+            reset=reset,
+        )
+
+    async def prepare_queue_storage_schema(
+        self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
+    ) -> None:
+        """As :meth:`install_queue_storage` (awa-fast has no separate prepare step)."""
+        return await self._storage.prepare_queue_storage_schema(
+            schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
+        )
+
+    async def storage_status(self) -> str:
+        """awa's storage-status report (pretty JSON, same keys) for awa-fast's one engine:
+        ``current_engine`` = ``active_engine`` = ``"awa_fast"``, state ``"active"``, never a
+        transition (both ``can_*`` false, with the reason as the blocker), timestamps from the
+        schema's migration history, ``details`` with the schema and migration versions."""
+        return await self._storage.storage_status()
+
+    # -- batch operations, awa's ADR-030 (admin/batches.py) ---------------------------------------
+
+    async def preview_batch_operation(
+        self, op_kind: BatchOperationKind, *, spec: dict, filter: BatchOperationFilter | None = None
+    ) -> BatchOperationPreview:
+        """Count and sample the queued jobs an operation would change (no submission)."""
+        return await self._batches.preview_batch_operation(op_kind, spec=spec, filter=filter)
+
+    async def submit_batch_operation(
+        self,
+        op_kind: BatchOperationKind,
+        *,
+        spec: dict,
+        filter: BatchOperationFilter | None = None,
+        submitted_by: str | None = None,
+        allow_all: bool = False,
+    ) -> BatchOperation:
+        """Submit an operation for the maintenance leader to run; returns it (``pending``).
+        ``submitted_by`` defaults to the database session user."""
+        return await self._batches.submit_batch_operation(
+            op_kind, spec=spec, filter=filter, submitted_by=submitted_by, allow_all=allow_all
+        )
+
+    async def preview_set_priority(self, priority: int, *, filter: dict | None = None) -> dict:
+        return await self._batches.preview_set_priority(priority, filter=filter)
+
+    async def set_priority(
+        self,
+        priority: int,
+        *,
+        filter: dict | None = None,
+        submitted_by: str | None = None,
+        allow_all: bool = False,
+    ) -> dict:
+        """Submit ``set_priority`` (1-4) over the matched available / scheduled jobs."""
+        return await self._batches.set_priority(
+            priority, filter=filter, submitted_by=submitted_by, allow_all=allow_all
+        )
+
+    async def preview_move_queue(
+        self, queue: str, *, priority: int | None = None, filter: dict | None = None
+    ) -> dict:
+        return await self._batches.preview_move_queue(queue, priority=priority, filter=filter)
+
+    async def move_queue(
+        self,
+        queue: str,
+        *,
+        priority: int | None = None,
+        filter: dict | None = None,
+        submitted_by: str | None = None,
+        allow_all: bool = False,
+    ) -> dict:
+        """Submit ``move_queue`` (optionally with a new priority) over the matched jobs."""
+        return await self._batches.move_queue(
+            queue, priority=priority, filter=filter, submitted_by=submitted_by, allow_all=allow_all
+        )
+
+    async def list_batch_operations(
+        self, *, state: str | None = None, limit: int = 100
+    ) -> list[dict]:
+        """Operations, newest first (``state`` filters)."""
+        return await self._batches.list_batch_operations(state=state, limit=limit)
+
+    async def get_batch_operation(self, operation_id: str) -> dict:
+        return await self._batches.get_batch_operation(operation_id)
+
+    async def cancel_batch_operation(self, operation_id: str) -> dict:
+        """Cancel a pending operation, or ask the runner to stop an active one."""
+        return await self._batches.cancel_batch_operation(operation_id)
+
+    async def purge_batch_operations(self, before: datetime, *, limit: int = 1000) -> int:
+        """Delete finalized operations finalized before ``before``; returns how many."""
+        return await self._batches.purge_batch_operations(before, limit=limit)
 
     # -- workers --------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import threading
 from datetime import datetime
 from typing import Any
 
+from awa_fast.batch_ops import BatchOperationFilter, BatchOperationKind
 from awa_fast.client import DEFAULT_QUEUE, AsyncClient
 from awa_fast.transaction import Transaction
 
@@ -274,15 +275,21 @@ class Client:
 
     # -- batch operations (awa_fast/batch_ops.py) --------------------------------------------
 
-    def preview_batch_operation(self, op_kind: str, *, spec: dict, filter: dict | None = None):
+    def preview_batch_operation(
+        self,
+        op_kind: BatchOperationKind,
+        *,
+        spec: dict,
+        filter: BatchOperationFilter | None = None,
+    ):
         return self._call(self._async.preview_batch_operation(op_kind, spec=spec, filter=filter))
 
     def submit_batch_operation(
         self,
-        op_kind: str,
+        op_kind: BatchOperationKind,
         *,
         spec: dict,
-        filter: dict | None = None,
+        filter: BatchOperationFilter | None = None,
         submitted_by: str | None = None,
         allow_all: bool = False,
     ):

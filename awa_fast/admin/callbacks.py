@@ -1,0 +1,88 @@
+"""External-callback admin (ADR-021): :class:`CallbackAdmin`, the callback-id operations of
+``AsyncClient`` over :mod:`awa_fast.callbacks` (where the statements and rules are)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from awa_fast import callbacks
+from awa_fast.admin.connections import Connections
+from awa_fast.job import Job
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+    from awa_fast.worker.consequences import Settler
+    from awa_fast.worker.specs import SpecRunner
+
+
+class CallbackAdmin:
+    """Complete, fail, retry, resume, heartbeat or resolve the job waiting on a callback id
+    (``AsyncClient``'s docstrings are the reference for arguments and errors). It is the
+    :class:`~awa_fast.callbacks.CallbackDeps` the operations run with.
+
+    Args:
+        db: the connection source.
+        specs: returns the registered follow-up specs (a completion inserts its Completed
+            specs).
+        settler: returns the settler (a failure: its consequence first, then failed / DLQ).
+        staleness_ms: how old (ms) a heartbeat must be for its attempt to count as ended
+            (``AsyncClient.staleness_ms``).
+    """
+
+    def __init__(
+        self,
+        db: Connections,
+        specs: Callable[[], SpecRunner],
+        settler: Callable[[], Settler],
+        staleness_ms: Callable[[], int],
+    ) -> None:
+        self._db = db
+        self._specs = specs
+        self._settler = settler
+        self._staleness_ms = staleness_ms
+
+    @property
+    def specs(self) -> SpecRunner:
+        """The registered follow-up specs."""
+        return self._specs()
+
+    @property
+    def settler(self) -> Settler:
+        """The settler failures go through."""
+        return self._settler()
+
+    async def pool(self) -> AsyncConnectionPool:
+        """The open pool."""
+        return await self._db.pool()
+
+    def staleness_ms(self) -> int:
+        """The heartbeat age (ms) after which an attempt counts as ended."""
+        return self._staleness_ms()
+
+    async def complete_external(self, callback_id: Any, payload: Any = None) -> Job:
+        """:func:`awa_fast.callbacks.complete_external`."""
+        return await callbacks.complete_external(self, callback_id, payload)
+
+    async def fail_external(self, callback_id: Any, error: str) -> Job:
+        """:func:`awa_fast.callbacks.fail_external`."""
+        return await callbacks.fail_external(self, callback_id, error)
+
+    async def retry_external(self, callback_id: Any) -> Job:
+        """:func:`awa_fast.callbacks.retry_external`."""
+        return await callbacks.retry_external(self, callback_id)
+
+    async def resume_external(self, callback_id: Any, payload: Any = None) -> Job:
+        """:func:`awa_fast.callbacks.resume_external`."""
+        return await callbacks.resume_external(self, callback_id, payload)
+
+    async def heartbeat_callback(self, callback_id: Any, timeout_seconds: float = 3600.0) -> Job:
+        """:func:`awa_fast.callbacks.heartbeat_callback` (``timeout_seconds`` in seconds)."""
+        return await callbacks.heartbeat_callback(self, callback_id, timeout_seconds)
+
+    async def resolve_callback(
+        self, callback_id: Any, payload: Any = None, default_action: str = "ignore"
+    ) -> callbacks.ResolveResult:
+        """:func:`awa_fast.callbacks.resolve_callback`."""
+        return await callbacks.resolve_callback(self, callback_id, payload, default_action)

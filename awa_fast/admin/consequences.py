@@ -1,0 +1,78 @@
+"""Failure-consequence admin: :class:`ConsequenceAdmin` -- correct an apparent success to a
+failure, list the consequences owed. The settling rules are in
+:mod:`awa_fast.worker.consequences`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from awa_fast import sql
+from awa_fast.admin.connections import Connections
+from awa_fast.errors import AwaError
+from awa_fast.job import Job
+from awa_fast.worker.consequences import ConsequenceApplier, Settler
+
+_OWED_KEYS = (
+    "id",
+    "kind",
+    "queue",
+    "state",
+    "reason",
+    "path",
+    "attempts",
+    "error",
+    "retry_at",
+    "overdue",
+)
+
+
+class ConsequenceAdmin:
+    """The operations behind ``AsyncClient.correct_to_failed`` and
+    ``AsyncClient.consequences_owed`` (their docstrings are the reference).
+
+    Args:
+        db: the connection source.
+        settler: returns the settler (records the correction and settles it).
+        consequences: returns the kinds' declared consequences (is this kind's effect known
+            in this process?).
+        get_job: reads a job by id (raises ``JobNotFound``).
+    """
+
+    def __init__(
+        self,
+        db: Connections,
+        settler: Callable[[], Settler],
+        consequences: Callable[[], ConsequenceApplier],
+        get_job: Callable[[int], Awaitable[Job]],
+    ) -> None:
+        self._db = db
+        self._settler = settler
+        self._consequences = consequences
+        self._get_job = get_job
+
+    async def correct_to_failed(self, job_id: int, *, error: str) -> Job:
+        """A ``completed`` job made ``failed`` with its consequence owed (applied at once when
+        this process knows the kind's effect); returns the job as it is now.
+
+        Raises:
+            JobNotFound: no job with that id. AwaError: the job is not ``completed``.
+        """
+        job = await self._get_job(job_id)
+        settler = self._settler()
+        pool = await self._db.pool()
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                corrected = await settler.correct(conn, job_id, job.kind, job.attempt, error)
+        if not corrected:
+            raise AwaError(f"job {job_id} is {job.state}, not completed: nothing to correct")
+        if (
+            settler.correction_state(job.kind) == "owed"
+            and self._consequences().effect_of(job.kind) is not None
+        ):
+            await settler.reconcile_one(pool, job_id)
+        return await self._get_job(job_id)
+
+    async def consequences_owed(self, limit: int = 100) -> list[dict]:
+        """Owed consequences (at most ``limit``) as dicts with ``overdue``."""
+        rows = await self._db.fetch(sql.CONSEQUENCES_OWED, (limit,))
+        return [dict(zip(_OWED_KEYS, r)) for r in rows]

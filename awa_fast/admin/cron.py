@@ -1,0 +1,31 @@
+"""Cron admin: :class:`CronAdmin`, the stored periodic schedules (``awa_fast.cron_jobs``; the
+schedule logic is in :mod:`awa_fast.periodic`)."""
+
+from __future__ import annotations
+
+from awa_fast.admin.connections import Connections
+
+
+class CronAdmin:
+    """List and delete stored schedules (``AsyncClient``'s docstrings are the reference).
+
+    Args:
+        db: the connection source.
+    """
+
+    def __init__(self, db: Connections) -> None:
+        self._db = db
+
+    async def list_cron_jobs(self) -> list[dict]:
+        """Every stored schedule as a dict (ISO 8601 timestamps, plus ``next_fire_at``)."""
+        from awa_fast import periodic  # croniter loads only when schedules are used
+
+        async with (await self._db.pool()).connection() as conn:
+            return await periodic.list_schedules(conn)
+
+    async def delete_cron_job(self, name: str) -> bool:
+        """Delete a stored schedule; ``True`` if it existed."""
+        from awa_fast import periodic
+
+        async with (await self._db.pool()).connection() as conn:
+            return await periodic.delete_schedule(conn, name)

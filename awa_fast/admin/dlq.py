@@ -1,0 +1,295 @@
+"""Dead-letter queue admin (ADR-020, awa-pg's names): :class:`DlqAdmin` and :class:`DlqEntry`.
+
+A failed job of a queue with DLQ enabled (``{"name": "q", "max_workers": 4, "dlq": True}`` in
+``start()``, or ``start(dlq_enabled_by_default=True)``) is moved from ``awa_fast.jobs`` to
+``awa_fast.dlq`` with a reason and its last run lease; DLQ rows are never claimed. They come back
+with :meth:`DlqAdmin.retry_from_dlq` (same id, attempt 0) or go away with
+:meth:`DlqAdmin.purge_dlq` / the maintenance retention (``dlq_retention_days``, default 30). Bulk
+operations without a filter need ``allow_all=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from awa_fast import _native, enqueue, sql
+from awa_fast.admin.connections import Connections
+from awa_fast.errors import AttemptStillRunning, UniqueConflict
+from awa_fast.job import JOB_FIELDS, Job
+
+_N = len(JOB_FIELDS)
+
+
+@dataclasses.dataclass(frozen=True)
+class DlqEntry:
+    """A dead-lettered job: its snapshot (``job.state`` is ``failed``), why and when it was
+    dead-lettered, and the run lease of its last attempt."""
+
+    job: Job
+    reason: str
+    dlq_at: datetime
+    original_run_lease: int
+
+    @classmethod
+    def from_row(cls, row: tuple) -> DlqEntry:
+        return cls(Job.from_row(row), row[_N], row[_N + 1], row[_N + 2])
+
+    def to_dict(self) -> dict:
+        """JSON-compatible: the job's fields plus ``dlq_reason``, ``dlq_at``,
+        ``original_run_lease``."""
+        out = self.job.to_dict()
+        out.update(
+            dlq_reason=self.reason,
+            dlq_at=self.dlq_at.isoformat(),
+            original_run_lease=self.original_run_lease,
+        )
+        return out
+
+
+def when(value: Any, name: str) -> datetime | None:
+    """A datetime or ISO 8601 string (naive = UTC) as an aware datetime; ``None`` stays ``None``.
+
+    Raises:
+        ValueError: a string that is not ISO 8601. TypeError: neither a datetime nor a string.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{name}: not an ISO 8601 timestamp: {value!r}") from None
+    if not isinstance(value, datetime):
+        raise TypeError(f"{name} must be a datetime or ISO 8601 string, got {type(value).__name__}")
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def require_filter(op: str, allow_all: bool, **filters: Any) -> None:
+    """Refuse a bulk operation over every row unless ``allow_all``.
+
+    Raises:
+        ValueError: every filter is ``None`` and ``allow_all`` is false.
+    """
+    if not allow_all and all(v is None for v in filters.values()):
+        names = ", ".join(filters)
+        raise ValueError(f"{op} without a filter ({names}) affects every row: pass allow_all=True")
+
+
+class DlqAdmin:
+    """The DLQ operations behind ``AsyncClient``'s DLQ methods (their docstrings are the
+    reference for arguments and errors).
+
+    Args:
+        db: the connection source.
+        staleness_ms: how old (ms) a heartbeat must be for its attempt to count as ended
+            (``AsyncClient.staleness_ms``); a retry waits for the last attempt to end.
+    """
+
+    def __init__(self, db: Connections, staleness_ms: Callable[[], int]) -> None:
+        self._db = db
+        self._staleness_ms = staleness_ms
+
+    async def list_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        before_id: int | None = None,
+        before_dlq_at: datetime | str | None = None,
+        limit: int = 100,
+    ) -> list[DlqEntry]:
+        """Dead-lettered jobs, newest first; ``before_*`` page backwards."""
+        rows = await self._db.fetch(
+            sql.DLQ_LIST,
+            {
+                "kind": kind,
+                "queue": queue,
+                "tag": tag,
+                "before_id": before_id,
+                "before_dlq_at": when(before_dlq_at, "before_dlq_at"),
+                "limit": limit,
+            },
+        )
+        return [DlqEntry.from_row(r) for r in rows]
+
+    async def get_dlq_job(self, job_id: int) -> DlqEntry | None:
+        """The DLQ entry of job ``job_id``, or ``None``."""
+        rows = await self._db.fetch(sql.DLQ_GET, (job_id,))
+        return DlqEntry.from_row(rows[0]) if rows else None
+
+    async def dlq_depth(self, *, queue: str | None = None) -> int:
+        """Number of dead-lettered jobs (of ``queue``, or in all)."""
+        return (await self._db.fetch(sql.DLQ_DEPTH, {"queue": queue}))[0][0]
+
+    async def dlq_depth_by_queue(self) -> dict[str, int]:
+        """``{queue: dead-lettered jobs}`` for every queue with at least one."""
+        return {q: n for q, n in await self._db.fetch(sql.DLQ_DEPTH_BY_QUEUE)}
+
+    async def retry_from_dlq(
+        self,
+        job_id: int,
+        *,
+        run_at: datetime | str | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+    ) -> Job | None:
+        """Move a DLQ entry back to ``awa_fast.jobs`` (same id, attempt 0); ``None`` if absent.
+
+        Raises:
+            UniqueConflict, ValidationError, AttemptStillRunning: as
+                ``AsyncClient.retry_from_dlq`` (nothing changes).
+        """
+        # Overrides obey the insert rules (validated in _ext, with placeholders for the rest).
+        _native.validate_insert(
+            "kind",
+            "default" if queue is None else queue,
+            2 if priority is None else priority,
+            1,
+            None,
+        )
+        params = {
+            "id": job_id,
+            "run_at": when(run_at, "run_at"),
+            "priority": priority,
+            "to_queue": queue,
+            "stale_ms": self._staleness_ms(),
+        }
+        async with (await self._db.pool()).connection() as conn:
+            try:
+                with enqueue.mapped_errors():
+                    async with conn.transaction():
+                        cur = await conn.execute(sql.DLQ_RETRY, params)
+                        row = await cur.fetchone()
+                        if row is not None and str(row[4]) == "available":
+                            await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
+            except UniqueConflict as exc:
+                raise await enqueue.holder_conflict(
+                    conn, job_id, "retry DLQ", exc, "the job stays in the DLQ (nothing changed)"
+                ) from exc
+            if row is None:
+                cur = await conn.execute(sql.DLQ_ATTEMPT_STILL_RUNS, params)
+                running = await cur.fetchone()
+                if running is not None:
+                    raise AttemptStillRunning(
+                        f"job {job_id} is in the DLQ but its last attempt's handler is still "
+                        f"running (last heartbeat {running[0].isoformat()}); retry once it has "
+                        "ended",
+                        job_id=job_id,
+                    )
+        return None if row is None else Job.from_row(row)
+
+    async def bulk_retry_from_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        allow_all: bool = False,
+    ) -> int:
+        """Retry every matching DLQ entry; returns how many (the others stay, logged).
+
+        Raises:
+            ValueError: no filter and not ``allow_all``. DeadlockError: nothing changed.
+        """
+        require_filter("bulk_retry_from_dlq", allow_all, kind=kind, queue=queue, tag=tag)
+        params = {
+            "kind": kind,
+            "queue": queue,
+            "tag": tag,
+            "before_id": None,
+            "before_dlq_at": None,
+            "run_at": None,
+            "priority": None,
+            "to_queue": None,
+            "stale_ms": self._staleness_ms(),
+        }
+        rows = await self._db.run_isolated(
+            "DLQ bulk retry",
+            sql.DLQ_RETRY_BULK,
+            sql.DLQ_MATCHING_IDS,
+            sql.DLQ_RETRY_ONE,
+            params,
+            notify=lambda r: str(r[4]) == "available",
+        )
+        return len(rows)
+
+    async def move_failed_to_dlq(self, job_id: int, reason: str = "manual") -> bool:
+        """Move a ``failed`` job to the DLQ; ``False`` if it is not failed (or still owes its
+        failure consequence)."""
+        async with (await self._db.pool()).connection() as conn:
+            cur = await conn.execute(
+                sql.DLQ_MOVE_ONE, {"id": job_id, "reason": reason, "kind": None, "queue": None}
+            )
+            return cur.rowcount > 0
+
+    async def bulk_move_failed_to_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        reason: str = "manual",
+        allow_all: bool = False,
+    ) -> int:
+        """Move every matching ``failed`` job to the DLQ; returns how many.
+
+        Raises:
+            ValueError: no filter and not ``allow_all``. DeadlockError: nothing changed.
+        """
+        require_filter("bulk_move_failed_to_dlq", allow_all, kind=kind, queue=queue)
+        rows = await self._db.run_isolated(
+            "move to the DLQ",
+            sql.DLQ_MOVE_BULK,
+            sql.SETTLED_FAILED_IDS,
+            sql.DLQ_MOVE_ONE,
+            {"kind": kind, "queue": queue, "reason": reason},
+        )
+        return len(rows)
+
+    async def purge_dlq_job(self, job_id: int) -> bool:
+        """Delete one DLQ entry; ``True`` if it existed."""
+        async with (await self._db.pool()).connection() as conn:
+            cur = await conn.execute(sql.DLQ_PURGE_ONE, (job_id,))
+            return cur.rowcount > 0
+
+    async def purge_dlq(
+        self,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+        tag: str | None = None,
+        before_id: int | None = None,
+        before_dlq_at: datetime | str | None = None,
+        allow_all: bool = False,
+    ) -> int:
+        """Delete matching DLQ entries; returns how many.
+
+        Raises:
+            ValueError: no filter and not ``allow_all``. DeadlockError: nothing changed.
+        """
+        require_filter(
+            "purge_dlq",
+            allow_all,
+            kind=kind,
+            queue=queue,
+            tag=tag,
+            before_id=before_id,
+            before_dlq_at=before_dlq_at,
+        )
+        rows = await self._db.run_isolated(
+            "DLQ purge",
+            sql.DLQ_PURGE,
+            sql.DLQ_MATCHING_IDS,
+            sql.DLQ_PURGE_MATCHING_ONE,
+            {
+                "kind": kind,
+                "queue": queue,
+                "tag": tag,
+                "before_id": before_id,
+                "before_dlq_at": when(before_dlq_at, "before_dlq_at"),
+            },
+        )
+        return len(rows)

@@ -1,0 +1,110 @@
+"""Queue admin (awa-pg's names): :class:`QueueAdmin` -- counts, pause / resume, drain -- and
+:class:`QueueStat`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from awa_fast import sql
+from awa_fast.admin.connections import Connections
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueStat:
+    """Counts per queue (awa's fields, plus ``consequence_pending`` and the failure
+    consequences still owed / overdue). ``lag_seconds`` is the age of the oldest available job,
+    in seconds. ``unhandled`` counts available jobs whose kind no live worker process has a
+    handler for on that queue (they wait; see ``unhandled_kinds()``)."""
+
+    queue: str
+    total_queued: int
+    scheduled: int
+    available: int
+    retryable: int
+    running: int
+    failed: int
+    waiting_external: int
+    consequence_pending: int
+    consequences_owed: int
+    consequences_overdue: int
+    completed_last_hour: int
+    lag_seconds: float
+    paused: bool
+    unhandled: int = 0
+
+
+class QueueAdmin:
+    """The queue operations behind ``AsyncClient``'s queue methods (their docstrings are the
+    reference for arguments and errors).
+
+    Args:
+        db: the connection source.
+    """
+
+    def __init__(self, db: Connections) -> None:
+        self._db = db
+
+    async def queue_stats(self) -> list[QueueStat]:
+        """Per-queue counts (see :class:`QueueStat`)."""
+        out = []
+        for (
+            queue,
+            scheduled,
+            available,
+            retryable,
+            running,
+            failed,
+            waiting,
+            pending,
+            owed,
+            overdue,
+            completed_hour,
+            lag,
+            paused,
+            unhandled,
+        ) in await self._db.fetch(sql.QUEUE_STATS):
+            out.append(
+                QueueStat(
+                    queue,
+                    scheduled + available + retryable,
+                    scheduled,
+                    available,
+                    retryable,
+                    running,
+                    failed,
+                    waiting,
+                    pending,
+                    owed,
+                    overdue,
+                    completed_hour,
+                    float(lag),
+                    paused,
+                    unhandled,
+                )
+            )
+        return out
+
+    async def unhandled_kinds(self) -> list[dict]:
+        """``[{"queue", "kind", "available"}]``: available jobs no live worker handles."""
+        rows = await self._db.fetch(sql.UNHANDLED_AVAILABLE + " ORDER BY 1, 2")
+        return [{"queue": q, "kind": k, "available": n} for q, k, n in rows]
+
+    async def pause_queue(self, queue: str, paused_by: str | None = None) -> None:
+        """Stop claims from ``queue`` (running jobs finish)."""
+        await self._db.fetch(sql.PAUSE_QUEUE, (queue, paused_by))
+
+    async def resume_queue(self, queue: str) -> None:
+        """Allow claims from ``queue`` again and wake its workers."""
+        await self._db.fetch(sql.RESUME_QUEUE, (queue,))
+        await self._db.fetch(sql.NOTIFY_QUEUE, (queue,))
+
+    async def drain_queue(self, queue: str) -> int:
+        """Cancel the waiting jobs of ``queue``; returns how many.
+
+        Raises:
+            DeadlockError: nothing changed.
+        """
+        rows = await self._db.run_isolated(
+            "drain_queue", sql.DRAIN_QUEUE, sql.DRAINABLE_IDS, sql.DRAIN_ONE, {"queue": queue}
+        )
+        return len(rows)
