@@ -1,6 +1,11 @@
 """The async client :class:`AsyncClient` (producers, admin, workers); the blocking ``Client`` is in
 ``awa_fast/sync_client.py``.
 
+The client is a facade: it owns the pool, inserts, registration and the runtime's start /
+shutdown; each admin method is written out and calls the method of the same name on one area
+object of :mod:`awa_fast.admin` (jobs, queues, health, DLQ, cron, consequences, callbacks,
+storage, batch operations), which gets only the dependencies it uses.
+
 Names, keywords and defaults follow awa-pg (``awa.AsyncClient`` / ``awa.Client``), so an
 application moves over with ``import awa_fast as awa``.
 """
