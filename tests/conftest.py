@@ -10,6 +10,12 @@ suffix, migrated with ``awa_fast.schema.migrate_sync`` and dropped (``WITH (FORC
 ``own_server`` (module): a server of the module's own that its tests may restart.
 
 A server that cannot be started is an error, never a skip.
+
+``AWA_FAST_TEST_LOOP=uvloop`` runs every async test and fixture on uvloop, the loop every worker
+process runs (``awa_fast/worker/supervisor.py``); unset (or ``asyncio``), the standard loop.
+
+Every test is marked ``unit`` (it uses none of the database fixtures below, so it needs no
+server: ``pytest -m unit``) or ``integration`` (``pytest -m integration``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,32 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from awa_fast.schema import migrate_sync
+
+# The fixtures that give a test a PostgreSQL server; a test using none of them is a unit test
+# unless it is marked ``integration`` itself (it starts a server of its own).
+DATABASE_FIXTURES = {"pg_base_dsn", "dsn", "fresh_db", "own_server", "clean", "client"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("integration") is not None:
+            continue
+        if DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+        else:
+            item.add_marker(pytest.mark.unit)
+
+
+_LOOP = os.environ.get("AWA_FAST_TEST_LOOP", "asyncio")
+if _LOOP == "uvloop":
+    import uvloop
+
+    def pytest_asyncio_loop_factories(config, item):
+        """pytest-asyncio's hook: every async test and fixture runs on a uvloop loop."""
+        return {"uvloop": uvloop.new_event_loop}
+
+elif _LOOP != "asyncio":
+    raise pytest.UsageError(f"AWA_FAST_TEST_LOOP must be 'asyncio' or 'uvloop', got {_LOOP!r}")
 
 
 @pytest.fixture(scope="session")

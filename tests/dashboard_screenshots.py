@@ -22,7 +22,7 @@ from awa_fast.embedded import start_temp
 from awa_fast.schema import migrate_sync
 from tests import dashboard_seed
 from tests.dashboard_support import CHROMIUM, CHROMIUM_ARGS, served
-from tests.support import scalar, wait_for
+from tests.support import scalar, until
 
 
 @dataclasses.dataclass
@@ -89,27 +89,32 @@ async def main(out: Path) -> None:
             **dashboard_seed.FAST,
         )
         try:
-            await wait_for(
+            await until(
                 lambda: scalar(
                     dsn,
                     "SELECT count(*) = 0 FROM awa_fast.jobs WHERE "
                     "state = 'available' AND queue IN ('default', "
                     "'shipping')",
                 ),
+                client,
                 60,
                 "the orders to drain",
             )
-            await wait_for(
+            await until(
                 lambda: scalar(
                     dsn,
                     "SELECT count(*) = 2 FROM awa_fast.jobs WHERE "
                     "state = 'running' AND progress IS NOT NULL",
                 ),
+                [client, client.runtime.heartbeat.beaten],
                 30,
                 "two videos running with progress",
             )
-            await wait_for(
-                lambda: scalar(dsn, "SELECT count(*) >= 4 FROM awa_fast.dlq"), 30, "the DLQ entries"
+            await until(
+                lambda: scalar(dsn, "SELECT count(*) >= 4 FROM awa_fast.dlq"),
+                client,
+                30,
+                "the DLQ entries",
             )
             # the newest rows: a mix of kinds, queues and waiting states for the jobs page
             later = datetime.now(UTC) + timedelta(hours=2)

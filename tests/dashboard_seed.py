@@ -18,17 +18,9 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import awa_fast as awa
-from tests.support import scalar, wait_for, wait_state
+from tests.support import FAST, scalar, until, wait_state
 
 NONE = awa.NO_FAILURE_CONSEQUENCE
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-    heartbeat_rescue_interval_ms=100,
-    deadline_rescue_interval_ms=100,
-)
 
 
 @dataclasses.dataclass
@@ -115,20 +107,21 @@ async def seed(dsn: str) -> dict[str, int]:
             [("default", 4), ("shipping", 2), {"name": "billing", "max_workers": 2, "dlq": True}],
             **FAST,
         )
-        await wait_state(dsn, order, "completed")
-        await wait_state(dsn, boom, "failed")
-        await wait_state(dsn, charge, "consequence_pending")
-        await wait_state(dsn, refund, "failed")
-        await wait_for(lambda: client.get_dlq_job(dead), what=f"job {dead} in the DLQ")
-        ship = await wait_for(
+        await wait_state(client, order, "completed")
+        await wait_state(client, boom, "failed")
+        await wait_state(client, charge, "consequence_pending")
+        await wait_state(client, refund, "failed")
+        await until(lambda: client.get_dlq_job(dead), client, what=f"job {dead} in the DLQ")
+        ship = await until(
             lambda: scalar(
                 dsn,
                 "SELECT max(id) FROM awa_fast.jobs WHERE metadata->>'awa:triggered_by' = %s",
                 (str(order),),
             ),
+            client,
             what=f"the follow-up of job {order}",
         )
-        await wait_state(dsn, ship, "completed")
+        await wait_state(client, ship, "completed")
     finally:
         await client.close()
     return {

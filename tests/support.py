@@ -5,17 +5,107 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import psycopg
 
+from awa_fast.worker.observe import Signal
 
-async def wait_for(
+# The one timing of every runtime a test starts in its own process: claims every 50 ms, every
+# maintenance loop every 50-100 ms (heartbeat staleness and the rest stay at their defaults).
+# A module that needs more gives its differences on top: ``{**FAST, "maintenance": False}``.
+FAST: dict[str, Any] = dict(
+    poll_interval_ms=50,
+    heartbeat_interval_ms=100,
+    promote_interval_ms=50,
+    leader_election_interval_ms=100,
+    heartbeat_rescue_interval_ms=50,
+    callback_rescue_interval_ms=50,
+    deadline_rescue_interval_ms=50,
+    reconcile_interval_ms=50,
+    cron_interval_ms=50,
+    callback_poll_interval_ms=20,
+)
+
+Source = Any  # a started AsyncClient, a Runtime, a Signal, or a list / tuple of them
+
+
+def signals(source: Source) -> list[Signal]:
+    """The signals a wait on ``source`` wakes on: a client's or runtime's ``progress`` (claims
+    that took rows, attempts ended, maintenance passes that did work), or the signal itself."""
+    if isinstance(source, Signal):
+        return [source]
+    if isinstance(source, (list, tuple)):
+        return [s for item in source for s in signals(item)]
+    runtime = getattr(source, "runtime", source)
+    progress = getattr(runtime, "progress", None)
+    if not isinstance(progress, Signal):
+        raise TypeError(f"{source!r} has no signals to wait on (is the client started?)")
+    return [progress]
+
+
+def passes(source: Any, loop: str) -> Signal:
+    """A signal fired after each pass of the maintenance loop named ``loop`` (``"promote"``,
+    ``"rescue"``, ``"callback_rescue"``, ``"prune"``, ``"evaluate_cron"``, ``"reconcile"``,
+    ``"run_batch_operations"``) of a started client's (or runtime's) leader, whatever it did."""
+    runtime = getattr(source, "runtime", source)
+    signal = Signal(f"{loop} pass")
+    runtime.maintenance.passed.subscribe(
+        lambda step: signal.fire(step[1]) if step[0] == loop else None
+    )
+    return signal
+
+
+async def until(
+    predicate: Callable[[], Any],
+    source: Source,
+    timeout: float = 15.0,
+    what: str = "condition",
+) -> Any:
+    """Evaluate ``predicate`` (a plain or async callable) now and again after each step of
+    ``source`` (see :func:`signals`) until it returns a truthy value, which is returned.
+    No database polling: the predicate runs once per step that may have changed something.
+    A step fired between an evaluation and the wait after it is never missed.
+
+    Raises:
+        AssertionError: ``timeout`` seconds passed first.
+    """
+    watched = signals(source)
+
+    async def loop() -> Any:
+        while True:
+            seen = [s.count for s in watched]
+            value = predicate()
+            if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+                value = await value
+            if value:
+                return value
+            waits = [asyncio.ensure_future(s.after(n)) for s, n in zip(watched, seen)]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+
+    try:
+        return await asyncio.wait_for(loop(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
+
+
+async def poll_until(
     predicate: Callable[[], Awaitable[Any]], timeout: float = 15.0, what: str = "condition"
 ) -> Any:
-    """Poll ``predicate`` (an async callable) until it returns a truthy value; bounded by
-    ``timeout`` seconds. Database state has no push signal, so tests poll it."""
+    """Poll ``predicate`` (an async callable) every 20 ms until it returns a truthy value.
+
+    Only for what no signal of this process reports: a change made by another process (a
+    launcher child, a worker subprocess, a killed process's server-side effects) or server
+    state such as a statement waiting on a lock. Each caller says which in a comment.
+
+    Raises:
+        AssertionError: ``timeout`` seconds passed first.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = await predicate()
@@ -33,14 +123,60 @@ async def job_row(dsn: str, job_id: int) -> dict:
         return await cur.fetchone()
 
 
-async def wait_state(dsn: str, job_id: int, *states: str, timeout: float = 15.0) -> dict:
-    """Wait until job ``job_id`` is in one of ``states``; returns its row."""
+def _dsn(source: Source) -> str:
+    first = source[0] if isinstance(source, (list, tuple)) else source
+    runtime = getattr(first, "runtime", first)
+    client = getattr(runtime, "client", first)
+    return client.database_url
 
-    async def check():
+
+async def wait_state(source: Source, job_id: int, *states: str, timeout: float = 15.0) -> dict:
+    """Wait until job ``job_id`` is in one of ``states``, re-reading its row after each step
+    of ``source`` (a started client, or several: the first one's database); returns the row."""
+    dsn = _dsn(source)
+
+    async def check() -> dict | None:
         row = await job_row(dsn, job_id)
         return row if row and row["state"] in states else None
 
-    return await wait_for(check, timeout, f"job {job_id} in {states}")
+    return await until(check, source, timeout, f"job {job_id} in {states}")
+
+
+async def poll_state(dsn: str, job_id: int, *states: str, timeout: float = 15.0) -> dict:
+    """:func:`wait_state` for a job that another process moves (see :func:`poll_until`)."""
+
+    async def check() -> dict | None:
+        row = await job_row(dsn, job_id)
+        return row if row and row["state"] in states else None
+
+    return await poll_until(check, timeout, f"job {job_id} in {states}")
+
+
+class Recorder(list):
+    """A list a handler appends to, with a signal fired per append, so a test waits for the
+    handler (``await started.until(lambda: len(started) == 3)``) instead of polling."""
+
+    def __init__(self, items: Iterable[Any] = ()) -> None:
+        super().__init__(items)
+        self.appended = Signal("appended")
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a ``def`` handler's thread: fire on the waiting loop
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self.appended.fire, item)
+            return
+        self.appended.fire(item)
+
+    async def until(
+        self, predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition"
+    ) -> Any:
+        """:func:`until` on this recorder's appends."""
+        self._loop = asyncio.get_running_loop()
+        return await until(predicate, self.appended, timeout, what)
 
 
 async def scalar(dsn: str, query: str, params: Any = None) -> Any:

@@ -15,17 +15,7 @@ import pytest
 import awa_fast as awa
 from awa_fast.admin import DlqEntry, HealthCheck, QueueHealth
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
-from tests.support import job_row, scalar, wait_for, wait_state
-
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-    heartbeat_rescue_interval_ms=100,
-    callback_rescue_interval_ms=100,
-    deadline_rescue_interval_ms=100,
-)
+from tests.support import FAST, job_row, scalar, until, wait_state
 
 
 @dataclasses.dataclass
@@ -53,7 +43,7 @@ async def in_dlq(client, job_id: int, timeout: float = 15.0) -> DlqEntry:
     async def check():
         return await client.get_dlq_job(job_id)
 
-    return await wait_for(check, timeout, f"job {job_id} in the DLQ")
+    return await until(check, client, timeout, f"job {job_id} in the DLQ")
 
 
 async def execute(dsn: str, query: str, params=None) -> None:
@@ -125,10 +115,10 @@ async def test_terminal_failure_and_exhaustion_route_to_dlq_only_where_enabled(d
     assert entry.job.errors[-1]["error"].endswith("boom")
 
     # the non-DLQ queue's failure stays an ordinary failed job
-    row = await wait_state(dsn, plain.id, "failed")
+    row = await wait_state(client, plain.id, "failed")
     assert row["errors"][-1]["error"].endswith("fatal: bad input")
     assert await client.get_dlq_job(plain.id) is None
-    await wait_state(dsn, ok.id, "completed")
+    await wait_state(client, ok.id, "completed")
 
     # dead-lettered rows are gone from the job table and are never claimed again
     for job_id in (terminal.id, exhausted.id):
@@ -137,7 +127,7 @@ async def test_terminal_failure_and_exhaustion_route_to_dlq_only_where_enabled(d
             await client.get_job(job_id)
     d = client.runtime.dispatchers["dq"]
     claims = d.claims
-    await wait_for(lambda: _true(d.claims >= claims + 3), what="more claims of dq")
+    await until(lambda: d.claims >= claims + 3, d.claim_ran, what="more claims of dq")
     assert calls[terminal.id] == 1 and calls[exhausted.id] == 1
     assert await client.dlq_depth(queue="dq") == 2
     assert await client.dlq_depth_by_queue() == {"dq": 2}
@@ -158,7 +148,7 @@ async def test_client_wide_default_and_per_queue_opt_out(dsn, client):
     )
     entry = await in_dlq(client, routed.id)
     assert entry.reason == "terminal_error"
-    await wait_state(dsn, kept.id, "failed")
+    await wait_state(client, kept.id, "failed")
     assert await client.get_dlq_job(kept.id) is None
     assert await scalar(dsn, "SELECT dlq FROM awa_fast.queue_meta WHERE queue = 'dflt'") is True
     assert await scalar(dsn, "SELECT dlq FROM awa_fast.queue_meta WHERE queue = 'optout'") is False
@@ -188,7 +178,7 @@ async def test_retry_from_dlq_puts_it_back_and_it_runs(dsn, client):
     try:
         register(c2)
         await c2.start([{"name": "dq", "max_workers": 2, "dlq": True}], **FAST)
-        row = await wait_state(dsn, job.id, "completed")
+        row = await wait_state(c2, job.id, "completed")
         assert row["attempt"] == 1 and row["run_lease"] == before.original_run_lease + 1
     finally:
         await c2.close()
@@ -440,9 +430,9 @@ async def test_retry_failed_wakes_workers(dsn, client):
     )
     await client.start([("wake", 1)], **{**FAST, "poll_interval_ms": 600_000})
     d = client.runtime.dispatchers["wake"]
-    await wait_for(lambda: _true(d.claims >= 1), what="first claim")
+    await until(lambda: d.claims >= 1, d.claim_ran, what="first claim")
     await client.retry_failed(queue="wake")
-    await wait_state(dsn, job.id, "completed", timeout=10)
+    await wait_state(client, job.id, "completed", timeout=10)
 
 
 async def test_discard_failed(dsn, client):
@@ -564,7 +554,7 @@ async def test_health_check(dsn, client):
         h = await client.health_check()
         return h if h.healthy else None
 
-    h = await wait_for(healthy, what="healthy")
+    h = await until(healthy, client.runtime.maintenance.passed, what="healthy")
     assert h.healthy and h.postgres_connected and h.poll_loop_alive and h.heartbeat_alive
     assert not h.shutting_down
     assert h.queues["hq"] == QueueHealth("hq", 0, 3, 0)
@@ -573,7 +563,7 @@ async def test_health_check(dsn, client):
     async def leader():
         return (await client.health_check()).leader
 
-    await wait_for(leader, what="leadership")
+    await until(leader, client.runtime.maintenance.leadership, what="leadership")
 
     # a dead dispatcher loop makes the process unhealthy
     task = next(t for t in client.runtime._tasks if t.get_name() == "awa-dispatch-hq")

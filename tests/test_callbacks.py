@@ -11,18 +11,7 @@ import uuid
 import pytest
 
 import awa_fast as awa
-from tests.support import job_row, scalar, wait_for, wait_state
-
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-    heartbeat_rescue_interval_ms=50,
-    callback_rescue_interval_ms=50,
-    deadline_rescue_interval_ms=50,
-    callback_poll_interval_ms=20,
-)
+from tests.support import FAST, job_row, scalar, until, wait_state
 
 
 @dataclasses.dataclass
@@ -48,7 +37,7 @@ def parking_handler(client, tokens):
 
 async def parked(dsn, client, tokens, *, max_attempts=3, timeout="3600"):
     job = await client.insert(Ext(timeout), max_attempts=max_attempts)
-    row = await wait_state(dsn, job.id, "waiting_external")
+    row = await wait_state(client, job.id, "waiting_external")
     assert str(row["callback_id"]) == tokens[job.id]
     return job
 
@@ -74,8 +63,8 @@ async def test_park_then_complete_fail_retry_and_heartbeat(dsn, client):
     first_token = tokens[c.id]
     retried = await client.retry_external(first_token)
     assert retried.attempt == 0
-    await wait_for(lambda: _token_changed(tokens, c.id, first_token), what="re-run")
-    await wait_state(dsn, c.id, "waiting_external")
+    await until(lambda: _token_changed(tokens, c.id, first_token), client, what="re-run")
+    await wait_state(client, c.id, "waiting_external")
 
 
 async def _token_changed(tokens, job_id, old):
@@ -104,7 +93,7 @@ async def test_bad_callback_ids_and_arguments(dsn, client):
 
     job = await client.insert(Ext(""))
     await client.start([("default", 1)], **FAST)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     # awa-pg raises ValidationError (a ValueError) for a bad timeout too
     assert errors == ["ValidationError", "ValidationError", "ValidationError"]
 
@@ -128,10 +117,10 @@ async def test_wait_for_callback_resumes_repeatedly_and_rejects_stale_tokens(dsn
     await client.start([("default", 1)], **FAST)
     for n in range(2):
         token = await issued.get()
-        await wait_state(dsn, job.id, "waiting_external")
+        await wait_state(client, job.id, "waiting_external")
         resumed = await client.resume_external(token, {"n": n})
         assert resumed.state == awa.JobState.Running
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     assert payloads == [{"n": 0}, {"n": 1}] and len(stale) == 2
 
 
@@ -152,7 +141,7 @@ async def test_early_callback_completes_a_still_running_job(dsn, client):
     done = await client.complete_external(tokens["t"])
     assert done.state == awa.JobState.Completed
     release.set()
-    await wait_for(lambda: _stale(client), what="the park to be stale")
+    await until(lambda: _stale(client), client, what="the park to be stale")
     assert (await job_row(dsn, job.id))["state"] == "completed"
 
 
@@ -166,8 +155,8 @@ async def test_callback_after_timeout_rescue_is_rejected(dsn, client):
     await client.start([("default", 2)], **{**FAST, "promote_interval_ms": 3_600_000})
     retry = await client.insert(Ext("0.1"), max_attempts=3)
     final = await client.insert(Ext("0.1"), max_attempts=1)
-    r1 = await wait_state(dsn, retry.id, "retryable")
-    r2 = await wait_state(dsn, final.id, "failed")
+    r1 = await wait_state(client, retry.id, "retryable")
+    r2 = await wait_state(client, final.id, "failed")
     assert r1["errors"][-1]["error"] == "callback timed out" and r1["callback_id"] is None
     assert r2["errors"][-1]["terminal"] is True
     for job, row in ((retry, r1), (final, r2)):
@@ -201,9 +190,9 @@ async def test_staged_follow_ups_survive_a_resumed_wait(dsn, client):
     job = await client.insert(Ext(""))
     await client.start([("default", 1)], **FAST)
     token = await issued.get()
-    await wait_state(dsn, job.id, "waiting_external")
+    await wait_state(client, job.id, "waiting_external")
     await client.resume_external(token)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     assert await scalar(
         dsn,
         "SELECT array_agg((args->>'n')::int ORDER BY id) FROM awa_fast.jobs WHERE kind = 'after'",
@@ -228,13 +217,9 @@ async def test_external_completion_discards_staged_follow_ups(dsn, client):
     job = await client.insert(Ext(""))
     await client.start([("default", 1)], **FAST)
     token = await issued.get()
-    await wait_state(dsn, job.id, "waiting_external")
+    await wait_state(client, job.id, "waiting_external")
     await client.complete_external(token)
-    await wait_for(lambda: _true(outcome), what="the waiting handler to error")
-    await wait_for(lambda: _stale(client), what="stale outcome")
+    await until(lambda: outcome, client, what="the waiting handler to error")
+    await until(lambda: _stale(client), client, what="stale outcome")
     assert (await job_row(dsn, job.id))["state"] == "completed"
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'after'") == 0
-
-
-async def _true(v):
-    return bool(v)

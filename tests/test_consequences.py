@@ -16,22 +16,12 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.testing import UndeclaredFailureConsequences, assert_failure_consequences_declared
+from tests import support
 from tests.consequence_app import Reserve, release_reservation
-from tests.support import job_row, scalar, truncate, wait_for, wait_state
+from tests.support import Recorder, job_row, passes, scalar, truncate, until, wait_state
 
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-    heartbeat_rescue_interval_ms=50,
-    callback_rescue_interval_ms=50,
-    deadline_rescue_interval_ms=50,
-    reconcile_interval_ms=50,
-    consequence_backoff_ms=50,
-    callback_poll_interval_ms=20,
-    heartbeat_staleness_ms=500,
-)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "consequence_backoff_ms": 50, "heartbeat_staleness_ms": 500}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -116,10 +106,10 @@ async def test_each_failure_reason_applies_and_retries_or_success_never_do(dsn, 
         ids[mode] = job.id
         await _simulate_running(dsn, job.id, deadline=(mode == "deadline"))
     await client.start([("default", 8)], **{**FAST, "promote_interval_ms": 3_600_000})
-    await wait_state(dsn, ids["external"], "waiting_external")
+    await wait_state(client, ids["external"], "waiting_external")
     token = str((await job_row(dsn, ids["external"]))["callback_id"])
     await client.fail_external(token, "provider failed")
-    await wait_state(dsn, ids["ok"], "completed")
+    await wait_state(client, ids["ok"], "completed")
     correct = await client.correct_to_failed(ids["ok"], error="shipment never left")
     assert correct.state == awa.JobState.Failed
 
@@ -134,13 +124,13 @@ async def test_each_failure_reason_applies_and_retries_or_success_never_do(dsn, 
         "ok": "corrected",
     }
     for mode, reason in expect.items():
-        row = await wait_state(dsn, ids[mode], "failed")
+        row = await wait_state(client, ids[mode], "failed")
         assert (row["consequence_state"], row["consequence_reason"]) == ("applied", reason), mode
         assert row["consequence_applied_at"] is not None
         assert row["consequence_path"] == ("reconciliation" if mode == "ok" else "failure")
-    await wait_state(dsn, ids["retry"], "retryable")
-    await wait_state(dsn, ids["retry_after"], "retryable")
-    row = await wait_state(dsn, ids["stale_retry"], "retryable", "available")
+    await wait_state(client, ids["retry"], "retryable")
+    await wait_state(client, ids["retry_after"], "retryable")
+    row = await wait_state(client, ids["stale_retry"], "retryable", "available")
     assert row["consequence_state"] is None and row["attempt"] == 1
     assert await released(dsn) == {ids[m]: r for m, r in expect.items()}
     assert sorted(c[0] for c in calls) == sorted(ids[m] for m in expect)  # each exactly once
@@ -158,7 +148,7 @@ async def _simulate_running(dsn, job_id, *, deadline=False):
 
 
 async def test_effect_failing_twice_keeps_the_job_pending_and_visible_then_settles(dsn, client):
-    calls, handled = [], []
+    calls, handled = Recorder(), []
     gate = asyncio.Event()
 
     async def flaky(failure):
@@ -173,7 +163,7 @@ async def test_effect_failing_twice_keeps_the_job_pending_and_visible_then_settl
 
     job = await client.insert(Order("x"), max_attempts=5)
     await client.start([("default", 2)], **FAST)
-    await wait_for(lambda: _calls(calls, 2), what="second application")
+    await calls.until(lambda: _calls(calls, 2), what="second application")
     row = await job_row(dsn, job.id)
     assert row["state"] == "consequence_pending" and row["consequence_state"] == "owed"
     assert (await client.get_job(job.id)).state == awa.JobState.ConsequencePending
@@ -185,7 +175,7 @@ async def test_effect_failing_twice_keeps_the_job_pending_and_visible_then_settl
     assert owed[0]["id"] == job.id and owed[0]["overdue"] is True
     assert "inventory service unavailable" in owed[0]["error"]
     gate.set()
-    row = await wait_state(dsn, job.id, "failed")
+    row = await wait_state(client, job.id, "failed")
     assert row["consequence_state"] == "applied" and row["consequence_attempts"] == 2
     assert handled == [1]  # never handed to its handler again
     assert len(calls) == 3 and len({c[3] for c in calls}) == 1  # one idempotency key
@@ -198,7 +188,7 @@ async def _calls(calls, n):
 
 async def test_correction_whose_effect_fails_survives_a_restart_of_every_process(dsn):
     first = awa.AsyncClient(dsn)
-    calls = []
+    calls = Recorder()
     try:
 
         @first.task(Order, failure_consequence=with_release(first, calls, fail_times=10**6))
@@ -207,11 +197,11 @@ async def test_correction_whose_effect_fails_survives_a_restart_of_every_process
 
         job = await first.insert(Order("x"))
         await first.start([("default", 1)], **FAST)
-        await wait_state(dsn, job.id, "completed")
+        await wait_state(first, job.id, "completed")
         await first.correct_to_failed(job.id, error="the parcel was lost")
         row = await job_row(dsn, job.id)
         assert row["state"] == "failed" and row["consequence_state"] == "owed"
-        await wait_for(lambda: _calls(calls, 2), what="reconciler retry")
+        await calls.until(lambda: _calls(calls, 2), what="reconciler retry")
     finally:
         await first.close()
     assert await released(dsn) == {}
@@ -222,7 +212,7 @@ async def test_correction_whose_effect_fails_survives_a_restart_of_every_process
     try:
         second.failure_consequence(Order, with_release(second, calls2))
         await second.start([("other", 1)], **FAST)  # a maintenance-only process
-        row = await wait_for(lambda: _applied(dsn, job.id), what="owed consequence applied")
+        row = await until(lambda: _applied(dsn, job.id), second, what="owed consequence applied")
         assert (
             row["consequence_path"] == "reconciliation" and row["consequence_reason"] == "corrected"
         )
@@ -250,9 +240,11 @@ async def test_verify_success_corrects_jobs_reported_not_done(dsn, client):
     good = await client.insert(Order("fine"))
     lost = await client.insert(Order("lost"))
     await client.start([("default", 2)], **FAST)
-    row = await wait_for(lambda: _applied(dsn, lost.id), what="correction")
+    row = await until(lambda: _applied(dsn, lost.id), client, what="correction")
     assert row["state"] == "failed" and row["errors"][-1]["corrected"] is True
-    await wait_for(lambda: _verified(dsn, good.id), what="good job verified")
+    await until(
+        lambda: _verified(dsn, good.id), passes(client, "reconcile"), what="good job verified"
+    )
     assert (await job_row(dsn, good.id))["state"] == "completed"
     assert [c[0] for c in calls] == [lost.id]
 
@@ -292,7 +284,7 @@ async def test_sigkilled_worker_on_the_final_attempt_gets_its_consequence(dsn, c
     await _reserve(dsn, job.id, 3)
     client.failure_consequence(Reserve, release_reservation)
     await client.start([("nothing", 1)], **FAST)  # maintenance only: rescue + reconcile
-    row = await wait_state(dsn, job.id, "failed", timeout=30)
+    row = await wait_state(client, job.id, "failed", timeout=30)
     assert (row["consequence_state"], row["consequence_reason"]) == ("applied", "rescue_exhausted")
     assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # reservation released
 
@@ -351,7 +343,7 @@ async def test_killed_after_the_effect_on_a_non_final_attempt_repeats_it_never_r
     job_id = (await _killed_after_the_effect(dsn, client, max_attempts=2))["id"]
     keys, runs = _recorded_release(client)
     await client.start([("default", 1)], **FAST)
-    row = await wait_state(dsn, job_id, "failed", timeout=30)
+    row = await wait_state(client, job_id, "failed", timeout=30)
     assert (row["consequence_state"], row["attempt"]) == ("applied", 1)
     assert keys == [f"awa-fast:{job_id}:lease-1:failed"] and runs == []  # the repeat, same key
     assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 2
@@ -378,7 +370,7 @@ async def test_client_killed_after_the_effect_of_fail_external_repeats_it_never_
     await _reserve(dsn, job.id, 4)
     try:
         await parker.start([("default", 1)], **{**FAST, "maintenance": False})
-        callback_id = (await wait_state(dsn, job.id, "waiting_external"))["callback_id"]
+        callback_id = (await wait_state(parker, job.id, "waiting_external"))["callback_id"]
     finally:
         await parker.close()
     row = await _killed_in_the_effect(dsn, job.id, how, str(callback_id))
@@ -386,7 +378,7 @@ async def test_client_killed_after_the_effect_of_fail_external_repeats_it_never_
     assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 1
     keys, runs = _recorded_release(client)
     await client.start([("default", 1)], **FAST)  # callback rescue, promotion, reconciler
-    row = await wait_state(dsn, job.id, "failed", timeout=30)
+    row = await wait_state(client, job.id, "failed", timeout=30)
     assert (row["consequence_state"], row["consequence_reason"], row["attempt"]) == (
         "applied",
         "callback_failed",
@@ -403,7 +395,7 @@ async def test_crash_between_effect_and_commit_repeats_a_repeat_safe_effect(dsn,
     assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # released once
     client.failure_consequence(Reserve, release_reservation)
     await client.start([("nothing", 1)], **FAST)
-    row = await wait_state(dsn, job_id, "failed", timeout=30)
+    row = await wait_state(client, job_id, "failed", timeout=30)
     assert row["consequence_state"] == "applied"
     assert await scalar(dsn, "SELECT count(*) FROM public.effect_log") == 2  # ran again
     assert await scalar(dsn, "SELECT available FROM public.stock") == 10  # still recovered once

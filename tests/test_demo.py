@@ -224,6 +224,7 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # starts the embedded server itself
 def test_demo_on_the_embedded_server_says_what_it_does_first():
     parent = Path(tempfile.mkdtemp(prefix="awa-pg-demo", dir="/tmp"))
     os.chmod(parent, 0o755)  # the server account must be able to enter it when we are root

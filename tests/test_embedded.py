@@ -18,6 +18,9 @@ from awa_fast.embedded import EmbeddedPostgresError, ensure_running, start_temp,
 
 REPO = Path(__file__).resolve().parent.parent
 
+# These tests start embedded servers of their own (no database fixture): integration tests.
+pytestmark = pytest.mark.integration
+
 
 def _version(dsn: str) -> str:
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -16,14 +16,7 @@ import awa_fast as awa
 from awa_fast import sql
 from awa_fast.testing import AwaTestClient, HandlerJob
 from awa_fast.worker import executor as ex
-from tests.support import exploding_inserts, job_row, scalar, wait_for, wait_state
-
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-)
+from tests.support import FAST, exploding_inserts, job_row, scalar, until, wait_state
 
 
 @dataclasses.dataclass
@@ -81,12 +74,12 @@ async def test_pipeline_one_b_per_distinct_value_and_none_for_failed_a(dsn, clie
     await client.insert_many([StageA(i) for i in items], max_attempts=1)
     await client.insert(StageA("only_failed-1", mode="fail"), max_attempts=1)
     await client.start([("default", 16)], **FAST)
-    await wait_for(lambda: settled(dsn), what="A jobs settled")
-    await wait_for(lambda: settled(dsn, "stage_b"), what="B jobs settled")
+    await until(lambda: settled(dsn), client, what="A jobs settled")
+    await until(lambda: settled(dsn, "stage_b"), client, what="B jobs settled")
     assert sorted(await b_items(dsn)) == sorted(f"v{i}" for i in range(7))
     # A second wave while the first Bs are completed: still one B per value (completed holds).
     await client.insert_many([StageA(f"v{i}-again") for i in range(7)])
-    await wait_for(lambda: settled(dsn), what="second wave")
+    await until(lambda: settled(dsn), client, what="second wave")
     assert sorted(await b_items(dsn)) == sorted(f"v{i}" for i in range(7))
     assert client.runtime.finalizer.stats["follow_ups_skipped"] >= 53 + 7
 
@@ -102,8 +95,8 @@ async def test_both_completion_paths_in_one_run(dsn, client):
     await client.insert_many([StageA(f"p{i}", "plain") for i in range(40)])
     await client.insert_many([StageA(f"s{i}", "stage") for i in range(10)])
     await client.start([("default", 16)], **FAST)
-    await wait_for(lambda: settled(dsn), what="As")
-    await wait_for(lambda: settled(dsn, "stage_b"), what="Bs")
+    await until(lambda: settled(dsn), client, what="As")
+    await until(lambda: settled(dsn, "stage_b"), client, what="Bs")
     stats = client.runtime.finalizer.stats
     assert stats["per_job"] == 10  # the stagers
     assert stats["compact"] == 40 + 10  # plain As and the Bs
@@ -144,7 +137,7 @@ async def test_discarded_on_every_other_outcome(dsn, client, mode, state, caplog
     job = await client.insert(StageA("a"), max_attempts=5)
     with caplog.at_level(logging.WARNING, logger="awa_fast.executor"):
         await client.start([("default", 1)], **FAST)
-        await wait_state(dsn, job.id, state)
+        await wait_state(client, job.id, state)
     assert await b_items(dsn) == []
     if mode == "wait":
         assert ex.metrics["staged_discarded_on_wait_for_callback"] == before + 1
@@ -175,13 +168,9 @@ async def test_stale_completion_discards_follow_ups(dsn, client):
 
     await Maintenance(dsn, client.pool, MaintenanceConfig()).rescue()
     release.set()
-    await wait_for(lambda: _true(client.runtime.finalizer.stats["stale"]), what="stale")
+    await until(lambda: client.runtime.finalizer.stats["stale"], client, what="stale")
     assert (await job_row(dsn, job.id))["state"] == "retryable"
     assert await b_items(dsn) == []
-
-
-async def _true(v):
-    return bool(v)
 
 
 async def test_poisoned_attempt_fails_terminally_and_inserts_nothing(dsn, client):
@@ -199,7 +188,7 @@ async def test_poisoned_attempt_fails_terminally_and_inserts_nothing(dsn, client
 
     job = await client.insert(StageA("a"), max_attempts=5)
     await client.start([("default", 1)], **FAST)
-    row = await wait_state(dsn, job.id, "failed")
+    row = await wait_state(client, job.id, "failed")
     assert row["errors"][-1]["terminal"] is True
     assert row["errors"][-1]["error"].startswith("StagingError:")
     assert "priority" in row["errors"][-1]["error"]
@@ -222,7 +211,7 @@ async def test_sealed_after_return_and_retry_starts_empty(dsn, client):
 
     job = await client.insert(StageA("a"), max_attempts=3)
     await client.start([("default", 1)], **FAST)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     for fu in handles:
         with pytest.raises(awa.StagingError) as info:
             fu.enqueue_on_completion(StageB("late"))
@@ -261,9 +250,9 @@ async def test_staging_error_reasons_and_limits(dsn, client):
     }
     await client.start([("default", 4)], **FAST)
     for m in ("too_many", "too_large", "invalid"):
-        row = await wait_state(dsn, ids[m], "failed")
+        row = await wait_state(client, ids[m], "failed")
         assert row["errors"][-1]["terminal"] is True  # StagingError is a TerminalError
-    await wait_state(dsn, ids["sixteen"], "completed")
+    await wait_state(client, ids["sixteen"], "completed")
     assert reasons["too_many"][:2] == ("too_many", 16)
     assert reasons["too_large"][:2] == ("too_large", 65536)
     assert reasons["invalid"][0] == "invalid" and reasons["invalid"][2] == "SerializationError"
@@ -280,8 +269,8 @@ async def test_insert_error_other_than_duplicate_rolls_the_completion_back(dsn, 
 
         job = await client.insert(StageA("a"))
         await client.start([("default", 1)], **FAST, maintenance=False)
-        await wait_for(lambda: _true(client.runtime.outcomes.get("completed")), what="handler")
-        await wait_for(lambda: _no_in_flight(client), what="finalize attempt over")
+        await until(lambda: client.runtime.outcomes.get("completed"), client, what="handler")
+        await until(lambda: _no_in_flight(client), client, what="finalize attempt over")
         # ADR-046 prompt failure: a failed attempt at once, with the error (not left running).
         row = await job_row(dsn, job.id)
         assert row["state"] == "retryable" and row["run_lease"] == 1
@@ -303,7 +292,7 @@ async def test_follow_up_colliding_with_its_own_trigger_is_skipped(dsn, client):
 
     job = await client.insert(StageA("same"), unique_opts={})
     await client.start([("default", 1)], **FAST)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'stage_a'") == 1
     assert client.runtime.finalizer.stats["follow_ups_skipped"] == 1
 
@@ -319,7 +308,7 @@ async def test_two_identical_stagings_collapse_to_one(dsn, client):
 
     job = await client.insert(StageA("a"))
     await client.start([("default", 1)], **FAST)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     # by_args=False collides with the first key only if same kind+no args: it is a new key.
     assert sorted(await b_items(dsn)) == ["dup", "other"]
 
@@ -337,7 +326,7 @@ async def test_provenance_and_trace_context_reach_the_follow_up(dsn, client):
 
     job = await client.insert(StageA("a"), metadata={"awa:traceparent": trace})
     await client.start([("default", 1)], **FAST)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     row = await _b_row(dsn)
     assert row["queue"] == "bq" and row["priority"] == 1  # .metadata() kept the other options
     assert row["metadata"] == {"note": "n", "awa:triggered_by": job.id, "awa:traceparent": trace}
@@ -386,7 +375,7 @@ async def test_finalize_retry_after_a_terminated_backend_inserts_once(dsn, clien
     job = await client.insert(StageA("a"))
     await client.start([("default", 1)], **FAST)
     client.runtime.finalizer.inject_faults(before_commit=kill_before_commit)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     assert len(calls) == 2 and client.runtime.finalizer.stats["retries"] == 1
     assert await b_items(dsn) == ["once"]
 
@@ -406,8 +395,8 @@ async def test_lost_commit_acknowledgement_replays_as_stale(dsn, client):
     job = await client.insert(StageA("a"))
     await client.start([("default", 1)], **FAST)
     client.runtime.finalizer.inject_faults(after_commit=lose_ack)
-    await wait_state(dsn, job.id, "completed")
-    await wait_for(lambda: _true(client.runtime.finalizer.stats["stale"]), what="stale replay")
+    await wait_state(client, job.id, "completed")
+    await until(lambda: client.runtime.finalizer.stats["stale"], client, what="stale replay")
     assert await b_items(dsn) == ["once"]
 
 
@@ -446,7 +435,7 @@ async def test_fault_hooks_wrap_the_statements_production_runs(dsn, client):
     client.runtime.finalizer.inject_faults(before_commit=before, after_commit=after)
     await client.insert(StageA("a"))
     await client.insert(StageA("r", mode="retry"))
-    await wait_for(lambda: _true(len(seen["after"]) >= 3), what="three commits")
+    await until(lambda: len(seen["after"]) >= 3, client, what="three commits")
     kinds = {(kind, outcome): statement for statement, kind, outcome in seen["before"]}
     assert kinds[("stage_a", ex.COMPLETED)] is sql.COMPLETE_WITH_FOLLOW_UPS
     assert kinds[("stage_b", ex.COMPLETED)] is sql.COMPLETE_MANY
@@ -487,8 +476,8 @@ async def test_registered_specs_fire_in_the_outcome_transaction(dsn, client):
     await client.insert(StageA("r", "retry"), max_attempts=3)
     await client.insert(StageA("x", "cancel"))
     await client.start([("default", 4)], **FAST)
-    await wait_for(lambda: _count_b(dsn, 6), what="six follow-ups")
-    await wait_for(lambda: settled(dsn), what="As settled")
+    await until(lambda: _count_b(dsn, 6), client, what="six follow-ups")
+    await until(lambda: settled(dsn), client, what="As settled")
     # Completed specs come first, then staged requests in staging order.
     assert sorted(await b_items(dsn)) == sorted(
         ["done-c", "staged-c", "staged-s", "retried-1", "exhausted-r", "cancelled-why"]
@@ -513,7 +502,7 @@ async def test_rescued_spec_runs_after_the_rescue(dsn, client):
             (job.id,),
         )
     await client.start([("none", 1)], **{**FAST, "heartbeat_rescue_interval_ms": 50})
-    await wait_for(lambda: _count_b(dsn, 1), what="rescued follow-up")
+    await until(lambda: _count_b(dsn, 1), client, what="rescued follow-up")
     assert await b_items(dsn) == ["rescued-stale_heartbeat"]
     assert (await job_row(dsn, job.id))["state"] in ("retryable", "available")
 

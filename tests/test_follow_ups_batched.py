@@ -10,15 +10,11 @@ import psycopg
 import pytest
 
 import awa_fast as awa
-from tests.support import exploding_inserts, job_row, scalar, wait_for, wait_state
+from tests import support
+from tests.support import exploding_inserts, job_row, scalar, until, wait_state
 
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-    staged_completions="batched",
-)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "staged_completions": "batched"}
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -67,7 +63,7 @@ async def test_pipeline_batched_one_b_per_value_none_for_failed_a(dsn, client):
     await client.insert_many([StageA(f"v{i % 5}-{i}") for i in range(80)])
     await client.insert(StageA("lonely-1", "fail"), max_attempts=1)
     await client.start([("default", 32)], **FAST)
-    await wait_for(lambda: settled(dsn), what="everything settled")
+    await until(lambda: settled(dsn), client, what="everything settled")
     assert sorted(await b_items(dsn)) == [f"v{i}" for i in range(5)]
     stats = client.runtime.finalizer.stats
     assert stats["staged_batched"] == 80 and stats["per_job"] == 1  # the failure is per job
@@ -85,7 +81,7 @@ async def test_batched_dedup_consequences_and_order(dsn, client):
 
     job = await client.insert(StageA("self"), unique_opts={})
     await client.start([("default", 1)], **FAST)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     assert await b_items(dsn) == ["spec-self", "dup"]  # specs first, then staged, deduplicated
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'stage_a'") == 1
 
@@ -104,11 +100,11 @@ async def test_one_bad_follow_up_rolls_back_only_its_own_completion(dsn, client)
         good = [(await client.insert(StageA(f"g{i}"))).id for i in range(5)]
         bad = await client.insert(StageA("bad", "bad"))
         await client.start([("default", 8)], **FAST, maintenance=False)
-        await wait_for(lambda: _running(dsn, 6), what="all six running")
+        await until(lambda: _running(dsn, 6), client, what="all six running")
         gate.set()
         for job_id in good:
-            await wait_state(dsn, job_id, "completed")
-        await wait_for(lambda: _idle(client), what="finalization over")
+            await wait_state(client, job_id, "completed")
+        await until(lambda: _idle(client), client, what="finalization over")
         # ADR-046 prompt failure: a failed attempt at once, with the error (not left running).
         row = await job_row(dsn, bad.id)
         assert row["state"] == "retryable" and row["run_lease"] == 1
@@ -138,7 +134,7 @@ async def test_batched_stale_completion_inserts_nothing(dsn, client):
     await started.wait()
     await client.cancel(job.id)
     release.set()
-    await wait_for(lambda: _stale(client), what="stale")
+    await until(lambda: _stale(client), client, what="stale")
     assert await b_items(dsn) == []
 
 
@@ -172,7 +168,7 @@ async def test_two_attempts_of_one_job_in_one_batch_only_the_current_inserts(dsn
     )
     beat = next(t for t in client.runtime._tasks if t.get_name() == "awa-heartbeat")
     beat.cancel()
-    row = await wait_state(dsn, job.id, "completed", timeout=20)
-    await wait_for(lambda: _stale(client), what="the first attempt reported stale")
+    row = await wait_state(client, job.id, "completed", timeout=20)
+    await until(lambda: _stale(client), client, what="the first attempt reported stale")
     assert row["run_lease"] == 2 and leases == [1, 2]
     assert await b_items(dsn) == ["lease-2"]

@@ -16,7 +16,7 @@ import pytest
 
 import awa_fast as awa
 from tests.pipeline_app import PipeA
-from tests.support import scalar, truncate, wait_for
+from tests.support import poll_until, scalar, truncate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP_NAME = "awa_fast_pipeline_app"
@@ -60,7 +60,8 @@ async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn, mode)
                         # More running than one worker holds (16 slots): the first kill surely cuts
                         # attempts short. Terminated backends alone no longer force re-runs:
                         # the finalizer backs off and retries on a checked connection.
-                        await wait_for(
+                        # polled: the worker subprocesses claim (no signal here)
+                        await poll_until(
                             lambda: _running_at_least(dsn, 17), timeout=30, what="both workers busy"
                         )
                     victim = procs.pop(rng.randrange(len(procs)))
@@ -91,7 +92,8 @@ async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn, mode)
                 == 0
             )
 
-        await wait_for(settled, timeout=120, what="every job settled")
+        # polled: the worker subprocesses settle the jobs (no signal in this process)
+        await poll_until(settled, timeout=120, what="every job settled")
     finally:
         for p in procs:
             if p.returncode is None:

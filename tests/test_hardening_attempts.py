@@ -18,9 +18,11 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.worker import storable
-from tests.support import failing_rows, job_row, scalar, wait_for, wait_state
+from tests import support
+from tests.support import Recorder, failing_rows, job_row, poll_until, scalar, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "maintenance": False}
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -219,7 +221,7 @@ async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn
             AS $$ BEGIN RAISE EXCEPTION 'poisoned progress refused'; END $$;
             CREATE TRIGGER refuse_poison BEFORE UPDATE ON awa_fast.jobs FOR EACH ROW
                 WHEN (NEW.progress->>'message' = 'poison') EXECUTE FUNCTION public.refuse_poison();""")
-    started, gate = [], asyncio.Event()
+    started, gate = Recorder(), asyncio.Event()
     try:
 
         async def work(job):
@@ -234,7 +236,7 @@ async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn
             [("default", 8)],
             **{**FAST, "heartbeat_interval_ms": 3_600_000, "heartbeat_staleness_ms": 7_200_000},
         )
-        await wait_for(lambda: _true(len(started) == 3), what="three handlers running")
+        await started.until(lambda: len(started) == 3, what="three handlers running")
         before = await scalar(dsn, "SELECT max(heartbeat_at) FROM awa_fast.jobs")
         hb = client.runtime.heartbeat
         await hb.beat()
@@ -256,10 +258,6 @@ async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn
             await conn.execute(
                 "DROP TRIGGER refuse_poison ON awa_fast.jobs; DROP FUNCTION public.refuse_poison()"
             )
-
-
-async def _true(value):
-    return bool(value)
 
 
 @pytest.fixture
@@ -347,7 +345,9 @@ async def test_class2_prompt_failure_on_the_final_attempt_fires_exhausted_specs_
             await client.runtime.reconcile()  # still refused: backed off, nothing inserted
             assert await compensations() == 0
     if settle_fails:
-        await wait_for(lambda: _settled(client, row["id"]), what="the reconciler's settlement")
+        # polled: each try runs one reconcile pass by hand; the owed settlement's backoff
+        # (consequence_backoff_ms) is time passing
+        await poll_until(lambda: _settled(client, row["id"]), what="the reconciler's settlement")
     row = await job_row(dsn, row["id"])
     assert row["state"] == "failed" and row["attempt"] == 1
     assert "completion refused by trigger" in " ".join(e["error"] for e in row["errors"])
@@ -428,7 +428,7 @@ async def test_class2_callback_payloads_and_errors_cannot_wedge_a_wait(dsn, clie
     resumed = await client.insert(Job("resume"))
     await client.start([("default", 1)], **FAST)
     token = await issued.get()
-    await wait_state(dsn, resumed.id, "waiting_external")
+    await wait_state(client, resumed.id, "waiting_external")
     with pytest.raises(awa.ValidationError) as exc:  # typed, at the call; nothing changes
         await client.resume_external(token, {"text": "a\x00b"})
     assert exc.value.field == "payload"
@@ -436,13 +436,13 @@ async def test_class2_callback_payloads_and_errors_cannot_wedge_a_wait(dsn, clie
         await client.resume_external(token, {"obj": object()})
     assert (await job_row(dsn, resumed.id))["state"] == "waiting_external"
     await client.resume_external(token, {"text": "fine"})
-    await wait_state(dsn, resumed.id, "completed")
+    await wait_state(client, resumed.id, "completed")
 
     parked = await client.insert(Job("park"), max_attempts=1)
     token = await issued.get()
-    await wait_state(dsn, parked.id, "waiting_external")
+    await wait_state(client, parked.id, "waiting_external")
     await client.fail_external(token, "external \x00 failure \ud800")  # stored escaped
-    row = await wait_state(dsn, parked.id, "failed")
+    row = await wait_state(client, parked.id, "failed")
     assert "external \\x00 failure \\ud800" in row["errors"][-1]["error"]
 
 

@@ -14,9 +14,11 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.errors import ConfigError
-from tests.support import job_row, scalar, wait_for, wait_state
+from tests import support
+from tests.support import job_row, poll_until, scalar, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "maintenance": False}
 CANCELLED_BIT = 1 << 6
 
 pytestmark = pytest.mark.usefixtures("clean")
@@ -79,7 +81,7 @@ async def test_class2_outcome_into_a_key_a_cancelled_job_holds_settles(dsn, clie
     await client.start([("default", 2)], **FAST)
     await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 15)
     row = await wait_state(
-        dsn, job.id, "cancelled", "retryable", "failed", "completed", "scheduled", timeout=5
+        client, job.id, "cancelled", "retryable", "failed", "completed", "scheduled", timeout=5
     )
     assert row["state"] == "cancelled" and row["attempt"] == 1, row
     assert row["errors"][-1]["error"].startswith("cancelled as duplicate"), row["errors"]
@@ -179,7 +181,7 @@ async def test_class3_verify_success_raising_system_exit_is_verified_again(dsn, 
     job = await client.insert(Job())
     await client.start([("default", 1)], **FAST)
     await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 15)
-    await wait_state(dsn, job.id, "completed", timeout=5)
+    await wait_state(client, job.id, "completed", timeout=5)
     row = await _settle(client, dsn, job.id)
     assert row["state"] == "failed" and row["errors"][-1]["corrected"] is True, row
     assert calls == [job.id, job.id]
@@ -198,7 +200,7 @@ async def test_class2_follow_up_spec_raising_system_exit_fails_the_finalize(dsn,
     job = await client.insert(Job(), max_attempts=2)
     await client.start([("default", 1)], **FAST)
     await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 15)
-    row = await wait_state(dsn, job.id, "retryable", "failed", timeout=5)
+    row = await wait_state(client, job.id, "retryable", "failed", timeout=5)
     assert row["state"] == "retryable" and row["attempt"] == 1, row
     assert "raised SystemExit: spec called sys.exit" in row["errors"][-1]["error"]
     assert (await client.health_check()).poll_loop_alive
@@ -260,7 +262,7 @@ async def test_class3_a_sigstopped_leader_is_displaced_and_its_zombie_attempt_is
             heartbeat_rescue_interval_ms=100,
             promote_interval_ms=50,
         )
-        row = await wait_state(dsn, job.id, "completed", timeout=20)
+        row = await wait_state(client, job.id, "completed", timeout=20)
         assert client.runtime.maintenance.is_leader
         assert runs == [row["run_lease"]] and row["run_lease"] >= 2
         proc.send_signal(signal.SIGCONT)
@@ -314,7 +316,7 @@ async def test_class4_handlers_holding_every_pool_connection_do_not_go_stale(dsn
             promote_interval_ms=50,
         )
         for job in jobs:
-            row = await wait_state(dsn, job.id, "completed", timeout=20)
+            row = await wait_state([worker, leader], job.id, "completed", timeout=20)
             assert row["errors"] == [] and row["run_lease"] == 1, row
         assert sorted(runs) == [(j.id, 1) for j in jobs]  # each ran once
     finally:
@@ -354,7 +356,8 @@ async def test_class3_listen_reconnects_back_off(dsn, client, caplog):
         await conn.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS false')
         try:
             await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            await wait_for(
+            # polled: the listen loop's failed reconnects show only in its log records
+            await poll_until(
                 lambda: _true(len(delays()) >= 4), timeout=10, what="four failed LISTEN reconnects"
             )
         finally:
@@ -391,7 +394,7 @@ async def test_class2_callback_timeout_past_the_interval_range_is_a_validation_e
 
     job = await client.insert(Job())
     await client.start([("default", 1)], **FAST)
-    row = await wait_state(dsn, job.id, "waiting_external", "retryable", "failed", timeout=10)
+    row = await wait_state(client, job.id, "waiting_external", "retryable", "failed", timeout=10)
     assert row["state"] == "waiting_external", row["errors"]
     assert [f for f, _limit in errors] == ["timeout_seconds", "timeout_seconds"]
     assert all("315360000" in limit for _f, limit in errors)
@@ -453,7 +456,8 @@ async def _frozen_leader(dsn, client, *, pass_after_stale: bool):
                     (STALE_MS, lock_pid),
                 )
 
-            await wait_for(holder_stale, what="the lock connection idle past the staleness")
+            # polled: idle "past the staleness" is server state and time passing
+            await poll_until(holder_stale, what="the lock connection idle past the staleness")
         await frozen_pass.execute(
             "SELECT epoch FROM awa_fast.leader WHERE epoch = %s FOR SHARE", (epoch,)
         )
@@ -482,7 +486,8 @@ async def test_class3_a_leader_frozen_mid_pass_is_displaced_with_its_open_pass(d
         async def displaced():
             return await m.acquire()
 
-        await wait_for(displaced, timeout=10, what="the frozen leader displaced")
+        # polled: the takeover is retried until the frozen holder is idle past the staleness
+        await poll_until(displaced, timeout=10, what="the frozen leader displaced")
         assert m.epoch == epoch + 1
         assert lock.closed or lock.broken or await _dead(lock)
         assert await _dead(frozen_pass)

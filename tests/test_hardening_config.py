@@ -18,10 +18,12 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.errors import ConfigError, SchemaNotMigrated
-from tests.support import job_row, scalar, truncate, wait_for
+from tests import support
+from tests.support import job_row, scalar, truncate, until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "maintenance": False}
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nothing"
 
 
@@ -68,7 +70,7 @@ async def test_class5_unknown_kind_is_left_for_a_worker_that_has_it(dsn, client,
     mine_jobs = await client.insert_many([Mine(i) for i in range(20)], queue="shared")
     caplog.set_level(logging.WARNING, logger="awa_fast.runtime")
     await client.start([("shared", 8)], **FAST)
-    await wait_for(lambda: _true(len(done) == len(mine_jobs)), what="this app's jobs")
+    await until(lambda: len(done) == len(mine_jobs), client, what="this app's jobs")
     assert (await client.runtime.check_unhandled()) == [("shared", "theirs", 200)]
     assert (await client.runtime.check_unhandled()) == [("shared", "theirs", 200)]
     loud = [r for r in caplog.records if "no live worker has a handler" in r.getMessage()]
@@ -90,16 +92,12 @@ async def test_class5_unknown_kind_is_left_for_a_worker_that_has_it(dsn, client,
 
     try:
         await other.start([("shared", 8)], **FAST)
-        await wait_for(lambda: _true(len(ran) == len(theirs)), what="the other app's jobs")
+        await until(lambda: len(ran) == len(theirs), other, what="the other app's jobs")
         assert await _states(dsn, "theirs") == {"completed": (200, 1, 0)}
         assert sorted(ran) == sorted(j.id for j in theirs)
         assert {s.queue: s for s in await client.queue_stats()}["shared"].unhandled == 0
     finally:
         await other.close()
-
-
-async def _true(value):
-    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,7 +161,7 @@ async def test_class5_callback_rescue_interval_is_honoured(dsn, client):
         row = await job_row(dsn, job.id)
         return row if row["state"] == "retryable" else None
 
-    row = await wait_for(rescued, what="the expired callback rescued on its own interval")
+    row = await until(rescued, client, what="the expired callback rescued on its own interval")
     assert row["errors"][-1]["error"] == "callback timed out"
     loops = client.runtime.maintenance.loop_health()
     assert loops["callback_rescue"].passes >= 1 and loops["rescue"].passes <= 1
@@ -246,7 +244,7 @@ async def test_class5_failed_attempt_logs_one_line(dsn, client, caplog):
             "leader_election_interval_ms": 50,
         },
     )
-    await wait_for(lambda: _failed(dsn, job.id), what="both attempts")
+    await until(lambda: _failed(dsn, job.id), client, what="both attempts")
     lines = [
         r.getMessage()
         for r in caplog.records

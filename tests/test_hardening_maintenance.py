@@ -21,7 +21,16 @@ import pytest
 import awa_fast as awa
 from awa_fast.errors import AwaError
 from awa_fast.worker.maintenance import Deposed, Maintenance, MaintenanceConfig
-from tests.support import failing_rows, job_row, scalar, truncate, wait_for, wait_state
+from tests.support import (
+    failing_rows,
+    job_row,
+    passes,
+    poll_until,
+    scalar,
+    truncate,
+    until,
+    wait_state,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IDLE = [("idle_q", 1)]  # the test's own runtime claims nothing of interest
@@ -64,7 +73,9 @@ async def rescued(m: Maintenance, job_id: int):
     async def once():
         return any(r[0] == job_id for r in await m.rescue())
 
-    await wait_for(once, what=f"the rescue of job {job_id}")
+    # polled: the killed worker's heartbeat goes stale with time alone; each try is one
+    # rescue pass run by hand
+    await poll_until(once, what=f"the rescue of job {job_id}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,7 +169,7 @@ async def completed_but_not_done(dsn, client) -> tuple:
 
     job = await client.insert({"n": 1}, kind="ship", queue="idle_q")
     await client.start(IDLE, **QUIET)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     return job, verdicts
 
 
@@ -229,8 +240,9 @@ async def test_class3_health_check_reports_a_dead_loop_until_it_recovers(dsn, cl
         cron_interval_ms=20,
     )
     m = client.runtime.maintenance
-    await wait_for(
-        lambda: _true(m.is_leader and "evaluate_cron" in m.loop_health()), what="leadership"
+    cron = passes(client, "evaluate_cron")
+    await until(
+        lambda: m.is_leader and "evaluate_cron" in m.loop_health(), m.passed, what="leadership"
     )
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("ALTER TABLE awa_fast.cron_jobs RENAME TO cron_jobs_away")
@@ -241,7 +253,7 @@ async def test_class3_health_check_reports_a_dead_loop_until_it_recovers(dsn, cl
                 loop = health.maintenance_loops["evaluate_cron"]
                 return (health, loop) if not loop.alive else None
 
-            health, loop = await wait_for(dead, what="the cron loop reported dead")
+            health, loop = await until(dead, cron, what="the cron loop reported dead")
             assert not health.healthy and loop.failures >= 3
             assert loop.last_error.startswith("UndefinedTable")
         finally:
@@ -251,12 +263,8 @@ async def test_class3_health_check_reports_a_dead_loop_until_it_recovers(dsn, cl
         health = await client.health_check()
         return health.healthy and health.maintenance_loops["evaluate_cron"].alive
 
-    await wait_for(alive_again, timeout=40, what="the cron loop back (it backs off)")
+    await until(alive_again, cron, timeout=40, what="the cron loop back (it backs off)")
     assert client.runtime.maintenance.is_leader  # it kept the lock and its loops throughout
-
-
-async def _true(value):
-    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +347,8 @@ async def test_class3_taking_leadership_waits_for_the_old_leaders_open_pass(dsn,
                     ("%leader SET epoch%",),
                 )
 
-            await wait_for(bump_waits, what="the epoch bump waiting on the open pass")
+            # polled: a statement waiting on a lock is server state (no client-side signal)
+            await poll_until(bump_waits, what="the epoch bump waiting on the open pass")
             assert not electing.done()
             await conn.execute("UPDATE awa_fast.jobs SET priority = 1 WHERE id = %s", (job.id,))
         await electing  # the old pass committed first

@@ -20,9 +20,11 @@ import psycopg
 import pytest
 
 import awa_fast as awa
-from tests.support import job_row, scalar, wait_for, wait_state
+from tests import support
+from tests.support import Recorder, job_row, poll_until, scalar, until, wait_state
 
-FAST = dict(poll_interval_ms=50, heartbeat_interval_ms=100, maintenance=False)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "maintenance": False}
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -30,10 +32,6 @@ pytestmark = pytest.mark.usefixtures("clean")
 @dataclasses.dataclass
 class Job:
     mode: str = ""
-
-
-async def _true(value):
-    return bool(value)
 
 
 async def test_class4_def_handler_thread_still_running_is_not_released_at_shutdown(dsn):
@@ -65,7 +63,7 @@ async def test_class4_def_handler_thread_still_running_is_not_released_at_shutdo
         assert a._runtime is None
         await b.start([("default", 2)], **FAST)
         claims = b.runtime.dispatchers["default"]
-        await wait_for(lambda: _true(claims.claims >= 3), what="B polled a few times")
+        await until(lambda: claims.claims >= 3, claims.claim_ran, what="B polled a few times")
         assert spans == []  # B has not run it
         gate.set()  # A's thread ends: only now is the attempt given back, and B runs it
         await asyncio.wait_for(b.runtime.wait_attempts_ended(1), 30)
@@ -164,7 +162,8 @@ async def test_class4_retry_after_the_cancelled_workers_death(dsn):
             except awa.AttemptStillRunning:
                 return None
 
-        assert await wait_for(retried, what="the dead worker's mark to go stale")
+        # polled: the killed worker's mark goes stale with time alone (no step of a process)
+        assert await poll_until(retried, what="the dead worker's mark to go stale")
         assert (await job_row(dsn, job.id))["state"] == "available"
     finally:
         if proc.poll() is None:
@@ -182,9 +181,8 @@ async def test_class4_shutdown_hands_over_a_claim_in_flight(dsn, client):
 
     await client.start([("default", 8)], **FAST)
     first = client.runtime.dispatchers["default"].claims
-    await wait_for(
-        lambda: _true(client.runtime.dispatchers["default"].claims > first), what="an idle claim"
-    )
+    d = client.runtime.dispatchers["default"]
+    await until(lambda: d.claims > first, d.claim_ran, what="an idle claim")
     async with await psycopg.AsyncConnection.connect(dsn) as locker:
         await locker.execute("LOCK TABLE awa_fast.queue_meta IN ACCESS EXCLUSIVE MODE")
         ids = [(await client.insert(Job())).id for _ in range(6)]
@@ -196,7 +194,8 @@ async def test_class4_shutdown_hands_over_a_claim_in_flight(dsn, client):
                 "wait_event_type = 'Lock' AND query LIKE '%%queue_meta%%'",
             )
 
-        await wait_for(blocked, what="the claim to block")
+        # polled: a statement waiting on a lock is server state (no client-side signal)
+        await poll_until(blocked, what="the claim to block")
         stopping = asyncio.create_task(client.shutdown(timeout_ms=5000))
         await asyncio.sleep(0)  # shutdown has begun with the claim still blocked
         await locker.rollback()  # the claim returns its rows now
@@ -258,7 +257,7 @@ async def test_class4_a_cancel_racing_the_dispatchers_wake_is_not_lost(client):
     rt = client.runtime
     for d in rt.dispatchers.values():
         task = next(t for t in rt._tasks if t.get_name() == f"awa-dispatch-{d.queue}")
-        await wait_for(lambda: _true(d.claims >= 1), what="the first claim")  # noqa: B023 - awaited in this iteration
+        await until(lambda: d.claims >= 1, d.claim_ran, what="the first claim")  # noqa: B023 - awaited in this iteration
         d.notify()  # the wake completes in the same loop iteration as the cancel
         task.cancel()
         done, _ = await asyncio.wait([task], timeout=10)
@@ -318,7 +317,7 @@ def test_class4_main_raising_without_shutdown_exits(dsn, tmp_path):
 async def test_class4_superseded_attempt_stays_supervised(dsn, client):
     # Attempt 1 is superseded (rescued and re-claimed) while its handler still runs. Both
     # attempts stay supervised: the deadline sweeper abandons both, each under its own key.
-    cancelled, started = [], []
+    cancelled, started = [], Recorder()
 
     @client.task(Job)
     async def work(job):
@@ -333,18 +332,18 @@ async def test_class4_superseded_attempt_stays_supervised(dsn, client):
     await client.start(
         [{"name": "default", "max_workers": 4, "deadline_duration_ms": 3000}], **FAST
     )
-    await wait_for(lambda: _true(len(started) == 1), what="attempt 1")
+    await started.until(lambda: len(started) == 1, what="attempt 1")
     await scalar(
         dsn, "UPDATE awa_fast.jobs SET state = 'available' WHERE id = %s RETURNING id", (job.id,)
     )
-    await wait_for(lambda: _true(len(started) == 2), what="attempt 2")
+    await started.until(lambda: len(started) == 2, what="attempt 2")
     in_flight = client.runtime.in_flight
     assert set(in_flight) == {(job.id, 1), (job.id, 2)}
     # A cancel NOTIFY names an attempt: it reaches the superseded one, and only it.
     await scalar(
         dsn, "SELECT pg_notify('awa_fast_cancel', %s)", (f'{{"job_id": {job.id}, "run_lease": 1}}',)
     )
-    await wait_for(lambda: _true(in_flight[(job.id, 1)].is_cancelled()), what="cancel flag")
+    await until(lambda: in_flight[(job.id, 1)].is_cancelled(), client, what="cancel flag")
     assert not in_flight[(job.id, 2)].is_cancelled()
     await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
     assert sorted(cancelled) == [1, 2]  # both abandoned at their deadlines
@@ -352,7 +351,7 @@ async def test_class4_superseded_attempt_stays_supervised(dsn, client):
 
 
 async def test_class4_heartbeat_acks_progress_only_for_rows_it_beat(dsn, client):
-    gate, started = asyncio.Event(), []
+    gate, started = asyncio.Event(), Recorder()
 
     @client.task(Job)
     async def work(job):
@@ -365,7 +364,7 @@ async def test_class4_heartbeat_acks_progress_only_for_rows_it_beat(dsn, client)
         [("default", 4)],
         **{**FAST, "heartbeat_interval_ms": 3_600_000, "heartbeat_staleness_ms": 36_000_000},
     )
-    await wait_for(lambda: _true(len(started) == 2), what="both running")
+    await started.until(lambda: len(started) == 2, what="both running")
     ctxs = {c.args.mode: c for c in started}
     async with await psycopg.AsyncConnection.connect(dsn) as locker:
         await locker.execute("SELECT 1 FROM awa_fast.jobs WHERE id = %s FOR UPDATE", (jobs[0].id,))
@@ -437,7 +436,7 @@ async def test_class4_retry_of_a_live_callback_wait_is_refused(dsn, client):
     job = await client.insert(Job())
     await client.start([("default", 4)], **{**FAST, "callback_poll_interval_ms": 20})
     token = await tokens.get()
-    await wait_state(dsn, job.id, "waiting_external")
+    await wait_state(client, job.id, "waiting_external")
     with pytest.raises(awa.AttemptStillRunning):
         await client.retry_external(token)
     with pytest.raises(awa.AttemptStillRunning):
@@ -448,7 +447,7 @@ async def test_class4_retry_of_a_live_callback_wait_is_refused(dsn, client):
     assert ended == [1]
     assert (await client.retry(job.id)) is not None
     await tokens.get()
-    await wait_state(dsn, job.id, "waiting_external")
+    await wait_state(client, job.id, "waiting_external")
     assert (await job_row(dsn, job.id))["run_lease"] == 2
 
 
@@ -466,7 +465,9 @@ async def _mark_outlives_staleness(dsn: str, job_id: int, since) -> None:
             row["heartbeat_at"] is not None and (row["heartbeat_at"] - since).total_seconds() > 1.2
         )
 
-    await wait_for(refreshed, what="the mark refreshed past the staleness")
+    # polled: the mark is refreshed by the lingering thread's own connection (worker/lingering.py
+    # runs off the event loop), and "past the staleness" is a matter of time passing
+    await poll_until(refreshed, what="the mark refreshed past the staleness")
 
 
 async def test_class4_def_handler_past_its_deadline_never_overlaps_its_rerun(dsn, client):

@@ -24,17 +24,11 @@ from awa_fast.worker.executor import COMPLETED, Outcome
 from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
-from tests.support import exploding_inserts, failing_rows, job_row, scalar, wait_for
+from tests.support import FAST, exploding_inserts, failing_rows, job_row, poll_until, scalar, until
 
 pytestmark = pytest.mark.usefixtures("clean")
 
 RUNNING_ONLY = {"states": 1 << 2}  # the key is held only while running
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-)
 
 
 @dataclasses.dataclass
@@ -118,13 +112,14 @@ async def test_class1_claim_does_not_wedge_on_running_only_unique_mask(dsn, clie
     plains = [(await client.insert(Plain(i))).id for i in range(6)]
     await client.start([("default", 8)], **FAST)
     # The queue drains around the duplicates: the plain jobs complete ...
-    await wait_for(lambda: _all_in(dsn, plains, "completed"), what="the plain jobs")
+    await until(lambda: _all_in(dsn, plains, "completed"), client, what="the plain jobs")
     # ... one duplicate runs, the other waits available for the key.
     states = sorted(r["state"] for r in (await _rows(dsn, "kind = 'held'")).values())
     assert states == ["available", "running"]
     release.set()
-    await wait_for(
+    await until(
         lambda: _all_in(dsn, [d.id for d in dups], "completed"),
+        client,
         what="both duplicates, one after the other",
     )
     assert running_together == [1, 1]  # never two running attempts holding the key
@@ -152,7 +147,7 @@ async def test_class1_claim_isolates_a_row_its_update_fails(dsn, client):
         bad = await client.insert({"x": 1}, kind="explode", priority=1)  # claimed first
         plains = [(await client.insert(Plain(i))).id for i in range(5)]
         await client.start([("default", 4)], **FAST)
-        await wait_for(lambda: _all_in(dsn, plains, "completed"), what="the plain jobs")
+        await until(lambda: _all_in(dsn, plains, "completed"), client, what="the plain jobs")
         await client.shutdown()
     row = await job_row(dsn, bad.id)
     assert row["state"] == "available" and row["attempt"] == 0  # left as it was, not lost
@@ -508,7 +503,8 @@ async def _wait_for_lock_waiter(dsn: str) -> None:
             "current_database() AND wait_event_type = 'Lock'",
         )
 
-    await wait_for(waiting, 10, "a statement waiting on a lock")
+    # polled: a statement waiting on a lock is server state (no client-side signal)
+    await poll_until(waiting, 10, "a statement waiting on a lock")
 
 
 async def _hold_then_take(dsn, client, kind, second_writer):
@@ -679,7 +675,7 @@ async def test_class1_two_workers_drain_duplicates_one_running_attempt_per_key(d
         ]
         for c in clients:
             await c.start([("default", 6)], **FAST)
-        await wait_for(lambda: _all_in(dsn, ids, "completed"), 30, "every duplicate")
+        await until(lambda: _all_in(dsn, ids, "completed"), clients, 30, "every duplicate")
     finally:
         for c in clients:
             await c.close()
@@ -706,8 +702,8 @@ async def test_class1_snooze_into_a_held_key_cancels_that_job_as_a_duplicate(dsn
     job = await client.insert(Held(9), unique_opts=only_scheduled)
     plains = [(await client.insert(Plain(i))).id for i in range(3)]
     await client.start([("default", 4)], **FAST)
-    await wait_for(lambda: _all_in(dsn, plains, "completed"), what="the plain jobs")
-    row = await wait_for(lambda: _cancelled(dsn, job.id), what="the duplicate cancelled")
+    await until(lambda: _all_in(dsn, plains, "completed"), client, what="the plain jobs")
+    row = await until(lambda: _cancelled(dsn, job.id), client, what="the duplicate cancelled")
     assert "duplicate" in row["errors"][-1]["error"]
     assert (await job_row(dsn, holder.id))["state"] == "scheduled"
 

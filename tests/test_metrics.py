@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import awa_fast as awa
 from awa_fast.errors import ConfigError
 from tests.metrics_app import Charge, Step
-from tests.support import scalar, wait_for, wait_state
+from tests.support import poll_until, scalar, until, wait_state
 from tests.test_launcher import Launcher, clean, launchers, poll  # noqa: F401 - fixtures
 
 FINAL = ("completed", "failed", "cancelled")
@@ -256,11 +256,12 @@ async def test_library_runtime_serves_its_own_endpoint(dsn, client):
         metrics_refresh_ms=100,
     )
     exporter = client.runtime.metrics_exporter
-    await wait_state(dsn, job.id, "completed")
-    await wait_for(
+    await wait_state(client, job.id, "completed")
+    await until(
         lambda: scalar(
             dsn, f"SELECT consequence_state = 'owed' FROM awa_fast.jobs WHERE id = {owing.id}"
         ),
+        client,
         15,
         "the consequence owed",
     )
@@ -276,7 +277,10 @@ async def test_library_runtime_serves_its_own_endpoint(dsn, client):
         )
         return s if ok else None
 
-    await wait_for(rescued, 15, "a deadline rescue, the completion and leadership on the endpoint")
+    # polled: the endpoint's gauges follow the metrics loop's own cadence (metrics_refresh_ms)
+    await poll_until(
+        rescued, 15, "a deadline rescue, the completion and leadership on the endpoint"
+    )
     await client.shutdown()
     with pytest.raises(OSError):  # the endpoint stops with the runtime
         await asyncio.to_thread(urllib.request.urlopen, exporter.url, None, 2)

@@ -16,17 +16,11 @@ import dataclasses
 
 import awa_fast as awa
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+from tests import support
 from tests.support import job_row, truncate, wait_state
 
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-    reconcile_interval_ms=50,
-    consequence_backoff_ms=50,
-    heartbeat_staleness_ms=500,
-)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "consequence_backoff_ms": 50, "heartbeat_staleness_ms": 500}
 
 
 @dataclasses.dataclass
@@ -59,8 +53,8 @@ async def test_prune_keeps_a_failed_row_whose_consequence_is_owed(dsn):
         shipped = await client.insert(Shipment("x"))
         failed = await client.insert(Ping(1))
         await client.start([("default", 2)], **FAST)
-        await wait_state(dsn, shipped.id, "completed")
-        await wait_state(dsn, failed.id, "failed")
+        await wait_state(client, shipped.id, "completed")
+        await wait_state(client, failed.id, "failed")
         await client.correct_to_failed(shipped.id, error="the parcel was lost")
     finally:
         await client.close()
@@ -90,7 +84,7 @@ async def test_cancel_leaves_a_consequence_pending_job_owed(dsn):
 
         job = await client.insert(Shipment("x"))
         await client.start([("default", 1)], **FAST)
-        row = await wait_state(dsn, job.id, "consequence_pending")
+        row = await wait_state(client, job.id, "consequence_pending")
         assert row["consequence_state"] == "owed"
         assert await client.cancel(job.id) is None
     finally:

@@ -18,15 +18,8 @@ import pytest
 
 import awa_fast as awa
 from awa_fast import periodic
-from tests.support import scalar, truncate, wait_for
+from tests.support import FAST, poll_until, scalar, truncate, until
 
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-    cron_interval_ms=50,
-)
 IDLE = [("cron_idle", 1)]  # a queue nobody inserts into: cron jobs stay where they are
 MINUTE = timedelta(minutes=1)
 
@@ -55,7 +48,8 @@ async def away_from_minute_boundary(dsn, margin_s: int = 10) -> datetime:
         now = await db_now(dsn)
         return now if now.second < 60 - margin_s else None
 
-    now = await wait_for(ok, timeout=margin_s + 2, what="a point away from a minute boundary")
+    # polled: this waits for the wall clock alone
+    now = await poll_until(ok, timeout=margin_s + 2, what="a point away from a minute boundary")
     return periodic.latest_fire("* * * * *", "UTC", now)
 
 
@@ -106,14 +100,15 @@ async def start_client(
     return client
 
 
-async def first_fire_cleared(dsn, name: str) -> None:
-    """Wait for a new schedule's first fire (awa fires the registration minute at once), then
-    delete its jobs so a test counts only the fires it provokes."""
+async def first_fire_cleared(dsn, name: str, *clients: awa.AsyncClient) -> None:
+    """Wait, on ``clients``' signals, for a new schedule's first fire (awa fires the
+    registration minute at once), then delete its jobs so a test counts only the fires it
+    provokes."""
 
     async def fired():
         return await last_fire(dsn, name) is not None
 
-    await wait_for(fired, what=f"{name}'s first fire")
+    await until(fired, list(clients), what=f"{name}'s first fire")
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(
             "DELETE FROM awa_fast.jobs WHERE metadata->>'awa:cron_name' = %s", (name,)
@@ -125,7 +120,9 @@ async def wait_leader(*clients: awa.AsyncClient) -> awa.AsyncClient:
         leaders = [c for c in clients if c.runtime.maintenance.is_leader]
         return leaders[0] if len(leaders) == 1 else None
 
-    return await wait_for(one, what="a maintenance leader")
+    return await until(
+        one, [c.runtime.maintenance.leadership for c in clients], what="a maintenance leader"
+    )
 
 
 # -- registration -------------------------------------------------------------------------------
@@ -226,13 +223,13 @@ async def test_due_fire_enqueues_exactly_one_job(dsn):
     try:
         await wait_leader(client)
         latest = await away_from_minute_boundary(dsn)
-        await first_fire_cleared(dsn, "due")
+        await first_fire_cleared(dsn, "due", client)
         await set_last_fire(dsn, "due", latest - MINUTE)
 
         async def fired():
             return await last_fire(dsn, "due") == latest
 
-        await wait_for(fired, what="the leader to fire the due minute")
+        await until(fired, client, what="the leader to fire the due minute")
         # More evaluation passes (the leader's and ours) find nothing left to do.
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             assert await periodic.evaluate(conn) == 0
@@ -302,7 +299,8 @@ async def test_second_evaluator_waits_and_rechecks(dsn):
                     (b.info.backend_pid,),
                 )
 
-            await wait_for(b_blocked, what="the second evaluator to wait on the row lock")
+            # polled: a statement waiting on a lock is server state (no client-side signal)
+            await poll_until(b_blocked, what="the second evaluator to wait on the row lock")
             assert not second.done()
         assert await second == []
     jobs = await cron_jobs(dsn, "locked")
@@ -318,7 +316,7 @@ async def test_two_runtimes_one_fire(dsn):
     try:
         await wait_leader(c1, c2)
         latest = await away_from_minute_boundary(dsn)
-        await first_fire_cleared(dsn, "shared")
+        await first_fire_cleared(dsn, "shared", c1, c2)
         for i in range(10):
             await set_last_fire(dsn, "shared", latest - MINUTE)
             await asyncio.gather(c1.runtime._evaluate_cron(), c2.runtime._evaluate_cron())
@@ -350,7 +348,7 @@ async def test_restart_across_missed_fires(dsn, policy, missed, expected):
             last = await last_fire(dsn, name)
             return last is not None and last >= latest
 
-        await wait_for(caught_up, what="the missed fires to be evaluated")
+        await until(caught_up, client, what="the missed fires to be evaluated")
         jobs = [j for j in await cron_jobs(dsn, name) if j["fire_at"] <= latest]
         fires = [j["fire_at"] for j in jobs]
         if policy == "coalesce":

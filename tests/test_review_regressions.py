@@ -9,20 +9,11 @@ import psycopg
 import pytest
 
 import awa_fast as awa
-from tests.support import job_row, scalar, wait_for, wait_state
+from tests import support
+from tests.support import job_row, passes, scalar, until, wait_state
 
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-    heartbeat_rescue_interval_ms=50,
-    callback_rescue_interval_ms=50,
-    deadline_rescue_interval_ms=50,
-    reconcile_interval_ms=50,
-    consequence_backoff_ms=50,
-    callback_poll_interval_ms=20,
-)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "consequence_backoff_ms": 50}
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -31,10 +22,6 @@ pytestmark = pytest.mark.usefixtures("clean")
 class Job:
     mode: str = ""
     n: int = 0
-
-
-async def _true(value):
-    return bool(value)
 
 
 async def test_callback_timeout_rescue_survives_a_unique_collision(dsn, client):
@@ -49,15 +36,15 @@ async def test_callback_timeout_rescue_survives_a_unique_collision(dsn, client):
     await client.start([("default", 4)], **{**FAST, "promote_interval_ms": 3_600_000})
     # Parked (waiting_external is not in the default mask), so a duplicate can be inserted.
     first = await client.insert(Job("dup"), unique_opts={}, max_attempts=3)
-    await wait_state(dsn, first.id, "waiting_external")
+    await wait_state(client, first.id, "waiting_external")
     dup = await client.insert(Job("dup"), unique_opts={}, queue="unserved")  # holds the key
     other = await client.insert(Job("other"), max_attempts=3)
-    await wait_state(dsn, other.id, "waiting_external", "retryable")
+    await wait_state(client, other.id, "waiting_external", "retryable")
     # The first job's rescue would re-take the key the duplicate holds: it is cancelled as a
     # duplicate, and rescue of the other job goes on.
-    row = await wait_state(dsn, first.id, "cancelled")
+    row = await wait_state(client, first.id, "cancelled")
     assert "duplicate" in row["errors"][-1]["error"]
-    await wait_state(dsn, other.id, "retryable")
+    await wait_state(client, other.id, "retryable")
     assert (await job_row(dsn, dup.id))["state"] == "available"
 
 
@@ -74,9 +61,9 @@ async def test_a_unique_collision_does_not_fail_a_whole_completion_batch(dsn, cl
     b = await client.insert(Job("held"), unique_opts={"states": 8})
     plain = [(await client.insert(Job("plain", i))).id for i in range(10)]
     await client.start([("default", 20)], **FAST)
-    await wait_for(lambda: _all_completed(dsn, plain), what="the plain jobs")
+    await until(lambda: _all_completed(dsn, plain), client, what="the plain jobs")
     release.set()
-    rows = [await wait_state(dsn, j.id, "completed", "cancelled") for j in (a, b)]
+    rows = [await wait_state(client, j.id, "completed", "cancelled") for j in (a, b)]
     assert sorted(r["state"] for r in rows) == ["cancelled", "completed"]
 
 
@@ -112,11 +99,11 @@ async def test_a_reclaimed_job_keeps_its_in_flight_bookkeeping(dsn, client):
     )
     await second_started.wait()
     release_first.set()  # the old attempt ends while the new one runs
-    await wait_for(lambda: _true(client.runtime.finalizer.stats["stale"]), what="stale old attempt")
+    await until(lambda: client.runtime.finalizer.stats["stale"], client, what="stale old attempt")
     ctx = client.runtime.in_flight.get((job.id, 2))
     assert ctx is not None and ctx.run_lease == 2  # still tracked: heartbeats continue
     release_second.set()
-    row = await wait_state(dsn, job.id, "completed")
+    row = await wait_state(client, job.id, "completed")
     assert row["run_lease"] == 2
 
 
@@ -147,7 +134,7 @@ async def test_cancelled_error_from_handler_code_counts_the_attempt(dsn, client)
 
     job = await client.insert(Job("x"), max_attempts=2)
     await client.start([("default", 1)], **FAST)
-    row = await wait_state(dsn, job.id, "retryable")
+    row = await wait_state(client, job.id, "retryable")
     assert row["attempt"] == 1 and row["errors"][-1]["error"].startswith("CancelledError")
 
 
@@ -171,10 +158,10 @@ async def test_idempotency_key_differs_per_failure_of_the_same_job(dsn, client):
 
     job = await client.insert(Job("x"), max_attempts=1)
     await client.start([{"name": "default", "max_workers": 1, "dlq": True}], **FAST)
-    await wait_for(lambda: _true(len(keys) == 1), what="first failure")
-    await wait_for(lambda: client.get_dlq_job(job.id), what="dead-lettered")
+    await until(lambda: len(keys) == 1, client, what="first failure")
+    await until(lambda: client.get_dlq_job(job.id), client, what="dead-lettered")
     await client.retry_from_dlq(job.id)
-    await wait_for(lambda: _true(len(keys) == 2), what="second failure")
+    await until(lambda: len(keys) == 2, client, what="second failure")
     assert keys[0] != keys[1]
 
 
@@ -194,8 +181,13 @@ async def test_an_effect_that_swallows_its_own_sql_error_does_not_settle(dsn, cl
 
     job = await client.insert(Job("x"), max_attempts=1)
     await client.start([("default", 1)], **FAST)
-    row = await wait_state(dsn, job.id, "consequence_pending")
-    await wait_for(lambda: _attempts_at_least(dsn, job.id, 2), what="backed-off retries")
+    row = await wait_state(client, job.id, "consequence_pending")
+    # the settlement keeps failing: the reconciler's passes say so, none settles the job
+    await until(
+        lambda: _attempts_at_least(dsn, job.id, 2),
+        passes(client, "reconcile"),
+        what="backed-off retries",
+    )
     row = await job_row(dsn, job.id)
     assert "aborted" in row["consequence_error"]
 
@@ -213,7 +205,7 @@ async def test_a_def_handler_returning_a_coroutine_is_awaited(dsn, client):
     client.task(Job)(lambda job: real(job))  # a plain callable returning a coroutine
     job = await client.insert(Job("x"))
     await client.start([("default", 1)], **FAST)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     assert done == [job.id]
 
 
@@ -231,7 +223,7 @@ async def test_fail_external_from_a_process_without_the_declaration_leaves_it_ow
     try:
         job = await client.insert(Job("x"))
         await worker.start([("default", 1)], **FAST, maintenance=False)
-        await wait_state(dsn, job.id, "waiting_external")
+        await wait_state(worker, job.id, "waiting_external")
         token = str((await job_row(dsn, job.id))["callback_id"])
         api = awa.AsyncClient(dsn)  # knows nothing of the kind
         try:
@@ -242,7 +234,7 @@ async def test_fail_external_from_a_process_without_the_declaration_leaves_it_ow
         assert row["state"] == "consequence_pending" and row["consequence_state"] == "owed"
         await worker.shutdown()
         await worker.start([("default", 1)], **FAST)  # now with maintenance: it reconciles
-        row = await wait_state(dsn, job.id, "failed")
+        row = await wait_state(worker, job.id, "failed")
         assert row["consequence_state"] == "applied" and effects == ["callback_failed"]
     finally:
         await worker.close()
@@ -258,7 +250,7 @@ async def test_no_retry_while_a_consequence_is_owed(dsn, client):
 
     job = await client.insert(Job("x"))
     await client.start([("default", 1)], **FAST)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
     await client.correct_to_failed(job.id, error="not actually done")
     assert await client.retry(job.id) is None
     assert (await job_row(dsn, job.id))["state"] == "failed"

@@ -15,17 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import awa_fast as awa
-from tests.support import job_row, scalar, wait_for, wait_state
-
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-    heartbeat_rescue_interval_ms=100,
-    callback_rescue_interval_ms=100,
-    deadline_rescue_interval_ms=100,
-)
+from tests.support import FAST, Recorder, job_row, scalar, until, wait_state
 
 
 @dataclasses.dataclass
@@ -80,7 +70,7 @@ async def test_every_outcome_and_its_row(dsn, client):
         "boom_final": "failed",
         "bad_args": "failed",
     }
-    rows = {m: await wait_state(dsn, ids[m], expect[m]) for m in expect}
+    rows = {m: await wait_state(client, ids[m], expect[m]) for m in expect}
     now = datetime.now(UTC)
 
     assert rows["complete"]["finalized_at"] is not None and rows["complete"]["progress"] is None
@@ -118,13 +108,13 @@ async def test_retry_is_promoted_and_runs_again(dsn, client):
 
     job = await client.insert(Work("x"))
     await client.start([("default", 2)], **FAST)
-    row = await wait_state(dsn, job.id, "completed")
+    row = await wait_state(client, job.id, "completed")
     assert calls == [1, 2] and row["attempt"] == 2
 
 
 async def test_sync_handler_runs_in_thread_and_never_blocks_the_loop(dsn, client):
     release = threading.Event()
-    seen_thread = []
+    seen_thread = Recorder()
 
     @client.task(Work, kind="blocking")
     def blocking(job):  # plain def: must run off the loop
@@ -138,15 +128,11 @@ async def test_sync_handler_runs_in_thread_and_never_blocks_the_loop(dsn, client
 
     a = await client.insert(Work("a"), kind="blocking")
     await client.start([("default", 4)], **FAST)
-    await wait_for(lambda: _true(seen_thread), what="sync handler start")
+    await seen_thread.until(lambda: seen_thread, what="sync handler start")
     b = await client.insert(Work("b"), kind="releaser")
-    await wait_state(dsn, b.id, "completed")
-    await wait_state(dsn, a.id, "completed")
+    await wait_state(client, b.id, "completed")
+    await wait_state(client, a.id, "completed")
     assert seen_thread[0].startswith("awa-fast-handler")
-
-
-async def _true(value):
-    return bool(value)
 
 
 def test_task_registration_without_a_running_loop(dsn):
@@ -181,7 +167,7 @@ async def test_stale_completion_changes_nothing(dsn, client):
     before = await job_row(dsn, job.id)
     assert before["state"] == "retryable"
     release.set()
-    await wait_for(lambda: _true(client.runtime.finalizer.stats["stale"]), what="stale outcome")
+    await until(lambda: client.runtime.finalizer.stats["stale"], client, what="stale outcome")
     after = await job_row(dsn, job.id)
     assert after == before
 
@@ -222,7 +208,7 @@ async def test_sigkilled_worker_job_is_rescued_and_completed_elsewhere(dsn, clie
         return None
 
     await client.start([("kill_q", 2)], **{**FAST, "heartbeat_staleness_ms": 500})
-    row = await wait_state(dsn, job.id, "completed", timeout=30)
+    row = await wait_state(client, job.id, "completed", timeout=30)
     assert row["attempt"] == 2
     assert row["errors"][0]["error"] == "heartbeat stale: worker presumed dead"
 
@@ -245,7 +231,7 @@ async def test_graceful_shutdown_finishes_or_releases_and_loses_nothing(dsn, cli
     slow = (await client.insert(Work("slow"), priority=1)).id
     await client.start([("default", 10)], **FAST)
     await started.wait()
-    await wait_for(lambda: _all_state(dsn, quick, "completed"), what="quick jobs")
+    await until(lambda: _all_state(dsn, quick, "completed"), client, what="quick jobs")
     await client.shutdown(timeout_ms=300)
     row = await job_row(dsn, slow)
     assert row["state"] == "available" and row["attempt"] == 0
@@ -277,7 +263,7 @@ async def test_admin_cancel_reaches_the_running_handler(dsn, client):
     cancelled = await client.cancel(job.id)
     assert cancelled.state == awa.JobState.Cancelled
     await asyncio.wait_for(flagged.wait(), 10)
-    await wait_for(lambda: _true(client.runtime.finalizer.stats["stale"]), what="stale completion")
+    await until(lambda: client.runtime.finalizer.stats["stale"], client, what="stale completion")
     assert (await job_row(dsn, job.id))["state"] == "cancelled"
 
 
@@ -290,11 +276,11 @@ async def test_paused_queue_is_not_claimed_until_resumed(dsn, client):
     job = await client.insert(Work("x"), queue="pq")
     await client.start([("pq", 1)], **FAST)
     d = client.runtime.dispatchers["pq"]
-    await wait_for(lambda: _true(d.claims >= 3), what="three claims")
+    await until(lambda: d.claims >= 3, d.claim_ran, what="three claims")
     assert (await job_row(dsn, job.id))["state"] == "available"
     assert [s.paused for s in await client.queue_stats() if s.queue == "pq"] == [True]
     await client.resume_queue("pq")
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
 
 
 async def test_progress_is_piggybacked_on_heartbeats_and_cleared_on_completion(dsn, client):
@@ -313,13 +299,13 @@ async def test_progress_is_piggybacked_on_heartbeats_and_cleared_on_completion(d
         row = await job_row(dsn, job.id)
         return row["progress"]
 
-    assert await wait_for(progress, what="progress flushed") == {
+    assert await until(progress, client.runtime.heartbeat.beaten, what="progress flushed") == {
         "percent": 40,
         "message": "halfway",
         "metadata": {"cursor": 7},
     }
     release.set()
-    row = await wait_state(dsn, job.id, "completed")
+    row = await wait_state(client, job.id, "completed")
     assert row["progress"] is None
 
 
@@ -331,7 +317,7 @@ async def test_scheduled_job_is_promoted_and_runs(dsn, client):
     job = await client.insert(Work("x"), run_at=datetime.now(UTC) + timedelta(seconds=0.3))
     assert job.state == awa.JobState.Scheduled
     await client.start([("default", 1)], **FAST)
-    await wait_state(dsn, job.id, "completed")
+    await wait_state(client, job.id, "completed")
 
 
 async def test_notify_wakes_an_idle_worker_before_its_poll(dsn, client):
@@ -341,9 +327,9 @@ async def test_notify_wakes_an_idle_worker_before_its_poll(dsn, client):
 
     await client.start([("default", 1)], **{**FAST, "poll_interval_ms": 600_000})
     d = client.runtime.dispatchers["default"]
-    await wait_for(lambda: _true(d.claims >= 1), what="first claim")
+    await until(lambda: d.claims >= 1, d.claim_ran, what="first claim")
     job = await client.insert(Work("x"))
-    await wait_state(dsn, job.id, "completed", timeout=10)
+    await wait_state(client, job.id, "completed", timeout=10)
 
 
 async def test_prune_deletes_terminal_jobs_past_retention(dsn, client):
@@ -377,7 +363,9 @@ async def test_exactly_one_maintenance_leader(dsn):
             leaders = [c.runtime.maintenance.is_leader for c in clients]
             return leaders.count(True) == 1
 
-        await wait_for(one_leader, what="a leader")
+        await until(
+            one_leader, [c.runtime.maintenance.leadership for c in clients], what="a leader"
+        )
         leader = next(c for c in clients if c.runtime.maintenance.is_leader)
         await leader.shutdown()
         rest = [c for c in clients if c is not leader]
@@ -385,7 +373,9 @@ async def test_exactly_one_maintenance_leader(dsn):
         async def new_leader():
             return [c.runtime.maintenance.is_leader for c in rest].count(True) == 1
 
-        await wait_for(new_leader, what="a new leader")
+        await until(
+            new_leader, [c.runtime.maintenance.leadership for c in rest], what="a new leader"
+        )
     finally:
         for c in clients:
             await c.close()
@@ -421,7 +411,7 @@ async def test_deadline_abandons_the_handler_and_rescue_retries_it(dsn, client):
 
     job = await client.insert(Work("x"), max_attempts=3)
     await client.start([{"name": "default", "max_workers": 1, "deadline_duration_ms": 300}], **FAST)
-    row = await wait_state(dsn, job.id, "completed")
+    row = await wait_state(client, job.id, "completed")
     assert attempts == [1, 2] and cancelled == [job.id]
     assert row["errors"][0]["error"] == "hard deadline exceeded"
     assert client.runtime.outcomes.get("abandoned") == 1

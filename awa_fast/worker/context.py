@@ -320,6 +320,9 @@ class JobContext:
         # The wait does not count against the attempt's deadline: the rest of it resumes after.
         remaining = None if self._deadline is None else self._deadline - datetime.now(UTC)
         self.waiting = True
+        progress = getattr(runtime, "progress", None)
+        if progress is not None:  # the runtime's signal (worker/observe.py): parked
+            progress.fire("parked")
         try:
             while True:
                 async with pool.connection() as conn:

@@ -18,6 +18,7 @@ import psycopg
 
 from awa_fast import bulk, metrics, sql
 from awa_fast.worker.cancellation import raise_if_cancelling
+from awa_fast.worker.observe import Signal
 from awa_fast.worker.rate_limit import TokenBucket
 from awa_fast.worker.weighted import OverflowPool
 
@@ -71,7 +72,10 @@ class Dispatcher:
         self._more = True  # the last claim was full: more rows are probably waiting
         self._stopping = False
         self.claimed = 0
-        self.claims = 0  # claim statements run (tests wait on it)
+        self.claims = 0  # claim statements run
+        # fired after each claim statement that returned, once its rows are spawned; the value
+        # is the number of rows claimed
+        self.claim_ran = Signal("claim")
         self.overflow, self.cap = overflow, cap
         self.overflow_held = 0  # running attempts on overflow permits
         if overflow is not None:
@@ -154,6 +158,7 @@ class Dispatcher:
             self.claimed += len(rows)
             for row in rows:
                 self._spawn(row)
+            self.claim_ran.fire(len(rows))
             raise_if_cancelling()  # after spawning: claimed rows always get their handler
 
     def _acquire_overflow(self, local: int) -> int:

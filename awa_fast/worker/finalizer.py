@@ -56,6 +56,7 @@ from awa_fast.worker import executor as ex
 from awa_fast.worker import storable
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
+from awa_fast.worker.observe import Signal
 
 log = logging.getLogger("awa_fast.finalizer")
 
@@ -178,6 +179,8 @@ class Finalizer:
             "staged_batched": 0,
             "prompt_failures": 0,
         }
+        # fired after each batch statement's waiters are resolved (value: the batch size)
+        self.flushed = Signal("finalizer flush")
 
     @classmethod
     def batching(
@@ -383,6 +386,7 @@ class Finalizer:
             else:  # stale, or cancelled as a duplicate
                 self.stats["stale"] += 1
                 fut.set_result(False)
+        self.flushed.fire(len(batch))
 
     async def _complete_isolated(self, conn, attempts: list[tuple[int, int]]) -> bulk.Isolated:
         # One guarded statement for the batch of (id, run_lease); if a row makes it fail, job by
@@ -469,6 +473,7 @@ class Finalizer:
             self.stats["staged_batched" if ok else "stale"] += 1
             if not fut.done():
                 fut.set_result(ok)
+        self.flushed.fire(len(batch))
 
     async def _cancel_duplicate(self, conn, job_id: int, lease: int) -> None:
         await conn.execute(sql.CANCEL_DUPLICATE_ATTEMPT, (job_id, lease))

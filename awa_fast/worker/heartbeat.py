@@ -13,6 +13,7 @@ import psycopg
 from awa_fast import bulk, sql
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
+from awa_fast.worker.observe import Signal
 
 log = logging.getLogger("awa_fast.heartbeat")
 
@@ -59,6 +60,8 @@ class Heartbeat:
         self.beats = 0
         self.progress_dropped = 0
         self.progress_written = asyncio.Condition()
+        # fired after each round of beats that wrote (value: progress_only)
+        self.beaten = Signal("heartbeat")
 
     async def run(self) -> None:
         await self._every(self.interval_s, progress_only=False, what="heartbeat")
@@ -103,6 +106,7 @@ class Heartbeat:
                 )
         if not progress_only:
             self.beats += 1
+        self.beaten.fire(progress_only)
         if wrote_progress:  # waiters re-check their own condition
             async with self.progress_written:
                 self.progress_written.notify_all()

@@ -29,6 +29,7 @@ from typing import Any
 import psycopg
 
 from awa_fast import bulk, metrics, sql
+from awa_fast.worker.observe import Signal
 
 log = logging.getLogger("awa_fast.maintenance")
 
@@ -113,6 +114,10 @@ class Maintenance:
         self._deposed = asyncio.Event()
         self.loops: dict[str, LoopHealth] = {}
         self.counts = {"promoted": 0, "rescued": 0, "pruned": 0}
+        # fired after each pass of a leader loop with (loop name, its result or exception)
+        self.passed = Signal("maintenance pass")
+        # fired when this process takes or gives up leadership (value: is_leader)
+        self.leadership = Signal("leadership")
 
     async def run(self) -> None:
         """Elect forever (cancel to stop; the lock connection is closed on the way out)."""
@@ -184,6 +189,7 @@ class Maintenance:
         self.epoch = await self._bump_epoch()
         self.is_leader = True
         metrics.LEADER.set(1)
+        self.leadership.fire(True)
         log.info("became maintenance leader (epoch %s)", self.epoch)
         return True
 
@@ -239,6 +245,7 @@ class Maintenance:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
         self._loops = []
+        was_leader = self.is_leader
         if self.is_leader:
             log.info("gave up maintenance leadership (epoch %s)", self.epoch)
         self.is_leader = False
@@ -249,6 +256,8 @@ class Maintenance:
             except Exception:  # closing a dead connection may fail; it is gone either way
                 pass
             self._lock_conn = None
+        if was_leader:
+            self.leadership.fire(False)
 
     @contextlib.asynccontextmanager
     async def fenced(self) -> AsyncIterator[psycopg.AsyncConnection]:
@@ -283,10 +292,11 @@ class Maintenance:
         while True:
             delay = interval_s
             try:
-                await fn()
+                result = await fn()
                 health.passes += 1
                 health.failures = 0
                 health.alive = True
+                self.passed.fire((name, result))
             except asyncio.CancelledError:
                 raise
             except Deposed as exc:
@@ -305,6 +315,7 @@ class Maintenance:
                     delay,
                     exc_info=True,
                 )
+                self.passed.fire((name, exc))
             # Python 3.11's wait_for (inside the pool) can swallow a cancel that lands as a
             # connection is handed out: honour a pending cancel here so shutdown never hangs.
             if asyncio.current_task().cancelling():

@@ -29,6 +29,7 @@ from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.maintenance import MAX_BACKOFF_S, Maintenance, MaintenanceConfig
+from awa_fast.worker.observe import Signal
 from awa_fast.worker.weighted import OverflowPool
 
 log = logging.getLogger("awa_fast.runtime")
@@ -696,6 +697,11 @@ class Runtime:
         self.maintenance: Maintenance | None = None
         self.heartbeat: Heartbeat | None = None
         self.outcomes: dict[str, int] = {}
+        # Fired after each step of this runtime that may have changed jobs: a claim that took
+        # rows, an attempt that ended (its finalize committed) or parked on its callback, a
+        # cancel NOTIFY that flagged an attempt, a maintenance pass that did work. Tests wait
+        # on it (``Signal.wait_until``) instead of polling the database.
+        self.progress = Signal("runtime progress")
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -738,6 +744,7 @@ class Runtime:
                 overflow=self.overflow,
                 cap=q.cap,
             )
+            self.dispatchers[q.name].claim_ran.subscribe(self._claimed)
         self.heartbeat = Heartbeat(
             pool_getter,
             self._heartbeat_targets,
@@ -785,6 +792,7 @@ class Runtime:
                     (BATCH_RUNNER_S, self._run_batch_operations),
                 ],
             )
+            self.maintenance.passed.subscribe(self._maintenance_passed)
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
@@ -941,6 +949,18 @@ class Runtime:
             finally:
                 self.attempts_ended += 1
                 self._attempt_ended.set()
+                self.progress.fire("attempt ended")
+
+    def _claimed(self, rows: int) -> None:
+        if rows:
+            self.progress.fire("claimed")
+
+    def _maintenance_passed(self, step: tuple[str, Any]) -> None:
+        name, result = step
+        if isinstance(result, dict):  # the reconciler's counts
+            result = any(result.values())
+        if result and not isinstance(result, BaseException):
+            self.progress.fire(name)
 
     async def wait_attempts_ended(self, n: int) -> None:
         """Wait until ``n`` attempts of this runtime have ended: finalized (or their prompt
@@ -1173,3 +1193,4 @@ class Runtime:
             ctx = self.in_flight.get((msg.get("job_id"), msg.get("run_lease")))
             if ctx is not None:
                 ctx.cancel_flag()
+                self.progress.fire("cancel flagged")

@@ -15,7 +15,7 @@ import pytest
 import awa_fast as awa
 from awa_fast import batch_ops
 from awa_fast.sync_client import Client
-from tests.support import failing_rows, job_row, scalar, wait_for
+from tests.support import failing_rows, job_row, passes, scalar, until
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -179,7 +179,9 @@ async def test_the_leader_runs_it_and_the_sync_twins(dsn, client):
             found = await client.get_batch_operation(op["id"])
             return found if found["state"] == "completed" else None
 
-        done = await wait_for(finished, what="the leader to run the operation")
+        done = await until(
+            finished, passes(client, "run_batch_operations"), what="the leader to run the operation"
+        )
         assert done["processed"] == 3
         assert sync.get_batch_operation(op["id"])["state"] == "completed"
         assert [o["id"] for o in sync.list_batch_operations()] == [op["id"]]

@@ -21,7 +21,7 @@ import pytest
 import awa_fast as awa
 from awa_fast.testing import AwaTestClient
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
-from tests.support import job_row, scalar, wait_for
+from tests.support import job_row, scalar, until
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -184,7 +184,7 @@ async def test_flush_progress_sync_from_an_async_handler_returns(dsn, client):
         async def done():
             return (await job_row(dsn, job.id))["state"] == "completed"
 
-        await wait_for(done, what="completion")
+        await until(done, client, what="completion")
     finally:
         release.set()
         await client.shutdown()

@@ -13,15 +13,7 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.sync_client import Client
-from tests.support import job_row, scalar, wait_state
-
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-    callback_poll_interval_ms=20,
-)
+from tests.support import FAST, job_row, scalar, wait_state
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -56,7 +48,7 @@ async def _parked(dsn, client, tokens, exprs: dict, wait: bool = False) -> tuple
     job = await client.insert(Hook(exprs, wait))
     job_id, cid = await tokens.get()
     assert job_id == job.id
-    await wait_state(dsn, job.id, "waiting_external")
+    await wait_state(client, job.id, "waiting_external")
     return job.id, cid
 
 
@@ -139,7 +131,7 @@ async def test_bad_expressions_are_rejected_at_registration_naming_the_field(dsn
     for field, source in cases.items():
         ids[field] = (await client.insert(Hook({field: source}))).id
     for field, job_id in ids.items():
-        await wait_state(dsn, job_id, "completed")
+        await wait_state(client, job_id, "completed")
         exc = outcomes[job_id]
         assert isinstance(exc, awa.ValidationError) and exc.field == field
     assert "invalid CEL expression for filter" in str(outcomes[ids["filter"]])
@@ -167,7 +159,7 @@ async def test_a_handler_in_wait_for_callback_and_the_blocking_client(dsn, clien
     job_id, cid = await _parked(dsn, client, tokens, {"on_fail": "!payload.ok"}, wait=True)
     res = await client.resolve_callback(cid, {"ok": False})
     assert res.is_failed() and res.job.state == awa.JobState.Failed
-    await wait_state(dsn, job_id, "failed")
+    await wait_state(client, job_id, "failed")
 
 
 async def test_concurrent_resolves_act_once(dsn, client):

@@ -12,9 +12,11 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+from tests import support
 from tests.support import scalar
 
-FAST = dict(poll_interval_ms=50, maintenance=False)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "maintenance": False}
 
 pytestmark = pytest.mark.usefixtures("clean")
 

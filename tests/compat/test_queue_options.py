@@ -14,11 +14,13 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.worker.aging import age_once
-from tests.support import job_row, scalar, wait_for
+from tests import support
+from tests.support import job_row, poll_until, scalar
 
 pytestmark = pytest.mark.usefixtures("clean")
 
-FAST = dict(poll_interval_ms=50, maintenance=False)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "maintenance": False}
 
 
 @dataclasses.dataclass
@@ -147,7 +149,8 @@ async def test_priority_aging_lets_an_old_low_priority_job_overtake(dsn, client)
         async def aged():
             return (await job_row(dsn, old.id))["priority"] == 1
 
-        await wait_for(aged, what="the aging pass to raise the old job's priority")
+        # polled: the aging loop (worker/aging.py) fires no signal
+        await poll_until(aged, what="the aging pass to raise the old job's priority")
         row = await job_row(dsn, old.id)
         assert row["metadata"]["_awa_original_priority"] == 4
         await client.resume_queue("aging")

@@ -17,14 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import awa_fast as awa
-from tests.support import wait_state
-
-FAST = dict(
-    poll_interval_ms=50,
-    heartbeat_interval_ms=100,
-    promote_interval_ms=50,
-    leader_election_interval_ms=100,
-)
+from tests.support import FAST, wait_state
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -101,7 +94,7 @@ async def test_handler_runs_in_the_producers_trace(dsn, client, otel):
 
     await client.start([("default", 4)], **FAST)
     for j in (job, sync_job, untraced, own):
-        await wait_state(dsn, j.id, "completed")
+        await wait_state(client, j.id, "completed")
     await client.shutdown()
 
     execs = {s.attributes["job.id"]: s for s in _spans(exporter, "job.execute traced")}
@@ -143,7 +136,7 @@ async def test_a_retry_starts_a_new_trace_linked_to_the_producer(dsn, client, ot
         job = await client.insert(Traced(fail_first=True), max_attempts=3)
     pc = produce.get_span_context()
     await client.start([("default", 1)], **FAST)
-    await wait_state(dsn, job.id, "completed")  # after awa's backoff (2-2.5 s)
+    await wait_state(client, job.id, "completed")  # after awa's backoff (2-2.5 s)
     await client.shutdown()
     first, second = sorted(
         (s for s in _spans(exporter, "job.execute traced") if s.attributes["job.id"] == job.id),

@@ -12,9 +12,12 @@ import dataclasses
 import pytest
 
 import awa_fast as awa
-from tests.support import wait_for
+from awa_fast.worker.observe import Signal
+from tests import support
+from tests.support import until
 
-FAST = dict(poll_interval_ms=50, maintenance=False)
+# The shared timing (tests/support.py) with this module's differences.
+FAST = {**support.FAST, "maintenance": False}
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -55,10 +58,12 @@ class Gate:
         self.event = asyncio.Event()
         self.inflight: dict[int, str] = {}
         self.peak = 0
+        self.entered = Signal("handler entered")  # the test waits on it
 
     async def hold(self, job) -> None:
         self.inflight[job.id] = job.queue
         self.peak = max(self.peak, len(self.inflight))
+        self.entered.fire(job.id)
         event = self.event
         try:
             await event.wait()
@@ -76,7 +81,7 @@ async def _running(gate: Gate, full: int) -> dict[str, int]:
     async def filled():
         return len(gate.inflight) == full or None
 
-    await wait_for(filled, what=f"{full} attempts holding")
+    await until(filled, gate.entered, what=f"{full} attempts holding")
     return gate.split()
 
 
@@ -90,7 +95,7 @@ async def _rounds(gate: Gate, full: int, n: int) -> list[dict[str, int]]:
         async def refilled():
             return (len(gate.inflight) == full and not (set(gate.inflight) & old)) or None  # noqa: B023 - awaited in this iteration
 
-        await wait_for(refilled, what=f"{full} new attempts holding")
+        await until(refilled, gate.entered, what=f"{full} new attempts holding")
         splits.append(gate.split())
     return splits
 
