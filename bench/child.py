@@ -4,6 +4,11 @@ Protocol (line-based): the child prints ``READY`` once its handlers are register
 connections are open, waits for ``GO`` on stdin, starts the system's worker runtime, waits for
 ``STOP`` (or stdin EOF), shuts down and prints ``STATS <json>`` (awa-fast: the finalizer's
 counters and the outcome counts). Runs on uvloop when it is installed.
+
+Workload ``soak`` (bench/soak.py): every second the child also prints
+``SOAK {"sec": <epoch second>, "hist": {<bucket>: <count>}}``, the pickup-latency histogram of
+the jobs its handlers started in that second, and flushes the rest before ``STATS``. Config key
+``options`` (optional) holds system-specific start options (awa-fast's ``start()`` keywords).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 
 
 async def _main(cfg: dict) -> None:
@@ -35,11 +41,29 @@ async def _main(cfg: dict) -> None:
                 go.set()
 
     ctl = asyncio.create_task(control())
+    emitter = asyncio.create_task(_emit_pickups()) if cfg["workload"] == "soak" else None
+    extra = {"options": cfg["options"]} if cfg.get("options") else {}
     stats = await adapter.run_worker(
-        cfg["dsn"], cfg["workload"], cfg["max_workers"], go, stop, ready
+        cfg["dsn"], cfg["workload"], cfg["max_workers"], go, stop, ready, **extra
     )
     ctl.cancel()
+    if emitter is not None:
+        emitter.cancel()
+        _print_pickups(None)
     print("STATS " + json.dumps(stats or {}), flush=True)
+
+
+def _print_pickups(before: int | None) -> None:
+    from bench.soak import RECORDER
+
+    for sec, hist in RECORDER.take(before):
+        print("SOAK " + json.dumps({"sec": sec, "hist": hist}), flush=True)
+
+
+async def _emit_pickups() -> None:
+    while True:
+        await asyncio.sleep(1.05 - time.time() % 1)
+        _print_pickups(int(time.time()))
 
 
 def main() -> None:

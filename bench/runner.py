@@ -1,7 +1,7 @@
 """The end-to-end benchmark suite: ``awa-fast bench [options]`` (or ``python -m bench`` in a
 source checkout, or ``bench.runner:main(argv)``).
 
-Scenarios (``--scenarios``, comma separated; default all):
+Scenarios (``--scenarios``, comma separated; default all but soak):
 
 * ``enqueue``   single ``insert`` rate, ``insert_many`` in batches, COPY ``insert_many_copy``,
   unique enqueue (``unique_opts={}``).
@@ -12,6 +12,10 @@ Scenarios (``--scenarios``, comma separated; default all):
   ``job.enqueue_on_completion(..., unique_opts={})`` (every B value staged by two A's).
 * ``failures``  1/3 RetryAfter(0) once, 1/3 TerminalError, 1/3 Snooze(0) once.
 * ``latency``   pickup latency through LISTEN/NOTIFY on an idle queue (large poll interval).
+* ``soak``      a paced producer offers ``--rate`` no-op jobs/s for ``--duration`` s to
+  ``--processes`` workers; every ``--sample-every`` s: completion rate, backlog, pickup latency
+  p50/p95/p99, dead/live tuples, size and autovacuum runs of every table of the system, CPU
+  per job. Samples in ``<stem>-soak-<system>.csv/.json``; only when named (it runs for minutes).
 
 Every system runs in its own fresh database on the same server. Results (one JSONL record per
 row, with the environment) go to ``--out``, default ``$AWA_FAST_BENCH_DIR``, else
@@ -35,9 +39,11 @@ from pathlib import Path
 import psycopg
 
 from bench import server as srv
+from bench import soak
 from bench.systems import NAMES, NotSupported, dist_version, load
 
-SCENARIOS = ("enqueue", "drain", "pipeline", "failures", "latency")
+SCENARIOS = ("enqueue", "drain", "pipeline", "failures", "latency", "soak")
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s != "soak")
 ENQUEUE_MODES = ("single", "many", "copy", "unique")
 REPO = Path(__file__).resolve().parent.parent
 
@@ -87,8 +93,8 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
     )
     p.add_argument(
         "--scenarios",
-        default=",".join(SCENARIOS),
-        help=f"comma-separated subset of {','.join(SCENARIOS)}",
+        default=",".join(DEFAULT_SCENARIOS),
+        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all but soak)",
     )
     p.add_argument(
         "--jobs",
@@ -147,6 +153,64 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
         default=None,
         help="write a PNG chart (default path: the JSONL path with .png)",
     )
+    soak = p.add_argument_group(
+        "soak scenario (--scenarios soak; see docs/benchmarking.md, 'Soak')",
+        "Worker processes: --processes; slots per process: --max-workers.",
+    )
+    soak.add_argument(
+        "--rate", type=float, default=None, help="offered jobs/s (default %d)" % SOAK_RATE
+    )
+    soak.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds the producer runs (default %d)" % SOAK_DURATION,
+    )
+    soak.add_argument(
+        "--sample-every",
+        type=int,
+        default=None,
+        help="seconds per sample window, a whole number (default 5)",
+    )
+    soak.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds excluded from the steady-state summary (default min(60, duration/5))",
+    )
+    soak.add_argument(
+        "--tick-ms",
+        type=float,
+        default=None,
+        help="producer batch interval in ms: one insert of the jobs due per tick (default 10)",
+    )
+    soak.add_argument(
+        "--producer-lanes",
+        type=int,
+        default=None,
+        help="producer inserts in flight at most (default 4)",
+    )
+    soak.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        help="seconds to keep sampling after the producer stops, until the backlog is 0 "
+        "(default 60)",
+    )
+    soak.add_argument(
+        "--prune-every",
+        type=float,
+        default=None,
+        help="diagnosis only, awa_fast only: the retention pass interval in seconds "
+        "(cleanup_interval_ms); default: the engine's",
+    )
+    soak.add_argument(
+        "--completed-retention",
+        type=float,
+        default=None,
+        help="diagnosis only, awa_fast only: keep completed jobs this many seconds "
+        "(completed_retention_hours); default: the engine's",
+    )
     args = p.parse_args(argv)
     args.single_jobs = args.single_jobs or max(1, args.jobs // 10)
     args.failure_jobs = args.failure_jobs or max(3, args.jobs // 2)
@@ -161,7 +225,56 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
                 p.error(f"unknown system {s!r} (choose from {', '.join(NAMES)})")
     else:
         args.systems = list(NAMES) if args.compare else ["awa_fast"]
+    _soak_args(p, args)
     return args
+
+
+SOAK_RATE = 8000
+SOAK_DURATION = 600
+SOAK_DEFAULTS = {
+    "rate": SOAK_RATE,
+    "duration": SOAK_DURATION,
+    "sample_every": 5,
+    "warmup": None,
+    "tick_ms": 10.0,
+    "producer_lanes": 4,
+    "drain_timeout": 60.0,
+    "prune_every": None,
+    "completed_retention": None,
+}
+
+
+def _soak_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Soak options are rejected without the soak scenario, the diagnosis ones with a peer."""
+    given = [k for k in SOAK_DEFAULTS if getattr(args, k) is not None]
+    if given and "soak" not in args.scenarios:
+        p.error(
+            "--" + given[0].replace("_", "-") + " applies to the soak scenario: add "
+            "--scenarios soak"
+        )
+    for flag in ("prune_every", "completed_retention"):
+        if getattr(args, flag) is not None and args.systems != ["awa_fast"]:
+            p.error(
+                f"--{flag.replace('_', '-')} sets awa-fast's retention (diagnosis only): use it "
+                "with --systems awa_fast (the peers run with their defaults)"
+            )
+    for k, v in SOAK_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    checks = {
+        "rate": args.rate > 0,
+        "duration": args.duration > 0,
+        "sample_every": args.sample_every >= 1,
+        "tick_ms": args.tick_ms > 0,
+        "producer_lanes": args.producer_lanes >= 1,
+        "drain_timeout": args.drain_timeout >= 0,
+        "warmup": args.warmup is None or 0 <= args.warmup < args.duration,
+        "prune_every": args.prune_every is None or args.prune_every > 0,
+        "completed_retention": args.completed_retention is None or args.completed_retention > 0,
+    }
+    for k, ok in checks.items():
+        if not ok:
+            p.error(f"--{k.replace('_', '-')} out of range: {getattr(args, k)!r}")
 
 
 # -- environment ------------------------------------------------------------------------------------
@@ -217,6 +330,7 @@ def environment(admin_dsn: str, args: argparse.Namespace, server_kind: str) -> d
             "max_workers": args.max_workers,
             "latency_iterations": args.latency_iterations,
             "poll_ms": args.poll_ms,
+            **({k: getattr(args, k) for k in SOAK_DEFAULTS} if "soak" in args.scenarios else {}),
         },
     }
 
@@ -257,6 +371,8 @@ HEAD = f"{'scenario':<22} {'system':<14} {'n':>7} {'rate/s':>10} {'method':<{MET
 def _details(rec: dict) -> str:
     if rec.get("error"):
         return "ERROR: " + str(rec["error"])[:60]
+    if rec.get("scenario") == "soak":
+        return soak.details(rec)
     parts = []
     if "p50_ms" in rec:
         parts.append(f"p50 {rec['p50_ms']:.1f} p95 {rec['p95_ms']:.1f} p99 {rec['p99_ms']:.1f} ms")
@@ -381,10 +497,23 @@ def scenario_enqueue(adapter, dbs: Databases, args, rec: Recorder) -> None:
             dbs.drop(name)
 
 
-def _spawn_children(system: str, dsn: str, workload: str, processes: int, max_workers: int):
+def _spawn_children(
+    system: str,
+    dsn: str,
+    workload: str,
+    processes: int,
+    max_workers: int,
+    options: dict | None = None,
+):
     children = []
     cfg = json.dumps(
-        {"system": system, "dsn": dsn, "workload": workload, "max_workers": max_workers}
+        {
+            "system": system,
+            "dsn": dsn,
+            "workload": workload,
+            "max_workers": max_workers,
+            **({"options": options} if options else {}),
+        }
     )
     for _ in range(processes):
         children.append(
@@ -577,6 +706,41 @@ def scenario_latency(adapter, dbs, args, rec: Recorder) -> None:
         dbs.drop(name)
 
 
+def scenario_soak(adapter, dbs: Databases, args, rec: Recorder, out: Path, runs: dict) -> None:
+    base = {"scenario": "soak", "system": adapter.name, "version": adapter.version}
+    method = (
+        f"{args.rate:,.0f}/s offered for {args.duration:.0f} s, "
+        f"{args.processes} process(es) x {args.max_workers} slots"
+    )
+    if not adapter.supports("soak"):
+        rec.add({**base, "rate": None, "method": "not supported"})
+        return
+    log(f"{adapter.name}: soak {method}")
+    try:
+        r = soak.run(adapter, dbs, args)
+    except Exception as exc:
+        rec.add({**base, "rate": None, "method": method, "error": repr(exc)})
+        return
+    csv_path, json_path = soak.write_files(out.with_suffix(""), adapter.name, r, rec.env)
+    runs[adapter.name] = r
+    s = r["summary"]
+    rec.add(
+        {
+            **base,
+            **r["setup"],
+            "n": s["completed"],
+            "rate": s["completion_rate_after_warmup"],
+            "method": method,
+            "summary": s,
+            "retention": r["options"] or "engine default",
+            "producer": r["producer"],
+            "samples_csv": str(csv_path),
+            "samples_json": str(json_path),
+            **({"error": r["error"]} if r["error"] else {}),
+        }
+    )
+
+
 # -- summary ----------------------------------------------------------------------------------------
 
 
@@ -591,6 +755,8 @@ def ratios(records: list[dict], systems: list[str]) -> list[str]:
         return []
     lines = [f"{'ratio awa_fast/peer':<22} " + " ".join(f"{p:>14}" for p in peers)]
     for scen in dict.fromkeys(r["scenario"] for r in records):
+        if scen == "soak":  # compared in the soak summary
+            continue
         me = idx.get((scen, "awa_fast"))
         if me is None:
             continue
@@ -764,6 +930,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         rec = Recorder(out, env)
         dbs = Databases(admin, stamp.replace("-", ""))
         rates: dict = {}
+        soak_runs: dict[str, dict] = {}
         t_all = time.perf_counter()
         for scen in SCENARIOS:
             if scen not in args.scenarios:
@@ -787,6 +954,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
                         scenario_failures(a, dbs, args, rec)
                 elif scen == "latency":
                     scenario_latency(a, dbs, args, rec)
+                elif scen == "soak":
+                    scenario_soak(a, dbs, args, rec, out, soak_runs)
         rec.close()
         print()
         print(HEAD)
@@ -796,12 +965,26 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         if lines:
             print()
             print("\n".join(lines))
-        print()
-        print("targets (from the issue):")
-        print("\n".join(targets(rec.records, args.processes)))
+        burst = [r for r in rec.records if r["scenario"] != "soak"]
+        if burst:
+            print()
+            print("targets (from the issue):")
+            print("\n".join(targets(burst, args.processes)))
+        if soak_runs:
+            print()
+            print(
+                f"soak targets (from issue 11; {args.rate:,.0f} jobs/s for {args.duration:.0f} s):"
+            )
+            for system, r in soak_runs.items():
+                print("\n".join(soak.goal_lines(system, r["summary"])))
         print(f"\nresults: {out} ({time.perf_counter() - t_all:.0f} s)")
         if args.plot is not None:
-            plot(rec.records, Path(args.plot) if args.plot else out.with_suffix(".png"))
+            chart = Path(args.plot) if args.plot else out.with_suffix(".png")
+            if burst:
+                plot(burst, chart)
+            if soak_runs:
+                soak_chart = chart.with_name(chart.stem + "-soak.png") if burst else chart
+                soak.plot(soak_runs, soak_chart, args.rate)
         return 0
     finally:
         if server is not None:

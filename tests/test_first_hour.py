@@ -314,7 +314,7 @@ def test_bench_help_names_the_command_and_every_scenario():
     r = cli("bench", "--help")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("usage: awa-fast bench ")
-    for scenario in ("enqueue", "drain", "pipeline", "failures", "latency"):
+    for scenario in ("enqueue", "drain", "pipeline", "failures", "latency", "soak"):
         assert re.search(rf"^\* `{scenario}`\s+\S", r.stdout, re.M), scenario
     assert "~/.local/share/awa-fast/bench" in r.stdout
 

@@ -8,6 +8,7 @@ import os
 import time
 
 import awa_fast as awa
+from bench.soak import pickup
 from bench.systems import NotSupported, dist_version
 
 QUEUE = "bench"
@@ -37,6 +38,24 @@ class StageB:
 @dataclasses.dataclass
 class Ping:
     i: int
+
+
+@dataclasses.dataclass
+class SoakJob:
+    t: float  # epoch seconds, stamped by the soak producer just before the insert call
+
+
+class SoakProducer:
+    method = "enqueue_many_copy (one call per tick)"
+
+    def __init__(self, client: awa.AsyncClient):
+        self.client = client
+
+    async def insert(self, n: int, t: float) -> None:
+        await self.client.enqueue_many_copy([SoakJob(t)] * n, queue=QUEUE)
+
+    async def close(self) -> None:
+        await self.client.close()
 
 
 class Adapter:
@@ -139,6 +158,23 @@ class Adapter:
     def supports(self, workload: str) -> bool:
         return True
 
+    # -- soak (bench/soak.py) -----------------------------------------------------------------
+
+    soak_relations = ("awa_fast", "%")  # (schema, LIKE pattern) of the tables sampled
+
+    def soak_backlog_sql(self) -> str:
+        """Unfinished jobs: one count per live state's partial index."""
+        return (
+            "SELECT (SELECT count(*) FROM awa_fast.jobs WHERE state = 'available')"
+            " + (SELECT count(*) FROM awa_fast.jobs WHERE state = 'running')"
+            " + (SELECT count(*) FROM awa_fast.jobs WHERE state IN ('scheduled', 'retryable'))"
+        )
+
+    async def open_soak_producer(self, dsn: str, lanes: int) -> SoakProducer:
+        client = awa.AsyncClient(dsn, max_connections=lanes)
+        await client.pool()
+        return SoakProducer(client)
+
     # -- child side ---------------------------------------------------------------------------
 
     async def run_worker(
@@ -149,7 +185,9 @@ class Adapter:
         go: asyncio.Event,
         stop: asyncio.Event,
         ready,
+        options: dict | None = None,
     ) -> dict:
+        """``options``: extra ``start()`` keywords (the soak's diagnosis flags)."""
         client = awa.AsyncClient(
             dsn, max_connections=int(os.environ.get("BENCH_AWA_FAST_CONNECTIONS", "10"))
         )
@@ -179,6 +217,10 @@ class Adapter:
         async def stage_b(job):
             return None
 
+        @client.task(SoakJob, queue=QUEUE)
+        async def soak(job):
+            pickup(job.args.t)
+
         await client.pool()
         ready()
         await go.wait()
@@ -186,6 +228,7 @@ class Adapter:
         await client.start(
             [(QUEUE, max_workers)],
             staged_completions=os.environ.get("BENCH_STAGED_COMPLETIONS", "per_job"),
+            **(options or {}),
         )
         await stop.wait()
         stats = dict(client.runtime.finalizer.stats)

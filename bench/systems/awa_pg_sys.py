@@ -15,6 +15,7 @@ import time
 
 import psycopg
 
+from bench.soak import pickup
 from bench.systems import NotSupported, dist_version
 
 QUEUE = "bench"
@@ -34,6 +35,24 @@ class FailMix:
 @dataclasses.dataclass
 class Ping:
     i: int
+
+
+@dataclasses.dataclass
+class SoakJob:
+    t: float  # epoch seconds, stamped by the soak producer just before the insert call
+
+
+class SoakProducer:
+    method = "enqueue_many_copy (one call per tick)"
+
+    def __init__(self, client):
+        self.client = client
+
+    async def insert(self, n: int, t: float) -> None:
+        await self.client.enqueue_many_copy([SoakJob(t)] * n, queue=QUEUE)
+
+    async def close(self) -> None:
+        await self.client.close()
 
 
 class Adapter:
@@ -153,7 +172,21 @@ class Adapter:
         return n
 
     def supports(self, workload: str) -> bool:
-        return workload in ("noop", "failmix")  # no handler-staged follow-ups in awa-pg 0.6.9
+        # no handler-staged follow-ups in awa-pg 0.6.9
+        return workload in ("noop", "failmix", "soak")
+
+    # -- soak (bench/soak.py) -----------------------------------------------------------------
+
+    soak_relations = ("awa", "%")
+
+    def soak_backlog_sql(self) -> None:
+        """None: queue storage has no cheap count of unfinished jobs (ready entries stay until
+        their ring segment is pruned; ``queue_stats`` took seconds here), so the soak counts
+        the backlog worker-side (produced - picked)."""
+        return None
+
+    async def open_soak_producer(self, dsn: str, lanes: int) -> SoakProducer:
+        return SoakProducer(self._client(dsn, lanes))
 
     def count_query(self, workload: str) -> str:
         # The views (awa.jobs, awa.terminal_jobs) take seconds to count on queue storage; count
@@ -165,8 +198,11 @@ class Adapter:
             f" + (SELECT count(*) FROM awa.done_entries WHERE state::text IN {states})"
         )
 
-    async def run_worker(self, dsn, workload, max_workers, go, stop, ready) -> dict:
+    async def run_worker(self, dsn, workload, max_workers, go, stop, ready, options=None) -> dict:
         import awa
+
+        if options:
+            raise NotSupported(f"start options {sorted(options)} (awa-fast only)")
 
         client = self._client(dsn, 10)
         snoozed: set[int] = set()
@@ -186,6 +222,10 @@ class Adapter:
                 snoozed.add(job.id)
                 return awa.Snooze(0)
             return None
+
+        @client.task(SoakJob, queue=QUEUE)
+        async def soak(job):
+            pickup(job.args.t)
 
         ready()
         await go.wait()

@@ -17,9 +17,33 @@ import os
 import time
 from datetime import timedelta
 
+from bench.soak import pickup
 from bench.systems import NotSupported, dist_version
 
 BATCH_SIZE = int(os.environ.get("BENCH_PGQUEUER_BATCH", "100"))
+
+
+class SoakProducer:
+    """One asyncpg connection per lane (an asyncpg connection runs one query at a time)."""
+
+    method = "Queries.enqueue lists (one call per tick)"
+
+    def __init__(self, conns, queries):
+        self.conns = conns
+        self.free: asyncio.Queue = asyncio.Queue()
+        for q in queries:
+            self.free.put_nowait(q)
+
+    async def insert(self, n: int, t: float) -> None:
+        q = await self.free.get()
+        try:
+            await q.enqueue(["soak"] * n, [repr(t).encode()] * n, [0] * n)
+        finally:
+            self.free.put_nowait(q)
+
+    async def close(self) -> None:
+        for c in self.conns:
+            await c.close()
 
 
 class Adapter:
@@ -109,21 +133,42 @@ class Adapter:
         return n
 
     def supports(self, workload: str) -> bool:
-        return workload in ("noop", "failmix")
+        return workload in ("noop", "failmix", "soak")
+
+    # -- soak (bench/soak.py) -----------------------------------------------------------------
+
+    soak_relations = ("public", "pgqueuer%")
+
+    def soak_backlog_sql(self) -> str:
+        return "SELECT count(*) FROM pgqueuer"  # finished jobs leave the queue table
+
+    async def open_soak_producer(self, dsn: str, lanes: int) -> SoakProducer:
+        conns, queries = [], []
+        for _ in range(lanes):
+            conn, q = await self._queries(dsn)
+            conns.append(conn)
+            queries.append(q)
+        return SoakProducer(conns, queries)
 
     def count_query(self, workload: str) -> str:
         # Finalized = seeded - rows still in the queue table (callers pass the seeded count).
         return "SELECT %(seeded)s - (SELECT count(*) FROM pgqueuer)"
 
-    async def run_worker(self, dsn, workload, max_workers, go, stop, ready) -> dict:
+    async def run_worker(self, dsn, workload, max_workers, go, stop, ready, options=None) -> dict:
         import asyncpg
         from pgqueuer.db import AsyncpgDriver
         from pgqueuer.errors import RetryRequested
         from pgqueuer.qm import QueueManager
         from pgqueuer.queries import Queries
 
+        if options:
+            raise NotSupported(f"start options {sorted(options)} (awa-fast only)")
         conn = await asyncpg.connect(dsn)
         qm = QueueManager(Queries(AsyncpgDriver(conn)))
+
+        @qm.entrypoint("soak")
+        async def soak(job):
+            pickup(float(job.payload))
 
         @qm.entrypoint("noop")
         async def noop(job):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from bench.soak import pickup
 from bench.systems import NotSupported, dist_version
 
 QUEUE = "bench"
@@ -23,11 +24,11 @@ class RetryOnce(Exception):
     pass
 
 
-def _make_app(dsn: str):
+def _make_app(dsn: str, max_size: int = 20):
     import procrastinate
     from procrastinate import App, PsycopgConnector, RetryStrategy
 
-    app = App(connector=PsycopgConnector(conninfo=dsn, min_size=1, max_size=20))
+    app = App(connector=PsycopgConnector(conninfo=dsn, min_size=1, max_size=max_size))
     retry = RetryStrategy(max_attempts=1, wait=0, retry_exceptions={RetryOnce})
     state = {"started": {}, "events": {}}
 
@@ -47,8 +48,25 @@ def _make_app(dsn: str):
         state["started"][i] = time.perf_counter()
         state["events"][i].set()
 
+    @app.task(name="soak", queue=QUEUE)
+    async def soak(t):
+        pickup(t)
+
     _ = procrastinate
-    return app, {"noop": noop, "failmix": failmix, "ping": ping}, state
+    return app, {"noop": noop, "failmix": failmix, "ping": ping, "soak": soak}, state
+
+
+class SoakProducer:
+    method = "batch_defer_async (one call per tick)"
+
+    def __init__(self, app, task, opened):
+        self.app, self.task, self.opened = app, task, opened
+
+    async def insert(self, n: int, t: float) -> None:
+        await self.task.batch_defer_async(*({"t": t} for _ in range(n)))
+
+    async def close(self) -> None:
+        await self.opened.__aexit__(None, None, None)
 
 
 class Adapter:
@@ -112,13 +130,28 @@ class Adapter:
         return n
 
     def supports(self, workload: str) -> bool:
-        return workload in ("noop", "failmix")
+        return workload in ("noop", "failmix", "soak")
+
+    # -- soak (bench/soak.py) -----------------------------------------------------------------
+
+    soak_relations = ("public", "procrastinate%")
+
+    def soak_backlog_sql(self) -> str:
+        return "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+
+    async def open_soak_producer(self, dsn: str, lanes: int) -> SoakProducer:
+        app, tasks, _ = _make_app(dsn, max_size=lanes)
+        opened = app.open_async()
+        await opened.__aenter__()
+        return SoakProducer(app, tasks["soak"], opened)
 
     def count_query(self, workload: str) -> str:
         states = "('succeeded', 'failed')" if workload == "failmix" else "('succeeded')"
         return f"SELECT count(*) FROM procrastinate_jobs WHERE status::text IN {states}"
 
-    async def run_worker(self, dsn, workload, max_workers, go, stop, ready) -> dict:
+    async def run_worker(self, dsn, workload, max_workers, go, stop, ready, options=None) -> dict:
+        if options:
+            raise NotSupported(f"start options {sorted(options)} (awa-fast only)")
         app, _, _ = _make_app(dsn)
         async with app.open_async():
             ready()
