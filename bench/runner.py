@@ -751,12 +751,10 @@ def _by(records: list[dict]) -> dict:
 def ratios(records: list[dict], systems: list[str]) -> list[str]:
     idx = _by(records)
     peers = [s for s in systems if s != "awa_fast"]
-    if not peers:
+    if not peers or not records:
         return []
     lines = [f"{'ratio awa_fast/peer':<22} " + " ".join(f"{p:>14}" for p in peers)]
     for scen in dict.fromkeys(r["scenario"] for r in records):
-        if scen == "soak":  # compared in the soak summary
-            continue
         me = idx.get((scen, "awa_fast"))
         if me is None:
             continue
@@ -961,7 +959,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         print(HEAD)
         for r in rec.records:
             print(format_row(r))
-        lines = ratios(rec.records, [a.name for a in adapters])
+        lines = ratios(
+            [r for r in rec.records if r["scenario"] != "soak"], [a.name for a in adapters]
+        )
         if lines:
             print()
             print("\n".join(lines))

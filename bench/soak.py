@@ -349,7 +349,7 @@ def _run(adapter, dsn, args) -> dict:
             snap["k"], snap["offset"] = k, offset
             snaps.append(snap)
             if k:
-                _progress(adapter.name, snaps, t0, args, log)
+                _progress(adapter.name, state, snaps, t0, log)
             if producer.poll() not in (None, 0):
                 raise RuntimeError(f"the producer exited with status {producer.returncode}")
             if any(ch.poll() is not None for ch in workers):
@@ -419,9 +419,17 @@ def _backlog(snap: dict) -> int:
     return snap["produced"] - snap["handled"]
 
 
-def _progress(system: str, snaps: list[dict], t0: float, args, log) -> None:
+def _progress(system: str, state: SoakState, snaps: list[dict], t0: float, log) -> None:
     a, b = snaps[-2], snaps[-1]
     dt = b["at"] - a["at"]
+    p99 = "-"
+    if len(snaps) > 2:  # the previous window's histograms are all in by now
+        hist: dict[int, int] = {}
+        with state.lock:
+            for sec in range(int(t0 + snaps[-3]["offset"]), int(t0 + a["offset"])):
+                merge(hist, state.hist_by_second.get(sec, {}))
+        q = hist_percentile(hist, 0.99)
+        p99 = "-" if q is None else f"{q:.0f} ms"
     done_a, done_b = a["produced"] - _backlog(a), b["produced"] - _backlog(b)
     rels = b["relations"]
     dead = max(rels.items(), key=lambda kv: kv[1]["dead"], default=(None, {"dead": 0}))
@@ -429,7 +437,8 @@ def _progress(system: str, snaps: list[dict], t0: float, args, log) -> None:
     log(
         f"{system}: soak t={b['at'] - t0:.0f}s produced {b['produced']:,} "
         f"({(b['produced'] - a['produced']) / dt:,.0f}/s, late max {b['late_ms']:.0f} ms) "
-        f"completed {(done_b - done_a) / dt:,.0f}/s backlog {_backlog(b):,} "
+        f"completed {(done_b - done_a) / dt:,.0f}/s backlog {_backlog(b):,} p99 (previous "
+        f"window) {p99} "
         f"most dead {dead[1]['dead']:,} ({dead[0]}) size {size / 2**20:,.1f} MB"
     )
 
@@ -768,6 +777,7 @@ def plot(runs: dict[str, dict], path: Path, rate: float) -> None:
     axes = grid.flatten()
     ax_rate, ax_backlog, ax_p99, ax_dead, ax_size, ax_cpu = axes
     styles = ["-", "--", ":", "-."]
+    last_t, summary = 0.0, {}
     for i, (system, run_) in enumerate(runs.items()):
         samples = run_["samples"]
         if not samples:
@@ -796,12 +806,13 @@ def plot(runs: dict[str, dict], path: Path, rate: float) -> None:
                 ls=styles[j],
                 label=f"{system}: {root}",
             )
+        last_t = max(last_t, samples[-1]["t_s"])
         summary = run_["summary"]
-        for ax in axes:
-            if summary.get("warmup_s"):
-                ax.axvline(summary["warmup_s"], color="grey", lw=0.8, ls=":")
-            if samples[-1]["phase"] == "drain":
-                ax.axvspan(summary["duration_s"], samples[-1]["t_s"], color="grey", alpha=0.08)
+    for ax in axes:
+        if summary.get("warmup_s"):
+            ax.axvline(summary["warmup_s"], color="grey", lw=0.8, ls=":")
+        if last_t > summary["duration_s"]:
+            ax.axvspan(summary["duration_s"], last_t, color="grey", alpha=0.08)
     ax_rate.axhline(rate, color="black", ls="--", lw=1, label="offered")
     ax_rate.set_ylabel("completed jobs/s")
     ax_rate.set_title("completion rate vs offered (per window)")
