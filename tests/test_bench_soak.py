@@ -126,6 +126,7 @@ def test_soak_runs_only_when_named():
 
 
 @pytest.mark.long_soak
+@pytest.mark.integration  # starts a durable server of its own
 def test_long_soak_at_the_issue_rate(request, tmp_path):
     """10 minutes at 8,000 jobs/s on a durable throwaway server (about 12 minutes)."""
     if "long_soak" not in (request.config.option.markexpr or ""):
