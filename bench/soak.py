@@ -778,6 +778,7 @@ def plot(runs: dict[str, dict], path: Path, rate: float) -> None:
     ax_rate, ax_backlog, ax_p99, ax_dead, ax_size, ax_cpu = axes
     styles = ["-", "--", ":", "-."]
     last_t, summary = 0.0, {}
+    top = {"backlog": 1.0, "dead": 1.0}  # symlog axes: leave room above the highest point
     for i, (system, run_) in enumerate(runs.items()):
         samples = run_["samples"]
         if not samples:
@@ -790,6 +791,8 @@ def plot(runs: dict[str, dict], path: Path, rate: float) -> None:
         ax_p99.plot(t, [w["p99_ms"] for w in samples], **kw)
         ax_cpu.plot(t, [w["cpu_ms_per_job"] for w in samples], **kw)
         roots = _by_root(samples)
+        top["backlog"] = max(top["backlog"], *(w["backlog"] for w in samples))
+        top["dead"] = max(top["dead"], *(max(r["dead"]) for r in roots.values()))
         top_dead = [
             r for r in sorted(roots, key=lambda r: -max(roots[r]["dead"])) if max(roots[r]["dead"])
         ][:4]
@@ -798,6 +801,9 @@ def plot(runs: dict[str, dict], path: Path, rate: float) -> None:
             ax_dead.plot(
                 t, roots[root]["dead"], color=color, ls=styles[j], label=f"{system}: {root}"
             )
+            runs = [(x, y) for x, y, n in zip(t, roots[root]["dead"], roots[root]["av"]) if n]
+            if runs:  # a window in which autovacuum processed this table
+                ax_dead.plot(*zip(*runs), "v", color=color, ms=6)
         for j, root in enumerate(top_size):
             ax_size.plot(
                 t,
@@ -818,7 +824,7 @@ def plot(runs: dict[str, dict], path: Path, rate: float) -> None:
     ax_rate.set_title("completion rate vs offered (per window)")
     ax_backlog.set_ylabel("jobs")
     ax_backlog.set_yscale("symlog", linthresh=100)
-    ax_backlog.set_ylim(bottom=0)
+    ax_backlog.set_ylim(0, top["backlog"] * 2)
     ax_backlog.set_title("backlog (produced, not finished)")
     ax_p99.axhline(P99_GOAL_MS, color="black", ls="--", lw=1, label=f"{P99_GOAL_MS:.0f} ms goal")
     ax_p99.set_yscale("log")
@@ -826,8 +832,10 @@ def plot(runs: dict[str, dict], path: Path, rate: float) -> None:
     ax_p99.set_title("pickup latency p99 (enqueue -> handler start)")
     ax_dead.set_ylabel("dead tuples")
     ax_dead.set_yscale("symlog", linthresh=100)
-    ax_dead.set_ylim(bottom=0)
-    ax_dead.set_title("dead tuples per table (partitions summed under their root; top 4)")
+    ax_dead.set_ylim(0, top["dead"] * 2)
+    ax_dead.set_title(
+        "dead tuples per table (partitions summed under their root; top 4; v = autovacuum ran)"
+    )
     ax_size.set_ylabel("MB")
     ax_size.set_title("size per table incl. indexes and TOAST (top 4)")
     ax_cpu.set_ylabel("ms")
@@ -847,10 +855,11 @@ def _by_root(samples: list[dict]) -> dict[str, dict[str, list]]:
     roots: dict[str, dict[str, list]] = {}
     names = sorted({r["root"] for w in samples for r in w["relations"].values()})
     for root in names:
-        roots[root] = {"dead": [], "size": []}
+        roots[root] = {"dead": [], "size": [], "av": []}
     for w in samples:
         for root in names:
             rs = [r for r in w["relations"].values() if r["root"] == root]
             roots[root]["dead"].append(sum(r["dead"] for r in rs))
             roots[root]["size"].append(sum(r["size"] for r in rs))
+            roots[root]["av"].append(sum(r["autovacuum"] for r in rs))
     return roots

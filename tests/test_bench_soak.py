@@ -104,6 +104,41 @@ def test_short_soak_writes_samples_and_completes_every_job(pg_base_dsn, tmp_path
     assert "soak targets (from issue 11" in r.stdout
 
 
+def test_relations_are_enumerated_at_every_sample_partitions_included(dsn):
+    """Tables another change adds (time-sliced partitions included) show up without the bench
+    naming them; a dropped partition disappears; partitions report their root."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        before = soak.relations(conn, "awa_fast", "%")
+        assert before and all(r["root"] == rel for rel, r in before.items())
+        conn.execute(
+            "CREATE TABLE awa_fast.soak_probe (at timestamptz NOT NULL, v int)"
+            " PARTITION BY RANGE (at)"
+        )
+        for day in (1, 2):
+            conn.execute(
+                f"CREATE TABLE awa_fast.soak_probe_{day} PARTITION OF awa_fast.soak_probe"
+                f" FOR VALUES FROM ('2026-12-0{day}') TO ('2026-12-0{day + 1}')"
+            )
+        conn.execute(
+            "INSERT INTO awa_fast.soak_probe"
+            " SELECT '2026-12-01'::timestamptz + i * interval '1 minute', i"
+            " FROM generate_series(1, 2000) i"
+        )
+        after = soak.relations(conn, "awa_fast", "%")
+        probes = {rel: r for rel, r in after.items() if rel.startswith("awa_fast.soak_probe")}
+        # the partitioned parent has no storage of its own: only its partitions are listed
+        assert set(probes) == {"awa_fast.soak_probe_1", "awa_fast.soak_probe_2"}
+        assert {r["root"] for r in probes.values()} == {"awa_fast.soak_probe"}
+        assert all(r["size"] > 0 for r in probes.values())
+        assert set(before) <= set(after)
+        conn.execute("DROP TABLE awa_fast.soak_probe_1")
+        dropped = soak.relations(conn, "awa_fast", "soak_probe%")
+        assert set(dropped) == {"awa_fast.soak_probe_2"}
+        conn.execute("DROP TABLE awa_fast.soak_probe")
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
