@@ -60,13 +60,12 @@ def start_config_error(
 
     ``queues`` as ``awa-fast worker --queues`` gives them (the launcher then starts a queue
     subset, as its children do)."""
-    from awa_fast.worker.runtime import Runtime
-
     options = start_options(module)
     if queues is not None:
         options.setdefault("queue_subset", True)
     try:
-        Runtime(client, queues, **options).thread_pool.shutdown(wait=False)
+        runtime, _ = client._runtime_for(queues, options)
+        runtime.thread_pool.shutdown(wait=False)
     except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
         field = getattr(exc, "field", None)
         return f"{field}: {exc}" if field else str(exc)

@@ -712,7 +712,6 @@ def cmd_embedded_url(s: Session) -> int:
 
 def cmd_check(s: Session) -> int:
     from awa_fast.app_loader import AppSpecError, load_client, start_config_error
-    from awa_fast.testing import undeclared_failure_consequences
 
     try:
         client, module = load_client(s.args.app)
@@ -728,7 +727,7 @@ def cmd_check(s: Session) -> int:
             file=sys.stderr,
         )
         return 1
-    kinds = undeclared_failure_consequences(client)
+    kinds = client.registry.undeclared_kinds()
     off_default = dict(sorted(client.registry.off_default.items()))
     config_error = start_config_error(client, module)
     if s.json:
@@ -824,11 +823,11 @@ def cmd_demo(s: Session) -> int:
 
 
 def cmd_worker(s: Session) -> int:
-    from awa_fast.worker.supervisor import Supervisor, parse_queues
+    from awa_fast.supervisor import Supervisor, parse_queues_arg
 
     a = s.args
     try:
-        parse_queues(a.queues)
+        parse_queues_arg(a.queues)
     except ValueError as exc:
         a.parser.error(str(exc))
     # --database-url overrides the client's URL; a client built without one resolves it like

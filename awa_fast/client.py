@@ -16,7 +16,7 @@ import asyncio
 import warnings
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
@@ -50,9 +50,13 @@ from awa_fast.errors import (
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
-from awa_fast.worker.consequences import ConsequenceApplier, Settler
+from awa_fast.worker.consequences import ConsequenceApplier, ConsequenceConfig, Settler
 from awa_fast.worker.registry import Registry
+from awa_fast.worker.services import Services
 from awa_fast.worker.specs import SpecRunner
+
+if TYPE_CHECKING:
+    from awa_fast.worker.runtime import Runtime
 
 
 async def _configure(conn: psycopg.AsyncConnection) -> None:
@@ -114,7 +118,7 @@ class AsyncClient:
         self.specs = SpecRunner()
         self.consequences = ConsequenceApplier(self.registry)
         self.settler = Settler(self.consequences, self.specs)
-        self._runtime = None
+        self._runtime: Runtime | None = None
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
         self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
         self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
@@ -136,7 +140,6 @@ class AsyncClient:
         self._consequences = ConsequenceAdmin(
             self._connections,
             lambda: self.settler,
-            lambda: self.consequences,
             lambda job_id: self.get_job(job_id),
         )
         self._dlq = DlqAdmin(self._connections, staleness)
@@ -1068,19 +1071,53 @@ class AsyncClient:
 
     async def start(self, queues: Any = None, **options: Any) -> None:
         """Start claiming and running jobs in this process (see ``worker.runtime.Runtime``
-        for the keywords: awa's ``poll_interval_ms``, ``heartbeat_interval_ms``, ...).
+        for the keywords: awa's ``poll_interval_ms``, ``heartbeat_interval_ms``, ...;
+        ``consequence_timeout_ms`` / ``consequence_backoff_ms`` configure this client's settler,
+        ``worker.runtime.consequence_config``).
 
         Raises:
             ValueError: an invalid queue configuration or option.
             RuntimeError: already started.
         """
-        from awa_fast.worker.runtime import Runtime
-
         if self._runtime is not None:
             raise RuntimeError("runtime already started")
-        runtime = Runtime(self, queues, **options)
+        runtime, consequences = self._runtime_for(queues, options)
+        # The client's own settings, set here: the runtime reads them, never changes them.
+        self.consequences.config = consequences
+        self.specs.frozen = True
         await runtime.start()
         self._runtime = runtime
+
+    def _runtime_for(self, queues: Any, options: dict) -> tuple[Runtime, ConsequenceConfig]:
+        """The runtime ``start(queues, **options)`` would run, over this client's services,
+        and the consequence configuration it gives the settler; changes nothing (also what
+        ``awa-fast check`` and the launcher's preflight validate with).
+
+        Raises:
+            ConfigError, ValidationError, TypeError: as :meth:`start`.
+        """
+        from awa_fast.worker.runtime import Runtime, consequence_config
+
+        options = dict(options)
+        consequences = consequence_config(
+            options.pop("consequence_timeout_ms", None),
+            options.pop("consequence_backoff_ms", None),
+            self.consequences.config,
+        )
+        return Runtime(self._services(), queues, **options), consequences
+
+    def _services(self) -> Services:
+        """What the worker layer may use of this client (``worker/services.py``)."""
+        return Services(
+            pool=self.pool,
+            database_url=lambda: self.database_url,
+            registry=self.registry,
+            specs=self.specs,
+            settler=self.settler,
+            periodic_jobs=self.periodic_jobs,
+            queue_descriptors=self.queue_descriptors,
+            kind_descriptors=self.kind_descriptors,
+        )
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
         """Stop claiming, let in-flight handlers finish for up to ``timeout_ms`` milliseconds,

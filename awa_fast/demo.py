@@ -25,7 +25,7 @@ origin, file size) is upserted into the table ``awa_fast_demo_modules`` (created
 
 The demo parent: migrate; delete the rows of a previous run (both kinds, DLQ included; empty the
 result table); enqueue every A job with one COPY (``insert_many_copy``); start ``processes``
-worker children with :class:`~awa_fast.worker.supervisor.Supervisor` (this module's ``client``,
+worker children with :class:`~awa_fast.supervisor.Supervisor` (this module's ``client``,
 queue ``demo``); print a progress line to stderr every second; when every A and B job is
 terminal, drain the children and print the report. The check re-parses the files directly
 (a plain process pool, no queue): the B rows must be exactly the distinct set of top-level modules imported by the
@@ -357,7 +357,7 @@ async def _remove_unfinished(c) -> int:
 async def _demo(
     database_url: str, processes: int, files: list[str], timeout: float
 ) -> DemoResult | DemoInterrupted:
-    from awa_fast.worker.supervisor import Supervisor
+    from awa_fast.supervisor import Supervisor
 
     t_wall = time.perf_counter()
     c = awa.AsyncClient(database_url, max_connections=2)

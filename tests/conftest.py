@@ -12,7 +12,7 @@ suffix, migrated with ``awa_fast.schema.migrate_sync`` and dropped (``WITH (FORC
 A server that cannot be started is an error, never a skip.
 
 ``AWA_FAST_TEST_LOOP=uvloop`` runs every async test and fixture on uvloop, the loop every worker
-process runs (``awa_fast/worker/supervisor.py``); unset (or ``asyncio``), the standard loop.
+process runs (``awa_fast/supervisor.py``); unset (or ``asyncio``), the standard loop.
 
 Every test is marked ``unit`` (it uses none of the database fixtures below, so it needs no
 server: ``pytest -m unit``) or ``integration`` (``pytest -m integration``).

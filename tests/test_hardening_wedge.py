@@ -270,6 +270,7 @@ async def test_class1_owed_rows_that_always_fail_never_stall_the_reconciler(dsn,
     # More owed rows than one reconciler batch fail the same way on every try (a trigger fails
     # their settlement; a few have an effect that always raises): each is backed off, so the
     # good owed rows behind them settle.
+    from awa_fast.worker.consequences import ConsequenceConfig
     from awa_fast.worker.reconcile import OWED_BATCH, reconcile_tick
 
     applied = []
@@ -280,7 +281,8 @@ async def test_class1_owed_rows_that_always_fail_never_stall_the_reconciler(dsn,
         applied.append(failure.id)
 
     client.failure_consequence("owing", effect)
-    client.consequences.backoff_base_s = 60.0  # a backed-off row is not due again in this test
+    # a backed-off row is not due again in this test
+    client.consequences.config = ConsequenceConfig(backoff_base_s=60.0)
     m = Maintenance(
         dsn,
         client.pool,
@@ -303,7 +305,7 @@ async def test_class1_owed_rows_that_always_fail_never_stall_the_reconciler(dsn,
         dsn, "NEW.state = 'failed' AND NEW.args->>'mode' = 'stuck'", event="UPDATE"
     ):
         for _ in range(3):
-            await reconcile_tick(client, MaintenanceConfig())
+            await reconcile_tick(client._services(), MaintenanceConfig())
         rows = await _rows(dsn)
     assert all(
         (rows[i]["state"], rows[i]["consequence_state"]) == ("failed", "applied") for i in good

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from awa_fast import sql
-from awa_fast.worker.supervisor import parse_queues
+from awa_fast.supervisor import parse_queues_arg
 from tests.launcher_app import Nap
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,12 +194,12 @@ def leader_backends(dsn: str) -> list[int]:
 
 
 def test_parse_queues():
-    assert parse_queues("default:10, emails:4") == [("default", 10), ("emails", 4)]
-    assert parse_queues("solo") == [("solo", 10)]
-    assert parse_queues(None) is None and parse_queues("") is None
+    assert parse_queues_arg("default:10, emails:4") == [("default", 10), ("emails", 4)]
+    assert parse_queues_arg("solo") == [("solo", 10)]
+    assert parse_queues_arg(None) is None and parse_queues_arg("") is None
     for bad in ("q:0", "q:x", ":3"):
         with pytest.raises(ValueError):
-            parse_queues(bad)
+            parse_queues_arg(bad)
 
 
 def test_graceful_drain_on_sigterm_loses_nothing(dsn, launchers):

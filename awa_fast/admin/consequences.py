@@ -10,7 +10,7 @@ from awa_fast import sql
 from awa_fast.admin.connections import Connections
 from awa_fast.errors import AwaError
 from awa_fast.job import Job
-from awa_fast.worker.consequences import ConsequenceApplier, Settler
+from awa_fast.worker.consequences import Settler
 
 _OWED_KEYS = (
     "id",
@@ -32,9 +32,8 @@ class ConsequenceAdmin:
 
     Args:
         db: the connection source.
-        settler: returns the settler (records the correction and settles it).
-        consequences: returns the kinds' declared consequences (is this kind's effect known
-            in this process?).
+        settler: returns the settler (records the correction, and applies its effect when
+            this process knows it: ``Settler.correct_to_failed``).
         get_job: reads a job by id (raises ``JobNotFound``).
     """
 
@@ -42,12 +41,10 @@ class ConsequenceAdmin:
         self,
         db: Connections,
         settler: Callable[[], Settler],
-        consequences: Callable[[], ConsequenceApplier],
         get_job: Callable[[int], Awaitable[Job]],
     ) -> None:
         self._db = db
         self._settler = settler
-        self._consequences = consequences
         self._get_job = get_job
 
     async def correct_to_failed(self, job_id: int, *, error: str) -> Job:
@@ -60,16 +57,8 @@ class ConsequenceAdmin:
         job = await self._get_job(job_id)
         settler = self._settler()
         pool = await self._db.pool()
-        async with pool.connection() as conn:
-            async with conn.transaction():
-                corrected = await settler.correct(conn, job_id, job.kind, job.attempt, error)
-        if not corrected:
+        if not await settler.correct_to_failed(pool, job_id, job.kind, job.attempt, error):
             raise AwaError(f"job {job_id} is {job.state}, not completed: nothing to correct")
-        if (
-            settler.correction_state(job.kind) == "owed"
-            and self._consequences().effect_of(job.kind) is not None
-        ):
-            await settler.reconcile_one(pool, job_id)
         return await self._get_job(job_id)
 
     async def consequences_owed(self, limit: int = 100) -> list[dict]:

@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg_pool import AsyncConnectionPool
 
 from awa_fast import enqueue, metrics, sql
 from awa_fast.job import JOB_FIELDS, Job
@@ -96,20 +97,36 @@ def backoff(attempts: int, base_s: float) -> float:
     return min(base_s * 2 ** max(attempts - 1, 0), MAX_BACKOFF_S)
 
 
+@dataclasses.dataclass(frozen=True)
+class ConsequenceConfig:
+    """How effects run: ``timeout_s`` seconds an effect may take before it counts as failed,
+    ``backoff_base_s`` the first reconciler retry delay (seconds; doubles per failure, at most
+    ``MAX_BACKOFF_S``). ``start(consequence_timeout_ms=, consequence_backoff_ms=)`` sets them."""
+
+    timeout_s: float = 30.0
+    backoff_base_s: float = 1.0
+
+
 class ConsequenceApplier:
     """Runs declared consequences for one client's registry.
 
     Args:
         registry: the client's handler registry (declarations live on its handlers and in
             ``declarations`` for kinds handled elsewhere).
-        timeout_s: how long an effect may run (seconds) before it counts as failed.
-        backoff_base_s: first reconciler retry delay (seconds); doubles per failure.
+        config: effect timeout and retry backoff (:class:`ConsequenceConfig`).
     """
 
-    def __init__(self, registry: Registry, *, timeout_s: float = 30.0, backoff_base_s: float = 1.0):
+    def __init__(self, registry: Registry, config: ConsequenceConfig | None = None):
         self.registry = registry
-        self.timeout_s = timeout_s
-        self.backoff_base_s = backoff_base_s
+        self.config = ConsequenceConfig() if config is None else config
+
+    @property
+    def timeout_s(self) -> float:
+        return self.config.timeout_s
+
+    @property
+    def backoff_base_s(self) -> float:
+        return self.config.backoff_base_s
 
     def declaration(self, kind: str) -> Any:
         """The declared consequence of ``kind``: a callable, ``NO_FAILURE_CONSEQUENCE``, or
@@ -131,10 +148,14 @@ class ConsequenceApplier:
         return sorted(kinds)
 
     def known_kinds(self) -> list[str]:
-        """Kinds this process registers or declares a consequence for."""
+        """Kinds whose consequence this process knows (:meth:`knows`), sorted."""
         return sorted(set(self.registry.handlers) | set(self.registry.consequences))
 
     def knows(self, kind: str) -> bool:
+        """Whether this process knows ``kind``'s consequence -- the one rule every settlement
+        path asks: it registers the kind's handler (a handler without a declaration has no
+        effect) or declares its consequence. A process that does not know it never settles the
+        kind's failure: the consequence stays owed for a process that does."""
         return kind in self.registry.handlers or kind in self.registry.consequences
 
     def snapshot(self, row: tuple) -> Job:
@@ -413,7 +434,7 @@ class Settler:
         decl = self.applier.declaration(kind)
         if decl is NO_FAILURE_CONSEQUENCE:
             return "none"
-        if decl is UNDECLARED and self.applier.registry.get(kind) is not None:
+        if decl is UNDECLARED and self.applier.knows(kind):
             return None
         return "owed"
 
@@ -437,7 +458,22 @@ class Settler:
         )
         return await cur.fetchone() is not None
 
-    async def reconcile_one(self, pool, job_id: int) -> str | None:
+    async def correct_to_failed(
+        self, pool: AsyncConnectionPool, job_id: int, kind: str, attempt: int, error: str
+    ) -> bool:
+        """``correct_to_failed`` (admin): :meth:`correct` in a transaction of its own on a
+        connection of ``pool``; when this process knows the kind's effect, it is applied right
+        after (:meth:`reconcile_one`; a failure leaves it owed for the reconciler). Returns
+        False (nothing written) when the job is no longer ``completed``."""
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                if not await self.correct(conn, job_id, kind, attempt, error):
+                    return False
+        if self.applier.effect_of(kind) is not None:  # owed, and its effect is known here
+            await self.reconcile_one(pool, job_id)
+        return True
+
+    async def reconcile_one(self, pool: AsyncConnectionPool, job_id: int) -> str | None:
         """Retry the owed consequence of one job on a connection of ``pool`` (see
         :meth:`reconcile_on`)."""
         async with pool.connection() as conn:
@@ -454,8 +490,7 @@ class Settler:
             if row is None:
                 return None
             kind, state = row[1], row[4]
-            decl = self.applier.declaration(kind)
-            if decl is UNDECLARED and self.applier.registry.get(kind) is None:  # unknown here
+            if not self.applier.knows(kind):
                 log.warning(
                     "consequence of %s job %s is owed but %s is not declared in "
                     "this process; leaving it owed",

@@ -19,6 +19,7 @@ from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import JobState
 from awa_fast.worker import storable
 from awa_fast.worker.follow_ups import FollowUps
+from awa_fast.worker.services import AttemptRuntime
 
 
 def _ts(value: datetime | None) -> str | None:
@@ -63,7 +64,7 @@ class JobContext:
         "__weakref__",
     )
 
-    def __init__(self, row: tuple, runtime: Any = None):
+    def __init__(self, row: tuple, runtime: AttemptRuntime | None = None):
         (
             self.id,
             self.kind,
@@ -204,7 +205,7 @@ class JobContext:
         snap = self.progress_snapshot()
         if snap is None or self.runtime is None:
             return
-        pool = await self.runtime.client.pool()
+        pool = await self.runtime.services.pool()
         async with pool.connection() as conn:
             await conn.execute(sql.FLUSH_PROGRESS, (snap[1], self.id, self.run_lease))
         self.progress_acked(snap[0])
@@ -212,21 +213,22 @@ class JobContext:
     def flush_progress_sync(self) -> None:
         """Blocking :meth:`flush_progress`: for ``def`` handlers in the thread pool, and also
         safe from an ``async def`` handler (awa-pg allows both)."""
-        if self.runtime is None:
+        if self.runtime is None or self.runtime.loop is None:
             return
+        loop = self.runtime.loop
         try:
-            on_loop = asyncio.get_running_loop() is self.runtime.loop
+            on_loop = asyncio.get_running_loop() is loop
         except RuntimeError:
             on_loop = False
         if not on_loop:
-            asyncio.run_coroutine_threadsafe(self.flush_progress(), self.runtime.loop).result()
+            asyncio.run_coroutine_threadsafe(self.flush_progress(), loop).result()
             return
         # On the runtime's own loop, waiting for it would deadlock: write on a short-lived
         # blocking connection instead (the loop stalls one round trip, as awa-pg's call does).
         snap = self.progress_snapshot()
         if snap is None:
             return
-        with psycopg.connect(self.runtime.client.database_url, autocommit=True) as conn:
+        with psycopg.connect(self.runtime.services.database_url, autocommit=True) as conn:
             conn.execute(sql.FLUSH_PROGRESS, (snap[1], self.id, self.run_lease))
         self.progress_acked(snap[0])
 
@@ -269,7 +271,7 @@ class JobContext:
         timeout = check_timeout(timeout_seconds)
         expressions = compile_expressions(filter, on_complete, on_fail, transform)
         stored = None if expressions is None else Jsonb(expressions)
-        pool = await self.runtime.client.pool()
+        pool = await self._runtime().services.pool()
         async with pool.connection() as conn:
             cur = await conn.execute(
                 sql.REGISTER_CALLBACK,
@@ -300,8 +302,8 @@ class JobContext:
                 field="token",
                 limit="the current callback",
             )
-        runtime = self.runtime
-        pool = await runtime.client.pool()
+        runtime = self._runtime()
+        pool = await runtime.services.pool()
         async with pool.connection() as conn:
             try:
                 cur = await conn.execute(
@@ -341,6 +343,17 @@ class JobContext:
             self.waiting = False
             if remaining is not None:
                 self._deadline = datetime.now(UTC) + remaining
+
+    def _runtime(self) -> AttemptRuntime:
+        """The runtime running this attempt.
+
+        Raises:
+            AwaError: the context runs outside a runtime (``AwaTestClient.work_one``), which
+                has no callbacks to wait on.
+        """
+        if self.runtime is None:
+            raise AwaError(f"job {self.id}: external waits need a running worker runtime")
+        return self.runtime
 
     def __repr__(self) -> str:
         return f"<JobContext id={self.id} kind={self.kind!r} attempt={self.attempt}>"

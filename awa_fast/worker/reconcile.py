@@ -7,10 +7,14 @@ import contextlib
 import logging
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager as AsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from awa_fast import sql
-from awa_fast.worker.maintenance import Deposed
+from awa_fast.worker.maintenance import Deposed, MaintenanceConfig
+from awa_fast.worker.services import ReconcileServices
+
+if TYPE_CHECKING:
+    from awa_fast.worker.consequences import Settler
 
 log = logging.getLogger("awa_fast.reconcile")
 
@@ -20,7 +24,9 @@ NOT_DONE = "verify_success: the job's work was found not done"
 
 
 async def reconcile_tick(
-    client: Any, config: Any, fenced: Callable[[], AsyncContextManager] | None = None
+    services: ReconcileServices,
+    config: MaintenanceConfig,
+    fenced: Callable[[], AsyncContextManager] | None = None,
 ) -> dict:
     """Run each kind's ``verify_success`` hook once on its recently completed jobs (within
     ``config.verify_window_s`` seconds), correcting those it reports as not done, then retry
@@ -33,12 +39,16 @@ async def reconcile_tick(
     ``Maintenance.fenced``; a plain pool transaction when ``None``). A verdict and its
     correction commit together. One job's failure is logged and never stops the others.
 
+    ``services``: connections, ``registry.verifiers`` and the settler
+    (:class:`~awa_fast.worker.services.ReconcileServices`).
+
     Returns ``{"reconciled": {job_id: result}, "corrected": [job_id, ...]}``.
     """
-    pool = await client.pool()
+    settler = services.settler
+    pool = await services.pool()
     if fenced is None:
         fenced = _plain_transaction(pool)
-    corrected = await _verify(client, pool, config, fenced)
+    corrected = await _verify(services, pool, config, fenced)
     async with pool.connection() as conn:
         cur = await conn.execute(sql.OWED_DUE, (OWED_BATCH,))
         ids = [r[0] for r in await cur.fetchall()]
@@ -46,23 +56,21 @@ async def reconcile_tick(
     for job_id in ids:
         try:
             async with fenced() as conn:
-                reconciled[job_id] = await client.settler.reconcile_on(conn, job_id)
+                reconciled[job_id] = await settler.reconcile_on(conn, job_id)
         except Deposed:  # no longer leader: the whole tick stops
             raise
         except Exception as exc:  # one bad job must not stop the others
             log.exception("reconciling job %s failed; its next try is backed off", job_id)
-            await _defer(client, fenced, job_id, exc)
+            await _defer(settler, fenced, job_id, exc)
     return {"reconciled": reconciled, "corrected": corrected}
 
 
-async def _defer(client: Any, fenced: Callable, job_id: int, exc: Exception) -> None:
+async def _defer(settler: Settler, fenced: Callable, job_id: int, exc: Exception) -> None:
     # A job that fails the same way every time would keep its place at the front of OWED_DUE
     # and, with OWED_BATCH others like it, stall the sweep: push its next try out instead.
     try:
         async with fenced() as conn:
-            await client.settler.defer(
-                conn, job_id, f"reconcile failed: {type(exc).__qualname__}: {exc}"
-            )
+            await settler.defer(conn, job_id, f"reconcile failed: {type(exc).__qualname__}: {exc}")
     except Deposed:
         raise
     except Exception:  # it stays due; logged, the other jobs proceed
@@ -79,8 +87,11 @@ def _plain_transaction(pool: Any) -> Callable[[], AsyncContextManager]:
     return transaction
 
 
-async def _verify(client: Any, pool: Any, config: Any, fenced: Callable) -> list[int]:
-    verifiers = client.registry.verifiers
+async def _verify(
+    services: ReconcileServices, pool: Any, config: MaintenanceConfig, fenced: Callable
+) -> list[int]:
+    verifiers = services.registry.verifiers
+    settler = services.settler
     if not verifiers:
         return []
     async with pool.connection() as conn:
@@ -90,7 +101,7 @@ async def _verify(client: Any, pool: Any, config: Any, fenced: Callable) -> list
         rows = await cur.fetchall()
     corrected = []
     for row in rows:
-        job = client.consequences.snapshot(row)
+        job = settler.applier.snapshot(row)
         try:
             verdict = verifiers[job.kind](job)
             if asyncio.iscoroutine(verdict):
@@ -110,7 +121,7 @@ async def _verify(client: Any, pool: Any, config: Any, fenced: Callable) -> list
                     continue  # verified or changed meanwhile (another pass, an admin)
                 await conn.execute(sql.MARK_VERIFIED, ([job.id],))
                 if not verdict:
-                    await client.settler.correct(conn, job.id, job.kind, job.attempt, NOT_DONE)
+                    await settler.correct(conn, job.id, job.kind, job.attempt, NOT_DONE)
         except Deposed:
             raise
         except Exception:

@@ -20,9 +20,11 @@ import psycopg
 
 from awa_fast import _native, batch_ops, descriptors, metrics, schema, sql
 from awa_fast.errors import ConfigError, SchemaNotMigrated, Unsupported, ValidationError
+from awa_fast.job import Job
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
 from awa_fast.worker.cancellation import raise_if_cancelling
+from awa_fast.worker.consequences import ConsequenceConfig
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
@@ -30,6 +32,7 @@ from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.maintenance import MAX_BACKOFF_S, Maintenance, MaintenanceConfig
 from awa_fast.worker.observe import Signal
+from awa_fast.worker.services import Services
 from awa_fast.worker.weighted import OverflowPool
 
 log = logging.getLogger("awa_fast.runtime")
@@ -438,6 +441,27 @@ def _setting(value: Any, field: str, *, integer: bool = False) -> float:
     return value
 
 
+def consequence_config(
+    timeout_ms: Any = None, backoff_ms: Any = None, base: ConsequenceConfig | None = None
+) -> ConsequenceConfig:
+    """``start()``'s ``consequence_timeout_ms`` / ``consequence_backoff_ms`` (milliseconds) as a
+    :class:`ConsequenceConfig`; one not given (``None``) keeps ``base``'s value (default: the
+    defaults). ``AsyncClient.start()`` hands the result to its settler; the runtime never
+    changes it.
+
+    Raises:
+        ConfigError: naming the field (a finite number > 0, at most 100 years).
+    """
+    config = ConsequenceConfig() if base is None else base
+    if timeout_ms is not None:
+        timeout_s = _setting(timeout_ms, "consequence_timeout_ms") / 1000
+        config = dataclasses.replace(config, timeout_s=timeout_s)
+    if backoff_ms is not None:
+        backoff_s = _setting(backoff_ms, "consequence_backoff_ms") / 1000
+        config = dataclasses.replace(config, backoff_base_s=backoff_s)
+    return config
+
+
 def _flag(value: Any, field: str, *, optional: bool = False) -> Any:
     """A ``bool`` keyword of ``start()`` (``None`` too when ``optional``): a string such as
     ``"no"`` would otherwise count as true.
@@ -517,7 +541,11 @@ def _first(ids: list[int], n: int = 20) -> str:
 
 
 class Runtime:
-    """Runs registered handlers in this process (one per ``AsyncClient.start``).
+    """Runs registered handlers in this process (one per ``AsyncClient.start``, which builds
+    its :class:`~awa_fast.worker.services.Services`: pool, registry, specs, settler, periodic
+    schedules and descriptors; the runtime reads them and changes none of the client's
+    settings -- ``consequence_timeout_ms`` / ``consequence_backoff_ms`` are ``start()``'s, see
+    :func:`consequence_config`).
 
     Rejects at construction (so at ``start()``) a configuration that cannot work
     (:func:`check_config`, ``ConfigError`` naming the field) and, at :meth:`start`, a database
@@ -534,7 +562,7 @@ class Runtime:
 
     def __init__(
         self,
-        client: Any,
+        services: Services,
         queues: Any = None,
         *,
         poll_interval_ms: int = 200,
@@ -553,8 +581,6 @@ class Runtime:
         callback_rescue_interval_ms: int | None = None,
         cleanup_interval_ms: int | None = None,
         reconcile_interval_ms: int | None = None,
-        consequence_timeout_ms: int | None = None,
-        consequence_backoff_ms: int | None = None,
         dlq_enabled_by_default: bool | None = None,
         callback_poll_interval_ms: int = 200,
         staged_completions: str = "per_job",
@@ -575,8 +601,8 @@ class Runtime:
         for key, value in sorted(unsupported.items()):
             if value is not None and not (key == "storage_transition_role" and value == "auto"):
                 raise Unsupported(key, "awa-fast has one storage engine")
-        self.client = client
-        self.queues = parse_queues(queues, client.registry.queues(), global_max_workers)
+        self.services = services
+        self.queues = parse_queues(queues, services.registry.queues(), global_max_workers)
         self.overflow = None
         if global_max_workers is not None:  # awa's weighted mode (worker/weighted.py)
             self.overflow = OverflowPool(
@@ -619,7 +645,7 @@ class Runtime:
             mconf.descriptor_retention_days = descriptor_retention_days
         self.maintenance_config = mconf
         names = {q.name for q in self.queues}
-        for queue in getattr(client, "queue_descriptors", {}):
+        for queue in services.queue_descriptors:
             if queue not in names:  # awa's QueueDescriptorWithoutQueue
                 raise ValidationError(
                     f"queue descriptor declared for unknown queue {queue!r} "
@@ -629,29 +655,19 @@ class Runtime:
         # queue_subset: this process deliberately works some of the application's queues
         # (the launcher's --queues); handlers of the others are left to other processes.
         check_config(
-            client.registry,
+            services.registry,
             self.queues,
             queues is not None and not queue_subset,
             heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS,
             mconf.heartbeat_staleness_ms,
             maintenance=maintenance,
-            periodic=bool(getattr(client, "periodic_jobs", None)),
-            specs=bool(client.specs.kinds_any()),
+            periodic=bool(services.periodic_jobs),
+            specs=bool(services.specs.kinds_any()),
         )
         # This process's presence row (awa_fast.workers) and the kinds it claims.
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.kinds = sorted(client.registry.handlers)
+        self.kinds = sorted(services.registry.handlers)
         self.unhandled_warned: set[tuple[str, str]] = set()
-        for key, value in (
-            ("consequence_timeout_ms", consequence_timeout_ms),
-            ("consequence_backoff_ms", consequence_backoff_ms),
-        ):
-            if value is not None:
-                _setting(value, key)
-        if consequence_timeout_ms is not None:
-            client.consequences.timeout_s = consequence_timeout_ms / 1000
-        if consequence_backoff_ms is not None:
-            client.consequences.backoff_base_s = consequence_backoff_ms / 1000
         self.dlq_enabled_by_default = _flag(
             dlq_enabled_by_default, "dlq_enabled_by_default", optional=True
         )
@@ -707,7 +723,7 @@ class Runtime:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        pool_getter = self.client.pool
+        pool_getter = self.services.pool
         pool = await pool_getter()
         async with pool.connection() as conn:
             await _check_schema(conn)
@@ -718,7 +734,6 @@ class Runtime:
                 dlq = q.options.get("dlq", self.dlq_enabled_by_default)
                 if dlq is not None:
                     await conn.execute(sql.SET_QUEUE_DLQ, (q.name, bool(dlq)))
-        self.client.specs.frozen = True
         await self._sync_periodic()
         if self.metrics_port is not None:  # ConfigError when the port cannot be bound
             self.metrics_exporter = metrics.Exporter(self.metrics_port, self.metrics_host)
@@ -726,8 +741,8 @@ class Runtime:
             pool_getter,
             batch_size=self.finalizer_batch_size,
             staged_completions=self.staged_completions,
-            specs=self.client.specs,
-            settler=self.client.settler,
+            specs=self.services.specs,
+            settler=self.services.settler,
         )
         for q in self.queues:
             weighted = self.overflow is not None
@@ -749,9 +764,9 @@ class Runtime:
             pool_getter,
             self._heartbeat_targets,
             self.heartbeat_interval_s,
-            database_url=self.client.database_url,
+            database_url=self.services.database_url,
         )
-        self.lingering = Lingering(self.client.database_url, self.heartbeat_interval_s)
+        self.lingering = Lingering(self.services.database_url, self.heartbeat_interval_s)
         try:
             await self._listen_connect()
         except BaseException:
@@ -780,12 +795,12 @@ class Runtime:
         if self.run_maintenance:
             mc = self.maintenance_config
             self.maintenance = Maintenance(
-                self.client.database_url,
+                self.services.database_url,
                 pool_getter,
                 mc,
                 on_rescued=self._on_rescued,
                 consequence_kinds=self._settled_by_reconciler,
-                known_kinds=self.client.consequences.known_kinds,
+                known_kinds=self.services.settler.applier.known_kinds,
                 extra_tasks=[
                     (self.cron_interval_s, self._evaluate_cron),
                     (mc.reconcile_interval_ms / 1000, self.reconcile),
@@ -835,7 +850,7 @@ class Runtime:
         await _cancel_and_wait(self._tasks)
         await self.finalizer.close()
         try:
-            async with (await self.client.pool()).connection() as conn:
+            async with (await self.services.pool()).connection() as conn:
                 await conn.execute(sql.WORKER_GONE, (self.instance,))
         except Exception as exc:  # the row expires on its own
             log.warning("could not remove this worker's presence row: %s", exc)
@@ -864,7 +879,7 @@ class Runtime:
         released = abandoned = False
         applied: bool | None = None
         try:
-            handler = self.client.registry.get(ctx.kind)
+            handler = self.services.registry.get(ctx.kind)
             if handler is None:
                 # The claim takes only kinds with a handler here; a job claimed anyway (its
                 # handler dropped after start) is never failed for it: hand it back uncounted.
@@ -974,7 +989,7 @@ class Runtime:
         names = [q.name for q in self.queues]
         while True:
             try:
-                async with (await self.client.pool()).connection() as conn:
+                async with (await self.services.pool()).connection() as conn:
                     await metrics.refresh(conn, names)
             except Exception as exc:  # a scrape shows the last values; the next pass retries
                 log.warning("metrics refresh failed: %s: %s", type(exc).__name__, exc)
@@ -982,7 +997,7 @@ class Runtime:
 
     async def _ack_ended(self, ctx: JobContext) -> None:
         try:
-            async with (await self.client.pool()).connection() as conn:
+            async with (await self.services.pool()).connection() as conn:
                 await conn.execute(sql.ACK_ATTEMPT_ENDED, {"id": ctx.id, "lease": ctx.run_lease})
         except Exception as exc:  # the mark goes stale on its own
             log.warning("could not acknowledge the end of job %s's attempt: %s", ctx.id, exc)
@@ -1016,14 +1031,22 @@ class Runtime:
 
     async def _on_rescued(self, rows: list[tuple]) -> None:
         """Rescued specs: best effort, each in its own transaction after the rescue committed."""
-        specs = self.client.specs
+        specs = self.services.specs
         wanted = [r for r in rows if specs.has(r[1], "rescued")]
         if not wanted:
             return
-        pool = await self.client.pool()
+        pool = await self.services.pool()
         for job_id, kind, _state, reason, _exhausted in wanted:
             try:
-                job = await self.client.get_job(job_id)
+                async with pool.connection() as conn:
+                    cur = await conn.execute(sql.GET_JOB, (job_id,))
+                    row = await cur.fetchone()
+                if row is None:  # gone since (pruned, or moved to the DLQ)
+                    log.warning(
+                        "rescued follow-up spec of %s job %s: the job is gone", kind, job_id
+                    )
+                    continue
+                job = Job.from_row(row)
                 requests = specs.requests(
                     kind, "rescued", job.args, job, job_id, job.metadata, reason
                 )
@@ -1041,9 +1064,9 @@ class Runtime:
         """Upsert the client's registered periodic schedules into awa_fast.cron_jobs."""
         from awa_fast import periodic
 
-        jobs = list(getattr(self.client, "periodic_jobs", {}).values())
+        jobs = list(self.services.periodic_jobs.values())
         if jobs:
-            async with (await self.client.pool()).connection() as conn:
+            async with (await self.services.pool()).connection() as conn:
                 await periodic.sync_schedules(conn, jobs)
 
     async def _run_batch_operations(self, fenced: Any) -> int:
@@ -1062,7 +1085,7 @@ class Runtime:
 
         try:
             if fenced is None:
-                async with (await self.client.pool()).connection() as conn:
+                async with (await self.services.pool()).connection() as conn:
                     return await periodic.evaluate(conn)
             async with fenced() as conn:
                 return await periodic.evaluate(conn)
@@ -1076,12 +1099,12 @@ class Runtime:
         (``Maintenance.fenced``) when given."""
         from awa_fast.worker.reconcile import reconcile_tick
 
-        return await reconcile_tick(self.client, self.maintenance_config, fenced)
+        return await reconcile_tick(self.services, self.maintenance_config, fenced)
 
     def _settled_by_reconciler(self) -> list[str]:
         """Kinds whose final-attempt rescue waits in ``consequence_pending`` for the settler
         (``Settler.pending_kinds``)."""
-        return self.client.settler.pending_kinds()
+        return self.services.settler.pending_kinds()
 
     # -- presence and unhandled kinds -----------------------------------------------------------
 
@@ -1101,15 +1124,15 @@ class Runtime:
         # the descriptors this process declares: stored at start, refreshed with presence
         await descriptors.sync(
             conn,
-            getattr(self.client, "queue_descriptors", {}),
-            getattr(self.client, "kind_descriptors", {}),
+            self.services.queue_descriptors,
+            self.services.kind_descriptors,
         )
 
     async def check_unhandled(self) -> list[tuple[str, str, int]]:
         """Refresh this process's presence row, then look in its queues for available jobs no
         live worker has a handler for; log each ``(queue, kind)`` once (an error: they wait
         until a worker with a handler starts). Returns ``[(queue, kind, available)]``."""
-        async with (await self.client.pool()).connection() as conn:
+        async with (await self.services.pool()).connection() as conn:
             await self._seen(conn)
             cur = await conn.execute(sql.UNHANDLED_IN_QUEUES, ([q.name for q in self.queues],))
             rows = await cur.fetchall()
@@ -1137,7 +1160,7 @@ class Runtime:
                     await self.check_unhandled()
                     next_check = self.loop.time() + UNHANDLED_CHECK_S
                 else:
-                    async with (await self.client.pool()).connection() as conn:
+                    async with (await self.services.pool()).connection() as conn:
                         await self._seen(conn)
             except Exception as exc:  # presence is advisory; never let the loop end
                 log.warning("worker presence update failed: %s: %s", type(exc).__name__, exc)
@@ -1147,7 +1170,7 @@ class Runtime:
 
     async def _listen_connect(self) -> None:
         conn = await psycopg.AsyncConnection.connect(
-            self.client.database_url, autocommit=True, connect_timeout=10
+            self.services.database_url, autocommit=True, connect_timeout=10
         )
         await conn.execute(f'LISTEN "{sql.CHANNEL_QUEUE}"')
         await conn.execute(f'LISTEN "{sql.CHANNEL_CANCEL}"')

@@ -1,7 +1,7 @@
 """The multi-process launcher behind ``awa-fast worker module:client`` (DESIGN.md section 5).
 
 The parent imports nothing of the application. It starts ``processes`` children, each a fresh
-interpreter (``python -m awa_fast.worker.supervisor --child ...``, so every connection is opened
+interpreter (``python -m awa_fast.supervisor --child ...``, so every connection is opened
 after the child exists -- nothing is inherited from a fork). A child:
 
 1. imports ``module`` and looks up ``client`` (an :class:`~awa_fast.client.AsyncClient`, like
@@ -81,7 +81,7 @@ KILL_GRACE_S = 10.0  # beyond the drain timeout: finalizer flush and pool close
 CHILD_REPORT_S = 0.25
 
 
-def parse_queues(text: str | None) -> list[tuple[str, int]] | None:
+def parse_queues_arg(text: str | None) -> list[tuple[str, int]] | None:
     """``"default:10,emails:4"`` -> ``[("default", 10), ("emails", 4)]`` (a bare name gets 10
     workers); ``None``/empty -> ``None`` (the client's registered queues).
 
@@ -173,7 +173,7 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
     if args.database_url:
         client.database_url = args.database_url
     options = start_options(module)
-    queues = parse_queues(args.queues)
+    queues = parse_queues_arg(args.queues)
     if queues is not None:  # --queues: this child deliberately works a subset of the queues
         options.setdefault("queue_subset", True)
     stop = asyncio.Event()
@@ -277,7 +277,7 @@ def _check_app(app: str, queues: str | None) -> int:
         if hint := _import_hint(str(exc)):
             print(hint.removeprefix("; "), file=sys.stderr)
         return 1
-    error = start_config_error(client, module, parse_queues(queues))
+    error = start_config_error(client, module, parse_queues_arg(queues))
     if error is not None:
         print(f"start() would reject this configuration: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -294,7 +294,7 @@ def _event_loop_runner() -> Callable:
 
 
 def child_entry(argv: list[str]) -> int:
-    """Entry point of one worker child (``python -m awa_fast.worker.supervisor --child ...``)."""
+    """Entry point of one worker child (``python -m awa_fast.supervisor --child ...``)."""
     p = argparse.ArgumentParser(prog="awa-fast-worker-child")
     p.add_argument("--child", action="store_true")
     p.add_argument("--check", action="store_true")
@@ -330,7 +330,7 @@ def child_entry(argv: list[str]) -> int:
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
 _CHILD_BOOT = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from awa_fast.worker.supervisor import child_entry; "
+    "from awa_fast.supervisor import child_entry; "
     "sys.exit(child_entry(sys.argv[1:]))"
 )
 

@@ -1,0 +1,107 @@
+"""What the worker layer uses of the process that runs it: one :class:`Services` object, built by
+``AsyncClient.start()`` and handed down to the runtime, the reconciler and (through the runtime)
+every :class:`~awa_fast.worker.context.JobContext`; the narrow interfaces below are what each of
+them may reach. Nothing under ``awa_fast/worker/`` imports or calls the client: it sees only
+these (``tests/test_layering.py`` checks the imports)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+    from awa_fast.descriptors import Descriptor
+    from awa_fast.periodic import PeriodicJob
+    from awa_fast.worker.consequences import Settler
+    from awa_fast.worker.registry import Registry
+    from awa_fast.worker.specs import SpecRunner
+
+
+class Connections(Protocol):
+    """Where a lower layer gets its connections: the process's pool (opened on first call,
+    ``DatabaseError`` when the database cannot be reached in 30 s) and the database URL (for
+    the few dedicated connections: LISTEN, heartbeat, a blocking progress flush)."""
+
+    @property
+    def database_url(self) -> str: ...
+
+    async def pool(self) -> AsyncConnectionPool: ...
+
+
+class ReconcileServices(Connections, Protocol):
+    """What the reconciler tick uses: connections, the ``verify_success`` hooks
+    (``registry.verifiers``, kind -> callable) and the settler (settlement, corrections)."""
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def settler(self) -> Settler: ...
+
+
+class AttemptRuntime(Protocol):
+    """What a running attempt (``JobContext``) uses of its runtime: connections, the event
+    loop the runtime runs on (a ``def`` handler's thread flushes progress through it) and how
+    often a parked ``wait_for_callback`` polls (seconds)."""
+
+    @property
+    def services(self) -> Connections: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None: ...
+
+    @property
+    def callback_poll_interval_s(self) -> float: ...
+
+
+class Services:
+    """The one services object of a started process (see the module docstring).
+
+    Args:
+        pool: ``async () -> AsyncConnectionPool``, the process's pool (opened on first call).
+        database_url: ``() -> str``, the URL in use (resolved on first call: it may start the
+            embedded server, so it is not read before the runtime starts).
+        registry: handlers by kind, consequence declarations, ``verify_success`` hooks.
+        specs: registered follow-up specs (frozen by ``start()``).
+        settler: settles failing jobs and corrections; its applier carries the consequence
+            configuration (effect timeout, retry backoff) ``start()`` was given.
+        periodic_jobs: name -> ``periodic.PeriodicJob``, upserted at start.
+        queue_descriptors, kind_descriptors: name -> ``descriptors.Descriptor``, stored at
+            start and refreshed with presence.
+    """
+
+    def __init__(
+        self,
+        *,
+        pool: Callable[[], Awaitable[AsyncConnectionPool]],
+        database_url: Callable[[], str],
+        registry: Registry,
+        specs: SpecRunner,
+        settler: Settler,
+        periodic_jobs: dict[str, PeriodicJob] | None = None,
+        queue_descriptors: dict[str, Descriptor] | None = None,
+        kind_descriptors: dict[str, Descriptor] | None = None,
+    ):
+        self._pool = pool
+        self._database_url = database_url
+        self.registry = registry
+        self.specs = specs
+        self.settler = settler
+        # The client's own mappings, not copies: what they hold is read when it is used.
+        self.periodic_jobs: dict[str, PeriodicJob] = {} if periodic_jobs is None else periodic_jobs
+        self.queue_descriptors: dict[str, Descriptor] = (
+            {} if queue_descriptors is None else queue_descriptors
+        )
+        self.kind_descriptors: dict[str, Descriptor] = (
+            {} if kind_descriptors is None else kind_descriptors
+        )
+
+    @property
+    def database_url(self) -> str:
+        return self._database_url()
+
+    async def pool(self) -> AsyncConnectionPool:
+        return await self._pool()

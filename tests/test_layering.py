@@ -1,0 +1,86 @@
+"""The layering rule, checked on the source (no database): nothing under ``awa_fast/worker/``
+imports the layers above it (the client, its admin and sync twin, testing, the CLI, the
+launcher's application loader) or takes a ``client`` parameter; it sees the client's services
+only through ``worker/services.py``. And ``cli.py`` does not import ``awa_fast.testing``."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "awa_fast"
+WORKER = sorted((PACKAGE / "worker").glob("*.py"))
+# The layers above awa_fast/worker/: a module there importing one of these reaches back up.
+ABOVE = (
+    "awa_fast.client",
+    "awa_fast.admin",
+    "awa_fast.sync_client",
+    "awa_fast.testing",
+    "awa_fast.cli",
+    "awa_fast.app_loader",
+)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module ``path`` imports, at any depth (function-level imports included), as
+    absolute names: ``from awa_fast import client`` counts as ``awa_fast.client``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = "awa_fast.worker"
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against awa_fast.worker
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            found.append((node.lineno, base))
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _reaches_up(name: str) -> bool:
+    return any(name == above or name.startswith(above + ".") for above in ABOVE)
+
+
+def test_the_worker_modules_exist():
+    assert len(WORKER) > 10 and (PACKAGE / "worker" / "services.py") in WORKER
+
+
+@pytest.mark.parametrize("path", WORKER, ids=lambda p: p.name)
+def test_worker_module_imports_nothing_above_it(path):
+    bad = [f"line {line}: {name}" for line, name in _imports(path) if _reaches_up(name)]
+    assert not bad, f"awa_fast/worker/{path.name} imports a layer above it: {bad}"
+
+
+@pytest.mark.parametrize("path", WORKER, ids=lambda p: p.name)
+def test_worker_module_has_no_client_parameter(path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            params = a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]
+            bad += [f"line {node.lineno}" for p in params if p.arg == "client"]
+    assert not bad, f"awa_fast/worker/{path.name}: a parameter named 'client' at {bad}"
+
+
+def test_the_check_flags_what_it_should(tmp_path):
+    # The checks themselves: a module that reaches up is caught, in every import form.
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from awa_fast import client\n"
+        "def f():\n"
+        "    import awa_fast.testing\n"
+        "    from ..cli import main\n"
+    )
+    names = [n for _, n in _imports(sample) if _reaches_up(n)]
+    assert names == ["awa_fast.client", "awa_fast.testing", "awa_fast.cli", "awa_fast.cli.main"]
+
+
+def test_cli_does_not_import_testing():
+    names = [n for _, n in _imports(PACKAGE / "cli.py")]
+    assert not [n for n in names if n == "awa_fast.testing" or n.startswith("awa_fast.testing.")]
