@@ -45,7 +45,7 @@ import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -57,6 +57,10 @@ from awa_fast.worker import storable
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.observe import Signal
+
+if TYPE_CHECKING:
+    from awa_fast.worker.consequences import Settler
+    from awa_fast.worker.specs import SpecRunner
 
 log = logging.getLogger("awa_fast.finalizer")
 
@@ -145,8 +149,8 @@ class Finalizer:
         flushers: int,
         batch_size: int,
         staged_completions: str,
-        specs: Any,
-        settler: Any,
+        specs: SpecRunner | None,
+        settler: Settler | None,
     ):
         if staged_completions not in STAGED_COMPLETIONS:
             raise ValueError(f"staged_completions must be one of {STAGED_COMPLETIONS}")
@@ -190,8 +194,8 @@ class Finalizer:
         batch_size: int = BATCH_SIZE,
         flushers: int = FLUSHERS,
         staged_completions: str = "per_job",
-        specs: Any = None,
-        settler: Any = None,
+        specs: SpecRunner | None = None,
+        settler: Settler | None = None,
     ) -> Finalizer:
         """The runtime's finalizer: ``flushers`` background tasks flush compact completions
         (and, with ``staged_completions="batched"``, completions with follow-ups) in batches
@@ -200,7 +204,7 @@ class Finalizer:
 
         Args:
             pool_getter: ``async () -> AsyncConnectionPool``.
-            specs: the registered follow-up specs (``worker.specs.Specs``) or None.
+            specs: the registered follow-up specs (``worker.specs.SpecRunner``) or None.
             settler: the failure settler (``worker.consequences.Settler``) or None (a failure
                 is then a plain guarded transition).
 
@@ -225,8 +229,8 @@ class Finalizer:
         pool_getter: Callable[[], Awaitable[Any]],
         *,
         staged_completions: str = "per_job",
-        specs: Any = None,
-        settler: Any = None,
+        specs: SpecRunner | None = None,
+        settler: Settler | None = None,
     ) -> Finalizer:
         """A finalizer without background tasks (``testing.AwaTestClient``): each request
         runs in the caller's task, a batched path as a batch of one -- the same statements
@@ -529,7 +533,7 @@ class Finalizer:
                 ctx.id,
                 exc,
             )
-            applier = None if self._settler is None else self._settler.applier
+            settler = self._settler
             pool = await self._pool_getter()
             async with pool.connection() as conn:
                 cur = await conn.execute(
@@ -539,10 +543,10 @@ class Finalizer:
                         "lease": ctx.run_lease,
                         "message": error["error"],
                         # settled later by the reconciler: consequence and exhausted specs
-                        "consequence_kinds": []
-                        if applier is None
-                        else self._settler.pending_kinds(),
-                        "known_kinds": [ctx.kind] if applier is None else applier.known_kinds(),
+                        "consequence_kinds": [] if settler is None else settler.pending_kinds(),
+                        "known_kinds": [ctx.kind]
+                        if settler is None
+                        else settler.applier.known_kinds(),
                     },
                 )
                 ok = await cur.fetchone() is not None
@@ -575,7 +579,7 @@ class Finalizer:
     async def _finalize_once(self, request: FinalizeRequest, inserts: list) -> bool:
         ctx, outcome = request.attempt, request.outcome
         if outcome.kind == ex.FAIL and self._settler is not None:
-            return await self._fail_once(request, inserts)
+            return await self._fail_once(request, inserts, self._settler)
         if outcome.kind == ex.COMPLETED and inserts:
             return await self._complete_with_follow_ups(request, inserts)
         state, delta = _TRANSITIONS[outcome.kind]
@@ -666,7 +670,7 @@ class Finalizer:
                 )
         return True
 
-    async def _fail_once(self, request: FinalizeRequest, exhausted: list) -> bool:
+    async def _fail_once(self, request: FinalizeRequest, exhausted: list, settler: Settler) -> bool:
         # Failure path: lock the attempt under its lease, then settle (failed / DLQ + exhausted
         # specs). A kind with an effect first records the failure as owed and commits; the
         # effect then runs, and the job settles, in the next transaction (Settler.owe_or_settle,
@@ -681,7 +685,7 @@ class Finalizer:
             row = await cur.fetchone()
             if row is None:
                 raise Stale()
-            owed = await self._settler.owe_or_settle(
+            owed = await settler.owe_or_settle(
                 conn,
                 row,
                 reason=outcome.reason or "terminal_error",
@@ -698,7 +702,7 @@ class Finalizer:
             try:
                 pool = await self._pool_getter()
                 async with pool.connection() as conn:
-                    await self._settler.apply_owed(conn, ctx.id, exhausted)
+                    await settler.apply_owed(conn, ctx.id, exhausted)
             except Exception as exc:  # no connection: the debt is durable (the reconciler)
                 log.warning(
                     "no connection to apply the failure consequence of job %s (%s); it "

@@ -32,6 +32,7 @@ from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.maintenance import MAX_BACKOFF_S, Maintenance, MaintenanceConfig
 from awa_fast.worker.observe import Signal
+from awa_fast.worker.registry import Registry
 from awa_fast.worker.services import Services
 from awa_fast.worker.weighted import OverflowPool
 
@@ -321,7 +322,7 @@ async def _cancel_and_wait(tasks: list, grace_s: float = 0.0) -> None:
 
 
 def check_config(
-    registry: Any,
+    registry: Registry,
     queues: list[QueueConfig],
     explicit_queues: bool,
     heartbeat_interval_ms: int,
