@@ -23,10 +23,9 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import bulk, callbacks, enqueue, schema
+from awa_fast import callbacks, schema
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
-from awa_fast.admin.connections import Connections
 from awa_fast.admin.consequences import ConsequenceAdmin
 from awa_fast.admin.cron import CronAdmin
 from awa_fast.admin.dlq import DlqAdmin, DlqEntry
@@ -40,15 +39,15 @@ from awa_fast.batch_ops import (
     BatchOperationKind,
     BatchOperationPreview,
 )
+from awa_fast.connections import Connections
 from awa_fast.database_url import resolve_database_url
 from awa_fast.errors import (
     DatabaseError,
-    QueueMismatchWarning,
-    Unsupported,
     ValidationError,
 )
 from awa_fast.job import Job
-from awa_fast.requests import kind_for_type, prepare, prepare_uniform
+from awa_fast.producer import DEFAULT_QUEUE, Producer
+from awa_fast.requests import kind_for_type
 from awa_fast.transaction import Transaction
 from awa_fast.worker.consequences import ConsequenceApplier, ConsequenceConfig, Settler
 from awa_fast.worker.registry import Registry
@@ -69,16 +68,6 @@ def _check_reachable(url: str) -> None:
         psycopg.connect(url, connect_timeout=10, autocommit=True).close()
     except psycopg.Error as exc:
         raise DatabaseError(f"could not connect to the database: {exc}") from exc
-
-
-class _ImplicitQueue(str):
-    """``insert``'s default queue: ``"default"``, told apart (by identity) from an explicit
-    ``queue="default"``, so that only an insert without ``queue=`` can warn."""
-
-    __slots__ = ()
-
-
-DEFAULT_QUEUE = _ImplicitQueue("default")
 
 
 class AsyncClient:
@@ -122,10 +111,10 @@ class AsyncClient:
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
         self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
         self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
-        self._off_queue_warned: set[str] = set()  # kinds warned about (QueueMismatchWarning)
         # Admin, one object per area (awa_fast/admin/), each given only what it uses. The
         # client's methods are looked up at each call (late bound), as the mixins did.
         self._connections = Connections(lambda: self.pool())
+        self._producer = Producer(self._connections, lambda: self.registry.off_default)
 
         def staleness() -> int:
             return self.staleness_ms()
@@ -251,11 +240,10 @@ class AsyncClient:
             ValidationError: a field breaks an insert rule (nothing is written).
             UniqueConflict: another job holds the same unique key.
         """
-        implicit = queue is DEFAULT_QUEUE
-        p = prepare(
+        return await self._producer.insert(
             args,
             kind=kind,
-            queue="default" if implicit else queue,
+            queue=queue,
             priority=priority,
             max_attempts=max_attempts,
             tags=tags,
@@ -264,10 +252,6 @@ class AsyncClient:
             unique_opts=unique_opts,
             ordering_key=ordering_key,
         )
-        if implicit:
-            self._warn_off_queue((p,))
-        async with (await self.pool()).connection() as conn:
-            return await enqueue.insert_one(conn, p)
 
     async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
         """Insert many jobs in one statement with shared keyword options (all or none).
@@ -281,16 +265,7 @@ class AsyncClient:
                 (unique keys are taken in one global order, so only writers outside
                 awa-fast's order can cause one; no row is written).
         """
-        rows = _prepare_all(jobs, opts)
-        if "queue" not in opts:
-            self._warn_off_queue(rows)
-
-        async def once() -> list[Job]:
-            async with (await self.pool()).connection() as conn:
-                async with conn.transaction():
-                    return await enqueue.insert_many(conn, rows)
-
-        return await bulk.retry_deadlocks(once, what="insert_many")
+        return await self._producer.insert_many(jobs, **opts)
 
     async def insert_many_copy(self, jobs: list, **opts: Any) -> list[Job]:
         """Bulk insert with COPY (for 10k+ rows); same arguments and errors as :meth:`insert_many`,
@@ -302,7 +277,7 @@ class AsyncClient:
             ValidationError: also for an ``opts`` list of the wrong length, a non-dict entry or
                 another key (awa's messages).
         """
-        return await self._copy(jobs, opts, want_jobs=True)
+        return await self._producer.insert_many_copy(jobs, **opts)
 
     async def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
         """Like :meth:`insert_many_copy` but returns only the number of jobs written (awa-pg's
@@ -312,64 +287,11 @@ class AsyncClient:
             Unsupported: ``queue_storage_queue_stripe_count`` other than awa's default 1
                 (awa-fast has no queue-storage stripes).
         """
-        stripes = opts.pop("queue_storage_queue_stripe_count", 1)
-        if stripes != 1:
-            raise Unsupported(
-                "queue_storage_queue_stripe_count",
-                "awa-fast has one storage engine, without stripes",
-            )
-        return await self._copy(jobs, opts, want_jobs=False)
-
-    async def _copy(self, jobs: list, opts: dict, *, want_jobs: bool) -> Any:
-        per_job = opts.pop("opts", None)
-        if per_job is not None:
-            rows, batch = _prepare_with_overrides(jobs, opts, per_job), None
-        else:
-            # Args of one type with shared options take the compiled path (one COPY block).
-            batch = prepare_uniform(jobs, **opts)
-            rows = None if batch is not None else _prepare_all(jobs, opts)
-            if "queue" not in opts:
-                self._warn_off_queue((batch,) if batch is not None else rows, stacklevel=4)
-
-        async def once() -> Any:
-            async with (await self.pool()).connection() as conn:
-                async with conn.transaction():
-                    if batch is not None:
-                        return await enqueue.copy_uniform(conn, batch, want_jobs=want_jobs)
-                    copied = await enqueue.copy_many(conn, rows)
-                    return copied if want_jobs else len(copied)
-
-        return await bulk.retry_deadlocks(once, what="COPY insert")
-
-    def _warn_off_queue(self, rows: Any, stacklevel: int = 3) -> None:
-        """Warn once per kind when rows inserted without a queue land in ``default`` although
-        this client registered their kind's handler for another queue (no worker may run there)."""
-        if not self.registry.off_default:
-            return
-        for row in rows:
-            queue = self.registry.off_default.get(row.kind)
-            if queue is None or row.queue != "default" or row.kind in self._off_queue_warned:
-                continue
-            self._off_queue_warned.add(row.kind)
-            warnings.warn(
-                QueueMismatchWarning(
-                    f"job kind {row.kind!r} is registered for queue {queue!r} on this client but was "
-                    f"inserted without queue=, so it went to 'default' (awa-pg semantics); pass "
-                    f"queue={queue!r} or work 'default' too"
-                ),
-                stacklevel=stacklevel,
-            )
+        return await self._producer.enqueue_many_copy(jobs, **opts)
 
     async def transaction(self) -> Transaction:
         """Begin a transaction: ``async with await client.transaction() as tx``."""
-        pool = await self.pool()
-        conn = await pool.getconn()
-        try:
-            await conn.execute("BEGIN")
-        except BaseException:
-            await pool.putconn(conn)
-            raise
-        return Transaction(pool, conn)
+        return await self._producer.transaction()
 
     # -- admin: each method delegates to one area of awa_fast/admin/ ------------------------------
 
@@ -1150,46 +1072,6 @@ async def _close_pool_on_cancel(pool: AsyncConnectionPool) -> None:
         except asyncio.CancelledError:
             pass  # a worker that ended cancelled fails close()'s gather; its stop is queued
         raise
-
-
-def _prepare_all(jobs: list, opts: dict) -> list:
-    from awa_fast.requests import EnqueueRequest
-
-    out = []
-    for item in jobs:
-        if isinstance(item, EnqueueRequest):
-            out.append(prepare(item.args, **{**opts, **item.options}))
-        else:
-            out.append(prepare(item, **opts))
-    return out
-
-
-_PER_JOB_KEYS = ("queue", "ordering_key")
-
-
-def _prepare_with_overrides(jobs: list, opts: dict, per_job: Any) -> list:
-    """awa's per-job COPY ``opts``: each entry overrides ``queue`` / ``ordering_key``."""
-    if not isinstance(per_job, (list, tuple)) or len(per_job) != len(jobs):
-        got = len(per_job) if isinstance(per_job, (list, tuple)) else type(per_job).__name__
-        raise ValidationError(
-            f"opts length must match jobs length (got {got}, expected {len(jobs)})", field="opts"
-        )
-    merged = []
-    for i, entry in enumerate(per_job):
-        if entry is None:
-            entry = {}
-        if not isinstance(entry, dict):
-            raise ValidationError("each opts entry must be a dict or None", field=f"opts[{i}]")
-        for key in entry:
-            if key not in _PER_JOB_KEYS:
-                raise ValidationError(
-                    f"unsupported opts key '{key}'; expected 'queue' or 'ordering_key'",
-                    field=f"opts[{i}]",
-                )
-        if entry.get("queue", "") is None:
-            entry = {k: v for k, v in entry.items() if k != "queue"}
-        merged.append({**opts, **entry})
-    return [_prepare_all([job], o)[0] for job, o in zip(jobs, merged)]
 
 
 # The blocking client lives in its own module; importable from here as before.

@@ -2,7 +2,6 @@
 whose admin methods each call one area object.
 
 ========================  ==============================================================
-``admin/connections.py``  :class:`Connections`: the pool, one statement, an isolated bulk
 ``admin/jobs.py``         :class:`JobAdmin`: get / list / retry / cancel / discard / dump jobs
 ``admin/queues.py``       :class:`QueueAdmin`: counts, pause / resume, drain
 ``admin/health.py``       :class:`HealthAdmin`: ``health_check``
@@ -14,13 +13,13 @@ whose admin methods each call one area object.
 ``admin/batches.py``      :class:`BatchAdmin`: batch operations (awa's ADR-030)
 ========================  ==============================================================
 
-Each area takes its dependencies explicitly in its constructor (the :class:`Connections`, and
-for some the heartbeat staleness, the settler, the runtime getter) and never the client.
+Each area takes its dependencies explicitly in its constructor (a
+:class:`~awa_fast.connections.Connections`, and for some the heartbeat staleness, the settler,
+the runtime getter) and never the client.
 """
 
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
-from awa_fast.admin.connections import Connections
 from awa_fast.admin.consequences import ConsequenceAdmin
 from awa_fast.admin.cron import CronAdmin
 from awa_fast.admin.dlq import DlqAdmin, DlqEntry
@@ -33,7 +32,6 @@ __all__ = [
     "BatchAdmin",
     "CallbackAdmin",
     "ConsequenceAdmin",
-    "Connections",
     "CronAdmin",
     "DlqAdmin",
     "DlqEntry",

@@ -9,13 +9,13 @@ from datetime import datetime
 from typing import Any, cast
 
 from awa_fast import batch_ops
-from awa_fast.admin.connections import Connections
 from awa_fast.batch_ops import (
     BatchOperation,
     BatchOperationFilter,
     BatchOperationKind,
     BatchOperationPreview,
 )
+from awa_fast.connections import Connections
 from awa_fast.errors import JobNotFound
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from awa_fast import callbacks
-from awa_fast.admin.connections import Connections
+from awa_fast.connections import Connections
 from awa_fast.job import Job
 
 if TYPE_CHECKING:

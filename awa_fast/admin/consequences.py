@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from awa_fast import sql
-from awa_fast.admin.connections import Connections
+from awa_fast.connections import Connections
 from awa_fast.errors import AwaError
 from awa_fast.job import Job
 from awa_fast.worker.consequences import Settler

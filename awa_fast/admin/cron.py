@@ -3,7 +3,7 @@ schedule logic is in :mod:`awa_fast.periodic`)."""
 
 from __future__ import annotations
 
-from awa_fast.admin.connections import Connections
+from awa_fast.connections import Connections
 
 
 class CronAdmin:

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from awa_fast import _native, enqueue, sql
-from awa_fast.admin.connections import Connections
+from awa_fast.connections import Connections
 from awa_fast.errors import AttemptStillRunning, UniqueConflict
 from awa_fast.job import JOB_FIELDS, Job
 

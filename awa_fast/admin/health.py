@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from awa_fast import sql
-from awa_fast.admin.connections import Connections
+from awa_fast.connections import Connections
 
 if TYPE_CHECKING:
     from awa_fast.worker.runtime import Runtime

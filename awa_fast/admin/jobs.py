@@ -12,7 +12,7 @@ import orjson
 import psycopg
 
 from awa_fast import enqueue, sql
-from awa_fast.admin.connections import Connections
+from awa_fast.connections import Connections
 from awa_fast.errors import AttemptStillRunning, AwaError, JobNotFound, UniqueConflict
 from awa_fast.job import Job
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from awa_fast import sql
-from awa_fast.admin.connections import Connections
+from awa_fast.connections import Connections
 
 
 @dataclasses.dataclass(frozen=True)

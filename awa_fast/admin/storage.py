@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from awa_fast import sql
-from awa_fast.admin.connections import Connections
 from awa_fast.admin.jobs import pretty_json
+from awa_fast.connections import Connections
 from awa_fast.errors import Unsupported
 
 

@@ -1,0 +1,206 @@
+"""Producers: :class:`Producer` prepares and inserts jobs (one row, one statement for many,
+COPY) on the client's pool, and begins transactions; :data:`DEFAULT_QUEUE` tells an insert
+without ``queue=`` apart. ``AsyncClient``'s insert methods call it (their docstrings are the
+reference for arguments and errors); the statements are in :mod:`awa_fast.enqueue`."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from awa_fast import bulk, enqueue
+from awa_fast.connections import Connections
+from awa_fast.errors import QueueMismatchWarning, Unsupported, ValidationError
+from awa_fast.job import Job
+from awa_fast.requests import prepare, prepare_uniform
+from awa_fast.transaction import Transaction
+
+
+class _ImplicitQueue(str):
+    """``insert``'s default queue: ``"default"``, told apart (by identity) from an explicit
+    ``queue="default"``, so that only an insert without ``queue=`` can warn."""
+
+    __slots__ = ()
+
+
+DEFAULT_QUEUE = _ImplicitQueue("default")
+
+
+class Producer:
+    """Inserts jobs for one client.
+
+    Args:
+        db: the connection source.
+        off_default: returns ``{kind: queue}`` for the kinds this client registered for a queue
+            other than ``default`` (``Registry.off_default``), read at each insert.
+    """
+
+    def __init__(self, db: Connections, off_default: Callable[[], dict[str, str]]) -> None:
+        self._db = db
+        self._off_default = off_default
+        self._off_queue_warned: set[str] = set()  # kinds warned about (QueueMismatchWarning)
+
+    async def insert(
+        self,
+        args: Any,
+        *,
+        kind: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 2,
+        max_attempts: int = 25,
+        tags: list[str] | None = None,
+        metadata: dict | None = None,
+        run_at: Any = None,
+        unique_opts: dict | None = None,
+        ordering_key: bytes | str | None = None,
+    ) -> Job:
+        """Insert one job; ``queue`` left at :data:`DEFAULT_QUEUE` may warn (see
+        ``AsyncClient.insert``, the reference for arguments and errors)."""
+        implicit = queue is DEFAULT_QUEUE
+        p = prepare(
+            args,
+            kind=kind,
+            queue="default" if implicit else queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            tags=tags,
+            metadata=metadata,
+            run_at=run_at,
+            unique_opts=unique_opts,
+            ordering_key=ordering_key,
+        )
+        if implicit:
+            self._warn_off_queue((p,), stacklevel=4)
+        async with (await self._db.pool()).connection() as conn:
+            return await enqueue.insert_one(conn, p)
+
+    async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
+        """Insert many jobs in one statement, all or none (``AsyncClient.insert_many``).
+
+        Raises:
+            ValidationError, UniqueConflict, DeadlockError: no row is written.
+        """
+        rows = _prepare_all(jobs, opts)
+        if "queue" not in opts:
+            self._warn_off_queue(rows, stacklevel=4)
+
+        async def once() -> list[Job]:
+            async with (await self._db.pool()).connection() as conn:
+                async with conn.transaction():
+                    return await enqueue.insert_many(conn, rows)
+
+        return await bulk.retry_deadlocks(once, what="insert_many")
+
+    async def insert_many_copy(self, jobs: list, **opts: Any) -> list[Job]:
+        """COPY insert returning the jobs, with awa's per-job ``opts``
+        (``AsyncClient.insert_many_copy``)."""
+        return await self._copy(jobs, opts, want_jobs=True)
+
+    async def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
+        """COPY insert returning the count (``AsyncClient.enqueue_many_copy``).
+
+        Raises:
+            Unsupported: ``queue_storage_queue_stripe_count`` other than 1.
+        """
+        stripes = opts.pop("queue_storage_queue_stripe_count", 1)
+        if stripes != 1:
+            raise Unsupported(
+                "queue_storage_queue_stripe_count",
+                "awa-fast has one storage engine, without stripes",
+            )
+        return await self._copy(jobs, opts, want_jobs=False)
+
+    async def _copy(self, jobs: list, opts: dict, *, want_jobs: bool) -> Any:
+        per_job = opts.pop("opts", None)
+        rows: list | None
+        if per_job is not None:
+            rows, batch = _prepare_with_overrides(jobs, opts, per_job), None
+        else:
+            # Args of one type with shared options take the compiled path (one COPY block).
+            batch = prepare_uniform(jobs, **opts)
+            rows = None if batch is not None else _prepare_all(jobs, opts)
+            if "queue" not in opts:
+                self._warn_off_queue((batch,) if batch is not None else rows, stacklevel=5)
+
+        async def once() -> Any:
+            async with (await self._db.pool()).connection() as conn:
+                async with conn.transaction():
+                    if batch is not None:
+                        return await enqueue.copy_uniform(conn, batch, want_jobs=want_jobs)
+                    assert rows is not None  # prepared when there is no uniform batch
+                    copied = await enqueue.copy_many(conn, rows)
+                    return copied if want_jobs else len(copied)
+
+        return await bulk.retry_deadlocks(once, what="COPY insert")
+
+    def _warn_off_queue(self, rows: Any, stacklevel: int) -> None:
+        """Warn once per kind when rows inserted without a queue land in ``default`` although
+        this client registered their kind's handler for another queue (no worker may run there)."""
+        off_default = self._off_default()
+        if not off_default:
+            return
+        for row in rows:
+            queue = off_default.get(row.kind)
+            if queue is None or row.queue != "default" or row.kind in self._off_queue_warned:
+                continue
+            self._off_queue_warned.add(row.kind)
+            warnings.warn(
+                QueueMismatchWarning(
+                    f"job kind {row.kind!r} is registered for queue {queue!r} on this client but was "
+                    f"inserted without queue=, so it went to 'default' (awa-pg semantics); pass "
+                    f"queue={queue!r} or work 'default' too"
+                ),
+                stacklevel=stacklevel,
+            )
+
+    async def transaction(self) -> Transaction:
+        """Begin a transaction on a pooled connection (``AsyncClient.transaction``)."""
+        pool = await self._db.pool()
+        conn = await pool.getconn()
+        try:
+            await conn.execute("BEGIN")
+        except BaseException:
+            await pool.putconn(conn)
+            raise
+        return Transaction(pool, conn)
+
+
+def _prepare_all(jobs: list, opts: dict) -> list:
+    from awa_fast.requests import EnqueueRequest
+
+    out = []
+    for item in jobs:
+        if isinstance(item, EnqueueRequest):
+            out.append(prepare(item.args, **{**opts, **item.options}))
+        else:
+            out.append(prepare(item, **opts))
+    return out
+
+
+_PER_JOB_KEYS = ("queue", "ordering_key")
+
+
+def _prepare_with_overrides(jobs: list, opts: dict, per_job: Any) -> list:
+    """awa's per-job COPY ``opts``: each entry overrides ``queue`` / ``ordering_key``."""
+    if not isinstance(per_job, (list, tuple)) or len(per_job) != len(jobs):
+        got = len(per_job) if isinstance(per_job, (list, tuple)) else type(per_job).__name__
+        raise ValidationError(
+            f"opts length must match jobs length (got {got}, expected {len(jobs)})", field="opts"
+        )
+    merged = []
+    for i, entry in enumerate(per_job):
+        if entry is None:
+            entry = {}
+        if not isinstance(entry, dict):
+            raise ValidationError("each opts entry must be a dict or None", field=f"opts[{i}]")
+        for key in entry:
+            if key not in _PER_JOB_KEYS:
+                raise ValidationError(
+                    f"unsupported opts key '{key}'; expected 'queue' or 'ordering_key'",
+                    field=f"opts[{i}]",
+                )
+        if entry.get("queue", "") is None:
+            entry = {k: v for k, v in entry.items() if k != "queue"}
+        merged.append({**opts, **entry})
+    return [_prepare_all([job], o)[0] for job, o in zip(jobs, merged)]
