@@ -13,7 +13,7 @@ produced - backlog, the backlog counted in the database by the adapter's live-st
 worker-side for systems without a cheap one), completion rate against the offered rate, pickup
 latency p50/p95/p99 of the jobs picked in the window, the producer's lateness, dead and live
 tuples, size (``pg_total_relation_size``), inserts/updates/deletes and autovacuum/autoanalyze
-runs of every table of the system (enumerated from ``pg_class`` at every sample, so partitions
+runs of every table of the system, WAL bytes written by the server (enumerated from ``pg_class`` at every sample, so partitions
 created or dropped during the run show up), and CPU seconds of the worker processes, the
 producer and the PostgreSQL server (``/proc``: the postmaster's live children plus the CPU of
 its exited children) per completed job.
@@ -281,7 +281,9 @@ def _snapshot(state: SoakState, conn, adapter, postmaster, workers, producer) ->
     backlog_sql = adapter.soak_backlog_sql()
     backlog = int(conn.execute(backlog_sql).fetchone()[0]) if backlog_sql else None
     schema, pattern = adapter.soak_relations
+    wal = int(conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])
     return {
+        "wal": wal,
         "at": time.time(),
         "produced": produced,
         "due": due,
@@ -480,6 +482,7 @@ def windows(snaps: list[dict], state: SoakState, t0: float, args) -> list[dict]:
             else (cpu["cpu_workers_s"] + cpu["cpu_postgres_s"]) * 1000 / completed
         )
         t_s = b["at"] - t0
+        wal = b["wal"] - a["wal"]
         out.append(
             {
                 "k": b["k"],
@@ -507,6 +510,8 @@ def windows(snaps: list[dict], state: SoakState, t0: float, args) -> list[dict]:
                 "autoanalyze_runs": sum(r["autoanalyze"] for r in rels.values()),
                 **cpu,
                 "cpu_ms_per_job": job_cpu,
+                "wal_bytes": wal,
+                "wal_bytes_per_job": wal / completed if completed > 0 else None,
                 "relations": rels,
             }
         )
@@ -600,6 +605,8 @@ def summarize(samples: list[dict], args, state: SoakState) -> dict:
         if done > 0
         else None
     )
+    wal_done = sum(w["completion_rate"] * w["dt_s"] for w in steady)
+    wal_per_job = sum(w["wal_bytes"] for w in steady) / wal_done if wal_done > 0 else None
     return {
         "offered_rate": args.rate,
         "duration_s": args.duration,
@@ -638,6 +645,7 @@ def summarize(samples: list[dict], args, state: SoakState) -> dict:
         "hot_size_slope_bytes_per_min": size_slope,
         "total_size_slope_bytes_per_min": total_slope,
         "cpu_ms_per_job_after_warmup": cpu_ms,
+        "wal_bytes_per_job_after_warmup": wal_per_job,
     }
 
 
@@ -701,6 +709,8 @@ def details(rec: dict) -> str:
         parts.append(f"hot size {s['hot_size_slope_bytes_per_min'] / 2**20:+.2f} MB/min")
     if s.get("cpu_ms_per_job_after_warmup") is not None:
         parts.append(f"{s['cpu_ms_per_job_after_warmup']:.3f} ms CPU/job")
+    if s.get("wal_bytes_per_job_after_warmup") is not None:
+        parts.append(f"WAL {s['wal_bytes_per_job_after_warmup']:,.0f} B/job")
     if rec.get("samples_csv"):
         parts.append(f"samples {Path(rec['samples_csv']).name}")
     return "; ".join(parts)
@@ -738,6 +748,8 @@ CSV_FIELDS = (
     "cpu_producer_s",
     "cpu_postgres_s",
     "cpu_ms_per_job",
+    "wal_bytes",
+    "wal_bytes_per_job",
 )
 
 

@@ -70,6 +70,7 @@ def _check_run(out: Path, rate: float, duration: float) -> dict:
         "hot_size_slope_bytes_per_min",
         "autovacuum_runs_by_relation",
         "cpu_ms_per_job_after_warmup",
+        "wal_bytes_per_job_after_warmup",
     ):
         assert key in summary, key
 
