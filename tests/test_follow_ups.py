@@ -448,6 +448,77 @@ async def test_fault_hooks_wrap_the_statements_production_runs(dsn, client):
             assert full.startswith(got) and (got == full or len(ran.encode()) >= 1000)
 
 
+# -- wake-ups of committed follow-ups (migration 009) ------------------------------------------
+
+
+async def _notifications_until_marker(listener, dsn, marker: str) -> list[str]:
+    """The payloads on channel awa_fast up to ``marker``, which this sends last (notifications
+    arrive in commit order, so what is not before it was never sent)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+        await other.execute("SELECT pg_notify('awa_fast', %s)", (marker,))
+    seen = []
+    async for note in listener.notifies():
+        if note.channel == "awa_fast":
+            if note.payload == marker:
+                return seen
+            seen.append(note.payload)
+    return seen
+
+
+async def test_deferred_notify_keeps_the_insert_trigger_silent_in_that_transaction(dsn, client):
+    # The one-statement completion sets awa_fast.defer_notify for its own transaction: the
+    # insert trigger sends nothing then (a NOTIFY would serialize such commits database-wide);
+    # any other insert still notifies in its transaction.
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN awa_fast")
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            await conn.execute("SELECT set_config('awa_fast.defer_notify', 'on', true)")
+            await conn.execute(
+                "INSERT INTO awa_fast.jobs (kind, queue, args) VALUES ('x', 'deferred_q', '{}')"
+            )
+            await conn.commit()
+            await conn.execute(  # the setting was transaction-local
+                "INSERT INTO awa_fast.jobs (kind, queue, args) VALUES ('x', 'plain_q', '{}')"
+            )
+            await conn.commit()
+        assert await _notifications_until_marker(listener, dsn, "marker") == ["plain_q"]
+
+
+@pytest.mark.parametrize("inline", [False, True])
+async def test_a_completion_wakes_its_follow_ups_queue_after_commit(dsn, client, inline):
+    # The finalizer's statement inserts the follow-up without a NOTIFY; the finalizer sends the
+    # wake-up itself once the completion committed, so a dispatcher that only polls every
+    # minute still starts the follow-up at once.
+    other = awa.AsyncClient(dsn)
+    done = asyncio.Event()
+
+    @other.task(StageB, queue="woken")
+    async def stage_b(job):
+        done.set()
+
+    @client.task(StageA)
+    async def stage_a(job):
+        job.enqueue_on_completion(StageB("wake"), queue="woken")
+
+    try:
+        await other.start([("woken", 1)], poll_interval_ms=60_000)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+            await listener.execute("LISTEN awa_fast")
+            if inline:
+                await client.insert(StageA("a"))
+                result = await AwaTestClient(client).work_one(StageA, stage_a)
+                assert result.is_completed()
+            else:
+                await client.start([("default", 1)], **FAST)
+                await client.insert(StageA("a"))
+            await asyncio.wait_for(done.wait(), 30)  # a signal: the NOTIFY woke the dispatcher
+            payloads = await _notifications_until_marker(listener, dsn, "marker")
+        assert payloads.count("woken") == 1  # one wake-up for the committed follow-up
+        assert await b_items(dsn) == ["wake"]
+    finally:
+        await other.close()
+
+
 # -- registered specs (ADR-029) ---------------------------------------------------------------------
 
 

@@ -551,8 +551,9 @@ async def test_class1_completions_with_shared_follow_up_keys_do_not_deadlock(dsn
             )
             return await cur.fetchone()
 
-    [(applied, inserted, _keys_)] = await _hold_then_take(dsn, client, "dl_follow", second)
+    [(applied, inserted, _keys_, woken)] = await _hold_then_take(dsn, client, "dl_follow", second)
     assert applied == 1 and inserted == 0  # both keys were held: skipped, no deadlock
+    assert woken == []  # nothing inserted, no queue to wake
     assert len(await _rows(dsn, "kind = 'dl_follow'")) == 2
     assert (await job_row(dsn, trigger.id))["state"] == "completed"
 

@@ -21,12 +21,21 @@ _NAME = re.compile(r"^(\d{3})_(\w+)\.sql$")
 
 
 def migrations() -> list[tuple[int, str, str]]:
-    """All migrations as ``(version, description, sql)``, in version order."""
+    """All migrations as ``(version, description, sql)``, in version order.
+
+    Raises:
+        RuntimeError: two files share a version number (one would be skipped silently as
+            already applied).
+    """
     found = []
     for entry in resources.files(__package__).iterdir():
         m = _NAME.match(entry.name)
         if m:
             found.append((int(m.group(1)), m.group(2).replace("_", " "), entry.read_text()))
+    versions = [v for v, _, _ in found]
+    if len(set(versions)) != len(versions):
+        dup = sorted({v for v in versions if versions.count(v) > 1})
+        raise RuntimeError(f"two migrations share version(s) {dup}: renumber one")
     return sorted(found)
 
 

@@ -105,18 +105,28 @@ UPDATE {S}.jobs SET errors = errors || %(error)s::jsonb,
 WHERE id = %(id)s"""
 
 
+# One statement, one implicit transaction: the guarded completion, then its follow-ups (a held
+# key skipped). awa_fast.defer_notify (transaction-local, set first) keeps the insert trigger from
+# NOTIFYing inside this transaction (migration 009: a NOTIFY serializes commits database-wide);
+# the finalizer notifies the returned queues of available follow-ups after the commit.
+# Params: id, run_lease, follow-ups JSON. Returns (applied 0/1, inserted, held keys inserted,
+# queues to wake).
 COMPLETE_WITH_FOLLOW_UPS = f"""
-WITH done AS (
+WITH quiet AS (
+    SELECT set_config('{S}.defer_notify', 'on', true)
+), done AS (
     UPDATE {S}.jobs
     SET {COMPLETED}
     WHERE id = %s AND run_lease = %s AND state = 'running'
     RETURNING id
 ), ins AS (
     {_follow_ups_insert("EXISTS (SELECT 1 FROM done)")}
-    RETURNING unique_key
+    RETURNING unique_key, queue, state
 )
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM ins),
-       ARRAY(SELECT unique_key FROM ins WHERE unique_key IS NOT NULL)"""
+       ARRAY(SELECT unique_key FROM ins WHERE unique_key IS NOT NULL),
+       ARRAY(SELECT DISTINCT queue FROM ins WHERE state = 'available')
+FROM quiet"""
 
 # Opt-in (start(staged_completions="batched")): many completions with follow-ups in ONE
 # statement. Each trigger's follow-ups are inserted only if its own guarded transition matched,

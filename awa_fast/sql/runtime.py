@@ -7,6 +7,10 @@ from awa_fast.sql.fragments import S
 
 NOTIFY_QUEUE = "SELECT pg_notify('awa_fast', %s)"
 
+# The finalizer's wake-ups for follow-ups committed without their NOTIFY (migration 009), many
+# queues in one short transaction. Param: text[] of queues.
+NOTIFY_QUEUES = "SELECT pg_notify('awa_fast', q) FROM unnest(%s::text[]) AS q"
+
 NOTIFY_CANCEL = "SELECT pg_notify('awa_fast_cancel', %s)"
 
 CHANNEL_QUEUE = "awa_fast"

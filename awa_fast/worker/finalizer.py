@@ -169,6 +169,15 @@ class Finalizer:
             asyncio.create_task(self._flush_loop(), name=f"awa-finalizer-{i}")
             for i in range(flushers)
         ]
+        # Queues whose available follow-ups committed without a NOTIFY (see _wake_queues).
+        self._to_notify: set[str] = set()
+        self._notify_wake = asyncio.Event()
+        self._inline = flushers == 0
+        self._notifier = (
+            None
+            if self._inline
+            else asyncio.create_task(self._notify_loop(), name="awa-finalizer-notify")
+        )
         self._before_commit: FaultHook | None = None
         self._after_commit: FaultHook | None = None
         self.stats = {
@@ -314,7 +323,7 @@ class Finalizer:
 
     async def _buffered(self, buffer: list, flush: Callable, item: tuple) -> bool:
         fut = asyncio.get_running_loop().create_future()
-        if self._flushers:
+        if not self._inline:
             buffer.append((*item, fut))
             self._wake.set()
         else:  # inline: a batch of one, now
@@ -411,6 +420,43 @@ class Finalizer:
             one=lambda attempt: complete([attempt]),
             on_conflict=lambda attempt, _exc: self._cancel_duplicate(conn, *attempt),
         )
+
+    # -- wake-ups after commit ------------------------------------------------------------------
+
+    async def _wake_queues(self, queues: list[str]) -> None:
+        # A per-job completion's follow-ups committed without their NOTIFY (one NOTIFY per
+        # transaction would serialize those commits database-wide; migration 009). Notify their
+        # queues now, after the commit: coalesced by the notifier task (one short transaction
+        # for everything committed while the previous one ran), or at once when inline. If the
+        # NOTIFY is lost (crash, no connection) dispatchers still find the jobs by polling.
+        self._to_notify.update(queues)
+        if self._notifier is not None and not self._notifier.done():
+            self._notify_wake.set()
+        else:  # inline, or closed
+            await self._send_notifies()
+
+    async def _notify_loop(self) -> None:
+        while True:
+            if not self._to_notify:
+                if self._closing:
+                    return
+                self._notify_wake.clear()
+                await self._notify_wake.wait()
+                continue
+            await self._send_notifies()
+            raise_if_cancelling()  # see worker/cancellation.py
+
+    async def _send_notifies(self) -> None:
+        queues = sorted(self._to_notify)
+        self._to_notify.clear()
+        try:
+            pool = await self._pool_getter()
+            async with pool.connection() as conn:
+                await conn.execute(sql.NOTIFY_QUEUES, (queues,))
+        except Exception as exc:  # a lost wake-up only delays the pickup to the next poll
+            log.warning(
+                "wake-up NOTIFY for queues %s failed (%s); their dispatchers poll", queues, exc
+            )
 
     # -- staged batch path (opt-in) -------------------------------------------------------------
 
@@ -648,8 +694,10 @@ class Finalizer:
                 cur = await conn.execute(
                     statement, (ctx.id, ctx.run_lease, enqueue.follow_ups_json(inserts))
                 )
-                applied, inserted, keys = await cur.fetchone()
+                applied, inserted, keys, queues = await cur.fetchone()
             await self._commit_point(self._after_commit, conn, statement, (request,))
+        if queues:
+            await self._wake_queues(queues)
         if not applied:
             self.stats["stale"] += 1
             return False
@@ -715,7 +763,11 @@ class Finalizer:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Flush what is buffered and stop the flushers (nothing to do for an inline one)."""
+        """Flush what is buffered (completions, then pending wake-ups) and stop the
+        background tasks (nothing to do for an inline finalizer)."""
         self._closing = True
         self._wake.set()
         await asyncio.gather(*self._flushers, return_exceptions=True)
+        if self._notifier is not None:  # after the flushers: their redo may still notify
+            self._notify_wake.set()
+            await asyncio.gather(self._notifier, return_exceptions=True)
