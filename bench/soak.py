@@ -563,8 +563,9 @@ def summarize(samples: list[dict], args, state: SoakState) -> dict:
     warm = warmup_s(args)
     prod = [w for w in samples if w["phase"] == "produce"]
     steady = [w for w in prod if w["t_s"] - w["dt_s"] >= warm - 1e-6]
-    third = max(1, len(prod) // 3)
-    first, last = _rate(prod[:third]), _rate(prod[-third:])
+    # Thirds of the steady production (after warm-up): a slow start must not flatter the ratio.
+    third = max(1, len(steady) // 3)
+    first, last = _rate(steady[:third]), _rate(steady[-third:])
     offered_total = round(args.rate * args.duration)
     produced = samples[-1]["produced"] if samples else 0
     with state.lock:
