@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from awa_fast import sql
 from awa_fast.database_url import resolve_database_url
 
 PROG = "awa-fast"
@@ -136,10 +137,17 @@ async def _probe(url: str, *, need_schema: bool) -> None:
         raise CliError(f"could not connect to the database: {str(exc).strip()}") from exc
     async with conn:
         if need_schema:
-            cur = await conn.execute("SELECT to_regclass('awa_fast.jobs') IS NOT NULL")
+            cur = await conn.execute(sql.JOBS_PRESENT)
             row = await cur.fetchone()
             if not row or not row[0]:
                 raise SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`")
+
+
+async def _fetch(client, query: str, params: Any = None) -> list[tuple]:
+    """The rows of one ``sql`` statement run on a connection of ``client``'s pool."""
+    async with (await client.pool()).connection() as conn:
+        cur = await conn.execute(query, params)
+        return await cur.fetchall()
 
 
 class Session:
@@ -183,16 +191,9 @@ async def cmd_migrate(s: Session) -> int:
     if a.pending:
         # awa's --pending: the SQL of the migrations this database has not applied yet.
         client = await s.client(need_schema=False)
-        rows = await client._fetch("SELECT to_regclass('awa_fast.schema_version') IS NOT NULL")
-        applied = (
-            (
-                await client._fetch(
-                    f"SELECT COALESCE(max(version), 0) FROM {schema.SCHEMA}.schema_version"
-                )
-            )[0][0]
-            if rows[0][0]
-            else 0
-        )
+        applied = 0
+        if (await _fetch(client, sql.SCHEMA_PRESENT))[0][0]:
+            applied = (await _fetch(client, sql.SCHEMA_VERSION))[0][0] or 0
         return _print_migrations(applied, schema.current_migration_version())
     if a.sql or a.version is not None or a.from_version is not None or a.to is not None:
         # SQL-printing modes (awa-pg's): no database needed.
@@ -210,7 +211,7 @@ async def cmd_migrate(s: Session) -> int:
         )
     client = await s.client(need_schema=False)
     applied = await client.migrate()
-    rows = await client._fetch(f"SELECT max(version) FROM {schema.SCHEMA}.schema_version")
+    rows = await _fetch(client, sql.SCHEMA_VERSION)
     version = rows[0][0] if rows else None
     names = {v: d for v, d, _ in schema.migrations()}
     if s.json:

@@ -51,12 +51,12 @@ from typing import Any
 import awa_fast as awa
 from awa_fast.database_url import from_environment, resolve_database_url
 from awa_fast.errors import AwaError, TerminalError
+from awa_fast.sql import demo as dsql
 
 DEMO_QUEUE = "demo"
 KIND_PARSE = "demo_parse_imports"
 KIND_RESOLVE = "demo_resolve_module"
 KINDS = (KIND_PARSE, KIND_RESOLVE)
-RESULTS_TABLE = "awa_fast_demo_modules"
 MAX_STAGED = 16  # ADR-046
 WORKERS_PER_PROCESS = 32
 POLL_INTERVAL_S = 0.1
@@ -172,12 +172,6 @@ def resolve(name: str) -> tuple[bool, str | None, int | None]:
     return True, origin, size
 
 
-_UPSERT = f"""
-INSERT INTO {RESULTS_TABLE} (name, found, origin, size) VALUES (%s, %s, %s, %s)
-ON CONFLICT (name) DO UPDATE SET found = EXCLUDED.found, origin = EXCLUDED.origin,
-                                 size = EXCLUDED.size"""
-
-
 @client.task(
     ResolveModule,
     kind=KIND_RESOLVE,
@@ -189,7 +183,7 @@ async def resolve_module(job) -> None:
     found, origin, size = resolve(job.args.name)
     pool = await client.pool()
     async with pool.connection() as conn:
-        await conn.execute(_UPSERT, (job.args.name, found, origin, size))
+        await conn.execute(dsql.UPSERT_RESULT, (job.args.name, found, origin, size))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,25 +252,25 @@ def _log(message: str) -> None:
     print(f"demo: {message}", file=sys.stderr, flush=True)
 
 
-_COUNTS_SQL = """
-SELECT kind, state::text, count(*) FROM awa_fast.jobs
-WHERE kind = ANY(%s) GROUP BY 1, 2"""
+async def _fetch(c, query: str, params: Any = None) -> list[tuple]:
+    """The rows of one ``sql.demo`` statement run on a connection of ``c``'s pool (none for a
+    statement that returns no rows)."""
+    async with (await c.pool()).connection() as conn:
+        cur = await conn.execute(query, params)
+        return await cur.fetchall() if cur.description else []
 
 
 async def _counts(c) -> dict[tuple[str, str], int]:
-    return {(k, s): n for k, s, n in await c._fetch(_COUNTS_SQL, (list(KINDS),))}
+    return {(k, s): n for k, s, n in await _fetch(c, dsql.COUNTS, (list(KINDS),))}
 
 
 async def _prepare(c) -> None:
     await c.migrate()
-    await c._fetch("DELETE FROM awa_fast.jobs WHERE kind = ANY(%s)", (list(KINDS),))
-    await c._fetch("DELETE FROM awa_fast.dlq WHERE kind = ANY(%s)", (list(KINDS),))
+    await _fetch(c, dsql.DELETE_JOBS, (list(KINDS),))
+    await _fetch(c, dsql.DELETE_DLQ, (list(KINDS),))
     await c.resume_queue(DEMO_QUEUE)
-    await c._fetch(
-        f"CREATE TABLE IF NOT EXISTS {RESULTS_TABLE} (name text PRIMARY KEY, "
-        "found boolean NOT NULL, origin text, size bigint)"
-    )
-    await c._fetch(f"TRUNCATE {RESULTS_TABLE}")
+    await _fetch(c, dsql.CREATE_RESULTS)
+    await _fetch(c, dsql.TRUNCATE_RESULTS)
 
 
 def _check_one(path: str) -> tuple[str, list[str] | None, str | None]:
@@ -341,16 +335,11 @@ async def _wait_for_pipeline(c, sup, t_start: float, timeout: float) -> bool:
         await asyncio.sleep(POLL_INTERVAL_S)
 
 
-_REMOVE_UNFINISHED_SQL = """
-DELETE FROM awa_fast.jobs WHERE kind = ANY(%s) AND queue = %s
-AND state IN ('available', 'scheduled', 'retryable', 'running')"""
-
-
 async def _remove_unfinished(c) -> int:
     """Delete the demo's jobs that did not finish; called after its workers stopped, so a
     ``running`` row belongs to no one. Returns how many."""
     async with (await c.pool()).connection() as conn:
-        cur = await conn.execute(_REMOVE_UNFINISHED_SQL, (list(KINDS), DEMO_QUEUE))
+        cur = await conn.execute(dsql.REMOVE_UNFINISHED, (list(KINDS), DEMO_QUEUE))
         return cur.rowcount
 
 
@@ -409,29 +398,10 @@ async def _demo(
         sup = None
 
         counts = await _counts(c)
-        fail_rows = await c._fetch(
-            "SELECT args->>'path', split_part(errors->-1->>'error', E'\\n', 1) FROM awa_fast.jobs "
-            "WHERE kind = %s AND state = 'failed' ORDER BY args->>'path'",
-            (KIND_PARSE,),
-        )
-        b_names = {
-            r[0]
-            for r in await c._fetch(
-                "SELECT args->>'name' FROM awa_fast.jobs WHERE kind = %s", (KIND_RESOLVE,)
-            )
-        }
-        found, not_found, total_size = (
-            await c._fetch(
-                f"SELECT count(*) FILTER (WHERE found), count(*) FILTER (WHERE NOT found), "
-                f"coalesce(sum(size), 0) FROM {RESULTS_TABLE}"
-            )
-        )[0]
-        continuations = (
-            await c._fetch(
-                "SELECT count(*) FROM awa_fast.jobs WHERE kind = %s AND (args->>'offset')::int > 0",
-                (KIND_PARSE,),
-            )
-        )[0][0]
+        fail_rows = await _fetch(c, dsql.FAILURES, (KIND_PARSE,))
+        b_names = {r[0] for r in await _fetch(c, dsql.ARG_NAMES, (KIND_RESOLVE,))}
+        found, not_found, total_size = (await _fetch(c, dsql.RESULT_TOTALS))[0]
+        continuations = (await _fetch(c, dsql.CONTINUATIONS, (KIND_PARSE,)))[0][0]
     finally:
         if sup is not None:
             await asyncio.to_thread(sup.drain)

@@ -86,7 +86,7 @@ class QueueAdmin:
 
     async def unhandled_kinds(self) -> list[dict]:
         """``[{"queue", "kind", "available"}]``: available jobs no live worker handles."""
-        rows = await self._db.fetch(sql.UNHANDLED_AVAILABLE + " ORDER BY 1, 2")
+        rows = await self._db.fetch(sql.UNHANDLED_AVAILABLE_SORTED)
         return [{"queue": q, "kind": k, "available": n} for q, k, n in rows]
 
     async def pause_queue(self, queue: str, paused_by: str | None = None) -> None:

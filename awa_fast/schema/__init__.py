@@ -13,6 +13,8 @@ from importlib import resources
 
 import psycopg
 
+from awa_fast import sql as statements
+
 SCHEMA = "awa_fast"
 # Arbitrary constant: the advisory-lock key that serialises concurrent migrate() calls.
 MIGRATE_LOCK_KEY = 0x6177615F6D6967  # "awa_mig"
@@ -50,16 +52,6 @@ def current_migration_version() -> int:
     return migrations()[-1][0]
 
 
-_BOOTSTRAP = f"""
-CREATE SCHEMA IF NOT EXISTS {SCHEMA};
-CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_version (
-    version integer PRIMARY KEY,
-    description text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)
-"""
-
-
 async def migrate(database_url: str) -> list[int]:
     """Apply every missing migration to ``database_url``; returns the versions applied now.
 
@@ -81,16 +73,11 @@ def migrate_sync(database_url: str) -> list[int]:
     with psycopg.connect(database_url, autocommit=True) as conn:
         for version, description, sql in migrations():
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
-                conn.execute(_BOOTSTRAP)
-                if conn.execute(
-                    f"SELECT 1 FROM {SCHEMA}.schema_version WHERE version = %s", (version,)
-                ).fetchone():
+                conn.execute(statements.MIGRATE_LOCK, (MIGRATE_LOCK_KEY,))
+                conn.execute(statements.MIGRATION_BOOTSTRAP)
+                if conn.execute(statements.MIGRATION_APPLIED, (version,)).fetchone():
                     continue
                 conn.execute(sql)
-                conn.execute(
-                    f"INSERT INTO {SCHEMA}.schema_version (version, description) VALUES (%s, %s)",
-                    (version, description),
-                )
+                conn.execute(statements.MIGRATION_RECORD, (version, description))
                 applied_now.append(version)
     return applied_now

@@ -10,9 +10,9 @@ Modules: ``fragments`` (column lists and predicates shared by several modules), 
 ``maintenance`` (promote, rescue, prune, aging), ``leader`` (the maintenance leader's lock and
 fencing), ``runtime`` (worker presence, wake-ups, schema checks), ``admin`` (job and queue
 admin), ``dlq``, ``cron``, ``consequences`` (failure settlement, verification), ``callbacks``
-(external waits), ``descriptors``, ``batch_ops``, ``isolated`` (the bulk / row-by-row
-registry) and ``dashboard`` (imported on its own). Every public name of those modules except
-``dashboard``'s is re-exported here, so callers write ``sql.NAME``.
+(external waits), ``descriptors``, ``batch_ops``, ``migrate`` (the migration runner's bookkeeping), ``isolated`` (the bulk / row-by-row
+registry) ``dashboard`` and ``demo`` (each imported on its own). Every public name of those modules
+except ``dashboard``'s and ``demo``'s is re-exported here, so callers write ``sql.NAME``.
 """
 
 from awa_fast.sql.admin import *  # noqa: F403
@@ -29,4 +29,5 @@ from awa_fast.sql.fragments import *  # noqa: F403
 from awa_fast.sql.isolated import *  # noqa: F403
 from awa_fast.sql.leader import *  # noqa: F403
 from awa_fast.sql.maintenance import *  # noqa: F403
+from awa_fast.sql.migrate import *  # noqa: F403
 from awa_fast.sql.runtime import *  # noqa: F403

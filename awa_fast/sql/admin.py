@@ -60,6 +60,8 @@ WHERE j.state = 'available'
                   AND j.queue = ANY(w.queues) AND j.kind = ANY(w.kinds))
 GROUP BY j.queue, j.kind"""
 
+UNHANDLED_AVAILABLE_SORTED = f"{UNHANDLED_AVAILABLE} ORDER BY 1, 2"
+
 QUEUE_STATS = f"""
 WITH q AS (
     SELECT queue,

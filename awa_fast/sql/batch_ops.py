@@ -2,10 +2,13 @@
 
 from awa_fast.sql.fragments import S
 
+# The rows an operation may change (guard of the scan, the bulk apply and its row-by-row twin).
+_BATCH_ELIGIBLE = "j.state IN ('available', 'scheduled')"
+
 # awa's structured filter (ADR-030) over the operation-eligible rows (available, scheduled);
 # every field optional, all intersected. Shared by preview and scan (one population).
-_BATCH_MATCH = """
-j.state IN ('available', 'scheduled')
+_BATCH_MATCH = f"""
+{_BATCH_ELIGIBLE}
 AND (%(f_kind)s::text IS NULL OR j.kind = %(f_kind)s)
 AND (%(f_queue)s::text IS NULL OR j.queue = %(f_queue)s)
 AND (%(f_ids)s::bigint[] IS NULL OR j.id = ANY(%(f_ids)s::bigint[]))
@@ -89,7 +92,7 @@ SET priority = COALESCE(%(priority)s::smallint, j.priority),
                 ELSE '{{}}'::jsonb END
         || CASE WHEN %(queue)s::text IS NOT NULL AND NOT j.metadata ? '_awa_original_queue'
                 THEN jsonb_build_object('_awa_original_queue', j.queue) ELSE '{{}}'::jsonb END
-WHERE j.state IN ('available', 'scheduled') AND"""
+WHERE {_BATCH_ELIGIBLE} AND"""
 
 BATCH_APPLY = _BATCH_APPLY + " j.id = ANY(%(ids)s::bigint[]) RETURNING j.id, j.queue, j.state::text"
 

@@ -1,4 +1,7 @@
-"""The registry of bulk statements and their row-by-row fallbacks (``bulk.run_isolated``)."""
+"""The registry of bulk statements and their row-by-row fallbacks (``bulk.run_isolated``), and
+of the batched completions and their per-job twins: each pair carries the same guard
+(tests/test_sql_guards.py, tests/test_hardening_wedge.py).
+"""
 
 from awa_fast.sql.admin import (
     _DRAINABLE,
@@ -13,6 +16,7 @@ from awa_fast.sql.admin import (
     RETRY_FAILED_ONE,
     SETTLED_FAILED_IDS,
 )
+from awa_fast.sql.batch_ops import _BATCH_ELIGIBLE, BATCH_APPLY, BATCH_APPLY_ONE
 from awa_fast.sql.claim import _CLAIMABLE, CLAIM, CLAIM_CANDIDATES, CLAIM_ONE
 from awa_fast.sql.dlq import (
     _DLQ_FILTER,
@@ -26,7 +30,14 @@ from awa_fast.sql.dlq import (
     DLQ_RETRY_BULK,
     DLQ_RETRY_ONE,
 )
-from awa_fast.sql.finalize import COMPLETE_MANY, HEARTBEAT
+from awa_fast.sql.finalize import (
+    CANCEL_DUPLICATE_ATTEMPT,
+    COMPLETE_MANY,
+    COMPLETE_MANY_WITH_FOLLOW_UPS,
+    COMPLETE_WITH_FOLLOW_UPS,
+    HEARTBEAT,
+    TRANSITION,
+)
 from awa_fast.sql.fragments import _SETTLED_FAILED, S
 from awa_fast.sql.maintenance import (
     _CALLBACK_EXPIRED,
@@ -74,4 +85,19 @@ ISOLATED = {
     "dead_letter": (f"{S}.dead_letter_if_enabled(", (DEAD_LETTER_MANY, DEAD_LETTER)),
     "prune": (_PRUNABLE, (PRUNE, PRUNE_IDS, PRUNE_ONE)),
     "prune_dlq": (_DLQ_PRUNABLE, (PRUNE_DLQ, PRUNE_DLQ_IDS, PRUNE_DLQ_ONE)),
+    "batch_apply": (_BATCH_ELIGIBLE, (BATCH_APPLY, BATCH_APPLY_ONE)),
+}
+
+# Batched statements whose per-job twin binds the same guard to scalars instead of the batch's
+# arrays (``b.id`` / ``b.lease`` against ``%s`` / ``%(id)s``): name -> (guard as the batch
+# writes it, batch statements, per-job statements). The batch's row fails alone through
+# run_isolated (COMPLETE_MANY with a one-element batch, then CANCEL_DUPLICATE_ATTEMPT on a
+# collision); a failed batch of completions is redone job by job by the finalizer (TRANSITION,
+# COMPLETE_WITH_FOLLOW_UPS). Compared with the bindings normalized (tests/test_sql_guards.py).
+BOUND_TWINS = {
+    "complete": (
+        "j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'",
+        (COMPLETE_MANY, COMPLETE_MANY_WITH_FOLLOW_UPS),
+        (COMPLETE_WITH_FOLLOW_UPS, TRANSITION, CANCEL_DUPLICATE_ATTEMPT),
+    ),
 }
