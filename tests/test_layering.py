@@ -1,6 +1,6 @@
 """The layering rule, checked on the source (no database): nothing under ``awa_fast/worker/``
 imports the layers above it (the client, its admin and sync twin, testing, the CLI, the
-launcher's application loader) or takes a ``client`` parameter; it sees the client's services
+launcher and its application loader, the demo, the dashboard) or takes a ``client`` parameter; it sees the client's services
 only through ``worker/services.py``. And ``cli.py`` does not import ``awa_fast.testing``."""
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ ABOVE = (
     "awa_fast.testing",
     "awa_fast.cli",
     "awa_fast.app_loader",
+    "awa_fast.supervisor",
+    "awa_fast.demo",
+    "awa_fast.web",
 )
 
 
