@@ -1,7 +1,8 @@
 """The layering rule, checked on the source (no database): nothing under ``awa_fast/worker/``
 imports the layers above it (the client, its admin and sync twin, testing, the CLI, the
-launcher and its application loader, the demo, the dashboard) or takes a ``client`` parameter; it sees the client's services
-only through ``worker/services.py``. And ``cli.py`` does not import ``awa_fast.testing``."""
+launcher and its application loader, the demo, the dashboard) or takes a ``client``
+parameter; it sees the client's services only through ``worker/services.py``. And ``cli.py``
+does not import ``awa_fast.testing``."""
 
 from __future__ import annotations
 
