@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from awa_fast.worker.specs import SpecRunner
 
 
-class Connections(Protocol):
+class ConnectionSource(Protocol):
     """Where a lower layer gets its connections: the process's pool (opened on first call,
     ``DatabaseError`` when the database cannot be reached in 30 s) and the database URL (for
     the few dedicated connections: LISTEN, heartbeat, a blocking progress flush)."""
@@ -31,7 +31,7 @@ class Connections(Protocol):
     async def pool(self) -> AsyncConnectionPool: ...
 
 
-class ReconcileServices(Connections, Protocol):
+class ReconcileServices(ConnectionSource, Protocol):
     """What the reconciler tick uses: connections, the ``verify_success`` hooks
     (``registry.verifiers``, kind -> callable) and the settler (settlement, corrections)."""
 
@@ -48,7 +48,7 @@ class AttemptRuntime(Protocol):
     often a parked ``wait_for_callback`` polls (seconds)."""
 
     @property
-    def services(self) -> Connections: ...
+    def services(self) -> ConnectionSource: ...
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
