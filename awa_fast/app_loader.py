@@ -5,14 +5,18 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from awa_fast.client import AsyncClient
 
 
 class AppSpecError(Exception):
     """A ``module:attribute`` spec that does not name an ``AsyncClient``."""
 
 
-def load_client(spec: str) -> tuple[Any, Any]:
+def load_client(spec: str) -> tuple[AsyncClient, ModuleType]:
     """Import ``module:attr`` (``attr`` may be dotted) and return ``(client, module)``.
 
     Raises:
@@ -52,7 +56,7 @@ def start_options(module: Any) -> dict:
 
 
 def start_config_error(
-    client: Any, module: Any, queues: list[tuple[str, int]] | None = None
+    client: AsyncClient, module: ModuleType, queues: list[tuple[str, int]] | None = None
 ) -> str | None:
     """What ``client.start(queues, **START_OPTIONS)`` would reject before touching the database
     (a ``ConfigError``, message prefixed by its field, or a bad keyword), else ``None``. Used by

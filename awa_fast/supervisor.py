@@ -58,12 +58,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from awa_fast import log_format as log_format_mod
 from awa_fast import metrics
 from awa_fast.app_loader import AppSpecError, load_client, start_config_error, start_options
 from awa_fast.errors import ConfigError, SchemaNotMigrated
+
+if TYPE_CHECKING:
+    from awa_fast.client import AsyncClient
 
 PREFIX = "awa-fast worker:"
 EXIT_BAD_APP = 78  # child: the module:client spec cannot be resolved (not retried)
@@ -137,7 +140,7 @@ class _Reporter:
             self._file = None
 
 
-def _runtime_status(client: Any) -> dict:
+def _runtime_status(client: AsyncClient) -> dict:
     rt = client.runtime
     if rt is None:
         return {"leader": False, "in_flight": 0}
