@@ -37,6 +37,12 @@ DATABASE_FIXTURES = {"pg_base_dsn", "dsn", "fresh_db", "own_server", "clean", "c
 
 
 def pytest_collection_modifyitems(config, items):
+    # The 10-minute soak runs only when selected (-m long_soak): deselected, not skipped.
+    if "long_soak" not in (config.option.markexpr or ""):
+        soaks = [i for i in items if i.get_closest_marker("long_soak") is not None]
+        if soaks:
+            config.hook.pytest_deselected(items=soaks)
+            items[:] = [i for i in items if i.get_closest_marker("long_soak") is None]
     for item in items:
         if item.get_closest_marker("integration") is not None:
             continue
