@@ -18,6 +18,13 @@ can be checked without guessing, and asserts each resolves:
   Prometheus counter may be named with the ``_total`` suffix its client adds; awa-pg's own
   table names (``FOREIGN``) are not ours to check.
 
+Fenced blocks (diagrams, the data flow) are scanned too, for the shapes prose in them cannot
+take by accident: file paths, ``sql.NAME`` and ``Class.member``.
+
+The module tree of docs/architecture.md ("## Modules") is read as a tree: every entry is a
+file or directory that exists at that place, and every module of the package (``awa_fast/**.py``
+and the Cython sources ``_ext/*.pyx``) has an entry, so a new module cannot go undocumented.
+
 No database and no network: modules are imported, nothing is started.
 """
 
@@ -120,6 +127,56 @@ def _has_file(name: str) -> bool:
     return any(t == name or t.endswith("/" + name) for t in tracked)
 
 
+def _fenced() -> list[tuple[str, str]]:
+    """Names of the checkable shapes inside fenced blocks: paths, ``sql.NAME``,
+    ``Class.member``."""
+    found = []
+    shapes = re.compile(
+        r"(?<![\w./-])(?:[\w/-]+\.(?:py|pml|pyx)|sql\.(?:\w+\.)?[A-Z][A-Z0-9_]+"
+        r"|[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*\.[a-z_]\w*)(?![\w/-])"
+    )
+    for doc in DOCS:
+        for block in re.findall(r"^```.*?^```", doc.read_text(), flags=re.S | re.M):
+            found += [(doc.name, name) for name in shapes.findall(block)]
+    return found
+
+
+TREE_ENTRY = re.compile(r"^( *)([\w.-]+(?:/|\.pyx?))(?: |$)")
+
+
+def _module_tree() -> list[str]:
+    """The paths the "## Modules" tree of docs/architecture.md lists: an entry is a line that
+    starts (indented two spaces per level, at most 10) with a file or ``dir/``; a directory
+    entry opens a level; longer indents are descriptions. ``templates/ static/`` style lines
+    name plain directories."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("\n## Modules\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"^```\n(.*?)^```", section, flags=re.S | re.M)
+    assert block, "no fenced module tree under ## Modules"
+    stack: list[tuple[int, str]] = []
+    paths = []
+    for line in block[1].splitlines():
+        m = TREE_ENTRY.match(line)
+        if not m or len(m[1]) > 10:
+            continue
+        indent, entry = len(m[1]), m[2]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = "".join(d for _, d in stack) + entry
+        paths.append(path)
+        if entry.endswith("/"):
+            stack.append((indent, entry))
+    return paths
+
+
+def _package_modules() -> set[str]:
+    return {
+        p.relative_to(ROOT).as_posix()
+        for p in [*(ROOT / "awa_fast").rglob("*.py"), *(ROOT / "_ext").glob("*.pyx")]
+        if "__pycache__" not in p.parts
+    }
+
+
 def _problem(name: str) -> str | None:
     """Why ``name`` does not resolve, or None (resolves, or not a checkable shape)."""
     if FILE.match(name):
@@ -173,3 +230,36 @@ def test_every_backticked_code_name_exists() -> None:
         if (problem := _problem(name)) is not None
     ]
     assert not problems, "\n".join(problems)
+
+
+def test_fenced_blocks_name_only_code_that_exists() -> None:
+    names = {n for _, n in _fenced()}
+    assert any(SQL_NAME.match(n) for n in names) and any(FILE.match(n) for n in names)
+    problems = [
+        f"{doc}: `{name}` (in a fenced block): {problem}"
+        for doc, name in sorted(set(_fenced()))
+        if (problem := _problem(name)) is not None
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_module_tree_lists_what_exists() -> None:
+    tree = _module_tree()
+    missing = [p for p in tree if not (ROOT / p).exists()]
+    assert not missing, f"docs/architecture.md lists modules that do not exist: {missing}"
+
+
+def test_every_module_has_a_line_in_the_module_tree() -> None:
+    undocumented = sorted(_package_modules() - set(_module_tree()))
+    assert not undocumented, (
+        f"modules without a line under '## Modules' in docs/architecture.md: {undocumented}"
+    )
+
+
+def test_the_tree_reader_places_entries_under_their_directory() -> None:
+    tree = _module_tree()
+    assert "awa_fast/worker/finalizer.py" in tree
+    assert "awa_fast/sql/fragments.py" in tree
+    assert "awa_fast/admin/jobs.py" in tree
+    assert "_ext/validate.pyx" in tree
+    assert "awa_fast/client.py" in tree and "awa_fast/worker/client.py" not in tree

@@ -88,3 +88,90 @@ def test_the_check_flags_what_it_should(tmp_path):
 def test_cli_does_not_import_testing():
     names = [n for _, n in _imports(PACKAGE / "cli.py")]
     assert not [n for n in names if n == "awa_fast.testing" or n.startswith("awa_fast.testing.")]
+
+
+# The whole table of docs/architecture.md ("Layers"), beyond the worker layer.
+ENTRY = (
+    "awa_fast.__main__",
+    "awa_fast.cli",
+    "awa_fast.supervisor",
+    "awa_fast.app_loader",
+    "awa_fast.web",
+    "awa_fast.demo",
+    "awa_fast.testing",
+)
+FACADE = ("awa_fast.client", "awa_fast.sync_client")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__")
+
+
+def _in(name: str, layer: tuple[str, ...]) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in layer)
+
+
+def _package_imports() -> list[tuple[str, int, str]]:
+    """(module, line, imported name) for every awa_fast module, relative imports resolved."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                found += [(module, node.lineno, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                found.append((module, node.lineno, base))
+                found += [(module, node.lineno, f"{base}.{a.name}") for a in node.names]
+    return found
+
+
+def test_only_entry_points_import_entry_points():
+    bad = [
+        f"{m} line {line}: {name}"
+        for m, line, name in _package_imports()
+        if _in(name, ENTRY) and not _in(m, ENTRY)
+    ]
+    assert not bad, bad
+
+
+def test_only_entry_points_and_the_package_import_the_facade():
+    bad = [
+        f"{m} line {line}: {name}"
+        for m, line, name in _package_imports()
+        if _in(name, FACADE) and not (_in(m, ENTRY) or _in(m, FACADE) or m == "awa_fast")
+    ]
+    assert not bad, bad
+
+
+def test_admin_areas_are_reached_only_from_above():
+    above = (*ENTRY, *FACADE, "awa_fast.admin")
+    bad = [
+        f"{m} line {line}: {name}"
+        for m, line, name in _package_imports()
+        if _in(name, ("awa_fast.admin",)) and not (_in(m, above) or m == "awa_fast")
+    ]
+    assert not bad, bad
+
+
+def test_sql_modules_import_only_sql():
+    bad = [
+        f"{m} line {line}: {name}"
+        for m, line, name in _package_imports()
+        if _in(m, ("awa_fast.sql",))
+        and name.startswith("awa_fast")
+        and not _in(name, ("awa_fast.sql",))
+    ]
+    assert not bad, bad
+
+
+def test_the_package_scan_sees_known_edges():
+    edges = {(m, name) for m, _, name in _package_imports()}
+    assert ("awa_fast.sync_client", "awa_fast.client") in edges
+    assert ("awa_fast.sql.isolated", "awa_fast.sql.fragments") in edges
+    assert ("awa_fast.worker.runtime", "awa_fast.worker.finalizer") in edges
