@@ -330,6 +330,7 @@ async def resolve_callback(
                 job = await _complete_locked(deps, conn, row)
                 return ResolveResult("completed", job, decision.payload)
             if decision.action == "fail":
+                assert decision.error is not None  # a "fail" decision carries its error
                 owed = await _fail_locked(deps, conn, row, decision.error, decision.expression)
             else:
                 return ResolveResult("ignored", reason=decision.reason)

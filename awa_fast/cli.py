@@ -18,10 +18,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from awa_fast import sql
 from awa_fast.database_url import resolve_database_url
+
+if TYPE_CHECKING:
+    from awa_fast.client import AsyncClient
 
 PROG = "awa-fast"
 JOB_STATES = (
@@ -157,7 +160,7 @@ class Session:
         self.args = args
         self.json: bool = bool(getattr(args, "json", False))
         self._url: str | None = None
-        self._client = None
+        self._client: AsyncClient | None = None
 
     @property
     def database_url(self) -> str:
@@ -165,7 +168,7 @@ class Session:
             self._url = resolve_database_url(getattr(self.args, "database_url", None))
         return self._url
 
-    async def client(self, *, need_schema: bool = True):
+    async def client(self, *, need_schema: bool = True) -> AsyncClient:
         if self._client is None:
             from awa_fast.client import AsyncClient
 
@@ -191,10 +194,10 @@ async def cmd_migrate(s: Session) -> int:
     if a.pending:
         # awa's --pending: the SQL of the migrations this database has not applied yet.
         client = await s.client(need_schema=False)
-        applied = 0
+        done = 0
         if (await _fetch(client, sql.SCHEMA_PRESENT))[0][0]:
-            applied = (await _fetch(client, sql.SCHEMA_VERSION))[0][0] or 0
-        return _print_migrations(applied, schema.current_migration_version())
+            done = (await _fetch(client, sql.SCHEMA_VERSION))[0][0] or 0
+        return _print_migrations(done, schema.current_migration_version())
     if a.sql or a.version is not None or a.from_version is not None or a.to is not None:
         # SQL-printing modes (awa-pg's): no database needed.
         latest = schema.current_migration_version()

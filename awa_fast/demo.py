@@ -100,7 +100,7 @@ def imported_modules(source: bytes, filename: str = "<unknown>") -> list[str]:
         SyntaxError, ValueError: ``source`` does not parse (bad syntax, encoding, NUL bytes).
     """
     tree = ast.parse(source, filename=filename)
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
@@ -199,7 +199,7 @@ def stdlib_files(limit: int | None = None) -> list[str]:
 def _walk(root: str) -> list[str]:
     if os.path.isfile(root):
         return [os.path.abspath(root)]
-    out = []
+    out: list[str] = []
     for d, dirs, files in os.walk(root):
         dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS)
         out.extend(os.path.join(d, f) for f in files if f.endswith(".py"))

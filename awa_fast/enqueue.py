@@ -11,6 +11,7 @@ import functools
 import logging
 from collections.abc import Iterable, Iterator
 from datetime import datetime
+from typing import Any
 
 import orjson
 import psycopg
@@ -21,6 +22,7 @@ from awa_fast import _native, sql
 from awa_fast.errors import DatabaseError, UniqueConflict, ValidationError
 from awa_fast.job import Job, JobState
 from awa_fast.requests import Prepared, UniformBatch
+from awa_fast.rows import one_row, one_row_sync
 
 UNIQUE_INDEX = "idx_awa_fast_jobs_unique"
 log = logging.getLogger("awa_fast.enqueue")
@@ -120,14 +122,14 @@ async def insert_one(conn: psycopg.AsyncConnection, p: Prepared) -> Job:
         # The caller's connection may have any row factory (bridge): read tuples.
         cur = conn.cursor(row_factory=tuple_row)
         await cur.execute(sql.INSERT_ONE, one_params(p))
-        return Job.from_row(await cur.fetchone())
+        return Job.from_row(await one_row(cur))
 
 
 def insert_one_sync(conn: psycopg.Connection, p: Prepared) -> Job:
     """Blocking twin of :func:`insert_one`."""
     with mapped_errors():
         cur = conn.cursor(row_factory=tuple_row)
-        return Job.from_row(cur.execute(sql.INSERT_ONE, one_params(p)).fetchone())
+        return Job.from_row(one_row_sync(cur.execute(sql.INSERT_ONE, one_params(p))))
 
 
 async def insert_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list[Job]:
@@ -181,7 +183,7 @@ def copied_job(job_id: int, p: Prepared, now: datetime) -> Job:
     """The Job a COPY wrote, built locally (every column is known: nothing to read back)."""
     # The session's time zone, as a read-back would give it.
     run_at = p.run_at.astimezone(now.tzinfo) if p.run_at else now
-    row = (
+    row: tuple[Any, ...] = (
         job_id,
         p.kind,
         p.queue,
@@ -219,7 +221,7 @@ async def copy_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list
         return []
     with mapped_errors():
         cur = await conn.execute(sql.COPY_RESERVE, (len(rows),))
-        now, ids = await cur.fetchone()
+        now, ids = await one_row(cur)
         records = list(_copy_rows(rows, ids, now))
         async with conn.cursor().copy(sql.COPY_JOBS) as copy:
             # ids follow the input; rows go in unique-key order (see insert_many)
@@ -290,7 +292,7 @@ async def copy_uniform(
     n = len(batch.jsons)
     with mapped_errors():
         cur = await conn.execute(sql.COPY_RESERVE, (n,))
-        now, ids = await cur.fetchone()
+        now, ids = await one_row(cur)
         run_at = batch.run_at.astimezone(now.tzinfo) if batch.run_at else now
         state = "available" if batch.run_at is None else "scheduled"  # awa: any explicit run_at
         head = f"{copy_escape(batch.kind)}\t{copy_escape(batch.queue)}".encode()
@@ -369,7 +371,7 @@ async def insert_follow_ups(
         return 0, 0
     with mapped_errors():
         cur = await conn.execute(sql.INSERT_FOLLOW_UPS, (follow_ups_json(requests, trigger_id),))
-        inserted = (await cur.fetchone())[0]
+        inserted = (await one_row(cur))[0]
     skipped = len(requests) - inserted
     if skipped:
         log.debug(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+from datetime import datetime
+from typing import Any
 
 
 class JobState(enum.StrEnum):
@@ -83,6 +85,38 @@ class Job:
     the typed args instead); ``state`` is a :class:`JobState`."""
 
     __slots__ = tuple(("_" + f) if f in _TIMESTAMPS else f for f in JOB_FIELDS)
+
+    id: int
+    kind: str
+    queue: str
+    args: Any  # the JSON dict (a handler's job: the typed args)
+    state: JobState
+    priority: int
+    attempt: int
+    max_attempts: int
+    _run_at: datetime | None
+    _heartbeat_at: datetime | None
+    _deadline_at: datetime | None
+    _attempted_at: datetime | None
+    _finalized_at: datetime | None
+    _created_at: datetime | None
+    errors: list[Any]
+    metadata: dict[str, Any]
+    tags: list[str]
+    unique_key: bytes | None
+    unique_states: int | None
+    callback_id: str | None
+    _callback_timeout_at: datetime | None
+    run_lease: int
+    progress: Any  # the handler's last JSON progress, or None
+    # the timestamps as RFC 3339 strings: read-only properties set below (_TIMESTAMPS)
+    run_at: str | None
+    heartbeat_at: str | None
+    deadline_at: str | None
+    attempted_at: str | None
+    finalized_at: str | None
+    created_at: str | None
+    callback_timeout_at: str | None
 
     @classmethod
     def from_row(cls, row: tuple) -> Job:

@@ -51,6 +51,7 @@ from awa_fast import bulk, enqueue, sql
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import Job
 from awa_fast.requests import kind_for_type, prepare
+from awa_fast.rows import one_row
 
 log = logging.getLogger("awa_fast.periodic")
 
@@ -238,7 +239,7 @@ def due_fires(
         return [latest]
     if policy != "catch_up":
         return [latest]
-    out = []
+    out: list[datetime] = []
     it = croniter(cron_expr, last.astimezone(ZoneInfo(tz)))
     while len(out) < limit:
         t = it.get_next(datetime).astimezone(UTC)
@@ -257,7 +258,7 @@ async def sync_schedules(conn: psycopg.AsyncConnection, jobs: list[PeriodicJob])
         return
     with enqueue.mapped_errors():  # a missing table -> SchemaNotMigrated
         async with conn.transaction():
-            now = (await (await conn.execute(sql.CRON_NOW)).fetchone())[0]
+            now = (await one_row(await conn.execute(sql.CRON_NOW)))[0]
             for job in jobs:
                 initial = latest_fire(job.cron_expr, job.timezone, now)
                 await conn.execute(sql.CRON_UPSERT, job.params(initial))
@@ -342,6 +343,7 @@ async def list_schedules(conn: psycopg.AsyncConnection) -> list[dict]:
     """Every stored schedule as a dict (timestamps as ISO 8601 strings; ``next_fire_at``
     computed; ``last_enqueued_at`` is awa's name for ``last_fire_at``)."""
     cur = await conn.execute(sql.CRON_LIST)
+    assert cur.description is not None  # a SELECT describes its columns
     names = [c.name for c in cur.description]
     out = []
     for row in await cur.fetchall():

@@ -182,7 +182,7 @@ def _shared_options(
     run_at: Any,
     unique_opts: Any,
     ordering_key: Any,
-) -> tuple:
+) -> tuple[list[str], bytes, datetime | None, bytes | None, tuple | None]:
     """Validate everything but the args: ``(tags, metadata_json, run_at, ordering_key,
     unique tuple or None)``. Raises ValidationError."""
     tags = _native.validate_insert(kind, queue, priority, max_attempts, tags)

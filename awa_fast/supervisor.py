@@ -233,7 +233,7 @@ async def _reach_database(url: str) -> None:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     try:
         info = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
@@ -681,7 +681,7 @@ class Supervisor:
 
     def signal_all(self, sig: int) -> None:
         for c in self.children:
-            if c.alive:
+            if c.proc is not None and c.alive:
                 try:
                     c.proc.send_signal(sig)
                 except ProcessLookupError:
@@ -704,14 +704,16 @@ class Supervisor:
         )
         clean = True
         for c in running:
-            while c.proc.poll() is None:
+            proc = c.proc
+            assert proc is not None  # running children have a process
+            while proc.poll() is None:
                 if time.monotonic() >= deadline or interrupted():
                     self.say(f"{self._describe(c)} did not stop in time; killing it")
-                    c.proc.kill()
-                    c.proc.wait()
+                    proc.kill()
+                    proc.wait()
                     break
                 time.sleep(0.05)
-            c.exit_code = c.proc.returncode
+            c.exit_code = proc.returncode
             self._metrics_child_exited(c)
             if c.exit_code != 0:
                 clean = False
@@ -722,7 +724,7 @@ class Supervisor:
         return clean
 
     def _metrics_child_exited(self, c: Child) -> None:
-        if self.metrics_exporter is not None:
+        if self.metrics_exporter is not None and c.proc is not None:
             self.metrics_exporter.child_exited(c.proc.pid)
 
     def close(self) -> None:

@@ -22,9 +22,14 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from awa_fast.errors import ConfigError, ValidationError
+
+if TYPE_CHECKING:
+    from contextvars import Token
+
+    from opentelemetry.context import Context
 
 TRACE_KEY = "awa:traceparent"
 _CAPTURE_ENV = "AWA_TRACE_CAPTURE"
@@ -72,7 +77,8 @@ class HandlerSpan:
     __slots__ = ("_span", "_token", "_context", "_started")
 
     def __init__(self, span: Any, context: Any):
-        self._span, self._context, self._token = span, context, None
+        self._span, self._context = span, context
+        self._token: Token[Context] | None = None
         self._started = time.perf_counter()
 
     def __enter__(self) -> HandlerSpan:
@@ -85,7 +91,8 @@ class HandlerSpan:
         from opentelemetry import context as otel_context
         from opentelemetry.trace import Status, StatusCode
 
-        otel_context.detach(self._token)
+        if self._token is not None:
+            otel_context.detach(self._token)
         if self._span is not None:
             if exc is not None and not isinstance(exc, GeneratorExit):
                 self._span.record_exception(exc)
@@ -240,7 +247,9 @@ def init_telemetry(
         except ImportError as exc:
             raise ConfigError(
                 f"init_telemetry needs the OpenTelemetry SDK and OTLP exporter: "
-                f"pip install 'awa-fast[otel]' ({exc})"
+                f"pip install 'awa-fast[otel]' ({exc})",
+                field="endpoint",
+                limit="the awa-fast[otel] extra installed",
             ) from exc
         resource = Resource.create({"service.name": service_name})
         if metric_reader is None:

@@ -15,7 +15,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -37,7 +37,8 @@ def _plain(hint: Any) -> bool:
 def _fields(cls: type) -> list[str]:
     if dataclasses.is_dataclass(cls):
         return [f.name for f in dataclasses.fields(cls)]
-    return list(cls.__struct_fields__)
+    # not a dataclass: a msgspec.Struct, the other args type with declared fields
+    return list(cast(type[msgspec.Struct], cls).__struct_fields__)
 
 
 def needs_check(cls: type) -> bool:

@@ -335,8 +335,8 @@ def create_app(
 
     async def dlq_purge_matching(request: Request) -> Response:
         form = await action_form(request)
-        queue = _name(form.get("queue"), "queue")  # type: ignore[arg-type]
-        kind = _name(form.get("kind"), "kind")  # type: ignore[arg-type]
+        queue = _name(form.get("queue"), "queue")
+        kind = _name(form.get("kind"), "kind")
         if queue is None and kind is None:
             raise _bad(
                 "purging the DLQ needs a queue or kind filter (the dashboard never "

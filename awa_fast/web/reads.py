@@ -77,12 +77,19 @@ class Reads:
         rows = await self._all(query, params)
         return rows[0] if rows else None
 
+    async def _aggregate(self, query: str, params: dict | None = None) -> dict:
+        # an aggregate returns exactly one row
+        row = await self._one(query, params)
+        if row is None:
+            raise LookupError(f"an aggregate returned no row: {query.strip()[:60]!r}")
+        return row
+
     # -- queues ----------------------------------------------------------------------------------
 
     async def queues(self, dlq_depth: dict[str, int]) -> list[dict]:
         """One dict per queue: active depth by state, oldest available run_at, recent outcomes
         (newest ``SAMPLE_IDS`` ids), paused flag and DLQ depth."""
-        bounds = await self._one(q.ID_BOUNDS)
+        bounds = await self._aggregate(q.ID_BOUNDS)
         floor = (bounds["max"] or 0) - q.SAMPLE_IDS + 1
         out: dict[str, dict[str, Any]] = {}
 
@@ -133,7 +140,7 @@ class Reads:
         """Newest jobs below id ``before`` matching the filters, within one id window (see
         :class:`Page`)."""
         filters = {"queue": queue, "kind": kind, "state": state}
-        bounds = await self._one(q.ID_BOUNDS)
+        bounds = await self._aggregate(q.ID_BOUNDS)
         lowest, newest = bounds["min"], bounds["max"]
         if newest is None:
             return Page([], 0, 0, None)
@@ -183,9 +190,9 @@ class Reads:
     async def consequences(self) -> dict:
         """Owed / overdue counts, the first ``OWED_ROWS`` owed (oldest retry first) and the
         applied ones among the newest ``SAMPLE_IDS`` job ids."""
-        counts = await self._one(q.CONSEQUENCE_COUNTS)
+        counts = await self._aggregate(q.CONSEQUENCE_COUNTS)
         owed = await self._all(q.CONSEQUENCES_OWED, {"limit": q.OWED_ROWS})
-        bounds = await self._one(q.ID_BOUNDS)
+        bounds = await self._aggregate(q.ID_BOUNDS)
         floor = (bounds["max"] or 0) - q.SAMPLE_IDS + 1
         applied = await self._all(q.CONSEQUENCES_APPLIED, {"floor": floor, "limit": q.PAGE_ROWS})
         return {
@@ -201,6 +208,6 @@ class Reads:
         return {
             "leader": await self._one(q.LEADER, {"key": sql.LEADER_LOCK_KEY}),
             "connections": await self._all(q.CONNECTIONS),
-            "running_count": (await self._one(q.RUNNING_COUNT))["count"],
+            "running_count": (await self._aggregate(q.RUNNING_COUNT))["count"],
             "running": await self._all(q.RUNNING, {"limit": q.RUNNING_ROWS}),
         }

@@ -33,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from awa_fast import enqueue, metrics, sql
 from awa_fast.job import JOB_FIELDS, Job
+from awa_fast.rows import one_row
 from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE, UNDECLARED, Registry
 
 log = logging.getLogger("awa_fast.consequences")
@@ -410,7 +411,7 @@ class Settler:
         if exhausted:
             await enqueue.insert_follow_ups(conn, exhausted, kind, job_id)
         cur = await conn.execute(sql.DEAD_LETTER, (job_id, reason))
-        if (await cur.fetchone())[0]:
+        if (await one_row(cur))[0]:
             self.stats["dead_lettered"] += 1
             return "dead_lettered"
         return "failed"

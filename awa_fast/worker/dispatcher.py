@@ -88,7 +88,8 @@ class Dispatcher:
 
     def slot_freed(self) -> None:
         """A handler of this queue returned."""
-        if self.overflow_held > 0:  # shared capacity goes back first: other queues may wait
+        # shared capacity goes back first: other queues may wait
+        if self.overflow is not None and self.overflow_held > 0:
             self.overflow_held -= 1
             self.overflow.release(self.queue, 1)
         else:

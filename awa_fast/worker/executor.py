@@ -22,6 +22,7 @@ import logging
 import random
 import time
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -248,6 +249,8 @@ async def _call(handler: Handler, ctx: JobContext, thread_pool: Any, traced: boo
     if handler.is_async:
         return await handler.fn(ctx)
     # A traced def handler runs in a copy of this context: the span is current in its thread.
+    fn: Callable[..., Any]
+    fn_args: tuple[Any, ...]
     fn, fn_args = (
         (contextvars.copy_context().run, (handler.fn, ctx)) if traced else (handler.fn, (ctx,))
     )

@@ -24,12 +24,17 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
 
 from awa_fast import bulk, metrics, sql
+from awa_fast.rows import one_row
 from awa_fast.worker.observe import Signal
+
+# Maintenance.fenced, as handed to an extra task: a pool connection in a fenced transaction.
+Fenced = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection]]
 
 log = logging.getLogger("awa_fast.maintenance")
 
@@ -96,7 +101,7 @@ class Maintenance:
         pool_getter: Callable,
         config: MaintenanceConfig,
         on_rescued: Callable[[list[tuple]], Awaitable[None]] | None = None,
-        extra_tasks: list[tuple[float, Callable[[], Awaitable[Any]]]] | None = None,
+        extra_tasks: list[tuple[float, Callable[[Fenced], Awaitable[Any]]]] | None = None,
         consequence_kinds: Callable[[], list[str]] = list,
         known_kinds: Callable[[], list[str]] = list,
     ):
@@ -146,8 +151,9 @@ class Maintenance:
                 await self._step_down()
             else:
                 # still connected and still our epoch means still leader
+                assert self._lock_conn is not None  # a leader holds its lock connection
                 cur = await self._lock_conn.execute(sql.LEADER_EPOCH)
-                if (await cur.fetchone())[0] == self.epoch:
+                if (await one_row(cur))[0] == self.epoch:
                     return
                 log.warning("maintenance leadership lost: the epoch moved past %s", self.epoch)
                 await self._step_down()
@@ -166,34 +172,35 @@ class Maintenance:
         """
         if self.is_leader:
             return True
-        if self._lock_conn is None or self._lock_conn.closed:
-            self._lock_conn = await psycopg.AsyncConnection.connect(
+        conn = self._lock_conn
+        if conn is None or conn.closed:
+            conn = self._lock_conn = await psycopg.AsyncConnection.connect(
                 self.database_url, autocommit=True
             )
-        cur = await self._lock_conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
-        if not (await cur.fetchone())[0]:
-            cur = await self._lock_conn.execute(
+        cur = await conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
+        if not (await one_row(cur))[0]:
+            cur = await conn.execute(
                 sql.DISPLACE_FROZEN_LEADER,
                 {"key": sql.LEADER_LOCK_KEY, "stale_ms": self.config.heartbeat_staleness_ms},
             )
-            if not (await cur.fetchone())[0]:
+            if not (await one_row(cur))[0]:
                 return False
             log.warning(
                 "displaced a frozen maintenance leader (its lock connection idle for "
                 "more than heartbeat_staleness_ms=%s)",
                 self.config.heartbeat_staleness_ms,
             )
-            cur = await self._lock_conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
-            if not (await cur.fetchone())[0]:
+            cur = await conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
+            if not (await one_row(cur))[0]:
                 return False
-        self.epoch = await self._bump_epoch()
+        self.epoch = await self._bump_epoch(conn)
         self.is_leader = True
         metrics.LEADER.set(1)
         self.leadership.fire(True)
         log.info("became maintenance leader (epoch %s)", self.epoch)
         return True
 
-    async def _bump_epoch(self) -> int:
+    async def _bump_epoch(self, conn: psycopg.AsyncConnection) -> int:
         """Bump the leader row (fencing off the previous leader), waiting up to
         ``max(leader_election_interval_ms, 1 s)`` for its open passes. If the wait times out, the
         passes idle in transaction past the staleness are frozen: terminate them and try once more.
@@ -204,19 +211,19 @@ class Maintenance:
         wait_ms = max(self.config.leader_election_interval_ms, 1000)
         for last in (False, True):
             try:
-                async with self._lock_conn.transaction():
-                    await self._lock_conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
-                    cur = await self._lock_conn.execute(
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
+                    cur = await conn.execute(
                         sql.LEADER_BUMP, (f"{socket.gethostname()} pid {os.getpid()}",)
                     )
-                    return (await cur.fetchone())[0]
+                    return (await one_row(cur))[0]
             except psycopg.errors.LockNotAvailable:
                 if last:
                     raise
-                cur = await self._lock_conn.execute(
+                cur = await conn.execute(
                     sql.DISPLACE_FROZEN_PASSES, {"stale_ms": self.config.heartbeat_staleness_ms}
                 )
-                if not (await cur.fetchone())[0]:
+                if not (await one_row(cur))[0]:
                     raise
                 log.warning("terminated a frozen pass of the previous maintenance leader")
         raise AssertionError("unreachable")
@@ -224,7 +231,7 @@ class Maintenance:
     def _start_loops(self) -> None:
         c = self.config
         rescue_ms = min(c.heartbeat_rescue_interval_ms, c.deadline_rescue_interval_ms)
-        loops = [
+        loops: list[tuple[str, float, Callable[[], Awaitable[Any]]]] = [
             ("promote", c.promote_interval_ms / 1000, self.promote),
             ("rescue", rescue_ms / 1000, self.rescue_running),
             ("callback_rescue", c.callback_rescue_interval_ms / 1000, self.rescue_callbacks),
@@ -318,7 +325,8 @@ class Maintenance:
                 self.passed.fire((name, exc))
             # Python 3.11's wait_for (inside the pool) can swallow a cancel that lands as a
             # connection is handed out: honour a pending cancel here so shutdown never hangs.
-            if asyncio.current_task().cancelling():
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
                 raise asyncio.CancelledError
             await asyncio.sleep(delay)
 
@@ -460,9 +468,9 @@ class Maintenance:
                 done = await bulk.run_isolated(
                     conn,
                     what=what,
-                    bulk=lambda q=many: _fetch(conn, q, params),
-                    keys=lambda q=ids: _ids(_fetch(conn, q, params)),
-                    one=lambda job_id, q=one: _fetch(conn, q, {**params, "id": job_id}),
+                    bulk=functools.partial(_fetch, conn, many, params),
+                    keys=functools.partial(_fetch_ids, conn, ids, params),
+                    one=functools.partial(_fetch_id, conn, one, params),
                 )
                 pruned += len(done.rows)
         self.counts["pruned"] += pruned
@@ -475,3 +483,11 @@ async def _fetch(conn, query: str, params) -> list[tuple]:
 
 async def _ids(rows: Awaitable[list[tuple]]) -> list[int]:
     return [r[0] for r in await rows]
+
+
+async def _fetch_ids(conn, query: str, params: dict) -> list[int]:
+    return await _ids(_fetch(conn, query, params))
+
+
+async def _fetch_id(conn, query: str, params: dict, job_id: int) -> list[tuple]:
+    return await _fetch(conn, query, {**params, "id": job_id})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -29,7 +29,7 @@ def args_decoder(args_type: Any) -> Callable[[dict], Any]:
     if isinstance(args_type, type) and issubclass(args_type, msgspec.Struct):
         return lambda raw: msgspec.convert(raw, args_type)
     if dataclasses.is_dataclass(args_type):
-        return dataclass_decoder(args_type)
+        return dataclass_decoder(cast(type, args_type))  # an args type is a class
     return lambda raw: raw
 
 

@@ -21,6 +21,7 @@ import psycopg
 from awa_fast import _native, batch_ops, descriptors, metrics, schema, sql
 from awa_fast.errors import ConfigError, SchemaNotMigrated, Unsupported, ValidationError
 from awa_fast.job import Job
+from awa_fast.rows import one_row
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
 from awa_fast.worker.cancellation import raise_if_cancelling
@@ -173,7 +174,7 @@ def parse_queues(
                 f"queue {name!r}: {key} needs weighted mode (start(global_max_workers=N))",
                 field=key,
             )
-        share = {}
+        share: dict[str, Any] = {}
         if weighted:
             share = {
                 "min_workers": _count(cfg.pop("min_workers", 0), f"queue {name!r}: min_workers", 0),
@@ -200,7 +201,7 @@ def parse_queues(
                 **share,
             )
         )
-    if weighted:
+    if global_max_workers is not None:  # weighted
         total_min = sum(q.min_workers for q in out)
         if total_min > global_max_workers:
             raise ValidationError(
@@ -521,8 +522,8 @@ async def _check_schema(conn: Any) -> None:
         SchemaNotMigrated: the ``awa_fast`` schema is missing or older than this package.
     """
     version = None
-    if (await (await conn.execute(sql.SCHEMA_PRESENT)).fetchone())[0]:
-        version = (await (await conn.execute(sql.SCHEMA_VERSION)).fetchone())[0]
+    if (await one_row(await conn.execute(sql.SCHEMA_PRESENT)))[0]:
+        version = (await one_row(await conn.execute(sql.SCHEMA_VERSION)))[0]
     need = schema.current_migration_version()
     if version is None:
         raise SchemaNotMigrated(
@@ -833,9 +834,9 @@ class Runtime:
             _, still = await asyncio.wait(pending.values(), timeout=timeout_s)
             given_back = []
             for key, task in pending.items():
-                ctx = self.in_flight.get(key)
+                attempt = self.in_flight.get(key)
                 # A handler that returned is finalizing: let it finish, never cancel it.
-                if task in still and (ctx is None or not ctx.returned):
+                if task in still and (attempt is None or not attempt.returned):
                     task.cancel()
                     given_back.append(key[0])
             if given_back:
@@ -849,7 +850,8 @@ class Runtime:
                 )
             await asyncio.gather(*still, return_exceptions=True)
         await _cancel_and_wait(self._tasks)
-        await self.finalizer.close()
+        if self.finalizer is not None:
+            await self.finalizer.close()
         try:
             async with (await self.services.pool()).connection() as conn:
                 await conn.execute(sql.WORKER_GONE, (self.instance,))
@@ -857,7 +859,8 @@ class Runtime:
             log.warning("could not remove this worker's presence row: %s", exc)
         if self._listen_conn is not None:
             await self._listen_conn.close()
-        await self.heartbeat.close()
+        if self.heartbeat is not None:
+            await self.heartbeat.close()
         self.thread_pool.shutdown(wait=False, cancel_futures=True)
         if self.metrics_exporter is not None:
             self.metrics_exporter.close()
@@ -870,13 +873,15 @@ class Runtime:
         # shutdown cancel flag, cancel NOTIFY, heartbeat) until its own task ends.
         key = (ctx.id, ctx.run_lease)
         self.in_flight[key] = ctx
-        self._handler_tasks[key] = self.loop.create_task(self._run(ctx))
+        self._handler_tasks[key] = asyncio.get_running_loop().create_task(self._run(ctx))
 
     def _heartbeat_targets(self):
         return list(self.in_flight.values())
 
     async def _run(self, ctx: JobContext) -> None:
         dispatcher = self.dispatchers[ctx.queue]
+        finalizer, lingering = self.finalizer, self.lingering
+        assert finalizer is not None and lingering is not None  # set by start()
         released = abandoned = False
         applied: bool | None = None
         try:
@@ -892,13 +897,14 @@ class Runtime:
                 )
                 dispatcher.slot_freed()
                 released = True
-                await self.finalizer.submit(FinalizeRequest.release(ctx))
+                await finalizer.submit(FinalizeRequest.release(ctx))
                 return
             else:
                 try:
                     outcome = await ex.execute(handler, ctx, self.thread_pool)
                 except asyncio.CancelledError as exc:
-                    if not asyncio.current_task().cancelling():
+                    task = asyncio.current_task()
+                    if task is None or not task.cancelling():
                         # Raised by the handler's own code (an inner task was cancelled): an
                         # ordinary failure of this attempt, not ours to release.
                         outcome = ex.handler_error(ctx, exc)
@@ -913,7 +919,7 @@ class Runtime:
                             # job is not run again meanwhile; otherwise the mark is cleared.
                             self.outcomes[ex.ABANDON] = self.outcomes.get(ex.ABANDON, 0) + 1
                             if _thread_runs(ctx):
-                                self.lingering.watch(ctx, release=False)
+                                lingering.watch(ctx, release=False)
                             else:
                                 abandoned = True
                             return
@@ -926,10 +932,10 @@ class Runtime:
                                 ctx.id,
                                 ctx.kind,
                             )
-                            self.lingering.watch(ctx, release=True)
+                            lingering.watch(ctx, release=True)
                             return
                         # Shutdown gave up waiting: hand the attempt back, uncounted.
-                        result = await self.finalizer.submit(FinalizeRequest.release(ctx))
+                        result = await finalizer.submit(FinalizeRequest.release(ctx))
                         applied = result is Finalized.APPLIED
                         return
                 ctx.returned = True
@@ -939,7 +945,7 @@ class Runtime:
             if outcome.kind in (ex.FAIL, ex.RETRY):
                 _log_failed_attempt(ctx, outcome)
             returned_at = time.perf_counter()
-            result = await self.finalizer.submit(FinalizeRequest.of(ctx, outcome))
+            result = await finalizer.submit(FinalizeRequest.of(ctx, outcome))
             applied = result is not Finalized.STALE
             if result is Finalized.APPLIED:
                 metrics.finalized(
@@ -1036,6 +1042,8 @@ class Runtime:
         wanted = [r for r in rows if specs.has(r[1], "rescued")]
         if not wanted:
             return
+        finalizer = self.finalizer
+        assert finalizer is not None  # set by start()
         pool = await self.services.pool()
         for job_id, kind, _state, reason, _exhausted in wanted:
             try:
@@ -1053,7 +1061,7 @@ class Runtime:
                 )
                 async with pool.connection() as conn:
                     async with conn.transaction():
-                        await self.finalizer.insert_follow_ups(conn, kind, job_id, requests)
+                        await finalizer.insert_follow_ups(conn, kind, job_id, requests)
             except Exception:
                 log.exception(
                     "rescued follow-up spec of %s job %s failed (best effort)", kind, job_id
@@ -1155,11 +1163,12 @@ class Runtime:
         """Keep the presence row fresh (every heartbeat interval) and check for unhandled
         kinds (every ``UNHANDLED_CHECK_S`` s); survives every error."""
         next_check = 0.0
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                if self.loop.time() >= next_check:
+                if loop.time() >= next_check:
                     await self.check_unhandled()
-                    next_check = self.loop.time() + UNHANDLED_CHECK_S
+                    next_check = loop.time() + UNHANDLED_CHECK_S
                 else:
                     async with (await self.services.pool()).connection() as conn:
                         await self._seen(conn)
@@ -1169,24 +1178,26 @@ class Runtime:
 
     # -- notifications --------------------------------------------------------------------------
 
-    async def _listen_connect(self) -> None:
+    async def _listen_connect(self) -> psycopg.AsyncConnection:
         conn = await psycopg.AsyncConnection.connect(
             self.services.database_url, autocommit=True, connect_timeout=10
         )
         await conn.execute(f'LISTEN "{sql.CHANNEL_QUEUE}"')
         await conn.execute(f'LISTEN "{sql.CHANNEL_CANCEL}"')
         self._listen_conn = conn
+        return conn
 
     async def _listen_loop(self) -> None:
         failures = 0
         while True:
             try:
-                if self._listen_conn is None or self._listen_conn.closed:
-                    await self._listen_connect()
+                conn = self._listen_conn
+                if conn is None or conn.closed:
+                    conn = await self._listen_connect()
                     failures = 0
                     for d in self.dispatchers.values():
                         d.notify()  # we may have missed notifications while reconnecting
-                async for note in self._listen_conn.notifies():
+                async for note in conn.notifies():
                     self._on_notify(note.channel, note.payload)
             except Exception as exc:  # the listen loop must survive every error
                 # Backed off like every loop (a database down for minutes must not log a

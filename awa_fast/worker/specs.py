@@ -132,6 +132,7 @@ class SpecRunner:
         if name is None or not self.has(ctx.kind, name):
             return []
         error = None if outcome.error is None else outcome.error.get("error")
+        extra: tuple[Any, ...]
         if name == "retried":
             next_run = datetime.now(UTC) + timedelta(seconds=outcome.delay or 0)
             extra = (error, ctx.attempt, next_run)

@@ -1,0 +1,23 @@
+# Types of the compiled sizing module (source: _ext/sizing.pyx).
+from collections.abc import Iterable
+
+def request_size(
+    kind: str,
+    queue: str,
+    args_json: bytes,
+    metadata_json: bytes,
+    tags: Iterable[str],
+    ordering_key: bytes | None,
+) -> int: ...
+
+class StagingBudget:
+    @property
+    def count(self) -> int: ...
+    @property
+    def bytes_used(self) -> int: ...
+    @property
+    def max_count(self) -> int: ...
+    @property
+    def max_bytes(self) -> int: ...
+    def __init__(self, max_count: int = 16, max_bytes: int = 65536) -> None: ...
+    def charge(self, size: int) -> None: ...
