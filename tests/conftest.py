@@ -33,7 +33,15 @@ from awa_fast.schema import migrate_sync
 
 # The fixtures that give a test a PostgreSQL server; a test using none of them is a unit test
 # unless it is marked ``integration`` itself (it starts a server of its own).
-DATABASE_FIXTURES = {"pg_base_dsn", "dsn", "fresh_db", "own_server", "clean", "client"}
+DATABASE_FIXTURES = {
+    "pg_base_dsn",
+    "dsn",
+    "fresh_db",
+    "own_server",
+    "clean",
+    "client",
+    "embedded_data_dir",  # tests/test_cli.py: the CLI starts an embedded server there
+}
 
 
 def pytest_collection_modifyitems(config, items):
