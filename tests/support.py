@@ -116,6 +116,30 @@ async def poll_until(
         await asyncio.sleep(0.02)
 
 
+async def wait_lock_waiter(
+    dsn: str,
+    *,
+    query_like: str | None = None,
+    pid: int | None = None,
+    timeout: float = 10.0,
+    what: str = "a statement waiting on a lock",
+) -> None:
+    """Wait until a backend of ``dsn``'s database waits on a lock (its query ``LIKE
+    query_like`` / its backend ``pid``, when given). Polled (:func:`poll_until`): a lock wait
+    is server state that no signal of this process reports."""
+
+    async def waiting() -> bool:
+        return await scalar(
+            dsn,
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND (%(like)s::text IS NULL OR query LIKE %(like)s) "
+            "AND (%(pid)s::int IS NULL OR pid = %(pid)s)",
+            {"like": query_like, "pid": pid},
+        )
+
+    await poll_until(waiting, timeout, what)
+
+
 async def job_row(dsn: str, job_id: int) -> dict:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)

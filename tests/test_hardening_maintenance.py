@@ -26,9 +26,9 @@ from tests.support import (
     job_row,
     passes,
     poll_until,
-    scalar,
     truncate,
     until,
+    wait_lock_waiter,
     wait_state,
 )
 
@@ -339,16 +339,10 @@ async def test_class3_taking_leadership_waits_for_the_old_leaders_open_pass(dsn,
             await _terminate(dsn, await _lock_pid(old))
             electing = asyncio.create_task(new.acquire())
 
-            async def bump_waits():  # ... so the new leader's epoch bump waits for it
-                return await scalar(
-                    dsn,
-                    "SELECT count(*) FROM pg_stat_activity WHERE "
-                    "wait_event_type = 'Lock' AND query LIKE %s",
-                    ("%leader SET epoch%",),
-                )
-
-            # polled: a statement waiting on a lock is server state (no client-side signal)
-            await poll_until(bump_waits, what="the epoch bump waiting on the open pass")
+            # ... so the new leader's epoch bump waits for it
+            await wait_lock_waiter(
+                dsn, query_like="%leader SET epoch%", what="the epoch bump waiting on the open pass"
+            )
             assert not electing.done()
             await conn.execute("UPDATE awa_fast.jobs SET priority = 1 WHERE id = %s", (job.id,))
         await electing  # the old pass committed first

@@ -21,7 +21,7 @@ import pytest
 
 import awa_fast as awa
 from tests import support
-from tests.support import Recorder, job_row, poll_until, scalar, until, wait_state
+from tests.support import Recorder, job_row, poll_until, scalar, until, wait_lock_waiter, wait_state
 
 # The shared timing (tests/support.py) with this module's differences.
 FAST = {**support.FAST, "maintenance": False}
@@ -187,15 +187,7 @@ async def test_class4_shutdown_hands_over_a_claim_in_flight(dsn, client):
         await locker.execute("LOCK TABLE awa_fast.queue_meta IN ACCESS EXCLUSIVE MODE")
         ids = [(await client.insert(Job())).id for _ in range(6)]
 
-        async def blocked():
-            return await scalar(
-                dsn,
-                "SELECT count(*) FROM pg_stat_activity WHERE "
-                "wait_event_type = 'Lock' AND query LIKE '%%queue_meta%%'",
-            )
-
-        # polled: a statement waiting on a lock is server state (no client-side signal)
-        await poll_until(blocked, what="the claim to block")
+        await wait_lock_waiter(dsn, query_like="%queue_meta%", what="the claim to block")
         stopping = asyncio.create_task(client.shutdown(timeout_ms=5000))
         await asyncio.sleep(0)  # shutdown has begun with the claim still blocked
         await locker.rollback()  # the claim returns its rows now

@@ -24,7 +24,15 @@ from awa_fast.worker.executor import COMPLETED, Outcome
 from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
-from tests.support import FAST, exploding_inserts, failing_rows, job_row, poll_until, scalar, until
+from tests.support import (
+    FAST,
+    exploding_inserts,
+    failing_rows,
+    job_row,
+    scalar,
+    until,
+    wait_lock_waiter,
+)
 
 pytestmark = pytest.mark.usefixtures("clean")
 
@@ -497,18 +505,6 @@ def _keys(kind: str, *values: int) -> list:
     return sorted(reqs, key=lambda p: p.unique_key)
 
 
-async def _wait_for_lock_waiter(dsn: str) -> None:
-    async def waiting():
-        return await scalar(
-            dsn,
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = "
-            "current_database() AND wait_event_type = 'Lock'",
-        )
-
-    # polled: a statement waiting on a lock is server state (no client-side signal)
-    await poll_until(waiting, 10, "a statement waiting on a lock")
-
-
 async def _hold_then_take(dsn, client, kind, second_writer):
     """Writer 1 holds the low key (uncommitted); ``second_writer(lo, hi)`` takes both keys with
     the high one first in its input; then writer 1 takes the high key and commits. Taken in
@@ -518,7 +514,7 @@ async def _hold_then_take(dsn, client, kind, second_writer):
     try:
         await enqueue.insert_one(tx.connection, lo)
         second = asyncio.create_task(second_writer(lo, hi))
-        await _wait_for_lock_waiter(dsn)
+        await wait_lock_waiter(dsn)
         await enqueue.insert_one(tx.connection, hi)  # not held by the waiting writer
         await tx.commit()
     finally:
@@ -582,7 +578,7 @@ async def test_class1_a_deadlock_with_another_writer_is_retried(dsn, client, cap
             batch = asyncio.create_task(
                 client.insert_many([{"v": 1}, {"v": 2}], kind="dl_other", unique_opts={})
             )
-            await _wait_for_lock_waiter(dsn)
+            await wait_lock_waiter(dsn)
             await enqueue.insert_one(other, lo)  # waits on insert_many's lo: a deadlock
             await other.rollback()
             jobs = await batch

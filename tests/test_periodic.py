@@ -18,7 +18,7 @@ import pytest
 
 import awa_fast as awa
 from awa_fast import periodic
-from tests.support import FAST, poll_until, scalar, truncate, until
+from tests.support import FAST, poll_until, scalar, truncate, until, wait_lock_waiter
 
 IDLE = [("cron_idle", 1)]  # a queue nobody inserts into: cron jobs stay where they are
 MINUTE = timedelta(minutes=1)
@@ -292,15 +292,9 @@ async def test_second_evaluator_waits_and_rechecks(dsn):
             assert len(await periodic.fire_one(a, "locked")) == 1  # savepoint; lock still held
             second = asyncio.create_task(periodic.fire_one(b, "locked"))
 
-            async def b_blocked():
-                return await scalar(
-                    dsn,
-                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
-                    (b.info.backend_pid,),
-                )
-
-            # polled: a statement waiting on a lock is server state (no client-side signal)
-            await poll_until(b_blocked, what="the second evaluator to wait on the row lock")
+            await wait_lock_waiter(
+                dsn, pid=b.info.backend_pid, what="the second evaluator to wait on the row lock"
+            )
             assert not second.done()
         assert await second == []
     jobs = await cron_jobs(dsn, "locked")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -17,6 +16,7 @@ from psycopg.rows import dict_row
 
 import awa_fast
 from awa_fast import EnqueueRequest, JobState, UniqueConflict, UniqueOpts
+from tests.support import wait_lock_waiter
 
 UTC = UTC
 UNIQUE_INDEX = "idx_awa_fast_jobs_unique"
@@ -350,22 +350,6 @@ def test_concurrent_duplicate_inserts_threads(dsn):
     assert count(dsn) == 1
 
 
-async def _wait_for_lock_waiter(dsn: str, timeout: float = 10.0) -> None:
-    """Poll until some backend of this database waits on a lock (the blocked duplicate)."""
-    deadline = time.monotonic() + timeout
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        while True:
-            cur = await conn.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            if (await cur.fetchone())[0] > 0:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError("the duplicate insert never blocked")
-            await asyncio.sleep(0.01)
-
-
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
 async def test_duplicate_waits_for_uncommitted_holder(client, dsn, outcome):
     tx = await client.transaction()
@@ -373,7 +357,7 @@ async def test_duplicate_waits_for_uncommitted_holder(client, dsn, outcome):
         held = await tx.insert({"w": 1}, kind="wait", unique_opts={})
         async with awa_fast.AsyncClient(dsn, max_connections=1) as other:
             pending = asyncio.create_task(other.insert({"w": 1}, kind="wait", unique_opts={}))
-            await _wait_for_lock_waiter(dsn)
+            await wait_lock_waiter(dsn, what="the duplicate insert to block")
             assert not pending.done()
             await (tx.commit() if outcome == "commit" else tx.rollback())
             if outcome == "commit":
