@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import logging
 import random
@@ -249,17 +250,17 @@ async def _call(handler: Handler, ctx: JobContext, thread_pool: Any, traced: boo
     if handler.is_async:
         return await handler.fn(ctx)
     # A traced def handler runs in a copy of this context: the span is current in its thread.
-    fn: Callable[..., Any]
-    fn_args: tuple[Any, ...]
-    fn, fn_args = (
-        (contextvars.copy_context().run, (handler.fn, ctx)) if traced else (handler.fn, (ctx,))
+    call: Callable[[], Any] = (
+        functools.partial(contextvars.copy_context().run, handler.fn, ctx)
+        if traced
+        else functools.partial(handler.fn, ctx)
     )
     if thread_pool is None:
-        result = await asyncio.get_running_loop().run_in_executor(None, fn, *fn_args)
+        result = await asyncio.get_running_loop().run_in_executor(None, call)
     else:
         # The thread's own future is kept on the attempt: the runtime must know whether the
         # thread still runs before it gives the attempt back (see Runtime._run).
-        ctx.thread = thread_pool.submit(fn, *fn_args)
+        ctx.thread = thread_pool.submit(call)
         result = await asyncio.wrap_future(ctx.thread)
     if inspect.isawaitable(result):  # a plain callable that returns a coroutine (lambda, wrapper)
         result = await result
