@@ -400,7 +400,7 @@ class AsyncClient:
         ``dlq_reason`` / ``dlq_at`` / ``original_run_lease``.
 
         Raises:
-            JobNotFound: no such job in ``awa_fast.jobs`` nor the DLQ.
+            JobNotFound: no such job in ``awa_fast.jobs_all`` nor the DLQ.
         """
         return await self._jobs.dump_job(job_id)
 

@@ -266,7 +266,7 @@ async def _counts(c) -> dict[tuple[str, str], int]:
 
 async def _prepare(c) -> None:
     await c.migrate()
-    await _fetch(c, dsql.DELETE_JOBS, (list(KINDS),))
+    await _fetch(c, dsql.DELETE_JOBS, {"kinds": list(KINDS)})
     await _fetch(c, dsql.DELETE_DLQ, (list(KINDS),))
     await c.resume_queue(DEMO_QUEUE)
     await _fetch(c, dsql.CREATE_RESULTS)

@@ -92,7 +92,7 @@ async def main(out: Path) -> None:
             await until(
                 lambda: scalar(
                     dsn,
-                    "SELECT count(*) = 0 FROM awa_fast.jobs WHERE "
+                    "SELECT count(*) = 0 FROM awa_fast.jobs_all WHERE "
                     "state = 'available' AND queue IN ('default', "
                     "'shipping')",
                 ),
@@ -103,7 +103,7 @@ async def main(out: Path) -> None:
             await until(
                 lambda: scalar(
                     dsn,
-                    "SELECT count(*) = 2 FROM awa_fast.jobs WHERE "
+                    "SELECT count(*) = 2 FROM awa_fast.jobs_all WHERE "
                     "state = 'running' AND progress IS NOT NULL",
                 ),
                 [client, client.runtime.heartbeat.beaten],

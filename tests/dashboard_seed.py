@@ -115,7 +115,7 @@ async def seed(dsn: str) -> dict[str, int]:
         ship = await until(
             lambda: scalar(
                 dsn,
-                "SELECT max(id) FROM awa_fast.jobs WHERE metadata->>'awa:triggered_by' = %s",
+                "SELECT max(id) FROM awa_fast.jobs_all WHERE metadata->>'awa:triggered_by' = %s",
                 (str(order),),
             ),
             client,

@@ -143,7 +143,7 @@ async def wait_lock_waiter(
 async def job_row(dsn: str, job_id: int) -> dict:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        await cur.execute("SELECT * FROM awa_fast.jobs WHERE id = %s", (job_id,))
+        await cur.execute("SELECT * FROM awa_fast.jobs_all WHERE id = %s", (job_id,))
         return await cur.fetchone()
 
 

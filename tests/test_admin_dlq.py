@@ -323,7 +323,7 @@ async def test_move_failed_to_dlq(dsn, client):
     owed = await make_failed(dsn, client, kind="mv", queue="m1")
     await execute(
         dsn,
-        "UPDATE awa_fast.jobs SET consequence_state = 'owed', "
+        "UPDATE awa_fast.jobs_done SET consequence_state = 'owed', "
         "consequence_retry_at = now() + interval '1 hour' WHERE id = %s",
         (owed.id,),
     )
@@ -442,7 +442,7 @@ async def test_discard_failed(dsn, client):
     avail = await client.insert({"x": 1}, kind="disc", queue="adm")
     await execute(
         dsn,
-        "UPDATE awa_fast.jobs SET consequence_state = 'owed', "
+        "UPDATE awa_fast.jobs_done SET consequence_state = 'owed', "
         "consequence_retry_at = now() + interval '1 hour' WHERE id = %s",
         (b.id,),
     )

@@ -195,7 +195,7 @@ async def test_staged_follow_ups_survive_a_resumed_wait(dsn, client):
     await wait_state(client, job.id, "completed")
     assert await scalar(
         dsn,
-        "SELECT array_agg((args->>'n')::int ORDER BY id) FROM awa_fast.jobs WHERE kind = 'after'",
+        "SELECT array_agg((args->>'n')::int ORDER BY id) FROM awa_fast.jobs_all WHERE kind = 'after'",
     ) == [1, 2]
 
 
@@ -222,4 +222,4 @@ async def test_external_completion_discards_staged_follow_ups(dsn, client):
     await until(lambda: outcome, client, what="the waiting handler to error")
     await until(lambda: _stale(client), client, what="stale outcome")
     assert (await job_row(dsn, job.id))["state"] == "completed"
-    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'after'") == 0
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'after'") == 0

@@ -42,7 +42,8 @@ def csrf_of(html: str) -> str:
 def row(dsn: str, job_id: int) -> dict | None:
     with psycopg.connect(dsn, row_factory=psycopg.rows.dict_row) as conn:
         return conn.execute(
-            "SELECT id, state::text AS state, attempt FROM awa_fast.jobs WHERE id = %s", (job_id,)
+            "SELECT id, state::text AS state, attempt FROM awa_fast.jobs_all WHERE id = %s",
+            (job_id,),
         ).fetchone()
 
 
@@ -135,7 +136,8 @@ def test_keyset_pages_walk_every_match_exactly_once(web, dsn, monkeypatch):
             want = [
                 r[0]
                 for r in conn.execute(
-                    f"SELECT id FROM awa_fast.jobs WHERE {where} ORDER BY id DESC", list(f.values())
+                    f"SELECT id FROM awa_fast.jobs_all WHERE {where} ORDER BY id DESC",
+                    list(f.values()),
                 )
             ]
         assert seen == want and want, f

@@ -105,14 +105,14 @@ async def test_actions_change_the_rows(page, base_url, dsn, ids):
     await page.click("#actions button:has-text('Retry')")
     await expect(page.locator(".flash")).to_contain_text("retried")
     assert db(
-        dsn, "SELECT state::text, attempt FROM awa_fast.jobs WHERE id = %s", (ids["boom"],)
+        dsn, "SELECT state::text, attempt FROM awa_fast.jobs_all WHERE id = %s", (ids["boom"],)
     ) == ("available", 0)
 
     # cancel the scheduled job (accepting the confirm dialog)
     await page.goto(f"{base_url}/jobs/{ids['later']}")
     await page.click("#actions button:has-text('Cancel')")
     await expect(page.locator(".flash")).to_contain_text("cancelled")
-    assert db(dsn, "SELECT state::text FROM awa_fast.jobs WHERE id = %s", (ids["later"],)) == (
+    assert db(dsn, "SELECT state::text FROM awa_fast.jobs_all WHERE id = %s", (ids["later"],)) == (
         "cancelled",
     )
     await expect(page.locator("#actions button:has-text('Cancel')")).to_have_count(0)
@@ -133,7 +133,7 @@ async def test_actions_change_the_rows(page, base_url, dsn, ids):
     await expect(page.locator(".flash")).to_contain_text("moved from the DLQ")
     assert db(dsn, "SELECT count(*) FROM awa_fast.dlq WHERE id = %s", (ids["dead"],)) == (0,)
     assert db(
-        dsn, "SELECT state::text, attempt FROM awa_fast.jobs WHERE id = %s", (ids["dead"],)
+        dsn, "SELECT state::text, attempt FROM awa_fast.jobs_all WHERE id = %s", (ids["dead"],)
     ) == ("available", 0)
 
 

@@ -122,14 +122,14 @@ def test_demo_pipeline_with_a_broken_file(dsn, tmp_path):
     with psycopg.connect(dsn) as conn:
         rows = dict(
             conn.execute(
-                "SELECT kind || ':' || state::text, count(*) FROM awa_fast.jobs "
+                "SELECT kind || ':' || state::text, count(*) FROM awa_fast.jobs_all "
                 "WHERE queue = 'demo' GROUP BY 1"
             ).fetchall()
         )
         names = [
             r[0]
             for r in conn.execute(
-                "SELECT args->>'name' FROM awa_fast.jobs WHERE kind = 'demo_resolve_module'"
+                "SELECT args->>'name' FROM awa_fast.jobs_all WHERE kind = 'demo_resolve_module'"
             )
         ]
         fake = conn.execute(
@@ -186,7 +186,7 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
             with psycopg.connect(dsn) as conn:  # wait until B is held at the lock
                 deadline = time.monotonic() + 60
                 while not conn.execute(
-                    "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'demo_resolve_module' "
+                    "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'demo_resolve_module' "
                     "AND state = 'running'"
                 ).fetchone()[0]:
                     assert time.monotonic() < deadline, "no stage-B job started"
@@ -217,7 +217,7 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
     assert removed > 0
     with psycopg.connect(dsn) as conn:
         left = conn.execute(
-            "SELECT count(*) FROM awa_fast.jobs WHERE queue = 'demo' AND state "
+            "SELECT count(*) FROM awa_fast.jobs_all WHERE queue = 'demo' AND state "
             "IN ('available', 'scheduled', 'retryable', 'running')"
         ).fetchone()[0]
     assert left == 0

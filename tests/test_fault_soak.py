@@ -137,7 +137,7 @@ async def test_guarantees_hold_under_every_fault_at_once(own_server, business):
             return (
                 await scalar(
                     dsn,
-                    "SELECT count(*) FROM awa_fast.jobs WHERE state NOT IN "
+                    "SELECT count(*) FROM awa_fast.jobs_all WHERE state NOT IN "
                     "('completed', 'failed', 'cancelled') OR consequence_state = 'owed' "
                     "OR (kind = 'soak_pay' AND state = 'completed' AND verified_at IS NULL)",
                 )
@@ -165,18 +165,18 @@ async def test_guarantees_hold_under_every_fault_at_once(own_server, business):
 
         # Nothing lost: every job is in the table in a final state.
         assert await rows(
-            "SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('soak_a', 'soak_pay')"
+            "SELECT count(*) FROM awa_fast.jobs_all WHERE kind IN ('soak_a', 'soak_pay')"
         ) == [(A_JOBS + PAYS,)]
         assert await rows("SELECT count(*) FROM awa_fast.dlq") == [(0,)]
         assert dict(
             await rows(
-                "SELECT state::text, count(*) FROM awa_fast.jobs WHERE kind = 'soak_a' GROUP BY 1"
+                "SELECT state::text, count(*) FROM awa_fast.jobs_all WHERE kind = 'soak_a' GROUP BY 1"
             )
         ) == {"completed": A_JOBS}
         # ADR-046: every B traces to a completed A, no key twice, every value has its B.
         assert (
             await rows(
-                "SELECT b.id FROM awa_fast.jobs b LEFT JOIN awa_fast.jobs a "
+                "SELECT b.id FROM awa_fast.jobs_all b LEFT JOIN awa_fast.jobs_all a "
                 "ON a.id = (b.metadata->>'awa:triggered_by')::bigint "
                 "WHERE b.kind = 'soak_b' AND (a.id IS NULL OR a.state <> 'completed')"
             )
@@ -184,14 +184,14 @@ async def test_guarantees_hold_under_every_fault_at_once(own_server, business):
         )
         assert (
             await rows(
-                "SELECT (args->>'value')::int FROM awa_fast.jobs WHERE kind = 'soak_b' "
+                "SELECT (args->>'value')::int FROM awa_fast.jobs_all WHERE kind = 'soak_b' "
                 "GROUP BY 1 HAVING count(*) > 1"
             )
             == []
         )
         assert await rows(
             "SELECT count(*), count(*) FILTER (WHERE state = 'completed') "
-            "FROM awa_fast.jobs WHERE kind = 'soak_b'"
+            "FROM awa_fast.jobs_all WHERE kind = 'soak_b'"
         ) == [(29, 29)]
         # Consequences: a reservation is released iff its job failed, the stock moved exactly
         # once per failed job, and each failed job records its consequence applied.
@@ -199,7 +199,7 @@ async def test_guarantees_hold_under_every_fault_at_once(own_server, business):
             n: (state, cstate, reason)
             for n, state, cstate, reason in await rows(
                 "SELECT (args->>'n')::int, state::text, consequence_state, consequence_reason "
-                "FROM awa_fast.jobs WHERE kind = 'soak_pay'"
+                "FROM awa_fast.jobs_all WHERE kind = 'soak_pay'"
             )
         }
         released = dict(await rows("SELECT n, released FROM public.reservations"))

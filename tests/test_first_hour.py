@@ -46,7 +46,7 @@ def _poll(fn, timeout: float, what: str):
 def _state(dsn: str, job_id: int) -> str:
     with psycopg.connect(dsn) as conn:
         return conn.execute(
-            "SELECT state::text FROM awa_fast.jobs WHERE id = %s", (job_id,)
+            "SELECT state::text FROM awa_fast.jobs_all WHERE id = %s", (job_id,)
         ).fetchone()[0]
 
 
@@ -91,7 +91,7 @@ def test_readme_example_runs_as_written(dsn, tmp_path):
     with psycopg.connect(dsn) as conn:
         assert (
             conn.execute(
-                "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'send_email' "
+                "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'send_email' "
                 "AND state = 'completed'"
             ).fetchone()[0]
             >= 1
@@ -254,7 +254,7 @@ def test_retry_failed_prints_a_count_and_the_first_rows(dsn):
     with psycopg.connect(dsn) as conn:
         assert (
             conn.execute(
-                "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'fh_many' AND state = 'available'"
+                "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'fh_many' AND state = 'available'"
             ).fetchone()[0]
             == 45
         )

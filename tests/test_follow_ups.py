@@ -36,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("clean")
 async def b_items(dsn) -> list[str]:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = await conn.execute(
-            "SELECT args->>'item' FROM awa_fast.jobs WHERE kind = 'stage_b' ORDER BY id"
+            "SELECT args->>'item' FROM awa_fast.jobs_all WHERE kind = 'stage_b' ORDER BY id"
         )
         return [r[0] for r in await cur.fetchall()]
 
@@ -44,7 +44,7 @@ async def b_items(dsn) -> list[str]:
 async def settled(dsn, kind="stage_a") -> bool:
     n = await scalar(
         dsn,
-        "SELECT count(*) FROM awa_fast.jobs WHERE kind = %s AND state IN "
+        "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = %s AND state IN "
         "('available', 'running', 'scheduled')",
         (kind,),
     )
@@ -293,7 +293,7 @@ async def test_follow_up_colliding_with_its_own_trigger_is_skipped(dsn, client):
     job = await client.insert(StageA("same"), unique_opts={})
     await client.start([("default", 1)], **FAST)
     await wait_state(client, job.id, "completed")
-    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'stage_a'") == 1
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'stage_a'") == 1
     assert client.runtime.finalizer.stats["follow_ups_skipped"] == 1
 
 
@@ -335,7 +335,7 @@ async def test_provenance_and_trace_context_reach_the_follow_up(dsn, client):
 async def _b_row(dsn):
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        await cur.execute("SELECT * FROM awa_fast.jobs WHERE kind = 'stage_b'")
+        await cur.execute("SELECT * FROM awa_fast.jobs_all WHERE kind = 'stage_b'")
         return await cur.fetchone()
 
 
@@ -560,7 +560,7 @@ async def test_registered_specs_fire_in_the_outcome_transaction(dsn, client):
 
 
 async def _count_b(dsn, n):
-    return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'stage_b'") >= n
+    return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'stage_b'") >= n
 
 
 async def test_rescued_spec_runs_after_the_rescue(dsn, client):

@@ -33,7 +33,7 @@ class StageB:
 async def b_items(dsn) -> list[str]:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = await conn.execute(
-            "SELECT args->>'item' FROM awa_fast.jobs WHERE kind = 'stage_b' ORDER BY id"
+            "SELECT args->>'item' FROM awa_fast.jobs_all WHERE kind = 'stage_b' ORDER BY id"
         )
         return [r[0] for r in await cur.fetchall()]
 
@@ -42,7 +42,7 @@ async def settled(dsn) -> bool:
     return (
         await scalar(
             dsn,
-            "SELECT count(*) FROM awa_fast.jobs WHERE state IN "
+            "SELECT count(*) FROM awa_fast.jobs_all WHERE state IN "
             "('available', 'running', 'scheduled')",
         )
         == 0
@@ -83,7 +83,7 @@ async def test_batched_dedup_consequences_and_order(dsn, client):
     await client.start([("default", 1)], **FAST)
     await wait_state(client, job.id, "completed")
     assert await b_items(dsn) == ["spec-self", "dup"]  # specs first, then staged, deduplicated
-    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'stage_a'") == 1
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'stage_a'") == 1
 
 
 async def test_one_bad_follow_up_rolls_back_only_its_own_completion(dsn, client):
@@ -113,7 +113,7 @@ async def test_one_bad_follow_up_rolls_back_only_its_own_completion(dsn, client)
 
 
 async def _running(dsn, n):
-    return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE state = 'running'") == n
+    return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE state = 'running'") == n
 
 
 async def _idle(client):

@@ -86,7 +86,7 @@ async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn, mode)
             return (
                 await scalar(
                     dsn,
-                    "SELECT count(*) FROM awa_fast.jobs WHERE state NOT IN "
+                    "SELECT count(*) FROM awa_fast.jobs_all WHERE state NOT IN "
                     "('completed', 'failed', 'cancelled')",
                 )
                 == 0
@@ -105,37 +105,37 @@ async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn, mode)
         a_states = dict(
             await (
                 await conn.execute(
-                    "SELECT state::text, count(*) FROM awa_fast.jobs WHERE kind = 'pipe_a' "
+                    "SELECT state::text, count(*) FROM awa_fast.jobs_all WHERE kind = 'pipe_a' "
                     "GROUP BY 1"
                 )
             ).fetchall()
         )
         orphans = await (
             await conn.execute(
-                "SELECT b.id FROM awa_fast.jobs b LEFT JOIN awa_fast.jobs a "
+                "SELECT b.id FROM awa_fast.jobs_all b LEFT JOIN awa_fast.jobs_all a "
                 "ON a.id = (b.metadata->>'awa:triggered_by')::bigint "
                 "WHERE b.kind = 'pipe_b' AND (a.id IS NULL OR a.state <> 'completed')"
             )
         ).fetchall()
         dup_keys = await (
             await conn.execute(
-                "SELECT unique_key FROM awa_fast.jobs WHERE kind = 'pipe_b' "
+                "SELECT unique_key FROM awa_fast.jobs_all WHERE kind = 'pipe_b' "
                 "GROUP BY unique_key HAVING count(*) > 1"
             )
         ).fetchall()
         missing = await (
             await conn.execute(
-                "SELECT a.id FROM awa_fast.jobs a WHERE a.kind = 'pipe_a' AND a.state = 'completed' "
-                "AND NOT EXISTS (SELECT 1 FROM awa_fast.jobs b WHERE b.kind = 'pipe_b' "
+                "SELECT a.id FROM awa_fast.jobs_all a WHERE a.kind = 'pipe_a' AND a.state = 'completed' "
+                "AND NOT EXISTS (SELECT 1 FROM awa_fast.jobs_all b WHERE b.kind = 'pipe_b' "
                 "AND (b.args->>'value')::int = (a.args->>'n')::int % 37)"
             )
         ).fetchall()
         b_count = await (
-            await conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE kind = 'pipe_b'")
+            await conn.execute("SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'pipe_b'")
         ).fetchone()
         retried = await (
             await conn.execute(
-                "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'pipe_a' AND attempt > 1"
+                "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'pipe_a' AND attempt > 1"
             )
         ).fetchone()
     # The faults really hit: backends were terminated and killed attempts ran again.
@@ -146,4 +146,4 @@ async def test_guarantees_hold_under_sigkills_and_terminated_backends(dsn, mode)
 
 
 async def _running_at_least(dsn, n):
-    return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE state = 'running'") >= n
+    return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE state = 'running'") >= n

@@ -237,7 +237,7 @@ async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn
             **{**FAST, "heartbeat_interval_ms": 3_600_000, "heartbeat_staleness_ms": 7_200_000},
         )
         await started.until(lambda: len(started) == 3, what="three handlers running")
-        before = await scalar(dsn, "SELECT max(heartbeat_at) FROM awa_fast.jobs")
+        before = await scalar(dsn, "SELECT max(heartbeat_at) FROM awa_fast.jobs_all")
         hb = client.runtime.heartbeat
         await hb.beat()
         rows = [await job_row(dsn, j.id) for j in jobs]
@@ -262,18 +262,20 @@ async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn
 
 @pytest.fixture
 async def failing_completion(dsn):
-    """A trigger that fails the statement completing a job of kind ``job`` in mode 'boom'."""
+    """A trigger that fails the statement completing a job of kind ``job`` in mode 'boom' (a
+    completion writes the finished row into awa_fast.jobs_done, ADR 016)."""
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("""
             CREATE OR REPLACE FUNCTION public.fail_completion() RETURNS trigger
             LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'completion refused by trigger'; END $$;
-            CREATE TRIGGER fail_completion BEFORE UPDATE ON awa_fast.jobs FOR EACH ROW
+            CREATE TRIGGER fail_completion BEFORE INSERT ON awa_fast.jobs_done FOR EACH ROW
                 WHEN (NEW.state = 'completed' AND NEW.args->>'mode' = 'boom')
                 EXECUTE FUNCTION public.fail_completion();""")
     yield
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(
-            "DROP TRIGGER fail_completion ON awa_fast.jobs; DROP FUNCTION public.fail_completion()"
+            "DROP TRIGGER fail_completion ON awa_fast.jobs_done; "
+            "DROP FUNCTION public.fail_completion()"
         )
 
 
@@ -301,7 +303,8 @@ async def test_class2_prompt_failure_on_the_final_attempt_fails_the_job(client):
     assert "completion refused by trigger" in row["errors"][-1]["error"]
     assert (
         await scalar(
-            client.database_url, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'child'"
+            client.database_url,
+            "SELECT count(*) FROM awa_fast.jobs_all WHERE args->>'mode' = 'child'",
         )
         == 0
     )
@@ -327,7 +330,9 @@ async def test_class2_prompt_failure_on_the_final_attempt_fires_exhausted_specs_
         return None
 
     async def compensations():
-        return await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'compensated'")
+        return await scalar(
+            dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'compensated'"
+        )
 
     async with (
         failing_rows(
@@ -354,7 +359,7 @@ async def test_class2_prompt_failure_on_the_final_attempt_fires_exhausted_specs_
     await client.runtime.reconcile()  # settled once: nothing more
     assert await compensations() == 1
     assert await scalar(
-        dsn, "SELECT args->>'job_id' FROM awa_fast.jobs WHERE kind = 'compensated'"
+        dsn, "SELECT args->>'job_id' FROM awa_fast.jobs_all WHERE kind = 'compensated'"
     ) == str(row["id"])
 
 
@@ -406,7 +411,8 @@ async def test_class2_finalize_backs_off_across_a_server_restart(own_server, mod
         assert c.runtime.finalizer.stats["retries"] >= 1
         assert (
             await scalar(
-                own_server.awa_dsn, "SELECT count(*) FROM awa_fast.jobs WHERE (args->>'n')::int = 1"
+                own_server.awa_dsn,
+                "SELECT count(*) FROM awa_fast.jobs_all WHERE (args->>'n')::int = 1",
             )
             == 1
         )
@@ -447,14 +453,15 @@ async def test_class2_callback_payloads_and_errors_cannot_wedge_a_wait(dsn, clie
 
 
 async def test_class2_retries_exhausted_record_a_prompt_failure(dsn, client):
-    # Every completion of this job deadlocks (a trigger raising SQLSTATE 40P01): the retries
-    # back off, are spent, and the attempt is failed at once with the error.
+    # Every completion of this job deadlocks (a trigger raising SQLSTATE 40P01 on the finished
+    # row's insert, ADR 016): the retries back off, are spent, and the attempt is failed at
+    # once with the error.
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("""
             CREATE OR REPLACE FUNCTION public.always_deadlock() RETURNS trigger LANGUAGE plpgsql
             AS $$ BEGIN RAISE EXCEPTION 'simulated deadlock' USING ERRCODE = 'deadlock_detected';
             END $$;
-            CREATE TRIGGER always_deadlock BEFORE UPDATE ON awa_fast.jobs FOR EACH ROW
+            CREATE TRIGGER always_deadlock BEFORE INSERT ON awa_fast.jobs_done FOR EACH ROW
                 WHEN (NEW.state = 'completed' AND NEW.args->>'mode' = 'stuck')
                 EXECUTE FUNCTION public.always_deadlock();""")
     try:
@@ -470,6 +477,6 @@ async def test_class2_retries_exhausted_record_a_prompt_failure(dsn, client):
     finally:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await conn.execute(
-                "DROP TRIGGER always_deadlock ON awa_fast.jobs; "
+                "DROP TRIGGER always_deadlock ON awa_fast.jobs_done; "
                 "DROP FUNCTION public.always_deadlock()"
             )

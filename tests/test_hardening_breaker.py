@@ -73,7 +73,7 @@ async def test_class2_outcome_into_a_key_a_cancelled_job_holds_settles(dsn, clie
                 await conn.execute(
                     "INSERT INTO awa_fast.jobs (kind, args, state, unique_key, unique_states, "
                     "finalized_at) SELECT 'job', '{}', 'cancelled', unique_key, unique_states, now() "
-                    "FROM awa_fast.jobs WHERE id = %s RETURNING id",
+                    "FROM awa_fast.jobs_all WHERE id = %s RETURNING id",
                     (job.id,),
                 )
             ).fetchone()
@@ -274,7 +274,9 @@ async def test_class3_a_sigstopped_leader_is_displaced_and_its_zombie_attempt_is
             await proc.wait()
     row = await job_row(dsn, job.id)
     assert row["state"] == "completed" and row["run_lease"] == runs[0]
-    children = await scalar(dsn, "SELECT json_agg(args) FROM awa_fast.jobs WHERE kind = 'child'")
+    children = await scalar(
+        dsn, "SELECT json_agg(args) FROM awa_fast.jobs_all WHERE kind = 'child'"
+    )
     assert children == [{"from_lease": runs[0]}]  # none from the zombie attempt
 
 

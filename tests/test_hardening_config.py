@@ -48,7 +48,7 @@ async def _states(dsn, kind: str) -> dict:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = await conn.execute(
             "SELECT state::text, count(*), max(attempt), "
-            "max(jsonb_array_length(errors)) FROM awa_fast.jobs "
+            "max(jsonb_array_length(errors)) FROM awa_fast.jobs_all "
             "WHERE kind = %s GROUP BY 1",
             (kind,),
         )

@@ -51,7 +51,7 @@ class Compensate:
 async def follow_ups(dsn) -> list[dict]:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = await conn.execute(
-            "SELECT args FROM awa_fast.jobs WHERE kind = 'compensate' ORDER BY id"
+            "SELECT args FROM awa_fast.jobs_all WHERE kind = 'compensate' ORDER BY id"
         )
         return [r[0] for r in await cur.fetchall()]
 
@@ -175,9 +175,10 @@ async def completed_but_not_done(dsn, client) -> tuple:
 
 async def test_class3_verdict_and_correction_commit_together(dsn, client):
     job, verdicts = await completed_but_not_done(dsn, client)
-    # A fault between the verdict and the correction: the correction statement fails.
+    # A fault between the verdict and the correction: the correction statement fails (it
+    # brings the completed row back from awa_fast.jobs_done as failed, ADR 016).
     async with failing_rows(
-        dsn, "OLD.state = 'completed' AND NEW.state = 'failed'", event="UPDATE"
+        dsn, "NEW.state = 'failed' AND NEW.consequence_reason = 'corrected'", event="INSERT"
     ):
         result = await client.runtime.reconcile()
     assert result["corrected"] == []

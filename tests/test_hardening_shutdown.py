@@ -298,7 +298,7 @@ def test_class4_main_raising_without_shutdown_exits(dsn, tmp_path):
             # but nothing is lost or failed.
             states = dict(
                 conn.execute(
-                    "SELECT state::text, count(*) FROM awa_fast.jobs GROUP BY 1"
+                    "SELECT state::text, count(*) FROM awa_fast.jobs_all GROUP BY 1"
                 ).fetchall()
             )
             assert set(states) <= {"completed", "available", "running"}

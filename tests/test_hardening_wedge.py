@@ -9,6 +9,7 @@ path of every statement") and the others proceed. The deadlock tests use two rea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -52,7 +53,7 @@ class Plain:
 async def _rows(dsn: str, where: str = "true", params=None) -> dict[int, dict]:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
-        await cur.execute(f"SELECT * FROM awa_fast.jobs WHERE {where} ORDER BY id", params)
+        await cur.execute(f"SELECT * FROM awa_fast.jobs_all WHERE {where} ORDER BY id", params)
         return {r["id"]: r for r in await cur.fetchall()}
 
 
@@ -90,7 +91,9 @@ def _maintenance(client) -> Maintenance:
 
 async def _all_in(dsn: str, ids: list[int], state: str) -> bool:
     return await scalar(
-        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) AND state = %s", (ids, state)
+        dsn,
+        "SELECT count(*) FROM awa_fast.jobs_all WHERE id = ANY(%s) AND state = %s",
+        (ids, state),
     ) == len(ids)
 
 
@@ -107,7 +110,8 @@ async def test_class1_claim_does_not_wedge_on_running_only_unique_mask(dsn, clie
     async def held(job):
         running_together.append(
             await scalar(
-                dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'held' AND state = 'running'"
+                dsn,
+                "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'held' AND state = 'running'",
             )
         )
         await release.wait()
@@ -239,18 +243,47 @@ async def test_class1_rescue_isolates_a_row_its_update_fails(dsn, client):
 # -- prune and cron sweeps -----------------------------------------------------------------------
 
 
-async def test_class1_prune_isolates_a_row_its_delete_fails(dsn, client):
+async def test_class1_prune_isolates_a_slice_its_truncate_fails(dsn, client):
+    # Finished jobs are pruned a whole slice at a time (ADR 016): a slice whose TRUNCATE fails
+    # is kept, the other expired slices are pruned.
     old = [await client.insert(Plain(i)) for i in range(3)]
     bad = await client.insert({"x": 1}, kind="explode")
     await _exec(
         dsn,
         "UPDATE awa_fast.jobs SET state = 'completed', "
         "finalized_at = now() - interval '2 days' WHERE id = ANY(%s)",
-        ([j.id for j in old] + [bad.id],),
+        ([j.id for j in old],),
     )
-    async with failing_rows(dsn, "OLD.kind = 'explode'", event="DELETE"):
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'completed', "
+        "finalized_at = now() - interval '3 days' WHERE id = %s",
+        (bad.id,),
+    )
+    (slice_,) = await _conn_fetch(
+        dsn, f"SELECT tableoid::regclass::text FROM awa_fast.jobs_done WHERE id = {bad.id}"
+    )
+    async with failing_truncate(dsn, slice_[0]):
         assert await _maintenance(client).prune() == 3
     assert list(await _rows(dsn)) == [bad.id]  # kept; the others are gone
+
+
+@contextlib.asynccontextmanager
+async def failing_truncate(dsn: str, table: str):
+    """A trigger added outside awa-fast that fails every TRUNCATE of ``table``."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(f"""
+            CREATE OR REPLACE FUNCTION public.refuse_truncate() RETURNS trigger
+            LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'truncate refused'; END $$;
+            CREATE TRIGGER refuse_truncate BEFORE TRUNCATE ON {table}
+                FOR EACH STATEMENT EXECUTE FUNCTION public.refuse_truncate();""")
+    try:
+        yield
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                f"DROP TRIGGER refuse_truncate ON {table}; DROP FUNCTION public.refuse_truncate()"
+            )
 
 
 async def test_class1_cron_pass_fires_the_schedules_after_a_failing_one(dsn):
@@ -382,8 +415,9 @@ async def test_class1_completion_batch_isolates_a_row_its_update_fails(dsn, clie
         for i in ids
     ]
     try:
+        # a completion moves the row: the write that fails is its insert into the slices
         async with failing_rows(
-            dsn, "NEW.kind = 'explode' AND NEW.state = 'completed'", event="UPDATE"
+            dsn, "NEW.kind = 'explode' AND NEW.state = 'completed'", table="awa_fast.jobs_done"
         ):
             results = await asyncio.gather(
                 *(finalizer.submit(r) for r in requests), return_exceptions=True
@@ -418,7 +452,7 @@ async def test_class1_retry_failed_row_by_row_keeps_the_owed_consequence_guard(d
     )
     await _exec(
         dsn,
-        "UPDATE awa_fast.jobs SET consequence_state = 'owed', "
+        "UPDATE awa_fast.jobs_done SET consequence_state = 'owed', "
         "consequence_retry_at = now() + interval '1 hour' WHERE id = %s",
         (owed.id,),
     )
@@ -470,7 +504,10 @@ async def test_class1_dlq_bulk_retry_isolates_a_row_its_reinsert_fails(dsn, clie
 
 async def test_class1_dlq_move_purge_and_discard_isolate_a_row_that_fails(dsn, client):
     jobs, bad = await _failed_with_a_bad_one(dsn, client)
-    async with failing_rows(dsn, "OLD.kind = 'explode'", event="DELETE"):
+    # the failed jobs are finished: they live in awa_fast.jobs_done (ADR 016)
+    async with failing_rows(
+        dsn, "OLD.kind = 'explode'", event="DELETE", table="awa_fast.jobs_done"
+    ):
         assert await client.bulk_move_failed_to_dlq(allow_all=True) == 3
         assert (await job_row(dsn, bad.id))["state"] == "failed"  # stays, the rest moved
         assert await client.discard_failed("explode") == 0
@@ -480,7 +517,9 @@ async def test_class1_dlq_move_purge_and_discard_isolate_a_row_that_fails(dsn, c
     assert [e.job.id for e in await client.list_dlq()] == [jobs[0].id]
     more = [await client.insert(Plain(i)) for i in range(2)]
     await _fail(dsn, [j.id for j in more])
-    async with failing_rows(dsn, "OLD.id = %d" % more[0].id, event="DELETE"):
+    async with failing_rows(
+        dsn, "OLD.id = %d" % more[0].id, event="DELETE", table="awa_fast.jobs_done"
+    ):
         assert await client.discard_failed("plain") == 1
     assert (await job_row(dsn, more[0].id))["state"] == "failed"
 
@@ -611,7 +650,8 @@ async def test_class1_unique_conflict_of_a_retry_names_the_holder(dsn, client):
     assert f"job {holder.id}" in str(info.value)
     # ... and from the DLQ.
     await client.cancel(holder.id)
-    await _exec(dsn, "UPDATE awa_fast.jobs SET state = 'failed' WHERE id = %s", (first.id,))
+    # cancelled, so finished: its row is in awa_fast.jobs_done (ADR 016)
+    await _exec(dsn, "UPDATE awa_fast.jobs_done SET state = 'failed' WHERE id = %s", (first.id,))
     assert await client.move_failed_to_dlq(first.id)
     again = await client.insert(Plain(1), unique_opts={})
     with pytest.raises(awa.UniqueConflict) as info:
@@ -655,8 +695,8 @@ async def test_class1_two_workers_drain_duplicates_one_running_attempt_per_key(d
         seen.append(
             await scalar(
                 dsn,
-                "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'held' AND state = 'running' "
-                "AND unique_key = (SELECT unique_key FROM awa_fast.jobs WHERE id = %s)",
+                "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'held' AND state = 'running' "
+                "AND unique_key = (SELECT unique_key FROM awa_fast.jobs_all WHERE id = %s)",
                 (job.id,),
             )
         )

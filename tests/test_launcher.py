@@ -163,7 +163,7 @@ def counts(dsn: str) -> dict[str, int]:
     with psycopg.connect(dsn) as conn:
         return dict(
             conn.execute(
-                "SELECT state::text, count(*) FROM awa_fast.jobs WHERE kind = %s GROUP BY 1",
+                "SELECT state::text, count(*) FROM awa_fast.jobs_all WHERE kind = %s GROUP BY 1",
                 (KIND,),
             ).fetchall()
         )
@@ -222,9 +222,9 @@ def test_graceful_drain_on_sigterm_loses_nothing(dsn, launchers):
     assert final.get("available", 0) > 0  # it stopped claiming
     # in-flight handlers were allowed to finish: no attempt was cut short and released
     with psycopg.connect(dsn) as conn:
-        errors = conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE errors <> '[]'").fetchone()[
-            0
-        ]
+        errors = conn.execute(
+            "SELECT count(*) FROM awa_fast.jobs_all WHERE errors <> '[]'"
+        ).fetchone()[0]
     assert errors == 0
 
 
@@ -242,7 +242,9 @@ def test_sigkilled_child_is_restarted_and_its_jobs_rescued(dsn, launchers):
     assert int(m.group(1)) != victim
     poll(lambda: counts(dsn) == {"completed": total}, 90, f"all {total} completed")
     with psycopg.connect(dsn) as conn:
-        rescued = conn.execute("SELECT count(*) FROM awa_fast.jobs WHERE attempt > 1").fetchone()[0]
+        rescued = conn.execute(
+            "SELECT count(*) FROM awa_fast.jobs_all WHERE attempt > 1"
+        ).fetchone()[0]
     assert rescued >= 1  # the killed child's in-flight jobs were rescued and ran again
     launcher.proc.send_signal(signal.SIGTERM)
     assert launcher.wait(60) == 0

@@ -74,7 +74,7 @@ def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, lau
         lambda: (
             rows(
                 dsn,
-                "SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('step', 'charge') "
+                "SELECT count(*) FROM awa_fast.jobs_all WHERE kind IN ('step', 'charge') "
                 "AND state NOT IN ('completed', 'failed', 'cancelled')",
             )
             == 0
@@ -85,17 +85,17 @@ def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, lau
     expected = {
         o: rows(
             dsn,
-            f"SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('step', 'charge') "
+            f"SELECT count(*) FROM awa_fast.jobs_all WHERE kind IN ('step', 'charge') "
             f"AND state = '{o}'",
         )
         for o in FINAL
     }
-    children = rows(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE kind = 'child'")
+    children = rows(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'child'")
     assert expected == {"completed": 15, "failed": 5, "cancelled": 2} and children == 3
     # The waiting job was failed by the callback rescue, not by a finalize.
     by_rescue = rows(
         dsn,
-        "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'wait' "
+        "SELECT count(*) FROM awa_fast.jobs_all WHERE args->>'mode' = 'wait' "
         "AND state = 'failed' AND errors::text LIKE '%%callback%%'",
     )
     assert by_rescue == 1
@@ -116,14 +116,14 @@ def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, lau
 
     s = poll(settled, 30, "the endpoint to show every finalize and the queue depth")
     assert total(s, "awa_fast_jobs_finalized_total", outcome="retryable") == rows(
-        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'retry' AND attempt = 2"
+        dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE args->>'mode' = 'retry' AND attempt = 2"
     )
     assert total(s, "awa_fast_jobs_finalized_total", kind="charge", outcome="failed") == 2
     assert total(s, "awa_fast_follow_ups_inserted_total") == children
     assert total(s, "awa_fast_follow_ups_skipped_total") == 6 - children
     assert total(s, "awa_fast_follow_ups_discarded_total", outcome="failed") == rows(
         dsn,
-        "SELECT count(*) FROM awa_fast.jobs WHERE args->>'mode' = 'stage_fail' "
+        "SELECT count(*) FROM awa_fast.jobs_all WHERE args->>'mode' = 'stage_fail' "
         "AND state = 'failed'",
     )
     assert total(s, "awa_fast_rescues_total", cause="callback") == by_rescue
@@ -131,7 +131,7 @@ def test_launcher_aggregates_its_children_and_the_counts_match_the_rows(dsn, lau
     assert total(s, "awa_fast_staged_discarded_on_wait_for_callback_total") == 1
     assert (
         total(s, "awa_fast_consequences_applied_total", kind="charge")
-        == rows(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE consequence_state = 'applied'")
+        == rows(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE consequence_state = 'applied'")
         == 2
     )
     assert total(s, "awa_fast_consequences_owed") == 0
@@ -165,12 +165,13 @@ def test_killed_child_keeps_its_counts_and_its_job_is_rescued_by_heartbeat(dsn, 
         lambda: (
             rows(
                 dsn,
-                f"SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(ARRAY{oks}) "
+                f"SELECT count(*) FROM awa_fast.jobs_all WHERE id = ANY(ARRAY{oks}) "
                 "AND state = 'completed'",
             )
             == 3
             and rows(
-                dsn, f"SELECT count(*) FROM awa_fast.jobs WHERE id = {hang} AND state = 'running'"
+                dsn,
+                f"SELECT count(*) FROM awa_fast.jobs_all WHERE id = {hang} AND state = 'running'",
             )
             == 1
         ),
@@ -194,7 +195,7 @@ def test_killed_child_keeps_its_counts_and_its_job_is_rescued_by_heartbeat(dsn, 
         lambda: (
             rows(
                 dsn,
-                f"SELECT count(*) FROM awa_fast.jobs WHERE id = {hang} "
+                f"SELECT count(*) FROM awa_fast.jobs_all WHERE id = {hang} "
                 "AND state = 'completed' AND attempt = 2",
             )
             == 1
@@ -259,7 +260,7 @@ async def test_library_runtime_serves_its_own_endpoint(dsn, client):
     await wait_state(client, job.id, "completed")
     await until(
         lambda: scalar(
-            dsn, f"SELECT consequence_state = 'owed' FROM awa_fast.jobs WHERE id = {owing.id}"
+            dsn, f"SELECT consequence_state = 'owed' FROM awa_fast.jobs_all WHERE id = {owing.id}"
         ),
         client,
         15,

@@ -70,7 +70,8 @@ async def cron_jobs(dsn, name: str) -> list[dict]:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = conn.cursor(row_factory=psycopg.rows.dict_row)
         await cur.execute(
-            "SELECT * FROM awa_fast.jobs WHERE metadata->>'awa:cron_name' = %s ORDER BY id", (name,)
+            "SELECT * FROM awa_fast.jobs_all WHERE metadata->>'awa:cron_name' = %s ORDER BY id",
+            (name,),
         )
         rows = await cur.fetchall()
     for r in rows:

@@ -83,7 +83,7 @@ def q(dsn: str, query: str, params=None) -> list[dict]:
 
 
 def count(dsn: str, where: str = "true", params=None) -> int:
-    return q(dsn, f"SELECT count(*) AS n FROM awa_fast.jobs WHERE {where}", params)[0]["n"]
+    return q(dsn, f"SELECT count(*) AS n FROM awa_fast.jobs_all WHERE {where}", params)[0]["n"]
 
 
 def side_count(dsn: str) -> int:
@@ -144,7 +144,7 @@ async def test_async_client_insert_returns_job_with_all_fields(dsn):
     assert job.attempt == 0
     assert job.unique_states == 31 and len(job.unique_key) == 16
     assert job.to_dict() == fetched.to_dict()
-    (r,) = q(dsn, "SELECT * FROM awa_fast.jobs")
+    (r,) = q(dsn, "SELECT * FROM awa_fast.jobs_all")
     assert r["id"] == job.id and r["state"] == "scheduled" and r["run_at"] == run_at
     assert bytes(r["ordering_key"]) == b"tenant-1"
 
@@ -158,7 +158,7 @@ async def test_insert_defaults(client, dsn):
     assert job.unique_key is None and job.unique_states is None
     assert before - timedelta(seconds=5) < ts(job.run_at) < datetime.now(UTC) + timedelta(seconds=5)
     assert ts(job.created_at) == ts(job.run_at)
-    (r,) = q(dsn, "SELECT ordering_key, state::text FROM awa_fast.jobs")
+    (r,) = q(dsn, "SELECT ordering_key, state::text FROM awa_fast.jobs_all")
     assert r == {"ordering_key": None, "state": "available"}
 
 
@@ -168,7 +168,10 @@ def test_sync_client_context_manager(dsn):
         assert job.kind == "pdf_render_job" and job.args == {"doc": 3} and job.tags == ["x"]
         assert c.get_job(job.id).to_dict() == job.to_dict()
         assert [j.id for j in c.list_jobs(kind="pdf_render_job")] == [job.id]
-    assert bytes(q(dsn, "SELECT ordering_key FROM awa_fast.jobs")[0]["ordering_key"]) == b"\x01\x02"
+    assert (
+        bytes(q(dsn, "SELECT ordering_key FROM awa_fast.jobs_all")[0]["ordering_key"])
+        == b"\x01\x02"
+    )
 
 
 async def test_args_types_and_kind_derivation(client, dsn):
@@ -191,7 +194,8 @@ async def test_args_types_and_kind_derivation(client, dsn):
         ("override", {"to": "y", "subject": "hi"}),
     ]
     stored = {
-        r["id"]: (r["kind"], r["args"]) for r in q(dsn, "SELECT id, kind, args FROM awa_fast.jobs")
+        r["id"]: (r["kind"], r["args"])
+        for r in q(dsn, "SELECT id, kind, args FROM awa_fast.jobs_all")
     }
     assert stored == {j.id: (j.kind, j.args) for j in jobs}
 
@@ -211,7 +215,7 @@ async def test_run_at_decides_state(client, dsn, delta, state):
     job = await client.insert({"d": str(delta)}, kind="timed", run_at=run_at)
     assert job.state == state
     assert ts(job.run_at) == run_at
-    assert q(dsn, "SELECT state::text AS s FROM awa_fast.jobs")[0]["s"] == str(state)
+    assert q(dsn, "SELECT state::text AS s FROM awa_fast.jobs_all")[0]["s"] == str(state)
 
 
 async def test_run_at_string_future_is_scheduled(client):
@@ -244,7 +248,7 @@ async def test_insert_many_in_order_with_shared_options(client, dsn):
         and j.state == JobState.Available
         for j in jobs
     )
-    rows = {r["id"]: r for r in q(dsn, "SELECT id, args, tags, priority FROM awa_fast.jobs")}
+    rows = {r["id"]: r for r in q(dsn, "SELECT id, args, tags, priority FROM awa_fast.jobs_all")}
     assert len(rows) == 300
     for j in jobs:
         assert rows[j.id]["args"] == j.args and rows[j.id]["tags"] == ["x", "y,z"]
@@ -290,7 +294,7 @@ async def test_insert_many_copy_10k(client, dsn):
     )
     assert len(jobs) == n
     assert count(dsn) == n
-    rows = q(dsn, "SELECT id, (args->>'i')::int AS i, args->>'s' AS s FROM awa_fast.jobs")
+    rows = q(dsn, "SELECT id, (args->>'i')::int AS i, args->>'s' AS s FROM awa_fast.jobs_all")
     assert sorted(j.id for j in jobs) == sorted(r["id"] for r in rows)
     by_id = {r["id"]: r for r in rows}
     for i, j in enumerate(jobs):
@@ -324,7 +328,9 @@ async def test_insert_many_copy_options_match_get_job(client, dsn):
     for j in jobs:
         assert (await client.get_job(j.id)).to_dict() == j.to_dict()
     assert (
-        q(dsn, "SELECT count(*) AS n FROM awa_fast.jobs WHERE ordering_key = 'ok'::bytea")[0]["n"]
+        q(dsn, "SELECT count(*) AS n FROM awa_fast.jobs_all WHERE ordering_key = 'ok'::bytea")[0][
+            "n"
+        ]
         == 1
     )
 
@@ -357,7 +363,7 @@ async def test_transaction_commits_with_caller_statements(client, dsn):
         job = await tx.insert({"order": 1}, kind="tx_job")
         many = await tx.insert_many([{"order": 2}, {"order": 3}], kind="tx_job")
         row = await tx.fetch_one(
-            "SELECT count(*) AS n FROM awa_fast.jobs WHERE kind = $1", "tx_job"
+            "SELECT count(*) AS n FROM awa_fast.jobs_all WHERE kind = $1", "tx_job"
         )
         assert row["n"] == 3
         pct = await tx.fetch_one("SELECT $1::text || '%' AS v, 'a%b' LIKE 'a%' AS m", "50")
@@ -365,7 +371,9 @@ async def test_transaction_commits_with_caller_statements(client, dsn):
         # Not visible outside the transaction before commit.
         assert count(dsn) == 0 and side_count(dsn) == 0
     assert count(dsn) == 3 and side_count(dsn) == 1
-    assert {j.id for j in [job, *many]} == {r["id"] for r in q(dsn, "SELECT id FROM awa_fast.jobs")}
+    assert {j.id for j in [job, *many]} == {
+        r["id"] for r in q(dsn, "SELECT id FROM awa_fast.jobs_all")
+    }
 
 
 async def test_transaction_exception_rolls_back_everything(client, dsn):
@@ -431,7 +439,7 @@ async def test_bridge_insert_job_joins_caller_transaction(dsn):
         out = await insert_job(conn, {"kind": "from_key", "v": 1})
         await conn.execute("INSERT INTO side_effects (note) VALUES ('bridge')")
         await conn.commit()
-    (r,) = q(dsn, "SELECT id, kind, args FROM awa_fast.jobs")
+    (r,) = q(dsn, "SELECT id, kind, args FROM awa_fast.jobs_all")
     assert r == {"id": out["id"], "kind": "from_key", "args": {"kind": "from_key", "v": 1}}
     assert side_count(dsn) == 1
 
@@ -451,7 +459,7 @@ def test_bridge_insert_job_sync_joins_caller_transaction(dsn):
                 insert_job_sync(conn, {"v": 3}, kind="bridged")
                 1 / 0
         conn.commit()
-    assert [r["id"] for r in q(dsn, "SELECT id FROM awa_fast.jobs")] == [out["id"]]
+    assert [r["id"] for r in q(dsn, "SELECT id FROM awa_fast.jobs_all")] == [out["id"]]
 
 
 async def test_bridge_rejects_wrong_connection_type(dsn):
@@ -523,7 +531,9 @@ async def test_cancel_and_retry(client, dsn):
         )
     r = await client.retry(failed.id)
     assert (r.state, r.attempt) == (JobState.Available, 0)
-    row = q(dsn, "SELECT state::text, attempt FROM awa_fast.jobs WHERE id = %s", (failed.id,))[0]
+    row = q(dsn, "SELECT state::text, attempt FROM awa_fast.jobs_all WHERE id = %s", (failed.id,))[
+        0
+    ]
     assert row == {"state": "available", "attempt": 0}
 
 

@@ -69,7 +69,9 @@ async def test_a_unique_collision_does_not_fail_a_whole_completion_batch(dsn, cl
 
 async def _all_completed(dsn, ids):
     return await scalar(
-        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) AND state = 'completed'", (ids,)
+        dsn,
+        "SELECT count(*) FROM awa_fast.jobs_all WHERE id = ANY(%s) AND state = 'completed'",
+        (ids,),
     ) == len(ids)
 
 
@@ -115,7 +117,7 @@ async def test_a_caught_unique_conflict_in_a_transaction_keeps_its_other_writes(
         with pytest.raises(awa.UniqueConflict):
             await tx.insert(Job("audit"), unique_opts={})
     assert await scalar(dsn, "SELECT count(*) FROM orders") == 1
-    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs") == 1
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all") == 1
 
 
 async def test_a_commit_after_an_aborting_error_raises_instead_of_rolling_back_silently(client):

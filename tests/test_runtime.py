@@ -236,12 +236,14 @@ async def test_graceful_shutdown_finishes_or_releases_and_loses_nothing(dsn, cli
     row = await job_row(dsn, slow)
     assert row["state"] == "available" and row["attempt"] == 0
     assert saw_cancel == [slow]
-    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE state = 'running'") == 0
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE state = 'running'") == 0
 
 
 async def _all_state(dsn, ids, state):
     n = await scalar(
-        dsn, "SELECT count(*) FROM awa_fast.jobs WHERE id = ANY(%s) AND state = %s", (ids, state)
+        dsn,
+        "SELECT count(*) FROM awa_fast.jobs_all WHERE id = ANY(%s) AND state = %s",
+        (ids, state),
     )
     return n == len(ids)
 

@@ -57,7 +57,7 @@ def q(dsn: str, query: str, params=None) -> list[dict]:
 
 
 def count(dsn: str, where: str = "true", params=None) -> int:
-    return q(dsn, f"SELECT count(*) AS n FROM awa_fast.jobs WHERE {where}", params)[0]["n"]
+    return q(dsn, f"SELECT count(*) AS n FROM awa_fast.jobs_all WHERE {where}", params)[0]["n"]
 
 
 def set_state(dsn: str, job_id: int, state: str) -> None:
@@ -320,7 +320,7 @@ async def test_concurrent_duplicate_inserts_async(dsn):
     ok = [r for r in results if isinstance(r, awa_fast.Job)]
     conflicts_ = [r for r in results if isinstance(r, UniqueConflict)]
     assert len(ok) == 1 and len(conflicts_) == 7, results
-    assert [r["id"] for r in q(dsn, "SELECT id FROM awa_fast.jobs")] == [ok[0].id]
+    assert [r["id"] for r in q(dsn, "SELECT id FROM awa_fast.jobs_all")] == [ok[0].id]
 
 
 def test_concurrent_duplicate_inserts_threads(dsn):
@@ -368,7 +368,7 @@ async def test_duplicate_waits_for_uncommitted_holder(client, dsn, outcome):
                 expected = [(await pending).id]
     finally:
         await tx.rollback()  # no-op once finished
-    assert [r["id"] for r in q(dsn, "SELECT id FROM awa_fast.jobs")] == expected
+    assert [r["id"] for r in q(dsn, "SELECT id FROM awa_fast.jobs_all")] == expected
 
 
 # -- batches ----------------------------------------------------------------------------------
@@ -391,7 +391,7 @@ async def test_batch_duplicate_of_existing_writes_nothing(client, dsn, method):
     batch = [EnqueueRequest({"b": i}, kind="batch_u", unique_opts={}) for i in range(1, 6)]
     with pytest.raises(UniqueConflict):
         await getattr(client, method)(batch)
-    assert [r["id"] for r in q(dsn, "SELECT id FROM awa_fast.jobs")] == [existing.id]
+    assert [r["id"] for r in q(dsn, "SELECT id FROM awa_fast.jobs_all")] == [existing.id]
 
 
 async def test_batch_mixed_unique_and_plain(client, dsn):

@@ -46,12 +46,12 @@ def sync_client(dsn):
 
 def count(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute("SELECT count(*) FROM awa_fast.jobs").fetchone()[0]
+        return conn.execute("SELECT count(*) FROM awa_fast.jobs_all").fetchone()[0]
 
 
 def row(dsn: str, job_id: int) -> dict:
     with psycopg.connect(dsn, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
-        return conn.execute("SELECT * FROM awa_fast.jobs WHERE id = %s", (job_id,)).fetchone()
+        return conn.execute("SELECT * FROM awa_fast.jobs_all WHERE id = %s", (job_id,)).fetchone()
 
 
 def assert_field(exc: ValidationError, field: str) -> None:

@@ -1,5 +1,5 @@
 """Job admin (awa-pg's names): :class:`JobAdmin` -- read, retry, cancel, discard and dump jobs of
-``awa_fast.jobs`` -- and :class:`RetryFailedResult`."""
+``awa_fast.jobs_all`` -- and :class:`RetryFailedResult`."""
 
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ class JobAdmin:
         """Every column of the job (or its DLQ entry) as indented JSON.
 
         Raises:
-            JobNotFound: no such job in ``awa_fast.jobs`` nor the DLQ.
+            JobNotFound: no such job in ``awa_fast.jobs_all`` nor the DLQ.
         """
         row, in_dlq = await self._row_json(job_id)
         row["in_dlq"] = in_dlq

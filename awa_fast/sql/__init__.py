@@ -7,7 +7,8 @@ each other. Bulk statements and their row-by-row twins share one guard fragment 
 
 Modules: ``fragments`` (column lists and predicates shared by several modules), ``enqueue``
 (inserts, follow-ups), ``claim``, ``finalize`` (outcomes of an attempt, heartbeats),
-``maintenance`` (promote, rescue, prune, aging), ``leader`` (the maintenance leader's lock and
+``maintenance`` (promote, rescue, DLQ prune, aging), ``finished`` (the finished-job
+slices: expiry, counters, the hot table's vacuum), ``leader`` (the maintenance leader's lock and
 fencing), ``runtime`` (worker presence, wake-ups, schema checks), ``admin`` (job and queue
 admin), ``dlq``, ``cron``, ``consequences`` (failure settlement, verification), ``callbacks``
 (external waits), ``descriptors``, ``batch_ops``, ``migrate`` (the migration runner's bookkeeping), ``isolated`` (the bulk / row-by-row
@@ -25,6 +26,7 @@ from awa_fast.sql.descriptors import *  # noqa: F403
 from awa_fast.sql.dlq import *  # noqa: F403
 from awa_fast.sql.enqueue import *  # noqa: F403
 from awa_fast.sql.finalize import *  # noqa: F403
+from awa_fast.sql.finished import *  # noqa: F403
 from awa_fast.sql.fragments import *  # noqa: F403
 from awa_fast.sql.isolated import *  # noqa: F403
 from awa_fast.sql.leader import *  # noqa: F403

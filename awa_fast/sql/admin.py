@@ -2,32 +2,53 @@
 bulk admin calls on failed jobs (retry, discard) and drain_queue with their row-by-row twins.
 """
 
+from awa_fast.sql.finished import DONE_COUNTS_BY_QUEUE
 from awa_fast.sql.fragments import (
     _ATTEMPT_STILL_RUNS,
     _SETTLED_FAILED,
+    FAILED_SLICES,
     J_JOB_COLUMNS,
     JOB_COLUMNS,
+    JOBS_ALL,
     S,
     ends_attempt,
+    moved_back,
 )
 
-GET_JOB = f"SELECT {JOB_COLUMNS} FROM {S}.jobs WHERE id = %s"
+GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS_ALL} WHERE id = %s"
 
 LIST_JOBS = f"""
-SELECT {JOB_COLUMNS} FROM {S}.jobs
+SELECT {JOB_COLUMNS} FROM {JOBS_ALL}
 WHERE (%(state)s::text IS NULL OR state::text = %(state)s)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY id DESC LIMIT %(limit)s"""
 
+# A retried job is live again: a finished one moves back from jobs_done (ADR 016), a parked or
+# marked one is updated in place.
+_RETRIED_ROW = {
+    "state": f"'available'::{S}.job_state",
+    "attempt": "0",
+    "run_at": "now()",
+    "finalized_at": "NULL",
+    "heartbeat_at": "NULL",
+    "deadline_at": "NULL",
+    "callback_id": "NULL",
+    "callback_timeout_at": "NULL",
+}
+
 RETRY_JOB = f"""
-UPDATE {S}.jobs
-SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
-    {ends_attempt()}
-WHERE id = %(id)s AND state IN ('failed', 'cancelled', 'waiting_external')
-  AND consequence_state IS DISTINCT FROM 'owed'
-  AND NOT ({_ATTEMPT_STILL_RUNS})
-RETURNING {JOB_COLUMNS}"""
+WITH {moved_back("j.id = %(id)s AND j.state IN ('failed', 'cancelled')", _RETRIED_ROW, JOB_COLUMNS)},
+live AS (
+    UPDATE {S}.jobs
+    SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
+        {ends_attempt()}
+    WHERE id = %(id)s AND state IN ('failed', 'cancelled', 'waiting_external')
+      AND consequence_state IS DISTINCT FROM 'owed'
+      AND NOT ({_ATTEMPT_STILL_RUNS})
+    RETURNING {JOB_COLUMNS}
+)
+SELECT * FROM back UNION ALL SELECT * FROM live"""
 
 ATTEMPT_STILL_RUNS = f"""
 SELECT heartbeat_at FROM {S}.jobs WHERE id = %(id)s AND {_ATTEMPT_STILL_RUNS}"""
@@ -80,6 +101,15 @@ WITH q AS (
            COALESCE(EXTRACT(EPOCH FROM now() - min(run_at) FILTER (WHERE state = 'available')), 0)
                AS lag_seconds
     FROM {S}.jobs GROUP BY queue
+), d AS ({DONE_COUNTS_BY_QUEUE}
+), qd AS (
+    SELECT COALESCE(q.queue, d.queue) AS queue, q.scheduled, q.available, q.retryable, q.running,
+           COALESCE(q.failed, 0) + COALESCE(d.failed, 0) AS failed, q.waiting_external,
+           q.consequence_pending, q.owed, q.overdue,
+           COALESCE(q.completed_last_hour, 0) + COALESCE(d.completed_last_hour, 0)
+               AS completed_last_hour,
+           q.lag_seconds
+    FROM q FULL JOIN d ON d.queue = q.queue
 ), u AS (
     SELECT queue, sum(n)::bigint AS unhandled FROM ({UNHANDLED_AVAILABLE}) x GROUP BY queue
 )
@@ -89,7 +119,7 @@ SELECT COALESCE(q.queue, m.queue), COALESCE(q.scheduled, 0), COALESCE(q.availabl
        COALESCE(q.owed, 0), COALESCE(q.overdue, 0),
        COALESCE(q.completed_last_hour, 0), COALESCE(q.lag_seconds, 0)::float8,
        COALESCE(m.paused, false), COALESCE(u.unhandled, 0)
-FROM q FULL JOIN {S}.queue_meta m ON m.queue = q.queue
+FROM qd q FULL JOIN {S}.queue_meta m ON m.queue = q.queue
 LEFT JOIN u ON u.queue = COALESCE(q.queue, m.queue)
 ORDER BY 1"""
 
@@ -114,15 +144,20 @@ ON CONFLICT (queue) DO UPDATE SET dlq = EXCLUDED.dlq"""
 
 # The unique key of a job, live or dead-lettered (to find who holds it after a conflict).
 UNIQUE_KEY_OF = f"""
-SELECT unique_key FROM {S}.jobs WHERE id = %(id)s
+SELECT unique_key FROM {JOBS_ALL} WHERE id = %(id)s
 UNION ALL SELECT unique_key FROM {S}.dlq WHERE id = %(id)s LIMIT 1"""
 
-# The live job holding a unique key (to name it in a UniqueConflict message).
+# The job holding a unique key, live or finished (to name it in a UniqueConflict message).
 UNIQUE_HOLDER = f"""
-SELECT id, state::text FROM {S}.jobs
-WHERE unique_key = %s AND unique_key IS NOT NULL
-  AND (unique_states & (1 << {S}.state_bit(state))) <> 0
-ORDER BY id LIMIT 1"""
+WITH k AS (SELECT %s::bytea AS key)
+(SELECT j.id, j.state::text FROM {S}.jobs j, k
+ WHERE j.unique_key = k.key AND j.unique_key IS NOT NULL
+   AND (j.unique_states & (1 << {S}.state_bit(j.state))) <> 0
+ ORDER BY j.id LIMIT 1)
+UNION ALL
+(SELECT j.id, j.state::text FROM k JOIN {S}.unique_holds u ON u.unique_key = k.key
+ JOIN {S}.jobs_done j ON j.id = u.job_id AND {S}.done_slot(j.state, j.finalized_at) = u.slot)
+LIMIT 1"""
 
 # retry_failed: failed -> available, attempt 0 (as RETRY_JOB), by kind or queue: the settled
 # failed jobs, except a failed row whose handler still runs (an early fail_external; see
@@ -139,32 +174,58 @@ UPDATE {S}.jobs j
 SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
     {ends_attempt()}"""
 
-RETRY_FAILED = f"""{_RETRY_FAILED_SET}
-WHERE j.id IN (SELECT j.id FROM {S}.jobs j WHERE {_RETRYABLE_FAILED}
-               ORDER BY j.id FOR UPDATE SKIP LOCKED)
-RETURNING {J_JOB_COLUMNS}"""
+
+# Failed jobs live in both storages (a marked or owed one stays in the hot table, ADR 016): each
+# statement reads both, jobs_done through its failed slices only.
+def _retry_failed(where: str) -> str:
+    return f"""
+WITH {moved_back(f"{where}{_RETRYABLE_FAILED} AND {FAILED_SLICES}", _RETRIED_ROW, J_JOB_COLUMNS)},
+live AS ({_RETRY_FAILED_SET}
+    WHERE j.id IN (SELECT j.id FROM {S}.jobs j WHERE {where}{_RETRYABLE_FAILED}
+                   ORDER BY j.id FOR UPDATE SKIP LOCKED)
+    RETURNING {J_JOB_COLUMNS}
+)
+SELECT * FROM back UNION ALL SELECT * FROM live"""
+
+
+RETRY_FAILED = _retry_failed("")
 
 FAILED_IDS = f"""
-SELECT j.id FROM {S}.jobs j WHERE {_RETRYABLE_FAILED} ORDER BY j.id"""
+SELECT j.id FROM {S}.jobs j WHERE {_RETRYABLE_FAILED}
+UNION ALL
+SELECT j.id FROM {S}.jobs_done j WHERE {_RETRYABLE_FAILED} AND {FAILED_SLICES}
+ORDER BY 1"""
 
 # Candidates of the move-to-DLQ and discard fallbacks.
-SETTLED_FAILED_IDS = f"SELECT j.id FROM {S}.jobs j WHERE {_SETTLED_FAILED} ORDER BY j.id"
+SETTLED_FAILED_IDS = f"""
+SELECT j.id FROM {S}.jobs j WHERE {_SETTLED_FAILED}
+UNION ALL
+SELECT j.id FROM {S}.jobs_done j WHERE {_SETTLED_FAILED} AND {FAILED_SLICES}
+ORDER BY 1"""
 
 # awa's RetryFailedResult.matched: failed jobs the filter finds (owed ones included).
-FAILED_MATCHING = f"""
-SELECT count(*) FROM {S}.jobs j WHERE j.state = 'failed'
+_FAILED_MATCH = """j.state = 'failed'
   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s)
   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)"""
+FAILED_MATCHING = f"""
+SELECT (SELECT count(*) FROM {S}.jobs j WHERE {_FAILED_MATCH})
+     + (SELECT count(*) FROM {S}.jobs_done j WHERE {_FAILED_MATCH} AND {FAILED_SLICES})"""
 
-RETRY_FAILED_ONE = f"""{_RETRY_FAILED_SET}
-WHERE j.id = %(id)s AND {_RETRYABLE_FAILED}
-RETURNING {J_JOB_COLUMNS}"""
+RETRY_FAILED_ONE = _retry_failed("j.id = %(id)s AND ")
+
 
 # Jobs whose failure consequence is still owed are kept (deleting them would lose it).
-DISCARD_FAILED = f"DELETE FROM {S}.jobs j WHERE {_SETTLED_FAILED} RETURNING j.id"
+def _discard_failed(where: str) -> str:
+    return f"""
+WITH h AS (DELETE FROM {S}.jobs j WHERE {where}{_SETTLED_FAILED} RETURNING j.id),
+f AS (DELETE FROM {S}.jobs_done j WHERE {where}{_SETTLED_FAILED} AND {FAILED_SLICES}
+      RETURNING j.id)
+SELECT id FROM h UNION ALL SELECT id FROM f"""
 
-DISCARD_FAILED_ONE = f"""
-DELETE FROM {S}.jobs j WHERE j.id = %(id)s AND {_SETTLED_FAILED} RETURNING j.id"""
+
+DISCARD_FAILED = _discard_failed("")
+
+DISCARD_FAILED_ONE = _discard_failed("j.id = %(id)s AND ")
 
 # drain_queue guard: waiting rows of one queue, parked (waiting_external) ones included as in
 # awa-pg; running attempts are left alone.
@@ -191,9 +252,9 @@ WHERE j.id = %(id)s AND {_DRAINABLE}
 RETURNING j.id"""
 
 # Whole rows as JSON (every column, consequence bookkeeping included).
-DUMP_JOB = f"SELECT to_jsonb(j) FROM {S}.jobs j WHERE id = %s"
+DUMP_JOB = f"SELECT to_jsonb(j) FROM {JOBS_ALL} j WHERE id = %s"
 
 # awa_fast.testing.work_one: the job after its outcome, as awa's testing.JobRow.
 TESTING_JOB_ROW = f"""
 SELECT id, kind, queue, args, attempt, max_attempts, priority, tags, state::text AS state
-FROM {S}.jobs WHERE id = %s"""
+FROM {JOBS_ALL} WHERE id = %s"""

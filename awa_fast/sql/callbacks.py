@@ -37,7 +37,7 @@ WHERE id = %s AND run_lease = %s AND state = 'running' AND callback_id = %s"""
 
 POLL_CALLBACK_WAIT = f"""
 SELECT state::text, run_lease, callback_id, metadata -> '_awa_callback_result'
-FROM {S}.jobs WHERE id = %s"""
+FROM {S}.jobs_all WHERE id = %s"""
 
 # The callback's CEL expressions (006), read under LOCK_BY_CALLBACK's row lock.
 CALLBACK_EXPRESSIONS = f"""

@@ -2,7 +2,14 @@
 and the worker's failure path run, corrections of completed jobs and the verify pass.
 """
 
-from awa_fast.sql.fragments import CONSEQUENCE_COLUMNS, JOB_COLUMNS, S, ends_attempt
+from awa_fast.sql.fragments import (
+    CONSEQUENCE_COLUMNS,
+    JOB_COLUMNS,
+    JOBS_ALL,
+    S,
+    ends_attempt,
+    moved_back,
+)
 
 LOCK_RUNNING = f"""
 SELECT {JOB_COLUMNS}, {CONSEQUENCE_COLUMNS} FROM {S}.jobs
@@ -73,14 +80,31 @@ WHERE id = %s AND consequence_state = 'owed' AND consequence_retry_at <= now()
   AND state IN ('consequence_pending', 'failed')
 FOR UPDATE SKIP LOCKED"""
 
+# A corrected job owes its consequence: it moves back from jobs_done to the hot table (ADR 016).
+_CORRECTED_ROW = {
+    "state": f"'failed'::{S}.job_state",
+    "finalized_at": "now()",
+    "errors": "o.errors || %(error)s::jsonb",
+    "consequence_state": "%(cstate)s::text",
+    "consequence_reason": "'corrected'",
+    "consequence_path": "'reconciliation'",
+    "consequence_retry_at": "now()",
+    "consequence_applied_at": "NULL",
+    "consequence_error": "NULL",
+}
+
 CORRECT_TO_FAILED = f"""
-UPDATE {S}.jobs
-SET state = 'failed', finalized_at = now(), errors = errors || %(error)s::jsonb,
-    consequence_state = %(cstate)s, consequence_reason = 'corrected',
-    consequence_path = 'reconciliation', consequence_retry_at = now(),
-    consequence_applied_at = NULL, consequence_error = NULL
-WHERE id = %(id)s AND state = 'completed'
-RETURNING {JOB_COLUMNS}"""
+WITH {moved_back("j.id = %(id)s AND j.state = 'completed'", _CORRECTED_ROW, JOB_COLUMNS)},
+live AS (
+    UPDATE {S}.jobs
+    SET state = 'failed', finalized_at = now(), errors = errors || %(error)s::jsonb,
+        consequence_state = %(cstate)s, consequence_reason = 'corrected',
+        consequence_path = 'reconciliation', consequence_retry_at = now(),
+        consequence_applied_at = NULL, consequence_error = NULL
+    WHERE id = %(id)s AND state = 'completed'
+    RETURNING {JOB_COLUMNS}
+)
+SELECT * FROM back UNION ALL SELECT * FROM live"""
 
 CONSEQUENCES_OWED = f"""
 SELECT id, kind, queue, state::text, consequence_reason, consequence_path, consequence_attempts,
@@ -89,14 +113,21 @@ SELECT id, kind, queue, state::text, consequence_reason, consequence_path, conse
 FROM {S}.jobs WHERE consequence_state = 'owed' ORDER BY id LIMIT %s"""
 
 UNVERIFIED_COMPLETED = f"""
-SELECT {JOB_COLUMNS} FROM {S}.jobs
+SELECT {JOB_COLUMNS} FROM {JOBS_ALL}
 WHERE kind = ANY(%s) AND state = 'completed' AND verified_at IS NULL
   AND finalized_at > now() - %s * interval '1 second'
 ORDER BY id LIMIT %s"""
 
-MARK_VERIFIED = f"UPDATE {S}.jobs SET verified_at = now() WHERE id = ANY(%s)"
+MARK_VERIFIED = f"""
+WITH i AS (SELECT unnest(%s::bigint[]) AS id),
+h AS (UPDATE {S}.jobs j SET verified_at = now() FROM i WHERE j.id = i.id)
+UPDATE {S}.jobs_done j SET verified_at = now() FROM i WHERE j.id = i.id"""
 
 # The verify pass re-checks, under the row lock, that the job is still unverified and completed.
 LOCK_UNVERIFIED = f"""
-SELECT id FROM {S}.jobs WHERE id = %s AND state = 'completed' AND verified_at IS NULL
-FOR UPDATE SKIP LOCKED"""
+WITH i AS (SELECT %s::bigint AS id),
+h AS (SELECT j.id FROM {S}.jobs j, i WHERE j.id = i.id AND j.state = 'completed'
+      AND j.verified_at IS NULL FOR UPDATE OF j SKIP LOCKED),
+f AS (SELECT j.id FROM {S}.jobs_done j, i WHERE j.id = i.id AND j.state = 'completed'
+      AND j.verified_at IS NULL FOR UPDATE OF j SKIP LOCKED)
+SELECT id FROM h UNION ALL SELECT id FROM f"""

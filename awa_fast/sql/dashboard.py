@@ -1,6 +1,6 @@
 """Read statements of the web dashboard (``awa_fast.web``).
 
-Every statement is bounded so a page stays fast on a table of millions of finished jobs
+Every statement is bounded so a page stays fast with millions of finished jobs
 (docs/adr/008-dashboard-bounded-queries.md): it reads through a partial index whose size is the *active* set (available, scheduled,
 retryable, running, waiting, owed), through the primary key within a window of ids, or one row by
 id. None counts or sorts the whole job table; lists page by keyset (``id < before``), never OFFSET.
@@ -26,7 +26,7 @@ CHILD_ROWS = 100
 PROVENANCE_KEY = "awa:triggered_by"
 
 # Newest and oldest job id: two backward/forward primary-key probes.
-ID_BOUNDS = f"SELECT min(id), max(id) FROM {S}.jobs"
+ID_BOUNDS = f"SELECT min(id), max(id) FROM {S}.jobs_all"
 
 # -- queues ------------------------------------------------------------------------------------
 
@@ -55,7 +55,7 @@ SELECT queue,
        count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
        count(*) FILTER (WHERE state = 'completed'
                         AND finalized_at > now() - interval '5 minutes') AS completed_5m
-FROM {S}.jobs WHERE id >= %(floor)s GROUP BY queue"""
+FROM {S}.jobs_all WHERE id >= %(floor)s GROUP BY queue"""
 
 QUEUE_META = f"SELECT queue, paused, paused_at, paused_by, dlq FROM {S}.queue_meta ORDER BY queue"
 
@@ -69,20 +69,20 @@ _LIST_COLUMNS = (
 # One page of jobs, newest first, inside the id window [floor, before): a filter that matches
 # few rows costs at most the window, and the page says which ids it examined.
 JOB_PAGE = f"""
-SELECT {_LIST_COLUMNS} FROM {S}.jobs
+SELECT {_LIST_COLUMNS} FROM {S}.jobs_all
 WHERE id < %(before)s AND id >= %(floor)s
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
   AND (%(state)s::text IS NULL OR state = %(state)s::{S}.job_state)
 ORDER BY id DESC LIMIT %(limit)s"""
 
-JOB_DETAIL = f"SELECT *, state::text AS state, false AS in_dlq FROM {S}.jobs WHERE id = %(id)s"
+JOB_DETAIL = f"SELECT *, state::text AS state, false AS in_dlq FROM {S}.jobs_all WHERE id = %(id)s"
 
 DLQ_DETAIL = f"SELECT *, state::text AS state, true AS in_dlq FROM {S}.dlq WHERE id = %(id)s"
 
 # A job's summary wherever it lives (the job table or the DLQ), for lineage links.
 JOB_SUMMARY = f"""
-SELECT id, kind, queue, state::text AS state, false AS in_dlq FROM {S}.jobs WHERE id = %(id)s
+SELECT id, kind, queue, state::text AS state, false AS in_dlq FROM {S}.jobs_all WHERE id = %(id)s
 UNION ALL
 SELECT id, kind, queue, state::text, true FROM {S}.dlq WHERE id = %(id)s"""
 
@@ -92,7 +92,7 @@ _CHILD_MATCH = (
 )
 JOB_CHILDREN = f"""
 SELECT * FROM (
-    SELECT id, kind, queue, state::text AS state, false AS in_dlq FROM {S}.jobs
+    SELECT id, kind, queue, state::text AS state, false AS in_dlq FROM {S}.jobs_all
     WHERE {_CHILD_MATCH}
     UNION ALL
     SELECT id, kind, queue, state::text, true FROM {S}.dlq WHERE {_CHILD_MATCH}
@@ -131,7 +131,7 @@ ORDER BY consequence_retry_at, id LIMIT %(limit)s"""
 CONSEQUENCES_APPLIED = f"""
 SELECT id, kind, queue, state::text AS state, consequence_reason, consequence_path,
        consequence_attempts, consequence_applied_at
-FROM {S}.jobs WHERE id >= %(floor)s AND consequence_state = 'applied'
+FROM {S}.jobs_all WHERE id >= %(floor)s AND consequence_state = 'applied'
 ORDER BY id DESC LIMIT %(limit)s"""
 
 # -- workers and the maintenance leader --------------------------------------------------------

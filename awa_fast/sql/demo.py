@@ -24,12 +24,14 @@ RESULT_TOTALS = f"""
 SELECT count(*) FILTER (WHERE found), count(*) FILTER (WHERE NOT found), coalesce(sum(size), 0)
 FROM {RESULTS_TABLE}"""
 
-# Params of the next five: the demo's kinds (a list).
+# Params of the next five: the demo's kinds (a list; DELETE_JOBS takes it as %(kinds)s).
 COUNTS = f"""
-SELECT kind, state::text, count(*) FROM {S}.jobs
+SELECT kind, state::text, count(*) FROM {S}.jobs_all
 WHERE kind = ANY(%s) GROUP BY 1, 2"""
 
-DELETE_JOBS = f"DELETE FROM {S}.jobs WHERE kind = ANY(%s)"
+DELETE_JOBS = f"""
+WITH f AS (DELETE FROM {S}.jobs_done WHERE kind = ANY(%(kinds)s))
+DELETE FROM {S}.jobs WHERE kind = ANY(%(kinds)s)"""
 
 DELETE_DLQ = f"DELETE FROM {S}.dlq WHERE kind = ANY(%s)"
 
@@ -41,9 +43,9 @@ AND state IN ('available', 'scheduled', 'retryable', 'running')"""
 
 # Params of the rest: one kind.
 FAILURES = f"""
-SELECT args->>'path', split_part(errors->-1->>'error', E'\\n', 1) FROM {S}.jobs
+SELECT args->>'path', split_part(errors->-1->>'error', E'\\n', 1) FROM {S}.jobs_all
 WHERE kind = %s AND state = 'failed' ORDER BY args->>'path'"""
 
-ARG_NAMES = f"SELECT args->>'name' FROM {S}.jobs WHERE kind = %s"
+ARG_NAMES = f"SELECT args->>'name' FROM {S}.jobs_all WHERE kind = %s"
 
-CONTINUATIONS = f"SELECT count(*) FROM {S}.jobs WHERE kind = %s AND (args->>'offset')::int > 0"
+CONTINUATIONS = f"SELECT count(*) FROM {S}.jobs_all WHERE kind = %s AND (args->>'offset')::int > 0"

@@ -2,7 +2,13 @@
 listing, retrying (re-inserting under the same id) and purging entries.
 """
 
-from awa_fast.sql.fragments import _ATTEMPT_STILL_RUNS, _SETTLED_FAILED, JOB_COLUMNS, S
+from awa_fast.sql.fragments import (
+    _ATTEMPT_STILL_RUNS,
+    _SETTLED_FAILED,
+    FAILED_SLICES,
+    JOB_COLUMNS,
+    S,
+)
 
 DEAD_LETTER = f"SELECT {S}.dead_letter_if_enabled(%s, %s)"
 
@@ -11,11 +17,14 @@ DEAD_LETTER_MANY = f"""
 SELECT m.id FROM unnest(%s::bigint[], %s::text[]) AS m(id, reason)
 WHERE {S}.dead_letter_if_enabled(m.id, m.reason)"""
 
-# A failed row whose dead-letter move failed stays failed in jobs: say so in its errors.
-NOTE_DEAD_LETTER_FAILED = f"""
-UPDATE {S}.jobs SET errors = errors || jsonb_build_array(jsonb_build_object(
+# A failed row whose dead-letter move failed stays failed (in either storage): say so in its
+# errors.
+_NOTE_DLQ_FAILED = """SET errors = errors || jsonb_build_array(jsonb_build_object(
     'error', 'dead-letter move failed: ' || %(error)s, 'at', now()))
 WHERE id = %(id)s AND state = 'failed'"""
+NOTE_DEAD_LETTER_FAILED = f"""
+WITH h AS (UPDATE {S}.jobs {_NOTE_DLQ_FAILED})
+UPDATE {S}.jobs_done {_NOTE_DLQ_FAILED}"""
 
 # DLQ rows carry the job columns (JOB_COLUMNS order) followed by these three.
 DLQ_COLUMNS = f"{JOB_COLUMNS}, dlq_reason, dlq_at, original_run_lease"
@@ -85,12 +94,20 @@ WITH d AS (DELETE FROM {S}.dlq WHERE id = %(id)s AND {_DLQ_FILTER} AND {_DLQ_NOT
 
 # Admin move of failed jobs to the DLQ (whatever the queue's policy).
 _MOVE_TO_DLQ = f"""
-WITH d AS (
+WITH h AS (
     DELETE FROM {S}.jobs WHERE id IN (
         SELECT j.id FROM {S}.jobs j WHERE {_SETTLED_FAILED} AND {{where}}
         ORDER BY j.id FOR UPDATE SKIP LOCKED)
-    RETURNING *)
-INSERT INTO {S}.dlq SELECT d.*, %(reason)s, now(), d.run_lease FROM d
+    RETURNING *
+), f AS (
+    DELETE FROM {S}.jobs_done WHERE id IN (
+        SELECT j.id FROM {S}.jobs_done j WHERE {_SETTLED_FAILED} AND {FAILED_SLICES}
+          AND {{where}}
+        ORDER BY j.id FOR UPDATE SKIP LOCKED)
+    RETURNING *
+)
+INSERT INTO {S}.dlq
+SELECT d.*, %(reason)s, now(), d.run_lease FROM (SELECT * FROM h UNION ALL SELECT * FROM f) d
 RETURNING id"""
 
 DLQ_MOVE_ONE = _MOVE_TO_DLQ.format(where="j.id = %(id)s")

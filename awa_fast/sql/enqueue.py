@@ -78,15 +78,27 @@ UNIQUE_CONFLICT_TARGET = (
 # inserted with ON CONFLICT DO NOTHING. Ids are drawn in (trigger, order) order among the rows
 # that pass ``where``; rows are inserted in unique-key order, so two completions whose
 # follow-ups share keys wait for each other instead of deadlocking (ADR-046's deadlock-free
-# multi-insert completion).
-def _follow_ups_insert(where: str) -> str:
+# multi-insert completion). A key a finished job holds (unique_holds) is skipped too:
+# finished_holds_key locks the key and looks with a fresh snapshot, after any completion in
+# flight on it committed (in key order: it runs on the sorted rows). ``completing``: a CTE of
+# rows this statement completes (unique_key, unique_states), whose keys are held as of now.
+def _follow_ups_insert(where: str, completing: str | None = None) -> str:
+    own = (
+        ""
+        if completing is None
+        else f"""NOT EXISTS (SELECT 1 FROM {completing} c WHERE c.unique_key = v.unique_key
+                            AND (c.unique_states & (1 << {S}.state_bit('completed'))) <> 0)
+             AND """
+    )
     return f"""{_INSERT_TARGET_WITH_ID}
-    SELECT v.id, v.kind, v.queue, v.args,
-           (CASE WHEN v.run_at IS NOT NULL THEN 'scheduled' ELSE 'available' END)::{S}.job_state,
-           v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata, v.tags,
-           v.unique_key, v.unique_states, v.ordering_key
-    FROM (SELECT nextval('{S}.jobs_id_seq') AS id, r.kind, r.queue, r.args, r.priority,
-                 r.max_attempts, r.run_at, r.metadata, r.tags,
+    SELECT v.id, v.kind, v.queue, v.args, v.state, v.priority, v.max_attempts,
+           COALESCE(v.run_at, now()), v.metadata, v.tags, v.unique_key, v.unique_states,
+           v.ordering_key
+    FROM (SELECT v.* FROM (
+          SELECT nextval('{S}.jobs_id_seq') AS id, r.kind, r.queue, r.args,
+                 (CASE WHEN r.run_at IS NOT NULL THEN 'scheduled'
+                       ELSE 'available' END)::{S}.job_state AS state,
+                 r.priority, r.max_attempts, r.run_at, r.metadata, r.tags,
                  decode(r.unique_key, 'hex') AS unique_key, r.unique_states,
                  decode(r.ordering_key, 'hex') AS ordering_key
           FROM jsonb_to_recordset(%s::jsonb)
@@ -95,6 +107,11 @@ def _follow_ups_insert(where: str) -> str:
                     tags text[], unique_key text, unique_states smallint, ordering_key text)
           WHERE {where}
           ORDER BY r.trigger, r.ord) AS v
+          ORDER BY v.unique_key, v.id
+          OFFSET 0) AS v  -- a fence: the key checks below run on the sorted rows
+    WHERE v.unique_key IS NULL
+       OR (v.unique_states & (1 << {S}.state_bit(v.state))) = 0
+       OR ({own}NOT {S}.finished_holds_key(v.unique_key))
     ORDER BY v.unique_key, v.id
     ON CONFLICT {UNIQUE_CONFLICT_TARGET} DO NOTHING"""
 

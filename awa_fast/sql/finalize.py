@@ -4,15 +4,28 @@ heartbeats and progress, and the duplicate cancel of a completion that collided.
 """
 
 from awa_fast.sql.enqueue import _follow_ups_insert
-from awa_fast.sql.fragments import _OWES, COMPLETED, S, _cancel_duplicate, _rescue_set
+from awa_fast.sql.fragments import (
+    _OWES,
+    ALL_COLUMNS,
+    COMPLETED_ROW,
+    S,
+    _cancel_duplicate,
+    _rescue_set,
+    moved_row,
+)
 
 # The compact path: one guarded statement per batch; the caller sorts ids so batches lock in order.
+# The completed rows leave the hot table in the statement: deleted there, appended to jobs_done
+# (whose statement trigger counts them and holds their unique keys, ADR 016).
 COMPLETE_MANY = f"""
-UPDATE {S}.jobs j
-SET {COMPLETED}
-FROM unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
-WHERE j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
-RETURNING j.id, j.run_lease"""
+WITH d AS (
+    DELETE FROM {S}.jobs j USING unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
+    WHERE j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
+    RETURNING j.*
+)
+INSERT INTO {S}.jobs_done ({ALL_COLUMNS})
+SELECT {moved_row("d", COMPLETED_ROW)} FROM d
+RETURNING id, run_lease"""
 
 # Every other outcome of an attempt: one guarded statement. delay is seconds (NULL keeps run_at);
 # error is a one-element JSON array appended to errors (NULL appends nothing).
@@ -66,7 +79,7 @@ WITH d AS (
     UPDATE {S}.dlq SET heartbeat_at = NULL
     WHERE id = %(id)s AND run_lease = %(lease)s AND heartbeat_at IS NOT NULL
 )
-UPDATE {S}.jobs SET heartbeat_at = NULL
+UPDATE {S}.jobs SET heartbeat_at = NULL, state = state  -- a finished row then moves (ADR 016)
 WHERE id = %(id)s AND run_lease = %(lease)s AND heartbeat_at IS NOT NULL
   AND (state <> 'running' OR deadline_at < now())"""
 
@@ -115,12 +128,15 @@ COMPLETE_WITH_FOLLOW_UPS = f"""
 WITH quiet AS (
     SELECT set_config('{S}.defer_notify', 'on', true)
 ), done AS (
-    UPDATE {S}.jobs
-    SET {COMPLETED}
+    DELETE FROM {S}.jobs
     WHERE id = %s AND run_lease = %s AND state = 'running'
-    RETURNING id
+    RETURNING *
+), fin AS (
+    INSERT INTO {S}.jobs_done ({ALL_COLUMNS})
+    SELECT {moved_row("d", COMPLETED_ROW)} FROM done d
+    RETURNING unique_key, unique_states
 ), ins AS (
-    {_follow_ups_insert("EXISTS (SELECT 1 FROM done)")}
+    {_follow_ups_insert("EXISTS (SELECT 1 FROM done)", completing="fin")}
     RETURNING unique_key, queue, state
 )
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM ins),
@@ -134,14 +150,16 @@ FROM quiet"""
 # and the finalizer redoes the batch job by job (so one bad job cannot roll back the others).
 COMPLETE_MANY_WITH_FOLLOW_UPS = f"""
 WITH done AS (
-    UPDATE {S}.jobs j
-    SET {COMPLETED}
-    FROM unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
+    DELETE FROM {S}.jobs j USING unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
     WHERE j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
-    RETURNING j.id, j.run_lease
+    RETURNING j.*
+), fin AS (
+    INSERT INTO {S}.jobs_done ({ALL_COLUMNS})
+    SELECT {moved_row("d", COMPLETED_ROW)} FROM done d
+    RETURNING unique_key, unique_states
 ), ins AS (
     -- by (job, lease): two attempts of one job may share a batch; only the current one counts
-    {_follow_ups_insert("(r.trigger, r.lease) IN (SELECT id, run_lease FROM done)")}
+    {_follow_ups_insert("(r.trigger, r.lease) IN (SELECT id, run_lease FROM done)", completing="fin")}
     RETURNING 1
 )
 SELECT ARRAY(SELECT id FROM done), ARRAY(SELECT run_lease FROM done),

@@ -12,6 +12,44 @@ JOB_COLUMNS = (
 
 J_JOB_COLUMNS = ", ".join("j." + c.strip() for c in JOB_COLUMNS.split(","))
 
+# Every column of awa_fast.jobs, in table order: awa_fast.jobs_done has the same ones (migration
+# 010), so a row moves between the two by position.
+ALL_COLUMNS = (
+    JOB_COLUMNS.replace("unique_states,", "unique_states, ordering_key,")
+    + ", consequence_state, consequence_reason, consequence_path, consequence_error, "
+    "consequence_attempts, consequence_retry_at, consequence_applied_at, verified_at"
+)
+
+# Live jobs and finished jobs together (migration 010): reads that may meet a finished job.
+JOBS_ALL = f"{S}.jobs_all"
+
+# The failed / cancelled slices of jobs_done (partition pruning on its key expression).
+FAILED_SLICES = f"{S}.done_slot(j.state, j.finalized_at) >= 32"
+
+
+def moved_row(source: str, overrides: dict[str, str]) -> str:
+    """The select list of a row of ``source`` (an alias with every jobs column) written to the
+    other storage, every column in table order, ``overrides`` (column -> SQL expression)
+    replacing some."""
+    return ", ".join(
+        overrides.get(c.strip(), f"{source}.{c.strip()}") for c in ALL_COLUMNS.split(",")
+    )
+
+
+def moved_back(done_where: str, overrides: dict[str, str], returning: str) -> str:
+    """CTEs ``back`` (rows of jobs_done matching ``done_where``, over alias j, deleted and
+    re-inserted into the hot table with ``overrides``, in unique-key order) returning
+    ``returning``: how an admin call brings a finished job back to life."""
+    return f"""back_out AS (
+    DELETE FROM {S}.jobs_done WHERE id IN (
+        SELECT j.id FROM {S}.jobs_done j WHERE {done_where} ORDER BY j.id FOR UPDATE SKIP LOCKED)
+    RETURNING *
+), back AS (
+    INSERT INTO {S}.jobs AS j ({ALL_COLUMNS})
+    SELECT {moved_row("o", overrides)} FROM back_out o ORDER BY o.unique_key, o.id
+    RETURNING {returning}
+)"""
+
 
 def ends_attempt(heartbeat_at: str | None = "NULL") -> str:
     """The SET items that end an attempt: no deadline, no callback wait. ``heartbeat_at``: the
@@ -24,14 +62,28 @@ def ends_attempt(heartbeat_at: str | None = "NULL") -> str:
 # The SET items of every completion (the worker's, batched or not, and an external one).
 COMPLETED = f"state = 'completed', finalized_at = now(), progress = NULL, {ends_attempt()}"
 
+# ... as the columns of the row a worker's completion writes to jobs_done (moved_row).
+COMPLETED_ROW = {
+    "state": f"'completed'::{S}.job_state",
+    "finalized_at": "now()",
+    "progress": "NULL",
+    "heartbeat_at": "NULL",
+    "deadline_at": "NULL",
+    "callback_id": "NULL",
+    "callback_timeout_at": "NULL",
+}
+
 
 # A row's unique key is held by ANOTHER row (that row's state is in that row's mask): the
 # predicate of idx_awa_fast_jobs_unique, so the lookup uses that index.
+# A finished job holds it if it is in unique_holds (migration 010).
 def _key_held_by_other(alias: str) -> str:
     return (
-        f"EXISTS (SELECT 1 FROM {S}.jobs h WHERE h.unique_key = {alias}.unique_key "
+        f"(EXISTS (SELECT 1 FROM {S}.jobs h WHERE h.unique_key = {alias}.unique_key "
         f"AND h.id <> {alias}.id AND h.unique_key IS NOT NULL "
-        f"AND (h.unique_states & (1 << {S}.state_bit(h.state))) <> 0)"
+        f"AND (h.unique_states & (1 << {S}.state_bit(h.state))) <> 0) "
+        f"OR EXISTS (SELECT 1 FROM {S}.unique_holds u WHERE u.unique_key = {alias}.unique_key "
+        f"AND u.job_id <> {alias}.id))"
     )
 
 

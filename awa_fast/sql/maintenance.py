@@ -90,23 +90,9 @@ UPDATE {S}.jobs j SET {_rescue_set(_KEEP_FRESH_MARK)},
 FROM r WHERE j.id = r.id
 RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
 
-# Prune guard (bulk and row by row): terminal rows past their retention.
-# A row whose failure consequence is still owed is kept past retention: deleting it would drop
-# the debt (models/settlement.pml, nothing_owed_is_lost).
-_PRUNABLE = """((j.state = 'completed'
-        AND j.finalized_at < now() - %(completed_s)s * interval '1 second')
-       OR (j.state IN ('failed', 'cancelled')
-           AND j.finalized_at < now() - %(failed_s)s * interval '1 second'))
-      AND j.consequence_state IS DISTINCT FROM 'owed'"""
-
-PRUNE = f"""
-DELETE FROM {S}.jobs WHERE id IN (
-    SELECT j.id FROM {S}.jobs j WHERE {_PRUNABLE} LIMIT %(limit)s)
-RETURNING id"""
-
-PRUNE_IDS = f"SELECT j.id FROM {S}.jobs j WHERE {_PRUNABLE} LIMIT %(limit)s"
-
-PRUNE_ONE = f"DELETE FROM {S}.jobs j WHERE j.id = %(id)s AND {_PRUNABLE} RETURNING id"
+# Finished jobs are not pruned row by row: retention truncates whole slices of jobs_done
+# (sql/finished.py, ADR 016). A row whose failure consequence is still owed stays in the hot
+# table, so no slice ever holds a debt (models/settlement.pml, nothing_owed_is_lost).
 
 # Maintenance: DLQ retention (independent of the jobs' retention).
 _DLQ_PRUNABLE = "d.dlq_at < now() - %(dlq_s)s * interval '1 second'"

@@ -227,7 +227,9 @@ def create_app(
         job_id = _path_id(request)
         row = await reads().job(job_id)
         if row is None:
-            raise HTTPException(404, f"no job {job_id} (neither in awa_fast.jobs nor in the DLQ)")
+            raise HTTPException(
+                404, f"no job {job_id} (neither in awa_fast.jobs_all nor in the DLQ)"
+            )
         trigger, trigger_id, children = await reads().lineage(row)
         errors = [_error_parts(e) for e in (row.get("errors") or [])]
         return render(

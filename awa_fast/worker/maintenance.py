@@ -83,6 +83,8 @@ class MaintenanceConfig:
     promote_batch_size: int = 4096
     reconcile_interval_ms: int = 1_000
     verify_window_s: float = 3600.0
+    hot_vacuum_interval_ms: int = 1_000
+    hot_vacuum_dead_rows: int = 10_000
 
 
 class Maintenance:
@@ -118,7 +120,8 @@ class Maintenance:
         self._loops: list[asyncio.Task] = []
         self._deposed = asyncio.Event()
         self.loops: dict[str, LoopHealth] = {}
-        self.counts = {"promoted": 0, "rescued": 0, "pruned": 0}
+        self.counts = {"promoted": 0, "rescued": 0, "pruned": 0, "hot_vacuums": 0}
+        self._vacuum_conn: psycopg.AsyncConnection | None = None
         # fired after each pass of a leader loop with (loop name, its result or exception)
         self.passed = Signal("maintenance pass")
         # fired when this process takes or gives up leadership (value: is_leader)
@@ -236,6 +239,7 @@ class Maintenance:
             ("rescue", rescue_ms / 1000, self.rescue_running),
             ("callback_rescue", c.callback_rescue_interval_ms / 1000, self.rescue_callbacks),
             ("prune", c.cleanup_interval_ms / 1000, self.prune),
+            ("vacuum_hot", c.hot_vacuum_interval_ms / 1000, self.vacuum_hot),
         ]
         loops += [
             (getattr(fn, "__name__", repr(fn)).lstrip("_"), s, functools.partial(fn, self.fenced))
@@ -263,6 +267,10 @@ class Maintenance:
             except Exception:  # closing a dead connection may fail; it is gone either way
                 pass
             self._lock_conn = None
+        if self._vacuum_conn is not None:
+            with contextlib.suppress(Exception):  # as the lock connection: gone either way
+                await self._vacuum_conn.close()
+            self._vacuum_conn = None
         if was_leader:
             self.leadership.fire(False)
 
@@ -442,39 +450,100 @@ class Maintenance:
         )
 
     async def prune(self) -> int:
-        """Delete terminal jobs older than their retention, and DLQ entries older than
-        ``dlq_retention_days``. Returns the rows deleted (both tables). A row whose delete
-        fails alone (say a trigger refuses it) is kept (logged); the rest are pruned."""
+        """Expire finished jobs and DLQ entries past their retention. Returns the rows removed.
+
+        Finished jobs go a whole slice at a time (:meth:`expire_slices`: one TRUNCATE, no
+        per-row delete); DLQ entries older than ``dlq_retention_days`` row by row (a row whose
+        delete fails alone, say a trigger refuses it, is kept and logged). A finished row the
+        hot table kept for a stale "still running" mark moves to the finished storage."""
         c = self.config
         params = {
-            "completed_s": c.completed_retention_hours * 3600,
-            "failed_s": c.failed_retention_hours * 3600,
             "dlq_s": c.dlq_retention_days * 86400,
             "limit": c.cleanup_batch_size,
+            "stale_ms": c.heartbeat_staleness_ms,
         }
         pruned = 0
         async with self.fenced() as conn:
             await conn.execute(sql.WORKERS_PRUNE)
             await conn.execute(sql.CALLBACK_EXPRESSIONS_PRUNE)
             await conn.execute(sql.BATCH_RETENTION_PRUNE)
+            await conn.execute(sql.SETTLE_STALE_MARKS, params)
+            await conn.execute(sql.FOLD_COUNTS)
             if c.descriptor_retention_days > 0:
                 await conn.execute(
                     sql.DESCRIPTORS_PRUNE, {"retention_s": c.descriptor_retention_days * 86400}
                 )
-            for what, many, ids, one in (
-                ("prune", sql.PRUNE, sql.PRUNE_IDS, sql.PRUNE_ONE),
-                ("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS, sql.PRUNE_DLQ_ONE),
-            ):
-                done = await bulk.run_isolated(
-                    conn,
-                    what=what,
-                    bulk=functools.partial(_fetch, conn, many, params),
-                    keys=functools.partial(_fetch_ids, conn, ids, params),
-                    one=functools.partial(_fetch_id, conn, one, params),
-                )
-                pruned += len(done.rows)
+            done = await bulk.run_isolated(
+                conn,
+                what="DLQ prune",
+                bulk=functools.partial(_fetch, conn, sql.PRUNE_DLQ, params),
+                keys=functools.partial(_fetch_ids, conn, sql.PRUNE_DLQ_IDS, params),
+                one=functools.partial(_fetch_id, conn, sql.PRUNE_DLQ_ONE, params),
+            )
+            pruned += len(done.rows)
+        pruned += await self.expire_slices()
         self.counts["pruned"] += pruned
         return pruned
+
+    async def expire_slices(self) -> int:
+        """TRUNCATE every finished slice whose newest row is past its class's retention
+        (``completed_retention_hours``; ``failed_retention_hours`` for failed and cancelled),
+        releasing the unique keys its jobs held. Returns the rows removed.
+
+        Each slice is its own fenced transaction: its partition is locked ACCESS EXCLUSIVE
+        (waiting at most 2 s for a writer), its expiry checked again under the lock, then
+        truncated. A slice that cannot be locked or truncated is kept (logged) and tried next
+        pass; the others are pruned.
+
+        Raises:
+            Deposed: another process took leadership.
+        """
+        ages = {
+            "completed_s": self.config.completed_retention_hours * 3600,
+            "failed_s": self.config.failed_retention_hours * 3600,
+        }
+        pool = await self._pool_getter()
+        async with pool.connection() as conn:
+            expired = [r[0] for r in await _fetch(conn, sql.EXPIRED_SLICES, ages)]
+        pruned = 0
+        for slot in expired:
+            try:
+                async with self.fenced() as conn:
+                    await conn.execute(sql.SLICE_LOCK_TIMEOUT)
+                    await conn.execute(sql.lock_slice(slot))
+                    cur = await conn.execute(sql.EXPIRED_SLICE, {**ages, "slot": slot})
+                    row = await cur.fetchone()
+                    if row is not None:
+                        await conn.execute(sql.truncate_slice(slot))
+                        await conn.execute(sql.RELEASE_SLICE, {"slot": slot})
+                        pruned += row[0]
+            except psycopg.Error as exc:
+                log.warning(
+                    "finished slice %s kept this pass: %s: %s", slot, type(exc).__name__, exc
+                )
+        return pruned
+
+    async def vacuum_hot(self) -> bool:
+        """VACUUM the hot table when its dead rows passed ``hot_vacuum_dead_rows``, on a
+        connection of its own (autocommit). Autovacuum visits a database at most once per
+        ``autovacuum_naptime`` (60 s by default): at thousands of jobs per second that alone
+        leaves hundreds of thousands of dead rows between visits. Returns True if it vacuumed.
+
+        Raises:
+            psycopg.Error: the statistics or the VACUUM failed (the loop retries).
+        """
+        if self._vacuum_conn is None or self._vacuum_conn.closed or self._vacuum_conn.broken:
+            self._vacuum_conn = await psycopg.AsyncConnection.connect(
+                self.database_url, autocommit=True
+            )
+        conn = self._vacuum_conn
+        cur = await conn.execute(sql.HOT_DEAD_ROWS)
+        row = await cur.fetchone()
+        if row is None or row[0] < self.config.hot_vacuum_dead_rows:
+            return False
+        await conn.execute(sql.VACUUM_HOT)
+        self.counts["hot_vacuums"] += 1
+        return True
 
 
 async def _fetch(conn, query: str, params) -> list[tuple]:

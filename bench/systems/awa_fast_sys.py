@@ -152,8 +152,8 @@ class Adapter:
 
     def count_query(self, workload: str) -> str:
         if workload == "failmix":
-            return "SELECT count(*) FROM awa_fast.jobs WHERE state IN ('completed', 'failed')"
-        return "SELECT count(*) FROM awa_fast.jobs WHERE state = 'completed'"
+            return "SELECT count(*) FROM awa_fast.jobs_all WHERE state IN ('completed', 'failed')"
+        return "SELECT count(*) FROM awa_fast.jobs_all WHERE state = 'completed'"
 
     def supports(self, workload: str) -> bool:
         return True

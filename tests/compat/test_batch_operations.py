@@ -153,7 +153,7 @@ async def test_cancel_and_purge(dsn, client):
     assert (await client.cancel_batch_operation(active["id"]))["state"] == "cancelling"
     done = await _run_to_end(dsn, active["id"])
     assert done["state"] == "cancelled" and done["processed"] == 0  # stopped before a chunk
-    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE priority = 4") == 0
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE priority = 4") == 0
 
     assert await client.purge_batch_operations(datetime.now(UTC) - timedelta(days=1)) == 0
     assert await client.purge_batch_operations(datetime.now(UTC) + timedelta(seconds=1)) == 2
@@ -187,7 +187,7 @@ async def test_the_leader_runs_it_and_the_sync_twins(dsn, client):
         assert [o["id"] for o in sync.list_batch_operations()] == [op["id"]]
         assert (
             await scalar(
-                dsn, "SELECT count(*) FROM awa_fast.jobs WHERE queue = 'lq' AND priority = 2"
+                dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE queue = 'lq' AND priority = 2"
             )
             == 3
         )

@@ -54,7 +54,9 @@ async def test_any_explicit_run_at_is_scheduled_then_promoted(dsn, client):
     assert {j.state for j in copied} == {awa.JobState.Scheduled}
     promoted = await Maintenance(dsn, client.pool, MaintenanceConfig()).promote()
     assert promoted == 4  # the four past ones; the future one waits
-    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE state = 'scheduled'") == 1
+    assert (
+        await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE state = 'scheduled'") == 1
+    )
 
 
 def test_unreachable_database_raises_at_construction():
@@ -86,7 +88,7 @@ def test_migrations_sql_creates_its_schema_and_runs_by_hand(fresh_db):
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         for _version, _desc, text in awa.migrations():
             conn.execute(text)
-        assert conn.execute("SELECT count(*) FROM awa_fast.jobs").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM awa_fast.jobs_all").fetchone()[0] == 0
 
 
 async def test_drain_queue_cancels_parked_jobs(dsn, client):
@@ -160,7 +162,7 @@ async def test_args_that_cannot_round_trip_are_rejected_at_insert(dsn, client, a
     assert e.value.field == field and field in str(e.value)
     with pytest.raises(awa.ValidationError):
         await client.insert_many_copy([args])
-    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs") == 0
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all") == 0
 
 
 async def test_flush_progress_sync_from_an_async_handler_returns(dsn, client):

@@ -35,7 +35,7 @@ class Rollback(Exception):
 def _count(dsn: str, kind: str) -> int:
     with psycopg.connect(dsn) as conn:
         return conn.execute(
-            "SELECT count(*) FROM awa_fast.jobs WHERE kind = %s", (kind,)
+            "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = %s", (kind,)
         ).fetchone()[0]
 
 

@@ -139,7 +139,8 @@ async def test_bad_expressions_are_rejected_at_registration_naming_the_field(dsn
     assert "undeclared variable(s): limit" in str(outcomes[ids["on_fail"]])
     # nothing was registered for the rejected calls
     assert (
-        await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs WHERE callback_id IS NOT NULL") == 0
+        await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE callback_id IS NOT NULL")
+        == 0
     )
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.callback_expressions") == 0
 

@@ -83,7 +83,7 @@ async def test_a_new_schedule_fires_at_once_on_postgres(dsn):
             assert await periodic.evaluate(conn) == 0
             cur = await conn.execute(
                 "SELECT metadata->>'awa:cron_name', metadata->>'awa:cron_fire_at' "
-                "FROM awa_fast.jobs ORDER BY id"
+                "FROM awa_fast.jobs_all ORDER BY id"
             )
             rows = await cur.fetchall()
     minute = periodic.latest_fire("* * * * *", "UTC", now)

@@ -1,0 +1,109 @@
+"""Statements of the finished-job storage (migration 010, ADR 016): the slices of
+``awa_fast.jobs_done`` that retention truncates whole, their counters, and the hot table's
+vacuum.
+
+A slice is the partition of one final-state class (completed: slots ``0 .. RING_SLOTS - 1``,
+failed and cancelled: ``RING_SLOTS .. 2 * RING_SLOTS - 1``) and one period of ``finalized_at``
+(``awa_fast.done_slot``). It expires when the newest row written to it is older than its class's
+retention.
+"""
+
+from awa_fast.sql.fragments import S
+
+RING_SLOTS = 32  # slices per class (awa_fast.done_slot)
+COMPLETED_SLICE_S = 3600  # period of a completed slice
+FAILED_SLICE_S = 3 * 3600  # period of a failed / cancelled slice
+
+
+def slice_table(slot: int) -> str:
+    """The partition of ``awa_fast.jobs_done`` that holds slice ``slot`` (0 .. 63).
+
+    Raises:
+        ValueError: ``slot`` is not a slice of the ring.
+    """
+    if not 0 <= slot < 2 * RING_SLOTS:
+        raise ValueError(f"no finished slice {slot}")
+    if slot < RING_SLOTS:
+        return f"{S}.jobs_done_c{slot:02d}"
+    return f"{S}.jobs_done_f{slot - RING_SLOTS:02d}"
+
+
+# A slice's class retention in seconds (params completed_s, failed_s).
+_RETENTION = (
+    f"CASE WHEN slot < {RING_SLOTS} THEN %(completed_s)s::float8 ELSE %(failed_s)s::float8 END"
+    " * interval '1 second'"
+)
+
+# Slices whose newest row is past its retention (from the counters: no scan of the slices).
+EXPIRED_SLICES = f"""
+SELECT slot FROM {S}.done_counts GROUP BY slot
+HAVING max(newest) < now() - {_RETENTION}
+ORDER BY slot"""
+
+# Under the slice's ACCESS EXCLUSIVE lock (no writer in flight), the same test again: its rows
+# if still expired, no row otherwise (a late writer put a young row in it).
+EXPIRED_SLICE = f"""
+SELECT COALESCE(sum(n), 0)::bigint FROM {S}.done_counts WHERE slot = %(slot)s
+HAVING max(newest) < now() - CASE WHEN %(slot)s < {RING_SLOTS} THEN %(completed_s)s::float8
+                                  ELSE %(failed_s)s::float8 END * interval '1 second'"""
+
+# A writer waiting on the lock waits at most this long for the prune; the prune gives up and
+# tries the slice again next pass.
+SLICE_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s'"
+
+
+def lock_slice(slot: int) -> str:
+    """``LOCK TABLE`` of slice ``slot``'s partition, ACCESS EXCLUSIVE."""
+    return f"LOCK TABLE {slice_table(slot)} IN ACCESS EXCLUSIVE MODE"
+
+
+def truncate_slice(slot: int) -> str:
+    """``TRUNCATE`` of slice ``slot``'s partition."""
+    return f"TRUNCATE {slice_table(slot)}"
+
+
+# With the slice: the unique keys its jobs held and its counters (per-row deletes, unique jobs
+# and counter rows only).
+RELEASE_SLICE = f"""
+WITH h AS (DELETE FROM {S}.unique_holds WHERE slot = %(slot)s)
+DELETE FROM {S}.done_counts WHERE slot = %(slot)s"""
+
+# Counter rows older than two hours are folded into one row per (slot, queue, state) (bucket
+# 'epoch', backend 0): what stays is bounded by the ring, not by the writers or the minutes.
+FOLD_COUNTS = f"""
+WITH old AS (
+    DELETE FROM {S}.done_counts
+    WHERE bucket < now() - interval '2 hours' AND backend <> 0
+    RETURNING slot, queue, state, n, newest
+)
+INSERT INTO {S}.done_counts AS c (slot, bucket, queue, state, backend, n, newest)
+SELECT slot, 'epoch', queue, state, 0, sum(n), max(newest) FROM old
+GROUP BY slot, queue, state ORDER BY slot, queue, state
+ON CONFLICT (slot, bucket, queue, state, backend)
+DO UPDATE SET n = c.n + EXCLUDED.n, newest = GREATEST(c.newest, EXCLUDED.newest)"""
+
+# Finished rows kept in the hot table by their "still running" mark once the mark went stale
+# (the worker died without clearing it): the mark is cleared, so they move to jobs_done
+# (state = state fires the move trigger).
+SETTLE_STALE_MARKS = f"""
+UPDATE {S}.jobs SET heartbeat_at = NULL, state = state
+WHERE state IN ('completed', 'failed', 'cancelled') AND heartbeat_at IS NOT NULL
+  AND heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'"""
+
+# The hot table's dead rows (the statistics the backends flushed, about once a second).
+HOT_DEAD_ROWS = f"""
+SELECT COALESCE(n_dead_tup, 0) FROM pg_stat_user_tables WHERE relid = '{S}.jobs'::regclass"""
+
+# Run on an autocommit connection; skipped when autovacuum holds the table.
+VACUUM_HOT = f"VACUUM (SKIP_LOCKED) {S}.jobs"
+
+# Finished jobs per queue from the counters: failed / cancelled held now, completed in the last
+# hour (minute buckets; rows of the hour's first, partial minute are left out).
+DONE_COUNTS_BY_QUEUE = f"""
+SELECT queue,
+       COALESCE(sum(n) FILTER (WHERE state = 'failed'), 0)::bigint AS failed,
+       COALESCE(sum(n) FILTER (WHERE state = 'cancelled'), 0)::bigint AS cancelled,
+       COALESCE(sum(n) FILTER (WHERE state = 'completed'
+                               AND bucket >= now() - interval '1 hour'), 0)::bigint
+           AS completed_last_hour
+FROM {S}.done_counts GROUP BY queue"""

@@ -1,0 +1,447 @@
+"""Finished jobs leave the hot table (migration 010, ADR 016), on a real PostgreSQL: the hot
+table holds live jobs only; unique keys are held across the hot table and the finished storage
+(also against a concurrent completion); retention truncates whole slices (no dead tuples left,
+keys released); the DLQ and owed consequences across the two; the migration of a database at
+008; and bounded plans with a large finished history."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+import awa_fast as awa
+from awa_fast import sql
+from awa_fast.errors import UniqueConflict
+from awa_fast.schema import MIGRATE_LOCK_KEY, migrate_sync, migrations
+from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+from tests.support import poll_until, truncate, wait_state
+
+FINISHED = ("completed", "failed", "cancelled")
+
+
+@dataclasses.dataclass
+class Item:
+    n: int
+
+
+@pytest.fixture(autouse=True)
+async def clean(dsn):
+    await truncate(dsn)
+
+
+def rows(dsn: str, query: str, params=None) -> list[dict]:
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def one(dsn: str, query: str, params=None):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(query, params).fetchone()[0]
+
+
+def hot_states(dsn: str) -> set[str]:
+    return {r["state"] for r in rows(dsn, "SELECT DISTINCT state::text FROM awa_fast.jobs")}
+
+
+def dead_tuples(dsn: str, table: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        return conn.execute(
+            "SELECT dead_tuple_count FROM pgstattuple(%s::regclass)", (table,)
+        ).fetchone()[0]
+
+
+def maintenance(client, **config) -> Maintenance:
+    return Maintenance(client.database_url, client.pool, MaintenanceConfig(**config))
+
+
+def finish(dsn: str, job_ids: list[int], state: str = "completed", age: str = "0") -> None:
+    """Finish jobs the way an admin statement does (the move trigger takes them out)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = %s::awa_fast.job_state, "
+            "finalized_at = now() - %s::interval WHERE id = ANY(%s)",
+            (state, age, job_ids),
+        )
+
+
+# -- the hot table holds live jobs only ---------------------------------------------------------
+
+
+async def test_completed_failed_and_cancelled_jobs_leave_the_hot_table(client, dsn):
+    @client.task(Item)
+    async def work(job):
+        if job.args.n == 1:
+            raise awa.TerminalError("no")
+        return None
+
+    done = await client.insert(Item(0))
+    failed = await client.insert(Item(1))
+    cancelled = await client.insert(Item(2), run_at=None, queue="elsewhere")
+    await client.cancel(cancelled.id)
+    await client.start([("default", 2)], poll_interval_ms=50)
+    try:
+        await wait_state(client, done.id, "completed")
+        await wait_state(client, failed.id, "failed")
+    finally:
+        await client.shutdown()
+    assert hot_states(dsn) == set()
+    assert {
+        r["id"]: r["state"] for r in rows(dsn, "SELECT id, state::text FROM awa_fast.jobs_done")
+    } == {done.id: "completed", failed.id: "failed", cancelled.id: "cancelled"}
+    # reads and listings see both storages
+    assert (await client.get_job(done.id)).state == awa.JobState.Completed
+    listed = {j.id for j in await client.list_jobs(limit=10)}
+    assert {done.id, failed.id, cancelled.id} <= listed
+    stats = {s.queue: s for s in await client.queue_stats()}
+    assert stats["default"].failed == 1 and stats["default"].completed_last_hour == 1
+
+
+# -- unique keys across the hot table and the finished storage ----------------------------------
+
+
+async def test_a_finished_job_holds_its_key_until_its_slice_is_pruned(client, dsn):
+    first = await client.insert({"k": 1}, kind="uniq", unique_opts={})
+    finish(dsn, [first.id], age="3 hours")
+    assert hot_states(dsn) == set()
+    assert rows(dsn, "SELECT job_id FROM awa_fast.unique_holds") == [{"job_id": first.id}]
+    with pytest.raises(UniqueConflict):
+        await client.insert({"k": 1}, kind="uniq", unique_opts={})
+    # a mask without completed holds nothing once completed
+    free = await client.insert({"k": 2}, kind="uniq", unique_opts={"states": 0b10})
+    finish(dsn, [free.id])
+    await client.insert({"k": 2}, kind="uniq", unique_opts={"states": 0b10})
+    # retention passes: the slice goes, and the key with it
+    assert await maintenance(client, completed_retention_hours=1).expire_slices() == 1
+    assert rows(dsn, "SELECT job_id FROM awa_fast.unique_holds") == []
+    again = await client.insert({"k": 1}, kind="uniq", unique_opts={})
+    assert again.id != first.id
+
+
+async def _waiting_on_lock(dsn: str) -> bool:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return (await cur.fetchone())[0] > 0
+
+
+async def test_duplicate_insert_racing_a_completion_sees_the_committed_hold(client, dsn):
+    """The completion deletes the holder from the hot table and writes the hold, uncommitted;
+    the duplicate waits (on the hot table's unique index and the key's lock) and, once the
+    completion commits, finds the hold: UniqueConflict, never two holders."""
+    job = await client.insert({"r": 1}, kind="race", unique_opts={})
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'running', run_lease = 1 WHERE id = %s", (job.id,)
+        )
+    completer = await psycopg.AsyncConnection.connect(dsn)
+    try:
+        cur = await completer.execute(sql.COMPLETE_MANY, ([job.id], [1]))
+        assert await cur.fetchall() == [(job.id, 1)]
+        pending = asyncio.create_task(client.insert({"r": 1}, kind="race", unique_opts={}))
+        # server state (a backend waiting on a lock): no signal of this process reports it
+        await poll_until(lambda: _waiting_on_lock(dsn), what="the duplicate waits")
+        assert not pending.done()
+        await completer.commit()
+        with pytest.raises(UniqueConflict):
+            await pending
+    finally:
+        await completer.close()
+    assert one(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'race'") == 1
+
+
+async def test_completion_racing_a_duplicate_insert_sees_the_committed_duplicate(client, dsn):
+    """The other order: the duplicate is inserted (uncommitted) while the holder runs outside
+    its mask; the completion waits on the key's lock and, once the duplicate commits, fails
+    with unique_violation (the finalizer cancels it as a duplicate)."""
+    states = 0b1010  # available, completed
+    job = await client.insert({"r": 2}, kind="race", unique_opts={"states": states})
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'running', run_lease = 1 WHERE id = %s", (job.id,)
+        )
+    tx = await client.transaction()
+    try:
+        dup = await tx.insert({"r": 2}, kind="race", unique_opts={"states": states})
+        completer = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        try:
+            pending = asyncio.create_task(completer.execute(sql.COMPLETE_MANY, ([job.id], [1])))
+            # server state (a backend waiting on a lock)
+            await poll_until(lambda: _waiting_on_lock(dsn), what="the completion waits")
+            await tx.commit()
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                await pending
+        finally:
+            await completer.close()
+    finally:
+        await tx.rollback()
+    assert rows(
+        dsn, "SELECT id, state::text FROM awa_fast.jobs_all WHERE kind = 'race' ORDER BY id"
+    ) == [
+        {"id": job.id, "state": "running"},
+        {"id": dup.id, "state": "available"},
+    ]
+    assert rows(dsn, "SELECT * FROM awa_fast.unique_holds") == []
+
+
+async def test_follow_up_racing_the_holders_completion_is_skipped_not_fatal(client, dsn):
+    """A follow-up whose key a job is completing right now: the follow-up insert waits for the
+    completion and skips the key (the completion holds it); the triggering completion commits."""
+    holder = await client.insert({"b": 1}, kind="stage_b", unique_opts={})
+    trigger = await client.insert({"a": 1}, kind="stage_a")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'running', run_lease = 1 WHERE id = ANY(%s)",
+            ([holder.id, trigger.id],),
+        )
+    completer = await psycopg.AsyncConnection.connect(dsn)
+    try:
+        await completer.execute(sql.COMPLETE_MANY, ([holder.id], [1]))
+        from awa_fast import enqueue, requests
+
+        follow = requests.prepare({"b": 1}, kind="stage_b", unique_opts={})
+        payload = enqueue.follow_ups_json([follow], trigger.id)
+        other = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        try:
+            pending = asyncio.create_task(
+                other.execute(sql.COMPLETE_WITH_FOLLOW_UPS, (trigger.id, 1, payload))
+            )
+            # server state (a backend waiting on a lock)
+            await poll_until(lambda: _waiting_on_lock(dsn), what="the follow-up insert waits")
+            await completer.commit()
+            cur = await pending
+            done, inserted, _keys, _queues = await cur.fetchone()
+            assert (done, inserted) == (1, 0)
+        finally:
+            await other.close()
+    finally:
+        await completer.close()
+    assert one(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'stage_b'") == 1
+    assert one(dsn, "SELECT state::text FROM awa_fast.jobs_all WHERE id = %s", (trigger.id,)) == (
+        "completed"
+    )
+
+
+# -- retention: whole slices ---------------------------------------------------------------------
+
+
+async def test_prune_truncates_expired_slices_only(client, dsn):
+    old = [(await client.insert(Item(i))).id for i in range(5)]
+    young = [(await client.insert(Item(i))).id for i in range(5, 8)]
+    failed_old = (await client.insert(Item(9))).id
+    finish(dsn, old, age="3 hours")
+    finish(dsn, young)
+    finish(dsn, [failed_old], state="failed", age="4 days")
+    m = maintenance(client, completed_retention_hours=1, failed_retention_hours=72)
+    assert await m.prune() == 6
+    left = {r["id"] for r in rows(dsn, "SELECT id FROM awa_fast.jobs_all")}
+    assert left == set(young)
+    # no per-row delete: the remaining storage has no dead tuples, the hot table none from it
+    for part in rows(
+        dsn,
+        "SELECT inhrelid::regclass::text AS t FROM pg_inherits "
+        "WHERE inhparent = 'awa_fast.jobs_done'::regclass",
+    ):
+        assert dead_tuples(dsn, part["t"]) == 0, part["t"]
+    # the counters went with the slices
+    assert one(dsn, "SELECT sum(n) FROM awa_fast.done_counts") == 3
+    assert await m.prune() == 0
+
+
+async def test_a_slice_that_cannot_be_truncated_is_kept_and_the_rest_pruned(client, dsn):
+    ids = [(await client.insert(Item(i))).id for i in range(4)]
+    finish(dsn, ids[:3], age="3 hours")
+    finish(dsn, ids[3:], age="6 hours")
+    bad = one(
+        dsn, "SELECT tableoid::regclass::text FROM awa_fast.jobs_done WHERE id = %s", (ids[3],)
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"""
+            CREATE FUNCTION public.refuse_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'truncate refused'; END $$;
+            CREATE TRIGGER refuse_truncate BEFORE TRUNCATE ON {bad}
+                FOR EACH STATEMENT EXECUTE FUNCTION public.refuse_truncate();""")
+    try:
+        assert await maintenance(client, completed_retention_hours=1).prune() == 3
+        assert [r["id"] for r in rows(dsn, "SELECT id FROM awa_fast.jobs_all")] == [ids[3]]
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                f"DROP TRIGGER refuse_truncate ON {bad}; DROP FUNCTION public.refuse_truncate()"
+            )
+    assert await maintenance(client, completed_retention_hours=1).prune() == 1
+
+
+# -- the DLQ and owed consequences across the two storages --------------------------------------
+
+
+async def test_dlq_moves_and_retries_across_the_storages(client, dsn):
+    job = await client.insert({"x": 1}, kind="to_dlq", unique_opts={"states": 31 | (1 << 5)})
+    finish(dsn, [job.id], state="failed")
+    assert rows(dsn, "SELECT job_id FROM awa_fast.unique_holds") == [{"job_id": job.id}]
+    moved = await client.move_failed_to_dlq(job.id, reason="operator")
+    assert moved
+    assert one(dsn, "SELECT count(*) FROM awa_fast.jobs_all") == 0
+    assert rows(dsn, "SELECT job_id FROM awa_fast.unique_holds") == []
+    assert one(dsn, "SELECT COALESCE(sum(n), 0) FROM awa_fast.done_counts") == 0
+    back = await client.retry_from_dlq(job.id)
+    assert back.state == awa.JobState.Available and hot_states(dsn) == {"available"}
+
+
+async def test_failed_job_retried_back_to_the_hot_table(client, dsn):
+    job = await client.insert({"x": 2}, kind="again", unique_opts={"states": 31 | (1 << 5)})
+    finish(dsn, [job.id], state="failed")
+    retried = await client.retry(job.id)
+    assert retried.state == awa.JobState.Available
+    assert rows(dsn, "SELECT id FROM awa_fast.jobs") == [{"id": job.id}]
+    assert one(dsn, "SELECT count(*) FROM awa_fast.jobs_done") == 0
+    assert rows(dsn, "SELECT * FROM awa_fast.unique_holds") == []
+    result = await client.retry_failed(kind="again")
+    assert result.matched == 0
+
+
+async def test_owed_consequence_stays_live_and_is_never_pruned(client, dsn):
+    job = await client.insert({"x": 3}, kind="owes")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() - interval '9 days', "
+            "consequence_state = 'owed', consequence_retry_at = now() WHERE id = %s",
+            (job.id,),
+        )
+    assert hot_states(dsn) == {"failed"}  # owed: still live
+    assert (
+        await maintenance(client, failed_retention_hours=0, completed_retention_hours=0).prune()
+        == 0
+    )
+    assert hot_states(dsn) == {"failed"}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE awa_fast.jobs SET consequence_state = 'applied' WHERE id = %s", (job.id,)
+        )
+    assert hot_states(dsn) == set()  # settled: it moved
+    assert await maintenance(client, failed_retention_hours=1).prune() == 1
+
+
+# -- the migration ------------------------------------------------------------------------------
+
+
+def test_migration_moves_an_existing_database(fresh_db):
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS awa_fast")
+        conn.execute(
+            "CREATE TABLE awa_fast.schema_version (version integer PRIMARY KEY, "
+            "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, description, text in migrations():
+            if version > 8:
+                break
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
+                conn.execute(text)
+                conn.execute(
+                    "INSERT INTO awa_fast.schema_version VALUES (%s, %s)", (version, description)
+                )
+        conn.execute("""
+            INSERT INTO awa_fast.jobs (kind, state, finalized_at, unique_key, unique_states,
+                                       consequence_state, heartbeat_at)
+            VALUES ('live', 'available', NULL, NULL, NULL, NULL, NULL),
+                   ('live', 'running', NULL, '\\x01', 31, NULL, now()),
+                   ('done', 'completed', now() - interval '2 hours', '\\x02', 31, NULL, NULL),
+                   ('done', 'completed', now(), NULL, NULL, NULL, NULL),
+                   ('done', 'failed', NULL, '\\x03', 31, NULL, NULL),
+                   ('owed', 'failed', now(), NULL, NULL, 'owed', NULL),
+                   ('marked', 'cancelled', now(), NULL, NULL, NULL, now())""")
+    assert migrate_sync(fresh_db) == [v for v, _d, _t in migrations() if v > 8]
+    assert {r["kind"] for r in rows(fresh_db, "SELECT kind FROM awa_fast.jobs")} == {
+        "live",
+        "owed",
+        "marked",
+    }
+    assert one(fresh_db, "SELECT count(*) FROM awa_fast.jobs_done") == 3
+    assert one(fresh_db, "SELECT count(*) FROM awa_fast.jobs_all") == 7
+    # the completed job with a key holds it; the failed one's mask does not hold failed
+    assert [
+        r["unique_key"] for r in rows(fresh_db, "SELECT unique_key FROM awa_fast.unique_holds")
+    ] == [b"\x02"]
+    assert one(fresh_db, "SELECT sum(n) FROM awa_fast.done_counts") == 3
+    with (
+        psycopg.connect(fresh_db, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.UniqueViolation),
+    ):
+        conn.execute(
+            "INSERT INTO awa_fast.jobs (kind, unique_key, unique_states) VALUES ('x', '\\x02', 31)"
+        )
+    assert migrate_sync(fresh_db) == []
+
+
+# -- bounded plans with a large finished history ---------------------------------------------------
+
+HISTORY = 200_000
+
+
+def plan_of(dsn: str, statement: str, params=None) -> str:
+    with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+        # Only where no index can serve a relation does a Seq Scan remain: the hot table is
+        # small (its active set) and most slices are empty, so costs alone would pick one.
+        conn.execute("SET enable_seqscan = off")
+        return "\n".join(r[0] for r in conn.execute("EXPLAIN " + statement, params))
+
+
+def test_stats_health_listing_and_admin_reads_are_bounded_by_the_live_set(dsn):
+    """With 200k finished jobs (a stand-in for 10 million: the plans are what matters), the
+    statements behind queue_stats and health_check never read the finished storage, and job
+    reads by id or newest-first listing only probe indexes of the slices."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"""
+            INSERT INTO awa_fast.jobs_done (id, kind, queue, state, attempt, run_at, created_at,
+                                            finalized_at)
+            SELECT nextval('awa_fast.jobs_id_seq'), 'kind_' || (g % 20), 'q' || (g % 3),
+                   (CASE WHEN g % 100 = 7 THEN 'failed' ELSE 'completed' END)::awa_fast.job_state,
+                   1, now() - interval '1 day', now() - interval '1 day',
+                   now() - (g % 20) * interval '1 hour'
+            FROM generate_series(1, {HISTORY}) g""")
+        conn.execute("""
+            INSERT INTO awa_fast.jobs (kind, queue, state)
+            SELECT 'kind_1', 'q1', 'available' FROM generate_series(1, 300)""")
+        conn.execute("ANALYZE awa_fast.jobs")
+        conn.execute("ANALYZE awa_fast.jobs_done")
+        conn.execute("ANALYZE awa_fast.done_counts")
+        newest = conn.execute("SELECT max(id) FROM awa_fast.jobs_done").fetchone()[0]
+    assert one(dsn, "SELECT sum(n) FROM awa_fast.done_counts") == HISTORY
+
+    untouched = {
+        "queue_stats": (sql.QUEUE_STATS, None),
+        "health_check": (sql.HEALTH_AVAILABLE, (["q1"],)),
+        "expired slices": (sql.EXPIRED_SLICES, {"completed_s": 3600, "failed_s": 3600}),
+    }
+    for name, (statement, params) in untouched.items():
+        plan = plan_of(dsn, statement, params)
+        assert "jobs_done" not in plan, f"{name}:\n{plan}"
+
+    probed = {
+        "get_job": (sql.GET_JOB, (newest - 5,)),
+        "list_jobs": (sql.LIST_JOBS, {"state": None, "kind": None, "queue": None, "limit": 50}),
+        "list_jobs, queue": (
+            sql.LIST_JOBS,
+            {"state": None, "kind": None, "queue": "q2", "limit": 50},
+        ),
+        "dump_job": (sql.DUMP_JOB, (newest,)),
+        "unique holder": (sql.UNIQUE_HOLDER, (b"\x01" * 16,)),
+        "retry": (sql.RETRY_JOB, {"id": newest, "stale_ms": 90_000}),
+        "dlq move": (sql.DLQ_MOVE_ONE, {"id": newest, "reason": "r", "kind": None, "queue": None}),
+    }
+    for name, (statement, params) in probed.items():
+        plan = plan_of(dsn, statement, params)
+        assert "Seq Scan on jobs" not in plan, f"{name}:\n{plan}"
+    # the newest-first listing stops after its page: a merge of backward index scans
+    plan = plan_of(dsn, sql.LIST_JOBS, probed["list_jobs"][1])
+    assert "Limit" in plan and "Index Scan Backward" in plan, plan
+    # bulk admin calls on failed jobs read only the failed slices
+    plan = plan_of(dsn, sql.FAILED_MATCHING, {"kind": "kind_7", "queue": None})
+    assert "jobs_done_c" not in plan and "jobs_done_f" in plan, plan
