@@ -13,8 +13,11 @@ outcome and its sealed staged follow-ups); the finalizer picks the path:
   registered specs, in its own transaction. A completion with follow-ups is one statement
   (``sql.COMPLETE_WITH_FOLLOW_UPS``: the guarded transition, then registered specs, then staged
   requests in staging order, inserted with ``ON CONFLICT`` on the dedup index -- a held unique
-  key is skipped, anything else rolls the completion back; ADR-029 / ADR-046, ADR 003). Other
-  outcomes run ``sql.TRANSITION`` (or the settlement of a failure) and their specs' inserts.
+  key is skipped, anything else rolls the completion back; ADR-029 / ADR-046, ADR 003). Its
+  insert sends no NOTIFY inside the transaction (a NOTIFY serializes commits database-wide);
+  the finalizer wakes the returned queues after the commit, coalesced by one notifier task
+  (``_wake_queues``, ADR 015). Other outcomes run ``sql.TRANSITION`` (or the settlement of a
+  failure) and their specs' inserts.
 * A batched completion that fails is redone alone on the per-job path (one bad row must not
   fail the others).
 * Retries (loop in ``_finalize_requests`` / ``_may_retry``): a deadlock re-runs the whole
