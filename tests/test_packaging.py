@@ -1,0 +1,30 @@
+"""A plain (non-editable) install ships every package of the source tree.
+
+The editable install the suite runs from finds subpackages in the source tree, so only a build
+shows a package missing from it (awa_fast.admin once was).
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_build_holds_every_package_and_its_data(tmp_path):
+    """setuptools' build_py (what a wheel is made of, less the compiled modules) copies every
+    package directory under awa_fast/ and its data files."""
+    res = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    packages = {init.parent.relative_to(ROOT) for init in (ROOT / "awa_fast").rglob("__init__.py")}
+    missing = sorted(str(p) for p in packages if not (tmp_path / p / "__init__.py").exists())
+    assert not missing, f"packages missing from the build: {missing}"
+    for data in ("awa_fast/py.typed", "awa_fast/schema/001_init.sql", "awa_fast/_ext/unique.pyi"):
+        assert (tmp_path / data).exists(), data
+    assert list((tmp_path / "awa_fast/web/templates").glob("*.html"))
