@@ -335,9 +335,11 @@ def _initdb(bindir: Path, datadir: Path, acct: _Account, *, nosync: bool) -> Non
 def _can_connect(dsn: str, timeout: int = 2) -> bool:
     import psycopg
 
+    from awa_fast import sql
+
     try:
         with psycopg.connect(dsn, connect_timeout=timeout, autocommit=True) as conn:
-            conn.execute("select 1")
+            conn.execute(sql.PING)
         return True
     except psycopg.Error:
         return False

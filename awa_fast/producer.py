@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from awa_fast import bulk, enqueue
+from awa_fast import bulk, enqueue, sql
 from awa_fast.connections import Connections
 from awa_fast.errors import QueueMismatchWarning, Unsupported, ValidationError
 from awa_fast.job import Job
@@ -159,7 +159,7 @@ class Producer:
         pool = await self._db.pool()
         conn = await pool.getconn()
         try:
-            await conn.execute("BEGIN")
+            await conn.execute(sql.TX_BEGIN)
         except BaseException:
             await pool.putconn(conn)
             raise

@@ -14,7 +14,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from awa_fast import bulk, enqueue
+from awa_fast import bulk, enqueue, sql
 from awa_fast.errors import AwaError
 from awa_fast.job import Job
 from awa_fast.requests import prepare
@@ -107,7 +107,7 @@ class Transaction:
         failed = self._conn.info.transaction_status == TransactionStatus.INERROR
         try:
             # Pooled connections are in autocommit mode; the client opened this one with BEGIN.
-            await self._conn.execute("COMMIT" if commit and not failed else "ROLLBACK")
+            await self._conn.execute(sql.TX_COMMIT if commit and not failed else sql.TX_ROLLBACK)
         finally:
             await self._pool.putconn(self._conn)
         if commit and failed:

@@ -131,3 +131,8 @@ h AS (SELECT j.id FROM {S}.jobs j, i WHERE j.id = i.id AND j.state = 'completed'
 f AS (SELECT j.id FROM {S}.jobs_done j, i WHERE j.id = i.id AND j.state = 'completed'
       AND j.verified_at IS NULL FOR UPDATE OF j SKIP LOCKED)
 SELECT id FROM h UNION ALL SELECT id FROM f"""
+
+# A failure consequence's effect runs under its own savepoint: undone alone when it fails.
+EFFECT_SAVEPOINT = "SAVEPOINT awa_fast_effect"
+EFFECT_ROLLBACK = "ROLLBACK TO SAVEPOINT awa_fast_effect"
+EFFECT_RELEASE = "RELEASE SAVEPOINT awa_fast_effect"

@@ -161,3 +161,7 @@ RUNNING = f"""
 SELECT id, kind, queue, attempt, max_attempts, attempted_at, heartbeat_at, deadline_at, progress,
        EXTRACT(EPOCH FROM now() - heartbeat_at)::float8 AS heartbeat_age
 FROM {S}.jobs WHERE state = 'running' ORDER BY id LIMIT %(limit)s"""
+
+# Every dashboard connection: a statement that runs longer fails (milliseconds).
+STATEMENT_TIMEOUT_MS = 5000
+SET_STATEMENT_TIMEOUT = f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}"

@@ -134,3 +134,9 @@ BRIDGE_INSERT_DOLLAR = BRIDGE_INSERT
 for _n in range(1, BRIDGE_INSERT.count("%s") + 1):
     BRIDGE_INSERT_DOLLAR = BRIDGE_INSERT_DOLLAR.replace("%s", f"${_n}", 1)
 del _n
+
+# Transactional enqueue (awa_fast.transaction): the client opens the transaction on a pooled
+# autocommit connection and ends it.
+TX_BEGIN = "BEGIN"
+TX_COMMIT = "COMMIT"
+TX_ROLLBACK = "ROLLBACK"

@@ -51,3 +51,7 @@ UPDATE {S}.leader SET epoch = epoch + 1, holder = %s, since = now() RETURNING ep
 LEADER_FENCE = f"SELECT epoch FROM {S}.leader WHERE epoch = %s FOR SHARE"
 
 LEADER_EPOCH = f"SELECT epoch FROM {S}.leader"
+
+# The epoch bump's wait for the previous leader's passes, in milliseconds (SET LOCAL: this
+# transaction only).
+LOCK_TIMEOUT_LOCAL = "SET LOCAL lock_timeout = {ms:d}"

@@ -47,3 +47,10 @@ SCHEMA_PRESENT = f"SELECT to_regclass('{S}.schema_version') IS NOT NULL"
 JOBS_PRESENT = f"SELECT to_regclass('{S}.jobs') IS NOT NULL"
 
 SCHEMA_VERSION = f"SELECT max(version) FROM {S}.schema_version"
+
+# The runtime's LISTEN connection: new jobs per queue, and cancel requests.
+LISTEN_QUEUE = f'LISTEN "{CHANNEL_QUEUE}"'
+LISTEN_CANCEL = f'LISTEN "{CHANNEL_CANCEL}"'
+
+# A server answers (awa_fast.embedded's start-up probe).
+PING = "SELECT 1"

@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from awa_fast import sql
 from awa_fast.sql import dashboard as q
 
-STATEMENT_TIMEOUT_MS = 5000
+STATEMENT_TIMEOUT_MS = q.STATEMENT_TIMEOUT_MS
 ACTIVE_STATES = (
     "available",
     "scheduled",
@@ -28,7 +28,7 @@ ACTIVE_STATES = (
 
 
 async def _configure(conn) -> None:
-    await conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+    await conn.execute(q.SET_STATEMENT_TIMEOUT)
 
 
 @dataclasses.dataclass

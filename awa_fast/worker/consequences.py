@@ -184,7 +184,7 @@ class ConsequenceApplier:
         failure = JobFailure(
             job, path, reason, error, conn, idempotency_key(job.id, job.run_lease, reason)
         )
-        await conn.execute("SAVEPOINT awa_fast_effect")
+        await conn.execute(sql.EFFECT_SAVEPOINT)
         try:
             async with asyncio.timeout(self.timeout_s):
                 result = fn(failure)
@@ -199,9 +199,9 @@ class ConsequenceApplier:
         except BaseException as exc:
             # KeyboardInterrupt raised inside it included, keeps the job owed (as for handlers)
             log.warning("failure consequence of %s job %s failed: %s", job.kind, job.id, exc)
-            await conn.execute("ROLLBACK TO SAVEPOINT awa_fast_effect")
+            await conn.execute(sql.EFFECT_ROLLBACK)
             return f"{type(exc).__qualname__}: {exc}"
-        await conn.execute("RELEASE SAVEPOINT awa_fast_effect")
+        await conn.execute(sql.EFFECT_RELEASE)
         return None
 
 

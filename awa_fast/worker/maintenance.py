@@ -215,7 +215,7 @@ class Maintenance:
         for last in (False, True):
             try:
                 async with conn.transaction():
-                    await conn.execute(f"SET LOCAL lock_timeout = {int(wait_ms)}")
+                    await conn.execute(sql.LOCK_TIMEOUT_LOCAL.format(ms=int(wait_ms)))
                     cur = await conn.execute(
                         sql.LEADER_BUMP, (f"{socket.gethostname()} pid {os.getpid()}",)
                     )

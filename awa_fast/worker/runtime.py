@@ -1182,8 +1182,8 @@ class Runtime:
         conn = await psycopg.AsyncConnection.connect(
             self.services.database_url, autocommit=True, connect_timeout=10
         )
-        await conn.execute(f'LISTEN "{sql.CHANNEL_QUEUE}"')
-        await conn.execute(f'LISTEN "{sql.CHANNEL_CANCEL}"')
+        await conn.execute(sql.LISTEN_QUEUE)
+        await conn.execute(sql.LISTEN_CANCEL)
         self._listen_conn = conn
         return conn
 
