@@ -84,11 +84,22 @@ DO UPDATE SET n = c.n + EXCLUDED.n, newest = GREATEST(c.newest, EXCLUDED.newest)
 
 # Finished rows kept in the hot table by their "still running" mark once the mark went stale
 # (the worker died without clearing it): the mark is cleared, so they move to jobs_done
-# (state = state fires the move trigger).
+# (state = state fires the move trigger). Through bulk.run_isolated: a row whose move fails (a
+# trigger, a key another job holds) is kept and logged, the others move, the pass goes on.
+_STALE_MARK = """s.state IN ('completed', 'failed', 'cancelled') AND s.heartbeat_at IS NOT NULL
+  AND s.heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'"""
+
 SETTLE_STALE_MARKS = f"""
 UPDATE {S}.jobs SET heartbeat_at = NULL, state = state
-WHERE state IN ('completed', 'failed', 'cancelled') AND heartbeat_at IS NOT NULL
-  AND heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'"""
+WHERE id IN (SELECT s.id FROM {S}.jobs s WHERE {_STALE_MARK} ORDER BY s.id LIMIT %(limit)s)
+RETURNING id"""
+
+STALE_MARK_IDS = f"""
+SELECT s.id FROM {S}.jobs s WHERE {_STALE_MARK} ORDER BY s.id LIMIT %(limit)s"""
+
+SETTLE_STALE_MARK_ONE = f"""
+UPDATE {S}.jobs s SET heartbeat_at = NULL, state = state
+WHERE s.id = %(id)s AND {_STALE_MARK} RETURNING s.id"""
 
 # The hot table's dead rows (the statistics the backends flushed, about once a second).
 HOT_DEAD_ROWS = f"""

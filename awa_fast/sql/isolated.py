@@ -38,6 +38,12 @@ from awa_fast.sql.finalize import (
     HEARTBEAT,
     TRANSITION,
 )
+from awa_fast.sql.finished import (
+    _STALE_MARK,
+    SETTLE_STALE_MARK_ONE,
+    SETTLE_STALE_MARKS,
+    STALE_MARK_IDS,
+)
 from awa_fast.sql.fragments import _SETTLED_FAILED, S
 from awa_fast.sql.maintenance import (
     _CALLBACK_EXPIRED,
@@ -80,6 +86,10 @@ ISOLATED = {
     "heartbeat": ("j.run_lease = b.lease", (HEARTBEAT,)),
     "dead_letter": (f"{S}.dead_letter_if_enabled(", (DEAD_LETTER_MANY, DEAD_LETTER)),
     "prune_dlq": (_DLQ_PRUNABLE, (PRUNE_DLQ, PRUNE_DLQ_IDS, PRUNE_DLQ_ONE)),
+    "settle_stale_marks": (
+        _STALE_MARK,
+        (SETTLE_STALE_MARKS, STALE_MARK_IDS, SETTLE_STALE_MARK_ONE),
+    ),
     "batch_apply": (_BATCH_ELIGIBLE, (BATCH_APPLY, BATCH_APPLY_ONE)),
 }
 

@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 
 from awa_fast import bulk, metrics, sql
+from awa_fast.errors import ConfigError
 from awa_fast.rows import one_row
 from awa_fast.worker.observe import Signal
 
@@ -87,6 +88,33 @@ class MaintenanceConfig:
     hot_vacuum_dead_rows: int = 10_000
 
 
+def check_retention(config: MaintenanceConfig) -> None:
+    """Reject a finished-job retention the slice ring cannot keep (ADR 016). A slice is written
+    again ``RING_SLOTS`` periods after it was first written; it must expire (newest row plus the
+    retention) before then, with one period to spare for the prune's interval and a leader
+    change. A longer retention would keep the slice's rows for as long as new ones arrive.
+
+    Raises:
+        ConfigError: ``completed_retention_hours`` above 30 or ``failed_retention_hours``
+            above 90, naming the field.
+    """
+    for field, period_s in (
+        ("completed_retention_hours", sql.COMPLETED_SLICE_S),
+        ("failed_retention_hours", sql.FAILED_SLICE_S),
+    ):
+        limit_h = (sql.RING_SLOTS - 2) * period_s / 3600
+        value = getattr(config, field)
+        if value > limit_h:
+            raise ConfigError(
+                f"{field}={value!r} is longer than the finished-job slices keep "
+                f"({limit_h:g} hours: {sql.RING_SLOTS} slices of {period_s // 3600} h, "
+                "one written now and one to spare); a longer retention needs a migration "
+                "that repartitions awa_fast.jobs_done",
+                field=field,
+                limit=f"<= {limit_h:g}",
+            )
+
+
 class Maintenance:
     """Runs the leader election loop and, while leader, the maintenance loops.
 
@@ -107,6 +135,7 @@ class Maintenance:
         consequence_kinds: Callable[[], list[str]] = list,
         known_kinds: Callable[[], list[str]] = list,
     ):
+        check_retention(config)
         self.database_url = database_url
         self._pool_getter = pool_getter
         self.config = config
@@ -467,7 +496,13 @@ class Maintenance:
             await conn.execute(sql.WORKERS_PRUNE)
             await conn.execute(sql.CALLBACK_EXPRESSIONS_PRUNE)
             await conn.execute(sql.BATCH_RETENTION_PRUNE)
-            await conn.execute(sql.SETTLE_STALE_MARKS, params)
+            await bulk.run_isolated(
+                conn,
+                what="stale mark settle",
+                bulk=functools.partial(_fetch, conn, sql.SETTLE_STALE_MARKS, params),
+                keys=functools.partial(_fetch_ids, conn, sql.STALE_MARK_IDS, params),
+                one=functools.partial(_fetch_id, conn, sql.SETTLE_STALE_MARK_ONE, params),
+            )
             await conn.execute(sql.FOLD_COUNTS)
             if c.descriptor_retention_days > 0:
                 await conn.execute(

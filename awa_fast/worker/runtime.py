@@ -31,7 +31,12 @@ from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.lingering import Lingering
-from awa_fast.worker.maintenance import MAX_BACKOFF_S, Maintenance, MaintenanceConfig
+from awa_fast.worker.maintenance import (
+    MAX_BACKOFF_S,
+    Maintenance,
+    MaintenanceConfig,
+    check_retention,
+)
 from awa_fast.worker.observe import Signal
 from awa_fast.worker.registry import Registry
 from awa_fast.worker.services import Services
@@ -645,6 +650,7 @@ class Runtime:
                     limit=">= 0",
                 )
             mconf.descriptor_retention_days = descriptor_retention_days
+        check_retention(mconf)
         self.maintenance_config = mconf
         names = {q.name for q in self.queues}
         for queue in services.queue_descriptors:
