@@ -217,3 +217,35 @@ async def test_guarantees_hold_under_every_fault_at_once(own_server, business):
                 assert (state, reason) == ("failed", "corrected"), (n, state, reason)
             elif mode != "slow":
                 assert state == "completed", (n, state, reason)
+        # The finished storage (ADR 016) after the restarts: the hot table keeps no finished row
+        # that should have moved, the counters say what the slices hold, every held key has one
+        # holder, and the holds are exactly the finished rows holding their keys.
+        assert (
+            await rows(
+                "SELECT id FROM awa_fast.jobs WHERE state IN ('completed', 'failed', 'cancelled') "
+                "AND heartbeat_at IS NULL AND consequence_state IS DISTINCT FROM 'owed'"
+            )
+            == []
+        )
+        assert await rows(
+            "SELECT slot, queue, state::text, sum(n) FROM awa_fast.done_counts "
+            "GROUP BY 1, 2, 3 HAVING sum(n) <> 0 ORDER BY 1, 2, 3"
+        ) == await rows(
+            "SELECT awa_fast.done_slot(state, finalized_at), queue, state::text, count(*) "
+            "FROM awa_fast.jobs_done GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+        )
+        assert (
+            await rows(
+                "SELECT unique_key FROM (SELECT unique_key FROM awa_fast.jobs "
+                "WHERE unique_key IS NOT NULL AND (unique_states & (1 << awa_fast.state_bit(state))) <> 0 "
+                "UNION ALL SELECT unique_key FROM awa_fast.unique_holds) k "
+                "GROUP BY 1 HAVING count(*) > 1"
+            )
+            == []
+        )
+        assert await rows(
+            "SELECT unique_key, job_id FROM awa_fast.unique_holds ORDER BY 1"
+        ) == await rows(
+            "SELECT unique_key, id FROM awa_fast.jobs_done WHERE unique_key IS NOT NULL "
+            "AND (unique_states & (1 << awa_fast.state_bit(state))) <> 0 ORDER BY 1"
+        )

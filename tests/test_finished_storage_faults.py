@@ -5,13 +5,16 @@ matching the rows after every move."""
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from awa_fast import sql
 from awa_fast.errors import ConfigError, UniqueConflict
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
-from tests.support import FAST, truncate
+from tests.support import FAST, truncate, wait_lock_waiter, wait_state
 
 CANCELLED_ONLY = 1 << 6  # awa_fast.state_bit('cancelled')
 
@@ -187,7 +190,6 @@ async def test_the_longest_accepted_retention_expires_a_slice_before_its_reuse(c
 
 
 async def test_counts_and_holds_follow_retries_corrections_dlq_and_rollbacks(client, dsn):
-    await client.set_queue_dlq("default", True) if hasattr(client, "set_queue_dlq") else None
     mask = 0b1111111  # every state but waiting_external
     jobs = [
         (await client.insert({"m": i}, kind="moves", unique_opts={"states": mask})).id
@@ -223,3 +225,162 @@ async def test_counts_and_holds_follow_retries_corrections_dlq_and_rollbacks(cli
     assert stats["default"].failed == len(
         rows(dsn, "SELECT id FROM awa_fast.jobs_all WHERE state = 'failed'")
     )
+
+
+# -- masks that hold only a final state, through a running worker ------------------------------
+
+
+@pytest.mark.parametrize(
+    "final, mask",
+    [("completed", 1 << 3), ("failed", 1 << 5), ("cancelled", 1 << 6)],
+)
+async def test_duplicates_whose_mask_holds_one_final_state_settle_through_a_worker(
+    client, dsn, final, mask
+):
+    """Two live jobs share a key that only the final state ``final`` holds (neither holds it
+    while live). The worker finishes both: the first holds the key in unique_holds, the
+    second, finishing into the same state, must not make a second holder, nor stick: it ends
+    cancelled as a duplicate (as the single table's index made it). Nothing is left live."""
+    import awa_fast as awa
+
+    @client.task(dict, kind=f"only_{final}")
+    async def work(job):
+        if final == "failed":
+            raise awa.TerminalError("no")
+        if final == "cancelled":
+            return awa.Cancel("stop")
+        return None
+
+    a = await client.insert({"k": 1}, kind=f"only_{final}", unique_opts={"states": mask})
+    b = await client.insert({"k": 1}, kind=f"only_{final}", unique_opts={"states": mask})
+    await client.start([("default", 1)], **FAST)
+    for job in (a, b):
+        await wait_state(client, job.id, "completed", "failed", "cancelled")
+    await client.close()
+    states = rows(dsn, "SELECT id, state::text, errors::text FROM awa_fast.jobs_all ORDER BY id")
+    assert states[0]["state"] == final, states
+    assert states[1]["state"] == "cancelled" and "duplicate" in states[1]["errors"], states
+    assert rows(dsn, "SELECT id FROM awa_fast.jobs") == []
+    assert [r["job_id"] for r in rows(dsn, "SELECT job_id FROM awa_fast.unique_holds")] == [a.id]
+    assert_bookkeeping(dsn)
+
+
+# -- retention under faults ---------------------------------------------------------------------
+
+
+def slice_of(dsn: str, job_id: int) -> str:
+    return rows(
+        dsn, "SELECT tableoid::regclass::text AS t FROM awa_fast.jobs_done WHERE id = %s", (job_id,)
+    )[0]["t"]
+
+
+async def test_a_prune_terminated_while_it_waits_for_a_slice_keeps_that_slice_only(client, dsn):
+    """The prune's backend is terminated (pg_terminate_backend) while it waits for one slice's
+    lock behind a reader: that slice is kept, the next slice is still truncated (on a new
+    connection), and the kept one goes on the next pass. Holds and counters follow."""
+    keyed = [(await client.insert({"t": i}, kind="term", unique_opts={})).id for i in range(2)]
+    execute(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'completed', "
+        "finalized_at = now() - interval '3 hours' WHERE id = %s",
+        (keyed[0],),
+    )
+    execute(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'completed', "
+        "finalized_at = now() - interval '6 hours' WHERE id = %s",
+        (keyed[1],),
+    )
+    blocked = slice_of(dsn, keyed[0])
+    assert blocked != slice_of(dsn, keyed[1])
+    reader = await psycopg.AsyncConnection.connect(dsn)
+    try:
+        await reader.execute(f"SELECT count(*) FROM {blocked}")  # holds ACCESS SHARE
+        m = maintenance(client, completed_retention_hours=1)
+        pruning = asyncio.create_task(m.expire_slices())
+        await wait_lock_waiter(dsn, query_like="LOCK TABLE%")
+        execute(
+            dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query LIKE 'LOCK TABLE%%' "
+            "AND wait_event_type = 'Lock'",
+        )
+        assert await pruning == 1
+    finally:
+        await reader.close()
+    assert [r["id"] for r in rows(dsn, "SELECT id FROM awa_fast.jobs_done")] == [keyed[0]]
+    assert_bookkeeping(dsn)
+    assert await m.expire_slices() == 1
+    assert rows(dsn, "SELECT id FROM awa_fast.jobs_done") == []
+    assert_bookkeeping(dsn)
+
+
+async def test_a_slice_whose_holds_cannot_be_released_is_kept_whole(client, dsn):
+    """A trigger refuses the delete of one slice's unique holds: that slice's TRUNCATE rolls
+    back with it (its rows keep their keys), the other slice goes; nothing wedges."""
+    keyed = [(await client.insert({"h": i}, kind="holds", unique_opts={})).id for i in range(2)]
+    execute(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'completed', "
+        "finalized_at = now() - interval '3 hours' WHERE id = %s",
+        (keyed[0],),
+    )
+    execute(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'completed', "
+        "finalized_at = now() - interval '6 hours' WHERE id = %s",
+        (keyed[1],),
+    )
+    execute(
+        dsn,
+        f"""
+        CREATE FUNCTION public.refuse_release() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'release refused'; END $$;
+        CREATE TRIGGER refuse_release BEFORE DELETE ON awa_fast.unique_holds
+            FOR EACH ROW WHEN (OLD.job_id = {keyed[0]})
+            EXECUTE FUNCTION public.refuse_release();""",
+    )
+    try:
+        m = maintenance(client, completed_retention_hours=1)
+        assert await m.expire_slices() == 1
+        assert [r["id"] for r in rows(dsn, "SELECT id FROM awa_fast.jobs_done")] == [keyed[0]]
+        assert_bookkeeping(dsn)
+        with pytest.raises(UniqueConflict):
+            await client.insert({"h": 0}, kind="holds", unique_opts={})
+    finally:
+        execute(
+            dsn,
+            "DROP TRIGGER refuse_release ON awa_fast.unique_holds; "
+            "DROP FUNCTION public.refuse_release()",
+        )
+    assert await m.expire_slices() == 1
+    await client.insert({"h": 0}, kind="holds", unique_opts={})
+    assert_bookkeeping(dsn)
+
+
+async def test_a_duplicate_insert_racing_the_truncate_of_its_holders_slice(client, dsn):
+    """While the prune's transaction (slice truncated, holds released) is open, a duplicate of
+    a key held in that slice is refused (the hold is still committed); once it commits, the
+    key is free. Never two holders."""
+    held = (await client.insert({"d": 1}, kind="trunc", unique_opts={})).id
+    execute(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'completed', "
+        "finalized_at = now() - interval '3 hours' WHERE id = %s",
+        (held,),
+    )
+    table = slice_of(dsn, held)
+    slot = rows(dsn, "SELECT slot FROM awa_fast.unique_holds")[0]["slot"]
+    pruner = await psycopg.AsyncConnection.connect(dsn)
+    try:
+        await pruner.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        await pruner.execute(f"TRUNCATE {table}")
+        await pruner.execute(sql.RELEASE_SLICE, {"slot": slot})
+        with pytest.raises(UniqueConflict):
+            await client.insert({"d": 1}, kind="trunc", unique_opts={})
+        await pruner.commit()
+    finally:
+        await pruner.close()
+    again = await client.insert({"d": 1}, kind="trunc", unique_opts={})
+    key = rows(dsn, "SELECT unique_key FROM awa_fast.jobs WHERE id = %s", (again.id,))[0]
+    assert holders(dsn, key["unique_key"]) == [again.id]
