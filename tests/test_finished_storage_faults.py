@@ -255,7 +255,7 @@ async def test_duplicates_whose_mask_holds_one_final_state_settle_through_a_work
     b = await client.insert({"k": 1}, kind=f"only_{final}", unique_opts={"states": mask})
     await client.start([("default", 1)], **FAST)
     for job in (a, b):
-        await wait_state(client, job.id, "completed", "failed", "cancelled")
+        await wait_state(client, job.id, "completed", "failed", "cancelled", timeout=60)
     await client.close()
     states = rows(dsn, "SELECT id, state::text, errors::text FROM awa_fast.jobs_all ORDER BY id")
     assert states[0]["state"] == final, states
