@@ -13,6 +13,7 @@ from psycopg.rows import dict_row
 
 from awa_fast import sql
 from awa_fast.errors import ConfigError, UniqueConflict
+from awa_fast.schema import migrate_sync, migrations
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 from tests.support import FAST, truncate, wait_lock_waiter, wait_state
 
@@ -384,3 +385,83 @@ async def test_a_duplicate_insert_racing_the_truncate_of_its_holders_slice(clien
     again = await client.insert({"d": 1}, kind="trunc", unique_opts={})
     key = rows(dsn, "SELECT unique_key FROM awa_fast.jobs WHERE id = %s", (again.id,))[0]
     assert holders(dsn, key["unique_key"]) == [again.id]
+
+
+# -- the migration from 008 with keys held in every storage -------------------------------------
+
+
+def test_migration_from_008_holds_every_key_once_and_counts_every_row(fresh_db):
+    """A database at 008 with a row in every state, unique holders in completed, failed and
+    cancelled masks, an owed failed holder, a marked (still running) finished holder, and rows
+    older than the ring: after the migration every key has exactly the holder it had, the
+    counters and holds match the rows, and a duplicate of each held key is refused."""
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS awa_fast")
+        conn.execute(
+            "CREATE TABLE awa_fast.schema_version (version integer PRIMARY KEY, "
+            "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        for version, description, text in migrations():
+            if version > 8:
+                break
+            with conn.transaction():
+                conn.execute(text)
+                conn.execute(
+                    "INSERT INTO awa_fast.schema_version VALUES (%s, %s)", (version, description)
+                )
+        every = 0b11111111
+        conn.execute(
+            """
+            INSERT INTO awa_fast.jobs (kind, queue, state, finalized_at, unique_key,
+                                       unique_states, consequence_state, heartbeat_at)
+            VALUES ('k', 'q1', 'scheduled', NULL, '\\x01', %(e)s, NULL, NULL),
+                   ('k', 'q1', 'available', NULL, '\\x02', %(e)s, NULL, NULL),
+                   ('k', 'q1', 'running', NULL, '\\x03', %(e)s, NULL, now()),
+                   ('k', 'q1', 'retryable', NULL, '\\x04', %(e)s, NULL, NULL),
+                   ('k', 'q1', 'waiting_external', NULL, '\\x05', %(e)s, NULL, NULL),
+                   ('k', 'q2', 'completed', now() - interval '50 hours', '\\x06', %(e)s,
+                    NULL, NULL),
+                   ('k', 'q2', 'completed', NULL, '\\x07', 8, NULL, NULL),
+                   ('k', 'q2', 'failed', now() - interval '10 days', '\\x08', 32, NULL, NULL),
+                   ('k', 'q2', 'cancelled', now(), '\\x09', 64, NULL, NULL),
+                   ('k', 'q2', 'failed', now(), '\\x0a', 32, 'owed', NULL),
+                   ('k', 'q2', 'completed', now(), '\\x0b', 8, NULL, now()),
+                   ('k', 'q2', 'consequence_pending', NULL, '\\x0c', %(e)s, 'owed', NULL),
+                   ('k', 'q2', 'completed', now(), '\\x0d', 2, NULL, NULL),
+                   ('k', 'q2', 'failed', now(), NULL, NULL, 'applied', NULL)""",
+            {"e": every},
+        )
+        before = dict(
+            conn.execute(
+                "SELECT unique_key, id FROM awa_fast.jobs WHERE unique_key IS NOT NULL "
+                "AND (unique_states & (1 << awa_fast.state_bit(state))) <> 0"
+            ).fetchall()
+        )
+    migrate_sync(fresh_db)
+    assert {
+        bytes(k): i
+        for k, i in (
+            (r["unique_key"], r["id"])
+            for r in rows(
+                fresh_db,
+                "SELECT unique_key, id FROM awa_fast.jobs WHERE unique_key IS NOT NULL "
+                "AND (unique_states & (1 << awa_fast.state_bit(state))) <> 0 "
+                "UNION ALL SELECT unique_key, job_id FROM awa_fast.unique_holds",
+            )
+        )
+    } == {bytes(k): i for k, i in before.items()}
+    assert len(rows(fresh_db, "SELECT id FROM awa_fast.jobs_all")) == 14
+    assert {r["state"] for r in rows(fresh_db, "SELECT state::text FROM awa_fast.jobs_done")} == {
+        "completed",
+        "failed",
+        "cancelled",
+    }
+    assert_bookkeeping(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        for key in before:
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                conn.execute(
+                    "INSERT INTO awa_fast.jobs (kind, unique_key, unique_states) "
+                    "VALUES ('dup', %s, 255)",
+                    (key,),
+                )
