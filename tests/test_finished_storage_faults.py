@@ -226,6 +226,23 @@ async def test_counts_and_holds_follow_retries_corrections_dlq_and_rollbacks(cli
     assert stats["default"].failed == len(
         rows(dsn, "SELECT id FROM awa_fast.jobs_all WHERE state = 'failed'")
     )
+    assert stats["default"].completed_last_hour == len(
+        rows(dsn, "SELECT id FROM awa_fast.jobs_done WHERE state = 'completed'")
+    )
+    # every slice expires (retention 0): the counters go with the rows; the live rows stay
+    live = rows(dsn, "SELECT id FROM awa_fast.jobs ORDER BY id")
+    m = maintenance(client, completed_retention_hours=0, failed_retention_hours=0)
+    assert await m.expire_slices() > 0
+    assert rows(dsn, "SELECT id FROM awa_fast.jobs_done") == []
+    assert_bookkeeping(dsn)
+    assert rows(dsn, "SELECT id FROM awa_fast.jobs ORDER BY id") == live
+    stats = {s.queue: s for s in await client.queue_stats()}
+    # what is left failed is the corrected job, live while its consequence is owed
+    assert stats["default"].failed == len(
+        rows(dsn, "SELECT id FROM awa_fast.jobs WHERE state = 'failed'")
+    )
+    assert stats["default"].completed_last_hour == 0
+    assert (await client.health_check()).postgres_connected
 
 
 # -- masks that hold only a final state, through a running worker ------------------------------
