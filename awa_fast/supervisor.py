@@ -330,7 +330,7 @@ def child_entry(argv: list[str]) -> int:
 
 # Children are fresh interpreters (connections are opened in them, never inherited). They put
 # this installation of awa_fast first on sys.path, then run the child entry point.
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 _CHILD_BOOT = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
     "from awa_fast.supervisor import child_entry; "

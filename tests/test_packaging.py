@@ -28,3 +28,13 @@ def test_the_build_holds_every_package_and_its_data(tmp_path):
     for data in ("awa_fast/py.typed", "awa_fast/schema/001_init.sql", "awa_fast/_ext/unique.pyi"):
         assert (tmp_path / data).exists(), data
     assert list((tmp_path / "awa_fast/web/templates").glob("*.html"))
+
+
+def test_children_boot_the_installation_that_launched_them():
+    """The launcher's children put _PACKAGE_ROOT first on sys.path: it must be the directory that
+    holds this awa_fast (it once pointed one level too high after supervisor.py moved, so a
+    plain install run from a source checkout booted children from the uncompiled tree)."""
+    from awa_fast import supervisor
+
+    booted = Path(supervisor._PACKAGE_ROOT, "awa_fast", "supervisor.py").resolve()
+    assert booted == Path(supervisor.__file__).resolve()
