@@ -445,3 +445,65 @@ def test_stats_health_listing_and_admin_reads_are_bounded_by_the_live_set(dsn):
     # bulk admin calls on failed jobs read only the failed slices
     plan = plan_of(dsn, sql.FAILED_MATCHING, {"kind": "kind_7", "queue": None})
     assert "jobs_done_c" not in plan and "jobs_done_f" in plan, plan
+
+
+# -- the slice function (migration 012) ------------------------------------------------------------
+
+# 010's body, which PostgreSQL could not inline (extract(epoch FROM timestamptz) is STABLE).
+SLOT_010 = """(CASE WHEN s = 'completed'
+    THEN mod(mod(floor(extract(epoch FROM at) / 3600)::bigint, 32) + 32, 32)
+    ELSE 32 + mod(mod(floor(extract(epoch FROM at) / 10800)::bigint, 32) + 32, 32) END)::smallint"""
+
+
+def test_done_slot_is_inlined_and_unchanged(dsn):
+    """Migration 012: every timestamp keeps the slice 010 gave it (hour and three-hour edges to
+    the microsecond, before 1970, under another TimeZone), the partition routing and the
+    counting trigger see the function's body (no per-row function call), and a row lands in
+    the slice the function names."""
+    edges = """
+        SELECT s, at FROM unnest(ARRAY['completed', 'failed', 'cancelled']::awa_fast.job_state[]) s,
+        LATERAL (
+            SELECT timestamptz '2026-12-01 00:00:00+00' + h * interval '1 hour' + d AS at
+            FROM generate_series(-200, 200) h,
+                 unnest(ARRAY[interval '0', interval '-1 microsecond', interval '1 microsecond',
+                              interval '59 minutes 59.999999 seconds']) d
+            UNION ALL SELECT timestamptz '1969-12-31 23:59:59.999999+00'
+            UNION ALL SELECT timestamptz '1900-01-01 00:00:00.000001+00'
+            UNION ALL SELECT timestamptz '2200-06-15 12:34:56.789012+00'
+            UNION ALL SELECT now() + g * interval '7 minutes 13.000017 seconds'
+            FROM generate_series(-5000, 5000) g
+        ) t"""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for zone in ("UTC", "Asia/Kathmandu", "America/St_Johns"):
+            conn.execute(f"SET TimeZone = '{zone}'")
+            differ = conn.execute(
+                f"SELECT count(*) FILTER (WHERE awa_fast.done_slot(s, at) <> {SLOT_010}), "
+                f"count(*) FROM ({edges}) e"
+            ).fetchone()
+            assert differ[0] == 0 and differ[1] > 30_000, (zone, differ)
+        conn.execute("RESET TimeZone")
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN VERBOSE SELECT awa_fast.done_slot(state, finalized_at) "
+                "FROM awa_fast.jobs_done"
+            )
+        )
+        assert "done_slot" not in plan and "CASE" in plan, plan
+
+        at = "2026-12-01 05:30:00+00"
+        conn.execute(
+            "INSERT INTO awa_fast.jobs_done (id, kind, state, finalized_at) VALUES "
+            "(nextval('awa_fast.jobs_id_seq'), 'k', 'completed', %s), "
+            "(nextval('awa_fast.jobs_id_seq'), 'k', 'failed', %s)",
+            (at, at),
+        )
+        placed = conn.execute(
+            "SELECT state::text, tableoid::regclass::text, awa_fast.done_slot(state, finalized_at) "
+            "FROM awa_fast.jobs_done ORDER BY state"
+        ).fetchall()
+    # 2026-12-01 05:30 UTC: epoch hour 498,917 (mod 32 = 5), three-hour period 166,305 (mod 32 = 1)
+    assert placed == [
+        ("completed", "awa_fast.jobs_done_c05", 5),
+        ("failed", "awa_fast.jobs_done_f01", 33),
+    ], placed

@@ -283,7 +283,29 @@ class Finalizer:
                 failed for good); the attempt stays running until rescue.
         """
         try:
-            applied = await self._route(request)
+            outcome = request.outcome
+            if (
+                outcome.kind == ex.COMPLETED
+                and not request.follow_ups
+                and not self._inline
+                and (self._specs is None or not self._specs.has_completed(request.attempt.kind))
+            ):
+                # The compact path, awaited here without the routing's coroutine layers: this
+                # is every plain completion, and each layer costs its resumption per job.
+                fut = asyncio.get_running_loop().create_future()
+                self._pending.append((request, fut))
+                self._wake.set()
+                try:
+                    applied = await fut
+                except Exception as exc:
+                    log.warning(
+                        "batched completion of job %s failed (%s); finalizing it alone",
+                        request.attempt.id,
+                        exc,
+                    )
+                    applied = await self._finalize_requests(request, [])
+            else:
+                applied = await self._route(request)
         except Exception as exc:
             if request.outcome.kind == RELEASED:
                 raise
