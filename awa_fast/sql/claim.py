@@ -41,7 +41,7 @@ WITH c AS (
     WHERE NOT c.takes
        OR c.id = (SELECT min(o.id) FROM c o WHERE o.takes AND o.unique_key = c.unique_key)
 ){_CLAIM_SET}
-FROM k WHERE j.id = k.id{_CLAIM_RETURNING}"""
+WHERE j.id = ANY(ARRAY(SELECT k.id FROM k)){_CLAIM_RETURNING}"""
 
 # Row-by-row twin of CLAIM (same guard): its candidates, then one row each.
 CLAIM_CANDIDATES = f"""

@@ -5,6 +5,7 @@ heartbeats and progress, and the duplicate cancel of a completion that collided.
 
 from awa_fast.sql.enqueue import _follow_ups_insert
 from awa_fast.sql.fragments import (
+    _BY_BATCH_IDS,
     _OWES,
     ALL_COLUMNS,
     COMPLETED_ROW,
@@ -18,9 +19,9 @@ from awa_fast.sql.fragments import (
 # The completed rows leave the hot table in the statement: deleted there, appended to jobs_done
 # (whose statement trigger counts them and holds their unique keys, ADR 016).
 COMPLETE_MANY = f"""
-WITH d AS (
-    DELETE FROM {S}.jobs j USING unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
-    WHERE j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
+WITH b AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)), d AS (
+    DELETE FROM {S}.jobs j USING b
+    WHERE {_BY_BATCH_IDS} AND j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
     RETURNING j.*
 )
 INSERT INTO {S}.jobs_done ({ALL_COLUMNS})
@@ -54,13 +55,13 @@ HEARTBEAT = f"""
 WITH b AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[]) AS b(id, lease, progress)),
 l AS (
     SELECT j.id, j.state, b.progress FROM {S}.jobs j JOIN b ON j.id = b.id AND j.run_lease = b.lease
-    WHERE j.state = 'running' OR j.heartbeat_at IS NOT NULL
+    WHERE {_BY_BATCH_IDS} AND (j.state = 'running' OR j.heartbeat_at IS NOT NULL)
     ORDER BY j.id FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE {S}.jobs j SET heartbeat_at = now(),
     progress = CASE WHEN l.state = 'running' THEN COALESCE(l.progress, j.progress)
                     ELSE j.progress END
-FROM l WHERE j.id = l.id
+FROM l WHERE j.id = ANY(ARRAY(SELECT l.id FROM l)) AND j.id = l.id
 RETURNING j.id, j.run_lease"""
 
 # ... and the mark of an attempt whose job was dead-lettered while its handler lives on (an
@@ -149,9 +150,9 @@ FROM quiet"""
 # in (trigger, order) order; duplicate keys are skipped. Any other error fails the statement
 # and the finalizer redoes the batch job by job (so one bad job cannot roll back the others).
 COMPLETE_MANY_WITH_FOLLOW_UPS = f"""
-WITH done AS (
-    DELETE FROM {S}.jobs j USING unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)
-    WHERE j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
+WITH b AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[]) AS b(id, lease)), done AS (
+    DELETE FROM {S}.jobs j USING b
+    WHERE {_BY_BATCH_IDS} AND j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'
     RETURNING j.*
 ), fin AS (
     INSERT INTO {S}.jobs_done ({ALL_COLUMNS})
