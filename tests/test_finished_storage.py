@@ -507,3 +507,30 @@ def test_done_slot_is_inlined_and_unchanged(dsn):
         ("completed", "awa_fast.jobs_done_c05", 5),
         ("failed", "awa_fast.jobs_done_f01", 33),
     ], placed
+
+
+def test_rows_inserted_finished_move_and_hold_their_keys(dsn):
+    """Migration 013: a finished row INSERTed into the hot table (an admin statement) moves to
+    its slice in the statement, its finalized_at filled in, its key held; a live duplicate of
+    that key is then refused, and a live row inserted in the same statement stays."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO awa_fast.jobs (kind, state, unique_key, unique_states) VALUES "
+            "('k', 'completed', '\\x0101', 255), ('k', 'failed', NULL, NULL), "
+            "('k', 'available', '\\x0202', 255)"
+        )
+        hot = conn.execute("SELECT state::text FROM awa_fast.jobs ORDER BY id").fetchall()
+        done = conn.execute(
+            "SELECT state::text, finalized_at IS NOT NULL FROM awa_fast.jobs_done ORDER BY id"
+        ).fetchall()
+        holds = conn.execute("SELECT unique_key FROM awa_fast.unique_holds").fetchall()
+        counted = conn.execute("SELECT sum(n) FROM awa_fast.done_counts").fetchone()[0]
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute(
+                "INSERT INTO awa_fast.jobs (kind, unique_key, unique_states) "
+                "VALUES ('k', '\\x0101', 255)"
+            )
+    assert hot == [("available",)]
+    assert done == [("completed", True), ("failed", True)]
+    assert holds == [(b"\x01\x01",)]
+    assert counted == 2

@@ -276,10 +276,14 @@ async def test_duplicates_whose_mask_holds_one_final_state_settle_through_a_work
         await wait_state(client, job.id, "completed", "failed", "cancelled", timeout=60)
     await client.close()
     states = rows(dsn, "SELECT id, state::text, errors::text FROM awa_fast.jobs_all ORDER BY id")
-    assert states[0]["state"] == final, states
-    assert states[1]["state"] == "cancelled" and "duplicate" in states[1]["errors"], states
+    # The slot frees when a handler returns, before its outcome commits: b's outcome may commit
+    # first. Whichever commits first holds the key; the other is cancelled as a duplicate.
+    duplicate = [r for r in states if r["state"] == "cancelled" and "as duplicate" in r["errors"]]
+    holder = [r for r in states if r["state"] == final and r not in duplicate]
+    assert len(states) == 2 and len(holder) == 1 and len(duplicate) == 1, states
     assert rows(dsn, "SELECT id FROM awa_fast.jobs") == []
-    assert [r["job_id"] for r in rows(dsn, "SELECT job_id FROM awa_fast.unique_holds")] == [a.id]
+    held = [r["job_id"] for r in rows(dsn, "SELECT job_id FROM awa_fast.unique_holds")]
+    assert held == [holder[0]["id"]], (held, states)
     assert_bookkeeping(dsn)
 
 
