@@ -152,9 +152,11 @@ async def test_effect_failing_twice_keeps_the_job_pending_and_visible_then_settl
     gate = asyncio.Event()
 
     async def flaky(failure):
-        await with_release(client, calls, fail_times=2)(failure)
         if len(calls) == 2:
-            await gate.wait()  # hold the second failure so the test can look at the pending job
+            # The third application (the one that succeeds) waits, so the test looks at the
+            # job while it is still pending after two failed applications.
+            await gate.wait()
+        await with_release(client, calls, fail_times=2)(failure)
 
     @client.task(Order, failure_consequence=flaky)
     async def order(job):

@@ -29,7 +29,9 @@ async def test_callback_timeout_rescue_survives_a_unique_collision(dsn, client):
 
     @client.task(Job)
     async def park(job):
-        token = await job.register_callback(timeout_seconds=0.2)
+        # Long enough that the duplicate is inserted while the first job is still parked
+        # (expired, it would be retryable and hold the key itself) on a loaded machine.
+        token = await job.register_callback(timeout_seconds=1.5)
         tokens[job.id] = token.id
         return awa.WaitForCallback(token)
 

@@ -159,7 +159,11 @@ async def test_stale_completion_changes_nothing(dsn, client):
         await release.wait()
 
     job = await client.insert(Work("x"), max_attempts=3)
-    await client.start([("default", 1)], **FAST, maintenance=False)
+    # A heartbeat between the UPDATE below and the rescue would make the attempt fresh again:
+    # none comes within the test (10 s apart).
+    await client.start(
+        [("default", 1)], **{**FAST, "heartbeat_interval_ms": 10_000}, maintenance=False
+    )
     await started.wait()
     # The attempt is rescued (its heartbeat looks stale) before the handler returns.
     async with (await client.pool()).connection() as conn:

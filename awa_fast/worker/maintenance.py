@@ -84,8 +84,8 @@ class MaintenanceConfig:
     promote_batch_size: int = 4096
     reconcile_interval_ms: int = 1_000
     verify_window_s: float = 3600.0
-    hot_vacuum_interval_ms: int = 1_000
-    hot_vacuum_dead_rows: int = 10_000
+    hot_vacuum_interval_ms: int = 500
+    hot_vacuum_dead_rows: int = 5_000
 
 
 def check_retention(config: MaintenanceConfig) -> None:
