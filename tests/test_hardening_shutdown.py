@@ -476,13 +476,7 @@ async def test_class4_def_handler_past_its_deadline_never_overlaps_its_rerun(dsn
         spans.append((job.run_lease, start, time.monotonic()))
 
     job = await client.insert(Job())
-    # The test is the only maintenance (rescue and promote by hand): the runtime's own leader
-    # would race it to the rescue under load.
-    await client.start(
-        [{"name": "default", "max_workers": 2, "deadline_duration_ms": 300}],
-        maintenance=False,
-        **FAST,
-    )
+    await client.start([{"name": "default", "max_workers": 2, "deadline_duration_ms": 300}], **FAST)
     m = _maint(dsn, client)
     try:
         await asyncio.to_thread(entered.wait, 10)
