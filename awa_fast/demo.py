@@ -310,13 +310,7 @@ async def _wait_for_pipeline(c, sup, t_start: float, timeout: float) -> bool:
     """
     deadline = t_start + timeout
     next_progress = t_start + PROGRESS_INTERVAL_S
-    task = asyncio.current_task()
     while True:
-        if task is not None and task.cancelling():
-            # A Ctrl-C whose cancellation an inner await swallowed (Python 3.11's wait_for, as
-            # the connection pool uses it, returns a result that completed together with the
-            # cancel): the request is still pending on the task, so stop all the same.
-            raise asyncio.CancelledError
         counts = await _counts(c)
         live = sum(
             n for (_, s), n in counts.items() if s not in ("completed", "failed", "cancelled")

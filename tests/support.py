@@ -247,3 +247,12 @@ async def failing_rows(
 def exploding_inserts(dsn: str, kind: str = "explode"):
     """:func:`failing_rows` for every insert of ``kind`` into ``awa_fast.jobs``."""
     return failing_rows(dsn, f"NEW.kind = '{kind}'")
+
+
+def sigint_as_at_a_terminal() -> None:
+    """``preexec_fn`` for a child a test interrupts with SIGINT: the default disposition, as
+    under an interactive shell. A suite started in the background (``cmd &`` without job
+    control) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

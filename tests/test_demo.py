@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from awa_fast.demo import MAX_STAGED, chunk, imported_modules
+from tests.support import sigint_as_at_a_terminal
 
 TIMEOUT_S = 300
 
@@ -171,6 +172,7 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        preexec_fn=sigint_as_at_a_terminal,
     )
     seen = []
     try:

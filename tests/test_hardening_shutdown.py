@@ -21,7 +21,16 @@ import pytest
 
 import awa_fast as awa
 from tests import support
-from tests.support import Recorder, job_row, poll_until, scalar, until, wait_lock_waiter, wait_state
+from tests.support import (
+    Recorder,
+    job_row,
+    poll_until,
+    scalar,
+    sigint_as_at_a_terminal,
+    until,
+    wait_lock_waiter,
+    wait_state,
+)
 
 # The shared timing (tests/support.py) with this module's differences.
 FAST = {**support.FAST, "maintenance": False}
@@ -221,6 +230,7 @@ def test_class4_ctrl_c_during_the_demo_leaves_nothing_running(dsn):
         stderr=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_as_at_a_terminal,
     )
     seen = []
     for line in proc.stderr:
