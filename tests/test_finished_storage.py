@@ -534,3 +534,44 @@ def test_rows_inserted_finished_move_and_hold_their_keys(dsn):
     assert done == [("completed", True), ("failed", True)]
     assert holds == [(b"\x01\x01",)]
     assert counted == 2
+
+
+def test_statements_that_update_listed_rows_probe_the_hot_table_by_id(dsn):
+    """ADR 017: every statement that picks rows in a CTE (or takes a batch of ids) and then
+    writes them finds them in the hot table by ``id = ANY(...)``, even when the statistics say
+    the table is empty and a nested loop over it looks cheapest (the soak's pathology)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE awa_fast.jobs")  # empty: the planner believes it stays tiny
+    batch = ([1, 2], [1, 1])
+    rescue = {
+        "stale_ms": 1000,
+        "limit": 100,
+        "only": None,
+        "consequence_kinds": [],
+        "known_kinds": [],
+    }
+    statements = {
+        "claim": (
+            sql.CLAIM,
+            {"queue": "q", "kinds": ["k"], "limit": 512, "deadline_ms": 0},
+        ),
+        "complete": (sql.COMPLETE_MANY, batch),
+        "complete with follow-ups": (
+            sql.COMPLETE_MANY_WITH_FOLLOW_UPS,
+            None,
+        ),
+        "heartbeat": (sql.HEARTBEAT, ([1, 2], [1, 1], [None, None])),
+        "promote": (sql.PROMOTE, {"stale_ms": 1000, "limit": 4096}),
+        "rescue": (sql.RESCUE, rescue),
+        "rescue callbacks": (sql.RESCUE_CALLBACKS, rescue),
+        "age priorities": (sql.AGE_PRIORITIES, {"queue": "q", "interval_ms": 1000, "limit": 10}),
+    }
+    for name, (statement, params) in statements.items():
+        if params is None:
+            assert "j.id = ANY(ARRAY(SELECT b.id FROM b))" in statement, name
+            continue
+        with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
+            conn.execute("SET enable_hashjoin = off")
+            conn.execute("SET enable_mergejoin = off")
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + statement, params))
+        assert "id = ANY ((InitPlan" in plan, f"{name}:\n{plan}"

@@ -2,7 +2,7 @@
 the test harness's claim of one job.
 """
 
-from awa_fast.sql.fragments import S, _key_held_by_other
+from awa_fast.sql.fragments import S, _key_held_by_other, by_ids
 
 # Claim guard (bulk and row by row). A row whose mask holds 'running' (bit 4) is not claimed
 # while another row holds its key: it stays available until the key is free (one running
@@ -41,7 +41,7 @@ WITH c AS (
     WHERE NOT c.takes
        OR c.id = (SELECT min(o.id) FROM c o WHERE o.takes AND o.unique_key = c.unique_key)
 ){_CLAIM_SET}
-WHERE j.id = ANY(ARRAY(SELECT k.id FROM k)){_CLAIM_RETURNING}"""
+WHERE {by_ids("k")}{_CLAIM_RETURNING}"""
 
 # Row-by-row twin of CLAIM (same guard): its candidates, then one row each.
 CLAIM_CANDIDATES = f"""

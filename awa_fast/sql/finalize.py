@@ -12,6 +12,7 @@ from awa_fast.sql.fragments import (
     S,
     _cancel_duplicate,
     _rescue_set,
+    by_ids,
     moved_row,
 )
 
@@ -61,7 +62,7 @@ l AS (
 UPDATE {S}.jobs j SET heartbeat_at = now(),
     progress = CASE WHEN l.state = 'running' THEN COALESCE(l.progress, j.progress)
                     ELSE j.progress END
-FROM l WHERE j.id = ANY(ARRAY(SELECT l.id FROM l)) AND j.id = l.id
+FROM l WHERE {by_ids("l")} AND j.id = l.id
 RETURNING j.id, j.run_lease"""
 
 # ... and the mark of an attempt whose job was dead-lettered while its handler lives on (an

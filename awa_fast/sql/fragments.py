@@ -27,12 +27,16 @@ JOBS_ALL = f"{S}.jobs_all"
 FAILED_SLICES = f"{S}.done_slot(j.state, j.finalized_at) >= 32"
 
 
-# The rows of a batch statement (CTE ``b`` with column ``id``) are looked up in the hot table by
-# id, an index probe per batch row, whatever the statistics say. A join alone lets the planner
-# scan the hot table and loop over the batch per row when a vacuum or analyze of the small,
-# fast-changing table made it look nearly empty: measured in the soak, 50-500 ms per claim or
-# completion (and a growing backlog) instead of about 1 ms.
-_BY_BATCH_IDS = "j.id = ANY(ARRAY(SELECT b.id FROM b))"
+def by_ids(cte: str) -> str:
+    """The hot table's rows (alias ``j``) whose ids the CTE ``cte`` (column ``id``) lists, as an
+    index condition: a probe per listed id, whatever the statistics say. A join alone let the
+    planner scan the hot table once per listed row when a vacuum or analyze of the small,
+    fast-changing table made it look nearly empty: measured in the soak, 50-500 ms per claim or
+    completion (and a growing backlog) instead of about 1 ms (ADR 017)."""
+    return f"j.id = ANY(ARRAY(SELECT {cte}.id FROM {cte}))"
+
+
+_BY_BATCH_IDS = by_ids("b")
 
 
 def moved_row(source: str, overrides: dict[str, str]) -> str:

@@ -4,7 +4,7 @@ and of unread callback expressions. Each bulk pass has a row-by-row twin with th
 (``ISOLATED``).
 """
 
-from awa_fast.sql.fragments import _OWES, S, _cancel_duplicate, _rescue_set
+from awa_fast.sql.fragments import _OWES, S, _cancel_duplicate, _rescue_set, by_ids
 
 # Promotion guard (bulk and row by row): due scheduled / retryable rows -- except one whose
 # previous attempt still runs (a deadline rescue of a live def-handler thread keeps the
@@ -18,7 +18,7 @@ WITH d AS (
     SELECT j.id FROM {S}.jobs j WHERE {_DUE}
     ORDER BY j.run_at, j.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
-UPDATE {S}.jobs j SET state = 'available' FROM d WHERE j.id = d.id
+UPDATE {S}.jobs j SET state = 'available' WHERE {by_ids("d")}
 RETURNING j.id, j.queue"""
 
 DUE_IDS = f"""
@@ -72,7 +72,7 @@ WITH r AS (
     ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 UPDATE {S}.jobs j SET {_rescue_set(_KEEP_FRESH_MARK)}, run_at = now()
-FROM r WHERE j.id = r.id
+FROM r WHERE {by_ids("r")} AND j.id = r.id
 RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
 
 # Parked jobs whose callback timed out: retried with backoff, or failed on the final attempt.
@@ -87,7 +87,7 @@ WITH r AS (
 )
 UPDATE {S}.jobs j SET {_rescue_set(_KEEP_FRESH_MARK)},
     run_at = now() + LEAST(power(2, j.attempt) * (1 + random() * 0.25), 86400) * interval '1 second'
-FROM r WHERE j.id = r.id
+FROM r WHERE {by_ids("r")} AND j.id = r.id
 RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
 
 # Finished jobs are not pruned row by row: retention truncates whole slices of jobs_done
@@ -127,7 +127,7 @@ WITH c AS (
 UPDATE {S}.jobs j
 SET priority = c.p,
     metadata = j.metadata || jsonb_build_object('_awa_original_priority', c.orig)
-FROM c WHERE j.id = c.id AND j.state = 'available'
+FROM c WHERE {by_ids("c")} AND j.id = c.id AND j.state = 'available'
 RETURNING j.id"""
 
 WORKERS_PRUNE = f"DELETE FROM {S}.workers WHERE expires_at < now() - interval '1 hour'"
