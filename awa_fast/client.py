@@ -190,9 +190,11 @@ class AsyncClient:
         return self._pool
 
     async def close(self) -> None:
-        """Stop the runtime if it is running and close the pool."""
+        """Stop the runtime if it is running, send the inserts' pending wake-ups and close the
+        pool."""
         if self._runtime is not None:
             await self.shutdown()
+        await self._producer.waker.flush()
         if self._pool is not None:
             await self._pool.close()
             self._pool = None

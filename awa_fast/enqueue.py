@@ -116,12 +116,16 @@ def many_params(rows: list[Prepared]) -> tuple:
     )
 
 
-async def insert_one(conn: psycopg.AsyncConnection, p: Prepared) -> Job:
-    """Insert one prepared job; returns the stored row."""
+async def insert_one(
+    conn: psycopg.AsyncConnection, p: Prepared, *, defer_notify: bool = False
+) -> Job:
+    """Insert one prepared job; returns the stored row. ``defer_notify``: its transaction sends
+    no NOTIFY (the caller wakes the queue after the commit, ADR 018)."""
     with mapped_errors():
         # The caller's connection may have any row factory (bridge): read tuples.
         cur = conn.cursor(row_factory=tuple_row)
-        await cur.execute(sql.INSERT_ONE, one_params(p))
+        statement = sql.INSERT_ONE_DEFERRING_NOTIFY if defer_notify else sql.INSERT_ONE
+        await cur.execute(statement, one_params(p))
         return Job.from_row(await one_row(cur))
 
 

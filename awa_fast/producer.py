@@ -12,9 +12,10 @@ from typing import Any
 from awa_fast import bulk, enqueue, sql
 from awa_fast.connections import Connections
 from awa_fast.errors import QueueMismatchWarning, Unsupported, ValidationError
-from awa_fast.job import Job
+from awa_fast.job import Job, JobState
 from awa_fast.requests import prepare, prepare_uniform
 from awa_fast.transaction import Transaction
+from awa_fast.wake import Waker
 
 
 class _ImplicitQueue(str):
@@ -39,6 +40,10 @@ class Producer:
     def __init__(self, db: Connections, off_default: Callable[[], dict[str, str]]) -> None:
         self._db = db
         self._off_default = off_default
+        # The inserts below commit without a NOTIFY and wake their queues after the commit:
+        # concurrent notifying commits would take PostgreSQL's notify lock one at a time, each
+        # through its own WAL flush (ADR 018). A transaction() the caller ends notifies inside.
+        self.waker = Waker(db.pool)
         self._off_queue_warned: set[str] = set()  # kinds warned about (QueueMismatchWarning)
 
     async def insert(
@@ -73,7 +78,10 @@ class Producer:
         if implicit:
             self._warn_off_queue((p,), stacklevel=4)
         async with (await self._db.pool()).connection() as conn:
-            return await enqueue.insert_one(conn, p)
+            job = await enqueue.insert_one(conn, p, defer_notify=True)  # autocommit: committed
+        if job.state is JobState.Available:
+            await self.waker.wake((job.queue,))
+        return job
 
     async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
         """Insert many jobs in one statement, all or none (``AsyncClient.insert_many``).
@@ -88,9 +96,12 @@ class Producer:
         async def once() -> list[Job]:
             async with (await self._db.pool()).connection() as conn:
                 async with conn.transaction():
+                    await conn.execute(sql.DEFER_NOTIFY)
                     return await enqueue.insert_many(conn, rows)
 
-        return await bulk.retry_deadlocks(once, what="insert_many")
+        jobs = await bulk.retry_deadlocks(once, what="insert_many")
+        await self.waker.wake(j.queue for j in jobs if j.state is JobState.Available)
+        return jobs
 
     async def insert_many_copy(self, jobs: list, **opts: Any) -> list[Job]:
         """COPY insert returning the jobs, with awa's per-job ``opts``
@@ -126,13 +137,19 @@ class Producer:
         async def once() -> Any:
             async with (await self._db.pool()).connection() as conn:
                 async with conn.transaction():
+                    await conn.execute(sql.DEFER_NOTIFY)
                     if batch is not None:
                         return await enqueue.copy_uniform(conn, batch, want_jobs=want_jobs)
                     assert rows is not None  # prepared when there is no uniform batch
-                    copied = await enqueue.copy_many(conn, rows)
-                    return copied if want_jobs else len(copied)
+                    return await enqueue.copy_many(conn, rows)
 
-        return await bulk.retry_deadlocks(once, what="COPY insert")
+        copied = await bulk.retry_deadlocks(once, what="COPY insert")
+        if batch is not None:  # one queue; available unless it has a run_at (awa's rule)
+            if batch.run_at is None and batch.jsons:
+                await self.waker.wake((batch.queue,))
+            return copied
+        await self.waker.wake(j.queue for j in copied if j.state is JobState.Available)
+        return copied if want_jobs else len(copied)
 
     def _warn_off_queue(self, rows: Any, stacklevel: int) -> None:
         """Warn once per kind when rows inserted without a queue land in ``default`` although

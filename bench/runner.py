@@ -907,6 +907,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
             server.dsn,
             "throwaway, durable settings (bench/server.py start_durable)",
         )
+        try:
+            warm = srv.warm_wal(admin)
+        except BaseException:
+            server.stop()
+            raise
+        log(
+            f"warmed the server's WAL: {warm['wal_bytes'] / 2**20:,.0f} MiB written, "
+            f"{warm['segments']:.0f} segments to recycle ({warm['seconds']:.1f} s)"
+        )
+        server_kind += f"; WAL warmed to {warm['segments']:.0f} recycled segments"
     try:
         env = environment(admin, args, server_kind)
         adapters, skipped = [], {}

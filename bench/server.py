@@ -7,6 +7,12 @@ and command-line settings outrank ``ALTER SYSTEM``, so they cannot be switched b
 running ``start_temp`` server). ``synchronous_commit=on`` in both cases.
 
 ``--unsafe-fsync-off`` uses ``start_temp()`` as is (faster, not durable across an OS crash).
+
+``warm_wal()`` gives a fresh durable cluster the recycled WAL segments a server that has run for
+a while has: until its first checkpoints, a fresh cluster creates each new 16 MB segment on the
+commit path (zero-filled and fsynced while every commit waits), which measured as 60-150 ms
+COMMITs for the first two minutes of an 8,000 jobs/s soak and none afterwards
+(docs/benchmarking.md).
 """
 
 from __future__ import annotations
@@ -95,6 +101,36 @@ def start_durable(settings: dict[str, str] | None = None, timeout: float = 60.0)
     except BaseException:
         shutil.rmtree(datadir, ignore_errors=True)
         raise
+
+
+def warm_wal(admin_dsn: str) -> dict[str, float]:
+    """Write about ``max_wal_size`` of WAL into a scratch table, drop it and checkpoint, so the
+    segments already exist and are recycled from then on (see the module docstring). Run once
+    per fresh server before any system, so every system meets the same warm server. Returns
+    the WAL bytes written, the segments in ``pg_wal`` afterwards and the seconds taken."""
+    started = time.monotonic()
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        target = conn.execute("SELECT pg_size_bytes(current_setting('max_wal_size'))").fetchone()[0]
+        start_lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        conn.execute("CREATE TABLE bench_wal_warmup (filler text)")
+        written = 0
+        while written < target:
+            conn.execute(
+                "INSERT INTO bench_wal_warmup SELECT repeat(md5(g::text), 60)"
+                " FROM generate_series(1, 20000) AS g"
+            )
+            conn.execute("TRUNCATE bench_wal_warmup")
+            written = conn.execute(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (start_lsn,)
+            ).fetchone()[0]
+        conn.execute("DROP TABLE bench_wal_warmup")
+        conn.execute("CHECKPOINT")
+        segments = conn.execute("SELECT count(*) FROM pg_ls_waldir()").fetchone()[0]
+    return {
+        "wal_bytes": float(written),
+        "segments": float(segments),
+        "seconds": time.monotonic() - started,
+    }
 
 
 def create_database(admin_dsn: str, name: str) -> str:

@@ -5,6 +5,7 @@ queue_stats and pause/resume.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -594,3 +595,146 @@ def test_sync_pause_resume(sync_client):
     assert {s.queue: s.paused for s in sync_client.queue_stats()} == {"sq": True}
     sync_client.resume_queue("sq")
     assert {s.queue: s.paused for s in sync_client.queue_stats()} == {"sq": False}
+
+
+# -- wake-ups after commit (ADR 018) ------------------------------------------------------------
+
+_RECORD_NOTIFY_MODE = """
+CREATE TABLE IF NOT EXISTS public.insert_notify_mode (queue text, deferred text);
+CREATE OR REPLACE FUNCTION public.record_insert_notify_mode() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.insert_notify_mode
+    SELECT DISTINCT queue, current_setting('awa_fast.defer_notify', true) FROM new_rows;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER zz_record_insert_notify_mode AFTER INSERT ON awa_fast.jobs
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION public.record_insert_notify_mode();
+"""
+
+
+@pytest.fixture
+async def notify_modes(dsn):
+    """Records, per inserting statement, its queues and whether its transaction deferred the
+    trigger's NOTIFY (``awa_fast.defer_notify``); yields a reader of the modes for a queue."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(_RECORD_NOTIFY_MODE)
+
+    async def modes(queue: str) -> list[str | None]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT deferred FROM public.insert_notify_mode WHERE queue = %s", (queue,)
+            )
+            return [r[0] for r in await cur.fetchall()]
+
+    try:
+        yield modes
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("DROP TRIGGER zz_record_insert_notify_mode ON awa_fast.jobs")
+
+
+async def _wakeups(listener, dsn, marker: str) -> list[str]:
+    """Payloads on channel awa_fast up to ``marker``, sent last (notifications arrive in commit
+    order, so what is not before it was never sent)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+        await other.execute("SELECT pg_notify('awa_fast', %s)", (marker,))
+    seen = []
+    async for note in listener.notifies():
+        if note.channel == "awa_fast":
+            if note.payload == marker:
+                return seen
+            seen.append(note.payload)
+    return seen
+
+
+_INSERT_PATHS = {
+    "insert": lambda c, q: c.insert(SendEmail("a"), queue=q),
+    "insert_many": lambda c, q: c.insert_many([SendEmail("a"), SendEmail("b")], queue=q),
+    "insert_many keyed": lambda c, q: c.insert_many(
+        [SendEmail("a"), SendEmail("b")], queue=q, unique_opts={}
+    ),
+    "insert_many_copy": lambda c, q: c.insert_many_copy([SendEmail("a")] * 3, queue=q),
+    "insert_many_copy per-job opts": lambda c, q: c.insert_many_copy(
+        [SendEmail("a"), SendEmail("b")], queue=q, opts=[{"ordering_key": "x"}, None]
+    ),
+    "enqueue_many_copy": lambda c, q: c.enqueue_many_copy([SendEmail("a")] * 3, queue=q),
+}
+
+
+@pytest.mark.parametrize("path", sorted(_INSERT_PATHS))
+async def test_client_inserts_commit_silently_and_wake_their_queue_after(
+    client, dsn, notify_modes, path
+):
+    # A NOTIFY inside the insert's transaction would take PostgreSQL's notify lock from before
+    # its commit until its WAL flush, serializing concurrent producers: the client's own
+    # inserts defer it and the producer's waker sends one wake-up once they committed.
+    queue = "woken_" + path.replace(" ", "_").replace("-", "_")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN awa_fast")
+        sent = client._producer.waker.sent
+        await _INSERT_PATHS[path](client, queue)
+        await client._producer.waker.flush()
+        assert await _wakeups(listener, dsn, "marker") == [queue]
+    assert client._producer.waker.sent == sent + 1
+    assert set(await notify_modes(queue)) == {"on"}  # no NOTIFY inside the insert
+
+
+async def test_scheduled_and_failed_inserts_wake_nothing(client, dsn, notify_modes):
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN awa_fast")
+        sent = client._producer.waker.sent
+        later = datetime.now(UTC) + timedelta(hours=1)
+        await client.insert(SendEmail("a"), queue="later", run_at=later)
+        await client.insert_many_copy([SendEmail("a")] * 2, queue="later", run_at=later)
+        await client.insert(SendEmail("k"), queue="unique_q", unique_opts={})
+        await client._producer.waker.flush()
+        assert await _wakeups(listener, dsn, "first") == ["unique_q"]
+        with pytest.raises(awa_fast.UniqueConflict):
+            await client.insert(SendEmail("k"), queue="unique_q", unique_opts={})
+        with pytest.raises(awa_fast.UniqueConflict):  # all or none: nothing committed
+            await client.insert_many(
+                [SendEmail("new"), SendEmail("k")], queue="unique_q", unique_opts={}
+            )
+        await client._producer.waker.flush()
+        assert await _wakeups(listener, dsn, "second") == []
+    assert client._producer.waker.sent == sent + 1
+    assert set(await notify_modes("later")) == {"on"}
+
+
+async def test_a_transaction_the_caller_ends_notifies_at_its_own_commit(client, dsn, notify_modes):
+    # The producer cannot know when a caller's transaction commits: its insert keeps the
+    # trigger's NOTIFY, which PostgreSQL delivers at that commit.
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN awa_fast")
+        sent = client._producer.waker.sent
+        async with await client.transaction() as tx:
+            await tx.insert(SendEmail("a"), queue="in_tx")
+            await tx.insert_many([SendEmail("b")], queue="in_tx")
+            assert await _wakeups(listener, dsn, "before commit") == []
+        assert await _wakeups(listener, dsn, "after commit") == ["in_tx"]
+    assert client._producer.waker.sent == sent
+    modes = await notify_modes("in_tx")
+    assert len(modes) == 2 and "on" not in modes  # unset, or reset to "" at the commit
+
+
+async def test_a_client_insert_wakes_a_dispatcher_that_polls_once_a_minute(dsn):
+    worker = awa_fast.AsyncClient(dsn)
+    done = []
+    ran = asyncio.Event()
+
+    @worker.task(SendEmail, queue="minute_poll")
+    async def send(job):
+        done.append(job.id)
+        ran.set()
+
+    producer = awa_fast.AsyncClient(dsn)
+    try:
+        await worker.start([("minute_poll", 1)], poll_interval_ms=60_000)
+        job = await producer.insert(SendEmail("a"), queue="minute_poll")
+        await asyncio.wait_for(ran.wait(), 30)  # woken by the producer's NOTIFY, not a poll
+        assert done == [job.id]
+    finally:
+        await producer.close()
+        await worker.close()

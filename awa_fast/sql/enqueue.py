@@ -17,11 +17,23 @@ SELECT v.kind, v.queue, v.args::jsonb,
        v.priority, v.max_attempts, COALESCE(v.run_at, now()), v.metadata::jsonb, v.tags,
        v.unique_key, v.unique_states, v.ordering_key"""
 
-INSERT_ONE = f"""{_INSERT_TARGET}{_INSERT_PROJECTION}
+_INSERT_ONE_ROW = """
 FROM (VALUES (%s::text, %s::text, %s::text, %s::smallint, %s::smallint, %s::timestamptz, %s::text,
               %s::text[], %s::bytea, %s::smallint, %s::bytea))
      AS v(kind, queue, args, priority, max_attempts, run_at, metadata, tags, unique_key,
-          unique_states, ordering_key)
+          unique_states, ordering_key)"""
+
+INSERT_ONE = f"""{_INSERT_TARGET}{_INSERT_PROJECTION}{_INSERT_ONE_ROW}
+RETURNING {JOB_COLUMNS}"""
+
+# The client's own inserts commit without the trigger's NOTIFY and wake their queues after the
+# commit (awa_fast/wake.py, ADR 018): awa_fast.defer_notify, transaction-local, read by the
+# statement trigger (migration 009). INSERT_ONE runs alone, so it sets it itself (the one-row
+# join is evaluated before the statement's trigger fires); a transaction runs DEFER_NOTIFY first.
+DEFER_NOTIFY = "SELECT set_config('awa_fast.defer_notify', 'on', true)"
+
+INSERT_ONE_DEFERRING_NOTIFY = f"""{_INSERT_TARGET}{_INSERT_PROJECTION}{_INSERT_ONE_ROW}
+     CROSS JOIN ({DEFER_NOTIFY}) AS deferred
 RETURNING {JOB_COLUMNS}"""
 
 # Tags travel as one JSON array per row: Postgres arrays cannot be ragged.

@@ -7,9 +7,13 @@ from awa_fast.sql.fragments import S
 
 NOTIFY_QUEUE = "SELECT pg_notify('awa_fast', %s)"
 
-# The finalizer's wake-ups for follow-ups committed without their NOTIFY (migration 009), many
-# queues in one short transaction. Param: text[] of queues.
-NOTIFY_QUEUES = "SELECT pg_notify('awa_fast', q) FROM unnest(%s::text[]) AS q"
+# Wake-ups for jobs committed without their NOTIFY (awa_fast/wake.py, migration 009, ADR 018):
+# many queues in one short transaction, committed without waiting for its WAL flush, so it holds
+# PostgreSQL's database-wide notify lock only for moments (a NOTIFY is not durable anyway: a
+# crash also ends every LISTEN). Param: text[] of queues.
+WAKE_QUEUES = """
+SELECT set_config('synchronous_commit', 'off', true), pg_notify('awa_fast', q)
+FROM unnest(%s::text[]) AS q"""
 
 NOTIFY_CANCEL = "SELECT pg_notify('awa_fast_cancel', %s)"
 

@@ -15,7 +15,7 @@ outcome and its sealed staged follow-ups); the finalizer picks the path:
   requests in staging order, inserted with ``ON CONFLICT`` on the dedup index -- a held unique
   key is skipped, anything else rolls the completion back; ADR-029 / ADR-046, ADR 003). Its
   insert sends no NOTIFY inside the transaction (a NOTIFY serializes commits database-wide);
-  the finalizer wakes the returned queues after the commit, coalesced by one notifier task
+  the finalizer wakes the returned queues after the commit, coalesced by its Waker (awa_fast/wake.py)
   (``_wake_queues``, ADR 015). Other outcomes run ``sql.TRANSITION`` (or the settlement of a
   failure) and their specs' inserts.
 * A batched completion that fails is redone alone on the per-job path (one bad row must not
@@ -55,6 +55,7 @@ from psycopg import errors as pg_errors
 
 from awa_fast import bulk, enqueue, metrics, sql
 from awa_fast.requests import Prepared
+from awa_fast.wake import Waker
 from awa_fast.worker import executor as ex
 from awa_fast.worker import storable
 from awa_fast.worker.cancellation import raise_if_cancelling
@@ -172,15 +173,9 @@ class Finalizer:
             asyncio.create_task(self._flush_loop(), name=f"awa-finalizer-{i}")
             for i in range(flushers)
         ]
-        # Queues whose available follow-ups committed without a NOTIFY (see _wake_queues).
-        self._to_notify: set[str] = set()
-        self._notify_wake = asyncio.Event()
         self._inline = flushers == 0
-        self._notifier = (
-            None
-            if self._inline
-            else asyncio.create_task(self._notify_loop(), name="awa-finalizer-notify")
-        )
+        # Queues whose available follow-ups committed without a NOTIFY (see _wake_queues).
+        self._waker = Waker(pool_getter, inline=self._inline)
         self._before_commit: FaultHook | None = None
         self._after_commit: FaultHook | None = None
         self.stats = {
@@ -450,38 +445,9 @@ class Finalizer:
 
     async def _wake_queues(self, queues: list[str]) -> None:
         # A per-job completion's follow-ups committed without their NOTIFY (one NOTIFY per
-        # transaction would serialize those commits database-wide; migration 009). Notify their
-        # queues now, after the commit: coalesced by the notifier task (one short transaction
-        # for everything committed while the previous one ran), or at once when inline. If the
-        # NOTIFY is lost (crash, no connection) dispatchers still find the jobs by polling.
-        self._to_notify.update(queues)
-        if self._notifier is not None and not self._notifier.done():
-            self._notify_wake.set()
-        else:  # inline, or closed
-            await self._send_notifies()
-
-    async def _notify_loop(self) -> None:
-        while True:
-            if not self._to_notify:
-                if self._closing:
-                    return
-                self._notify_wake.clear()
-                await self._notify_wake.wait()
-                continue
-            await self._send_notifies()
-            raise_if_cancelling()  # see worker/cancellation.py
-
-    async def _send_notifies(self) -> None:
-        queues = sorted(self._to_notify)
-        self._to_notify.clear()
-        try:
-            pool = await self._pool_getter()
-            async with pool.connection() as conn:
-                await conn.execute(sql.NOTIFY_QUEUES, (queues,))
-        except Exception as exc:  # a lost wake-up only delays the pickup to the next poll
-            log.warning(
-                "wake-up NOTIFY for queues %s failed (%s); their dispatchers poll", queues, exc
-            )
+        # transaction would serialize those commits database-wide; migration 009): the waker
+        # sends it now, coalesced with the other commits of the moment (awa_fast/wake.py).
+        await self._waker.wake(queues)
 
     # -- staged batch path (opt-in) -------------------------------------------------------------
 
@@ -793,6 +759,4 @@ class Finalizer:
         self._closing = True
         self._wake.set()
         await asyncio.gather(*self._flushers, return_exceptions=True)
-        if self._notifier is not None:  # after the flushers: their redo may still notify
-            self._notify_wake.set()
-            await asyncio.gather(self._notifier, return_exceptions=True)
+        await self._waker.flush()  # after the flushers: their redo may still wake queues
