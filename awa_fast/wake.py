@@ -51,17 +51,27 @@ class Waker:
             return
         if self._inline:
             await self._send()
-        elif self._sender is None or self._sender.done():
+        elif not self._sending():
             self._sender = asyncio.get_running_loop().create_task(
                 self._drain(), name="awa-fast-wake"
             )
 
     async def flush(self) -> None:
         """Return once every wake-up asked for so far was sent (or failed and was logged)."""
-        while self._sender is not None and not self._sender.done():
+        while self._sending():
+            assert self._sender is not None
             await asyncio.gather(self._sender, return_exceptions=True)
         if self._queues:
             await self._send()
+
+    def _sending(self) -> bool:
+        # A sender left pending on another (closed) event loop never finishes: start afresh.
+        sender = self._sender
+        return (
+            sender is not None
+            and not sender.done()
+            and sender.get_loop() is asyncio.get_running_loop()
+        )
 
     async def _drain(self) -> None:
         while self._queues:
