@@ -256,3 +256,18 @@ def sigint_as_at_a_terminal() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+async def wakeups_until_marker(listener: Any, dsn: str, marker: str) -> list[str]:
+    """The payloads on channel awa_fast that ``listener`` (a connection that ran ``LISTEN
+    awa_fast``) receives up to ``marker``, which this sends last from another connection:
+    notifications arrive in commit order, so what is not before it was never sent."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+        await other.execute("SELECT pg_notify('awa_fast', %s)", (marker,))
+    seen = []
+    async for note in listener.notifies():
+        if note.channel == "awa_fast":
+            if note.payload == marker:
+                return seen
+            seen.append(note.payload)
+    return seen

@@ -16,7 +16,15 @@ import awa_fast as awa
 from awa_fast import sql
 from awa_fast.testing import AwaTestClient, HandlerJob
 from awa_fast.worker import executor as ex
-from tests.support import FAST, exploding_inserts, job_row, scalar, until, wait_state
+from tests.support import (
+    FAST,
+    exploding_inserts,
+    job_row,
+    scalar,
+    until,
+    wait_state,
+    wakeups_until_marker,
+)
 
 
 @dataclasses.dataclass
@@ -451,20 +459,6 @@ async def test_fault_hooks_wrap_the_statements_production_runs(dsn, client):
 # -- wake-ups of committed follow-ups (migration 009) ------------------------------------------
 
 
-async def _notifications_until_marker(listener, dsn, marker: str) -> list[str]:
-    """The payloads on channel awa_fast up to ``marker``, which this sends last (notifications
-    arrive in commit order, so what is not before it was never sent)."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
-        await other.execute("SELECT pg_notify('awa_fast', %s)", (marker,))
-    seen = []
-    async for note in listener.notifies():
-        if note.channel == "awa_fast":
-            if note.payload == marker:
-                return seen
-            seen.append(note.payload)
-    return seen
-
-
 async def test_deferred_notify_keeps_the_insert_trigger_silent_in_that_transaction(dsn, client):
     # The one-statement completion sets awa_fast.defer_notify for its own transaction: the
     # insert trigger sends nothing then (a NOTIFY would serialize such commits database-wide);
@@ -481,7 +475,7 @@ async def test_deferred_notify_keeps_the_insert_trigger_silent_in_that_transacti
                 "INSERT INTO awa_fast.jobs (kind, queue, args) VALUES ('x', 'plain_q', '{}')"
             )
             await conn.commit()
-        assert await _notifications_until_marker(listener, dsn, "marker") == ["plain_q"]
+        assert await wakeups_until_marker(listener, dsn, "marker") == ["plain_q"]
 
 
 @pytest.mark.parametrize("inline", [False, True])
@@ -512,7 +506,7 @@ async def test_a_completion_wakes_its_follow_ups_queue_after_commit(dsn, client,
                 await client.start([("default", 1)], **FAST)
                 await client.insert(StageA("a"))
             await asyncio.wait_for(done.wait(), 30)  # a signal: the NOTIFY woke the dispatcher
-            payloads = await _notifications_until_marker(listener, dsn, "marker")
+            payloads = await wakeups_until_marker(listener, dsn, "marker")
         assert payloads.count("woken") == 1  # one wake-up for the committed follow-up
         assert await b_items(dsn) == ["wake"]
     finally:

@@ -17,6 +17,7 @@ from psycopg.rows import dict_row
 import awa_fast
 from awa_fast import EnqueueRequest, JobState, derive_kind
 from awa_fast.bridge import insert_job, insert_job_sync
+from tests.support import wakeups_until_marker
 
 UTC = UTC
 
@@ -635,20 +636,6 @@ async def notify_modes(dsn):
             await conn.execute("DROP TRIGGER zz_record_insert_notify_mode ON awa_fast.jobs")
 
 
-async def _wakeups(listener, dsn, marker: str) -> list[str]:
-    """Payloads on channel awa_fast up to ``marker``, sent last (notifications arrive in commit
-    order, so what is not before it was never sent)."""
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
-        await other.execute("SELECT pg_notify('awa_fast', %s)", (marker,))
-    seen = []
-    async for note in listener.notifies():
-        if note.channel == "awa_fast":
-            if note.payload == marker:
-                return seen
-            seen.append(note.payload)
-    return seen
-
-
 _INSERT_PATHS = {
     "insert": lambda c, q: c.insert(SendEmail("a"), queue=q),
     "insert_many": lambda c, q: c.insert_many([SendEmail("a"), SendEmail("b")], queue=q),
@@ -676,7 +663,7 @@ async def test_client_inserts_commit_silently_and_wake_their_queue_after(
         sent = client._producer.waker.sent
         await _INSERT_PATHS[path](client, queue)
         await client._producer.waker.flush()
-        assert await _wakeups(listener, dsn, "marker") == [queue]
+        assert await wakeups_until_marker(listener, dsn, "marker") == [queue]
     assert client._producer.waker.sent == sent + 1
     assert set(await notify_modes(queue)) == {"on"}  # no NOTIFY inside the insert
 
@@ -690,7 +677,7 @@ async def test_scheduled_and_failed_inserts_wake_nothing(client, dsn, notify_mod
         await client.insert_many_copy([SendEmail("a")] * 2, queue="later", run_at=later)
         await client.insert(SendEmail("k"), queue="unique_q", unique_opts={})
         await client._producer.waker.flush()
-        assert await _wakeups(listener, dsn, "first") == ["unique_q"]
+        assert await wakeups_until_marker(listener, dsn, "first") == ["unique_q"]
         with pytest.raises(awa_fast.UniqueConflict):
             await client.insert(SendEmail("k"), queue="unique_q", unique_opts={})
         with pytest.raises(awa_fast.UniqueConflict):  # all or none: nothing committed
@@ -698,7 +685,7 @@ async def test_scheduled_and_failed_inserts_wake_nothing(client, dsn, notify_mod
                 [SendEmail("new"), SendEmail("k")], queue="unique_q", unique_opts={}
             )
         await client._producer.waker.flush()
-        assert await _wakeups(listener, dsn, "second") == []
+        assert await wakeups_until_marker(listener, dsn, "second") == []
     assert client._producer.waker.sent == sent + 1
     assert set(await notify_modes("later")) == {"on"}
 
@@ -712,8 +699,8 @@ async def test_a_transaction_the_caller_ends_notifies_at_its_own_commit(client, 
         async with await client.transaction() as tx:
             await tx.insert(SendEmail("a"), queue="in_tx")
             await tx.insert_many([SendEmail("b")], queue="in_tx")
-            assert await _wakeups(listener, dsn, "before commit") == []
-        assert await _wakeups(listener, dsn, "after commit") == ["in_tx"]
+            assert await wakeups_until_marker(listener, dsn, "before commit") == []
+        assert await wakeups_until_marker(listener, dsn, "after commit") == ["in_tx"]
     assert client._producer.waker.sent == sent
     modes = await notify_modes("in_tx")
     assert len(modes) == 2 and "on" not in modes  # unset, or reset to "" at the commit
