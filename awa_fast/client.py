@@ -236,7 +236,9 @@ class AsyncClient:
         ``scheduled``. ``unique_opts`` is ``{by_queue, by_args, by_period, states}`` ({} = defaults).
         Without ``queue=`` the job goes to ``"default"``, as in awa-pg, even for a kind
         registered here with ``task(..., queue=X)``; that case warns once per kind
-        (:class:`QueueMismatchWarning`).
+        (:class:`QueueMismatchWarning`). The job is committed when this returns; the NOTIFY
+        that wakes its queue's dispatchers follows from a background task (ADR 018, as for
+        every insert method here; ``close()`` waits for it).
 
         Raises:
             ValidationError: a field breaks an insert rule (nothing is written).

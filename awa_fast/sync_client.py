@@ -77,7 +77,7 @@ class Client:
         self._thread.join(timeout=5)
 
     def close(self) -> None:
-        """Close the pool and stop the private loop (idempotent)."""
+        """Send pending insert wake-ups, close the pool and stop the private loop (idempotent)."""
         if self._loop.is_running():
             self._call(self._async.close())
             self._stop_loop()
