@@ -616,3 +616,25 @@ def test_handler_job_records_staged_requests_with_the_same_rules():
         job.enqueue_on_completion(StageB("17th"))
     assert (info.value.reason, info.value.limit) == ("too_many", 16)
     assert len(job.staged) == 16
+
+
+async def test_a_released_attempt_wakes_its_queue_after_the_commit(dsn, client):
+    # A release (shutdown, no handler) makes the job available in a per-job transaction: its
+    # wake-up is sent by the finalizer's Waker after the commit, not by a NOTIFY inside it
+    # (which would hold the notify lock through that commit's WAL flush; ADR 018).
+    from awa_fast import sql
+    from awa_fast.worker.context import JobContext
+    from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
+
+    job = await client.insert(StageB("released"), queue="given_back")
+    pool = await client.pool()
+    async with pool.connection() as conn:
+        cur = await conn.execute(sql.CLAIM_ONE_OF_KIND, {"queue": "given_back", "kind": job.kind})
+        ctx = JobContext(await cur.fetchone(), None)
+    finalizer = Finalizer.inline(client.pool)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN awa_fast")
+        assert await finalizer.submit(FinalizeRequest.release(ctx)) is Finalized.APPLIED
+        assert await wakeups_until_marker(listener, dsn, "marker") == ["given_back"]
+    assert finalizer._waker.sent == 1  # sent by the waker, in a transaction of its own
+    assert (await job_row(dsn, job.id))["state"] == "available"

@@ -637,10 +637,13 @@ class Finalizer:
                 raise Stale()
             if inserts:
                 await self.insert_follow_ups(conn, ctx.kind, ctx.id, inserts)
-            if state == "available":
-                await conn.execute(sql.NOTIFY_QUEUE, (ctx.queue,))
 
-        return await self._guarded_transaction(request, sql.TRANSITION, body)
+        applied = await self._guarded_transaction(request, sql.TRANSITION, body)
+        if applied and state == "available":
+            # After the commit, not inside it: a NOTIFY would hold PostgreSQL's notify lock
+            # through this per-job commit's WAL flush (ADR 018).
+            await self._waker.wake((ctx.queue,))
+        return applied
 
     async def _guarded_transaction(
         self, request: FinalizeRequest, statement: str, body: Callable
