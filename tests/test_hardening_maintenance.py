@@ -30,6 +30,7 @@ from tests.support import (
     until,
     wait_lock_waiter,
     wait_state,
+    wakeups_until_marker,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -356,3 +357,19 @@ async def test_class3_taking_leadership_waits_for_the_old_leaders_open_pass(dsn,
     finally:
         await old._step_down()
         await new._step_down()
+
+
+async def test_promotion_wakes_the_promoted_queues_after_its_commit(dsn, client):
+    # The leader wakes the promoted queues once the promotion committed (a NOTIFY inside it
+    # would hold the notify lock through its WAL flush, ADR 018); fails if the wake-up is lost.
+    due = await due_job(dsn, client)
+    m = Maintenance(dsn, client.pool, MaintenanceConfig())
+    try:
+        assert await m.acquire()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+            await listener.execute("LISTEN awa_fast")
+            assert await m.promote() == 1
+            assert await wakeups_until_marker(listener, dsn, "marker") == ["elsewhere"]
+        assert (await job_row(dsn, due.id))["state"] == "available"
+    finally:
+        await m._step_down()

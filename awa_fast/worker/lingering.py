@@ -121,6 +121,7 @@ class Lingering:
 
     def _end(self, conn: psycopg.Connection, a: _Attempt) -> None:
         key = {"id": a.job_id, "lease": a.run_lease}
+        released = False
         with conn.transaction():
             if a.release:
                 cur = conn.execute(
@@ -134,9 +135,10 @@ class Lingering:
                         **key,
                     },
                 )
-                if cur.rowcount:
-                    conn.execute(sql.NOTIFY_QUEUE, (a.queue,))
+                released = cur.rowcount > 0
             conn.execute(sql.ACK_ATTEMPT_ENDED, key)
+        if released:  # after the commit: a NOTIFY inside would hold the notify lock (ADR 018)
+            conn.execute(sql.WAKE_QUEUES, ([a.queue],))
         with self._lock:
             self._attempts.pop((a.job_id, a.run_lease), None)
         with self._changed:

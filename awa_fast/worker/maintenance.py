@@ -387,8 +387,14 @@ class Maintenance:
                     conn, sql.CANCEL_AS_DUPLICATE, {**limit, "id": job_id}
                 ),
             )
-            for queue in sorted({queue for _id, queue in done.rows}):
-                await conn.execute(sql.NOTIFY_QUEUE, (queue,))
+        queues = sorted({queue for _id, queue in done.rows})
+        if queues:  # after the commit: a NOTIFY inside would hold the notify lock (ADR 018)
+            try:
+                pool = await self._pool_getter()
+                async with pool.connection() as conn:
+                    await conn.execute(sql.WAKE_QUEUES, (queues,))
+            except psycopg.Error as exc:  # the promotion committed; dispatchers poll
+                log.warning("wake-up NOTIFY for promoted queues %s failed: %s", queues, exc)
         self.counts["promoted"] += len(done.rows)
         return len(done.rows)
 
