@@ -410,11 +410,17 @@ def test_stats_health_listing_and_admin_reads_are_bounded_by_the_live_set(dsn):
             INSERT INTO awa_fast.jobs (kind, queue, state)
             SELECT 'kind_1', 'q1', 'available' FROM generate_series(1, 300)""")
         conn.execute("ANALYZE awa_fast.jobs")
-        conn.execute("ANALYZE awa_fast.jobs_done")
         conn.execute("ANALYZE awa_fast.done_counts")
         newest = conn.execute("SELECT max(id) FROM awa_fast.jobs_done").fetchone()[0]
     assert one(dsn, "SELECT sum(n) FROM awa_fast.done_counts") == HISTORY
+    # as production leaves the slices (never analyzed: migration 015), then after an ANALYZE
+    assert_bounded_plans(dsn, newest)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE awa_fast.jobs_done")
+    assert_bounded_plans(dsn, newest)
 
+
+def assert_bounded_plans(dsn: str, newest: int) -> None:
     untouched = {
         "queue_stats": (sql.QUEUE_STATS, None),
         "health_check": (sql.HEALTH_AVAILABLE, (["q1"],)),
@@ -587,3 +593,27 @@ async def test_the_leaders_vacuum_reclaims_the_hot_tables_dead_rows(client, dsn)
     m = maintenance(client, hot_vacuum_dead_rows=0)
     assert await m.vacuum_hot() and m.counts["hot_vacuums"] == 1
     assert dead_tuples(dsn, "awa_fast.jobs") == 0
+
+
+def test_autovacuum_never_analyzes_the_slices_or_unique_holds(dsn):
+    """Migration 015: an ANALYZE holds a snapshot while it samples, and that snapshot keeps every
+    VACUUM of the hot table from removing anything; the current slice grows by the whole job
+    rate, so autovacuum analyzed it every naptime, for seconds (ADR 016). Every slice and
+    unique_holds set the analyze threshold out of reach; their vacuum thresholds are unchanged."""
+    options = {
+        r["relname"]: r["reloptions"] or []
+        for r in rows(
+            dsn,
+            """SELECT c.relname, c.reloptions FROM pg_class c
+               WHERE c.oid IN (SELECT inhrelid FROM pg_inherits
+                               WHERE inhparent = 'awa_fast.jobs_done'::regclass)
+                  OR c.oid = 'awa_fast.unique_holds'::regclass""",
+        )
+    }
+    assert len(options) == 65
+    never = "autovacuum_analyze_threshold=2147483647"
+    assert [name for name, opts in options.items() if never not in opts] == []
+    assert not any("autovacuum_enabled=false" in opts for opts in options.values())
+    assert "autovacuum_analyze_threshold" not in str(
+        one(dsn, "SELECT reloptions FROM pg_class WHERE oid = 'awa_fast.jobs'::regclass")
+    )
