@@ -617,3 +617,29 @@ def test_autovacuum_never_analyzes_the_slices_or_unique_holds(dsn):
     assert "autovacuum_analyze_threshold" not in str(
         one(dsn, "SELECT reloptions FROM pg_class WHERE oid = 'awa_fast.jobs'::regclass")
     )
+
+
+def heap_bytes(dsn: str) -> int:
+    return one(dsn, "SELECT pg_relation_size('awa_fast.jobs')")
+
+
+async def test_the_hot_tables_empty_pages_are_cut_off_only_when_it_is_large(client, dsn):
+    """Migration 016, ADR 016: cutting off the hot table's empty tail takes an ACCESS EXCLUSIVE
+    lock that stops every claim, insert and completion, and at a steady rate the table grows the
+    pages back at once. A plain VACUUM (what autovacuum runs) and the leader's vacuum of a small
+    table keep them; the leader cuts them off once the heap is larger than
+    ``hot_vacuum_truncate_bytes`` (a backlog drained)."""
+    ids = [j.id for j in await client.insert_many([Item(i) for i in range(3000)])]
+    finish(dsn, ids)  # the table's tail is empty now
+    size = heap_bytes(dsn)
+    assert size > 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM awa_fast.jobs")
+    assert heap_bytes(dsn) == size
+    small = maintenance(client, hot_vacuum_dead_rows=0, hot_vacuum_truncate_bytes=size)
+    assert await small.vacuum_hot()
+    assert (small.counts["hot_truncations"], heap_bytes(dsn)) == (0, size)
+    large = maintenance(client, hot_vacuum_dead_rows=0, hot_vacuum_truncate_bytes=size - 1)
+    assert await large.vacuum_hot()
+    assert large.counts["hot_truncations"] == 1
+    assert heap_bytes(dsn) < size

@@ -101,12 +101,18 @@ SETTLE_STALE_MARK_ONE = f"""
 UPDATE {S}.jobs s SET heartbeat_at = NULL, state = state
 WHERE s.id = %(id)s AND {_STALE_MARK} RETURNING s.id"""
 
-# The hot table's dead rows (the statistics the backends flushed, about once a second).
+# The hot table's dead rows (the statistics the backends flushed, about once a second) and its
+# heap size in bytes as its last vacuum left it (pg_class: no lock taken).
 HOT_DEAD_ROWS = f"""
-SELECT COALESCE(n_dead_tup, 0) FROM pg_stat_user_tables WHERE relid = '{S}.jobs'::regclass"""
+SELECT COALESCE(s.n_dead_tup, 0), c.relpages::bigint * current_setting('block_size')::bigint
+FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid = '{S}.jobs'::regclass"""
 
-# Run on an autocommit connection; skipped when autovacuum holds the table.
-VACUUM_HOT = f"VACUUM (SKIP_LOCKED) {S}.jobs"
+# Run on an autocommit connection; skipped when autovacuum holds the table. The hot table's
+# empty tail is cut off only when it is large (migration 016: truncation takes an ACCESS
+# EXCLUSIVE lock that stops every claim, insert and completion, and the table grows back at once).
+VACUUM_HOT = f"VACUUM (SKIP_LOCKED, TRUNCATE false) {S}.jobs"
+VACUUM_HOT_TRUNCATING = f"VACUUM (SKIP_LOCKED, TRUNCATE true) {S}.jobs"
 
 # Finished jobs per queue from the counters: failed / cancelled held now, completed in the last
 # hour (minute buckets; rows of the hour's first, partial minute are left out).

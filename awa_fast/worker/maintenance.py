@@ -86,6 +86,7 @@ class MaintenanceConfig:
     verify_window_s: float = 3600.0
     hot_vacuum_interval_ms: int = 500
     hot_vacuum_dead_rows: int = 5_000
+    hot_vacuum_truncate_bytes: int = 64 * 1024 * 1024
 
 
 def check_retention(config: MaintenanceConfig) -> None:
@@ -149,7 +150,13 @@ class Maintenance:
         self._loops: list[asyncio.Task] = []
         self._deposed = asyncio.Event()
         self.loops: dict[str, LoopHealth] = {}
-        self.counts = {"promoted": 0, "rescued": 0, "pruned": 0, "hot_vacuums": 0}
+        self.counts = {
+            "promoted": 0,
+            "rescued": 0,
+            "pruned": 0,
+            "hot_vacuums": 0,
+            "hot_truncations": 0,
+        }
         self._vacuum_conn: psycopg.AsyncConnection | None = None
         # fired after each pass of a leader loop with (loop name, its result or exception)
         self.passed = Signal("maintenance pass")
@@ -570,6 +577,11 @@ class Maintenance:
         ``autovacuum_naptime`` (60 s by default): at thousands of jobs per second that alone
         leaves hundreds of thousands of dead rows between visits. Returns True if it vacuumed.
 
+        The empty pages at the table's end are cut off only while its heap is larger than
+        ``hot_vacuum_truncate_bytes`` (64 MiB; after a backlog drained): cutting them off takes
+        an ACCESS EXCLUSIVE lock that stops every claim, insert and completion, and at a steady
+        rate the table grows back within a second (ADR 016, migration 016).
+
         Raises:
             psycopg.Error: the statistics or the VACUUM failed (the loop retries).
         """
@@ -582,7 +594,11 @@ class Maintenance:
         row = await cur.fetchone()
         if row is None or row[0] < self.config.hot_vacuum_dead_rows:
             return False
-        await conn.execute(sql.VACUUM_HOT)
+        if row[1] > self.config.hot_vacuum_truncate_bytes:
+            await conn.execute(sql.VACUUM_HOT_TRUNCATING)
+            self.counts["hot_truncations"] += 1
+        else:
+            await conn.execute(sql.VACUUM_HOT)
         self.counts["hot_vacuums"] += 1
         return True
 
