@@ -643,3 +643,26 @@ async def test_the_hot_tables_empty_pages_are_cut_off_only_when_it_is_large(clie
     assert await large.vacuum_hot()
     assert large.counts["hot_truncations"] == 1
     assert heap_bytes(dsn) < size
+
+
+async def test_a_cut_that_cannot_take_its_lock_is_not_asked_for_again_at_once(client, dsn):
+    """A reader in a transaction holds the hot table, so the vacuum cannot take the ACCESS
+    EXCLUSIVE lock to cut off the empty tail: PostgreSQL gives up after 5 s and the heap stays
+    above the limit. The next vacuums do not ask again within ``hot_vacuum_truncate_retry_ms``
+    (each ask may wait 5 s without vacuuming); once it passed, the next one cuts."""
+    ids = [j.id for j in await client.insert_many([Item(i) for i in range(3000)])]
+    finish(dsn, ids)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM awa_fast.jobs")  # keeps the pages, records their number
+    size = heap_bytes(dsn)
+    m = maintenance(client, hot_vacuum_dead_rows=0, hot_vacuum_truncate_bytes=size - 1)
+    with psycopg.connect(dsn) as reader:
+        reader.execute("SELECT count(*) FROM awa_fast.jobs")  # ACCESS SHARE until it ends
+        assert await m.vacuum_hot()
+        assert (m.counts["hot_truncations"], heap_bytes(dsn)) == (1, size)
+    assert await m.vacuum_hot()  # the lock is free now, but the retry time has not passed
+    assert (m.counts["hot_vacuums"], m.counts["hot_truncations"], heap_bytes(dsn)) == (2, 1, size)
+    m.config.hot_vacuum_truncate_retry_ms = 0
+    assert await m.vacuum_hot()
+    assert m.counts["hot_truncations"] == 2
+    assert heap_bytes(dsn) < size

@@ -87,6 +87,7 @@ class MaintenanceConfig:
     hot_vacuum_interval_ms: int = 500
     hot_vacuum_dead_rows: int = 5_000
     hot_vacuum_truncate_bytes: int = 64 * 1024 * 1024
+    hot_vacuum_truncate_retry_ms: int = 60_000
 
 
 def check_retention(config: MaintenanceConfig) -> None:
@@ -158,6 +159,7 @@ class Maintenance:
             "hot_truncations": 0,
         }
         self._vacuum_conn: psycopg.AsyncConnection | None = None
+        self._truncate_failed_at: float | None = None  # the event loop's clock, seconds
         # fired after each pass of a leader loop with (loop name, its result or exception)
         self.passed = Signal("maintenance pass")
         # fired when this process takes or gives up leadership (value: is_leader)
@@ -580,7 +582,10 @@ class Maintenance:
         The empty pages at the table's end are cut off only while its heap is larger than
         ``hot_vacuum_truncate_bytes`` (64 MiB; after a backlog drained): cutting them off takes
         an ACCESS EXCLUSIVE lock that stops every claim, insert and completion, and at a steady
-        rate the table grows back within a second (ADR 016, migration 016).
+        rate the table grows back within a second (ADR 016, migration 016). A vacuum that asked
+        and left the heap above the limit (PostgreSQL gives up after waiting 5 s for the lock,
+        or the empty tail was too short to cut) does not ask again for
+        ``hot_vacuum_truncate_retry_ms`` (60 s): each such wait is 5 s without a vacuum.
 
         Raises:
             psycopg.Error: the statistics or the VACUUM failed (the loop retries).
@@ -590,13 +595,19 @@ class Maintenance:
                 self.database_url, autocommit=True
             )
         conn = self._vacuum_conn
+        loop = asyncio.get_running_loop()
         cur = await conn.execute(sql.HOT_DEAD_ROWS)
         row = await cur.fetchone()
         if row is None or row[0] < self.config.hot_vacuum_dead_rows:
             return False
-        if row[1] > self.config.hot_vacuum_truncate_bytes:
+        limit = self.config.hot_vacuum_truncate_bytes
+        failed_at = self._truncate_failed_at
+        retry_s = self.config.hot_vacuum_truncate_retry_ms / 1000
+        if row[1] > limit and (failed_at is None or loop.time() - failed_at >= retry_s):
             await conn.execute(sql.VACUUM_HOT_TRUNCATING)
             self.counts["hot_truncations"] += 1
+            after = await (await conn.execute(sql.HOT_DEAD_ROWS)).fetchone()
+            self._truncate_failed_at = loop.time() if after and after[1] > limit else None
         else:
             await conn.execute(sql.VACUUM_HOT)
         self.counts["hot_vacuums"] += 1
