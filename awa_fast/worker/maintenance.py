@@ -584,8 +584,9 @@ class Maintenance:
         an ACCESS EXCLUSIVE lock that stops every claim, insert and completion, and at a steady
         rate the table grows back within a second (ADR 016, migration 016). A vacuum that asked
         and left the heap above the limit (PostgreSQL gives up after waiting 5 s for the lock,
-        or the empty tail was too short to cut) does not ask again for
-        ``hot_vacuum_truncate_retry_ms`` (60 s): each such wait is 5 s without a vacuum.
+        the empty tail was too short to cut, or autovacuum held the table) does not ask again
+        for ``hot_vacuum_truncate_retry_ms`` (60 s): each such wait is 5 s without a vacuum.
+        ``counts["hot_truncations"]`` counts the vacuums that asked.
 
         Raises:
             psycopg.Error: the statistics or the VACUUM failed (the loop retries).
