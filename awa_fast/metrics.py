@@ -12,6 +12,7 @@ Labels are kept low-cardinality: ``queue``, ``kind``, ``outcome``, ``cause``, ``
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import tempfile
@@ -246,10 +247,32 @@ def check_host(host: Any, field: str = "metrics_host") -> str:
     return host
 
 
+class SettledFilesCollector(multiprocess.MultiProcessCollector):
+    """``prometheus_client``'s multiprocess collector, minus the ``.db`` files a process has
+    created and not yet sized. Such a file is 0 bytes for a moment, and reading it raises, which
+    fails the whole scrape with HTTP 500; a child killed in that moment leaves it for good, so
+    every later scrape failed (prometheus/client_python issue 1199, open in 0.26). A file that
+    vanishes meanwhile (a dead child's live gauges) is skipped too."""
+
+    def __init__(self, registry: Any, path: str | None = None):
+        self.directory = path or os.environ.get(MULTIPROC_ENV, "")
+        super().__init__(registry, path)
+
+    def collect(self) -> Any:
+        files = []
+        for name in glob.glob(os.path.join(self.directory, "*.db")):
+            try:
+                if os.stat(name).st_size > 0:
+                    files.append(name)
+            except FileNotFoundError:
+                pass
+        return self.merge(files, accumulate=True)
+
+
 def _registry() -> Any:
     if os.environ.get(MULTIPROC_ENV):
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        SettledFilesCollector(registry)
         return registry
     return REGISTRY
 
@@ -297,7 +320,7 @@ class LauncherExporter(Exporter):
     def __init__(self, port: int, host: str = DEFAULT_HOST):
         self.directory = tempfile.mkdtemp(prefix="awa-fast-metrics-")
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=self.directory)
+        SettledFilesCollector(registry, path=self.directory)
         try:
             super().__init__(
                 port, host, registry, field="--metrics-port", host_field="--metrics-host"

@@ -324,3 +324,27 @@ def test_launcher_metrics_port_errors_are_usage_errors(dsn, launchers):
             assert launcher.wait() == 2
             out = launcher.transcript()
             assert reason in out and "started" not in out, out
+
+
+def test_launcher_endpoint_skips_a_file_a_child_created_and_never_sized():
+    """A child creates its ``.db`` file and sizes it a moment later; killed in between, it
+    leaves a 0-byte file for good, and ``prometheus_client``'s own collector then failed every
+    scrape with HTTP 500 (prometheus/client_python issue 1199). The launcher's endpoint serves
+    the other children's metrics."""
+    import subprocess
+    import sys
+
+    from awa_fast.metrics import MULTIPROC_ENV, LauncherExporter
+
+    exporter = LauncherExporter(0)
+    try:
+        child = (
+            "from prometheus_client import Counter; "
+            "Counter('awa_fast_test_done', 'a child counter').inc(3)"
+        )
+        env = {**os.environ, MULTIPROC_ENV: exporter.directory}
+        subprocess.run([sys.executable, "-c", child], env=env, check=True, timeout=60)
+        open(os.path.join(exporter.directory, "counter_4194304.db"), "wb").close()
+        assert total(scrape(exporter.url), "awa_fast_test_done_total") == 3
+    finally:
+        exporter.close()
