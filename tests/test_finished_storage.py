@@ -662,7 +662,30 @@ async def test_a_cut_that_cannot_take_its_lock_is_not_asked_for_again_at_once(cl
         assert (m.counts["hot_truncations"], heap_bytes(dsn)) == (1, size)
     assert await m.vacuum_hot()  # the lock is free now, but the retry time has not passed
     assert (m.counts["hot_vacuums"], m.counts["hot_truncations"], heap_bytes(dsn)) == (2, 1, size)
+    # the retry time passed: it asks even with no dead rows left (a drained, quiet queue)
     m.config.hot_vacuum_truncate_retry_ms = 0
+    m.config.hot_vacuum_dead_rows = 10**9
     assert await m.vacuum_hot()
     assert m.counts["hot_truncations"] == 2
     assert heap_bytes(dsn) < size
+    assert not await m.vacuum_hot()  # below the limit and no dead rows: nothing to do
+
+
+async def test_a_cut_whose_vacuum_raises_is_not_asked_for_again_at_once(client, dsn):
+    """The truncating VACUUM itself fails (a statement_timeout while it waits for the lock):
+    the next pass does not ask again within the retry time."""
+    ids = [j.id for j in await client.insert_many([Item(i) for i in range(3000)])]
+    finish(dsn, ids)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM awa_fast.jobs")
+    size = heap_bytes(dsn)
+    m = maintenance(client, hot_vacuum_dead_rows=0, hot_vacuum_truncate_bytes=size - 1)
+    m._vacuum_conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    await m._vacuum_conn.execute("SET statement_timeout = '1s'")
+    with psycopg.connect(dsn) as reader:
+        reader.execute("SELECT count(*) FROM awa_fast.jobs")
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            await m.vacuum_hot()
+    assert await m.vacuum_hot()
+    assert (m.counts["hot_truncations"], heap_bytes(dsn)) == (1, size)
+    await m._vacuum_conn.close()

@@ -582,11 +582,12 @@ class Maintenance:
         The empty pages at the table's end are cut off only while its heap is larger than
         ``hot_vacuum_truncate_bytes`` (64 MiB; after a backlog drained): cutting them off takes
         an ACCESS EXCLUSIVE lock that stops every claim, insert and completion, and at a steady
-        rate the table grows back within a second (ADR 016, migration 016). A vacuum that asked
-        and left the heap above the limit (PostgreSQL gives up after waiting 5 s for the lock,
-        the empty tail was too short to cut, or autovacuum held the table) does not ask again
-        for ``hot_vacuum_truncate_retry_ms`` (60 s): each such wait is 5 s without a vacuum.
-        ``counts["hot_truncations"]`` counts the vacuums that asked.
+        rate the table grows back within a second (ADR 016, migration 016). Above the limit it
+        asks whatever the dead rows (a backlog drained before a quiet spell). One that asked and
+        did not leave the heap below the limit (PostgreSQL gave up after waiting 5 s for the
+        lock, the tail still held live rows, autovacuum held the table, or the VACUUM raised)
+        does not ask again for ``hot_vacuum_truncate_retry_ms`` (60 s): each such wait is 5 s
+        without a vacuum. ``counts["hot_truncations"]`` counts the vacuums that asked.
 
         Raises:
             psycopg.Error: the statistics or the VACUUM failed (the loop retries).
@@ -599,16 +600,23 @@ class Maintenance:
         loop = asyncio.get_running_loop()
         cur = await conn.execute(sql.HOT_DEAD_ROWS)
         row = await cur.fetchone()
-        if row is None or row[0] < self.config.hot_vacuum_dead_rows:
+        if row is None:
             return False
         limit = self.config.hot_vacuum_truncate_bytes
         failed_at = self._truncate_failed_at
         retry_s = self.config.hot_vacuum_truncate_retry_ms / 1000
         if row[1] > limit and (failed_at is None or loop.time() - failed_at >= retry_s):
-            await conn.execute(sql.VACUUM_HOT_TRUNCATING)
+            # Also with few dead rows: a backlog drained before a quiet spell must still be cut.
+            # Counted as failed until the heap is seen below the limit (a VACUUM that raises,
+            # or is skipped, does not ask again at once either).
+            self._truncate_failed_at = loop.time()
             self.counts["hot_truncations"] += 1
+            await conn.execute(sql.VACUUM_HOT_TRUNCATING)
             after = await (await conn.execute(sql.HOT_DEAD_ROWS)).fetchone()
-            self._truncate_failed_at = loop.time() if after and after[1] > limit else None
+            if after is not None and after[1] <= limit:
+                self._truncate_failed_at = None
+        elif row[0] < self.config.hot_vacuum_dead_rows:
+            return False
         else:
             await conn.execute(sql.VACUUM_HOT)
         self.counts["hot_vacuums"] += 1
