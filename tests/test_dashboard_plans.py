@@ -1,6 +1,6 @@
 """Every dashboard statement reads through an index, never a sequential scan of the job table,
 with a large finished history (200k finished rows in the slices of awa_fast.jobs_done, ADR
-016, a small active set; the slices never analyzed, then analyzed) --
+016, a small active set; the slices never analyzed, then analyzed from 300 rows) --
 the way test_schema checks the claim path. Statements are EXPLAINed with their parameters bound,
 as the dashboard runs them (no server-side prepared statements: custom plans)."""
 
@@ -22,8 +22,8 @@ def history(request, dsn):
     consequence), a few hundred active rows in each active state, owed consequences, 5k DLQ
     rows. Returns ``(dsn, newest_id)``.
 
-    Twice: as production leaves the slices (autovacuum never analyzes them, migration 015), then
-    after a manual ANALYZE (an operator's database-wide one)."""
+    Twice: as a slice autovacuum has not analyzed yet, then as it leaves them (300 rows,
+    migration 017)."""
     analyzed = request.param == "slices analyzed"
     with psycopg.connect(dsn, autocommit=True) as conn:
         if conn.execute("SELECT count(*) FROM awa_fast.jobs_done").fetchone()[0]:

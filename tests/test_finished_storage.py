@@ -413,7 +413,7 @@ def test_stats_health_listing_and_admin_reads_are_bounded_by_the_live_set(dsn):
         conn.execute("ANALYZE awa_fast.done_counts")
         newest = conn.execute("SELECT max(id) FROM awa_fast.jobs_done").fetchone()[0]
     assert one(dsn, "SELECT sum(n) FROM awa_fast.done_counts") == HISTORY
-    # as production leaves the slices (never analyzed: migration 015), then after an ANALYZE
+    # a slice autovacuum has not analyzed yet, then as it leaves them (300 rows, migration 017)
     assert_bounded_plans(dsn, newest)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("ANALYZE awa_fast.jobs_done")
@@ -595,28 +595,83 @@ async def test_the_leaders_vacuum_reclaims_the_hot_tables_dead_rows(client, dsn)
     assert dead_tuples(dsn, "awa_fast.jobs") == 0
 
 
-def test_autovacuum_never_analyzes_the_slices_or_unique_holds(dsn):
-    """Migration 015: an ANALYZE holds a snapshot while it samples, and that snapshot keeps every
-    VACUUM of the hot table from removing anything; the current slice grows by the whole job
-    rate, so autovacuum analyzed it every naptime, for seconds (ADR 016). Every slice and
-    unique_holds set the analyze threshold out of reach; their vacuum thresholds are unchanged."""
-    options = {
-        r["relname"]: r["reloptions"] or []
+def test_the_slices_are_analyzed_from_300_rows(dsn):
+    """Migrations 015 and 017: an ANALYZE holds a snapshot while it samples, and that snapshot
+    keeps every VACUUM of the hot table from removing anything (ADR 016). Autovacuum analyzes
+    the slices and unique_holds as usual (015's "never" is reset), but every column and the
+    slices' expression index have a statistics target of 1: 300 sampled rows."""
+    slices = [
+        r["inhrelid"]
         for r in rows(
             dsn,
-            """SELECT c.relname, c.reloptions FROM pg_class c
-               WHERE c.oid IN (SELECT inhrelid FROM pg_inherits
-                               WHERE inhparent = 'awa_fast.jobs_done'::regclass)
-                  OR c.oid = 'awa_fast.unique_holds'::regclass""",
+            "SELECT inhrelid::regclass::text AS inhrelid FROM pg_inherits "
+            "WHERE inhparent = 'awa_fast.jobs_done'::regclass",
         )
-    }
-    assert len(options) == 65
-    never = "autovacuum_analyze_threshold=2147483647"
-    assert [name for name, opts in options.items() if never not in opts] == []
-    assert not any("autovacuum_enabled=false" in opts for opts in options.values())
-    assert "autovacuum_analyze_threshold" not in str(
-        one(dsn, "SELECT reloptions FROM pg_class WHERE oid = 'awa_fast.jobs'::regclass")
+    ]
+    assert len(slices) == 64
+    for rel in [*slices, "awa_fast.unique_holds"]:
+        opts = one(dsn, "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (rel,))
+        assert "autovacuum_analyze_threshold" not in str(opts), rel
+    targets = rows(
+        dsn,
+        """SELECT a.attrelid::regclass::text AS rel, a.attname, a.attstattarget FROM pg_attribute a
+           WHERE a.attnum > 0 AND NOT a.attisdropped AND (
+                 a.attrelid IN (SELECT inhrelid FROM pg_inherits
+                                WHERE inhparent = 'awa_fast.jobs_done'::regclass)
+              OR a.attrelid = 'awa_fast.unique_holds'::regclass
+              OR a.attrelid IN (SELECT indexrelid FROM pg_index WHERE indexprs IS NOT NULL
+                                AND indrelid IN (SELECT inhrelid FROM pg_inherits
+                                    WHERE inhparent = 'awa_fast.jobs_done'::regclass)))""",
     )
+    assert [t for t in targets if t["attstattarget"] != 1] == []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO awa_fast.jobs_done (id, kind, state, finalized_at) "
+            "SELECT nextval('awa_fast.jobs_id_seq'), 'k', 'completed', now() "
+            "FROM generate_series(1, 50000)"
+        )
+        slot = conn.execute(
+            "SELECT tableoid::regclass::text FROM awa_fast.jobs_done LIMIT 1"
+        ).fetchone()[0]
+        notes: list[str] = []
+        conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+        conn.execute(f"ANALYZE VERBOSE {slot}")
+        conn.execute("TRUNCATE awa_fast.jobs_done")
+    assert any("300 rows in sample" in n for n in notes), notes
+
+
+def test_one_failed_job_is_retried_without_reading_every_slice(dsn):
+    """With the statistics autovacuum gathers (300 rows, migration 017) and default planner
+    settings, retrying or dead-lettering one failed job probes the slices by id: it does not
+    read every slice (which it did with no statistics at all, migration 015)."""
+    import re
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("""
+            INSERT INTO awa_fast.jobs_done (id, kind, queue, state, finalized_at)
+            SELECT nextval('awa_fast.jobs_id_seq'), 'k', 'q',
+                   (CASE WHEN g % 100 = 7 THEN 'failed' ELSE 'completed' END)::awa_fast.job_state,
+                   now() - interval '3 hours' + g * interval '50 microseconds'
+            FROM generate_series(1, 200000) g""")
+        conn.execute("ANALYZE awa_fast.jobs_done")  # what autovacuum does, with 017's targets
+        failed = conn.execute(
+            "SELECT max(id) FROM awa_fast.jobs_done WHERE state = 'failed'"
+        ).fetchone()[0]
+    try:
+        with psycopg.connect(dsn, prepare_threshold=None) as conn:
+            for statement, params in [
+                (sql.RETRY_JOB, {"id": failed, "stale_ms": 90_000}),
+                (sql.DLQ_MOVE_ONE, {"id": failed, "reason": "r", "kind": None, "queue": None}),
+            ]:
+                plan = "\n".join(
+                    r[0] for r in conn.execute("EXPLAIN (ANALYZE, TIMING OFF) " + statement, params)
+                )
+                conn.rollback()
+                scanned = re.findall(r"Seq Scan on jobs_done_\w+ .*actual rows=([\d.]+)", plan)
+                assert sum(int(float(n)) for n in scanned) < 1000, plan
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("TRUNCATE awa_fast.jobs_done")
 
 
 def heap_bytes(dsn: str) -> int:

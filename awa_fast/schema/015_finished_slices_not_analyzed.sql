@@ -5,10 +5,9 @@
 -- grows by the whole job rate (480,000 rows a minute at 8,000 jobs/s), so autovacuum analyzed it
 -- once a naptime, each time longer (0.6 s, then 2.8 s ten minutes later): meanwhile the hot
 -- table's vacuum removed nothing, its dead rows rose to 43,000, its heap grew from 1.8 to 9 MB
--- and pickup p99 reached 123 ms, every minute of the 8,000 jobs/s soak. No statement needs the
--- statistics of these tables (reads go by id, key or slot through their indexes), so autovacuum
--- may still vacuum them (rare admin updates and deletes) but never analyzes them. A manual
--- ANALYZE still works.
+-- and pickup p99 reached 123 ms, every minute of the 8,000 jobs/s soak. Autovacuum may still
+-- vacuum them (rare admin updates and deletes) but never analyzes them. A manual ANALYZE still
+-- works. Superseded by 017: with no statistics at all, single-job admin reads scanned every slice.
 DO $$
 DECLARE
     rel regclass;
