@@ -744,3 +744,24 @@ async def test_a_cut_whose_vacuum_raises_is_not_asked_for_again_at_once(client, 
     assert await m.vacuum_hot()
     assert (m.counts["hot_truncations"], heap_bytes(dsn)) == (1, size)
     await m._vacuum_conn.close()
+
+
+def test_the_tables_every_completion_writes_keep_their_pages(dsn):
+    """Migrations 016 and 018: cutting off a table's empty tail takes an ACCESS EXCLUSIVE lock
+    that every completion would wait for. The hot table, done_counts (every completing
+    statement upserts it) and unique_holds (every completion of a unique job) keep their
+    pages under a plain VACUUM, which is what autovacuum runs."""
+    for table in ("awa_fast.done_counts", "awa_fast.unique_holds"):
+        assert "vacuum_truncate=false" in str(
+            one(dsn, "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", (table,))
+        ), table
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO awa_fast.unique_holds (unique_key, job_id, slot) "
+            "SELECT int8send(g), g, 0 FROM generate_series(1, 20000) g"
+        )
+        size = conn.execute("SELECT pg_relation_size('awa_fast.unique_holds')").fetchone()[0]
+        conn.execute("DELETE FROM awa_fast.unique_holds WHERE slot = 0")
+        conn.execute("VACUUM awa_fast.unique_holds")
+        after = conn.execute("SELECT pg_relation_size('awa_fast.unique_holds')").fetchone()[0]
+    assert size > 0 and after == size
