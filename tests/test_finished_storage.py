@@ -542,6 +542,41 @@ def test_rows_inserted_finished_move_and_hold_their_keys(dsn):
     assert counted == 2
 
 
+def test_one_statement_finishing_many_rows_moves_them_with_one_insert(dsn):
+    """Migration 019: an UPDATE that finishes 2,000 rows (an admin statement; ``drain_queue``
+    and a batch cancel are such statements too) moves them with one INSERT into the slices, so
+    jobs_done's statement trigger runs once and writes done_counts once. Per row, as the row
+    trigger did it, every row upserted the same done_counts row again in the same transaction
+    and the statement's cost grew faster than its rows. A row whose handler still runs stays in
+    the hot table; every moved row holds its key."""
+    n = 2000
+    with psycopg.connect(dsn) as conn:  # one transaction: its own statistics are readable
+        conn.execute("SET LOCAL track_functions = 'pl'")
+        conn.execute(
+            "INSERT INTO awa_fast.jobs (kind, queue, unique_key, unique_states) "
+            "SELECT 'k', 'bulk', int4send(g), 255 FROM generate_series(1, %s) g",
+            (n,),
+        )
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'running', heartbeat_at = now() "
+            "WHERE id = (SELECT min(id) FROM awa_fast.jobs)"
+        )
+        conn.execute("UPDATE awa_fast.jobs SET state = 'cancelled', finalized_at = now()")
+        calls, counts_written = conn.execute(
+            "SELECT pg_stat_get_xact_function_calls('awa_fast.done_inserted'::regproc), "
+            "pg_stat_get_xact_tuples_inserted('awa_fast.done_counts'::regclass) "
+            "+ pg_stat_get_xact_tuples_updated('awa_fast.done_counts'::regclass)"
+        ).fetchone()
+        conn.commit()
+    assert (calls, counts_written) == (1, 1)
+    assert rows(dsn, "SELECT state::text, count(*) FROM awa_fast.jobs GROUP BY 1") == [
+        {"state": "cancelled", "count": 1}
+    ]
+    assert one(dsn, "SELECT count(*) FROM awa_fast.jobs_done WHERE state = 'cancelled'") == n - 1
+    assert one(dsn, "SELECT sum(n) FROM awa_fast.done_counts WHERE queue = 'bulk'") == n - 1
+    assert one(dsn, "SELECT count(*) FROM awa_fast.unique_holds") == n - 1
+
+
 def test_statements_that_update_listed_rows_probe_the_hot_table_by_id(dsn):
     """ADR 017: every statement that picks rows in a CTE (or takes a batch of ids) and then
     writes them finds them in the hot table by ``id = ANY(...)``, even when the statistics say
