@@ -214,7 +214,8 @@ async def truncate(dsn: str) -> None:
         await conn.execute(
             "TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq, "
             "awa_fast.callback_expressions, awa_fast.queue_descriptors, "
-            "awa_fast.job_kind_descriptors, awa_fast.batch_operations CASCADE"
+            "awa_fast.job_kind_descriptors, awa_fast.batch_operations, awa_fast.verifier_kinds "
+            "CASCADE"
         )
 
 

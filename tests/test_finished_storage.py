@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 
 import psycopg
 import pytest
@@ -425,6 +426,7 @@ def assert_bounded_plans(dsn: str, newest: int) -> None:
         "queue_stats": (sql.QUEUE_STATS, None),
         "health_check": (sql.HEALTH_AVAILABLE, (["q1"],)),
         "expired slices": (sql.EXPIRED_SLICES, {"completed_s": 3600, "failed_s": 3600}),
+        "verify pass": (sql.VERIFY_DUE, {"kinds": ["kind_1"], "window_s": 3600, "limit": 100}),
     }
     for name, (statement, params) in untouched.items():
         plan = plan_of(dsn, statement, params)
@@ -448,6 +450,15 @@ def assert_bounded_plans(dsn: str, newest: int) -> None:
     # the newest-first listing stops after its page: a merge of backward index scans
     plan = plan_of(dsn, sql.LIST_JOBS, probed["list_jobs"][1])
     assert "Limit" in plan and "Index Scan Backward" in plan, plan
+    # the verify pass reads its listed jobs from their own slices (migration 020)
+    slot = one(
+        dsn,
+        f"SELECT awa_fast.done_slot(state, finalized_at) FROM {sql.JOBS_ALL} WHERE id = %s",
+        (newest,),
+    )
+    plan = plan_of(dsn, sql.DUE_JOBS, {"ids": [newest], "slots": [slot]})
+    assert len(set(re.findall(r"on (jobs_done_[cf]\d+) ", plan))) == 1, plan
+    assert "Seq Scan" not in plan, plan
     # bulk admin calls on failed jobs read only the failed slices
     plan = plan_of(dsn, sql.FAILED_MATCHING, {"kind": "kind_7", "queue": None})
     assert "jobs_done_c" not in plan and "jobs_done_f" in plan, plan

@@ -196,6 +196,75 @@ async def test_class3_verdict_and_correction_commit_together(dsn, client):
         await client.correct_to_failed(job.id, error="again")
 
 
+def finished_rows(dsn: str, kind: str, ages_s: list[float]) -> list[int]:
+    """Completed jobs of ``kind`` finalized ``ages_s`` seconds ago, written as an admin INSERT
+    does (they move to their slices in the statement, migration 013)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [
+            r[0]
+            for r in conn.execute(
+                "INSERT INTO awa_fast.jobs (kind, queue, state, attempt, finalized_at) "
+                "SELECT %s, 'idle_q', 'completed', 1, now() - a * interval '1 second' "
+                "FROM unnest(%s::float8[]) a RETURNING id",
+                (kind, ages_s),
+            ).fetchall()
+        ]
+
+
+def verify_list(dsn: str) -> tuple[list, list]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        kinds = conn.execute("SELECT kind, listed FROM awa_fast.verifier_kinds").fetchall()
+        due = conn.execute("SELECT job_id FROM awa_fast.verify_due ORDER BY 1").fetchall()
+    return kinds, [r[0] for r in due]
+
+
+async def test_the_verify_pass_reads_the_list_completions_write(dsn, client):
+    """Migration 020: the verify pass reads ``verify_due``, which every completion of a kind in
+    ``verifier_kinds`` writes, instead of searching the window's slices every tick. The first
+    tick makes ``verifier_kinds`` the leader's verifier kinds and lists the window's completed
+    jobs that were finished before (and once more on the next tick); a job outside the window
+    and another kind's jobs are never listed; a verified job leaves the list; a listed job that
+    left its slice (retried) is dropped from the list; a leader without the hook empties both."""
+    verdicts = []
+
+    def done(job):
+        verdicts.append(job.id)
+        return True
+
+    @client.task(
+        dict, kind="ship", failure_consequence=awa.NO_FAILURE_CONSEQUENCE, verify_success=done
+    )
+    async def ship(job):
+        return None
+
+    before = finished_rows(dsn, "ship", [60, 1800])
+    outside = finished_rows(dsn, "ship", [7200])
+    other = finished_rows(dsn, "other", [60])
+    assert verify_list(dsn) == ([], [])  # no verifier kind yet: nothing listed
+    await client.start(IDLE, **QUIET)
+    await client.runtime.reconcile()
+    assert sorted(verdicts) == sorted(before)
+    assert verify_list(dsn) == ([("ship", 1)], [])
+
+    after = finished_rows(dsn, "ship", [0, 0])
+    finished_rows(dsn, "other", [0])
+    assert verify_list(dsn) == ([("ship", 1)], after)  # listed by their completion
+    retried = after[0]
+    with psycopg.connect(dsn, autocommit=True) as conn:  # leaves its slice before the pass
+        conn.execute("DELETE FROM awa_fast.jobs_done WHERE id = %s", (retried,))
+    await client.runtime.reconcile()
+    assert verdicts[len(before) :] == [after[1]]
+    assert verify_list(dsn) == ([("ship", 2)], [])
+    assert outside[0] not in verdicts and other[0] not in verdicts
+
+    client.runtime.services.registry.verifiers.clear()  # a leader without the hook
+    finished_rows(dsn, "ship", [0])
+    await client.runtime.reconcile()
+    assert verify_list(dsn) == ([], [])
+    finished_rows(dsn, "ship", [0])
+    assert verify_list(dsn) == ([], [])
+
+
 # ---------------------------------------------------------------------------------------------
 # every maintenance loop survives every exception, and health_check reports a dead loop
 

@@ -5,7 +5,6 @@ and the worker's failure path run, corrections of completed jobs and the verify 
 from awa_fast.sql.fragments import (
     CONSEQUENCE_COLUMNS,
     JOB_COLUMNS,
-    JOBS_ALL,
     S,
     ends_attempt,
     moved_back,
@@ -112,15 +111,63 @@ SELECT id, kind, queue, state::text, consequence_reason, consequence_path, conse
        (consequence_attempts > 0 OR consequence_retry_at < now() - interval '60 seconds') AS overdue
 FROM {S}.jobs WHERE consequence_state = 'owed' ORDER BY id LIMIT %s"""
 
-UNVERIFIED_COMPLETED = f"""
-SELECT {JOB_COLUMNS} FROM {JOBS_ALL}
-WHERE kind = ANY(%s) AND state = 'completed' AND verified_at IS NULL
-  AND finalized_at > now() - %s * interval '1 second'
-ORDER BY id LIMIT %s"""
+# -- the verify pass (migration 020): completions of the verifier kinds are listed in
+# verify_due by jobs_done's insert trigger; the pass reads that list, never the slices.
+
+# The leader's verifier kinds made equal to its registry; returns how many kinds were dropped.
+SYNC_VERIFIER_KINDS = f"""
+WITH gone AS (
+    DELETE FROM {S}.verifier_kinds WHERE kind <> ALL(%(kinds)s::text[]) RETURNING kind
+), added AS (
+    INSERT INTO {S}.verifier_kinds (kind) SELECT unnest(%(kinds)s::text[])
+    ON CONFLICT (kind) DO NOTHING
+)
+SELECT count(*) FROM gone"""
+
+FORGET_DUE_OF_OTHER_KINDS = f"DELETE FROM {S}.verify_due WHERE kind <> ALL(%(kinds)s::text[])"
+
+# Kinds whose completed jobs of the window are still to be listed from the slices (twice).
+KINDS_TO_LIST = f"SELECT kind FROM {S}.verifier_kinds WHERE listed < 2 ORDER BY kind FOR UPDATE"
+
+LIST_DUE_FROM_SLICES = f"""
+WITH listed AS (
+    INSERT INTO {S}.verify_due (job_id, kind, finalized_at)
+    SELECT j.id, j.kind, j.finalized_at FROM {S}.jobs_done j
+    WHERE j.kind = ANY(%(kinds)s::text[]) AND j.state = 'completed' AND j.verified_at IS NULL
+      AND j.finalized_at > now() - %(window_s)s * interval '1 second'
+    ORDER BY j.id
+    ON CONFLICT (job_id) DO NOTHING
+)
+UPDATE {S}.verifier_kinds SET listed = listed + 1 WHERE kind = ANY(%(kinds)s::text[])"""
+
+EXPIRE_DUE = f"""
+DELETE FROM {S}.verify_due WHERE finalized_at <= now() - %(window_s)s * interval '1 second'"""
+
+# Oldest first; the slice of each, so the jobs are read from those slices only.
+VERIFY_DUE = f"""
+SELECT job_id, finalized_at, {S}.done_slot('completed', finalized_at)
+FROM {S}.verify_due
+WHERE kind = ANY(%(kinds)s::text[]) AND finalized_at > now() - %(window_s)s * interval '1 second'
+ORDER BY job_id LIMIT %(limit)s"""
+
+DUE_JOBS = f"""
+SELECT {JOB_COLUMNS} FROM {S}.jobs_done
+WHERE {S}.done_slot(state, finalized_at) = ANY(%(slots)s::smallint[]) AND id = ANY(%(ids)s)
+  AND state = 'completed' AND verified_at IS NULL
+ORDER BY id"""
+
+# Listed jobs no longer completed and unverified in a slice (retried, dead-lettered, pruned,
+# verified or corrected elsewhere). The finalized_at match keeps a listing a later completion
+# of the same job renewed.
+FORGET_DUE = f"""
+DELETE FROM {S}.verify_due d USING unnest(%(ids)s::bigint[], %(finalized)s::timestamptz[])
+    AS g(job_id, finalized_at)
+WHERE d.job_id = g.job_id AND d.finalized_at = g.finalized_at"""
 
 MARK_VERIFIED = f"""
 WITH i AS (SELECT unnest(%s::bigint[]) AS id),
-h AS (UPDATE {S}.jobs j SET verified_at = now() FROM i WHERE j.id = i.id)
+h AS (UPDATE {S}.jobs j SET verified_at = now() FROM i WHERE j.id = i.id),
+d AS (DELETE FROM {S}.verify_due d USING i WHERE d.job_id = i.id)
 UPDATE {S}.jobs_done j SET verified_at = now() FROM i WHERE j.id = i.id"""
 
 # The verify pass re-checks, under the row lock, that the job is still unverified and completed.

@@ -29,15 +29,23 @@ async def reconcile_tick(
     fenced: Callable[[], AsyncContextManager] | None = None,
 ) -> dict:
     """Run each kind's ``verify_success`` hook once on its recently completed jobs (within
-    ``config.verify_window_s`` seconds), correcting those it reports as not done, then retry
+    ``config.verify_window_s`` seconds), ``VERIFY_BATCH`` (100) a tick, oldest first,
+    correcting those it reports as not done, then retry
     every owed consequence that is due (corrections of this tick included), ``OWED_BATCH``
     at a time, oldest due first. A job whose settlement raises is backed off
     (``Settler.defer``: its next try pushed out, doubling), so jobs that fail every time
     never hold the batch.
 
+    The jobs to verify are read from ``awa_fast.verify_due`` (migration 020), which each
+    completion of a kind in ``awa_fast.verifier_kinds`` writes; the tick first makes that table
+    this process's verifier kinds and, for a kind it adds, lists the window's completed jobs
+    from the slices once (and again on the next tick). A completed job whose handler still runs
+    (its "still running" mark) is listed when the mark is cleared and it leaves the hot table.
+
     Every write is one transaction per job opened by ``fenced()`` (the leader's fence,
-    ``Maintenance.fenced``; a plain pool transaction when ``None``). A verdict and its
-    correction commit together. One job's failure is logged and never stops the others.
+    ``Maintenance.fenced``; a plain pool transaction when ``None``), plus one that keeps the
+    list. A verdict and its correction commit together. One job's failure is logged and never
+    stops the others.
 
     ``services``: connections, ``registry.verifiers`` and the settler
     (:class:`~awa_fast.worker.services.ReconcileServices`).
@@ -77,6 +85,20 @@ async def _defer(settler: Settler, fenced: Callable, job_id: int, exc: Exception
         log.exception("backing off owed job %s failed", job_id)
 
 
+async def _keep_the_due_list(conn: Any, kinds: list[str], window_s: float) -> None:
+    """Make ``verifier_kinds`` this leader's verifier kinds (so completions list exactly their
+    jobs in ``verify_due``), list from the slices the window's completed jobs of a kind just
+    added (in this tick and the next: migration 020), and drop listings past the window."""
+    cur = await conn.execute(sql.SYNC_VERIFIER_KINDS, {"kinds": kinds})
+    if (await cur.fetchone())[0]:
+        await conn.execute(sql.FORGET_DUE_OF_OTHER_KINDS, {"kinds": kinds})
+    cur = await conn.execute(sql.KINDS_TO_LIST)
+    to_list = [r[0] for r in await cur.fetchall()]
+    if to_list:
+        await conn.execute(sql.LIST_DUE_FROM_SLICES, {"kinds": to_list, "window_s": window_s})
+    await conn.execute(sql.EXPIRE_DUE, {"window_s": window_s})
+
+
 def _plain_transaction(pool: Any) -> Callable[[], AsyncContextManager]:
     @contextlib.asynccontextmanager
     async def transaction():
@@ -92,13 +114,29 @@ async def _verify(
 ) -> list[int]:
     verifiers = services.registry.verifiers
     settler = services.settler
-    if not verifiers:
+    kinds = sorted(verifiers)
+    window = {"window_s": config.verify_window_s}
+    async with fenced() as conn:
+        await _keep_the_due_list(conn, kinds, config.verify_window_s)
+    if not kinds:
         return []
     async with pool.connection() as conn:
+        cur = await conn.execute(sql.VERIFY_DUE, {"kinds": kinds, "limit": VERIFY_BATCH, **window})
+        due = await cur.fetchall()
+        if not due:
+            return []
         cur = await conn.execute(
-            sql.UNVERIFIED_COMPLETED, (list(verifiers), config.verify_window_s, VERIFY_BATCH)
+            sql.DUE_JOBS,
+            {"ids": [d[0] for d in due], "slots": sorted({d[2] for d in due})},
         )
         rows = await cur.fetchall()
+    found = {row[0] for row in rows}
+    gone = [(job_id, finalized) for job_id, finalized, _slot in due if job_id not in found]
+    if gone:
+        async with fenced() as conn:
+            await conn.execute(
+                sql.FORGET_DUE, {"ids": [g[0] for g in gone], "finalized": [g[1] for g in gone]}
+            )
     corrected = []
     for row in rows:
         job = settler.applier.snapshot(row)

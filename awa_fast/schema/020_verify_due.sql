@@ -1,0 +1,58 @@
+-- 020: the completed jobs awaiting verify_success are listed, not searched for (issue 11).
+--
+-- The verify pass looked for completed, unverified jobs of the verifier kinds finalized within
+-- the window (an hour) in awa_fast.jobs_all, every reconciler tick. No index selects them and
+-- the slice key cannot prune by finalized_at, so it read every finished row of the window each
+-- second (0.2-0.4 s at 1.5 M rows), holding a snapshot as long, which stops the hot table's
+-- vacuum. Now a completion of a kind the maintenance leader verifies lists the job here, in
+-- the statement that writes it to jobs_done; the pass reads this list and deletes what it
+-- verified. A completion of any other kind pays one look at an empty or tiny table per
+-- statement.
+
+-- The kinds the maintenance leader has a verify_success hook for, kept equal to its registry
+-- by the verify pass (a new leader rewrites it). listed: how many times the kind's completed
+-- jobs of the window were listed from the slices. A kind is listed twice, in the tick that
+-- adds it and in the next, so a completion that looked at this table just before the kind
+-- was added (and committed after the first listing) is listed too.
+CREATE TABLE awa_fast.verifier_kinds (
+    kind text PRIMARY KEY,
+    listed smallint NOT NULL DEFAULT 0
+);
+
+CREATE TABLE awa_fast.verify_due (
+    job_id bigint PRIMARY KEY,
+    kind text NOT NULL,
+    finalized_at timestamptz NOT NULL
+);
+CREATE INDEX idx_awa_fast_verify_due_finalized ON awa_fast.verify_due (finalized_at);
+-- Written by completions: no vacuum may cut its empty pages under a lock (see 016, 018).
+ALTER TABLE awa_fast.verify_due SET (vacuum_truncate = false);
+
+CREATE FUNCTION awa_fast.list_verify_due() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM awa_fast.verifier_kinds) THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO awa_fast.verify_due AS d (job_id, kind, finalized_at)
+    SELECT n.id, n.kind, n.finalized_at
+    FROM new_rows n JOIN awa_fast.verifier_kinds v ON v.kind = n.kind
+    WHERE n.state = 'completed' AND n.verified_at IS NULL
+    ORDER BY n.id
+    ON CONFLICT (job_id) DO UPDATE SET kind = EXCLUDED.kind, finalized_at = EXCLUDED.finalized_at;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER trg_awa_fast_jobs_done_verify_due AFTER INSERT ON awa_fast.jobs_done
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION awa_fast.list_verify_due();
+
+-- TRUNCATE awa_fast.jobs empties every job: their verification list too.
+CREATE OR REPLACE FUNCTION awa_fast.truncate_finished() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    TRUNCATE awa_fast.jobs_done, awa_fast.unique_holds, awa_fast.done_counts, awa_fast.verify_due;
+    RETURN NULL;
+END
+$$;
