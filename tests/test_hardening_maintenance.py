@@ -211,9 +211,14 @@ def finished_rows(dsn: str, kind: str, ages_s: list[float]) -> list[int]:
         ]
 
 
+def kinds_of(dsn: str) -> list[str]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [r[0] for r in conn.execute("SELECT kind FROM awa_fast.verifier_kinds ORDER BY 1")]
+
+
 def verify_list(dsn: str) -> tuple[list, list]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        kinds = conn.execute("SELECT kind, listed FROM awa_fast.verifier_kinds").fetchall()
+        kinds = conn.execute("SELECT kind, state FROM awa_fast.verifier_kinds").fetchall()
         due = conn.execute("SELECT job_id FROM awa_fast.verify_due ORDER BY 1").fetchall()
     return kinds, [r[0] for r in due]
 
@@ -222,7 +227,8 @@ async def test_the_verify_pass_reads_the_list_completions_write(dsn, client):
     """Migration 020: the verify pass reads ``verify_due``, which every completion of a kind in
     ``verifier_kinds`` writes, instead of searching the window's slices every tick. The first
     tick makes ``verifier_kinds`` the leader's verifier kinds and lists the window's completed
-    jobs that were finished before (and once more on the next tick); a job outside the window
+    jobs that were finished before (and once more when the transactions older than that have
+    ended); a job outside the window
     and another kind's jobs are never listed; a verified job leaves the list; a listed job that
     left its slice (retried) is dropped from the list; a leader without the hook empties both."""
     verdicts = []
@@ -244,25 +250,153 @@ async def test_the_verify_pass_reads_the_list_completions_write(dsn, client):
     await client.start(IDLE, **QUIET)
     await client.runtime.reconcile()
     assert sorted(verdicts) == sorted(before)
-    assert verify_list(dsn) == ([("ship", 1)], [])
+    # 'active' at once when no older transaction runs, else on a later tick
+    assert kinds_of(dsn) == ["ship"] and verify_list(dsn)[1] == []
 
     after = finished_rows(dsn, "ship", [0, 0])
     finished_rows(dsn, "other", [0])
-    assert verify_list(dsn) == ([("ship", 1)], after)  # listed by their completion
+    assert verify_list(dsn)[1] == after  # listed by their completion
     retried = after[0]
     with psycopg.connect(dsn, autocommit=True) as conn:  # leaves its slice before the pass
         conn.execute("DELETE FROM awa_fast.jobs_done WHERE id = %s", (retried,))
     await client.runtime.reconcile()
     assert verdicts[len(before) :] == [after[1]]
-    assert verify_list(dsn) == ([("ship", 2)], [])
+    assert verify_list(dsn) == ([("ship", "active")], [])
     assert outside[0] not in verdicts and other[0] not in verdicts
 
     client.runtime.services.registry.verifiers.clear()  # a leader without the hook
     finished_rows(dsn, "ship", [0])
     await client.runtime.reconcile()
+    assert verify_list(dsn)[1] == []
+    finished_rows(dsn, "ship", [0])
+    await client.runtime.reconcile()
     assert verify_list(dsn) == ([], [])
     finished_rows(dsn, "ship", [0])
     assert verify_list(dsn) == ([], [])
+
+
+def running_row(dsn: str, kind: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "INSERT INTO awa_fast.jobs (kind, queue, state, attempt) "
+            "VALUES (%s, 'idle_q', 'running', 1) RETURNING id",
+            (kind,),
+        ).fetchone()[0]
+
+
+def complete_uncommitted(dsn: str, job_id: int) -> psycopg.Connection:
+    """A completion whose transaction stays open (committed by the caller)."""
+    conn = psycopg.connect(dsn)
+    conn.execute(
+        "UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() WHERE id = %s",
+        (job_id,),
+    )
+    return conn
+
+
+def ship_verifier(client, verdicts: list, raising: set | None = None) -> None:
+    def verify(job):
+        verdicts.append(job.id)
+        if raising and job.id in raising:
+            raise RuntimeError("the verifier's service is down")
+        return True
+
+    @client.task(
+        dict, kind="ship", failure_consequence=awa.NO_FAILURE_CONSEQUENCE, verify_success=verify
+    )
+    async def ship(job):
+        return None
+
+
+async def test_a_completion_committed_long_after_its_kind_was_added_is_verified(dsn, client):
+    """A completion that looked at ``verifier_kinds`` before the leader added its kind, and
+    committed ticks later: the kind stays 'adding' until that transaction has ended, and its job
+    is listed from the slice then (found by a breaker helper: the first version listed twice,
+    one tick apart, and missed it)."""
+    verdicts: list[int] = []
+    ship_verifier(client, verdicts)
+    late = complete_uncommitted(dsn, running_row(dsn, "ship"))
+    await client.start(IDLE, **QUIET)
+    for _ in range(3):
+        await client.runtime.reconcile()
+    assert verify_list(dsn) == ([("ship", "adding")], [])  # still waiting for it
+    late.commit()
+    late.close()
+    for _ in range(2):
+        await client.runtime.reconcile()
+    assert len(verdicts) == 1 and verify_list(dsn) == ([("ship", "active")], [])
+
+
+async def test_a_late_completion_of_a_dropped_kind_leaves_no_listing(dsn, client):
+    """A completion that listed its job while the kind was hooked and committed after the leader
+    dropped the kind: the listing is deleted when that transaction has ended, not an hour
+    later (breaker helper)."""
+    verdicts: list[int] = []
+    ship_verifier(client, verdicts)
+    await client.start(IDLE, **QUIET)
+    await client.runtime.reconcile()
+    await client.runtime.reconcile()
+    late = complete_uncommitted(dsn, running_row(dsn, "ship"))
+    client.runtime.services.registry.verifiers.clear()
+    await client.runtime.reconcile()
+    late.commit()
+    late.close()
+    await client.runtime.reconcile()
+    assert verify_list(dsn) == ([], []) and verdicts == []
+
+
+async def test_a_leader_with_a_longer_window_lists_what_a_shorter_one_expired(dsn, client):
+    """Leader 1 verifies within 60 s and expires older listings; leader 2 (an hour) lists the
+    window's completed jobs from the slices again (breaker helper)."""
+    verdicts: list[int] = []
+    ship_verifier(client, verdicts)
+    await client.start(IDLE, **QUIET)
+    runtime = client.runtime
+    hour = runtime.maintenance_config
+    runtime.maintenance_config = dataclasses.replace(hour, verify_window_s=60)
+    await runtime.reconcile()
+    old = finished_rows(dsn, "ship", [600])
+    await runtime.reconcile()
+    assert verify_list(dsn)[1] == [] and verdicts == []
+    runtime.maintenance_config = hour
+    await runtime.reconcile()
+    assert verdicts == old
+
+
+async def test_jobs_whose_hook_raises_do_not_hold_the_others(dsn, client):
+    """A hook that raises backs its job off (1, 2, 4 ... 60 s): 100 such jobs at the front of
+    the list no longer take every tick's batch of 100 (breaker helper)."""
+    verdicts: list[int] = []
+    failing = finished_rows(dsn, "ship", [5.0] * 100)
+    ship_verifier(client, verdicts, raising=set(failing))
+    fine = finished_rows(dsn, "ship", [1.0])
+    await client.start(IDLE, **QUIET)
+    await client.runtime.reconcile()
+    assert sorted(verdicts) == sorted(failing)
+    await client.runtime.reconcile()
+    assert verdicts[len(failing) :] == fine
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tries = conn.execute(
+            "SELECT min(tries), max(tries), bool_and(next_try_at > now()) FROM awa_fast.verify_due"
+        ).fetchone()
+    assert tries == (1, 1, True)
+
+
+async def test_a_retried_job_is_verified_again_after_its_new_completion(dsn, client):
+    """A job verified, corrected to failed by an admin, retried and completed again by a worker
+    is a new completion: retry clears verified_at, so the hook runs on it again (breaker
+    helper)."""
+    verdicts: list[int] = []
+    ship_verifier(client, verdicts)
+    (job_id,) = finished_rows(dsn, "ship", [1.0])
+    await client.start(IDLE, **QUIET)
+    await client.runtime.reconcile()
+    await client.correct_to_failed(job_id, error="found broken")
+    await wait_state(client, job_id, "failed")
+    assert (await client.retry(job_id)) is not None  # the runtime (idle_q) runs it again
+    await wait_state(client, job_id, "completed")
+    await client.runtime.reconcile()
+    assert verdicts == [job_id, job_id]
 
 
 # ---------------------------------------------------------------------------------------------

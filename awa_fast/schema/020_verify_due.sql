@@ -10,36 +10,49 @@
 -- statement.
 
 -- The kinds the maintenance leader has a verify_success hook for, kept equal to its registry
--- by the verify pass (a new leader rewrites it). listed: how many times the kind's completed
--- jobs of the window were listed from the slices. A kind is listed twice, in the tick that
--- adds it and in the next, so a completion that looked at this table just before the kind
--- was added (and committed after the first listing) is listed too.
+-- by the verify pass (a new leader rewrites it). A kind is 'adding' from when the leader
+-- adds it (or needs a longer window, window_s) until every transaction older than the
+-- addition has ended: a completion that looked at this table just before the kind was added
+-- may commit later, so the window's completed jobs are listed from the slices once more then,
+-- and the kind is 'active'. A dropped kind is 'dropping' until the same point, when its
+-- listings are deleted again (a late completion may have listed one) and the row goes.
+-- wait_xmax: pg_snapshot_xmax of a snapshot taken after the change committed; the kind
+-- settles once the oldest running transaction is newer.
 CREATE TABLE awa_fast.verifier_kinds (
     kind text PRIMARY KEY,
-    listed smallint NOT NULL DEFAULT 0
+    state text NOT NULL DEFAULT 'adding' CHECK (state IN ('adding', 'active', 'dropping')),
+    window_s float8 NOT NULL,
+    wait_xmax xid8
 );
 
+-- tries / next_try_at: a hook that raised is tried again later, backed off, so jobs whose
+-- hook keeps raising never hold the tick's batch.
 CREATE TABLE awa_fast.verify_due (
     job_id bigint PRIMARY KEY,
     kind text NOT NULL,
-    finalized_at timestamptz NOT NULL
+    finalized_at timestamptz NOT NULL,
+    tries integer NOT NULL DEFAULT 0,
+    next_try_at timestamptz NOT NULL DEFAULT '-infinity'
 );
 CREATE INDEX idx_awa_fast_verify_due_finalized ON awa_fast.verify_due (finalized_at);
+CREATE INDEX idx_awa_fast_verify_due_kind ON awa_fast.verify_due (kind);
 -- Written by completions: no vacuum may cut its empty pages under a lock (see 016, 018).
 ALTER TABLE awa_fast.verify_due SET (vacuum_truncate = false);
 
 CREATE FUNCTION awa_fast.list_verify_due() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM awa_fast.verifier_kinds) THEN
+    IF NOT EXISTS (SELECT 1 FROM awa_fast.verifier_kinds WHERE state <> 'dropping') THEN
         RETURN NULL;
     END IF;
     INSERT INTO awa_fast.verify_due AS d (job_id, kind, finalized_at)
     SELECT n.id, n.kind, n.finalized_at
-    FROM new_rows n JOIN awa_fast.verifier_kinds v ON v.kind = n.kind
+    FROM new_rows n JOIN awa_fast.verifier_kinds v ON v.kind = n.kind AND v.state <> 'dropping'
     WHERE n.state = 'completed' AND n.verified_at IS NULL
     ORDER BY n.id
-    ON CONFLICT (job_id) DO UPDATE SET kind = EXCLUDED.kind, finalized_at = EXCLUDED.finalized_at;
+    ON CONFLICT (job_id) DO UPDATE
+        SET kind = EXCLUDED.kind, finalized_at = EXCLUDED.finalized_at, tries = 0,
+            next_try_at = '-infinity';
     RETURN NULL;
 END
 $$;

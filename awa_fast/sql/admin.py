@@ -31,6 +31,7 @@ _RETRIED_ROW = {
     "attempt": "0",
     "run_at": "now()",
     "finalized_at": "NULL",
+    "verified_at": "NULL",  # a new completion is verified again
     "heartbeat_at": "NULL",
     "deadline_at": "NULL",
     "callback_id": "NULL",
@@ -41,7 +42,7 @@ RETRY_JOB = f"""
 WITH {moved_back("j.id = %(id)s AND j.state IN ('failed', 'cancelled')", _RETRIED_ROW, JOB_COLUMNS)},
 live AS (
     UPDATE {S}.jobs
-    SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
+    SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL, verified_at = NULL,
         {ends_attempt()}
     WHERE id = %(id)s AND state IN ('failed', 'cancelled', 'waiting_external')
       AND consequence_state IS DISTINCT FROM 'owed'
@@ -171,7 +172,7 @@ _RETRYABLE_FAILED = (
 
 _RETRY_FAILED_SET = f"""
 UPDATE {S}.jobs j
-SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL,
+SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL, verified_at = NULL,
     {ends_attempt()}"""
 
 

@@ -114,46 +114,71 @@ FROM {S}.jobs WHERE consequence_state = 'owed' ORDER BY id LIMIT %s"""
 # -- the verify pass (migration 020): completions of the verifier kinds are listed in
 # verify_due by jobs_done's insert trigger; the pass reads that list, never the slices.
 
-# The leader's verifier kinds made equal to its registry; returns how many kinds were dropped.
+# The leader's verifier kinds made equal to its registry: a kind it lacks, had dropped, or now
+# needs a longer window for is (re)added; a kind it no longer has is dropping. Returns both.
 SYNC_VERIFIER_KINDS = f"""
-WITH gone AS (
-    DELETE FROM {S}.verifier_kinds WHERE kind <> ALL(%(kinds)s::text[]) RETURNING kind
-), added AS (
-    INSERT INTO {S}.verifier_kinds (kind) SELECT unnest(%(kinds)s::text[])
-    ON CONFLICT (kind) DO NOTHING
+WITH added AS (
+    INSERT INTO {S}.verifier_kinds AS v (kind, window_s)
+    SELECT unnest(%(kinds)s::text[]), %(window_s)s
+    ON CONFLICT (kind) DO UPDATE
+        SET state = CASE WHEN v.state = 'dropping' OR v.window_s < EXCLUDED.window_s
+                         THEN 'adding' ELSE v.state END,
+            wait_xmax = CASE WHEN v.state = 'dropping' OR v.window_s < EXCLUDED.window_s
+                             THEN NULL ELSE v.wait_xmax END,
+            window_s = EXCLUDED.window_s
+        WHERE v.state = 'dropping' OR v.window_s <> EXCLUDED.window_s
+    RETURNING v.kind, v.state
+), dropped AS (
+    UPDATE {S}.verifier_kinds SET state = 'dropping', wait_xmax = NULL
+    WHERE state <> 'dropping' AND kind <> ALL(%(kinds)s::text[])
+    RETURNING kind
 )
-SELECT count(*) FROM gone"""
+SELECT ARRAY(SELECT kind FROM added WHERE state = 'adding' ORDER BY kind),
+       ARRAY(SELECT kind FROM dropped ORDER BY kind)"""
 
-FORGET_DUE_OF_OTHER_KINDS = f"DELETE FROM {S}.verify_due WHERE kind <> ALL(%(kinds)s::text[])"
+FORGET_DUE_OF_KINDS = f"DELETE FROM {S}.verify_due WHERE kind = ANY(%(kinds)s::text[])"
 
-# Kinds whose completed jobs of the window are still to be listed from the slices (twice).
-KINDS_TO_LIST = f"SELECT kind FROM {S}.verifier_kinds WHERE listed < 2 ORDER BY kind FOR UPDATE"
+# In a transaction after the change committed: the point every older transaction must pass.
+MARK_KIND_CHANGES = f"""
+UPDATE {S}.verifier_kinds SET wait_xmax = pg_snapshot_xmax(pg_current_snapshot())
+WHERE state <> 'active' AND wait_xmax IS NULL"""
+
+# Kinds whose change every transaction older than it has now left behind.
+SETTLED_KIND_CHANGES = f"""
+SELECT kind, state FROM {S}.verifier_kinds
+WHERE state <> 'active' AND wait_xmax <= pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY kind FOR UPDATE"""
+
+ACTIVATE_KINDS = f"""
+UPDATE {S}.verifier_kinds SET state = 'active', wait_xmax = NULL
+WHERE kind = ANY(%(kinds)s::text[]) AND state = 'adding'"""
+
+DROP_KINDS = f"""
+DELETE FROM {S}.verifier_kinds WHERE kind = ANY(%(kinds)s::text[]) AND state = 'dropping'"""
 
 LIST_DUE_FROM_SLICES = f"""
-WITH listed AS (
-    INSERT INTO {S}.verify_due (job_id, kind, finalized_at)
-    SELECT j.id, j.kind, j.finalized_at FROM {S}.jobs_done j
-    WHERE j.kind = ANY(%(kinds)s::text[]) AND j.state = 'completed' AND j.verified_at IS NULL
-      AND j.finalized_at > now() - %(window_s)s * interval '1 second'
-    ORDER BY j.id
-    ON CONFLICT (job_id) DO NOTHING
-)
-UPDATE {S}.verifier_kinds SET listed = listed + 1 WHERE kind = ANY(%(kinds)s::text[])"""
+INSERT INTO {S}.verify_due (job_id, kind, finalized_at)
+SELECT j.id, j.kind, j.finalized_at FROM {S}.jobs_done j
+WHERE j.kind = ANY(%(kinds)s::text[]) AND j.state = 'completed' AND j.verified_at IS NULL
+  AND j.finalized_at > now() - %(window_s)s * interval '1 second'
+ORDER BY j.id
+ON CONFLICT (job_id) DO NOTHING"""
 
 EXPIRE_DUE = f"""
 DELETE FROM {S}.verify_due WHERE finalized_at <= now() - %(window_s)s * interval '1 second'"""
 
-# Oldest first; the slice of each, so the jobs are read from those slices only.
+# Lowest id first, skipping jobs whose hook raised until their next try.
 VERIFY_DUE = f"""
-SELECT job_id, finalized_at, {S}.done_slot('completed', finalized_at)
-FROM {S}.verify_due
+SELECT job_id, finalized_at FROM {S}.verify_due
 WHERE kind = ANY(%(kinds)s::text[]) AND finalized_at > now() - %(window_s)s * interval '1 second'
+  AND next_try_at <= now()
 ORDER BY job_id LIMIT %(limit)s"""
 
+# By id in every slice (an index probe each): an admin edit of finalized_at may have moved a
+# listed row to another slice.
 DUE_JOBS = f"""
 SELECT {JOB_COLUMNS} FROM {S}.jobs_done
-WHERE {S}.done_slot(state, finalized_at) = ANY(%(slots)s::smallint[]) AND id = ANY(%(ids)s)
-  AND state = 'completed' AND verified_at IS NULL
+WHERE id = ANY(%(ids)s) AND state = 'completed' AND verified_at IS NULL
 ORDER BY id"""
 
 # Listed jobs no longer completed and unverified in a slice (retried, dead-lettered, pruned,
@@ -163,6 +188,12 @@ FORGET_DUE = f"""
 DELETE FROM {S}.verify_due d USING unnest(%(ids)s::bigint[], %(finalized)s::timestamptz[])
     AS g(job_id, finalized_at)
 WHERE d.job_id = g.job_id AND d.finalized_at = g.finalized_at"""
+
+# A hook that raised: its job is tried again after 1, 2, 4 ... 60 s.
+DEFER_DUE = f"""
+UPDATE {S}.verify_due
+SET tries = tries + 1, next_try_at = now() + least(power(2, tries), 60) * interval '1 second'
+WHERE job_id = %(id)s"""
 
 MARK_VERIFIED = f"""
 WITH i AS (SELECT unnest(%s::bigint[]) AS id),

@@ -85,18 +85,43 @@ async def _defer(settler: Settler, fenced: Callable, job_id: int, exc: Exception
         log.exception("backing off owed job %s failed", job_id)
 
 
-async def _keep_the_due_list(conn: Any, kinds: list[str], window_s: float) -> None:
-    """Make ``verifier_kinds`` this leader's verifier kinds (so completions list exactly their
-    jobs in ``verify_due``), list from the slices the window's completed jobs of a kind just
-    added (in this tick and the next: migration 020), and drop listings past the window."""
-    cur = await conn.execute(sql.SYNC_VERIFIER_KINDS, {"kinds": kinds})
-    if (await cur.fetchone())[0]:
-        await conn.execute(sql.FORGET_DUE_OF_OTHER_KINDS, {"kinds": kinds})
-    cur = await conn.execute(sql.KINDS_TO_LIST)
-    to_list = [r[0] for r in await cur.fetchall()]
-    if to_list:
-        await conn.execute(sql.LIST_DUE_FROM_SLICES, {"kinds": to_list, "window_s": window_s})
-    await conn.execute(sql.EXPIRE_DUE, {"window_s": window_s})
+async def _keep_the_due_list(fenced: Callable, kinds: list[str], window_s: float) -> None:
+    """Keep ``verify_due`` listing exactly the completions of this leader's verifier ``kinds``
+    within ``window_s`` (migration 020, ADR 019): make ``verifier_kinds`` those kinds, list
+    the window's completed jobs of a kind it adds from the slices, forget a dropped kind's
+    listings, and do both once more when every transaction older than the change has ended (a
+    completion that looked at the kinds before the change may commit after it). Then drop
+    listings past the window."""
+    async with fenced() as conn:
+        cur = await conn.execute(sql.SYNC_VERIFIER_KINDS, {"kinds": kinds, "window_s": window_s})
+        added, dropped = await cur.fetchone()
+        if added:
+            await conn.execute(sql.LIST_DUE_FROM_SLICES, {"kinds": added, "window_s": window_s})
+        if dropped:
+            await conn.execute(sql.FORGET_DUE_OF_KINDS, {"kinds": dropped})
+        await conn.execute(sql.EXPIRE_DUE, {"window_s": window_s})
+    async with fenced() as conn:  # a snapshot taken after the change above committed
+        await conn.execute(sql.MARK_KIND_CHANGES)
+        cur = await conn.execute(sql.SETTLED_KIND_CHANGES)
+        settled = await cur.fetchall()
+        adding = [kind for kind, state in settled if state == "adding"]
+        gone = [kind for kind, state in settled if state == "dropping"]
+        if adding:
+            await conn.execute(sql.LIST_DUE_FROM_SLICES, {"kinds": adding, "window_s": window_s})
+            await conn.execute(sql.ACTIVATE_KINDS, {"kinds": adding})
+        if gone:
+            await conn.execute(sql.FORGET_DUE_OF_KINDS, {"kinds": gone})
+            await conn.execute(sql.DROP_KINDS, {"kinds": gone})
+
+
+async def _defer_due(fenced: Callable, job_id: int) -> None:
+    try:
+        async with fenced() as conn:
+            await conn.execute(sql.DEFER_DUE, {"id": job_id})
+    except Deposed:
+        raise
+    except Exception:  # it stays due now; logged, the other jobs proceed
+        log.exception("backing off the verification of job %s failed", job_id)
 
 
 def _plain_transaction(pool: Any) -> Callable[[], AsyncContextManager]:
@@ -115,23 +140,21 @@ async def _verify(
     verifiers = services.registry.verifiers
     settler = services.settler
     kinds = sorted(verifiers)
-    window = {"window_s": config.verify_window_s}
-    async with fenced() as conn:
-        await _keep_the_due_list(conn, kinds, config.verify_window_s)
+    window_s = config.verify_window_s
+    await _keep_the_due_list(fenced, kinds, window_s)
     if not kinds:
         return []
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.VERIFY_DUE, {"kinds": kinds, "limit": VERIFY_BATCH, **window})
+        cur = await conn.execute(
+            sql.VERIFY_DUE, {"kinds": kinds, "window_s": window_s, "limit": VERIFY_BATCH}
+        )
         due = await cur.fetchall()
         if not due:
             return []
-        cur = await conn.execute(
-            sql.DUE_JOBS,
-            {"ids": [d[0] for d in due], "slots": sorted({d[2] for d in due})},
-        )
+        cur = await conn.execute(sql.DUE_JOBS, {"ids": [d[0] for d in due]})
         rows = await cur.fetchall()
     found = {row[0] for row in rows}
-    gone = [(job_id, finalized) for job_id, finalized, _slot in due if job_id not in found]
+    gone = [(job_id, finalized) for job_id, finalized in due if job_id not in found]
     if gone:
         async with fenced() as conn:
             await conn.execute(
@@ -147,8 +170,9 @@ async def _verify(
         except asyncio.CancelledError:
             raise
         except BaseException:
-            # unverified and is retried next tick
+            # unverified: tried again after a back-off, so it never holds the batch
             log.exception("verify_success of %s job %s raised", job.kind, job.id)
+            await _defer_due(fenced, job.id)
             continue
         try:
             # The verdict and the correction commit together or not at all: a fault in between
