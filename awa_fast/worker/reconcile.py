@@ -29,7 +29,7 @@ async def reconcile_tick(
     fenced: Callable[[], AsyncContextManager] | None = None,
 ) -> dict:
     """Run each kind's ``verify_success`` hook once on its recently completed jobs (within
-    ``config.verify_window_s`` seconds), ``VERIFY_BATCH`` (100) a tick, oldest first,
+    ``config.verify_window_s`` seconds), ``VERIFY_BATCH`` (100) a tick, lowest id first,
     correcting those it reports as not done, then retry
     every owed consequence that is due (corrections of this tick included), ``OWED_BATCH``
     at a time, oldest due first. A job whose settlement raises is backed off
@@ -39,12 +39,13 @@ async def reconcile_tick(
     The jobs to verify are read from ``awa_fast.verify_due`` (migration 020), which each
     completion of a kind in ``awa_fast.verifier_kinds`` writes; the tick first makes that table
     this process's verifier kinds and, for a kind it adds, lists the window's completed jobs
-    from the slices once (and again on the next tick). A completed job whose handler still runs
+    from the slices at once and again once every transaction older than the change has ended
+    (ADR 019). A completed job whose handler still runs
     (its "still running" mark) is listed when the mark is cleared and it leaves the hot table.
 
     Every write is one transaction per job opened by ``fenced()`` (the leader's fence,
-    ``Maintenance.fenced``; a plain pool transaction when ``None``), plus one that keeps the
-    list. A verdict and its correction commit together. One job's failure is logged and never
+    ``Maintenance.fenced``; a plain pool transaction when ``None``), plus two that keep the
+    list and one that drops listings of jobs gone from their slice. A verdict and its correction commit together. One job's failure is logged and never
     stops the others.
 
     ``services``: connections, ``registry.verifiers`` and the settler
