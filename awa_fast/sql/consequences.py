@@ -115,7 +115,8 @@ FROM {S}.jobs WHERE consequence_state = 'owed' ORDER BY id LIMIT %s"""
 # verify_due by jobs_done's insert trigger; the pass reads that list, never the slices.
 
 # The leader's verifier kinds made equal to its registry: a kind it lacks, had dropped, or now
-# needs a longer window for is (re)added; a kind it no longer has is dropping. Returns both.
+# needs a longer window for is (re)added; a kind it no longer has is dropping. Returns both,
+# and whether a change from an earlier tick is still to settle (read before this statement's).
 SYNC_VERIFIER_KINDS = f"""
 WITH added AS (
     INSERT INTO {S}.verifier_kinds AS v (kind, window_s)
@@ -134,7 +135,8 @@ WITH added AS (
     RETURNING kind
 )
 SELECT ARRAY(SELECT kind FROM added WHERE state = 'adding' ORDER BY kind),
-       ARRAY(SELECT kind FROM dropped ORDER BY kind)"""
+       ARRAY(SELECT kind FROM dropped ORDER BY kind),
+       EXISTS (SELECT 1 FROM {S}.verifier_kinds WHERE state <> 'active')"""
 
 FORGET_DUE_OF_KINDS = f"DELETE FROM {S}.verify_due WHERE kind = ANY(%(kinds)s::text[])"
 

@@ -44,9 +44,10 @@ async def reconcile_tick(
     (its "still running" mark) is listed when the mark is cleared and it leaves the hot table.
 
     Every write is one transaction per job opened by ``fenced()`` (the leader's fence,
-    ``Maintenance.fenced``; a plain pool transaction when ``None``), plus two that keep the
-    list and one that drops listings of jobs gone from their slice. A verdict and its correction commit together. One job's failure is logged and never
-    stops the others.
+    ``Maintenance.fenced``; a plain pool transaction when ``None``), plus one that keeps the
+    list (two while a kind's change settles) and one that drops listings of jobs gone from
+    their slice. A verdict and its correction commit together. One job's failure is logged
+    and never stops the others.
 
     ``services``: connections, ``registry.verifiers`` and the settler
     (:class:`~awa_fast.worker.services.ReconcileServices`).
@@ -95,12 +96,14 @@ async def _keep_the_due_list(fenced: Callable, kinds: list[str], window_s: float
     listings past the window."""
     async with fenced() as conn:
         cur = await conn.execute(sql.SYNC_VERIFIER_KINDS, {"kinds": kinds, "window_s": window_s})
-        added, dropped = await cur.fetchone()
+        added, dropped, unsettled = await cur.fetchone()
         if added:
             await conn.execute(sql.LIST_DUE_FROM_SLICES, {"kinds": added, "window_s": window_s})
         if dropped:
             await conn.execute(sql.FORGET_DUE_OF_KINDS, {"kinds": dropped})
         await conn.execute(sql.EXPIRE_DUE, {"window_s": window_s})
+    if not (added or dropped or unsettled):
+        return  # the usual tick: nothing waits to settle
     async with fenced() as conn:  # a snapshot taken after the change above committed
         await conn.execute(sql.MARK_KIND_CHANGES)
         cur = await conn.execute(sql.SETTLED_KIND_CHANGES)
