@@ -144,7 +144,15 @@ async def test_class3_exhausted_spec_fires_on_deadline_expiry(dsn, client):
     await asyncio.wait_for(started.wait(), 15)
     m = leader_of(client)
     await rescued(m, job.id)
-    await client.runtime.reconcile()
+
+    async def settled():
+        return (await client.runtime.reconcile())["reconciled"].get(job.id)
+
+    # The handler still runs, so the worker's heartbeat (every 100 ms) keeps the rescued row's
+    # "still running" mark fresh and locks the row for an instant each time; a tick that meets
+    # that lock skips the job (SKIP LOCKED) and the next tick settles it. Each try is one
+    # reconciler tick run by hand.
+    await poll_until(settled, what=f"the settlement of job {job.id}")
     row = await job_row(dsn, job.id)
     assert (row["state"], row["consequence_reason"]) == ("failed", "deadline_exhausted")
     assert await follow_ups(dsn) == [{"job_id": job.id, "reason": "hard deadline exceeded"}]
