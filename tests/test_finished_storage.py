@@ -575,6 +575,56 @@ def test_a_key_given_to_a_live_row_by_an_update_is_checked_against_finished_hold
     assert holds == [(b"\x01\xaa",)]
 
 
+@pytest.mark.parametrize(
+    "column, value",
+    [
+        ("state", "'failed'"),
+        ("queue", "'elsewhere'"),
+        ("finalized_at", "finalized_at - interval '5 hours'"),  # another slice
+        ("unique_key", "'\\x01bb'"),
+        ("unique_states", "0"),
+        ("id", "id + 1000"),
+    ],
+)
+def test_an_edit_of_a_finished_rows_counted_fields_is_refused(dsn, column, value):
+    """Migration 022: done_counts and unique_holds are written as rows enter and leave
+    jobs_done; an UPDATE of the fields they are kept from (one moving the row to another slice
+    included) is refused, naming the column, and changes nothing. Other fields stay editable,
+    and a delete keeps both right."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (job,) = conn.execute(
+            "INSERT INTO awa_fast.jobs (kind, state, finalized_at, unique_key, unique_states) "
+            "VALUES ('k', 'completed', now(), '\\x01aa', 31) RETURNING id"
+        ).fetchone()
+        before = conn.execute(
+            "SELECT (SELECT array_agg(c ORDER BY c::text) FROM awa_fast.done_counts c), "
+            "(SELECT array_agg(h ORDER BY h::text) FROM awa_fast.unique_holds h), "
+            "(SELECT row_to_json(d)::text FROM awa_fast.jobs_done d)"
+        ).fetchone()
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as info:
+            conn.execute(f"UPDATE awa_fast.jobs_done SET {column} = {value} WHERE id = %s", (job,))
+        assert info.value.diag.column_name == column
+        assert f"column {column} of finished job {job}" in str(info.value)
+        after = conn.execute(
+            "SELECT (SELECT array_agg(c ORDER BY c::text) FROM awa_fast.done_counts c), "
+            "(SELECT array_agg(h ORDER BY h::text) FROM awa_fast.unique_holds h), "
+            "(SELECT row_to_json(d)::text FROM awa_fast.jobs_done d)"
+        ).fetchone()
+        assert after == before
+        # the same value, and the fields nothing is kept from, are editable
+        conn.execute(
+            f"UPDATE awa_fast.jobs_done SET {column} = {column}, errors = '[]', "
+            "verified_at = now() WHERE id = %s",
+            (job,),
+        )
+        conn.execute("DELETE FROM awa_fast.jobs_done WHERE id = %s", (job,))
+        counted, held = conn.execute(
+            "SELECT (SELECT coalesce(sum(n), 0) FROM awa_fast.done_counts), "
+            "(SELECT count(*) FROM awa_fast.unique_holds)"
+        ).fetchone()
+    assert (counted, held) == (0, 0)
+
+
 def test_one_statement_finishing_many_rows_moves_them_with_one_insert(dsn):
     """Migration 019: an UPDATE that finishes 2,000 rows (an admin statement; ``drain_queue``
     and a batch cancel are such statements too) moves them with one INSERT into the slices, so

@@ -642,7 +642,13 @@ async def test_class1_a_persisting_deadlock_raises_a_typed_error(dsn):
 
 async def test_class1_unique_conflict_of_a_retry_names_the_holder(dsn, client):
     first = await client.insert(Plain(1), unique_opts={})
-    await client.cancel(first.id)
+    # failed, so finished (its row moves to awa_fast.jobs_done, ADR 016) and, under the default
+    # mask, holding no key
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'failed', finalized_at = now() WHERE id = %s",
+        (first.id,),
+    )
     holder = await client.insert(Plain(1), unique_opts={})
     with pytest.raises(awa.UniqueConflict) as info:
         await client.retry(first.id)
@@ -650,8 +656,6 @@ async def test_class1_unique_conflict_of_a_retry_names_the_holder(dsn, client):
     assert f"job {holder.id}" in str(info.value)
     # ... and from the DLQ.
     await client.cancel(holder.id)
-    # cancelled, so finished: its row is in awa_fast.jobs_done (ADR 016)
-    await _exec(dsn, "UPDATE awa_fast.jobs_done SET state = 'failed' WHERE id = %s", (first.id,))
     assert await client.move_failed_to_dlq(first.id)
     again = await client.insert(Plain(1), unique_opts={})
     with pytest.raises(awa.UniqueConflict) as info:
