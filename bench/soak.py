@@ -16,7 +16,7 @@ tuples, size (``pg_total_relation_size``), inserts/updates/deletes and autovacuu
 runs of every table of the system, WAL bytes written by the server (enumerated from ``pg_class`` at every sample, so partitions
 created or dropped during the run show up), and CPU seconds of the worker processes, the
 producer and the PostgreSQL server (``/proc``: the postmaster's live children plus the CPU of
-its exited children) per completed job.
+its exited children), with workers + server per completed job (the producer's apart).
 
 The samples go next to the run's JSONL as ``<stem>-soak-<system>.csv`` (one row per window)
 and ``.json`` (the same plus per-relation figures and the summary); ``--plot`` draws them.
@@ -859,7 +859,7 @@ def plot(runs: dict[str, dict], path: Path, rate: float) -> None:
     ax_size.set_title("size per table incl. indexes and TOAST (top 4)")
     ax_cpu.set_ylabel("ms (log)")
     ax_cpu.set_yscale("log")
-    ax_cpu.set_title("CPU per completed job (workers + producer + PostgreSQL), produce windows")
+    ax_cpu.set_title("CPU per completed job (workers + PostgreSQL), produce windows")
     for ax in grid[-1]:
         ax.set_xlabel("s since the producer started (dotted: end of warm-up; shaded: drain)")
     for ax in axes:
