@@ -625,6 +625,47 @@ def test_an_edit_of_a_finished_rows_counted_fields_is_refused(dsn, column, value
     assert (counted, held) == (0, 0)
 
 
+def test_a_statement_naming_one_slice_keeps_counts_and_holds(dsn):
+    """Migration 023: an INSERT, DELETE or TRUNCATE that names a slice (not jobs_done) keeps
+    done_counts and unique_holds right: jobs_done's statement triggers fire only for statements
+    naming jobs_done itself, so these left both as they were. A key another finished job holds
+    is refused as through jobs_done."""
+
+    def state(conn) -> tuple:
+        return conn.execute(
+            "SELECT (SELECT coalesce(sum(n), 0) FROM awa_fast.done_counts), "
+            "(SELECT count(*) FROM awa_fast.jobs_done), "
+            "(SELECT array_agg(unique_key ORDER BY unique_key) FROM awa_fast.unique_holds)"
+        ).fetchone()
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ids = [
+            r[0]
+            for r in conn.execute(
+                "INSERT INTO awa_fast.jobs (kind, state, finalized_at, unique_key, unique_states) "
+                "SELECT 'k', 'completed', now(), k, 31 "
+                "FROM unnest(ARRAY['\\x01aa', '\\x01bb', '\\x01cc']::bytea[]) k RETURNING id"
+            )
+        ]
+        (slice_name,) = conn.execute(
+            "SELECT DISTINCT tableoid::regclass::text FROM awa_fast.jobs_done"
+        ).fetchone()
+        assert state(conn) == (3, 3, [b"\x01\xaa", b"\x01\xbb", b"\x01\xcc"])
+        conn.execute(f"DELETE FROM {slice_name} WHERE id = %s", (ids[0],))
+        assert state(conn) == (2, 2, [b"\x01\xbb", b"\x01\xcc"])
+        copy_row = (
+            f"INSERT INTO {slice_name} (id, kind, queue, args, state, finalized_at, unique_key, "
+            "unique_states) SELECT %s, 'k', 'default', '{}', 'completed', finalized_at, %s, 31 "
+            f"FROM {slice_name} LIMIT 1"
+        )
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute(copy_row, (ids[-1] + 1, b"\x01\xbb"))  # job ids[1] holds it
+        conn.execute(copy_row, (ids[-1] + 2, b"\x01\xdd"))
+        assert state(conn) == (3, 3, [b"\x01\xbb", b"\x01\xcc", b"\x01\xdd"])
+        conn.execute(f"TRUNCATE {slice_name}")
+        assert state(conn) == (0, 0, None)
+
+
 def test_one_statement_finishing_many_rows_moves_them_with_one_insert(dsn):
     """Migration 019: an UPDATE that finishes 2,000 rows (an admin statement; ``drain_queue``
     and a batch cancel are such statements too) moves them with one INSERT into the slices, so
