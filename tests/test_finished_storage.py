@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 
 import psycopg
 import pytest
@@ -623,6 +624,36 @@ def test_an_edit_of_a_finished_rows_counted_fields_is_refused(dsn, column, value
             "(SELECT count(*) FROM awa_fast.unique_holds)"
         ).fetchone()
     assert (counted, held) == (0, 0)
+
+
+def test_every_job_column_moves_with_the_row(dsn):
+    """A row moves between jobs, jobs_done and the DLQ by position (move_owing's NEW.*,
+    dead_letter_if_enabled's d.*) and by the column lists of the move functions (013's
+    check_inserted_keys, 019's move_updated_finished) and of sql.ALL_COLUMNS. A column added
+    to jobs and missing from one of them would be dropped or shifted on the move: all of them
+    must name every column of jobs, in jobs' order where the order counts."""
+
+    def columns(rel: str) -> list[tuple[str, str]]:
+        return [
+            (r["attname"], r["type"])
+            for r in rows(
+                dsn,
+                "SELECT attname, format_type(atttypid, atttypmod) AS type FROM pg_attribute "
+                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
+                "ORDER BY attnum",
+                (rel,),
+            )
+        ]
+
+    hot = columns("awa_fast.jobs")
+    assert columns("awa_fast.jobs_done") == hot
+    assert columns("awa_fast.dlq")[: len(hot)] == hot
+    assert [c.strip() for c in sql.ALL_COLUMNS.split(",")] == [name for name, _ in hot]
+    for fn in ("check_inserted_keys", "move_updated_finished"):
+        body = one(dsn, "SELECT prosrc FROM pg_proc WHERE oid = %s::regproc", (f"awa_fast.{fn}",))
+        listed = set(re.findall(r"\w+", body.split("INSERT INTO awa_fast.jobs_done", 1)[1]))
+        missing = [name for name, _ in hot if name not in listed]
+        assert missing == [], (fn, missing)
 
 
 def test_a_statement_naming_one_slice_keeps_counts_and_holds(dsn):
