@@ -23,7 +23,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import callbacks, schema
+from awa_fast import callbacks, schema, sql
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
 from awa_fast.admin.consequences import ConsequenceAdmin
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
 async def _configure(conn: psycopg.AsyncConnection) -> None:
     set_json_loads(orjson.loads, conn)
+    await conn.execute(sql.SESSION_READ_COMMITTED)
 
 
 def _check_reachable(url: str) -> None:

@@ -3,6 +3,12 @@
 ``async with await client.transaction() as tx`` commits on a clean exit and rolls back on an
 exception; jobs inserted through ``tx`` exist if and only if it commits. Raw SQL uses awa's ``$n``
 placeholders; rows come back as dicts.
+
+The transaction runs at READ COMMITTED (the pool's sessions set it, whatever the database's
+default). A job that holds a unique key cannot be inserted after ``SET TRANSACTION ISOLATION
+LEVEL REPEATABLE READ`` or ``SERIALIZABLE``: the insert raises
+``psycopg.errors.FeatureNotSupported`` (migration 024: the key is checked against finished jobs
+with a snapshot taken after its lock, which those levels do not take).
 """
 
 from __future__ import annotations

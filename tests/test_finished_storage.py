@@ -19,7 +19,7 @@ from awa_fast import sql
 from awa_fast.errors import UniqueConflict
 from awa_fast.schema import MIGRATE_LOCK_KEY, migrate_sync, migrations
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
-from tests.support import poll_until, truncate, wait_state
+from tests.support import poll_until, truncate, wait_lock_waiter, wait_state
 
 FINISHED = ("completed", "failed", "cancelled")
 
@@ -624,6 +624,85 @@ def test_an_edit_of_a_finished_rows_counted_fields_is_refused(dsn, column, value
             "(SELECT count(*) FROM awa_fast.unique_holds)"
         ).fetchone()
     assert (counted, held) == (0, 0)
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+async def test_a_keyed_insert_in_a_snapshot_transaction_is_refused(client, level):
+    """Migration 024: the key check across live and finished jobs looks after a lock with a
+    snapshot taken after it; a REPEATABLE READ or SERIALIZABLE transaction reads one snapshot
+    throughout, so a finished holder that committed while it waited went unseen and the key was
+    held twice (a breaker helper's repro: the insert next to a cancel of the holder). Such a
+    transaction is refused when it inserts a job that holds a key; one without a key goes in."""
+    async with await client.transaction() as tx:
+        await tx.connection.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+        await tx.insert(Item(1))
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match=f"not {level}"):
+            await tx.insert(Item(2), unique_opts={})
+    async with await client.transaction() as tx:  # the pool's sessions are READ COMMITTED
+        await tx.insert(Item(3), unique_opts={})
+    kept = await client.list_jobs()  # the refused insert left its transaction usable
+    assert sorted(j.args["n"] for j in kept) == [1, 3]
+
+
+async def test_awa_fast_runs_read_committed_whatever_the_databases_default(dsn):
+    """Migration 024 and sql.SESSION_READ_COMMITTED: under a database default of REPEATABLE
+    READ awa-fast's own connections still check keys with fresh snapshots (the session setting),
+    so an insert, a cancel and a duplicate insert behave as at READ COMMITTED; a connection of
+    the application's own is refused for a keyed insert."""
+    db = one(dsn, "SELECT current_database()")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"ALTER DATABASE \"{db}\" SET default_transaction_isolation = 'repeatable read'"
+        )
+    c = awa.AsyncClient(dsn)
+    try:
+        only_cancelled = {"states": 1 << 6}
+        held = await c.insert(Item(5), unique_opts=only_cancelled)
+        await c.cancel(held.id)  # finished, and holding its key
+        with pytest.raises(UniqueConflict):  # available and cancelled hold it: refused
+            await c.insert(Item(5), unique_opts={"states": (1 << 6) | (1 << 1)})
+        with psycopg.connect(dsn, autocommit=True) as raw:
+            assert raw.execute("SHOW transaction_isolation").fetchone() == ("repeatable read",)
+            with pytest.raises(psycopg.errors.FeatureNotSupported):
+                raw.execute(
+                    "INSERT INTO awa_fast.jobs (kind, unique_key, unique_states) "
+                    "VALUES ('k', '\\x01ee', 31)"
+                )
+            raw.execute("INSERT INTO awa_fast.jobs (kind) VALUES ('k')")  # no key: fine
+    finally:
+        await c.close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{db}" RESET default_transaction_isolation')
+
+
+async def test_a_slice_truncate_waits_for_the_fold_of_its_counts(dsn):
+    """Migration 024: the leader's fold replaces a slot's old counter rows by their sum in one
+    transaction; a TRUNCATE of that slot's slice meeting it took the counters with a snapshot
+    from before the sum committed and left the sum behind, counting rows the slice no longer had
+    (a breaker helper's repro). The truncate now waits on the slot's counts lock the fold
+    holds."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO awa_fast.jobs (kind, queue, state, finalized_at) "
+            "SELECT 'k', 'q', 'failed', now() - interval '150 minutes' FROM generate_series(1, 5)"
+        )
+        (slot,) = conn.execute(
+            "SELECT DISTINCT awa_fast.done_slot(state, finalized_at) FROM awa_fast.jobs_done"
+        ).fetchone()
+    fold = await psycopg.AsyncConnection.connect(dsn)  # the leader's transaction, left open
+    try:
+        slots = (await (await fold.execute(sql.LOCK_FOLDABLE_SLOTS)).fetchone())[0]
+        assert slots == [slot]
+        await fold.execute(sql.FOLD_COUNTS, {"slots": slots})
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as other:
+            truncating = asyncio.ensure_future(other.execute(f"TRUNCATE {sql.slice_table(slot)}"))
+            await wait_lock_waiter(dsn, query_like="TRUNCATE%")
+            await fold.commit()
+            await truncating
+    finally:
+        await fold.close()
+    assert rows(dsn, "SELECT slot, n FROM awa_fast.done_counts") == []
+    assert one(dsn, "SELECT count(*) FROM awa_fast.jobs_done") == 0
 
 
 def test_every_job_column_moves_with_the_row(dsn):

@@ -11,6 +11,7 @@ retention.
 from awa_fast.sql.fragments import S
 
 RING_SLOTS = 32  # slices per class (awa_fast.done_slot)
+COUNTS_LOCK_CLASS = 1635213686  # advisory lock (class, slot) of a slot's counters (migration 024)
 COMPLETED_SLICE_S = 3600  # period of a completed slice
 FAILED_SLICE_S = 3 * 3600  # period of a failed / cancelled slice
 
@@ -70,10 +71,19 @@ DELETE FROM {S}.done_counts WHERE slot = %(slot)s"""
 
 # Counter rows older than two hours are folded into one row per (slot, queue, state) (bucket
 # 'epoch', backend 0): what stays is bounded by the ring, not by the writers or the minutes.
+# The slots to fold are locked first (their counts lock, in slot order) and only those are
+# folded: a slice's TRUNCATE waits on that lock before it releases the slot's counters
+# (migration 024), so it sees the folded sum. Returns the folded slots.
+_FOLDABLE = "bucket < now() - interval '2 hours' AND backend <> 0"
+LOCK_FOLDABLE_SLOTS = f"""
+SELECT COALESCE(array_agg(s.slot ORDER BY s.slot), '{{}}')
+FROM (SELECT DISTINCT slot FROM {S}.done_counts WHERE {_FOLDABLE} ORDER BY slot) AS s
+CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock({COUNTS_LOCK_CLASS}, s.slot)) AS l"""
+
 FOLD_COUNTS = f"""
 WITH old AS (
     DELETE FROM {S}.done_counts
-    WHERE bucket < now() - interval '2 hours' AND backend <> 0
+    WHERE {_FOLDABLE} AND slot = ANY(%(slots)s::smallint[])
     RETURNING slot, queue, state, n, newest
 )
 INSERT INTO {S}.done_counts AS c (slot, bucket, queue, state, backend, n, newest)

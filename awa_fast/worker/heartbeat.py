@@ -122,6 +122,7 @@ class Heartbeat:
                 self._conn = await psycopg.AsyncConnection.connect(
                     self._database_url, autocommit=True, connect_timeout=10
                 )
+                await self._conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows
             try:
                 yield self._conn
             except psycopg.OperationalError:

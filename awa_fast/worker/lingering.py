@@ -97,6 +97,7 @@ class Lingering:
                         conn = psycopg.connect(
                             self.database_url, autocommit=True, connect_timeout=10
                         )
+                        conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows
                     self._beat(conn, [a for a in attempts if not a.future.done()])
                     for a in attempts:
                         if a.future.done():

@@ -518,7 +518,10 @@ class Maintenance:
                 keys=functools.partial(_fetch_ids, conn, sql.STALE_MARK_IDS, params),
                 one=functools.partial(_fetch_id, conn, sql.SETTLE_STALE_MARK_ONE, params),
             )
-            await conn.execute(sql.FOLD_COUNTS)
+            cur = await conn.execute(sql.LOCK_FOLDABLE_SLOTS)
+            slots = (await one_row(cur))[0]
+            if slots:
+                await conn.execute(sql.FOLD_COUNTS, {"slots": slots})
             if c.descriptor_retention_days > 0:
                 await conn.execute(
                     sql.DESCRIPTORS_PRUNE, {"retention_s": c.descriptor_retention_days * 86400}
