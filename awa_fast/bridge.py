@@ -12,8 +12,8 @@ Async connections go to :func:`insert_job`, sync ones to :func:`insert_job_sync`
 and errors as ``AsyncClient.insert`` (awa-fast also accepts ``unique_opts`` here, awa-pg does
 not); the result is the job as a dict (``Job.to_dict()``: timestamps as RFC 3339 strings,
 ``unique_key`` as hex). A job that holds a unique key needs the caller's transaction at READ
-COMMITTED: at REPEATABLE READ or SERIALIZABLE its insert raises the driver's error for SQLSTATE
-0A000 (``feature_not_supported``; migration 024).
+COMMITTED: at REPEATABLE READ or SERIALIZABLE its insert raises ``DatabaseError`` carrying the
+server's ``feature_not_supported`` message (migration 024).
 """
 
 from __future__ import annotations
