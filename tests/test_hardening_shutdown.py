@@ -584,6 +584,37 @@ async def test_class4_fail_external_into_the_dlq_then_dlq_retry_never_overlaps(d
     assert (await job_row(dsn, job.id))["state"] == "completed" and runs == [1, 2]
 
 
+def test_class4_a_late_beat_does_not_mark_an_attempt_acknowledged_as_abandoned(dsn):
+    # The race behind a CI failure of the test below: a beat built while the attempt was in
+    # flight ran after the worker had abandoned it at its deadline and cleared its mark
+    # (ACK_ATTEMPT_ENDED), marked the row again, and rescue kept that fresh mark. A beat now
+    # leaves a running row past its deadline unmarked once its mark is cleared; one whose
+    # handler lives on (its mark not cleared: a def handler's thread) is still beaten.
+    from awa_fast import sql
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        abandoned, lingering = (
+            r[0]
+            for r in conn.execute(
+                "INSERT INTO awa_fast.jobs (kind, state, attempt, run_lease, heartbeat_at, "
+                "deadline_at) VALUES ('k', 'running', 1, 1, now(), now() - interval '1 second'), "
+                "('k', 'running', 1, 1, now() - interval '1 second', "
+                "now() - interval '1 second') RETURNING id"
+            )
+        )
+        conn.execute(sql.ACK_ATTEMPT_ENDED, {"id": abandoned, "lease": 1})
+        beaten = conn.execute(
+            sql.HEARTBEAT, ([abandoned, lingering], [1, 1], [None, None])
+        ).fetchall()
+        marks = dict(
+            conn.execute(
+                "SELECT id, heartbeat_at > now() - interval '1 second' FROM awa_fast.jobs"
+            ).fetchall()
+        )
+    assert beaten == [(lingering, 1)]
+    assert marks == {abandoned: None, lingering: True}
+
+
 async def test_class4_async_handler_abandoned_at_its_deadline_leaves_no_mark(dsn, client):
     # An async handler is cancelled at its deadline and its task ends: the worker clears the
     # heartbeat, so deadline rescue leaves no mark and the retry is promoted at once.

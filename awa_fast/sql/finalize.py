@@ -51,12 +51,17 @@ RETURNING id"""
 # that were beaten come back as (id, run_lease): only their progress counts as written. An
 # attempt whose row left 'running' while its handler lives on (cancelled, parked in
 # wait_for_callback, failed or completed externally) keeps its "still running" mark fresh
-# (heartbeat_at; see _ATTEMPT_STILL_RUNS).
+# (heartbeat_at; see _ATTEMPT_STILL_RUNS). A running row past its deadline whose mark is
+# cleared is one the worker abandoned and acknowledged (ACK_ATTEMPT_ENDED): a beat built before
+# that acknowledgement and run after it must not mark it again, or rescue would keep a fresh
+# mark and its retry would wait for the mark to go stale.
 HEARTBEAT = f"""
 WITH b AS (SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::jsonb[]) AS b(id, lease, progress)),
 l AS (
     SELECT j.id, j.state, b.progress FROM {S}.jobs j JOIN b ON j.id = b.id AND j.run_lease = b.lease
-    WHERE {_BY_BATCH_IDS} AND (j.state = 'running' OR j.heartbeat_at IS NOT NULL)
+    WHERE {_BY_BATCH_IDS}
+      AND (j.heartbeat_at IS NOT NULL
+           OR (j.state = 'running' AND (j.deadline_at IS NULL OR j.deadline_at >= now())))
     ORDER BY j.id FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE {S}.jobs j SET heartbeat_at = now(),
