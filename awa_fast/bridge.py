@@ -12,8 +12,8 @@ Async connections go to :func:`insert_job`, sync ones to :func:`insert_job_sync`
 and errors as ``AsyncClient.insert`` (awa-fast also accepts ``unique_opts`` here, awa-pg does
 not); the result is the job as a dict (``Job.to_dict()``: timestamps as RFC 3339 strings,
 ``unique_key`` as hex). A job that holds a unique key needs the caller's transaction at READ
-COMMITTED: at REPEATABLE READ or SERIALIZABLE its insert raises ``DatabaseError`` carrying the
-server's ``feature_not_supported`` message (migration 024).
+COMMITTED: at REPEATABLE READ or SERIALIZABLE its insert is refused (migration 024) with
+``psycopg.errors.FeatureNotSupported`` on a psycopg connection, ``DatabaseError`` on the others.
 """
 
 from __future__ import annotations

@@ -158,7 +158,11 @@ class AsyncClient:
         return self.database_url
 
     async def pool(self) -> AsyncConnectionPool:
-        """The open connection pool (opened on first call).
+        """The open connection pool (opened on first call). Its sessions run their
+        transactions at READ COMMITTED (``sql.SESSION_READ_COMMITTED``, migration 024); SQL of
+        your own on them must not undo that (``RESET ALL``, ``DISCARD ALL``, ``SET SESSION
+        CHARACTERISTICS``) where the database's default is another level, or that connection's
+        inserts of keyed jobs are refused.
 
         Raises:
             DatabaseError: the database could not be reached within 30 seconds.

@@ -644,6 +644,34 @@ async def test_a_keyed_insert_in_a_snapshot_transaction_is_refused(client, level
     assert sorted(j.args["n"] for j in kept) == [1, 3]
 
 
+def test_snapshot_checks_refine_read_uncommitted_and_slice_truncates(dsn):
+    """Migration 025: READ UNCOMMITTED runs as READ COMMITTED and may insert a keyed job; a
+    slice's TRUNCATE at REPEATABLE READ is refused (its release of the slot's counters and keys
+    would read a snapshot from before its lock), and TRUNCATE awa_fast.jobs, which empties them
+    in the same statement, is not."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+            conn.execute(
+                "INSERT INTO awa_fast.jobs (kind, state, unique_key, unique_states) "
+                "VALUES ('k', 'completed', '\\x01aa', 31)"
+            )
+        (slice_name,) = conn.execute(
+            "SELECT tableoid::regclass::text FROM awa_fast.jobs_done"
+        ).fetchone()
+        with pytest.raises(psycopg.errors.FeatureNotSupported, match="slice of jobs_done"):
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                conn.execute(f"TRUNCATE {slice_name}")
+        assert one(dsn, "SELECT count(*) FROM awa_fast.unique_holds") == 1
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            conn.execute("TRUNCATE awa_fast.jobs")
+    assert one(dsn, "SELECT count(*) FROM awa_fast.jobs_all") == 0
+    assert one(dsn, "SELECT count(*) FROM awa_fast.unique_holds") == 0
+    assert one(dsn, "SELECT count(*) FROM awa_fast.done_counts") == 0
+
+
 async def test_awa_fast_runs_read_committed_whatever_the_databases_default(dsn):
     """Migration 024 and sql.SESSION_READ_COMMITTED: under a database default of REPEATABLE
     READ awa-fast's own connections still check keys with fresh snapshots (the session setting),

@@ -7,6 +7,7 @@ import ast
 import secrets
 import subprocess
 import sys
+import threading
 
 import psycopg
 import pytest
@@ -24,6 +25,39 @@ def empty_db(pg_base_dsn):
     yield make_conninfo(**{**conninfo_to_dict(pg_base_dsn), "dbname": name})
     with psycopg.connect(pg_base_dsn, autocommit=True) as conn:
         conn.execute(psql.SQL("DROP DATABASE {} WITH (FORCE)").format(psql.Identifier(name)))
+
+
+@pytest.mark.parametrize("default", ["repeatable read", "serializable"])
+def test_concurrent_migrations_under_a_snapshot_isolation_default(empty_db, default):
+    # Under a database default of REPEATABLE READ or SERIALIZABLE each migration's look at what
+    # is applied read a snapshot from before the lock it waited on, so a migrator that waited
+    # ran a version again and failed (three of four in a breaker helper's repro): the migration
+    # connection runs READ COMMITTED. Four threads start together at a barrier.
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        db = conn.execute("SELECT current_database()").fetchone()[0]
+        conn.execute(
+            psql.SQL("ALTER DATABASE {} SET default_transaction_isolation = {}").format(
+                psql.Identifier(db), psql.Literal(default)
+            )
+        )
+    barrier = threading.Barrier(4)
+    results: list = []
+
+    def run() -> None:
+        barrier.wait()
+        try:
+            results.append(migrate_sync(empty_db))
+        except Exception as exc:  # reported below
+            results.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [r for r in results if isinstance(r, Exception)] == []
+    everything = list(range(1, current_migration_version() + 1))
+    assert sorted(v for r in results for v in r) == everything  # each applied exactly once
 
 
 def test_concurrent_migrations_from_many_processes(empty_db):

@@ -71,6 +71,9 @@ def migrate_sync(database_url: str) -> list[int]:
     """
     applied_now = []
     with psycopg.connect(database_url, autocommit=True) as conn:
+        # The lock, then a fresh look at what is applied: READ COMMITTED whatever the
+        # database's default (at REPEATABLE READ two migrators both saw a version missing).
+        conn.execute(statements.SESSION_READ_COMMITTED)
         for version, description, sql in migrations():
             with conn.transaction():
                 conn.execute(statements.MIGRATE_LOCK, (MIGRATE_LOCK_KEY,))
