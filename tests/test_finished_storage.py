@@ -645,7 +645,7 @@ async def test_a_keyed_insert_in_a_snapshot_transaction_is_refused(client, level
 
 
 def test_snapshot_checks_refine_read_uncommitted_and_slice_truncates(dsn):
-    """Migration 025: READ UNCOMMITTED runs as READ COMMITTED and may insert a keyed job; a
+    """Migration 024: READ UNCOMMITTED runs as READ COMMITTED and may insert a keyed job; a
     slice's TRUNCATE at REPEATABLE READ is refused (its release of the slot's counters and keys
     would read a snapshot from before its lock), and TRUNCATE awa_fast.jobs, which empties them
     in the same statement, is not."""

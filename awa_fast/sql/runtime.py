@@ -52,13 +52,13 @@ JOBS_PRESENT = f"SELECT to_regclass('{S}.jobs') IS NOT NULL"
 
 SCHEMA_VERSION = f"SELECT max(version) FROM {S}.schema_version"
 
-# The runtime's LISTEN connection: new jobs per queue, and cancel requests.
 # Every connection awa-fast writes jobs on runs its transactions at READ COMMITTED, whatever
 # the database's or the role's default_transaction_isolation: the unique-key check across live
 # and finished jobs looks after a lock with a snapshot taken after it, and refuses a transaction
 # that reads one snapshot throughout (migration 024).
 SESSION_READ_COMMITTED = "SET default_transaction_isolation TO 'read committed'"
 
+# The runtime's LISTEN connection: new jobs per queue, and cancel requests.
 LISTEN_QUEUE = f'LISTEN "{CHANNEL_QUEUE}"'
 LISTEN_CANCEL = f'LISTEN "{CHANNEL_CANCEL}"'
 
