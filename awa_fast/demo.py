@@ -554,11 +554,10 @@ def embedded_notice(fp: dict) -> list[str]:
     remove = f"`rm -rf {fp['data_dir']}`"
     if fp["system_account"]:
         # the account may have existed before and serve something else: never say "delete it"
-        # unconditionally; the binaries copy is made at first start, so name the glob until then
-        remove += (
-            f", `rm -rf {fp.get('binaries_copy') or '/tmp/awa-pg-bin-*'}` and, if nothing "
-            f"else uses that account, `userdel {fp['os_user']}`"
-        )
+        # unconditionally
+        if fp.get("binaries_copy"):
+            remove += f", `rm -rf {fp['binaries_copy']}`"
+        remove += f" and, if nothing else uses that account, `userdel {fp['os_user']}`"
     lines.append(
         f"it keeps running after the demo: `awa-fast embedded stop` stops it; to "
         f"remove it, stop it, then {remove}"

