@@ -1332,7 +1332,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="manage the persistent embedded PostgreSQL (stop, url)",
         description="Manage the persistent embedded PostgreSQL used when no "
         "database URL is configured (data directory: $AWA_PG_DATA, "
-        "else ~/.local/share/awa-fast/pg18, or "
+        "else $XDG_DATA_HOME/awa-fast/pg18 (~/.local/share/awa-fast/pg18), or "
         "/var/lib/awa-fast/pg18 as root).",
     )
     esub = emb.add_subparsers(
@@ -1357,7 +1357,7 @@ def build_parser() -> argparse.ArgumentParser:
     # benchmarks
     p = sub.add_parser(
         "bench",
-        help="run the benchmark suite (bench/), optionally vs the peers",
+        help="run the benchmark suite (bench/; a source checkout, pip install -e .)",
         description="Run the end-to-end benchmark suite in bench/ (from a source "
         "checkout). Arguments after 'bench' go to the suite: see "
         "`awa-fast bench --help`, e.g. --compare --plot.",

@@ -552,6 +552,8 @@ def embedded_notice(fp: dict) -> list[str]:
         )
         lines = [f"starting the embedded PostgreSQL 18 {where}, {who}{created}"]
     remove = f"`rm -rf {fp['data_dir']}`"
+    if fp.get("data_dir_parent"):
+        remove += f", `rmdir {fp['data_dir_parent']}` if that leaves it empty"
     if fp["system_account"]:
         # the account may have existed before and serve something else: never say "delete it"
         # unconditionally

@@ -816,8 +816,10 @@ def footprint() -> dict:
     starting or creating anything.
 
     Returns:
-        ``{"data_dir": str, "os_user": str, "system_account": bool, "creates_user": bool,
-        "running": bool, "binaries_copy": str | None}``: ``os_user`` runs the server (as root
+        ``{"data_dir": str, "data_dir_parent": str | None, "os_user": str, "system_account":
+        bool, "creates_user": bool, "running": bool, "binaries_copy": str | None}``:
+        ``data_dir_parent`` is the ``awa-fast`` directory the default data directory is made in
+        (None under ``$AWA_PG_DATA``); ``os_user`` runs the server (as root
         the system account ``awa-postgres`` or ``$AWA_PG_OS_USER``: ``system_account`` True;
         else the current user); ``creates_user`` is True when that account does not exist yet
         and would be created with ``useradd``; ``running`` is True when a server answers on its
@@ -847,6 +849,8 @@ def footprint() -> dict:
     running = (datadir / "postmaster.pid").exists() and _can_connect(_socket_dsn(datadir))
     return {
         "data_dir": str(datadir),
+        # the default data directory's parent was made for it (never under $AWA_PG_DATA)
+        "data_dir_parent": None if os.environ.get("AWA_PG_DATA") else str(datadir.parent),
         "os_user": user,
         "system_account": root,
         "creates_user": creates,

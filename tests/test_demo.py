@@ -100,6 +100,24 @@ def test_removal_advice_names_the_binaries_copy_and_never_deletes_a_shared_accou
     )
     assert text.endswith("to remove it, stop it, then `rm -rf /var/lib/awa-fast/pg18`")
     assert "userdel" not in text and "awa-pg-bin" not in text
+    # the default data directory's parent was made for it: rmdir, which keeps anything else
+    text = "\n".join(
+        embedded_notice(
+            {
+                **base,
+                "data_dir": "/home/me/.local/share/awa-fast/pg18",
+                "data_dir_parent": "/home/me/.local/share/awa-fast",
+                "os_user": "me",
+                "system_account": False,
+                "creates_user": False,
+                "binaries_copy": None,
+            }
+        )
+    )
+    assert text.endswith(
+        "then `rm -rf /home/me/.local/share/awa-fast/pg18`, "
+        "`rmdir /home/me/.local/share/awa-fast` if that leaves it empty"
+    )
 
 
 def test_demo_pipeline_with_a_broken_file(dsn, tmp_path):

@@ -236,6 +236,15 @@ def test_footprint_names_the_binaries_copy_the_server_runs_from(monkeypatch):
     assert embedded.footprint()["binaries_copy"] is None
 
 
+def test_footprint_names_the_default_data_directorys_parent_only(monkeypatch, tmp_path):
+    monkeypatch.delenv("AWA_PG_DATA", raising=False)
+    fp = embedded.footprint()
+    assert fp["data_dir_parent"] == str(embedded.default_data_dir().parent)
+    assert Path(fp["data_dir_parent"]).name == "awa-fast"
+    monkeypatch.setenv("AWA_PG_DATA", str(tmp_path / "pg"))
+    assert embedded.footprint()["data_dir_parent"] is None
+
+
 def test_fresh_database_per_module(dsn, pg_base_dsn):
     with psycopg.connect(dsn, autocommit=True) as conn:
         name = conn.execute("select current_database()").fetchone()[0]
