@@ -892,6 +892,55 @@ async def test_the_leaders_vacuum_reclaims_the_hot_tables_dead_rows(client, dsn)
     assert dead_tuples(dsn, "awa_fast.jobs") == 0
 
 
+@pytest.mark.parametrize("reset", ["crash recovery", "pg_stat_reset"])
+async def test_the_leader_vacuums_dead_rows_that_reset_statistics_no_longer_count(
+    own_server, reset
+):
+    """Crash recovery (and pg_stat_reset) zero the hot table's statistics, its dead-row count
+    included, but not its dead rows: on a quiet database the threshold would never be reached
+    again. A pass that finds statistics which have seen no vacuum vacuums once."""
+    dsn = own_server.awa_dsn
+
+    async def dead_rows_finished(n: int) -> None:
+        c = awa.AsyncClient(dsn)
+        try:
+            finish(dsn, [j.id for j in await c.insert_many([Item(i) for i in range(n)])])
+        finally:
+            await c.close()
+
+    def pass_(c) -> Maintenance:  # the default threshold (5,000 dead rows)
+        return maintenance(c)
+
+    c = awa.AsyncClient(dsn)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("VACUUM awa_fast.jobs")  # the statistics have seen a vacuum
+        await dead_rows_finished(2000)  # counted twice: the UPDATE's old version and the move
+        assert not await pass_(c).vacuum_hot()  # 4,000 counted: below the threshold
+    finally:
+        await c.close()
+    assert dead_tuples(dsn, "awa_fast.jobs") >= 2000
+    if reset == "crash recovery":
+        await asyncio.to_thread(own_server.restart, "immediate")
+    else:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_reset()")
+    assert one(
+        dsn,
+        "SELECT n_dead_tup + vacuum_count + autovacuum_count FROM pg_stat_user_tables "
+        "WHERE relid = 'awa_fast.jobs'::regclass",
+    ) in (0, None)
+    assert dead_tuples(dsn, "awa_fast.jobs") >= 2000  # the rows outlived their count
+    c = awa.AsyncClient(dsn)
+    try:
+        m = pass_(c)
+        assert await m.vacuum_hot() and m.counts["hot_vacuums"] == 1
+        assert dead_tuples(dsn, "awa_fast.jobs") == 0
+        assert not await m.vacuum_hot()  # the statistics have seen it now
+    finally:
+        await c.close()
+
+
 def test_the_slices_are_analyzed_from_300_rows(dsn):
     """Migrations 015 and 017: an ANALYZE holds a snapshot while it samples, and that snapshot
     keeps every VACUUM of the hot table from removing anything (ADR 016). Autovacuum analyzes

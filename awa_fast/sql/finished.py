@@ -111,10 +111,13 @@ SETTLE_STALE_MARK_ONE = f"""
 UPDATE {S}.jobs s SET heartbeat_at = NULL, state = state
 WHERE s.id = %(id)s AND {_STALE_MARK} RETURNING s.id"""
 
-# The hot table's dead rows (the statistics the backends flushed, about once a second) and its
-# heap size in bytes as its last vacuum left it (pg_class: no lock taken).
+# The hot table's dead rows (the statistics the backends flushed, about once a second), its
+# heap size in bytes as its last vacuum left it (pg_class: no lock taken), and whether the
+# statistics have seen it vacuumed: crash recovery (or pg_stat_reset) zeroes them, dead-row
+# count included, while the dead rows stay in the heap.
 HOT_DEAD_ROWS = f"""
-SELECT COALESCE(s.n_dead_tup, 0), c.relpages::bigint * current_setting('block_size')::bigint
+SELECT COALESCE(s.n_dead_tup, 0), c.relpages::bigint * current_setting('block_size')::bigint,
+       COALESCE(s.vacuum_count + s.autovacuum_count, 0) > 0
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = '{S}.jobs'::regclass"""
 

@@ -577,8 +577,10 @@ class Maintenance:
         return pruned
 
     async def vacuum_hot(self) -> bool:
-        """VACUUM the hot table when its dead rows passed ``hot_vacuum_dead_rows``, on a
-        connection of its own (autocommit). Autovacuum visits a database at most once per
+        """VACUUM the hot table when its dead rows passed ``hot_vacuum_dead_rows``, or when the
+        statistics have seen no vacuum of it (reset by crash recovery or ``pg_stat_reset``,
+        which zero the dead-row count but leave the dead rows; with ``track_counts`` off they
+        never count, so every pass vacuums), on a connection of its own (autocommit). Autovacuum visits a database at most once per
         ``autovacuum_naptime`` (60 s by default): at thousands of jobs per second that alone
         leaves hundreds of thousands of dead rows between visits. Returns True if it vacuumed.
 
@@ -618,7 +620,9 @@ class Maintenance:
             after = await (await conn.execute(sql.HOT_DEAD_ROWS)).fetchone()
             if after is not None and after[1] <= limit:
                 self._truncate_failed_at = None
-        elif row[0] < self.config.hot_vacuum_dead_rows:
+        elif row[0] < self.config.hot_vacuum_dead_rows and row[2]:
+            # (Statistics that have seen no vacuum were reset, by crash recovery say: their
+            # count of zero says nothing of the dead rows a quiet table still holds.)
             return False
         else:
             await conn.execute(sql.VACUUM_HOT)
