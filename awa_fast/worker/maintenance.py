@@ -580,9 +580,10 @@ class Maintenance:
         """VACUUM the hot table when its dead rows passed ``hot_vacuum_dead_rows``, or when the
         statistics have seen no vacuum of it (reset by crash recovery or ``pg_stat_reset``,
         which zero the dead-row count but leave the dead rows; with ``track_counts`` off they
-        never count, so every pass vacuums), on a connection of its own (autocommit). Autovacuum visits a database at most once per
-        ``autovacuum_naptime`` (60 s by default): at thousands of jobs per second that alone
-        leaves hundreds of thousands of dead rows between visits. Returns True if it vacuumed.
+        never count, so every pass vacuums), on a connection of its own (autocommit).
+        Autovacuum visits a database at most once per ``autovacuum_naptime`` (60 s by
+        default): at thousands of jobs per second that alone leaves hundreds of thousands of
+        dead rows between visits. Returns True if it vacuumed.
 
         The empty pages at the table's end are cut off only while its heap is larger than
         ``hot_vacuum_truncate_bytes`` (64 MiB; after a backlog drained): cutting them off takes
