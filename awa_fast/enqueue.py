@@ -216,7 +216,9 @@ def copied_job(job_id: int, p: Prepared, now: datetime) -> Job:
 
 
 async def copy_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list[Job]:
-    """COPY prepared jobs (for 10k+ rows). Must run inside a transaction on ``conn``.
+    """COPY prepared jobs (for 10k+ rows). Must run inside a transaction on ``conn``; that
+    transaction commits without the insert trigger's NOTIFY (``defer_notify``): the caller wakes
+    the queues after the commit.
 
     Ids are reserved first so the returned jobs need no read-back; ``created_at`` and the default
     ``run_at`` are the transaction's ``now()``, as a plain INSERT would write.
@@ -292,7 +294,8 @@ async def copy_uniform(
     conn: psycopg.AsyncConnection, batch: UniformBatch, *, want_jobs: bool
 ) -> list[Job] | int:
     """COPY a :class:`UniformBatch` as one text block built in ``_ext`` (inside the caller's
-    transaction). Returns the jobs (``want_jobs``) or their count."""
+    transaction, which then commits without the insert trigger's NOTIFY, as in :func:`copy_many`).
+    Returns the jobs (``want_jobs``) or their count."""
     n = len(batch.jsons)
     with mapped_errors():
         cur = await conn.execute(sql.COPY_RESERVE, (n,))

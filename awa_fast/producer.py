@@ -136,8 +136,7 @@ class Producer:
 
         async def once() -> Any:
             async with (await self._db.pool()).connection() as conn:
-                async with conn.transaction():
-                    await conn.execute(sql.DEFER_NOTIFY)
+                async with conn.transaction():  # COPY_RESERVE defers the NOTIFY
                     if batch is not None:
                         return await enqueue.copy_uniform(conn, batch, want_jobs=want_jobs)
                     assert rows is not None  # prepared when there is no uniform batch

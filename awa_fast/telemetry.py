@@ -40,6 +40,12 @@ _providers: tuple[Any, Any] | None = None  # (MeterProvider, TracerProvider or N
 _instruments: dict | None = None  # set by init_telemetry; None = no metrics recorded
 
 
+def tracing_imported() -> bool:
+    """Whether OpenTelemetry's trace API is imported in this process: without it no attempt has
+    a span, so the executor skips decoding each job's metadata for one."""
+    return _OTEL_TRACE in sys.modules
+
+
 def current_traceparent() -> str | None:
     """The current OpenTelemetry span context as a W3C ``traceparent``, or ``None`` (OpenTelemetry
     not imported, no SDK configured, or no span current)."""

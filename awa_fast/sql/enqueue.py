@@ -69,7 +69,10 @@ SELECT v.id, {_INSERT_PROJECTION.split("SELECT ", 1)[1]}
 ORDER BY v.unique_key
 RETURNING {JOB_COLUMNS}"""
 
-COPY_RESERVE = f"SELECT now(), array_agg(nextval('{S}.jobs_id_seq')) FROM generate_series(1, %s)"
+# The COPY's first statement: its ids, its now(), and defer_notify for the transaction (one
+# round trip fewer than running DEFER_NOTIFY first; the producer wakes the queues after commit).
+COPY_RESERVE = f"""SELECT now(), array_agg(nextval('{S}.jobs_id_seq'))
+FROM generate_series(1, %s) CROSS JOIN ({DEFER_NOTIFY}) AS deferred"""
 
 COPY_JOBS = (
     f"COPY {S}.jobs (id, kind, queue, args, state, priority, max_attempts, run_at, metadata, "

@@ -221,7 +221,11 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
         )
     measured = telemetry.metrics_on()
     started = time.perf_counter() if measured else 0.0
-    span = telemetry.handler_span(ctx.kind, ctx.queue, ctx.id, ctx.attempt, ctx.metadata)
+    span = (
+        telemetry.handler_span(ctx.kind, ctx.queue, ctx.id, ctx.attempt, ctx.metadata)
+        if telemetry.tracing_imported()
+        else None
+    )
     if span is None:
         outcome = await _outcome(handler, ctx, thread_pool, False)
     else:
