@@ -118,6 +118,13 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
     p.add_argument(
         "--max-workers", type=int, default=512, help="per-process worker slots (default 512)"
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of the burst scenarios (enqueue, drain), every system once per round; "
+        "each row reports its median round (default 3)",
+    )
     p.add_argument("--latency-iterations", type=int, default=200)
     p.add_argument(
         "--poll-ms",
@@ -214,6 +221,8 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
     args = p.parse_args(argv)
     args.single_jobs = args.single_jobs or max(1, args.jobs // 10)
     args.failure_jobs = args.failure_jobs or max(3, args.jobs // 2)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1 (got {args.rounds})")
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     for s in args.scenarios:
         if s not in SCENARIOS:
@@ -326,6 +335,7 @@ def environment(admin_dsn: str, args: argparse.Namespace, server_kind: str) -> d
             "single_jobs": args.single_jobs,
             "failure_jobs": args.failure_jobs,
             "batch": args.batch,
+            "rounds": args.rounds,
             "processes": args.processes,
             "max_workers": args.max_workers,
             "latency_iterations": args.latency_iterations,
@@ -393,6 +403,10 @@ def _details(rec: dict) -> str:
             "alt/s: "
             + ", ".join(f"{k} {v:,.0f}" for k, v in rec["alternatives_per_s"].items() if v)
         )
+    if len(rec.get("round_rates") or ()) > 1:
+        parts.append(
+            "rounds: " + " / ".join("-" if r is None else f"{r:,.0f}" for r in rec["round_rates"])
+        )
     if rec.get("timed_out"):
         parts.append(f"TIMEOUT ({rec['finalized']} of {rec['target']})")
     return "; ".join(parts)
@@ -424,6 +438,54 @@ class Databases:
             srv.drop_database(self.admin, name)
         except Exception as exc:
             log(f"could not drop {name}: {exc}")
+
+
+class Rounds:
+    """The records of one burst scenario over ``--rounds`` rounds (every system once per round,
+    so a machine that slows down mid-run slows every system alike). A sub-second burst is one
+    sample of a noisy machine: two runs minutes apart measured awa-fast's unique enqueue at 41k
+    and 56k jobs/s. :meth:`merged` gives one record per (scenario, system)."""
+
+    def __init__(self, rounds: int):
+        self.rounds = rounds
+        self.round = 0
+        self.records: list[dict] = []
+
+    def add(self, rec: dict) -> None:
+        self.records.append(rec)
+        log(f"round {self.round + 1}/{self.rounds}: {format_row(rec)}")
+
+    def merged(self) -> list[dict]:
+        return merge_rounds(self.records)
+
+
+def merge_rounds(records: list[dict]) -> list[dict]:
+    """One record per (scenario, system), in first-seen order: the record of the median round
+    (the lower middle for an even count) of those that measured a rate, with ``round_rates``
+    (every round's rate, None where it failed) and ``alternatives_per_s`` as per-method medians.
+    A pair with no rate in any round keeps its first record (an error, or not supported)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["scenario"], r["system"]), []).append(r)
+    out = []
+    for group in groups.values():
+        measured = sorted((r for r in group if r.get("rate")), key=lambda r: r["rate"])
+        if not measured:
+            out.append(group[0])
+            continue
+        rec = {**measured[(len(measured) - 1) // 2], "round_rates": [r.get("rate") for r in group]}
+        errors = [r["error"] for r in group if r.get("error")]
+        if errors:
+            rec["round_errors"] = errors
+        alts: dict[str, list[float]] = {}
+        for r in measured:
+            for k, v in (r.get("alternatives_per_s") or {}).items():
+                if v:
+                    alts.setdefault(k, []).append(v)
+        if alts:
+            rec["alternatives_per_s"] = {k: statistics.median_low(v) for k, v in alts.items()}
+        out.append(rec)
+    return out
 
 
 def _count(conn: psycopg.Connection, query: str, seeded: int) -> int:
@@ -459,7 +521,7 @@ def percentile(values: list[float], q: float) -> float:
 # -- scenarios --------------------------------------------------------------------------------------
 
 
-def scenario_enqueue(adapter, dbs: Databases, args, rec: Recorder) -> None:
+def scenario_enqueue(adapter, dbs: Databases, args, rec: Recorder | Rounds) -> None:
     for mode in ENQUEUE_MODES:
         n = args.single_jobs if mode == "single" else args.jobs
         if adapter.name == "procrastinate" and mode == "unique":
@@ -639,13 +701,12 @@ def drain(adapter, dbs: Databases, args, workload: str, processes: int, label: s
         dbs.drop(name)
 
 
-def scenario_drain(adapter, dbs, args, rec: Recorder, rates: dict) -> None:
+def scenario_drain(adapter, dbs, args, rec: Recorder | Rounds) -> None:
     for procs in (1, args.processes):
         label = f"drain_{procs}p"
         base = {"scenario": label, "system": adapter.name, "version": adapter.version}
         try:
             r = drain(adapter, dbs, args, "noop", procs, label)
-            rates[(adapter.name, procs)] = r["rate"]
             rec.add({**base, **r, "method": f"{procs} process(es) x {args.max_workers} slots"})
         except Exception as exc:
             rec.add({**base, "rate": None, "error": repr(exc)})
@@ -947,12 +1008,21 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         for scen in SCENARIOS:
             if scen not in args.scenarios:
                 continue
+            if scen in ("enqueue", "drain"):
+                rounds = Rounds(args.rounds)
+                for rounds.round in range(args.rounds):
+                    for a in adapters:
+                        if scen == "enqueue":
+                            scenario_enqueue(a, dbs, args, rounds)
+                        else:
+                            scenario_drain(a, dbs, args, rounds)
+                for merged in rounds.merged():
+                    rec.add(merged)
+                    if merged["scenario"].startswith("drain_") and merged.get("rate"):
+                        rates[(merged["system"], merged["processes"])] = merged["rate"]
+                continue
             for a in adapters:
-                if scen == "enqueue":
-                    scenario_enqueue(a, dbs, args, rec)
-                elif scen == "drain":
-                    scenario_drain(a, dbs, args, rec, rates)
-                elif scen == "pipeline":
+                if scen == "pipeline":
                     if a.name == "awa_fast" and (a.name, args.processes) not in rates:
                         # the ratio needs the plain drain with the same process count
                         try:
