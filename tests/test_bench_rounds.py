@@ -80,3 +80,22 @@ def test_each_burst_row_is_one_record_over_the_rounds(pg_base_dsn, tmp_path):
     assert r.stderr.count("round 1/2:") == 6 and r.stderr.count("round 2/2:") == 6
     drain = [x for x in results if x["scenario"] == "drain_2p"][0]
     assert drain["finalized"] == 200 and not drain["timed_out"]
+
+
+@pytest.mark.slow
+def test_a_drain_that_timed_out_is_not_repeated(pg_base_dsn, tmp_path):
+    out = tmp_path / "run.jsonl"
+    r = subprocess.run(
+        [sys.executable, "-m", "bench", "--scenarios", "drain", "--jobs", "200", "--rounds", "3",
+         "--timeout", "0", "--database-url", pg_base_dsn, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    results = [json.loads(line) for line in out.read_text().splitlines()][1:]
+    assert [x["scenario"] for x in results] == ["drain_1p", "drain_2p"]
+    for x in results:  # its partial rate, from the one round it ran
+        assert x["timed_out"] and len(x["round_rates"]) == 1, x
+    assert r.stderr.count("round 1/3:") == 2 and "round 2/3:" not in r.stderr
