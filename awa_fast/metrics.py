@@ -16,6 +16,7 @@ import glob
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ from prometheus_client import (
     multiprocess,
     start_http_server,
 )
+from prometheus_client.mmap_dict import MmapedDict
 
 from awa_fast.errors import ConfigError
 from awa_fast.sql import dashboard as dsql
@@ -247,6 +249,11 @@ def check_host(host: Any, field: str = "metrics_host") -> str:
     return host
 
 
+# What a dead process's files hold that the collector sums across processes (the gauges are
+# all live: mark_process_dead removes them).
+_ACCUMULATED = ("counter", "histogram", "summary")
+
+
 class SettledFilesCollector(multiprocess.MultiProcessCollector):
     """``prometheus_client``'s multiprocess collector, minus the ``.db`` files a process has
     created and not yet sized. Such a file is 0 bytes for a moment, and reading it raises, which
@@ -256,17 +263,50 @@ class SettledFilesCollector(multiprocess.MultiProcessCollector):
 
     def __init__(self, registry: Any, path: str | None = None):
         self.directory = path or os.environ.get(MULTIPROC_ENV, "")
+        self._lock = threading.Lock()  # a scrape never sees a fold half done
         super().__init__(registry, path)
 
     def collect(self) -> Any:
-        files = []
-        for name in glob.glob(os.path.join(self.directory, "*.db")):
-            try:
-                if os.stat(name).st_size > 0:
-                    files.append(name)
-            except FileNotFoundError:
-                pass
-        return self.merge(files, accumulate=True)
+        with self._lock:
+            files = []
+            for name in glob.glob(os.path.join(self.directory, "*.db")):
+                try:
+                    if os.stat(name).st_size > 0:
+                        files.append(name)
+                except FileNotFoundError:
+                    pass
+            return self.merge(files, accumulate=True)
+
+    def fold(self, pid: int) -> None:
+        """Add the counters and histograms of process ``pid``, which has exited, to one archive
+        file per type (``counter_archive.db``, ...) and remove its own files. A scrape merges
+        every file in the directory, so without this each restart of a child left two files
+        for good and every later scrape read them: 52 ms with none, about 2 s after 200
+        restarts. The sums are unchanged (the collector adds these types file by file)."""
+        with self._lock:
+            for typ in _ACCUMULATED:
+                path = os.path.join(self.directory, f"{typ}_{pid}.db")
+                try:
+                    sized = os.stat(path).st_size > 0
+                except FileNotFoundError:
+                    continue
+                if sized:
+                    archive = os.path.join(self.directory, f"{typ}_archive.db")
+                    totals: dict[str, float] = {}
+                    for source in [archive, path] if os.path.exists(archive) else [path]:
+                        for key, value, _ts, _pos in MmapedDict.read_all_values_from_file(source):
+                            totals[key] = totals.get(key, 0.0) + value
+                    staged = archive + ".new"  # not *.db: never read half written
+                    if os.path.exists(staged):
+                        os.remove(staged)  # MmapedDict would keep what a failed fold wrote
+                    out = MmapedDict(staged)
+                    try:
+                        for key, value in totals.items():
+                            out.write_value(key, value, 0.0)
+                    finally:
+                        out.close()
+                    os.replace(staged, archive)
+                os.remove(path)
 
 
 def _registry() -> Any:
@@ -320,7 +360,7 @@ class LauncherExporter(Exporter):
     def __init__(self, port: int, host: str = DEFAULT_HOST):
         self.directory = tempfile.mkdtemp(prefix="awa-fast-metrics-")
         registry = CollectorRegistry()
-        SettledFilesCollector(registry, path=self.directory)
+        self._collector = SettledFilesCollector(registry, path=self.directory)
         try:
             super().__init__(
                 port, host, registry, field="--metrics-port", host_field="--metrics-host"
@@ -334,8 +374,10 @@ class LauncherExporter(Exporter):
         return {MULTIPROC_ENV: self.directory, LAUNCHER_ENV: "refresh" if refresh else "1"}
 
     def child_exited(self, pid: int) -> None:
-        """Drop the live gauges (leadership, depth) of a child that exited; its counters stay."""
+        """Drop the live gauges (leadership, depth) of a child that exited; its counters and
+        histograms stay, folded into the run's archive files (:meth:`SettledFilesCollector.fold`)."""
         multiprocess.mark_process_dead(pid, self.directory)
+        self._collector.fold(pid)
 
     def close(self) -> None:
         super().close()

@@ -348,3 +348,57 @@ def test_launcher_endpoint_skips_a_file_a_child_created_and_never_sized():
         assert total(scrape(exporter.url), "awa_fast_test_done_total") == 3
     finally:
         exporter.close()
+
+
+def test_a_dead_childs_counters_and_histograms_fold_into_one_file_per_type():
+    """Each child restart left its counter and histogram files in the run's directory for good,
+    and every scrape merged them all (52 ms with none, about 2 s after 200 restarts). A child's
+    exit folds them into one archive file per type: the directory stops growing and every sum
+    stays what it was."""
+    import subprocess
+    import sys
+
+    from awa_fast.metrics import MULTIPROC_ENV, LauncherExporter
+
+    exporter = LauncherExporter(0)
+    child = (
+        "import sys; from prometheus_client import Counter, Histogram; "
+        "n = int(sys.argv[1]); "
+        "Counter('awa_fast_test_done', 'done', ['outcome']).labels(sys.argv[2]).inc(n); "
+        "Histogram('awa_fast_test_seconds', 'seconds', buckets=(0.1, 1.0)).observe(n / 10)"
+    )
+    env = {**os.environ, MULTIPROC_ENV: exporter.directory}
+
+    def run(n: int, outcome: str) -> int:
+        proc = subprocess.Popen([sys.executable, "-c", child, str(n), outcome], env=env)
+        assert proc.wait(timeout=60) == 0
+        return proc.pid
+
+    def files() -> list[str]:
+        return sorted(f for f in os.listdir(exporter.directory) if f.endswith(".db"))
+
+    try:
+        dead = [run(n, outcome) for n, outcome in ((1, "a"), (5, "b"), (2, "a"), (30, "c"))]
+        before = scrape(exporter.url)
+        assert total(before, "awa_fast_test_done_total", outcome="a") == 3
+        assert total(before, "awa_fast_test_seconds_count") == 4
+        assert len(files()) == 8
+        for pid in dead[:3]:
+            exporter.child_exited(pid)
+        assert files() == [
+            f"counter_{dead[3]}.db",  # a process not reported dead keeps its own files
+            "counter_archive.db",
+            f"histogram_{dead[3]}.db",
+            "histogram_archive.db",
+        ]
+        exporter.child_exited(dead[3])
+        assert files() == ["counter_archive.db", "histogram_archive.db"]
+        after = scrape(exporter.url)
+        assert after == pytest.approx(before)  # the same sums, added in another order
+        assert total(after, "awa_fast_test_seconds_bucket", le="0.1") == 1
+        assert total(after, "awa_fast_test_seconds_bucket", le="1.0") == 3
+        assert total(after, "awa_fast_test_seconds_sum") == pytest.approx(3.8)
+        exporter.child_exited(dead[0])  # reported twice: nothing left to fold
+        assert scrape(exporter.url) == pytest.approx(before)
+    finally:
+        exporter.close()
