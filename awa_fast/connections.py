@@ -4,14 +4,53 @@ of :mod:`awa_fast.admin` shares (the client's pool, opened on first use)."""
 from __future__ import annotations
 
 import logging
+import select
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from awa_fast import bulk, enqueue, sql
 
 log = logging.getLogger("awa_fast.admin")
+
+
+class IdleCheck:
+    """A pool's ``check`` (``AsyncConnectionPool(check=IdleCheck())``, then set :attr:`pool`):
+    runs when a connection leaves the pool, and raises if the server closed it while it sat idle
+    there (``pg_terminate_backend``, a restart, an idle timeout), so the pool discards it and
+    hands out another instead of failing the caller's statement. Such a connection has the
+    server's goodbye waiting to be read; a healthy checkout costs one ``select`` call, not a
+    round trip. A dead one found means the others idle beside it are likely dead too (a restart
+    closes them all), so they are checked at once (``AsyncConnectionPool.check``, one round trip
+    each): the pool waits a second, then two, before each further try of one caller, and would
+    otherwise make it pay that for every dead connection in turn. A connection dropped without
+    a word (a network partition) is not caught here: TCP keepalives are for that.
+
+    Raises:
+        psycopg.OperationalError: the connection is closed or broken.
+    """
+
+    def __init__(self) -> None:
+        self.pool: AsyncConnectionPool | None = None
+
+    async def __call__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if not conn.closed:
+            try:
+                pending, _, _ = select.select([conn.fileno()], [], [], 0)
+            except (OSError, ValueError):
+                pending = [True]
+            if not pending:
+                return
+            try:
+                await AsyncConnectionPool.check_connection(conn)
+                return  # readable, but alive (a message the server sent unasked)
+            except psycopg.Error:
+                pass
+        if self.pool is not None:
+            await self.pool.check()
+        raise psycopg.OperationalError("the pooled connection was closed by the server")
 
 
 class Connections:

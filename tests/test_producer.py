@@ -725,3 +725,35 @@ async def test_a_client_insert_wakes_a_dispatcher_that_polls_once_a_minute(dsn):
     finally:
         await producer.close()
         await worker.close()
+
+
+# -- connections the server closed while they sat in the pool --------------------------------------
+
+
+async def test_inserts_and_reads_after_the_server_closed_the_idle_pool_do_not_fail(dsn, caplog):
+    """A server that closes the pool's idle connections (``pg_terminate_backend`` here; a
+    restart or an idle timeout does the same) failed the next caller of each one: an insert,
+    a handler's own insert, an admin read. The pool's check finds such a connection before
+    handing it out and replaces every dead one beside it (``connections.IdleCheck``)."""
+    name = "idle_check_test"
+    client = awa_fast.AsyncClient(psycopg.conninfo.make_conninfo(dsn, application_name=name))
+    try:
+        await asyncio.gather(*(client.insert(SendEmail(f"warm {i}")) for i in range(20)))
+        pool = await client.pool()
+        idle = pool.get_stats()["pool_available"]
+        assert idle >= 2, pool.get_stats()  # more than one dead connection to get past
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (name,),
+            ).fetchone()[0]
+        assert killed >= idle
+        for i in range(idle + 2):  # each would have met a dead connection
+            await client.insert(SendEmail(f"after {i}"))
+        assert await client.queue_stats()  # an admin read on the same pool
+        await client._producer.waker.flush()
+        assert "wake-up NOTIFY" not in caplog.text  # the wake-ups ran on live connections too
+        assert pool.get_stats().get("connections_lost", 0) >= 1
+    finally:
+        await client.close()

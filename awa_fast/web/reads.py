@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from awa_fast import sql
+from awa_fast.connections import IdleCheck
 from awa_fast.sql import dashboard as q
 
 STATEMENT_TIMEOUT_MS = q.STATEMENT_TIMEOUT_MS
@@ -52,6 +53,7 @@ class Reads:
     """The dashboard's read model over ``database_url`` (open with :meth:`open`)."""
 
     def __init__(self, database_url: str, max_connections: int = 4):
+        check = IdleCheck()
         self._pool = AsyncConnectionPool(
             database_url,
             min_size=1,
@@ -60,7 +62,9 @@ class Reads:
             timeout=10,
             kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
             configure=_configure,
+            check=check,  # a page after a database restart reads on a live connection
         )
+        check.pool = self._pool
 
     async def open(self) -> None:
         await self._pool.open(wait=True, timeout=30)
