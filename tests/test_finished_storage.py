@@ -733,6 +733,76 @@ async def test_a_slice_truncate_waits_for_the_fold_of_its_counts(dsn):
     assert one(dsn, "SELECT count(*) FROM awa_fast.jobs_done") == 0
 
 
+def test_counter_rows_fold_to_one_per_bucket_then_one_per_slice(dsn):
+    """``done_counts`` kept one row per writing backend for two hours, so its size (what every
+    ``queue_stats`` reads) grew with the connections and each reconnect: 960k rows at 200
+    queues and 40 connections (a breaker's measurement). The fold now merges a bucket's
+    backends once it ended five minutes ago, and older than two hours a slice's rows into one
+    per queue and state; ``queue_stats``' counts stay what they were."""
+    ages = {"recent": "0 minutes", "ten minutes": "10 minutes", "three hours": "3 hours"}
+    for _ in range(4):  # four connections: four writing backends
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for age in ages.values():
+                conn.execute(
+                    "INSERT INTO awa_fast.jobs (kind, queue, state, finalized_at) "
+                    "SELECT 'k', 'fold_q', s::awa_fast.job_state, now() - %s::interval "
+                    "FROM unnest(ARRAY['completed', 'completed', 'completed', 'failed']) s",
+                    (age,),
+                )
+    counts = (
+        "SELECT state::text AS state, bucket = 'epoch' AS epoch, backend = 0 AS merged, "
+        "count(*) AS rows, sum(n) AS n "
+        "FROM awa_fast.done_counts WHERE queue = 'fold_q' "
+        "GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"
+    )
+    by_queue = "SELECT * FROM (" + sql.DONE_COUNTS_BY_QUEUE + ") q WHERE queue = 'fold_q'"
+    stats = rows(dsn, by_queue)
+    # every failed row is held; completed rows in the last hour only
+    assert stats == [{"queue": "fold_q", "failed": 12, "cancelled": 0, "completed_last_hour": 24}]
+    before = rows(dsn, counts)
+    assert sum(r["rows"] for r in before) >= 4 * 3 * 2  # a row per backend, age and state
+
+    def fold() -> list[int]:
+        with psycopg.connect(dsn) as conn:  # one transaction, as the prune pass runs it
+            slots = conn.execute(sql.LOCK_FOLDABLE_SLOTS).fetchone()[0]
+            if slots:
+                conn.execute(sql.FOLD_COUNTS, {"slots": slots})
+            return slots
+
+    assert fold()
+    after = rows(dsn, counts)
+    recent = [r for r in before if not r["epoch"]]
+    epoch = [r for r in after if r["epoch"]]  # three hours old: one row per slice and state
+    assert epoch == [
+        {"state": "completed", "epoch": True, "merged": True, "rows": 1, "n": 12},
+        {"state": "failed", "epoch": True, "merged": True, "rows": 1, "n": 4},
+    ]
+    # ten minutes old: one row per bucket, whatever the backends; the minute being written
+    # keeps a row per backend
+    assert (
+        one(
+            dsn,
+            "SELECT count(*) FROM awa_fast.done_counts WHERE queue = 'fold_q' AND backend <> 0 "
+            "AND state = 'completed' AND bucket < now() - interval '6 minutes'",
+        )
+        == 0
+    )
+    # (failed rows count in hour buckets: those of the last hour are still being written)
+    assert (
+        one(
+            dsn,
+            "SELECT count(*) FROM awa_fast.done_counts WHERE queue = 'fold_q' AND backend <> 0 "
+            "AND state = 'completed'",
+        )
+        == 4
+    )
+    assert sum(r["rows"] for r in after) < sum(r["rows"] for r in before)
+    assert sum(r["n"] for r in after) == sum(r["n"] for r in before) == 4 * 4 * 3
+    assert rows(dsn, by_queue) == stats
+    assert recent  # the recent rows were there before, and stay
+    assert fold() == []  # nothing left to fold until a bucket ages
+
+
 def test_every_job_column_moves_with_the_row(dsn):
     """A row moves between jobs, jobs_done and the DLQ by position (move_owing's NEW.*,
     dead_letter_if_enabled's d.*) and by the column lists of the move functions (013's

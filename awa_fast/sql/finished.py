@@ -69,26 +69,37 @@ RELEASE_SLICE = f"""
 WITH h AS (DELETE FROM {S}.unique_holds WHERE slot = %(slot)s)
 DELETE FROM {S}.done_counts WHERE slot = %(slot)s"""
 
-# Counter rows older than two hours are folded into one row per (slot, queue, state) (bucket
-# 'epoch', backend 0): what stays is bounded by the ring, not by the writers or the minutes.
+# (Buckets: a minute of completed rows, an hour of failed and cancelled ones, done_inserted.)
+# Counter rows are folded in two steps, each bounded by the ring, not by the writers: a
+# bucket that ended five minutes ago keeps one row per (slot, bucket, queue, state) instead of
+# one per writing backend (backend 0: every connection, and a new one after each reconnect,
+# had added its own rows for two hours), and rows older than two hours become one per (slot,
+# queue, state) (bucket 'epoch'). Writers stamp the bucket of their own finalized_at, so they
+# are done with one by then and never wait on the fold's row locks; a transaction older than
+# that adds a row the next pass folds.
 # The slots to fold are locked first (their counts lock, in slot order) and only those are
 # folded: a slice's TRUNCATE waits on that lock before it releases the slot's counters
 # (migration 024), so it sees the folded sum. Returns the folded slots.
-_FOLDABLE = "bucket < now() - interval '2 hours' AND backend <> 0"
+_FOLDABLE = """(backend <> 0 AND bucket < now() - CASE WHEN state = 'completed'
+    THEN interval '6 minutes' ELSE interval '65 minutes' END
+  OR bucket < now() - interval '2 hours' AND bucket <> 'epoch')"""
 LOCK_FOLDABLE_SLOTS = f"""
 SELECT COALESCE(array_agg(s.slot ORDER BY s.slot), '{{}}')
 FROM (SELECT DISTINCT slot FROM {S}.done_counts WHERE {_FOLDABLE} ORDER BY slot) AS s
 CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock({COUNTS_LOCK_CLASS}, s.slot)) AS l"""
 
+# No row is both deleted and upserted: a backend-0 row is deleted only past two hours, when
+# its sum goes to the 'epoch' row, which is never deleted here.
 FOLD_COUNTS = f"""
 WITH old AS (
     DELETE FROM {S}.done_counts
     WHERE {_FOLDABLE} AND slot = ANY(%(slots)s::smallint[])
-    RETURNING slot, queue, state, n, newest
+    RETURNING slot, bucket, queue, state, n, newest
 )
 INSERT INTO {S}.done_counts AS c (slot, bucket, queue, state, backend, n, newest)
-SELECT slot, 'epoch', queue, state, 0, sum(n), max(newest) FROM old
-GROUP BY slot, queue, state ORDER BY slot, queue, state
+SELECT slot, CASE WHEN bucket < now() - interval '2 hours' THEN 'epoch' ELSE bucket END AS b,
+       queue, state, 0, sum(n), max(newest)
+FROM old GROUP BY slot, b, queue, state ORDER BY slot, b, queue, state
 ON CONFLICT (slot, bucket, queue, state, backend)
 DO UPDATE SET n = c.n + EXCLUDED.n, newest = GREATEST(c.newest, EXCLUDED.newest)"""
 
