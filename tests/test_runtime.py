@@ -140,6 +140,25 @@ async def test_sync_handler_runs_in_thread_and_never_blocks_the_loop(dsn, client
     assert seen_thread[0].startswith("awa-fast-handler")
 
 
+async def test_every_worker_slot_can_run_a_def_handler_at_once(dsn, client):
+    """A queue's ``max_workers`` counts def handlers too: their threads defaulted to Python's
+    executor size (cores + 4, at most 32), so the 33rd of 40 slots waited for a thread while its
+    deadline ran (a breaker's finding: attempts spent on jobs that never started)."""
+    slots = 40
+    together = threading.Barrier(slots, timeout=30)  # broken unless all 40 run at once
+
+    @client.task(Work, kind="def_slot")
+    def def_slot(job):
+        together.wait()
+
+    jobs = await client.insert_many([Work(str(i)) for i in range(slots)], kind="def_slot")
+    await client.start([("default", slots)], **FAST)
+    for job in jobs:
+        row = await wait_state(client, job.id, "completed")
+        assert row["attempt"] == 1 and row["errors"] == []
+    assert client.runtime.thread_pool._max_workers == slots
+
+
 def test_task_registration_without_a_running_loop(dsn):
     client = awa.AsyncClient(dsn)
 

@@ -571,6 +571,9 @@ class Runtime:
     allocates (ADR 017: pauses of 15-60 ms every few seconds became 3-4 ms at 8,000 jobs/s).
     Objects alive at start that become cyclic garbage during the run are collected only after
     :meth:`shutdown`, which calls ``gc.unfreeze()``; pass False to leave the collector alone.
+    ``sync_handler_threads`` (int > 0): threads that run plain ``def`` handlers; default one per
+    worker slot of this process (the queues' ``max_workers`` summed, or ``global_max_workers``),
+    started only as ``def`` handlers run, so every slot can run one.
     """
 
     def __init__(
@@ -711,8 +714,16 @@ class Runtime:
         self.metrics_host = metrics.check_host(metrics_host)
         self.metrics_refresh_s = _positive(metrics_refresh_ms, "metrics_refresh_ms") / 1000
         self.metrics_exporter: metrics.Exporter | None = None
+        # A slot runs a handler, async or def: a def handler needs a thread for the slot's
+        # max_workers to be honoured, and Python's default (cores + 4, at most 32) let a claimed
+        # job wait for one while its deadline ran. Threads start only when def handlers run.
+        slots = (
+            global_max_workers
+            if global_max_workers is not None
+            else sum(q.max_workers for q in self.queues)
+        )
         self.thread_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=sync_handler_threads or min(32, (os.cpu_count() or 1) + 4),
+            max_workers=sync_handler_threads or max(1, slots),
             thread_name_prefix="awa-fast-handler",
         )
         # Every structure is keyed by attempt (job id, run_lease).
