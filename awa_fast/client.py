@@ -39,7 +39,7 @@ from awa_fast.batch_ops import (
     BatchOperationKind,
     BatchOperationPreview,
 )
-from awa_fast.connections import Connections, IdleCheck
+from awa_fast.connections import Connections, Pool
 from awa_fast.database_url import resolve_database_url
 from awa_fast.errors import (
     DatabaseError,
@@ -174,18 +174,15 @@ class AsyncClient:
             self._pool_lock = asyncio.Lock()
         async with self._pool_lock:
             if self._pool is None:
-                check = IdleCheck()
-                pool = AsyncConnectionPool(
+                pool = Pool(
                     url,
                     min_size=1,
                     max_size=self.max_connections,
                     open=False,
                     kwargs={"autocommit": True},
                     configure=_configure,
-                    check=check,  # a connection the server closed is not handed out
                     timeout=30,
                 )
-                check.pool = pool
                 try:
                     await pool.open(wait=True, timeout=30)
                 except PoolTimeout as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import select
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,41 +17,58 @@ from awa_fast import bulk, enqueue, sql
 log = logging.getLogger("awa_fast.admin")
 
 
-class IdleCheck:
-    """A pool's ``check`` (``AsyncConnectionPool(check=IdleCheck())``, then set :attr:`pool`):
-    runs when a connection leaves the pool, and raises if the server closed it while it sat idle
-    there (``pg_terminate_backend``, a restart, an idle timeout), so the pool discards it and
-    hands out another instead of failing the caller's statement. Such a connection has the
-    server's goodbye waiting to be read; a healthy checkout costs one ``select`` call, not a
-    round trip. A dead one found means the others idle beside it are likely dead too (a restart
-    closes them all), so they are checked at once (``AsyncConnectionPool.check``, one round trip
-    each): the pool waits a second, then two, before each further try of one caller, and would
-    otherwise make it pay that for every dead connection in turn. A connection dropped without
-    a word (a network partition) is not caught here: TCP keepalives are for that.
-
-    Raises:
-        psycopg.OperationalError: the connection is closed or broken.
+class Pool(AsyncConnectionPool[Any]):
+    """psycopg_pool's async pool, which never hands out a connection the server closed while it
+    sat idle in the pool (``pg_terminate_backend``, a restart, ``idle_session_timeout``): such
+    a connection failed its next caller, an insert, a handler's own insert (an attempt spent),
+    an admin read or a wake-up. Such a connection has the server's goodbye waiting to be read:
+    a healthy checkout costs one ``select`` call. A dead one is closed and given back, which
+    makes the pool replace it, and the next is taken at once, so a caller passes every dead
+    connection a restart left in microseconds each. (The pool's own ``check`` waits 1 s, then
+    2 s, before each further try of one caller; its ``check()`` sweep takes every idle
+    connection out of the pool with no timeout and swallows a cancel.) A connection dropped
+    without a word (a network partition) is not caught here: TCP keepalives are for that.
+    ``closed_by_server`` counts the connections passed so.
     """
 
-    def __init__(self) -> None:
-        self.pool: AsyncConnectionPool | None = None
+    closed_by_server = 0
 
-    async def __call__(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        if not conn.closed:
+    async def getconn(self, timeout: float | None = None) -> Any:
+        """A connection, as ``AsyncConnectionPool.getconn``, within ``timeout`` seconds (the
+        pool's ``timeout`` by default) for all the connections it passes.
+
+        Raises:
+            psycopg_pool.PoolTimeout: no live connection within ``timeout``.
+        """
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            conn = await super().getconn(max(0.0, deadline - time.monotonic()))
             try:
-                pending, _, _ = select.select([conn.fileno()], [], [], 0)
-            except (OSError, ValueError):
-                pending = [True]
-            if not pending:
-                return
-            try:
-                await AsyncConnectionPool.check_connection(conn)
-                return  # readable, but alive (a message the server sent unasked)
-            except psycopg.Error:
-                pass
-        if self.pool is not None:
-            await self.pool.check()
-        raise psycopg.OperationalError("the pooled connection was closed by the server")
+                if await _alive(conn):
+                    return conn
+            except BaseException:
+                await self.putconn(conn)
+                raise
+            self.closed_by_server += 1
+            await self.putconn(conn)  # closed: the pool discards it and opens another
+
+
+async def _alive(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """False when the server closed ``conn`` (closing it here if it still looked open)."""
+    if conn.closed:
+        return False
+    try:
+        pending, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        pending = [True]
+    if not pending:
+        return True
+    try:  # the server sent something unasked: a goodbye, or a notice on a live connection
+        await AsyncConnectionPool.check_connection(conn)
+        return True
+    except psycopg.Error:
+        await conn.close()
+        return False
 
 
 class Connections:

@@ -1183,3 +1183,37 @@ def test_the_tables_every_completion_writes_keep_their_pages(dsn):
         conn.execute("VACUUM awa_fast.unique_holds")
         after = conn.execute("SELECT pg_relation_size('awa_fast.unique_holds')").fetchone()[0]
     assert size > 0 and after == size
+
+
+def test_the_fold_skips_counter_rows_a_writer_holds(dsn):
+    """A transaction that finishes jobs in a bucket the fold takes (one opened minutes ago, its
+    now() old) holds that bucket's counter row of its backend: the fold waited on it, stalling
+    the whole prune pass, and with two such rows the two deadlocked (a breaker's repro). The
+    fold now skips such a row and folds it in a later pass; the counts stay exact."""
+    finish = (
+        "INSERT INTO awa_fast.jobs (kind, queue, state, finalized_at) "
+        "VALUES ('k', %s, 'completed', date_trunc('minute', now()) - interval '10 minutes')"
+    )
+    total = "SELECT COALESCE(sum(n), 0) FROM awa_fast.done_counts WHERE queue IN ('sk1', 'sk2')"
+    with psycopg.connect(dsn, autocommit=True) as writer:
+        writer.execute(finish, ("sk1",))
+        writer.execute(finish, ("sk2",))
+        writer.execute("BEGIN")
+        writer.execute(finish, ("sk2",))  # holds its backend's sk2 row until it commits
+        with psycopg.connect(dsn) as leader:
+            leader.execute("SET lock_timeout = '2s'")  # waiting on the writer would raise
+            slots = leader.execute(sql.LOCK_FOLDABLE_SLOTS).fetchone()[0]
+            leader.execute(sql.FOLD_COUNTS, {"slots": slots})
+            leader.commit()
+        held = one(
+            dsn,
+            "SELECT count(*) FROM awa_fast.done_counts WHERE queue = 'sk2' AND backend <> 0",
+        )
+        assert held == 1  # skipped; sk1's row was folded
+        assert one(dsn, total) == 2  # the writer's third row is not committed yet
+        writer.execute("COMMIT")
+    with psycopg.connect(dsn) as leader:
+        slots = leader.execute(sql.LOCK_FOLDABLE_SLOTS).fetchone()[0]
+        leader.execute(sql.FOLD_COUNTS, {"slots": slots})
+    assert one(dsn, total) == 3
+    assert one(dsn, "SELECT count(*) FROM awa_fast.done_counts WHERE queue IN ('sk1', 'sk2')") == 2

@@ -75,8 +75,7 @@ DELETE FROM {S}.done_counts WHERE slot = %(slot)s"""
 # one per writing backend (backend 0: every connection, and a new one after each reconnect,
 # had added its own rows for two hours), and rows older than two hours become one per (slot,
 # queue, state) (bucket 'epoch'). Writers stamp the bucket of their own finalized_at, so they
-# are done with one by then and never wait on the fold's row locks; a transaction older than
-# that adds a row the next pass folds.
+# are done with one by then; a transaction older than that adds a row the next pass folds.
 # The slots to fold are locked first (their counts lock, in slot order) and only those are
 # folded: a slice's TRUNCATE waits on that lock before it releases the slot's counters
 # (migration 024), so it sees the folded sum. Returns the folded slots.
@@ -89,12 +88,18 @@ FROM (SELECT DISTINCT slot FROM {S}.done_counts WHERE {_FOLDABLE} ORDER BY slot)
 CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock({COUNTS_LOCK_CLASS}, s.slot)) AS l"""
 
 # No row is both deleted and upserted: a backend-0 row is deleted only past two hours, when
-# its sum goes to the 'epoch' row, which is never deleted here.
+# its sum goes to the 'epoch' row, which is never deleted here. A row a writer holds (a
+# transaction that finishes jobs under an old now()) is skipped, folded by a later pass: the
+# fold never waits on a writer, so it can neither stall the prune pass nor deadlock with one
+# (only the leader writes backend-0 rows).
 FOLD_COUNTS = f"""
 WITH old AS (
-    DELETE FROM {S}.done_counts
-    WHERE {_FOLDABLE} AND slot = ANY(%(slots)s::smallint[])
-    RETURNING slot, bucket, queue, state, n, newest
+    DELETE FROM {S}.done_counts d
+    USING (SELECT ctid FROM {S}.done_counts
+           WHERE {_FOLDABLE} AND slot = ANY(%(slots)s::smallint[])
+           FOR UPDATE SKIP LOCKED) AS free
+    WHERE d.ctid = free.ctid
+    RETURNING d.slot, d.bucket, d.queue, d.state, d.n, d.newest
 )
 INSERT INTO {S}.done_counts AS c (slot, bucket, queue, state, backend, n, newest)
 SELECT slot, CASE WHEN bucket < now() - interval '2 hours' THEN 'epoch' ELSE bucket END AS b,

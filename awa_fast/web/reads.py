@@ -11,10 +11,9 @@ import dataclasses
 from typing import Any
 
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 
 from awa_fast import sql
-from awa_fast.connections import IdleCheck
+from awa_fast.connections import Pool
 from awa_fast.sql import dashboard as q
 
 STATEMENT_TIMEOUT_MS = q.STATEMENT_TIMEOUT_MS
@@ -53,8 +52,7 @@ class Reads:
     """The dashboard's read model over ``database_url`` (open with :meth:`open`)."""
 
     def __init__(self, database_url: str, max_connections: int = 4):
-        check = IdleCheck()
-        self._pool = AsyncConnectionPool(
+        self._pool = Pool(
             database_url,
             min_size=1,
             max_size=max_connections,
@@ -62,9 +60,7 @@ class Reads:
             timeout=10,
             kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
             configure=_configure,
-            check=check,  # a page after a database restart reads on a live connection
         )
-        check.pool = self._pool
 
     async def open(self) -> None:
         await self._pool.open(wait=True, timeout=30)
