@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 import awa_fast
 from awa_fast import EnqueueRequest, JobState, derive_kind
 from awa_fast.bridge import insert_job, insert_job_sync
-from tests.support import wakeups_until_marker
+from tests.support import poll_until, wakeups_until_marker
 
 UTC = UTC
 
@@ -738,17 +738,35 @@ async def test_inserts_and_reads_after_the_server_closed_the_idle_pool_do_not_fa
     name = "idle_check_test"
     client = awa_fast.AsyncClient(psycopg.conninfo.make_conninfo(dsn, application_name=name))
     try:
-        await asyncio.gather(*(client.insert(SendEmail(f"warm {i}")) for i in range(20)))
+        await client.insert(SendEmail("warm"))
         pool = await client.pool()
+        held = [pool.connection() for _ in range(4)]  # four idle connections once given back
+        await asyncio.gather(*(h.__aenter__() for h in held))
+        for h in held:
+            await h.__aexit__(None, None, None)
+        await client._producer.waker.flush()
         idle = pool.get_stats()["pool_available"]
-        assert idle >= 2, pool.get_stats()  # more than one dead connection to get past
+        assert idle >= 4, pool.get_stats()  # more than one dead connection to get past
         with psycopg.connect(dsn, autocommit=True) as admin:
-            killed = admin.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = %s",
-                (name,),
-            ).fetchone()[0]
-        assert killed >= idle
+            killed = [
+                pid
+                for pid, ok in admin.execute(
+                    "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name = %s",
+                    (name,),
+                ).fetchall()
+                if ok
+            ]
+        assert len(killed) >= idle
+
+        async def backends_gone() -> bool:  # server state: a terminated backend exits later
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                cur = await conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (killed,)
+                )
+                return (await cur.fetchone())[0] == 0
+
+        await poll_until(backends_gone, what="the terminated backends to exit")
         for i in range(idle + 2):  # each would have met a dead connection
             await client.insert(SendEmail(f"after {i}"))
         assert await client.queue_stats()  # an admin read on the same pool
