@@ -159,6 +159,36 @@ async def test_every_worker_slot_can_run_a_def_handler_at_once(dsn, client):
     assert client.runtime.thread_pool._max_workers == slots
 
 
+async def test_a_def_handler_abandoned_at_its_deadline_keeps_its_slot_until_its_thread_ends(
+    dsn, client
+):
+    """A thread cannot be stopped: a def handler abandoned at its deadline still holds its
+    handler thread, and its slot was given back at once, so a job claimed into it waited for a
+    thread while its own deadline ran (a breaker's repro: 6 attempts spent on jobs that never
+    started). The slot now comes back when the thread ends."""
+    release = threading.Event()
+
+    @client.task(Work, kind="stuck_def")
+    def stuck(job):
+        release.wait(30)
+
+    @client.task(Work, kind="quick_def")
+    def quick(job):
+        return None
+
+    await client.insert_many([Work("a"), Work("b")], kind="stuck_def")
+    await client.start([{"name": "default", "max_workers": 2, "deadline_duration_ms": 300}], **FAST)
+    try:
+        await client.runtime.wait_attempts_ended(2)  # both abandoned at their deadline
+        assert client.runtime.dispatchers["default"].free == 0  # their threads run on
+        quick_jobs = await client.insert_many([Work(str(i)) for i in range(4)], kind="quick_def")
+    finally:
+        release.set()
+    for job in quick_jobs:
+        row = await wait_state(client, job.id, "completed")
+        assert row["attempt"] == 1 and row["errors"] == []
+
+
 def test_task_registration_without_a_running_loop(dsn):
     client = awa.AsyncClient(dsn)
 

@@ -305,6 +305,20 @@ def _aging_ms(queue: str, value: Any) -> int:
     return value
 
 
+def _free_slot_when_done(thread: concurrent.futures.Future, dispatcher: Dispatcher) -> None:
+    """Give ``dispatcher`` its slot back when the handler ``thread`` ends (from that thread,
+    through the dispatcher's loop; nothing if the loop is closed by then)."""
+    loop = asyncio.get_running_loop()
+
+    def done(_: concurrent.futures.Future) -> None:
+        try:
+            loop.call_soon_threadsafe(dispatcher.slot_freed)
+        except RuntimeError:  # the loop is closed: the process is ending
+            pass
+
+    thread.add_done_callback(done)
+
+
 def _thread_runs(ctx: JobContext) -> bool:
     """True when ``ctx``'s ``def`` handler thread has started and not finished (a thread that
     had not started is cancelled here and never will)."""
@@ -943,7 +957,6 @@ class Runtime:
                     else:
                         if ctx.staged_follow_ups is not None:
                             ctx.staged_follow_ups.discard("abandoned", ctx.kind)
-                        dispatcher.slot_freed()
                         released = True
                         if ctx.deadline_expired:
                             # Abandoned at its deadline: rescue takes it over. A thread cannot
@@ -951,10 +964,16 @@ class Runtime:
                             # job is not run again meanwhile; otherwise the mark is cleared.
                             self.outcomes[ex.ABANDON] = self.outcomes.get(ex.ABANDON, 0) + 1
                             if _thread_runs(ctx):
+                                # ... and it keeps its handler thread, so it keeps its slot:
+                                # a job claimed into the slot would wait for a thread while
+                                # its own deadline ran.
+                                _free_slot_when_done(ctx.thread, dispatcher)
                                 lingering.watch(ctx, release=False)
                             else:
+                                dispatcher.slot_freed()
                                 abandoned = True
                             return
+                        dispatcher.slot_freed()
                         if _thread_runs(ctx):
                             # A thread cannot be stopped: releasing now would let another
                             # worker run the job while this thread still does.
