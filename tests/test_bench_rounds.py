@@ -51,19 +51,25 @@ def test_rounds_below_one_are_rejected(bad, capsys):
     assert "--rounds must be at least 1" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_each_burst_row_is_one_record_over_the_rounds(pg_base_dsn, tmp_path):
-    out = tmp_path / "run.jsonl"
+def _bench(dsn: str, out: Path, *argv: str) -> tuple[list[dict], str]:
+    """Run the bench on ``dsn`` writing ``out``: its JSONL records and its stderr."""
     r = subprocess.run(
-        [sys.executable, "-m", "bench", "--scenarios", "enqueue,drain", "--jobs", "200",
-         "--rounds", "2", "--database-url", pg_base_dsn, "--out", str(out)],
+        [sys.executable, "-m", "bench", "--jobs", "200", *argv, "--database-url", dsn,
+         "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=240,
     )  # fmt: skip
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    records = [json.loads(line) for line in out.read_text().splitlines()]
+    return [json.loads(line) for line in out.read_text().splitlines()], r.stderr
+
+
+@pytest.mark.slow
+def test_each_burst_row_is_one_record_over_the_rounds(pg_base_dsn, tmp_path):
+    records, stderr = _bench(
+        pg_base_dsn, tmp_path / "run.jsonl", "--scenarios", "enqueue,drain", "--rounds", "2"
+    )
     assert records[0]["type"] == "header" and records[0]["options"]["rounds"] == 2
     results = records[1:]
     assert [x["scenario"] for x in results] == [
@@ -77,25 +83,19 @@ def test_each_burst_row_is_one_record_over_the_rounds(pg_base_dsn, tmp_path):
     for x in results:
         assert len(x["round_rates"]) == 2 and all(x["round_rates"]), x
         assert x["rate"] == min(x["round_rates"]), x  # the lower middle of two
-    assert r.stderr.count("round 1/2:") == 6 and r.stderr.count("round 2/2:") == 6
+    assert stderr.count("round 1/2:") == 6 and stderr.count("round 2/2:") == 6
     drain = [x for x in results if x["scenario"] == "drain_2p"][0]
     assert drain["finalized"] == 200 and not drain["timed_out"]
 
 
 @pytest.mark.slow
 def test_a_drain_that_timed_out_is_not_repeated(pg_base_dsn, tmp_path):
-    out = tmp_path / "run.jsonl"
-    r = subprocess.run(
-        [sys.executable, "-m", "bench", "--scenarios", "drain", "--jobs", "200", "--rounds", "3",
-         "--timeout", "0", "--database-url", pg_base_dsn, "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    records, stderr = _bench(
+        pg_base_dsn, tmp_path / "run.jsonl", "--scenarios", "drain", "--rounds", "3",
+        "--timeout", "0",
     )  # fmt: skip
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    results = [json.loads(line) for line in out.read_text().splitlines()][1:]
+    results = records[1:]
     assert [x["scenario"] for x in results] == ["drain_1p", "drain_2p"]
     for x in results:  # its partial rate, from the one round it ran
         assert x["timed_out"] and len(x["round_rates"]) == 1, x
-    assert r.stderr.count("round 1/3:") == 2 and "round 2/3:" not in r.stderr
+    assert stderr.count("round 1/3:") == 2 and "round 2/3:" not in stderr
