@@ -46,7 +46,9 @@ def load_client(spec: str) -> tuple[AsyncClient, ModuleType]:
         except AttributeError:
             raise AppSpecError(f"module {module_name!r} has no attribute {attr!r}") from None
     if not isinstance(obj, AsyncClient):
-        raise AppSpecError(f"{spec} is a {type(obj).__name__}, not an awa_fast AsyncClient")
+        name = type(obj).__name__
+        article = "an" if name[:1].lower() in "aeiou" else "a"
+        raise AppSpecError(f"{spec} is {article} {name}, not an awa_fast AsyncClient")
     return obj, module
 
 

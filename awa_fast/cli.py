@@ -744,8 +744,14 @@ def cmd_check(s: Session) -> int:
             }
         )
         return 1 if kinds or config_error else 0
+    n = len(client.registry.handlers)
     if config_error:
         print(f"start() would reject this configuration: {config_error}")
+    else:
+        print(
+            f"start() would accept this configuration ({n} registered "
+            f"{'kind' if n == 1 else 'kinds'}, START_OPTIONS included)"
+        )
     if kinds:
         print(
             "kinds without a failure consequence declaration "
@@ -754,7 +760,11 @@ def cmd_check(s: Session) -> int:
         for kind in kinds:
             print(f"  {kind}")
     else:
-        print(f"all {len(client.registry.handlers)} registered kinds declare a failure consequence")
+        print(
+            "the registered kind declares a failure consequence"
+            if n == 1
+            else f"all {n} registered kinds declare a failure consequence"
+        )
     if off_default:
         print(
             "note: kinds registered for a queue other than 'default': insert them with that "
