@@ -529,9 +529,8 @@ class Finalizer:
 
     async def _may_retry(self, attempt: int, exc: BaseException) -> bool:
         """After failed try number ``attempt`` (0-based) with the retryable ``exc``: False
-        when its retries are spent, else pause (jittered, doubling) and return True. After a
-        connection error the pool's idle connections are checked first: after a server restart
-        they are all dead, and back-to-back retries on them fail within milliseconds."""
+        when its retries are spent, else pause (jittered, doubling) and return True. The retry
+        takes no dead connection: the pool passes those (``connections.Pool``)."""
         limit = (
             MAX_CONNECTION_RETRIES
             if isinstance(exc, psycopg.OperationalError)
@@ -540,11 +539,6 @@ class Finalizer:
         if attempt >= limit:
             return False
         self.stats["retries"] += 1
-        if isinstance(exc, psycopg.OperationalError):
-            try:
-                await (await self._pool_getter()).check()
-            except Exception as err:  # the server may still be down: the pause covers it
-                log.debug("pool check after a connection error failed: %s", err)
         pause = min(RETRY_PAUSE_S * 2**attempt, RETRY_PAUSE_MAX_S)
         await asyncio.sleep(pause * (0.5 + random.random()))
         return True
