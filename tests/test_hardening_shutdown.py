@@ -71,8 +71,8 @@ async def test_class4_def_handler_thread_still_running_is_not_released_at_shutdo
         assert row["state"] == "running" and row["run_lease"] == 1  # kept, not released
         assert a._runtime is None
         await b.start([("default", 2)], **FAST)
-        claims = b.runtime.dispatchers["default"]
-        await until(lambda: claims.claims >= 3, claims.claim_ran, what="B polled a few times")
+        poll = b.runtime.idle_poll
+        await until(lambda: poll.polled.count >= 3, poll.polled, what="B polled a few times")
         assert spans == []  # B has not run it
         gate.set()  # A's thread ends: only now is the attempt given back, and B runs it
         await asyncio.wait_for(b.runtime.wait_attempts_ended(1), 30)

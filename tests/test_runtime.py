@@ -12,6 +12,7 @@ import sys
 import threading
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 
 import awa_fast as awa
@@ -335,8 +336,12 @@ async def test_paused_queue_is_not_claimed_until_resumed(dsn, client):
     await client.pause_queue("pq", paused_by="test")
     job = await client.insert(Work("x"), queue="pq")
     await client.start([("pq", 1)], **FAST)
-    d = client.runtime.dispatchers["pq"]
-    await until(lambda: d.claims >= 3, d.claim_ran, what="three claims")
+    # parked after its first claim; the idle poll skips a paused queue
+    poll, d = client.runtime.idle_poll, client.runtime.dispatchers["pq"]
+    await until(lambda: poll.polled.count >= 1, poll.polled, what="an idle poll")
+    claims = d.claims
+    await until(lambda: poll.polled.count >= 4, poll.polled, what="three more idle polls")
+    assert d.claims == claims
     assert (await job_row(dsn, job.id))["state"] == "available"
     assert [s.paused for s in await client.queue_stats() if s.queue == "pq"] == [True]
     await client.resume_queue("pq")
@@ -390,6 +395,78 @@ async def test_notify_wakes_an_idle_worker_before_its_poll(dsn, client):
     await until(lambda: d.claims >= 1, d.claim_ran, what="first claim")
     job = await client.insert(Work("x"))
     await wait_state(client, job.id, "completed", timeout=10)
+
+
+async def _insert_silently(dsn: str, queue: str) -> int:
+    """A job inserted with the NOTIFY trigger held back (``defer_notify``) and never sent:
+    only a poll can find it."""
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await conn.execute("SELECT set_config('awa_fast.defer_notify', 'on', true)")
+        cur = await conn.execute(
+            "INSERT INTO awa_fast.jobs (kind, queue, args) VALUES ('work', %s, "
+            """'{"mode": "x"}') RETURNING id""",
+            (queue,),
+        )
+        (job_id,) = await cur.fetchone()
+    return job_id
+
+
+async def test_one_idle_poll_covers_every_idle_queue_and_wakes_only_the_one_with_work(dsn, client):
+    @client.task(Work)
+    async def work(job):
+        return None
+
+    queues = [f"q{i}" for i in range(20)]
+    await client.start([(q, 1) for q in queues], **FAST)
+    runtime = client.runtime
+    poll = runtime.idle_poll
+    await until(lambda: sorted(poll.parked) == sorted(queues), poll.polled, what="all parked")
+    claims = {q: d.claims for q, d in runtime.dispatchers.items()}
+    polls = poll.polled.count
+    job_id = await _insert_silently(dsn, "q7")
+    await wait_state(client, job_id, "completed")
+    # found by the shared poll: one statement for 20 queues, and only q7 claimed again
+    assert poll.polled.count > polls
+    assert {q: d.claims - claims[q] for q, d in runtime.dispatchers.items() if q != "q7"} == {
+        q: 0 for q in queues if q != "q7"
+    }
+    assert runtime.dispatchers["q7"].claims > claims["q7"]
+
+
+def caplog_has_poll_failure(caplog) -> bool:
+    return any(
+        r.name == "awa_fast.idle_poll"
+        and "idle poll of 3 queue(s) failed: UndefinedTable" in r.message
+        for r in caplog.records
+    )
+
+
+async def test_a_failed_idle_poll_wakes_every_parked_queue_and_the_poll_recovers(
+    dsn, client, caplog
+):
+    @client.task(Work)
+    async def work(job):
+        return None
+
+    queues = ["a", "b", "c"]
+    await client.start([(q, 1) for q in queues], **FAST)
+    runtime = client.runtime
+    poll = runtime.idle_poll
+    await until(lambda: sorted(poll.parked) == queues, poll.polled, what="all parked")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        # a real failure of the poll's statement (and of every claim) while the table is gone
+        await conn.execute("ALTER TABLE awa_fast.queue_meta RENAME TO queue_meta_away")
+        try:
+            # the failed poll hands every parked queue back to its own claim
+            await until(
+                lambda: sorted(poll.polled.last or []) == queues, poll.polled, what="a failed poll"
+            )
+            assert caplog_has_poll_failure(caplog)
+        finally:
+            await conn.execute("ALTER TABLE awa_fast.queue_meta_away RENAME TO queue_meta")
+    await until(lambda: sorted(poll.parked) == queues, poll.polled, what="parked again")
+    job_id = await _insert_silently(dsn, "b")
+    await wait_state(client, job_id, "completed")
 
 
 async def test_prune_deletes_terminal_jobs_past_retention(dsn, client):

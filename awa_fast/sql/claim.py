@@ -67,3 +67,13 @@ FROM c WHERE j.id = c.id
 RETURNING j.id, j.kind, j.queue, j.args, j.priority, j.attempt, j.max_attempts, j.run_at,
           j.deadline_at, j.created_at, j.errors::text, j.metadata::text, j.tags, j.run_lease,
           j.progress"""
+
+# The idle poll (worker/idle_poll.py): which of the given queues hold an available job of one
+# of the process's kinds and are not paused. One statement for every idle queue of a process,
+# each probe one descent of idx_awa_fast_jobs_claim; a queue it names gets a real CLAIM.
+QUEUES_WITH_AVAILABLE = f"""
+SELECT q.queue FROM unnest(%(queues)s::text[]) AS q(queue)
+WHERE EXISTS (SELECT 1 FROM {S}.jobs j
+              WHERE j.state = 'available' AND j.queue = q.queue
+                AND j.kind = ANY(%(kinds)s::text[]))
+  AND NOT EXISTS (SELECT 1 FROM {S}.queue_meta m WHERE m.queue = q.queue AND m.paused)"""

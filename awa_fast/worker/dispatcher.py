@@ -1,7 +1,9 @@
 """Decides when and how many jobs to claim for one queue; never runs handlers.
 
 It claims when it has free slots and either was woken (a NOTIFY for its queue, a freed slot
-after a full claim) or its poll interval passed. One statement claims up to the free slot count
+after a full claim, the idle poll) or its poll interval passed. After a claim that found
+nothing it parks on the runtime's idle poll (``worker/idle_poll.py``), which checks every idle
+queue of the process in one statement per interval, instead of claiming on its own. One statement claims up to the free slot count
 (at most ``claim_batch_size``) with ``FOR UPDATE SKIP LOCKED``, bumping ``run_lease``. It claims
 only the kinds this process has handlers for: a job of another kind is never taken (and so never
 failed) here; it waits for a worker that has its handler.
@@ -18,6 +20,7 @@ import psycopg
 
 from awa_fast import bulk, metrics, sql
 from awa_fast.worker.cancellation import raise_if_cancelling
+from awa_fast.worker.idle_poll import IdlePoll
 from awa_fast.worker.observe import Signal
 from awa_fast.worker.rate_limit import TokenBucket
 from awa_fast.worker.weighted import OverflowPool
@@ -40,6 +43,8 @@ class Dispatcher:
         overflow: weighted mode (``worker/weighted.py``): the pool shared with the other
             queues; ``max_workers`` is then the queue's guaranteed ``min_workers``.
         cap: weighted mode: most attempts of this queue at once (its ``max_workers``), or None.
+        idle_poll: the runtime's shared poll to park on after a claim that found nothing, or
+            None to claim every ``poll_interval_s`` while idle.
     """
 
     def __init__(
@@ -56,6 +61,7 @@ class Dispatcher:
         rate_limit: tuple[float, int] | None = None,
         overflow: OverflowPool | None = None,
         cap: int | None = None,
+        idle_poll: IdlePoll | None = None,
     ):
         self.queue = queue
         self.max_workers = max_workers
@@ -78,6 +84,8 @@ class Dispatcher:
         self.claim_ran = Signal("claim")
         self.overflow, self.cap = overflow, cap
         self.overflow_held = 0  # running attempts on overflow permits
+        self.idle_poll = idle_poll
+        self._parked = False  # parked on idle_poll: no timed claim until woken
         if overflow is not None:
             overflow.register(queue, self._wake.set)
 
@@ -104,9 +112,14 @@ class Dispatcher:
     async def run(self) -> None:
         while not self._stopping:
             try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+                await asyncio.wait_for(
+                    self._wake.wait(), None if self._parked else self.poll_interval_s
+                )
             except TimeoutError:
                 pass
+            if self._parked and self.idle_poll is not None:
+                self._parked = False
+                self.idle_poll.unpark(self.queue)
             raise_if_cancelling()
             if self._stopping:
                 return
@@ -154,6 +167,9 @@ class Dispatcher:
                 self._give_back(granted - (len(rows) - on_local))
                 if not rows:
                     self.overflow.try_acquire(self.queue, 0)  # nothing waiting: no demand
+            if not rows and self.idle_poll is not None:
+                self._parked = True
+                self.idle_poll.park(self.queue, self.notify)
             if self.bucket is not None:
                 self.bucket.take(len(rows))
             self.claimed += len(rows)

@@ -31,6 +31,7 @@ from awa_fast.worker.context import JobContext
 from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.heartbeat import Heartbeat
+from awa_fast.worker.idle_poll import IdlePoll
 from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.maintenance import (
     MAX_BACKOFF_S,
@@ -747,6 +748,7 @@ class Runtime:
         self._attempt_ended = asyncio.Event()
         self._handler_tasks: dict[tuple[int, int], asyncio.Task] = {}
         self.dispatchers: dict[str, Dispatcher] = {}
+        self.idle_poll: IdlePoll | None = None
         self._tasks: list[asyncio.Task] = []
         self._listen_conn: psycopg.AsyncConnection | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -785,6 +787,7 @@ class Runtime:
             specs=self.services.specs,
             settler=self.services.settler,
         )
+        self.idle_poll = IdlePoll(pool_getter, self.poll_interval_s, self.kinds)
         for q in self.queues:
             weighted = self.overflow is not None
             self.dispatchers[q.name] = Dispatcher(
@@ -799,6 +802,7 @@ class Runtime:
                 kinds=self.kinds,
                 overflow=self.overflow,
                 cap=q.cap,
+                idle_poll=self.idle_poll,
             )
             self.dispatchers[q.name].claim_ran.subscribe(self._claimed)
         self.heartbeat = Heartbeat(
@@ -818,6 +822,7 @@ class Runtime:
             asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
             for d in self.dispatchers.values()
         ]
+        self._tasks.append(asyncio.create_task(self.idle_poll.run(), name="awa-idle-poll"))
         self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="awa-heartbeat"))
         self._tasks.append(asyncio.create_task(self.heartbeat.run_progress(), name="awa-progress"))
         self._tasks.append(asyncio.create_task(self._sweep_deadlines(), name="awa-deadlines"))
