@@ -125,9 +125,13 @@ async def test_terminal_failure_and_exhaustion_route_to_dlq_only_where_enabled(d
         assert await job_row(dsn, job_id) is None
         with pytest.raises(awa.JobNotFound):
             await client.get_job(job_id)
-    d = client.runtime.dispatchers["dq"]
-    claims = d.claims
-    await until(lambda: d.claims >= claims + 3, d.claim_ran, what="more claims of dq")
+    poll = client.runtime.idle_poll
+    polls = poll.polled.count
+    await until(
+        lambda: poll.polled.count >= polls + 3 and "dq" in poll.parked,
+        poll.polled,
+        what="three more idle polls with dq parked",
+    )
     assert calls[terminal.id] == 1 and calls[exhausted.id] == 1
     assert await client.dlq_depth(queue="dq") == 2
     assert await client.dlq_depth_by_queue() == {"dq": 2}

@@ -18,7 +18,7 @@ import awa_fast as awa
 from awa_fast import sql
 from awa_fast.errors import UniqueConflict
 from awa_fast.schema import MIGRATE_LOCK_KEY, migrate_sync, migrations
-from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig, PassIncomplete
 from tests.support import poll_until, truncate, wait_lock_waiter, wait_state
 
 FINISHED = ("completed", "failed", "cancelled")
@@ -1217,3 +1217,47 @@ def test_the_fold_skips_counter_rows_a_writer_holds(dsn):
         leader.execute(sql.FOLD_COUNTS, {"slots": slots})
     assert one(dsn, total) == 3
     assert one(dsn, "SELECT count(*) FROM awa_fast.done_counts WHERE queue IN ('sk1', 'sk2')") == 2
+
+
+# -- a prune pass's steps are independent, and never wait long on a lock -----------------------
+
+
+async def test_a_failing_prune_step_is_reported_and_the_slices_still_expire(client, dsn):
+    job = await client.insert(Item(0))
+    finish(dsn, [job.id], age="5 hours")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE FUNCTION public.refuse_delete() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused by test'; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE DELETE ON awa_fast.workers "
+            "FOR EACH STATEMENT EXECUTE FUNCTION public.refuse_delete()"
+        )
+    try:
+        m = maintenance(client, completed_retention_hours=1)
+        with pytest.raises(PassIncomplete, match=r"worker presence \(RaiseException\)"):
+            await m.prune()
+        # the failed first step did not keep the slice from expiring
+        assert one(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE id = %s", (job.id,)) == 0
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER refuse ON awa_fast.workers")
+            conn.execute("DROP FUNCTION public.refuse_delete()")
+
+
+async def test_a_prune_skips_a_dlq_row_another_session_holds(client, dsn):
+    held, free = [await client.insert(Item(n)) for n in (1, 2)]
+    finish(dsn, [held.id, free.id], state="failed")
+    for job in (held, free):
+        assert await client.move_failed_to_dlq(job.id)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE awa_fast.dlq SET dlq_at = now() - interval '40 days'")
+    async with await psycopg.AsyncConnection.connect(dsn) as locker:
+        await locker.execute("SELECT 1 FROM awa_fast.dlq WHERE id = %s FOR UPDATE", (held.id,))
+        # before, the DLQ step waited on the held row for as long as it was held
+        assert await asyncio.wait_for(maintenance(client).prune(), 10) == 1
+        await locker.rollback()
+    assert await client.get_dlq_job(free.id) is None
+    assert (await client.get_dlq_job(held.id)).job.id == held.id
+    assert await maintenance(client).prune() == 1  # released: the next pass takes it

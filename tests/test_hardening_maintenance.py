@@ -584,3 +584,59 @@ async def test_promotion_wakes_the_promoted_queues_after_its_commit(dsn, client)
         assert (await job_row(dsn, due.id))["state"] == "available"
     finally:
         await m._step_down()
+
+
+# ---------------------------------------------------------------------------------------------
+# heartbeat staleness is per process: a process started with a short one never judges another
+# process's live attempt, or its live leader, by it (migration 025; found by a breaker helper)
+
+
+async def test_a_short_staleness_elsewhere_never_rescues_a_live_attempt_or_displaces_a_leader(
+    dsn, client
+):
+    started = asyncio.Event()
+
+    @client.task(dict, kind="long", queue="long_q", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def long(job):
+        started.set()
+        await asyncio.Event().wait()
+
+    job = await client.insert({"n": 1}, kind="long", queue="long_q")
+    # this process: awa's default heartbeat (every 30 s), and the maintenance leader
+    await client.start([("long_q", 1)], poll_interval_ms=50)
+    own = client.runtime.maintenance
+    await until(lambda: own.is_leader, own.leadership, what="leadership")
+    await asyncio.wait_for(started.wait(), 15)
+    assert client.runtime.min_stale_ms == 60_000  # two heartbeat intervals
+    # its last beat 5 s ago: live for a process that beats every 30 s
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE awa_fast.jobs SET heartbeat_at = now() - interval '5 seconds' WHERE id = %s",
+            (job.id,),
+        )
+    other = Maintenance(
+        dsn,
+        client.pool,
+        MaintenanceConfig(heartbeat_staleness_ms=300, leader_election_interval_ms=100),
+    )
+    try:
+        assert await other.rescue() == []
+        row = await job_row(dsn, job.id)
+        assert (row["state"], row["run_lease"]) == ("running", 1)
+        lock_pid = own._lock_conn.info.backend_pid
+
+        async def lock_idle_past_300ms():
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                cur = await conn.execute(
+                    "SELECT state_change < now() - interval '400 milliseconds' "
+                    "FROM pg_stat_activity WHERE pid = %s",
+                    (lock_pid,),
+                )
+                return (await cur.fetchone())[0]
+
+        # polled: a leader's lock connection idle between its checks is time passing
+        await poll_until(lock_idle_past_300ms, what="the leader's lock connection idle")
+        assert not await other.acquire()
+        assert own.is_leader and not own._lock_conn.closed
+    finally:
+        await other._step_down()

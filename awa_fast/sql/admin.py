@@ -6,6 +6,7 @@ from awa_fast.sql.finished import DONE_COUNTS_BY_QUEUE
 from awa_fast.sql.fragments import (
     _ATTEMPT_STILL_RUNS,
     _SETTLED_FAILED,
+    _STALENESS,
     FAILED_SLICES,
     J_JOB_COLUMNS,
     JOB_COLUMNS,
@@ -165,9 +166,9 @@ LIMIT 1"""
 # _ATTEMPT_STILL_RUNS), which waits.
 _RETRYABLE_FAILED = (
     _SETTLED_FAILED
-    + """
+    + f"""
       AND NOT (j.heartbeat_at IS NOT NULL
-               AND j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond')"""
+               AND j.heartbeat_at > now() - {_STALENESS})"""
 )
 
 _RETRY_FAILED_SET = f"""

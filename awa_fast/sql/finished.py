@@ -8,7 +8,7 @@ failed and cancelled: ``RING_SLOTS .. 2 * RING_SLOTS - 1``) and one period of ``
 retention.
 """
 
-from awa_fast.sql.fragments import S
+from awa_fast.sql.fragments import _STALENESS, S
 
 RING_SLOTS = 32  # slices per class (awa_fast.done_slot)
 COUNTS_LOCK_CLASS = 1635213686  # advisory lock (class, slot) of a slot's counters (migration 024)
@@ -112,12 +112,13 @@ DO UPDATE SET n = c.n + EXCLUDED.n, newest = GREATEST(c.newest, EXCLUDED.newest)
 # (the worker died without clearing it): the mark is cleared, so they move to jobs_done
 # (state = state fires the move trigger). Through bulk.run_isolated: a row whose move fails (a
 # trigger, a key another job holds) is kept and logged, the others move, the pass goes on.
-_STALE_MARK = """s.state IN ('completed', 'failed', 'cancelled') AND s.heartbeat_at IS NOT NULL
-  AND s.heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'"""
+_STALE_MARK = f"""s.state IN ('completed', 'failed', 'cancelled') AND s.heartbeat_at IS NOT NULL
+  AND s.heartbeat_at < now() - {_STALENESS}"""
 
 SETTLE_STALE_MARKS = f"""
 UPDATE {S}.jobs SET heartbeat_at = NULL, state = state
-WHERE id IN (SELECT s.id FROM {S}.jobs s WHERE {_STALE_MARK} ORDER BY s.id LIMIT %(limit)s)
+WHERE id IN (SELECT s.id FROM {S}.jobs s WHERE {_STALE_MARK} ORDER BY s.id LIMIT %(limit)s
+             FOR UPDATE SKIP LOCKED)
 RETURNING id"""
 
 STALE_MARK_IDS = f"""

@@ -4,6 +4,12 @@ more than one concern tests, and the SET items that end an attempt (``ends_attem
 
 S = "awa_fast"
 
+# How long a heartbeat, "still running" mark or leader's lock connection stays fresh: the
+# caller's heartbeat_staleness_ms (%(stale_ms)s), or longer if a live worker process declared
+# that its heartbeats may be further apart (min_stale_ms, migration 025).
+_STALENESS = f"""GREATEST(%(stale_ms)s::bigint, (SELECT max(w.min_stale_ms) FROM {S}.workers w
+                                       WHERE w.expires_at > now())) * interval '1 millisecond'"""
+
 JOB_COLUMNS = (
     "id, kind, queue, args, state, priority, attempt, max_attempts, run_at, heartbeat_at, "
     "deadline_at, attempted_at, finalized_at, created_at, errors, metadata, tags, unique_key, "
@@ -149,8 +155,8 @@ def _rescue_set(mark: str) -> str:
 # clears it, a dead worker's mark goes stale); every other transition out of 'running' clears
 # heartbeat_at. Admin paths that would start a new attempt refuse such a row: the new attempt
 # would overlap the old one.
-_ATTEMPT_STILL_RUNS = """state <> 'running' AND heartbeat_at IS NOT NULL
-      AND heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond'"""
+_ATTEMPT_STILL_RUNS = f"""state <> 'running' AND heartbeat_at IS NOT NULL
+      AND heartbeat_at > now() - {_STALENESS}"""
 
 # Rows of these two carry the consequence columns after JOB_COLUMNS.
 CONSEQUENCE_COLUMNS = "consequence_reason, consequence_path, consequence_attempts"

@@ -2,7 +2,7 @@
 leader's fencing rule") and the displacement of a frozen leader and its frozen passes.
 """
 
-from awa_fast.sql.fragments import S
+from awa_fast.sql.fragments import _STALENESS, S
 
 # Arbitrary constant: the advisory-lock key of the maintenance leader.
 LEADER_LOCK_KEY = 0x6177615F6C6561  # "awa_lea"
@@ -19,7 +19,7 @@ _FROZEN_PASSES = f"""
     SELECT a.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
     WHERE l.relation = '{S}.leader'::regclass
       AND a.pid <> pg_backend_pid() AND a.state = 'idle in transaction'
-      AND a.state_change < now() - %(stale_ms)s * interval '1 millisecond'"""
+      AND a.state_change < now() - {_STALENESS}"""
 
 DISPLACE_FROZEN_LEADER = f"""
 WITH holder AS (
@@ -29,7 +29,7 @@ WITH holder AS (
       AND l.classid = (%(key)s::bigint >> 32)::oid
       AND l.objid = (%(key)s::bigint & 4294967295)::oid
       AND l.objsubid = 1 AND a.state = 'idle'
-      AND a.state_change < now() - %(stale_ms)s * interval '1 millisecond'),
+      AND a.state_change < now() - {_STALENESS}),
 open_passes AS ({_FROZEN_PASSES}
       AND EXISTS (SELECT FROM holder))
 SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000))
@@ -55,3 +55,7 @@ LEADER_EPOCH = f"SELECT epoch FROM {S}.leader"
 # The epoch bump's wait for the previous leader's passes, in milliseconds (SET LOCAL: this
 # transaction only).
 LOCK_TIMEOUT_LOCAL = "SET LOCAL lock_timeout = {ms:d}"
+
+# Every fenced leader pass: a row or table lock held by another session fails the statement
+# after 2 s (logged; the pass's other steps go on) instead of stalling the maintenance loop.
+PASS_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s'"

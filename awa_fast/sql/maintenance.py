@@ -4,14 +4,14 @@ and of unread callback expressions. Each bulk pass has a row-by-row twin with th
 (``ISOLATED``).
 """
 
-from awa_fast.sql.fragments import _OWES, S, _cancel_duplicate, _rescue_set, by_ids
+from awa_fast.sql.fragments import _OWES, _STALENESS, S, _cancel_duplicate, _rescue_set, by_ids
 
 # Promotion guard (bulk and row by row): due scheduled / retryable rows -- except one whose
 # previous attempt still runs (a deadline rescue of a live def-handler thread keeps the
 # "still running" mark, see _ATTEMPT_STILL_RUNS): it waits until the mark is cleared or stale.
-_DUE = """j.state IN ('scheduled', 'retryable') AND j.run_at <= now()
+_DUE = f"""j.state IN ('scheduled', 'retryable') AND j.run_at <= now()
       AND NOT (j.heartbeat_at IS NOT NULL
-               AND j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond')"""
+               AND j.heartbeat_at > now() - {_STALENESS})"""
 
 PROMOTE = f"""
 WITH d AS (
@@ -30,8 +30,8 @@ RETURNING j.id, j.queue"""
 
 # Rescue guards (bulk, candidates, row by row and the duplicate cancel share them): a running
 # attempt whose heartbeat is stale or whose deadline passed; a parked job whose callback timed out.
-_STALE = """j.state = 'running'
-      AND (j.heartbeat_at < now() - %(stale_ms)s * interval '1 millisecond'
+_STALE = f"""j.state = 'running'
+      AND (j.heartbeat_at < now() - {_STALENESS}
            OR (j.deadline_at IS NOT NULL AND j.deadline_at < now()))"""
 
 _CALLBACK_EXPIRED = "j.state = 'waiting_external' AND j.callback_timeout_at < now()"
@@ -45,7 +45,7 @@ SELECT j.id FROM {S}.jobs j WHERE {_CALLBACK_EXPIRED} ORDER BY j.id LIMIT %(limi
 # A rescued attempt whose heartbeat is still fresh (deadline passed or callback timed out while
 # the worker lives: a def handler's thread cannot be stopped) keeps heartbeat_at as its "still
 # running" mark: promotion and retries wait until the worker clears it or it goes stale.
-_KEEP_FRESH_MARK = """CASE WHEN j.heartbeat_at > now() - %(stale_ms)s * interval '1 millisecond'
+_KEEP_FRESH_MARK = f"""CASE WHEN j.heartbeat_at > now() - {_STALENESS}
                         THEN j.heartbeat_at END"""
 
 # Rescue's per-row fallback: only a row that is still the stale attempt being rescued (a live
@@ -99,7 +99,7 @@ _DLQ_PRUNABLE = "d.dlq_at < now() - %(dlq_s)s * interval '1 second'"
 
 PRUNE_DLQ = f"""
 DELETE FROM {S}.dlq WHERE id IN (
-    SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit)s)
+    SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING id"""
 
 PRUNE_DLQ_IDS = f"SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit)s"

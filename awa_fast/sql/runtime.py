@@ -32,11 +32,12 @@ SELECT min(applied_at), max(applied_at), max(version) FROM {S}.schema_version"""
 
 # Worker presence (awa_fast.workers): which queues and kinds each live process claims.
 WORKER_SEEN = f"""
-INSERT INTO {S}.workers (instance, queues, kinds, expires_at)
-VALUES (%(instance)s, %(queues)s, %(kinds)s, now() + %(ttl_ms)s * interval '1 millisecond')
+INSERT INTO {S}.workers (instance, queues, kinds, expires_at, min_stale_ms)
+VALUES (%(instance)s, %(queues)s, %(kinds)s, now() + %(ttl_ms)s * interval '1 millisecond',
+        %(min_stale_ms)s)
 ON CONFLICT (instance) DO UPDATE
 SET queues = EXCLUDED.queues, kinds = EXCLUDED.kinds, seen_at = now(),
-    expires_at = EXCLUDED.expires_at"""
+    expires_at = EXCLUDED.expires_at, min_stale_ms = EXCLUDED.min_stale_ms"""
 
 WORKER_GONE = f"DELETE FROM {S}.workers WHERE instance = %s"
 

@@ -47,6 +47,11 @@ class Deposed(Exception):
     """A leader pass found that another process took leadership (the epoch moved on)."""
 
 
+class PassIncomplete(Exception):
+    """Some steps of a maintenance pass failed (each logged); the other steps ran. Raised at
+    the end of the pass so the loop's health reports it."""
+
+
 @dataclasses.dataclass
 class LoopHealth:
     """One maintenance loop as ``health_check`` reports it.
@@ -88,6 +93,13 @@ class MaintenanceConfig:
     hot_vacuum_dead_rows: int = 5_000
     hot_vacuum_truncate_bytes: int = 64 * 1024 * 1024
     hot_vacuum_truncate_retry_ms: int = 60_000
+
+    @property
+    def leader_check_ms(self) -> float:
+        """Milliseconds between a leader's statements on its lock connection: at most a third
+        of the staleness, since another process displaces a holder idle longer than that
+        (sql.DISPLACE_FROZEN_LEADER)."""
+        return min(self.leader_election_interval_ms, self.heartbeat_staleness_ms / 3)
 
 
 def check_retention(config: MaintenanceConfig) -> None:
@@ -167,12 +179,7 @@ class Maintenance:
 
     async def run(self) -> None:
         """Elect forever (cancel to stop; the lock connection is closed on the way out)."""
-        # A leader's lock connection runs a statement at least every staleness / 3: another
-        # process displaces a holder idle longer than the staleness (sql.DISPLACE_FROZEN_LEADER).
-        interval = (
-            min(self.config.leader_election_interval_ms, self.config.heartbeat_staleness_ms / 3)
-            / 1000
-        )
+        interval = self.config.leader_check_ms / 1000
         try:
             while True:
                 try:
@@ -313,10 +320,12 @@ class Maintenance:
             self.leadership.fire(False)
 
     @contextlib.asynccontextmanager
-    async def fenced(self) -> AsyncIterator[psycopg.AsyncConnection]:
+    async def fenced(self, *, bounded: bool = False) -> AsyncIterator[psycopg.AsyncConnection]:
         """A pool connection inside a transaction that holds the leader row ``FOR SHARE`` at
         this process's epoch: the only way a leader pass writes. Nested ``conn.transaction()``
-        blocks are savepoints.
+        blocks are savepoints. With ``bounded`` (this class's own passes; not the extra tasks,
+        whose user code may wait on its own locks), a lock wait ends after
+        ``sql.PASS_LOCK_TIMEOUT`` (2 s) with ``psycopg.errors.LockNotAvailable``.
 
         Raises:
             Deposed: another process took leadership (nothing of this transaction commits).
@@ -328,6 +337,10 @@ class Maintenance:
                     cur = await conn.execute(sql.LEADER_FENCE, (self.epoch,))
                     if await cur.fetchone() is None:
                         raise Deposed(f"epoch {self.epoch} is over: another process leads")
+                if bounded:
+                    # A pass never waits long on a row or table another session holds: the
+                    # statement fails (logged; the pass goes on) instead of stalling the loop.
+                    await conn.execute(sql.PASS_LOCK_TIMEOUT)
                 yield conn
 
     def loop_health(self) -> dict[str, LoopHealth]:
@@ -385,7 +398,7 @@ class Maintenance:
             "limit": self.config.promote_batch_size,
             "stale_ms": self.config.heartbeat_staleness_ms,
         }
-        async with self.fenced() as conn:
+        async with self.fenced(bounded=True) as conn:
             done = await bulk.run_isolated(
                 conn,
                 what="promote",
@@ -442,7 +455,7 @@ class Maintenance:
             "known_kinds": self.known_kinds(),
             "only": None,
         }
-        async with self.fenced() as conn:
+        async with self.fenced(bounded=True) as conn:
             rows = []
             if running:
                 rows += await self._rescue_with(conn, sql.RESCUE, sql.RESCUE_CANDIDATES, params)
@@ -499,43 +512,89 @@ class Maintenance:
         Finished jobs go a whole slice at a time (:meth:`expire_slices`: one TRUNCATE, no
         per-row delete); DLQ entries older than ``dlq_retention_days`` row by row (a row whose
         delete fails alone, say a trigger refuses it, is kept and logged). A finished row the
-        hot table kept for a stale "still running" mark moves to the finished storage."""
+        hot table kept for a stale "still running" mark moves to the finished storage.
+
+        Each step (presence, callback expressions, batch operations, stale marks, the counter
+        fold, descriptors, the DLQ, the slices) runs in its own transaction; a step that fails
+        is logged and the others run.
+
+        Raises:
+            PassIncomplete: after every step ran, when some failed (named in the message).
+            Deposed: another process took leadership.
+        """
         c = self.config
         params = {
             "dlq_s": c.dlq_retention_days * 86400,
             "limit": c.cleanup_batch_size,
             "stale_ms": c.heartbeat_staleness_ms,
         }
-        pruned = 0
-        async with self.fenced() as conn:
-            await conn.execute(sql.WORKERS_PRUNE)
-            await conn.execute(sql.CALLBACK_EXPRESSIONS_PRUNE)
-            await conn.execute(sql.BATCH_RETENTION_PRUNE)
-            await bulk.run_isolated(
-                conn,
-                what="stale mark settle",
-                bulk=functools.partial(_fetch, conn, sql.SETTLE_STALE_MARKS, params),
-                keys=functools.partial(_fetch_ids, conn, sql.STALE_MARK_IDS, params),
-                one=functools.partial(_fetch_id, conn, sql.SETTLE_STALE_MARK_ONE, params),
-            )
+        failed: list[str] = []
+
+        async def step(what: str, run: Callable[[psycopg.AsyncConnection], Awaitable[int]]) -> int:
+            # Each step is its own fenced transaction: one that fails (a trigger, a lock wait
+            # past PASS_LOCK_TIMEOUT) is logged and the others go on, slice expiry included.
+            try:
+                async with self.fenced(bounded=True) as conn:
+                    return await run(conn)
+            except psycopg.Error as exc:
+                log.warning("prune step %s failed this pass: %s: %s", what, type(exc).__name__, exc)
+                failed.append(f"{what} ({type(exc).__name__})")
+                return 0
+
+        def execute(query: str, params: dict | None = None) -> Callable:
+            async def run(conn: psycopg.AsyncConnection) -> int:
+                await conn.execute(query, params)
+                return 0
+
+            return run
+
+        def isolated(what: str, bulk_q: str, ids_q: str, one_q: str) -> Callable:
+            async def run(conn: psycopg.AsyncConnection) -> int:
+                done = await bulk.run_isolated(
+                    conn,
+                    what=what,
+                    bulk=functools.partial(_fetch, conn, bulk_q, params),
+                    keys=functools.partial(_fetch_ids, conn, ids_q, params),
+                    one=functools.partial(_fetch_id, conn, one_q, params),
+                )
+                return len(done.rows)
+
+            return run
+
+        async def fold(conn: psycopg.AsyncConnection) -> int:
             cur = await conn.execute(sql.LOCK_FOLDABLE_SLOTS)
             slots = (await one_row(cur))[0]
             if slots:
                 await conn.execute(sql.FOLD_COUNTS, {"slots": slots})
-            if c.descriptor_retention_days > 0:
-                await conn.execute(
+            return 0
+
+        await step("worker presence", execute(sql.WORKERS_PRUNE))
+        await step("callback expressions", execute(sql.CALLBACK_EXPRESSIONS_PRUNE))
+        await step("batch operations", execute(sql.BATCH_RETENTION_PRUNE))
+        await step(
+            "stale mark settle",
+            isolated(
+                "stale mark settle",
+                sql.SETTLE_STALE_MARKS,
+                sql.STALE_MARK_IDS,
+                sql.SETTLE_STALE_MARK_ONE,
+            ),
+        )
+        await step("counter fold", fold)
+        if c.descriptor_retention_days > 0:
+            await step(
+                "descriptors",
+                execute(
                     sql.DESCRIPTORS_PRUNE, {"retention_s": c.descriptor_retention_days * 86400}
-                )
-            done = await bulk.run_isolated(
-                conn,
-                what="DLQ prune",
-                bulk=functools.partial(_fetch, conn, sql.PRUNE_DLQ, params),
-                keys=functools.partial(_fetch_ids, conn, sql.PRUNE_DLQ_IDS, params),
-                one=functools.partial(_fetch_id, conn, sql.PRUNE_DLQ_ONE, params),
+                ),
             )
-            pruned += len(done.rows)
+        pruned = await step(
+            "DLQ", isolated("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS, sql.PRUNE_DLQ_ONE)
+        )
         pruned += await self.expire_slices()
         self.counts["pruned"] += pruned
+        if failed:
+            raise PassIncomplete(f"prune steps failed: {', '.join(failed)}; the others ran")
         return pruned
 
     async def expire_slices(self) -> int:
@@ -561,7 +620,7 @@ class Maintenance:
         pruned = 0
         for slot in expired:
             try:
-                async with self.fenced() as conn:
+                async with self.fenced(bounded=True) as conn:
                     await conn.execute(sql.SLICE_LOCK_TIMEOUT)
                     await conn.execute(sql.lock_slice(slot))
                     cur = await conn.execute(sql.EXPIRED_SLICE, {**ages, "slot": slot})

@@ -1173,6 +1173,18 @@ class Runtime:
 
     # -- presence and unhandled kinds -----------------------------------------------------------
 
+    @property
+    def min_stale_ms(self) -> int:
+        """The shortest heartbeat staleness (ms) under which this process's live attempts, their
+        "still running" marks and, while it leads, its lock connection never look stale: two
+        heartbeat intervals (``HEARTBEAT_SAFETY``) and, if it runs maintenance, two leader
+        checks. Written with its presence row; every process's rescue and leader displacement
+        wait at least the longest such value of a live process (migration 025), so one started
+        with a short ``heartbeat_staleness_ms`` never rescues another's live attempt."""
+        beats = HEARTBEAT_SAFETY * self.heartbeat_interval_s * 1000
+        checks = 2 * self.maintenance_config.leader_check_ms if self.run_maintenance else 0
+        return math.ceil(max(beats, checks))
+
     async def _seen(self, conn: Any) -> None:
         ttl_ms = max(
             self.maintenance_config.heartbeat_staleness_ms, 3 * self.heartbeat_interval_s * 1000
@@ -1184,6 +1196,7 @@ class Runtime:
                 "kinds": self.kinds,
                 "queues": [q.name for q in self.queues],
                 "ttl_ms": ttl_ms,
+                "min_stale_ms": self.min_stale_ms,
             },
         )
         # the descriptors this process declares: stored at start, refreshed with presence

@@ -1,0 +1,13 @@
+-- 025: each worker process declares how far apart its heartbeats may be; no process judges
+-- another's attempts, or its leader, as stale sooner.
+--
+-- heartbeat_staleness_ms and heartbeat_interval_ms are per-process settings. The leader used
+-- its own staleness to decide that an attempt's heartbeat, or another leader's idle lock
+-- connection, was stale: a process started with a 4 s staleness next to one on the defaults
+-- (heartbeat every 30 s) rescued the other's live attempt and ran it a second time, and
+-- displaced it as a frozen leader (found by a breaker helper). Each process now writes, with
+-- its presence row, the shortest staleness under which it never looks stale (two heartbeat
+-- intervals, two leader checks); rescue, promotion's "still running" guard and leader
+-- displacement wait at least the longest such value of a live process (sql/fragments.py,
+-- _STALENESS). A process's own, longer staleness still applies.
+ALTER TABLE awa_fast.workers ADD COLUMN min_stale_ms bigint;
