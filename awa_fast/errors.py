@@ -148,15 +148,16 @@ class RuntimeVersionFloorNotMet(AwaError):
     """awa: a live runtime is older than the storage transition requires."""
 
 
-class ConfigError(AwaError, ValueError):
+class ConfigError(ValidationError):
     """A worker configuration that cannot work, rejected at ``start()`` before anything runs.
+    A :class:`ValidationError` (and so a ``ValueError``), as awa-pg raises for a bad setting.
 
     Attributes:
         field: the offending keyword or setting (``"heartbeat_interval_ms"``, ``"queues"``, ...).
         limit: the rule that was broken, as text, or ``None``.
     """
 
+    field: str
+
     def __init__(self, message: str, *, field: str, limit: str | None = None):
-        super().__init__(message)
-        self.field = field
-        self.limit = limit
+        super().__init__(message, field=field, limit=limit)

@@ -121,6 +121,30 @@ async def test_class5_unknown_kind_is_left_for_a_worker_that_has_it(dsn, client,
         ("long_kind", None, {}, "kind"),
         ("nothing", [("default", 1)], {}, "handlers"),
         ("emails", [("default", 1)], {}, "queues"),
+        # values each pass would send to PostgreSQL and fail on, every pass (breaker helper):
+        # lock_timeout and LIMITs are int4, intervals overflow past 100 years, and a loop run
+        # every microsecond is not an interval
+        (
+            "mine",
+            None,
+            {"leader_election_interval_ms": 3_000_000_000},
+            "leader_election_interval_ms",
+        ),
+        ("mine", None, {"cleanup_batch_size": 2**63}, "cleanup_batch_size"),
+        ("mine", None, {"descriptor_retention_days": 1e7}, "descriptor_retention_days"),
+        ("mine", None, {"descriptor_retention_days": -1}, "descriptor_retention_days"),
+        ("mine", None, {"promote_interval_ms": 0.001}, "promote_interval_ms"),
+        ("mine", None, {"cleanup_interval_ms": 0.5}, "cleanup_interval_ms"),
+        ("mine", None, {"poll_interval_ms": 2**31}, "poll_interval_ms"),
+        ("mine", None, {"cron_interval_ms": 0}, "cron_interval_ms"),
+        ("mine", None, {"finalizer_batch_size": 2**40}, "finalizer_batch_size"),
+        ("mine", [{"name": "mine", "max_workers": 2**40}], {}, "max_workers"),
+        (
+            "mine",
+            [{"name": "mine", "max_workers": 1, "claim_batch_size": 2**63}],
+            {},
+            "claim_batch_size",
+        ),
     ],
 )
 async def test_class5_start_rejects_config_that_cannot_work(
@@ -135,6 +159,7 @@ async def test_class5_start_rejects_config_that_cannot_work(
     with pytest.raises(ConfigError) as err:
         await client.start(queues, **{**FAST, **options})
     assert err.value.field == field, str(err.value)
+    assert isinstance(err.value, awa.ValidationError)  # as awa-pg raises for a bad setting
     assert client.runtime is None  # nothing started
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.workers") == 0
 

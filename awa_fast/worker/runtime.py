@@ -417,12 +417,17 @@ def check_config(
         )
 
 
+# The largest count or millisecond value a setting may give: PostgreSQL's int4, the type of
+# lock_timeout and of the LIMITs the passes run (beyond it every pass would fail).
+MAX_SETTING_INT = 2**31 - 1
+
+
 def _positive(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValidationError(
-            f"{what} must be a positive int, got {value!r}",
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_SETTING_INT:
+        raise ConfigError(
+            f"{what} must be a positive int at most {MAX_SETTING_INT}, got {value!r}",
             field=what.rsplit(" ", 1)[-1],
-            limit="> 0",
+            limit=f"> 0 and <= {MAX_SETTING_INT}",
         )
     return value
 
@@ -433,9 +438,11 @@ MAX_SETTING_S = 100 * 365 * 86_400
 _UNIT_S = {"_ms": 0.001, "_hours": 3600, "_days": 86_400}
 
 
-def _setting(value: Any, field: str, *, integer: bool = False) -> float:
+def _setting(value: Any, field: str, *, integer: bool = False, zero: bool = False) -> float:
     """A maintenance interval, retention or size given to ``start()``: a finite number > 0
-    (an int for ``integer``), a duration at most ``MAX_SETTING_S`` in the unit its name ends with.
+    (``>= 0`` with ``zero``; an int for ``integer``). In milliseconds (a name ending ``_ms``) at
+    least 1 and at most ``MAX_SETTING_INT`` (about 24.8 days: PostgreSQL's ``lock_timeout``);
+    a count at most ``MAX_SETTING_INT``; in hours or days at most ``MAX_SETTING_S``.
 
     Raises:
         ConfigError: naming ``field`` and the limit.
@@ -445,13 +452,27 @@ def _setting(value: Any, field: str, *, integer: bool = False) -> float:
         isinstance(value, bool)
         or not isinstance(value, kinds)
         or not math.isfinite(value)
-        or value <= 0
+        or value < 0
+        or (value == 0 and not zero)
     ):
+        what = "int" if integer else "finite number"
         raise ConfigError(
-            f"{field} must be a {'positive int' if integer else 'finite number > 0'}"
-            f", got {value!r}",
+            f"{field} must be a {what} {'>= 0' if zero else '> 0'}, got {value!r}",
             field=field,
-            limit="> 0",
+            limit=">= 0" if zero else "> 0",
+        )
+    if field.endswith("_ms") and not 1 <= value <= MAX_SETTING_INT:
+        raise ConfigError(
+            f"{field}={value!r} is out of range: at least 1 ms, at most {MAX_SETTING_INT} ms "
+            "(about 24.8 days, PostgreSQL's lock_timeout)",
+            field=field,
+            limit=f">= 1 and <= {MAX_SETTING_INT}",
+        )
+    if integer and value > MAX_SETTING_INT:
+        raise ConfigError(
+            f"{field}={value!r} is larger than {MAX_SETTING_INT} (PostgreSQL's int4)",
+            field=field,
+            limit=f"<= {MAX_SETTING_INT}",
         )
     unit = next((u for suffix, u in _UNIT_S.items() if field.endswith(suffix)), None)
     if unit is not None and value * unit > MAX_SETTING_S:
@@ -642,9 +663,9 @@ class Runtime:
                 global_max_workers - sum(q.min_workers for q in self.queues),
                 {q.name: q.weight for q in self.queues},
             )
-        self.poll_interval_s = _positive(poll_interval_ms, "poll_interval_ms") / 1000
+        self.poll_interval_s = _setting(poll_interval_ms, "poll_interval_ms", integer=True) / 1000
         if heartbeat_interval_ms is not None:
-            _positive(heartbeat_interval_ms, "heartbeat_interval_ms")
+            _setting(heartbeat_interval_ms, "heartbeat_interval_ms", integer=True)
         self.heartbeat_interval_s = (heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS) / 1000
         mconf = MaintenanceConfig()
         for key, value in {
@@ -664,18 +685,9 @@ class Runtime:
             if value is not None:
                 setattr(mconf, key, _setting(value, key, integer=key == "cleanup_batch_size"))
         if descriptor_retention_days is not None:  # awa: 0 keeps descriptors forever
-            if (
-                isinstance(descriptor_retention_days, bool)
-                or not isinstance(descriptor_retention_days, (int, float))
-                or not 0 <= descriptor_retention_days < float("inf")
-            ):
-                raise ValidationError(
-                    "descriptor_retention_days must be a number >= 0 (days), "
-                    f"got {descriptor_retention_days!r}",
-                    field="descriptor_retention_days",
-                    limit=">= 0",
-                )
-            mconf.descriptor_retention_days = descriptor_retention_days
+            mconf.descriptor_retention_days = _setting(
+                descriptor_retention_days, "descriptor_retention_days", zero=True
+            )
         check_retention(mconf)
         self.maintenance_config = mconf
         names = {q.name for q in self.queues}
@@ -714,20 +726,28 @@ class Runtime:
             )
         self.staged_completions = staged_completions
         self.callback_poll_interval_s = (
-            _positive(callback_poll_interval_ms, "callback_poll_interval_ms") / 1000
+            _setting(callback_poll_interval_ms, "callback_poll_interval_ms", integer=True) / 1000
         )
         self.run_maintenance = _flag(maintenance, "maintenance")
         # Periodic jobs: how often the maintenance leader evaluates awa_fast.cron_jobs.
         self.cron_interval_s = (
-            _positive(1000 if cron_interval_ms is None else cron_interval_ms, "cron_interval_ms")
+            _setting(
+                1000 if cron_interval_ms is None else cron_interval_ms,
+                "cron_interval_ms",
+                integer=True,
+            )
             / 1000
         )
-        self.finalizer_batch_size = _positive(finalizer_batch_size, "finalizer_batch_size")
+        self.finalizer_batch_size = int(
+            _setting(finalizer_batch_size, "finalizer_batch_size", integer=True)
+        )
         if sync_handler_threads is not None:
-            _positive(sync_handler_threads, "sync_handler_threads")
+            _setting(sync_handler_threads, "sync_handler_threads", integer=True)
         self.metrics_port = _metrics_port(metrics_port)
         self.metrics_host = metrics.check_host(metrics_host)
-        self.metrics_refresh_s = _positive(metrics_refresh_ms, "metrics_refresh_ms") / 1000
+        self.metrics_refresh_s = (
+            _setting(metrics_refresh_ms, "metrics_refresh_ms", integer=True) / 1000
+        )
         self.metrics_exporter: metrics.Exporter | None = None
         # A slot runs a handler, async or def: a def handler needs a thread for the slot's
         # max_workers to be honoured, and Python's default (cores + 4, at most 32) let a claimed
