@@ -13,6 +13,7 @@ application moves over with ``import awa_fast as awa``.
 from __future__ import annotations
 
 import asyncio
+import math
 import warnings
 from collections.abc import Callable
 from datetime import datetime
@@ -109,6 +110,7 @@ class AsyncClient:
         self.consequences = ConsequenceApplier(self.registry)
         self.settler = Settler(self.consequences, self.specs)
         self._runtime: Runtime | None = None
+        self._starting: asyncio.Event | None = None  # set when a start() in progress ends
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
         self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
         self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
@@ -1008,16 +1010,23 @@ class AsyncClient:
 
         Raises:
             ValueError: an invalid queue configuration or option.
-            RuntimeError: already started.
+            RuntimeError: already started, or a start() is in progress.
         """
-        if self._runtime is not None:
+        if self._runtime is not None or self._starting is not None:
             raise RuntimeError("runtime already started")
         runtime, consequences = self._runtime_for(queues, options)
         # The client's own settings, set here: the runtime reads them, never changes them.
         self.consequences.config = consequences
         self.specs.frozen = True
-        await runtime.start()
-        self._runtime = runtime
+        # Marked before the first await: a second start() meanwhile is refused, and a
+        # shutdown() meanwhile waits for this one to end, then stops what it started.
+        self._starting = asyncio.Event()
+        try:
+            await runtime.start()
+            self._runtime = runtime
+        finally:
+            starting, self._starting = self._starting, None
+            starting.set()
 
     def _runtime_for(self, queues: Any, options: dict) -> tuple[Runtime, ConsequenceConfig]:
         """The runtime ``start(queues, **options)`` would run, over this client's services,
@@ -1054,7 +1063,25 @@ class AsyncClient:
         """Stop claiming, let in-flight handlers finish for up to ``timeout_ms`` milliseconds,
         release the rest back to ``available`` (nothing is lost; a ``def`` handler's attempt
         only once its thread has finished), flush the finalizer. Close the pool after this
-        (:meth:`close` does both). Order: docs/architecture.md, "Shutdown"."""
+        (:meth:`close` does both). Order: docs/architecture.md, "Shutdown". A shutdown during
+        a :meth:`start` waits for it to end, then stops what it started.
+
+        Raises:
+            ValidationError: ``timeout_ms`` is not a number (int or float; NaN is not), before
+                anything is stopped. A negative one drains nothing (as 0).
+        """
+        if (
+            isinstance(timeout_ms, bool)
+            or not isinstance(timeout_ms, (int, float))
+            or math.isnan(timeout_ms)
+        ):
+            raise ValidationError(
+                f"shutdown timeout_ms must be a number of milliseconds, got {timeout_ms!r}",
+                field="timeout_ms",
+                limit="an int or float (>= 0; negative drains nothing)",
+            )
+        if self._starting is not None:
+            await self._starting.wait()
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
             await runtime.shutdown(timeout_ms)

@@ -148,14 +148,61 @@ async def test_class2_def_handler_raising_system_exit(client):
     assert row["errors"][-1]["error"].startswith("SystemExit: thread exit")
 
 
+async def test_class2_def_handler_raising_what_asyncio_cannot_carry_fails_at_once(client):
+    # StopIteration and GeneratorExit set on the thread's future never reached the awaiting
+    # task: the attempt stayed running until its deadline, or until rescue (breaker helper)
+    def work(job):
+        if job.args.mode == "stop":
+            raise StopIteration("from a def handler")
+        raise GeneratorExit("from a def handler")
+
+    rows = await _run(client, work, "stop", "genexit")
+    assert [r["state"] for r in rows] == ["retryable", "retryable"]
+    assert rows[0]["errors"][-1]["error"].startswith("StopIteration: from a def handler")
+    assert rows[1]["errors"][-1]["error"].startswith("GeneratorExit: from a def handler")
+
+
+class LyingException(Exception):
+    @property
+    def __class__(self):
+        raise RuntimeError("isinstance cannot look at me")
+
+
+class InterruptingException(Exception):
+    @property
+    def __class__(self):
+        raise KeyboardInterrupt("isinstance interrupted")
+
+
+@pytest.mark.parametrize("sync", [False, True])
+async def test_class2_an_exception_whose_class_lookup_raises_fails_terminally(client, sync):
+    def raise_for(mode):
+        raise LyingException("x") if mode == "lying" else InterruptingException("y")
+
+    async def async_work(job):
+        raise_for(job.args.mode)
+
+    def def_work(job):
+        raise_for(job.args.mode)
+
+    rows = await _run(client, def_work if sync else async_work, "lying", "interrupting")
+    assert [r["state"] for r in rows] == ["failed", "failed"]
+    assert rows[0]["errors"][-1]["error"].startswith("LyingException: x")
+    assert rows[1]["errors"][-1]["error"].startswith("InterruptingException: y")
+    # the loop survived both
+    later = await client.insert(Job("plain"))
+    assert (await wait_state(client, later.id, "failed"))["attempt"] == 1
+
+
 class LyingClass:
     @property
     def __class__(self):
         raise RuntimeError("isinstance cannot look at me")
 
 
-async def test_class2_unexpected_return_values(client):
-    async def work(job):
+@pytest.mark.parametrize("sync", [False, True])
+async def test_class2_unexpected_return_values(client, sync):
+    def result(job):
         if job.args.mode == "object":
             return object()
         if job.args.mode == "liar":
@@ -165,7 +212,11 @@ async def test_class2_unexpected_return_values(client):
             r.seconds = math.nan  # replaced after validation
             return r
 
-    rows = await _run(client, work, "object", "liar", "nan-retry")
+    async def work(job):
+        return result(job)
+
+    # a def handler's result is mapped the same way (its isawaitable check read __class__)
+    rows = await _run(client, result if sync else work, "object", "liar", "nan-retry")
     assert rows[0]["state"] == "completed"  # any value completes (awa's mapping)
     for row in rows[1:]:  # a result that cannot even be inspected fails, with the reason
         assert row["state"] == "failed"

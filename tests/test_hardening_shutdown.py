@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import os
 import signal
 import subprocess
@@ -636,3 +637,51 @@ async def test_class4_async_handler_abandoned_at_its_deadline_leaves_no_mark(dsn
     assert await m.promote() == 1
     await asyncio.wait_for(client.runtime.wait_attempts_ended(2), 30)
     assert (await job_row(dsn, job.id))["state"] == "completed" and started == [1, 2]
+
+
+async def test_concurrent_starts_run_one_runtime_and_shutdown_stops_it(dsn):
+    # Both start() calls used to succeed: one runtime kept claiming after shutdown()
+    client = awa.AsyncClient(dsn)
+    try:
+        client.task(Job)(lambda job: None)
+        results = await asyncio.gather(
+            client.start([("default", 1)], **FAST),
+            client.start([("default", 1)], **FAST),
+            return_exceptions=True,
+        )
+        assert sorted(type(r).__name__ for r in results) == ["NoneType", "RuntimeError"]
+        runtime = client.runtime
+        await client.shutdown()
+        assert all(t.done() for t in runtime._tasks)
+    finally:
+        await client.close()
+
+
+async def test_a_shutdown_during_start_stops_what_the_start_started(dsn):
+    client = awa.AsyncClient(dsn)
+    try:
+        client.task(Job)(lambda job: None)
+        starting = asyncio.ensure_future(client.start([("default", 1)], **FAST))
+        await asyncio.sleep(0)  # start() is inside its first await
+        await client.shutdown()
+        await starting
+        assert client.runtime is None
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("bad", [None, "abc", math.nan, True])
+async def test_a_bad_shutdown_timeout_is_rejected_before_anything_stops(dsn, bad):
+    client = awa.AsyncClient(dsn)
+    try:
+        client.task(Job)(lambda job: None)
+        await client.start([("default", 1)], **FAST)
+        with pytest.raises(awa.ValidationError) as err:
+            await client.shutdown(bad)
+        assert err.value.field == "timeout_ms"
+        assert client.runtime is not None  # still running, still stoppable
+        runtime = client.runtime
+        await client.shutdown()
+        assert all(t.done() for t in runtime._tasks)
+    finally:
+        await client.close()

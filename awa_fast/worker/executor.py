@@ -119,8 +119,13 @@ def failed(ctx: JobContext, text: str, *, terminal: bool) -> Outcome:
 
 
 def handler_error(ctx: JobContext, exc: BaseException) -> Outcome:
-    """The outcome of a handler that raised ``exc`` (discarding its staged follow-ups)."""
-    if isinstance(exc, TerminalError):
+    """The outcome of a handler that raised ``exc`` (discarding its staged follow-ups). Never
+    raises: an exception whose ``__class__`` lookup raises fails the attempt terminally."""
+    try:
+        terminal = isinstance(exc, TerminalError)  # reads exc.__class__, which may raise
+    except BaseException:
+        terminal = True
+    if terminal:
         outcome = Outcome(
             FAIL, reason="terminal_error", error=error_entry(format_error(exc), ctx.attempt, True)
         )
@@ -244,6 +249,8 @@ async def _outcome(handler: Handler, ctx: JobContext, thread_pool: Any, traced: 
         result = await _call(handler, ctx, thread_pool, traced)
     except asyncio.CancelledError:
         raise
+    except _HandlerRaised as raised:
+        return handler_error(ctx, raised.exc)
     except BaseException as exc:
         log.debug("job %s (%s) attempt %s raised", ctx.id, ctx.kind, ctx.attempt, exc_info=True)
         return handler_error(ctx, exc)
@@ -259,16 +266,48 @@ async def _call(handler: Handler, ctx: JobContext, thread_pool: Any, traced: boo
         if traced
         else functools.partial(handler.fn, ctx)
     )
+    boxed = functools.partial(_boxed, call)
     if thread_pool is None:
-        result = await asyncio.get_running_loop().run_in_executor(None, call)
+        result = await asyncio.get_running_loop().run_in_executor(None, boxed)
     else:
         # The thread's own future is kept on the attempt: the runtime must know whether the
         # thread still runs before it gives the attempt back (see Runtime._run).
-        ctx.thread = thread_pool.submit(call)
+        ctx.thread = thread_pool.submit(boxed)
         result = await asyncio.wrap_future(ctx.thread)
-    if inspect.isawaitable(result):  # a plain callable that returns a coroutine (lambda, wrapper)
+    if type(result) is _Raised:  # type(): isinstance reads __class__, which may raise
+        raise _HandlerRaised(result.exc)
+    try:
+        awaitable = inspect.isawaitable(result)  # reads __class__, which may raise
+    except BaseException:
+        awaitable = False  # map_result fails such a result terminally, as for an async handler
+    if awaitable:  # a plain callable that returns a coroutine (lambda, wrapper)
         result = await result
     return result
+
+
+class _Raised:
+    """What a ``def`` handler raised, carried out of its thread as a value: a ``StopIteration``
+    or ``GeneratorExit`` set on the thread's future never reaches the awaiting task (asyncio
+    cannot raise them into a future), which left the attempt unfinalized."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class _HandlerRaised(Exception):
+    """Carries a ``def`` handler's exception from :func:`_call` to :func:`_outcome`."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _boxed(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except BaseException as exc:  # every exception of the handler, re-raised on the loop side
+        return _Raised(exc)
 
 
 def _discarding(ctx: JobContext, outcome: Outcome) -> Outcome:
