@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from datetime import datetime
 from typing import Any
 
@@ -135,7 +136,10 @@ def to_json(value: Any, field: str) -> bytes:
 
     Raises:
         SerializationError: ``value`` does not serialize (non-str keys, ints beyond 64 bits, ...).
-        ValidationError: the JSON would contain a NUL character.
+        ValidationError: the JSON would contain a NUL character, or ``value`` holds a NaN or
+            infinite float (JSON has none; orjson writes ``null``, which would reach the
+            handler as ``None`` and share a unique key with it), naming its path
+            (``args.value``, ``metadata.m[2]``).
     """
     try:
         data = orjson.dumps(value, option=_SORT)
@@ -144,7 +148,31 @@ def to_json(value: Any, field: str) -> bytes:
             f"{field} is not JSON-serializable: {exc}", field=field, limit="JSON"
         ) from exc
     _native.check_json_nul(data, field)
+    if b"null" in data:  # orjson's NaN and infinities: only then is the value walked
+        _check_finite(value, field)
     return data
+
+
+def _check_finite(value: Any, path: str) -> None:
+    kind = type(value)
+    if kind is float:
+        if not math.isfinite(value):
+            raise ValidationError(
+                f"{path} is {value!r}: JSON has no NaN or infinity (it would be stored as null)",
+                field=path,
+                limit="a finite number",
+            )
+    elif kind is dict or isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{path}.{key}")
+    elif kind is list or kind is tuple or isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{path}[{i}]")
+    elif isinstance(value, float):
+        _check_finite(float(value), path)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            _check_finite(getattr(value, f.name), f"{path}.{f.name}")
 
 
 def _ordering_key(value: bytes | str | None) -> bytes | None:

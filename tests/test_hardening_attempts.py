@@ -237,6 +237,7 @@ async def test_class2_progress_and_metadata_are_validated_at_the_call(client):
             "nul-key": lambda: job.update_metadata({"k\x00": 1}),
             "object": lambda: job.update_metadata({"o": object()}),
             "huge": lambda: job.update_metadata({"big": "x" * 100_000}),
+            "nan": lambda: job.update_metadata({"x": [math.nan]}),
         }
         for name, call in bad.items():
             try:
@@ -254,7 +255,9 @@ async def test_class2_progress_and_metadata_are_validated_at_the_call(client):
         "nul-key",
         "object",
         "huge",
+        "nan",
     }
+    assert seen["nan"] == ("metadata.x[0]", "a finite number")
     assert seen["nul-message"][0] == "progress.message"
     assert seen["surrogate-message"] == ("progress.message", "JSON")
     assert seen["nul-metadata"][0] == seen["nul-key"][0] == "metadata"

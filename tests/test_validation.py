@@ -166,6 +166,39 @@ async def test_nul_in_dataclass_args_rejected(client, dsn):
     assert count(dsn) == 0
 
 
+# -- NaN and infinities ------------------------------------------------------------------------
+# orjson writes them as null: the handler got None and the unique key matched a real None
+
+
+@dataclasses.dataclass
+class Measure:
+    value: float
+
+
+NON_FINITE_CASES = [
+    ("dataclass_nan", {"args": Measure(float("nan"))}, "args.value"),
+    ("dict_inf", {"args": {"a": [1, {"b": float("inf")}]}}, "args.a[1].b"),
+    ("metadata_minus_inf", {"metadata": {"m": -float("inf")}}, "metadata.m"),
+    ("args_with_null_and_nan", {"args": {"x": None, "y": float("nan")}}, "args.y"),
+]
+
+
+@pytest.mark.parametrize(
+    "case, opts, field", NON_FINITE_CASES, ids=[c[0] for c in NON_FINITE_CASES]
+)
+async def test_nan_and_infinity_rejected(client, dsn, case, opts, field):
+    opts = dict(opts)
+    args = opts.pop("args", {"ok": 1})
+    opts.setdefault("kind", "measure")
+    with pytest.raises(ValidationError) as ei:
+        await client.insert(args, **opts)
+    assert ei.value.field == field
+    assert "NaN or infinity" in str(ei.value)
+    assert count(dsn) == 0
+    # a real null is not one
+    await client.insert({"x": None, "y": 1.5}, kind="measure")
+
+
 # -- serializability --------------------------------------------------------------------------
 
 UNSERIALIZABLE = [
