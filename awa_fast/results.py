@@ -6,13 +6,20 @@ Returning ``None`` or any other value completes the job.
 from __future__ import annotations
 
 import math
+import numbers
 
 # Longest RetryAfter / Snooze: 10 years, so run_at always stays a representable timestamp.
 MAX_DELAY_S = 10 * 365 * 86400.0
 
 
 def _delay(seconds: float, what: str) -> float:
-    value = float(seconds)
+    # a number only: float("5") would accept a string, float(10**400) raises OverflowError
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise ValueError(f"{what} seconds must be a number, got {seconds!r}")
+    try:
+        value = float(seconds)
+    except OverflowError:
+        value = math.inf
     if not math.isfinite(value) or value < 0 or value > MAX_DELAY_S:
         raise ValueError(
             f"{what} seconds must be a finite number between 0 and {MAX_DELAY_S:.0f}"

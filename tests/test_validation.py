@@ -466,3 +466,16 @@ def test_validation_error_is_awa_error_and_value_error():
     assert issubclass(ValidationError, awa_fast.AwaError)
     assert issubclass(ValidationError, ValueError)
     assert issubclass(awa_fast.SerializationError, ValidationError)
+
+
+# -- handler results: RetryAfter and Snooze take a delay in seconds ---------------------------
+
+
+@pytest.mark.parametrize("cls", [awa_fast.RetryAfter, awa_fast.Snooze])
+@pytest.mark.parametrize(
+    "bad", [-1, float("nan"), float("inf"), 10**400, 315_360_001, "5", True, None]
+)
+def test_retry_after_and_snooze_reject_what_is_not_a_delay(cls, bad):
+    # 10**400 raised OverflowError and "5" was accepted (float() of it)
+    with pytest.raises(ValueError, match="seconds must be"):
+        cls(bad)

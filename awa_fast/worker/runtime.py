@@ -147,6 +147,12 @@ def parse_queues(
                 field="queues",
             )
         if isinstance(item, tuple):
+            if len(item) != 2:
+                raise ConfigError(
+                    f"a tuple queue config is (name, max_workers), got {item!r}",
+                    field="queues",
+                    limit="(name, max_workers)",
+                )
             name, max_workers = item
             out.append(QueueConfig(name, _positive(max_workers, f"{name}: max_workers")))
             continue
