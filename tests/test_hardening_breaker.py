@@ -104,7 +104,7 @@ async def test_class2_outcome_into_a_key_a_cancelled_job_holds_settles(dsn, clie
         ({"dlq_retention_days": -1}, "dlq_retention_days"),
         ({"heartbeat_staleness_ms": float("nan")}, "heartbeat_staleness_ms"),
         (
-            {"heartbeat_interval_ms": 10**15, "heartbeat_staleness_ms": 10**16},
+            {"heartbeat_interval_ms": 1_000, "heartbeat_staleness_ms": 10**16},
             "heartbeat_staleness_ms",
         ),
         ({"promote_interval_ms": "100"}, "promote_interval_ms"),

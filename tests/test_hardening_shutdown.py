@@ -685,3 +685,40 @@ async def test_a_bad_shutdown_timeout_is_rejected_before_anything_stops(dsn, bad
         assert all(t.done() for t in runtime._tasks)
     finally:
         await client.close()
+
+
+async def test_a_handler_that_ignores_its_cancellation_cannot_hold_shutdown(
+    dsn, monkeypatch, caplog
+):
+    # shutdown waited for it without bound after the drain (breaker helper): forever
+    from awa_fast.worker import runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "SHUTDOWN_GRACE_S", 0.5)
+    started, release = asyncio.Event(), asyncio.Event()
+    ended = []
+
+    async def stubborn(job):
+        started.set()
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                pass  # swallowed, as a retry loop with a bare except does
+        ended.append(job.id)
+
+    client = awa.AsyncClient(dsn)
+    try:
+        client.task(Job)(stubborn)
+        job = await client.insert(Job())
+        await client.start([("default", 1)], **FAST)
+        await asyncio.wait_for(started.wait(), 15)
+        await asyncio.wait_for(client.shutdown(timeout_ms=100), 15)
+        # left running for heartbeat rescue, and said so
+        assert (await job_row(dsn, job.id))["state"] == "running"
+        assert any(
+            "left running for heartbeat rescue" in r.getMessage() and str(job.id) in r.getMessage()
+            for r in caplog.records
+        )
+    finally:
+        release.set()
+        await client.close()

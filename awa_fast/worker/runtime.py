@@ -53,6 +53,11 @@ DEADLINE_SWEEP_S = 0.5
 CLAIM_HANDOVER_S = 5.0  # shutdown: longest wait for a claim in flight to return its rows
 DEFAULT_HEARTBEAT_MS = 30_000
 HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat intervals
+# Shutdown's bound, after its drain timeout, on the attempts still ending (cancelled handlers
+# giving back, returned ones finalizing) and on the finalizer's last flush: a handler that
+# ignores cancellation or a database that does not answer must not keep shutdown from ending.
+SHUTDOWN_GRACE_S = 10.0
+PRESENCE_GONE_S = 2.0  # removing the presence row at shutdown (it expires on its own)
 BATCH_RUNNER_S = 0.2  # the leader's batch-operation runner: one step (a chunk) per interval
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
@@ -895,6 +900,15 @@ class Runtime:
         every attempt that already returned finish its finalize; stop the background loops;
         flush the finalizer. The caller closes the pool after this returns."""
         timeout_s = max(timeout_ms, 0) / 1000
+        try:
+            await self._shutdown(timeout_s)
+        finally:
+            # Also when this shutdown was cancelled or failed: no loop of this runtime may
+            # outlive it (a caller's wait_for around shutdown left them all running).
+            for task in [*self._tasks, *self._handler_tasks.values()]:
+                task.cancel()
+
+    async def _shutdown(self, timeout_s: float) -> None:
         for d in self.dispatchers.values():
             d.stop()
         dispatching = [t for t in self._tasks if t.get_name().startswith("awa-dispatch-")]
@@ -923,15 +937,24 @@ class Runtime:
                     _first(sorted(given_back)),
                     extra={"released": len(given_back), "released_job_ids": sorted(given_back)},
                 )
-            await asyncio.gather(*still, return_exceptions=True)
+            if still:
+                await self._wait_bounded(still, pending)
         await _cancel_and_wait(self._tasks)
         if self.finalizer is not None:
-            await self.finalizer.close()
+            try:
+                await asyncio.wait_for(self.finalizer.close(), SHUTDOWN_GRACE_S)
+            except TimeoutError:
+                log.error(
+                    "the finalizer's last flush did not end within %g s (the database did "
+                    "not answer): the attempts it held stay running and are rescued",
+                    SHUTDOWN_GRACE_S,
+                )
         try:
-            async with (await self.services.pool()).connection() as conn:
-                await conn.execute(sql.WORKER_GONE, (self.instance,))
-        except Exception as exc:  # the row expires on its own
-            log.warning("could not remove this worker's presence row: %s", exc)
+            async with asyncio.timeout(PRESENCE_GONE_S):
+                async with (await self.services.pool()).connection() as conn:
+                    await conn.execute(sql.WORKER_GONE, (self.instance,))
+        except (Exception, TimeoutError) as exc:  # the row expires on its own
+            log.warning("could not remove this worker's presence row: %r", exc)
         if self._listen_conn is not None:
             await self._listen_conn.close()
         if self.heartbeat is not None:
@@ -941,6 +964,29 @@ class Runtime:
             gc.unfreeze()  # what start() froze is the collector's again
         if self.metrics_exporter is not None:
             self.metrics_exporter.close()
+
+    async def _wait_bounded(self, still: set, pending: dict) -> None:
+        """Wait up to ``SHUTDOWN_GRACE_S`` for the attempt tasks left after the drain (the
+        cancelled ones giving their attempts back, the returned ones finalizing). A task still
+        running then (a handler that ignores its cancellation, a finalize the database does
+        not answer) is cancelled (again) and left: its attempt stays ``running`` and heartbeat
+        rescue takes it over once this process stops beating it. Logged with the job ids."""
+        _, stuck = await asyncio.wait(still, timeout=SHUTDOWN_GRACE_S)
+        if not stuck:
+            return
+        ids = sorted(key[0] for key, task in pending.items() if task in stuck)
+        log.error(
+            "%d attempt(s) did not end within %g s of the drain (a handler that ignores its "
+            "cancellation, or a finalize the database did not answer): left running for "
+            "heartbeat rescue: job ids %s",
+            len(ids),
+            SHUTDOWN_GRACE_S,
+            _first(ids),
+            extra={"stuck": len(ids), "stuck_job_ids": ids},
+        )
+        for task in stuck:
+            task.cancel()
+        await asyncio.wait(stuck, timeout=1.0)
 
     # -- handler tasks --------------------------------------------------------------------------
 
