@@ -266,6 +266,29 @@ async def test_class2_progress_and_metadata_are_validated_at_the_call(client):
     assert row["state"] == "completed"
 
 
+async def test_progress_calls_after_the_handler_returned_raise_as_awa_pg_does(client):
+    # they were accepted and dropped without a word (breaker helper); awa-pg raises
+    # RuntimeError outside dispatch
+    kept = []
+
+    async def work(job):
+        job.set_progress(10, "in dispatch")
+        kept.append(job)
+
+    (row,) = await _run(client, work, "x")
+    assert row["state"] == "completed"
+    job = kept[0]
+    for call in (
+        lambda: job.set_progress(50),
+        lambda: job.update_metadata({"k": 1}),
+        job.flush_progress_sync,
+    ):
+        with pytest.raises(RuntimeError, match="handler has returned"):
+            call()
+    with pytest.raises(RuntimeError, match="handler has returned"):
+        await job.flush_progress()
+
+
 async def test_class2_a_bad_progress_row_does_not_fail_the_batched_heartbeat(dsn, client):
     # A trigger added outside awa-fast refuses one row's progress: the other attempts of the
     # process keep beating and their progress is written; the bad row beats without it.

@@ -143,17 +143,28 @@ class JobContext:
 
     # -- progress (ADR-014) ---------------------------------------------------------------------
 
+    def _in_dispatch(self, what: str) -> None:
+        # awa-pg raises RuntimeError for progress calls outside dispatch; after the handler
+        # returned, what it recorded would be dropped without a word.
+        if self.returned:
+            raise RuntimeError(
+                f"{what}: job {self.id}'s handler has returned; its progress was written with "
+                "its outcome and can no longer change"
+            )
+
     def set_progress(self, percent: int, message: str | None = None) -> None:
         """Record progress in memory; the runtime writes it within about half a second
         (``heartbeat.PROGRESS_FLUSH_S``, batched), or now with :meth:`flush_progress`, and with
         the final transition. ``percent`` is clamped to 100. A rejected call changes nothing.
 
         Raises:
+            RuntimeError: the handler has returned (awa-pg: outside dispatch).
             OverflowError: ``percent`` is below 0 or above 255 (awa's u8 rule).
             ValidationError: ``message`` holds a NUL character or a lone surrogate
                 (``field="progress.message"``), or the progress would exceed 64 KiB as JSON
                 (``storable.MAX_PROGRESS_BYTES``): PostgreSQL could not store it.
         """
+        self._in_dispatch("set_progress")
         percent = int(percent)
         if percent < 0 or percent > 255:
             raise OverflowError("percent must be between 0 and 255")
@@ -173,11 +184,13 @@ class JobContext:
         nothing.
 
         Raises:
+            RuntimeError: the handler has returned (awa-pg: outside dispatch).
             ValueError: ``updates`` is not a dict.
             ValidationError: ``updates`` is not JSON-serializable (``SerializationError``),
                 holds a NUL character or a lone surrogate (``field="metadata"``), or the
                 progress would exceed 64 KiB as JSON (``storable.MAX_PROGRESS_BYTES``).
         """
+        self._in_dispatch("update_metadata")
         if not isinstance(updates, dict):
             raise ValueError("update_metadata expects a dict")
         storable.check_progress(updates, "metadata")
@@ -201,7 +214,12 @@ class JobContext:
 
     async def flush_progress(self) -> None:
         """Write pending progress now, guarded by this attempt's run lease (a rescued or
-        cancelled attempt is silently ignored)."""
+        cancelled attempt is silently ignored).
+
+        Raises:
+            RuntimeError: the handler has returned (awa-pg: outside dispatch).
+        """
+        self._in_dispatch("flush_progress")
         snap = self.progress_snapshot()
         if snap is None or self.runtime is None:
             return
@@ -212,7 +230,12 @@ class JobContext:
 
     def flush_progress_sync(self) -> None:
         """Blocking :meth:`flush_progress`: for ``def`` handlers in the thread pool, and also
-        safe from an ``async def`` handler (awa-pg allows both)."""
+        safe from an ``async def`` handler (awa-pg allows both).
+
+        Raises:
+            RuntimeError: the handler has returned (awa-pg: outside dispatch).
+        """
+        self._in_dispatch("flush_progress_sync")
         if self.runtime is None or self.runtime.loop is None:
             return
         loop = self.runtime.loop
