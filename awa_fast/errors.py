@@ -100,18 +100,23 @@ class StagingError(TerminalError):
     Attributes:
         reason: ``"invalid"``, ``"too_many"``, ``"too_large"`` or ``"sealed"``.
         limit: 16 for ``too_many``, 65536 (bytes) for ``too_large``, else ``None``.
+        field: for ``invalid``, the offending field as the original ``ValidationError``
+            named it (``"priority"``, ``"args.value"``), else ``None``.
 
     Raised chained (``__cause__``) from the original error where there is one.
     """
 
     REASONS = ("invalid", "too_many", "too_large", "sealed")
 
-    def __init__(self, message: str, *, reason: str, limit: int | None = None):
+    def __init__(
+        self, message: str, *, reason: str, limit: int | None = None, field: str | None = None
+    ):
         if reason not in self.REASONS:
             raise ValueError(f"unknown StagingError reason {reason!r}")
         super().__init__(message)
         self.reason = reason
         self.limit = limit
+        self.field = field
 
 
 class QueueMismatchWarning(UserWarning):

@@ -610,6 +610,13 @@ def test_handler_job_records_staged_requests_with_the_same_rules():
     with pytest.raises(awa.StagingError) as info:
         job.enqueue_on_completion(StageB("y"), queue="")
     assert info.value.reason == "invalid" and isinstance(info.value.__cause__, awa.ValidationError)
+    assert info.value.field == "queue"  # the original error's field, not only its text
+    job = HandlerJob(args=StageA("a"), id=8)
+    with pytest.raises(awa.StagingError) as info:  # a NaN was staged as null
+        job.enqueue_on_completion({"x": float("nan")}, kind="stage_b")
+    assert (info.value.reason, info.value.field) == ("invalid", "args.x")
+    job = HandlerJob(args=StageA("a"), id=7)
+    job.enqueue_on_completion(StageB("x"), priority=1, unique_opts={})
     for i in range(15):
         job.enqueue_on_completion(StageB(f"n{i}"))
     with pytest.raises(awa.StagingError) as info:

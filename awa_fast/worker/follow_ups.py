@@ -108,7 +108,11 @@ class FollowUps:
             self.poison = self.poison or exc
             raise
         except (AwaError, TypeError, ValueError, OverflowError) as exc:
-            err = StagingError(f"follow-up could not be staged: {exc}", reason="invalid")
+            err = StagingError(
+                f"follow-up could not be staged: {exc}",
+                reason="invalid",
+                field=getattr(exc, "field", None),
+            )
             self.poison = self.poison or err
             raise err from exc
         self._staged.append(prepared)
