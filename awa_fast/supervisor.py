@@ -746,6 +746,12 @@ class Supervisor:
         def on_signal(signum, _frame):
             signals.append(signum)
             if len(signals) > 1:
+                if len(signals) == 2:
+                    self.say(
+                        "second signal: killing the children now (SIGKILL); the attempts they "
+                        "were running stay 'running' until heartbeat rescue takes them (after "
+                        "heartbeat_staleness_ms, 90 s by default)"
+                    )
                 self.kill_all()
 
         try:

@@ -312,3 +312,24 @@ def test_class5_check_command_reports_what_start_would_reject(dsn, tmp_path):
     app.write_text(app.read_text().replace("60_000", "10_000"))
     res = run()
     assert res.returncode == 0 and "would reject" not in res.stdout, res.stdout + res.stderr
+
+
+async def test_start_warns_when_handlers_without_queue_lose_their_default_queue(dsn, client):
+    # start([("defualt", 10)]) ran silently while the jobs waited in 'default' (fresh eyes)
+    client.task(Mine)(lambda job: None)
+    with pytest.warns(awa.QueueMismatchWarning, match=r"not 'default'.*'mine'.*misspelt"):
+        await client.start([("defualt", 1)], **FAST)
+    await client.shutdown()
+
+
+async def test_start_does_not_warn_when_default_is_served(dsn, client, recwarn):
+    client.task(Mine)(lambda job: None)
+    await client.start([("default", 1), ("other", 1)], **FAST)
+    assert not [w for w in recwarn if issubclass(w.category, awa.QueueMismatchWarning)]
+
+
+async def test_an_unknown_start_keyword_names_the_close_one(dsn, client):
+    client.task(Mine)(lambda job: None)
+    with pytest.raises(TypeError, match=r"staged_completion \(did you mean 'staged_completions'"):
+        await client.start(None, staged_completion="batched", **FAST)
+    assert client.runtime is None

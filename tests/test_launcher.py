@@ -228,6 +228,21 @@ def test_graceful_drain_on_sigterm_loses_nothing(dsn, launchers):
     assert errors == 0
 
 
+def test_a_second_signal_kills_the_children_and_says_what_it_leaves(dsn, launchers):
+    # the children died with "exited with code -9" and no word on the jobs (fresh eyes)
+    enqueue(dsn, 2, 30_000)
+    launcher = Launcher(dsn, "--processes", "1", "--queues", f"{QUEUE}:2", "--drain-timeout", "60")
+    launchers.append(launcher)
+    launcher.ready_pids(1)
+    poll(lambda: counts(dsn).get("running", 0) == 2, 30, "both running")
+    launcher.proc.send_signal(signal.SIGTERM)
+    launcher.wait_line(r"draining 1 child", 10)
+    launcher.proc.send_signal(signal.SIGTERM)
+    launcher.wait_line(r"second signal: killing the children now .* stay 'running' until", 10)
+    assert launcher.wait(30) == 1, launcher.transcript()
+    assert counts(dsn).get("running") == 2  # left for heartbeat rescue, as it said
+
+
 def test_sigkilled_child_is_restarted_and_its_jobs_rescued(dsn, launchers):
     total = 60
     enqueue(dsn, total, 1500)

@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import difflib
 import gc
+import inspect
 import logging
 import math
 import os
 import socket
 import time
 import uuid
+import warnings
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +23,13 @@ import orjson
 import psycopg
 
 from awa_fast import _native, batch_ops, descriptors, metrics, schema, sql
-from awa_fast.errors import ConfigError, SchemaNotMigrated, Unsupported, ValidationError
+from awa_fast.errors import (
+    ConfigError,
+    QueueMismatchWarning,
+    SchemaNotMigrated,
+    Unsupported,
+    ValidationError,
+)
 from awa_fast.job import Job
 from awa_fast.rows import one_row
 from awa_fast.worker import executor as ex
@@ -418,6 +427,18 @@ def check_config(
                 field="queues",
                 limit=f"includes {handler.queue!r}",
             )
+    implicit = sorted(k for k, h in registry.handlers.items() if not h.explicit_queue)
+    if explicit_queues and implicit and "default" not in started:
+        # Not an error: such a handler may serve jobs inserted with queue= into the started
+        # queues. But their plain inserts go to 'default', which nothing here serves.
+        warnings.warn(
+            f"start() serves {', '.join(sorted(started))} but not 'default', where inserts of "
+            f"{', '.join(map(repr, implicit[:5]))}{' ...' if len(implicit) > 5 else ''} "
+            "without queue= go (their handlers were registered without queue=): those jobs "
+            "wait for a worker of 'default'. A misspelt queue name?",
+            QueueMismatchWarning,
+            stacklevel=4,
+        )
     if heartbeat_interval_ms * HEARTBEAT_SAFETY > heartbeat_staleness_ms:
         raise ConfigError(
             f"heartbeat_interval_ms={heartbeat_interval_ms} is too close to "
@@ -431,6 +452,17 @@ def check_config(
 # The largest count or millisecond value a setting may give: PostgreSQL's int4, the type of
 # lock_timeout and of the LIMITs the passes run (beyond it every pass would fail).
 MAX_SETTING_INT = 2**31 - 1
+
+
+def _did_you_mean(unknown: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the first of ``unknown`` close to a ``start()`` keyword."""
+    known = [p for p in inspect.signature(Runtime.__init__).parameters if p not in ("self",)]
+    known += ["consequence_timeout_ms", "consequence_backoff_ms"]  # AsyncClient.start's own
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            return f" (did you mean {close[0]!r}?)"
+    return ""
 
 
 def _positive(value: Any, what: str) -> int:
@@ -662,7 +694,10 @@ class Runtime:
         self.gc_freeze = _flag(gc_freeze, "gc_freeze")
         unknown = set(unsupported) - _UNSUPPORTED
         if unknown:
-            raise TypeError(f"start() got unexpected keyword(s): {', '.join(sorted(unknown))}")
+            raise TypeError(
+                f"start() got unexpected keyword(s): {', '.join(sorted(unknown))}"
+                + _did_you_mean(sorted(unknown))
+            )
         for key, value in sorted(unsupported.items()):
             if value is not None and not (key == "storage_transition_role" and value == "auto"):
                 raise Unsupported(key, "awa-fast has one storage engine")
