@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from awa_fast import sql
-from awa_fast.database_url import resolve_database_url
+from awa_fast.database_url import resolve_database_url, url_source
 
 if TYPE_CHECKING:
     from awa_fast.client import AsyncClient
@@ -120,7 +120,7 @@ def _report(s: Session, data: Any, text: str) -> int:
 # database URL and client
 
 
-async def _probe(url: str, *, need_schema: bool) -> None:
+async def _probe(url: str, *, need_schema: bool, source: str = "") -> None:
     """Connect once (failing fast with the server's message instead of a pool timeout) and, if
     ``need_schema``, check that the ``awa_fast`` schema exists."""
     import psycopg
@@ -137,7 +137,8 @@ async def _probe(url: str, *, need_schema: bool) -> None:
     try:
         conn = await psycopg.AsyncConnection.connect(url, **kwargs)
     except psycopg.OperationalError as exc:
-        raise CliError(f"could not connect to the database: {str(exc).strip()}") from exc
+        where = f" (the URL {source})" if source else ""
+        raise CliError(f"could not connect to the database{where}: {str(exc).strip()}") from exc
     async with conn:
         if need_schema:
             cur = await conn.execute(sql.JOBS_PRESENT)
@@ -168,12 +169,17 @@ class Session:
             self._url = resolve_database_url(getattr(self.args, "database_url", None))
         return self._url
 
+    @property
+    def url_source(self) -> str:
+        """Where :attr:`database_url` came from, for error messages."""
+        return url_source(getattr(self.args, "database_url", None))
+
     async def client(self, *, need_schema: bool = True) -> AsyncClient:
         if self._client is None:
             from awa_fast.client import AsyncClient
 
             url = self.database_url
-            await _probe(url, need_schema=need_schema)
+            await _probe(url, need_schema=need_schema, source=self.url_source)
             self._client = AsyncClient(url, max_connections=2)
         return self._client
 
@@ -1613,7 +1619,7 @@ def cmd_serve(s: Session) -> int:
         print(f"{PROG} serve: error: {reason}", file=sys.stderr)
         return 2
     url = s.database_url
-    asyncio.run(_probe(url, need_schema=True))
+    asyncio.run(_probe(url, need_schema=True, source=s.url_source))
     print(
         f"{PROG}: serving the dashboard{' read-only' if s.args.read_only else ''}"
         f"{', token required' if token else ''} (uvicorn prints the address)",

@@ -41,7 +41,7 @@ from awa_fast.batch_ops import (
     BatchOperationPreview,
 )
 from awa_fast.connections import Connections, Pool
-from awa_fast.database_url import resolve_database_url
+from awa_fast.database_url import resolve_database_url, url_source
 from awa_fast.errors import (
     DatabaseError,
     ValidationError,
@@ -69,7 +69,9 @@ def _check_reachable(url: str) -> None:
     try:
         psycopg.connect(url, connect_timeout=10, autocommit=True).close()
     except psycopg.Error as exc:
-        raise DatabaseError(f"could not connect to the database: {exc}") from exc
+        raise DatabaseError(
+            f"could not connect to the database (the URL given to the client): {exc}"
+        ) from exc
 
 
 class AsyncClient:
@@ -189,7 +191,10 @@ class AsyncClient:
                     await pool.open(wait=True, timeout=30)
                 except PoolTimeout as exc:
                     await pool.close()
-                    raise DatabaseError(f"could not connect to the database: {exc}") from exc
+                    where = url_source(self.explicit_database_url)
+                    raise DatabaseError(
+                        f"could not connect to the database (the URL {where}): {exc}"
+                    ) from exc
                 self._pool = pool
                 self._pool_guard = asyncio.get_running_loop().create_task(
                     _close_pool_on_cancel(pool), name="awa-fast-pool-guard"

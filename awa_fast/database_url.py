@@ -36,3 +36,15 @@ def resolve_database_url(explicit: str | None = None) -> str:
     from awa_fast import embedded
 
     return embedded.ensure_running()
+
+
+def url_source(explicit: str | None = None) -> str:
+    """Where :func:`resolve_database_url` (``explicit``) takes its URL from, for an error
+    message: ``"given explicitly"``, ``"from $AWA_FAST_DATABASE_URL"``, ``"from
+    $DATABASE_URL"`` or ``"of the embedded server"``."""
+    if explicit:
+        return "given explicitly"
+    for var in ENV_VARS:
+        if os.environ.get(var):
+            return f"from ${var}"
+    return "of the embedded server"

@@ -592,7 +592,13 @@ def test_connection_failure_exits_1():
     r = cli("queue", "stats", dsn=CLOSED_PORT_DSN)
     assert r.returncode == 1
     assert r.stderr.startswith("awa-fast: error: could not connect to the database")
+    assert "(the URL given explicitly)" in r.stderr
     assert "Traceback" not in r.stderr
+    # where the URL came from: a DATABASE_URL left set for another application (fresh eyes)
+    env = {k: v for k, v in _env().items() if k not in ("AWA_FAST_DATABASE_URL",)}
+    r = cli("queue", "stats", env={**env, "DATABASE_URL": CLOSED_PORT_DSN})
+    assert r.returncode == 1
+    assert "could not connect to the database (the URL from $DATABASE_URL)" in r.stderr
     for args in (["migrate"], ["job", "dump", "1"], ["demo", "--limit", "3"]):
         r = cli(*args, dsn=CLOSED_PORT_DSN)
         assert r.returncode == 1, args
