@@ -352,7 +352,10 @@ async def cmd_queue_stats(s: Session) -> int:
             )
         )
         if unhandled:
-            print("UNHANDLED: available jobs no live worker has a handler for (they wait):")
+            print(
+                "UNHANDLED: available jobs no live worker serves (none works their queue with "
+                "a handler for their kind; they wait):"
+            )
             for u in unhandled:
                 print(f"  queue {u['queue']}: {u['available']} job(s) of kind {u['kind']}")
     else:
