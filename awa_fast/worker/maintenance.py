@@ -603,7 +603,7 @@ class Maintenance:
         releasing the unique keys its jobs held. Returns the rows removed.
 
         Each slice is its own fenced transaction: its partition is locked ACCESS EXCLUSIVE
-        (waiting at most 2 s for a writer), its expiry checked again under the lock, then
+        (waiting at most 200 ms: readers and writers queue behind it), its expiry checked again under the lock, then
         truncated. A slice that cannot be locked or truncated is kept (logged) and tried next
         pass; the others are pruned.
 
