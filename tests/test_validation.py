@@ -138,14 +138,21 @@ NUL_CASES = [
 
 @pytest.mark.parametrize("case, opts, field", NUL_CASES, ids=[c[0] for c in NUL_CASES])
 async def test_nul_rejected(client, dsn, case, opts, field):
+    exc = await rejected_insert(client, dsn, opts, "nul_job")
+    assert_field(exc, field)
+    assert "NUL" in str(exc)
+
+
+async def rejected_insert(client, dsn, opts: dict, kind: str) -> ValidationError:
+    """Insert ``opts`` (``args`` and insert keywords); it must raise ``ValidationError`` and
+    write nothing. Returns the error."""
     opts = dict(opts)
     args = opts.pop("args", {"ok": 1})
-    opts.setdefault("kind", "nul_job")
+    opts.setdefault("kind", kind)
     with pytest.raises(ValidationError) as ei:
         await client.insert(args, **opts)
-    assert_field(ei.value, field)
-    assert "NUL" in str(ei.value)
     assert count(dsn) == 0
+    return ei.value
 
 
 async def test_escaped_backslash_u0000_text_is_not_nul(client, dsn):
@@ -187,14 +194,9 @@ NON_FINITE_CASES = [
     "case, opts, field", NON_FINITE_CASES, ids=[c[0] for c in NON_FINITE_CASES]
 )
 async def test_nan_and_infinity_rejected(client, dsn, case, opts, field):
-    opts = dict(opts)
-    args = opts.pop("args", {"ok": 1})
-    opts.setdefault("kind", "measure")
-    with pytest.raises(ValidationError) as ei:
-        await client.insert(args, **opts)
-    assert ei.value.field == field
-    assert "NaN or infinity" in str(ei.value)
-    assert count(dsn) == 0
+    exc = await rejected_insert(client, dsn, opts, "measure")
+    assert exc.field == field
+    assert "NaN or infinity" in str(exc)
     # a real null is not one
     await client.insert({"x": None, "y": 1.5}, kind="measure")
 
