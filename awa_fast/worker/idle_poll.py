@@ -61,6 +61,7 @@ class IdlePoll:
             await asyncio.sleep(self.interval_s)
             if self._parked:
                 await self.poll_once()
+                raise_if_cancelling()  # a cancel the pool's wait_for swallowed (cancellation.py)
 
     async def poll_once(self) -> list[str]:
         """Poll once for the parked queues and wake those that hold an available job; returns
