@@ -13,6 +13,7 @@ application moves over with ``import awa_fast as awa``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import warnings
 from collections.abc import Callable
@@ -113,6 +114,7 @@ class AsyncClient:
         self.settler = Settler(self.consequences, self.specs)
         self._runtime: Runtime | None = None
         self._starting: asyncio.Event | None = None  # set when a start() in progress ends
+        self._stopping: asyncio.Event | None = None  # set when a shutdown() in progress ends
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
         self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
         self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
@@ -204,8 +206,8 @@ class AsyncClient:
     async def close(self) -> None:
         """Stop the runtime if it is running, send the inserts' pending wake-ups and close the
         pool."""
-        if self._runtime is not None:
-            await self.shutdown()
+        if self._runtime is not None or self._stopping is not None or self._starting:
+            await self.shutdown()  # (waits for a start or shutdown in progress)
         await self._producer.waker.flush()
         if self._pool is not None:
             await self._pool.close()
@@ -1029,6 +1031,12 @@ class AsyncClient:
         try:
             await runtime.start()
             self._runtime = runtime
+        except asyncio.CancelledError:
+            # Cancelled part-way (a caller's wait_for): stop what already runs (its finalizer,
+            # its presence row) instead of leaving it behind.
+            with contextlib.suppress(Exception):
+                await runtime.shutdown(0)
+            raise
         finally:
             starting, self._starting = self._starting, None
             starting.set()
@@ -1069,7 +1077,8 @@ class AsyncClient:
         release the rest back to ``available`` (nothing is lost; a ``def`` handler's attempt
         only once its thread has finished), flush the finalizer. Close the pool after this
         (:meth:`close` does both). Order: docs/architecture.md, "Shutdown". A shutdown during
-        a :meth:`start` waits for it to end, then stops what it started.
+        a :meth:`start` waits for it to end, then stops what it started; one during another
+        shutdown (or a :meth:`close`) waits for that one to finish.
 
         Raises:
             ValidationError: ``timeout_ms`` is not a number (int or float; NaN is not), before
@@ -1087,9 +1096,17 @@ class AsyncClient:
             )
         if self._starting is not None:
             await self._starting.wait()
+        if self._stopping is not None:  # another shutdown() is draining: wait for it
+            await self._stopping.wait()
+            return
         runtime, self._runtime = self._runtime, None
         if runtime is not None:
-            await runtime.shutdown(timeout_ms)
+            self._stopping = asyncio.Event()
+            try:
+                await runtime.shutdown(timeout_ms)
+            finally:
+                stopping, self._stopping = self._stopping, None
+                stopping.set()
 
     @property
     def runtime(self):

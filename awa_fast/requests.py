@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
+import json
 import math
 from datetime import datetime
 from typing import Any
@@ -154,25 +156,58 @@ def to_json(value: Any, field: str) -> bytes:
 
 
 def _check_finite(value: Any, path: str) -> None:
-    kind = type(value)
-    if kind is float:
-        if not math.isfinite(value):
+    """Raise ``ValidationError`` naming the path of the first NaN or infinite float in
+    ``value`` (dicts, lists, tuples, dataclasses and enum members, as orjson writes them). The
+    path is built only once one is found: args of a million ``None`` cost one walk."""
+    if not _has_non_finite(value):
+        return
+    for where, bad in _floats(value, path):
+        if not math.isfinite(bad):
             raise ValidationError(
-                f"{path} is {value!r}: JSON has no NaN or infinity (it would be stored as null)",
-                field=path,
+                f"{where} is {bad!r}: JSON has no NaN or infinity (it would be stored as null)",
+                field=where,
                 limit="a finite number",
             )
-    elif kind is dict or isinstance(value, dict):
-        for key, item in value.items():
-            _check_finite(item, f"{path}.{key}")
-    elif kind is list or kind is tuple or isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_finite(item, f"{path}[{i}]")
-    elif isinstance(value, float):
-        _check_finite(float(value), path)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            _check_finite(getattr(value, f.name), f"{path}.{f.name}")
+
+
+def _children(value: Any) -> Any:
+    """``(name, child)`` pairs of a container orjson serializes, or None for a leaf."""
+    if isinstance(value, dict):
+        return ((f".{k}", v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ((f"[{i}]", v) for i, v in enumerate(value))
+    if isinstance(value, enum.Enum):
+        return (("", value.value),)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return ((f".{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value))
+    return None
+
+
+def _has_non_finite(value: Any) -> bool:
+    # The stdlib's C encoder refuses NaN and infinities with allow_nan=False: a C-speed walk
+    # (a million None in about 30 ms). What it cannot encode it asks _leaf for.
+    try:
+        json.dumps(value, allow_nan=False, default=_leaf, check_circular=False)
+    except ValueError:
+        return True
+    return False
+
+
+def _leaf(value: Any) -> Any:
+    """``json.dumps``'s fallback: the children orjson would write, else nothing to check."""
+    children = _children(value)
+    return None if children is None else [child for _, child in children]
+
+
+def _floats(value: Any, path: str) -> Any:
+    """``(path, float)`` of every float in ``value``, depth first (for the error's path)."""
+    if isinstance(value, float):
+        yield path, float(value)
+        return
+    children = _children(value)
+    if children is not None:
+        for name, child in children:
+            yield from _floats(child, path + name)
 
 
 def _ordering_key(value: bytes | str | None) -> bytes | None:
@@ -354,6 +389,9 @@ def prepare_uniform(
     else:
         builtins = [args_to_builtins(x) for x in items]
     jsons = _native.encode_many(builtins, "args")
+    for i, data in enumerate(jsons):
+        if b"null" in data:  # orjson's NaN and infinities (see to_json)
+            _check_finite(builtins[i], f"args[{i}]")
     keys = None
     if unique is not None:
         by_queue, by_args, by_period, _ = unique

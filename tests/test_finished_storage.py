@@ -1247,17 +1247,34 @@ async def test_a_failing_prune_step_is_reported_and_the_slices_still_expire(clie
 
 
 async def test_a_prune_skips_a_dlq_row_another_session_holds(client, dsn):
-    held, free = [await client.insert(Item(n)) for n in (1, 2)]
-    finish(dsn, [held.id, free.id], state="failed")
-    for job in (held, free):
+    held, refused, free = [await client.insert(Item(n)) for n in (1, 2, 3)]
+    finish(dsn, [held.id, refused.id, free.id], state="failed")
+    for job in (held, refused, free):
         assert await client.move_failed_to_dlq(job.id)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE awa_fast.dlq SET dlq_at = now() - interval '40 days'")
-    async with await psycopg.AsyncConnection.connect(dsn) as locker:
-        await locker.execute("SELECT 1 FROM awa_fast.dlq WHERE id = %s FOR UPDATE", (held.id,))
-        # before, the DLQ step waited on the held row for as long as it was held
-        assert await asyncio.wait_for(maintenance(client).prune(), 10) == 1
-        await locker.rollback()
-    assert await client.get_dlq_job(free.id) is None
-    assert (await client.get_dlq_job(held.id)).job.id == held.id
-    assert await maintenance(client).prune() == 1  # released: the next pass takes it
+        # one row a trigger refuses: the bulk delete fails and the step goes row by row
+        conn.execute(
+            "CREATE FUNCTION public.refuse_one() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN IF OLD.id = {refused.id} THEN RAISE EXCEPTION 'kept by test'; END IF; "
+            "RETURN OLD; END $$"
+        )
+        conn.execute(
+            "CREATE TRIGGER refuse_one BEFORE DELETE ON awa_fast.dlq "
+            "FOR EACH ROW EXECUTE FUNCTION public.refuse_one()"
+        )
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn) as locker:
+            await locker.execute("SELECT 1 FROM awa_fast.dlq WHERE id = %s FOR UPDATE", (held.id,))
+            # before, the step waited on the held row for as long as it was held, and then
+            # (row by row, past the pass's lock timeout) kept every row
+            assert await asyncio.wait_for(maintenance(client).prune(), 10) == 1
+            await locker.rollback()
+        assert await client.get_dlq_job(free.id) is None
+        assert (await client.get_dlq_job(held.id)).job.id == held.id
+        assert (await client.get_dlq_job(refused.id)).job.id == refused.id
+        assert await maintenance(client).prune() == 1  # released: the next pass takes it
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER refuse_one ON awa_fast.dlq")
+            conn.execute("DROP FUNCTION public.refuse_one()")

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import psycopg
 import pytest
@@ -640,3 +641,56 @@ async def test_a_short_staleness_elsewhere_never_rescues_a_live_attempt_or_displ
         assert own.is_leader and not own._lock_conn.closed
     finally:
         await other._step_down()
+
+
+async def test_a_def_thread_outliving_shutdown_keeps_its_process_staleness(dsn):
+    # After shutdown the presence row (and its min_stale_ms) was deleted while the thread
+    # still ran: a process with a 4 s staleness rescued the attempt and ran it twice at once
+    gate, entered = threading.Event(), threading.Event()
+
+    def slow(job):
+        entered.set()
+        gate.wait(30)
+
+    client = awa.AsyncClient(dsn)
+    try:
+        client.task(dict, kind="slow", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)(slow)
+        job = await client.insert({"n": 1}, kind="slow")
+        await client.start([("default", 1)], poll_interval_ms=50, maintenance=False)
+        runtime = client.runtime
+        await asyncio.to_thread(entered.wait, 10)
+        await client.shutdown(timeout_ms=100)
+        assert await _presence(dsn, runtime.instance) == [60_000]  # kept: its thread runs
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                "UPDATE awa_fast.jobs SET heartbeat_at = now() - interval '5 seconds' "
+                "WHERE id = %s",
+                (job.id,),
+            )
+        other = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=300))
+        assert await other.rescue() == []
+        gate.set()  # the thread ends: its attempt is given back, the row goes
+        assert await asyncio.to_thread(runtime.lingering.wait_ended, 1, 15)
+        # the lingering thread deleted the row after ending the attempt (same thread, after)
+        await poll_until(
+            lambda: _presence_gone(dsn, runtime.instance),
+            timeout=10,
+            what="the presence row removed",
+        )
+        row = await job_row(dsn, job.id)
+        assert (row["state"], row["run_lease"]) == ("available", 1)
+    finally:
+        gate.set()
+        await client.close()
+
+
+async def _presence_gone(dsn, instance: str) -> bool:
+    return await _presence(dsn, instance) == []
+
+
+async def _presence(dsn, instance: str) -> list:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT min_stale_ms FROM awa_fast.workers WHERE instance = %s", (instance,)
+        )
+        return [r[0] for r in await cur.fetchall()]

@@ -7,6 +7,7 @@ dispatchers' claim counters) or on the database state the fault leaves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import os
@@ -712,6 +713,7 @@ async def test_a_handler_that_ignores_its_cancellation_cannot_hold_shutdown(
         job = await client.insert(Job())
         await client.start([("default", 1)], **FAST)
         await asyncio.wait_for(started.wait(), 15)
+        runtime = client.runtime
         await asyncio.wait_for(client.shutdown(timeout_ms=100), 15)
         # left running for heartbeat rescue, and said so
         assert (await job_row(dsn, job.id))["state"] == "running"
@@ -719,6 +721,55 @@ async def test_a_handler_that_ignores_its_cancellation_cannot_hold_shutdown(
             "left running for heartbeat rescue" in r.getMessage() and str(job.id) in r.getMessage()
             for r in caplog.records
         )
+        # when it does return, its outcome is finalized on its own transaction: it waited
+        # forever on the closed finalizer's buffer, and asyncio.run() with it (breaker helper)
+        release.set()
+        tasks = list(runtime._handler_tasks.values())
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
+        assert ended == [job.id]
+        assert (await job_row(dsn, job.id))["state"] == "completed"
     finally:
         release.set()
+        await client.close()
+
+
+ALIVE = "SELECT count(*) FROM awa_fast.workers WHERE instance = %s"
+SERVING = "SELECT count(*) FROM awa_fast.workers WHERE %s = ANY(queues)"
+
+
+async def test_close_during_a_shutdown_waits_for_it_and_leaves_no_pool(dsn):
+    # close() returned at once and the draining shutdown opened a new pool nobody closed
+    client = awa.AsyncClient(dsn)
+    client.task(Job)(lambda job: None)
+    await client.start([("default", 1)], **FAST)
+    instance = client.runtime.instance
+    await asyncio.gather(client.shutdown(5000), client.close())
+    assert client._pool is None
+    assert client.runtime is None
+    assert await scalar(dsn, ALIVE, (instance,)) == 0
+
+
+async def test_a_start_cancelled_part_way_leaves_nothing_running(dsn):
+    # a caller's wait_for cancelling start() left its presence row (and, later in start, the
+    # finalizer's tasks) behind (breaker helper)
+    client = awa.AsyncClient(dsn)
+    try:
+        client.task(Job)(lambda job: None)
+        async with await psycopg.AsyncConnection.connect(dsn) as blocker:
+            # start() writes its presence row, then the queue's DLQ policy: hold it there
+            await blocker.execute("LOCK TABLE awa_fast.queue_meta IN EXCLUSIVE MODE")
+            starting = asyncio.ensure_future(
+                client.start([{"name": "q_cancelled", "max_workers": 1, "dlq": True}], **FAST)
+            )
+            await wait_lock_waiter(dsn, query_like="%queue_meta%")
+            assert await scalar(dsn, SERVING, ("q_cancelled",)) == 1
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            await blocker.rollback()
+        assert client.runtime is None
+        assert await scalar(dsn, SERVING, ("q_cancelled",)) == 0
+        left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("awa-")]
+        assert [n for n in left if n != "awa-fast-pool-guard"] == []
+    finally:
         await client.close()

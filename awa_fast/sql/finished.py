@@ -126,8 +126,10 @@ STALE_MARK_IDS = f"""
 SELECT s.id FROM {S}.jobs s WHERE {_STALE_MARK} ORDER BY s.id LIMIT %(limit)s"""
 
 SETTLE_STALE_MARK_ONE = f"""
-UPDATE {S}.jobs s SET heartbeat_at = NULL, state = state
-WHERE s.id = %(id)s AND {_STALE_MARK} RETURNING s.id"""
+UPDATE {S}.jobs SET heartbeat_at = NULL, state = state
+WHERE id = (SELECT s.id FROM {S}.jobs s WHERE s.id = %(id)s AND {_STALE_MARK}
+            FOR UPDATE SKIP LOCKED)
+RETURNING id"""
 
 # The hot table's dead rows (the statistics the backends flushed, about once a second), its
 # heap size in bytes as its last vacuum left it (pg_class: no lock taken), and whether the

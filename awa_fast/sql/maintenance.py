@@ -104,7 +104,11 @@ RETURNING id"""
 
 PRUNE_DLQ_IDS = f"SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit)s"
 
-PRUNE_DLQ_ONE = f"DELETE FROM {S}.dlq d WHERE d.id = %(id)s AND {_DLQ_PRUNABLE} RETURNING id"
+# (row by row after the bulk statement failed: a row another session holds is skipped too)
+PRUNE_DLQ_ONE = f"""
+DELETE FROM {S}.dlq WHERE id = (
+    SELECT d.id FROM {S}.dlq d WHERE d.id = %(id)s AND {_DLQ_PRUNABLE} FOR UPDATE SKIP LOCKED)
+RETURNING id"""
 
 # Priority aging (awa's ADR-005 rule): an available job waiting k whole intervals has priority
 # max(1, original - k); the original is kept in metadata._awa_original_priority. Computed from

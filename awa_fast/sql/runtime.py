@@ -41,6 +41,13 @@ SET queues = EXCLUDED.queues, kinds = EXCLUDED.kinds, seen_at = now(),
 
 WORKER_GONE = f"DELETE FROM {S}.workers WHERE instance = %s"
 
+# After shutdown, while def-handler threads outlive it (worker/lingering.py): the presence row
+# stays, so its min_stale_ms keeps other processes from rescuing the attempts those threads
+# still beat (ADR 020).
+WORKER_KEEP = f"""
+UPDATE {S}.workers SET seen_at = now(), expires_at = now() + %s * interval '1 millisecond'
+WHERE instance = %s"""
+
 # The kinds waiting in this process's queues that no live worker handles (logged once each).
 UNHANDLED_IN_QUEUES = f"""
 SELECT queue, kind, n FROM ({UNHANDLED_AVAILABLE}) x WHERE queue = ANY(%s) ORDER BY 1, 2"""

@@ -169,6 +169,9 @@ class Finalizer:
         self._staged: list[tuple[FinalizeRequest, list, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self._closing = False
+        # the flushers have ended: nothing buffered would ever be flushed, so every request
+        # takes its own transaction (a handler that outlived shutdown waited forever)
+        self._closed = False
         self._flushers = [
             asyncio.create_task(self._flush_loop(), name=f"awa-finalizer-{i}")
             for i in range(flushers)
@@ -283,6 +286,7 @@ class Finalizer:
                 outcome.kind == ex.COMPLETED
                 and not request.follow_ups
                 and not self._inline
+                and not self._closed
                 and (self._specs is None or not self._specs.has_completed(request.attempt.kind))
             ):
                 # The compact path, awaited here without the routing's coroutine layers: this
@@ -321,7 +325,11 @@ class Finalizer:
         ctx, outcome = request.attempt, request.outcome
         # Built once: every retry and the per-job redo reuse them.
         inserts = self._inserts_for(request)
-        if outcome.kind == ex.COMPLETED and (not inserts or self._staged_batched):
+        if (
+            outcome.kind == ex.COMPLETED
+            and (not inserts or self._staged_batched)
+            and not self._closed
+        ):
             try:
                 if not inserts:
                     return await self._buffered(self._pending, self._flush, (request,))
@@ -362,6 +370,7 @@ class Finalizer:
         while True:
             if not self._pending and not self._staged:
                 if self._closing:
+                    self._closed = True  # no await since the check: nothing was appended
                     return
                 self._wake.clear()
                 await self._wake.wait()
@@ -755,5 +764,15 @@ class Finalizer:
         background tasks (nothing to do for an inline finalizer)."""
         self._closing = True
         self._wake.set()
-        await asyncio.gather(*self._flushers, return_exceptions=True)
+        try:
+            await asyncio.gather(*self._flushers, return_exceptions=True)
+        finally:
+            # Also when close() was cancelled (shutdown's bound): what is still buffered is
+            # handed back to its submitters, which finalize it alone or leave it to rescue.
+            self._closed = True
+            for buffer in (self._pending, self._staged):
+                for *_, fut in buffer:
+                    if not fut.done():
+                        fut.set_exception(RuntimeError("the finalizer closed before this batch"))
+                buffer.clear()
         await self._waker.flush()  # after the flushers: their redo may still wake queues

@@ -54,6 +54,9 @@ class Lingering:
         self._wake = threading.Event()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        # (instance, ttl_ms) of the process's presence row once shutdown handed it over: kept
+        # fresh with every beat and deleted when the last watched thread ends (ADR 020)
+        self._presence: tuple[str, float] | None = None
 
     @property
     def pending(self) -> int:
@@ -77,6 +80,17 @@ class Lingering:
         ctx.thread.add_done_callback(lambda _f: self._wake.set())
         self._wake.set()
 
+    def keep_presence(self, instance: str, ttl_ms: float) -> bool:
+        """Take over the process's presence row at shutdown: refresh it with each beat and
+        delete it once no watched attempt is left. Returns False (nothing taken over: the
+        caller deletes the row) when no attempt is watched."""
+        with self._lock:
+            if not self._attempts:
+                return False
+            self._presence = (instance, ttl_ms)
+        self._wake.set()
+        return True
+
     def wait_ended(self, n: int, timeout: float | None = None) -> bool:
         """Block until ``n`` watched attempts have ended (a signal for tests); False on timeout."""
         with self._changed:
@@ -90,7 +104,8 @@ class Lingering:
                 with self._lock:
                     if not self._attempts:
                         self._thread = None
-                        return
+                        presence, self._presence = self._presence, None
+                        break
                     attempts = list(self._attempts.values())
                 try:
                     if conn is None or conn.closed:
@@ -107,18 +122,34 @@ class Lingering:
                     if conn is not None:
                         conn.close()
                     conn = None
-                self._wake.wait(self.interval_s)
+                if self.pending:  # else back to the top at once: the thread ends there
+                    self._wake.wait(self.interval_s)
+            if presence is not None:
+                self._leave(conn, presence[0])
         finally:
             if conn is not None:
                 conn.close()
+
+    def _leave(self, conn: psycopg.Connection | None, instance: str) -> None:
+        try:
+            if conn is not None and not conn.closed:
+                conn.execute(sql.WORKER_GONE, (instance,))
+                return
+            with psycopg.connect(self.database_url, autocommit=True, connect_timeout=10) as own:
+                own.execute(sql.WORKER_GONE, (instance,))
+        except Exception as exc:  # the row expires on its own
+            log.warning("could not remove the presence row: %s: %s", type(exc).__name__, exc)
 
     def _beat(self, conn: psycopg.Connection, live: list[_Attempt]) -> None:
         if not live:
             return
         ids, leases = [a.job_id for a in live], [a.run_lease for a in live]
+        presence = self._presence
         with conn.transaction():
             conn.execute(sql.HEARTBEAT, (ids, leases, [None] * len(live)))
             conn.execute(sql.HEARTBEAT_DLQ_MARKS, (ids, leases))
+            if presence is not None:
+                conn.execute(sql.WORKER_KEEP, (presence[1], presence[0]))
 
     def _end(self, conn: psycopg.Connection, a: _Attempt) -> None:
         key = {"id": a.job_id, "lease": a.run_lease}

@@ -984,12 +984,16 @@ class Runtime:
                     "not answer): the attempts it held stay running and are rescued",
                     SHUTDOWN_GRACE_S,
                 )
-        try:
-            async with asyncio.timeout(PRESENCE_GONE_S):
-                async with (await self.services.pool()).connection() as conn:
-                    await conn.execute(sql.WORKER_GONE, (self.instance,))
-        except (Exception, TimeoutError) as exc:  # the row expires on its own
-            log.warning("could not remove this worker's presence row: %r", exc)
+        # def-handler threads still running keep the presence row (and its min_stale_ms): the
+        # lingering thread refreshes it and deletes it after the last one (ADR 020)
+        lingering = self.lingering
+        if lingering is None or not lingering.keep_presence(self.instance, self._presence_ttl_ms):
+            try:
+                async with asyncio.timeout(PRESENCE_GONE_S):
+                    async with (await self.services.pool()).connection() as conn:
+                        await conn.execute(sql.WORKER_GONE, (self.instance,))
+            except (Exception, TimeoutError) as exc:  # the row expires on its own
+                log.warning("could not remove this worker's presence row: %r", exc)
         if self._listen_conn is not None:
             await self._listen_conn.close()
         if self.heartbeat is not None:
@@ -1292,10 +1296,15 @@ class Runtime:
         checks = 2 * self.maintenance_config.leader_check_ms if self.run_maintenance else 0
         return math.ceil(max(beats, checks))
 
-    async def _seen(self, conn: Any) -> None:
-        ttl_ms = max(
+    @property
+    def _presence_ttl_ms(self) -> float:
+        """How long the presence row outlives its last refresh (ms)."""
+        return max(
             self.maintenance_config.heartbeat_staleness_ms, 3 * self.heartbeat_interval_s * 1000
         )
+
+    async def _seen(self, conn: Any) -> None:
+        ttl_ms = self._presence_ttl_ms
         await conn.execute(
             sql.WORKER_SEEN,
             {
