@@ -744,14 +744,10 @@ class Supervisor:
         signals: list[int] = []
 
         def on_signal(signum, _frame):
+            # Nothing that takes a lock here (say() does): the handler may run while this
+            # thread holds it. The drain reports the kill once the children are gone.
             signals.append(signum)
             if len(signals) > 1:
-                if len(signals) == 2:
-                    self.say(
-                        "second signal: killing the children now (SIGKILL); the attempts they "
-                        "were running stay 'running' until heartbeat rescue takes them (after "
-                        "heartbeat_staleness_ms, 90 s by default)"
-                    )
                 self.kill_all()
 
         try:
@@ -782,6 +778,12 @@ class Supervisor:
             name = signal.Signals(signals[0]).name
             self.say(f"received {name}; stopping")
             clean = self.drain(interrupted=lambda: len(signals) > 1)
+            if len(signals) > 1:
+                self.say(
+                    "second signal: the children were killed (SIGKILL); the attempts they were "
+                    "running stay 'running' until heartbeat rescue takes them (after "
+                    "heartbeat_staleness_ms, 90 s by default)"
+                )
             self.say("all children stopped" if clean else "children stopped with errors")
             return 0 if clean else 1
         finally:
