@@ -634,6 +634,7 @@ async def test_a_released_attempt_wakes_its_queue_after_the_commit(dsn, client):
     from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 
     job = await client.insert(StageB("released"), queue="given_back")
+    await client._producer.waker.flush()  # the insert's own wake-up, before we listen
     pool = await client.pool()
     async with pool.connection() as conn:
         cur = await conn.execute(sql.CLAIM_ONE_OF_KIND, {"queue": "given_back", "kind": job.kind})

@@ -773,3 +773,47 @@ async def test_a_start_cancelled_part_way_leaves_nothing_running(dsn):
         assert [n for n in left if n != "awa-fast-pool-guard"] == []
     finally:
         await client.close()
+
+
+async def test_a_def_thread_outliving_shutdown_is_given_back_when_the_program_exits(dsn):
+    # asyncio.run(main()) returning after close(): the interpreter waited for the handler
+    # thread, then killed the (daemon) lingering thread before it gave the attempt back or
+    # removed the presence row (breaker helper)
+    admin = awa.AsyncClient(dsn)
+    try:
+        job = await admin.insert(Job(), queue="exit_q")
+    finally:
+        await admin.close()
+    script = textwrap.dedent(f"""
+        import asyncio, threading
+        import awa_fast as awa
+        from tests.test_hardening_shutdown import Job
+        gate = threading.Event()
+        async def main():
+            c = awa.AsyncClient({dsn!r})
+            def work(job):
+                print("running", flush=True)
+                gate.wait(30)
+            c.task(Job, queue="exit_q")(work)
+            await c.start([("exit_q", 1)], poll_interval_ms=50, maintenance=False)
+            await asyncio.to_thread(input)  # the test says when
+            await c.shutdown(timeout_ms=100)
+            await c.close()
+            threading.Timer(0.5, gate.set).start()  # the thread ends after main() returned
+        asyncio.run(main())
+        """)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.getcwd()
+    )
+    try:
+        assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"running\n"
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    row = await job_row(dsn, job.id)
+    assert (row["state"], row["attempt"], row["heartbeat_at"]) == ("available", 0, None)
+    assert await scalar(dsn, SERVING, ("exit_q",)) == 0

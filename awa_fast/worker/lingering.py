@@ -4,9 +4,11 @@ attempt keeps its "still running" mark fresh (``sql.HEARTBEAT``: the ``running``
 mark a deadline rescue left on the rescued row or its DLQ entry), and promotion, rescue and
 retries wait for it (docs/architecture.md, "No two executions of one job overlap").
 
-The beats and the attempt's last statements run on a daemon thread with a connection of its
-own: they go on after ``shutdown()`` closed the pool, for as long as the process lives. If the
-process dies first, the mark goes stale after ``heartbeat_staleness_ms`` and rescue takes over.
+The beats and the attempt's last statements run on a thread with a connection of its own:
+they go on after ``shutdown()`` closed the pool, and the interpreter's exit waits for them (it
+waits for the handler threads anyway; at exit, a database that does not answer is given up on
+after ``EXIT_TRIES`` tries). If the process dies first, the mark goes stale after the
+process's ``min_stale_ms`` and rescue takes over.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import psycopg
 from awa_fast import sql
 
 log = logging.getLogger("awa_fast.lingering")
+
+EXIT_TRIES = 3  # at interpreter exit, tries to write the ended attempts before giving up
 
 
 @dataclasses.dataclass
@@ -41,7 +45,7 @@ class Lingering:
     next beat (logged).
 
     Args:
-        database_url: where to connect (the daemon thread's own connection).
+        database_url: where to connect (the lingering thread's own connection).
         interval_s: seconds between beats.
     """
 
@@ -73,8 +77,11 @@ class Lingering:
         with self._lock:
             self._attempts[(ctx.id, ctx.run_lease)] = attempt
             if self._thread is None:
+                # Not a daemon: at interpreter exit it is joined after the handler threads
+                # (which the executor's exit hook joins first), so it still gives their
+                # attempts back and removes the presence row (a daemon was killed first).
                 self._thread = threading.Thread(
-                    target=self._run, name="awa-fast-lingering", daemon=True
+                    target=self._run, name="awa-fast-lingering", daemon=False
                 )
                 self._thread.start()
         ctx.thread.add_done_callback(lambda _f: self._wake.set())
@@ -96,8 +103,15 @@ class Lingering:
         with self._changed:
             return self._changed.wait_for(lambda: self.ended >= n, timeout)
 
+    @staticmethod
+    def _exiting_with_only_ended(attempts: list[_Attempt]) -> bool:
+        """The interpreter is exiting (its main thread ended) and every watched thread has
+        ended: only their last statements are left to write."""
+        return not threading.main_thread().is_alive() and all(a.future.done() for a in attempts)
+
     def _run(self) -> None:
         conn: psycopg.Connection | None = None
+        failures_at_exit = 0
         try:
             while True:
                 self._wake.clear()
@@ -122,6 +136,20 @@ class Lingering:
                     if conn is not None:
                         conn.close()
                     conn = None
+                    if self._exiting_with_only_ended(attempts):
+                        failures_at_exit += 1
+                        if failures_at_exit >= EXIT_TRIES:
+                            # the interpreter waits for this thread: never forever
+                            log.error(
+                                "giving up on %d lingering attempt(s) at exit (the database "
+                                "did not answer): heartbeat rescue takes them",
+                                len(attempts),
+                            )
+                            with self._lock:
+                                self._attempts.clear()
+                                self._thread = None
+                                self._presence = None
+                            return
                 if self.pending:  # else back to the top at once: the thread ends there
                     self._wake.wait(self.interval_s)
             if presence is not None:
