@@ -65,6 +65,11 @@ async def _configure(conn: psycopg.AsyncConnection) -> None:
     await conn.execute(sql.SESSION_READ_COMMITTED)
 
 
+# close(): the longest wait for a cancelled shutdown's release step (the finalizer's last flush
+# is bounded by SHUTDOWN_GRACE_S, 10 s; the rest by seconds)
+RELEASE_WAIT_S = 15.0
+
+
 def _check_reachable(url: str) -> None:
     """Connect once and close (awa-pg connects at construction). Raises DatabaseError."""
     try:
@@ -115,6 +120,7 @@ class AsyncClient:
         self._runtime: Runtime | None = None
         self._starting: asyncio.Event | None = None  # set when a start() in progress ends
         self._stopping: asyncio.Event | None = None  # set when a shutdown() in progress ends
+        self._releasing: asyncio.Future | None = None  # the last runtime's release step
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
         self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
         self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
@@ -208,6 +214,11 @@ class AsyncClient:
         pool."""
         if self._runtime is not None or self._stopping is not None or self._starting:
             await self.shutdown()  # (waits for a start or shutdown in progress)
+        releasing, self._releasing = self._releasing, None
+        if releasing is not None and not releasing.done():
+            # a cancelled shutdown's release (connections, presence row) needs the pool
+            with contextlib.suppress(Exception, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(releasing), RELEASE_WAIT_S)
         await self._producer.waker.flush()
         if self._pool is not None:
             await self._pool.close()
@@ -1105,6 +1116,9 @@ class AsyncClient:
             try:
                 await runtime.shutdown(timeout_ms)
             finally:
+                # a cancelled shutdown's release still runs: close() waits for it before the
+                # pool goes
+                self._releasing = runtime.released
                 stopping, self._stopping = self._stopping, None
                 stopping.set()
 

@@ -721,13 +721,17 @@ async def test_a_handler_that_ignores_its_cancellation_cannot_hold_shutdown(
             "left running for heartbeat rescue" in r.getMessage() and str(job.id) in r.getMessage()
             for r in caplog.records
         )
-        # when it does return, its outcome is finalized on its own transaction: it waited
-        # forever on the closed finalizer's buffer, and asyncio.run() with it (breaker helper)
+        # when it does return, its task ends at once and touches no database: it waited
+        # forever on the closed finalizer's buffer (and asyncio.run() with it), then reopened
+        # the closed client's pool (breaker helpers); the attempt is left for rescue
+        await client.close()
         release.set()
         tasks = list(runtime._handler_tasks.values())
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
         assert ended == [job.id]
-        assert (await job_row(dsn, job.id))["state"] == "completed"
+        assert client._pool is None
+        assert (await job_row(dsn, job.id))["state"] == "running"
+        assert any("ended after shutdown had returned" in r.getMessage() for r in caplog.records)
     finally:
         release.set()
         await client.close()
@@ -817,3 +821,29 @@ async def test_a_def_thread_outliving_shutdown_is_given_back_when_the_program_ex
     row = await job_row(dsn, job.id)
     assert (row["state"], row["attempt"], row["heartbeat_at"]) == ("available", 0, None)
     assert await scalar(dsn, SERVING, ("exit_q",)) == 0
+
+
+async def test_a_cancelled_shutdown_still_releases_everything_and_close_waits_for_it(dsn):
+    # a caller's wait_for cut shutdown short: the finalizer's tasks, the LISTEN and heartbeat
+    # connections and the presence row stayed, and close() could not help (breaker helper)
+    started = asyncio.Event()
+
+    async def work(job):
+        started.set()
+        await asyncio.sleep(0.3)
+
+    client = awa.AsyncClient(dsn)
+    client.task(Job, queue="cut_q")(work)
+    await client.insert(Job(), queue="cut_q")
+    await client.start([("cut_q", 1)], **FAST)
+    runtime = client.runtime
+    await asyncio.wait_for(started.wait(), 15)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(client.shutdown(timeout_ms=2000), 0.01)
+    await client.close()
+    assert runtime.released is not None and runtime.released.done()
+    left = [t for t in asyncio.all_tasks() if t.get_name().startswith("awa-")]
+    assert [t.get_name() for t in left if not t.cancelling()] == []  # (close() cancels its guard)
+    assert await scalar(dsn, ALIVE, (runtime.instance,)) == 0
+    assert client._pool is None
+    assert runtime._listen_conn.closed

@@ -815,6 +815,8 @@ class Runtime:
         self._handler_tasks: dict[tuple[int, int], asyncio.Task] = {}
         self.dispatchers: dict[str, Dispatcher] = {}
         self.idle_poll: IdlePoll | None = None
+        self._stopped = False  # shutdown() returned: attempts ending later are left to rescue
+        self.released: asyncio.Future | None = None  # shutdown's release step (see shutdown)
         self._tasks: list[asyncio.Task] = []
         self._listen_conn: psycopg.AsyncConnection | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -936,14 +938,20 @@ class Runtime:
         flush the finalizer. The caller closes the pool after this returns."""
         timeout_s = max(timeout_ms, 0) / 1000
         try:
-            await self._shutdown(timeout_s)
+            await self._drain(timeout_s)
         finally:
+            self._stopped = True
             # Also when this shutdown was cancelled or failed: no loop of this runtime may
-            # outlive it (a caller's wait_for around shutdown left them all running).
+            # outlive it (a caller's wait_for around shutdown left them all running), and its
+            # connections, finalizer and presence row are released by a task of their own,
+            # which a cancel of this call does not stop (``released``; close() waits for it).
             for task in [*self._tasks, *self._handler_tasks.values()]:
                 task.cancel()
+            if self.released is None:
+                self.released = asyncio.ensure_future(self._release())
+        await asyncio.shield(self.released)
 
-    async def _shutdown(self, timeout_s: float) -> None:
+    async def _drain(self, timeout_s: float) -> None:
         for d in self.dispatchers.values():
             d.stop()
         dispatching = [t for t in self._tasks if t.get_name().startswith("awa-dispatch-")]
@@ -975,6 +983,11 @@ class Runtime:
             if still:
                 await self._wait_bounded(still, pending)
         await _cancel_and_wait(self._tasks)
+
+    async def _release(self) -> None:
+        """Shutdown's second half: flush the finalizer, hand over or remove the presence row,
+        close the LISTEN and heartbeat connections, the thread pool, the metrics endpoint.
+        Each step is bounded or local; a failure of one is logged and the others run."""
         if self.finalizer is not None:
             try:
                 await asyncio.wait_for(self.finalizer.close(), SHUTDOWN_GRACE_S)
@@ -994,15 +1007,28 @@ class Runtime:
                         await conn.execute(sql.WORKER_GONE, (self.instance,))
             except (Exception, TimeoutError) as exc:  # the row expires on its own
                 log.warning("could not remove this worker's presence row: %r", exc)
-        if self._listen_conn is not None:
-            await self._listen_conn.close()
-        if self.heartbeat is not None:
-            await self.heartbeat.close()
+        for closing in (self._listen_conn, self.heartbeat):
+            if closing is not None:
+                try:
+                    await closing.close()
+                except Exception as exc:  # closing a connection the server already dropped
+                    log.warning("closing at shutdown: %s: %s", type(exc).__name__, exc)
         self.thread_pool.shutdown(wait=False, cancel_futures=True)
         if self.gc_freeze:
             gc.unfreeze()  # what start() froze is the collector's again
         if self.metrics_exporter is not None:
             self.metrics_exporter.close()
+
+    def _left_after_shutdown(self, ctx: JobContext) -> None:
+        # Shutdown has returned (its bound passed): nothing of this runtime touches the
+        # database any more (the client may have closed its pool; a late statement would
+        # open a new one). The attempt stays running; heartbeat rescue takes it.
+        log.error(
+            "job %s (%s) ended after shutdown had returned: its attempt stays running until "
+            "heartbeat rescue",
+            ctx.id,
+            ctx.kind,
+        )
 
     async def _wait_bounded(self, still: set, pending: dict) -> None:
         """Wait up to ``SHUTDOWN_GRACE_S`` for the attempt tasks left after the drain (the
@@ -1102,6 +1128,9 @@ class Runtime:
                             lingering.watch(ctx, release=True)
                             return
                         # Shutdown gave up waiting: hand the attempt back, uncounted.
+                        if self._stopped:
+                            self._left_after_shutdown(ctx)
+                            return
                         result = await finalizer.submit(FinalizeRequest.release(ctx))
                         applied = result is Finalized.APPLIED
                         return
@@ -1111,6 +1140,9 @@ class Runtime:
             self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
             if outcome.kind in (ex.FAIL, ex.RETRY):
                 _log_failed_attempt(ctx, outcome)
+            if self._stopped:
+                self._left_after_shutdown(ctx)
+                return
             returned_at = time.perf_counter()
             result = await finalizer.submit(FinalizeRequest.of(ctx, outcome))
             applied = result is not Finalized.STALE
@@ -1130,7 +1162,7 @@ class Runtime:
             self.in_flight.pop((ctx.id, ctx.run_lease), None)
             self._handler_tasks.pop((ctx.id, ctx.run_lease), None)
             try:
-                if applied is False or abandoned:
+                if (applied is False or abandoned) and not self._stopped:
                     # Stale (maybe cancelled or failed externally while it ran) or abandoned
                     # at its deadline: its handler is done now, so clear the "still running"
                     # mark.
