@@ -437,7 +437,7 @@ def check_config(
             "without queue= go (their handlers were registered without queue=): those jobs "
             "wait for a worker of 'default'. A misspelt queue name?",
             QueueMismatchWarning,
-            stacklevel=4,
+            stacklevel=5,  # the application's start() call (start -> _runtime_for -> here)
         )
     if heartbeat_interval_ms * HEARTBEAT_SAFETY > heartbeat_staleness_ms:
         raise ConfigError(
