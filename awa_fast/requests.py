@@ -150,16 +150,16 @@ def to_json(value: Any, field: str) -> bytes:
             f"{field} is not JSON-serializable: {exc}", field=field, limit="JSON"
         ) from exc
     _native.check_json_nul(data, field)
-    if b"null" in data:  # orjson's NaN and infinities: only then is the value walked
-        _check_finite(value, field)
+    _check_finite(data, value, field)
     return data
 
 
-def _check_finite(value: Any, path: str) -> None:
+def _check_finite(data: bytes, value: Any, path: str) -> None:
     """Raise ``ValidationError`` naming the path of the first NaN or infinite float in
-    ``value`` (dicts, lists, tuples, dataclasses and enum members, as orjson writes them). The
-    path is built only once one is found: args of a million ``None`` cost one walk."""
-    if not _has_non_finite(value):
+    ``value``, whose orjson encoding is ``data`` (orjson writes them as ``null``: only JSON
+    holding one is walked). Walks dicts, lists, tuples, dataclasses and enum members, as orjson
+    writes them; the path is built only once one is found."""
+    if b"null" not in data or not _has_non_finite(value):
         return
     for where, bad in _floats(value, path):
         if not math.isfinite(bad):
@@ -390,8 +390,8 @@ def prepare_uniform(
         builtins = [args_to_builtins(x) for x in items]
     jsons = _native.encode_many(builtins, "args")
     for i, data in enumerate(jsons):
-        if b"null" in data:  # orjson's NaN and infinities (see to_json)
-            _check_finite(builtins[i], f"args[{i}]")
+        if b"null" in data:  # (the hot loop skips the call for rows without one)
+            _check_finite(data, builtins[i], f"args[{i}]")
     keys = None
     if unique is not None:
         by_queue, by_args, by_period, _ = unique

@@ -249,11 +249,11 @@ async def _outcome(handler: Handler, ctx: JobContext, thread_pool: Any, traced: 
         result = await _call(handler, ctx, thread_pool, traced)
     except asyncio.CancelledError:
         raise
-    except _HandlerRaised as raised:
-        return handler_error(ctx, raised.exc)
     except BaseException as exc:
         log.debug("job %s (%s) attempt %s raised", ctx.id, ctx.kind, ctx.attempt, exc_info=True)
         return handler_error(ctx, exc)
+    if type(result) is _Raised:  # a def handler's exception (type(): __class__ may raise)
+        return handler_error(ctx, result.exc)
     return map_result(ctx, result)
 
 
@@ -274,8 +274,8 @@ async def _call(handler: Handler, ctx: JobContext, thread_pool: Any, traced: boo
         # thread still runs before it gives the attempt back (see Runtime._run).
         ctx.thread = thread_pool.submit(boxed)
         result = await asyncio.wrap_future(ctx.thread)
-    if type(result) is _Raised:  # type(): isinstance reads __class__, which may raise
-        raise _HandlerRaised(result.exc)
+    if type(result) is _Raised:
+        return result
     try:
         awaitable = inspect.isawaitable(result)  # reads __class__, which may raise
     except BaseException:
@@ -291,13 +291,6 @@ class _Raised:
     cannot raise them into a future), which left the attempt unfinalized."""
 
     __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-class _HandlerRaised(Exception):
-    """Carries a ``def`` handler's exception from :func:`_call` to :func:`_outcome`."""
 
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
