@@ -6,6 +6,37 @@ with an error that says how to build them. :func:`native_extensions` reports wha
 
 from __future__ import annotations
 
+import importlib
+import signal
+import threading
+from types import ModuleType
+
+
+def _import_holding_sigint(name: str) -> ModuleType:
+    """Import ``name`` with SIGINT held back, then deliver a SIGINT that came meanwhile.
+
+    orjson's module init does not check its own imports of the standard library: a
+    ``KeyboardInterrupt`` raised inside them (Ctrl-C right after ``awa-fast worker`` starts)
+    made it dereference NULL and the process died of SIGSEGV. Python raises
+    ``KeyboardInterrupt`` only in the main thread, so elsewhere this is a plain import.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return importlib.import_module(name)
+    held: list = []
+    previous = signal.signal(signal.SIGINT, lambda _signum, frame: held.append(frame))
+    try:
+        return importlib.import_module(name)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            if callable(previous):
+                previous(signal.SIGINT, held[0])  # default_int_handler raises KeyboardInterrupt
+            elif previous != signal.SIG_IGN:
+                signal.raise_signal(signal.SIGINT)
+
+
+_import_holding_sigint("orjson")  # before the _ext modules, which import it
+
 try:
     from awa_fast._ext import batch as _batch
     from awa_fast._ext import sizing as _sizing

@@ -779,10 +779,13 @@ class Supervisor:
             self.say(f"received {name}; stopping")
             clean = self.drain(interrupted=lambda: len(signals) > 1)
             if len(signals) > 1:
+                killed = [c for c in self.children if c.exit_code == -signal.SIGKILL]
                 self.say(
-                    "second signal: the children were killed (SIGKILL); the attempts they were "
-                    "running stay 'running' until heartbeat rescue takes them (after "
+                    f"second signal: {len(killed)} child(ren) killed (SIGKILL); the attempts "
+                    "they were running stay 'running' until heartbeat rescue takes them (after "
                     "heartbeat_staleness_ms, 90 s by default)"
+                    if killed
+                    else "second signal: every child had already stopped; nothing was killed"
                 )
             self.say("all children stopped" if clean else "children stopped with errors")
             return 0 if clean else 1
