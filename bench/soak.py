@@ -96,6 +96,7 @@ def merge(into: dict[int, int], hist: dict[int, int]) -> None:
 # -- CPU from /proc ---------------------------------------------------------------------------------
 
 _TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -112,6 +113,15 @@ def process_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of ``pid`` (all its threads), None if unreadable."""
     f = _stat(pid)
     return None if f is None else (int(f[11]) + int(f[12])) / _TCK
+
+
+def process_rss_bytes(pid: int) -> int | None:
+    """Resident memory of ``pid`` in bytes (``/proc/<pid>/statm``), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def postmaster_of(backend_pid: int) -> int | None:
@@ -293,6 +303,7 @@ def _snapshot(state: SoakState, conn, adapter, postmaster, workers, producer) ->
         "late_ms": state.take_late(),
         "relations": relations(conn, schema, pattern),
         "cpu_workers": _sum_cpu(ch.pid for ch in workers),
+        "rss_workers": _sum_rss(ch.pid for ch in workers),
         "cpu_producer": process_cpu_s(producer.pid),
         "cpu_postgres": server_cpu_s(postmaster),
     }
@@ -300,6 +311,11 @@ def _snapshot(state: SoakState, conn, adapter, postmaster, workers, producer) ->
 
 def _sum_cpu(pids) -> float | None:
     values = [process_cpu_s(p) for p in pids]
+    return None if any(v is None for v in values) else sum(values)
+
+
+def _sum_rss(pids) -> int | None:
+    values = [process_rss_bytes(p) for p in pids]
     return None if any(v is None for v in values) else sum(values)
 
 
@@ -510,6 +526,7 @@ def windows(snaps: list[dict], state: SoakState, t0: float, args) -> list[dict]:
                 "autoanalyze_runs": sum(r["autoanalyze"] for r in rels.values()),
                 **cpu,
                 "cpu_ms_per_job": job_cpu,
+                "rss_workers_mb": None if b["rss_workers"] is None else b["rss_workers"] / 2**20,
                 "wal_bytes": wal,
                 "wal_bytes_per_job": wal / completed if completed > 0 else None,
                 "relations": rels,
@@ -606,6 +623,9 @@ def summarize(samples: list[dict], args, state: SoakState) -> dict:
         if done > 0
         else None
     )
+    # Worker memory over hours: the largest resident size of the thirds (both processes).
+    rss_first = max((w["rss_workers_mb"] or 0 for w in steady[:third]), default=None)
+    rss_last = max((w["rss_workers_mb"] or 0 for w in steady[-third:]), default=None)
     wal_done = sum(w["completion_rate"] * w["dt_s"] for w in steady)
     wal_per_job = sum(w["wal_bytes"] for w in steady) / wal_done if wal_done > 0 else None
     return {
@@ -648,6 +668,8 @@ def summarize(samples: list[dict], args, state: SoakState) -> dict:
         "hot_size_slope_bytes_per_min": size_slope,
         "total_size_slope_bytes_per_min": total_slope,
         "cpu_ms_per_job_after_warmup": cpu_ms,
+        "worker_rss_mb_max_first_third": rss_first,
+        "worker_rss_mb_max_last_third": rss_last,
         "wal_bytes_per_job_after_warmup": wal_per_job,
     }
 
@@ -712,6 +734,11 @@ def details(rec: dict) -> str:
         parts.append(f"hot size {s['hot_size_slope_bytes_per_min'] / 2**20:+.2f} MB/min")
     if s.get("cpu_ms_per_job_after_warmup") is not None:
         parts.append(f"{s['cpu_ms_per_job_after_warmup']:.3f} ms CPU/job")
+    if s.get("worker_rss_mb_max_first_third") and s.get("worker_rss_mb_max_last_third"):
+        parts.append(
+            f"worker RSS {s['worker_rss_mb_max_first_third']:,.0f} -> "
+            f"{s['worker_rss_mb_max_last_third']:,.0f} MB"
+        )
     if s.get("wal_bytes_per_job_after_warmup") is not None:
         parts.append(f"WAL {s['wal_bytes_per_job_after_warmup']:,.0f} B/job")
     if rec.get("samples_csv"):
@@ -751,6 +778,7 @@ CSV_FIELDS = (
     "cpu_producer_s",
     "cpu_postgres_s",
     "cpu_ms_per_job",
+    "rss_workers_mb",
     "wal_bytes",
     "wal_bytes_per_job",
 )

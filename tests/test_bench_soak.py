@@ -60,6 +60,7 @@ def _check_run(out: Path, rate: float, duration: float) -> dict:
         for rel in w["relations"].values():
             assert set(rel) == {"root", "live", "dead", "size", *soak.COUNTERS}
         assert w["cpu_workers_s"] is not None
+        assert w["rss_workers_mb"] > 10  # both worker processes' resident memory, sampled
     # the tables that took updates or deletes are named, with their worst dead-tuple count
     assert summary["hot_relations"]
     assert summary["hot_dead_tuples_max"] is not None
@@ -71,6 +72,8 @@ def _check_run(out: Path, rate: float, duration: float) -> dict:
         "autovacuum_runs_by_relation",
         "cpu_ms_per_job_after_warmup",
         "wal_bytes_per_job_after_warmup",
+        "worker_rss_mb_max_first_third",
+        "worker_rss_mb_max_last_third",
     ):
         assert key in summary, key
 
