@@ -550,3 +550,111 @@ async def test_class1_inline_park_into_a_held_key_cancels_as_a_duplicate(dsn, cl
             "in waiting_external; cancelled as a duplicate",
         )
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# class 2/3: a settlement that would make a second holder of a unique key. A failure whose
+# mask holds 'failed' (not 'running') takes its key only when it settles: the consequence
+# settlement collided with a live holder, rolled back, and the reconciler ran the effect again
+# every tick for as long as the holder lived; a verify_success correction into such a key was
+# retried every tick with no back-off (the hook ran about once a second) and then dropped.
+
+FAILED_BIT = 1 << 5
+
+
+async def _hold_key_of(dsn, job_id) -> int:
+    """A second job holding ``job_id``'s unique key while available, on a queue nobody serves."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "INSERT INTO awa_fast.jobs (kind, queue, args, state, unique_key, unique_states) "
+            "SELECT 'job', 'nobody', '{}', 'available', unique_key, %s FROM awa_fast.jobs_all "
+            "WHERE id = %s RETURNING id",
+            ((1 << 1) | FAILED_BIT, job_id),
+        )
+        return (await cur.fetchone())[0]
+
+
+async def test_class2_a_consequence_settlement_into_a_held_key_settles_once(dsn, client):
+    calls = []
+
+    @client.task(Job, failure_consequence=lambda failure: calls.append(failure.job.id))
+    async def handler(job):
+        raise awa.TerminalError("boom")
+
+    job = await client.insert(
+        Job(), max_attempts=1, unique_opts={"by_args": False, "states": FAILED_BIT}
+    )
+    holder = await _hold_key_of(dsn, job.id)
+    await client.start([("default", 1)], **FAST, consequence_backoff_ms=100)
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 15)
+    for _ in range(3):  # the reconciler finds nothing left to settle
+        await client.runtime.reconcile()
+    row = await job_row(dsn, job.id)
+    assert (row["state"], row["consequence_state"]) == ("cancelled", "applied"), row
+    assert row["errors"][-1]["error"].startswith("cancelled as duplicate"), row["errors"]
+    assert calls == [job.id]  # the effect ran once
+    assert (await job_row(dsn, holder))["state"] == "available"
+
+
+async def test_class3_a_correction_into_a_held_key_fails_without_the_key(dsn, client):
+    verdicts, calls = [], []
+
+    def verify(job):
+        verdicts.append(job.id)
+        return False  # not done
+
+    @client.task(
+        Job, failure_consequence=lambda failure: calls.append(failure.job.id), verify_success=verify
+    )
+    async def handler(job):
+        return None
+
+    job = await client.insert(Job(), unique_opts={"by_args": False, "states": FAILED_BIT})
+    holder = await _hold_key_of(dsn, job.id)
+    await client.start([("default", 1)], **FAST)
+    await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 15)
+    await wait_state(client, job.id, "completed", timeout=5)
+    for _ in range(3):
+        await client.runtime.reconcile()
+    row = await job_row(dsn, job.id)
+    assert (row["state"], row["consequence_state"]) == ("failed", "applied"), row
+    assert "failed without its unique key" in row["errors"][-1]["error"], row["errors"]
+    assert row["errors"][-1]["corrected"] is True
+    assert not row["unique_states"] & FAILED_BIT  # it does not hold the key
+    assert (verdicts, calls) == ([job.id], [job.id])
+    assert (await job_row(dsn, holder))["state"] == "available"
+
+
+async def test_class3_a_verdict_that_cannot_be_recorded_is_backed_off(dsn, client):
+    verdicts = []
+
+    @client.task(Job, failure_consequence=lambda failure: None, verify_success=verdicts.append)
+    async def handler(job):
+        return None
+
+    job = await client.insert(Job())
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        # a real fault: recording any verdict fails
+        await conn.execute(
+            "CREATE FUNCTION awa_test_refuse_verdict() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$"
+        )
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                "CREATE TRIGGER refuse BEFORE DELETE ON awa_fast.verify_due "
+                "FOR EACH ROW EXECUTE FUNCTION awa_test_refuse_verdict()"
+            )
+        await client.start([("default", 1)], **FAST)
+        await asyncio.wait_for(client.runtime.wait_attempts_ended(1), 15)
+        await wait_state(client, job.id, "completed", timeout=5)
+        for _ in range(3):  # the first back-off is 1 s
+            await client.runtime.reconcile()
+        assert len(verdicts) == 1
+        assert await scalar(
+            dsn, "SELECT tries FROM awa_fast.verify_due WHERE job_id = %s", (job.id,)
+        )
+    finally:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("DROP TRIGGER IF EXISTS refuse ON awa_fast.verify_due")
+            await conn.execute("DROP FUNCTION IF EXISTS awa_test_refuse_verdict()")

@@ -6,6 +6,7 @@ from awa_fast.sql.fragments import (
     CONSEQUENCE_COLUMNS,
     JOB_COLUMNS,
     S,
+    _cancel_duplicate,
     ends_attempt,
     moved_back,
 )
@@ -22,6 +23,16 @@ _SETTLE_MARK = "CASE WHEN state = 'running' THEN %(mark)s::timestamptz ELSE hear
 SETTLE_FAILED = f"""
 UPDATE {S}.jobs
 SET state = 'failed', finalized_at = now(), {ends_attempt(_SETTLE_MARK)},
+    consequence_state = %(consequence)s, consequence_reason = %(reason)s,
+    consequence_path = CASE WHEN %(consequence)s::text = 'applied' THEN %(path)s END,
+    consequence_applied_at = CASE WHEN %(consequence)s::text = 'applied' THEN now() END,
+    consequence_retry_at = NULL, consequence_error = NULL
+WHERE id = %(id)s"""
+
+# ... when settling as failed would make a second holder of the job's unique key (its mask
+# holds 'failed' and another job holds the key): cancelled as a duplicate, as the worker's own
+# failure into a held key is, with its consequence settled all the same (same params).
+SETTLE_FAILED_AS_DUPLICATE = f"""{_cancel_duplicate(_SETTLE_MARK)},
     consequence_state = %(consequence)s, consequence_reason = %(reason)s,
     consequence_path = CASE WHEN %(consequence)s::text = 'applied' THEN %(path)s END,
     consequence_applied_at = CASE WHEN %(consequence)s::text = 'applied' THEN now() END,
@@ -80,8 +91,14 @@ WHERE id = %s AND consequence_state = 'owed' AND consequence_retry_at <= now()
 FOR UPDATE SKIP LOCKED"""
 
 # A corrected job owes its consequence: it moves back from jobs_done to the hot table (ADR 016).
+# keep_key false: the job's mask holds 'failed' and another job holds its key, so the corrected
+# job fails without holding it (its 'failed' bit leaves the mask; the error says so).
+_KEYED = f"""CASE WHEN %(keep_key)s THEN {{0}}unique_states
+    ELSE {{0}}unique_states & ~(1 << {S}.state_bit('failed')) END"""
+
 _CORRECTED_ROW = {
     "state": f"'failed'::{S}.job_state",
+    "unique_states": _KEYED.format("o."),
     "finalized_at": "now()",
     "errors": "o.errors || %(error)s::jsonb",
     "consequence_state": "%(cstate)s::text",
@@ -97,6 +114,7 @@ WITH {moved_back("j.id = %(id)s AND j.state = 'completed'", _CORRECTED_ROW, JOB_
 live AS (
     UPDATE {S}.jobs
     SET state = 'failed', finalized_at = now(), errors = errors || %(error)s::jsonb,
+        unique_states = {_KEYED.format("")},
         consequence_state = %(cstate)s, consequence_reason = 'corrected',
         consequence_path = 'reconciliation', consequence_retry_at = now(),
         consequence_applied_at = NULL, consequence_error = NULL

@@ -48,6 +48,8 @@ REASONS = (
     "corrected",
 )
 MAX_BACKOFF_S = 600.0
+# Appended to a correction's error when the corrected job cannot hold its unique key.
+KEY_HELD_ELSEWHERE = "failed without its unique key: another job holds it"
 
 
 @dataclasses.dataclass
@@ -393,16 +395,16 @@ class Settler:
             consequence = "applied"
             self.stats["applied"] += 1
             metrics.CONSEQUENCES_APPLIED.labels(kind).inc()
-        await conn.execute(
-            sql.SETTLE_FAILED,
-            {
-                "id": job_id,
-                "consequence": consequence,
-                "reason": reason,
-                "path": path,
-                "mark": mark,
-            },
-        )
+        settle = {"id": job_id, "consequence": consequence, "reason": reason, "path": path}
+        try:
+            async with conn.transaction():  # a savepoint: the effect's own writes stay
+                await conn.execute(sql.SETTLE_FAILED, {**settle, "mark": mark})
+        except psycopg.errors.UniqueViolation:
+            # Another job holds the key this failure would hold: settled once, as a duplicate,
+            # instead of rolling back and running the effect again on every reconciler tick.
+            await conn.execute(sql.SETTLE_FAILED_AS_DUPLICATE, {**settle, "mark": mark})
+            log.info("failed job %s cancelled as a duplicate: another job holds its key", job_id)
+            return "cancelled"
         if exhausted is None:
             job = Job.from_row(row)
             exhausted = self.specs.requests(
@@ -449,13 +451,21 @@ class Settler:
             "corrected": True,
             "at": datetime.now(UTC).isoformat(),
         }
+        params = {"id": job_id, "cstate": self.correction_state(kind), "keep_key": True}
+        try:
+            async with conn.transaction():
+                cur = await conn.execute(
+                    sql.CORRECT_TO_FAILED, {**params, "error": orjson.dumps([entry]).decode()}
+                )
+                return await cur.fetchone() is not None
+        except psycopg.errors.UniqueViolation:
+            pass
+        # Failed, its mask holds 'failed', and another job holds the key: the correction (and
+        # the consequence it owes) stands; the job fails without holding the key.
+        keyless = {**entry, "error": f"{entry['error']}; {KEY_HELD_ELSEWHERE}"}
         cur = await conn.execute(
             sql.CORRECT_TO_FAILED,
-            {
-                "id": job_id,
-                "cstate": self.correction_state(kind),
-                "error": orjson.dumps([entry]).decode(),
-            },
+            {**params, "keep_key": False, "error": orjson.dumps([keyless]).decode()},
         )
         return await cur.fetchone() is not None
 

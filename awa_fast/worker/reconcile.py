@@ -191,11 +191,14 @@ async def _verify(
         except Deposed:
             raise
         except Exception:
+            # ... backed off like a raising hook: one that fails every time must neither run
+            # the hook every tick nor hold the batch
             log.exception(
-                "recording the verdict on %s job %s failed; it is verified again next tick",
+                "recording the verdict on %s job %s failed; it is verified again after a back-off",
                 job.kind,
                 job.id,
             )
+            await _defer_due(fenced, job.id)
             continue
         if not verdict:
             log.warning(
