@@ -104,6 +104,10 @@ async def complete_external(deps: CallbackDeps, callback_id: Any, payload: Any =
     an early callback). Registered Completed specs fire in the same transaction; staged
     follow-ups of a still-running handler are discarded (its completion is then stale).
 
+    When the job's unique mask holds ``completed`` and another job holds its key, the job is
+    cancelled as a duplicate instead (returned so, its last error saying so), as a worker's
+    own completion into a held key is.
+
     Raises:
         CallbackNotFound: no such callback (or it timed out and was rescued).
         ValidationError: ``callback_id`` is not a UUID.
@@ -119,7 +123,14 @@ async def _complete_locked(deps: CallbackDeps, conn, row: tuple) -> Job:
     """Complete the job of a row :func:`_locked` returned, in the caller's transaction."""
     job = Job.from_row(row)
     requests = deps.specs.requests(job.kind, "completed", job.args, job, job.id, job.metadata)
-    cur = await conn.execute(sql.COMPLETE_EXTERNAL, (job.id,))
+    try:
+        async with conn.transaction():
+            cur = await conn.execute(sql.COMPLETE_EXTERNAL, (job.id,))
+    except pg_errors.UniqueViolation:
+        # Another job holds the key this completion would hold: the job is a duplicate (no
+        # follow-ups), as a worker's own completion into a held key is.
+        cur = await conn.execute(sql.COMPLETE_EXTERNAL_AS_DUPLICATE, (job.id,))
+        return Job.from_row(await cur.fetchone())
     done = Job.from_row(await cur.fetchone())
     if requests:
         await enqueue.insert_follow_ups(conn, requests, job.kind, job.id)

@@ -223,3 +223,33 @@ async def test_external_completion_discards_staged_follow_ups(dsn, client):
     await until(lambda: _stale(client), client, what="stale outcome")
     assert (await job_row(dsn, job.id))["state"] == "completed"
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'after'") == 0
+
+
+async def test_an_external_completion_into_a_held_key_is_cancelled_as_a_duplicate(dsn, client):
+    # it raised UniqueConflict and the job stayed parked until its callback timed out: the
+    # external result was lost (breaker helper)
+    tokens = {}
+
+    @client.task(Ext)
+    async def ext(job):
+        token = await job.register_callback(timeout_seconds=3600)
+        tokens[job.id] = token.id
+        return awa.WaitForCallback(token)
+
+    completed_only = {"by_args": False, "states": 1 << 3}
+    job = await client.insert(Ext(""), unique_opts=completed_only)
+    await client.start([("default", 1)], **FAST)
+    await wait_state(client, job.id, "waiting_external")
+    holder = await scalar(
+        dsn,
+        "INSERT INTO awa_fast.jobs (kind, queue, args, state, unique_key, unique_states) "
+        "SELECT 'other', 'nobody', '{}', 'available', unique_key, 10 FROM awa_fast.jobs "
+        "WHERE id = %s RETURNING id",
+        (job.id,),
+    )
+    done = await client.complete_external(tokens[job.id], {"ok": True})
+    assert done.state == awa.JobState.Cancelled and done.callback_id is None
+    assert done.errors[-1]["error"].startswith("cancelled as duplicate")
+    row = await job_row(dsn, job.id)
+    assert row["state"] == "cancelled" and not row["unique_states"] & (1 << 6)
+    assert (await job_row(dsn, holder))["state"] == "available"

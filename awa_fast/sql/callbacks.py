@@ -8,6 +8,7 @@ from awa_fast.sql.fragments import (
     CONSEQUENCE_COLUMNS,
     JOB_COLUMNS,
     S,
+    _cancel_duplicate,
     ends_attempt,
 )
 
@@ -51,6 +52,12 @@ COMPLETE_EXTERNAL = f"""
 UPDATE {S}.jobs
 SET {COMPLETED}
 WHERE id = %s RETURNING {JOB_COLUMNS}"""
+
+# ... when completing would make a second holder of the job's unique key (its mask holds
+# 'completed', another job holds the key): cancelled as a duplicate, as a worker's completion
+# into a held key is.
+COMPLETE_EXTERNAL_AS_DUPLICATE = f"""{_cancel_duplicate("NULL")}WHERE id = %s
+RETURNING {JOB_COLUMNS}"""
 
 RETRY_EXTERNAL = f"""
 UPDATE {S}.jobs
