@@ -15,6 +15,7 @@ import time
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 import awa_fast as awa
 from awa_fast.errors import ConfigError, SchemaNotMigrated
@@ -333,3 +334,40 @@ async def test_an_unknown_start_keyword_names_the_close_one(dsn, client):
     with pytest.raises(TypeError, match=r"staged_completion \(did you mean 'staged_completions'"):
         await client.start(None, staged_completion="batched", **FAST)
     assert client.runtime is None
+
+
+@pytest.mark.parametrize("how", ["role", "session"])
+async def test_an_admin_bulk_call_that_cannot_write_raises_instead_of_reporting_zero(dsn, how):
+    # A role without write privileges, or a read-only session (a standby), made drain_queue,
+    # retry_failed and purge_dlq redo every row alone, fail each, and report 0 (breaker helper).
+    url = dsn
+    if how == "role":
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("DROP ROLE IF EXISTS awa_reader")
+            await conn.execute("CREATE ROLE awa_reader LOGIN")
+            await conn.execute("GRANT USAGE ON SCHEMA awa_fast TO awa_reader")
+            await conn.execute("GRANT SELECT ON ALL TABLES IN SCHEMA awa_fast TO awa_reader")
+        url = make_conninfo(dsn, user="awa_reader")
+    else:
+        url = make_conninfo(dsn, options="-c default_transaction_read_only=on")
+    writer = awa.AsyncClient(dsn)
+    reader = awa.AsyncClient(url)
+    try:
+        job = await writer.insert({"i": 1}, kind="ro_kind", queue="ro_q")
+        expected = psycopg.errors.InsufficientPrivilege
+        if how == "session":
+            expected = psycopg.errors.ReadOnlySqlTransaction
+        with pytest.raises(expected):
+            await reader.drain_queue("ro_q")
+        with pytest.raises(expected):
+            await reader.retry_failed(queue="ro_q")
+        with pytest.raises(expected):
+            await reader.purge_dlq(queue="ro_q")
+        assert (await job_row(dsn, job.id))["state"] == "available"  # nothing changed
+    finally:
+        await reader.close()
+        await writer.close()
+        if how == "role":
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute("DROP OWNED BY awa_reader")
+                await conn.execute("DROP ROLE awa_reader")

@@ -194,6 +194,14 @@ async def test_class3_verdict_and_correction_commit_together(dsn, client):
     assert result["corrected"] == []
     row = await job_row(dsn, job.id)
     assert (row["state"], row["verified_at"]) == ("completed", None)  # the verdict is not lost
+    # ... and backed off (not verified again every tick): let the back-off pass
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "UPDATE awa_fast.verify_due SET next_try_at = now() WHERE job_id = %s "
+            "AND tries = 1 AND next_try_at > now() RETURNING 1",
+            (job.id,),
+        )
+        assert await cur.fetchone() is not None
     result = await client.runtime.reconcile()  # verified again, corrected this time
     assert result["corrected"] == [job.id] and verdicts == [job.id, job.id]
     row = await job_row(dsn, job.id)

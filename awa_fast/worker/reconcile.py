@@ -180,7 +180,7 @@ async def _verify(
             continue
         try:
             # The verdict and the correction commit together or not at all: a fault in between
-            # leaves the job unverified, to be verified again next tick.
+            # leaves the job unverified, to be verified again after a back-off.
             async with fenced() as conn:
                 cur = await conn.execute(sql.LOCK_UNVERIFIED, (job.id,))
                 if await cur.fetchone() is None:
