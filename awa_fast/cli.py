@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -899,8 +900,8 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not 0 < value < math.inf:  # NaN and inf too: a drain of `inf` s overflowed at SIGTERM
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 

@@ -82,6 +82,13 @@ CRASH_LIMIT = 5
 CRASH_WINDOW_S = 60.0
 KILL_GRACE_S = 10.0  # beyond the drain timeout: finalizer flush and pool close
 CHILD_REPORT_S = 0.25
+# The database URL a child gets from the launcher: in its environment, not its argv, where
+# `ps` would show any local user the password.
+CHILD_DATABASE_URL_ENV = "AWA_FAST_CHILD_DATABASE_URL"
+# Prefixes the preflight's one result line on its stdout, which the application may write to.
+PREFLIGHT_MARK = "awa-fast-preflight: "
+# Signals that stop the launcher (a drain); SIGHUP is a closed terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def parse_queues_arg(text: str | None) -> list[tuple[str, int]] | None:
@@ -155,7 +162,11 @@ def _runtime_status(client: AsyncClient) -> dict:
     }
 
 
-async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
+async def _child_main(
+    args: argparse.Namespace, reporter: _Reporter, stopped_early: list[int]
+) -> int:
+    import psycopg  # the launcher itself imports no driver
+
     log = logging.getLogger("awa_fast.worker")
     try:
         client, module = load_client(args.app)
@@ -173,8 +184,9 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
             f"{type(exc).__name__}: {exc}{_import_hint(str(exc))}",
         )
         return EXIT_IMPORT_FAILED
-    if args.database_url:
-        client.database_url = args.database_url
+    database_url = os.environ.pop(CHILD_DATABASE_URL_ENV, None)  # not for its own children
+    if database_url:
+        client.database_url = database_url
     options = start_options(module)
     queues = parse_queues_arg(args.queues)
     if queues is not None:  # --queues: this child deliberately works a subset of the queues
@@ -183,6 +195,9 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if stopped_early:  # stopped while importing the application: nothing started, nothing to drain
+        log.info("stopped before starting (signal %s)", stopped_early[0])
+        return 0
     try:
         await _reach_database(await client._resolved_url())
     except OSError as exc:
@@ -194,6 +209,14 @@ async def _child_main(args: argparse.Namespace, reporter: _Reporter) -> int:
     except (ConfigError, SchemaNotMigrated) as exc:
         log.error("cannot start: %s", exc)
         reporter.send(event="error", error=f"cannot start: {exc}")
+        await client.close()
+        return EXIT_BAD_CONFIG
+    except (psycopg.ProgrammingError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+        # The role may not write (or lacks an object, or the server is a read-only standby):
+        # a restart would fail the same way, so it is the configuration, not a crash.
+        why = f"cannot start: the database refused it: {str(exc).strip()}"
+        log.error("%s", why)
+        reporter.send(event="error", error=why)
         await client.close()
         return EXIT_BAD_CONFIG
     names = ",".join(f"{q.name}:{q.max_workers}" for q in client.runtime.queues)
@@ -273,6 +296,13 @@ def _check_app(app: str, queues: str | None) -> int:
     except AppSpecError as exc:
         print(exc, file=sys.stderr)
         return EXIT_BAD_APP
+    except SystemExit as exc:  # the module ends its program at import
+        print(
+            f"importing {app} called sys.exit({exc.code!r}); put the program under "
+            '`if __name__ == "__main__":` so that importing it only defines the client',
+            file=sys.stderr,
+        )
+        return 1
     except Exception as exc:
         import traceback
 
@@ -284,7 +314,11 @@ def _check_app(app: str, queues: str | None) -> int:
     if error is not None:
         print(f"start() would reject this configuration: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    print(json.dumps({"explicit_url": client.explicit_database_url is not None}))
+    # On a line of its own: an application may have written to stdout without a newline.
+    print(
+        f"\n{PREFLIGHT_MARK}"
+        + json.dumps({"explicit_url": client.explicit_database_url is not None})
+    )
     return 0
 
 
@@ -296,8 +330,11 @@ def _event_loop_runner() -> Callable:
     return uvloop.run
 
 
-def child_entry(argv: list[str]) -> int:
-    """Entry point of one worker child (``python -m awa_fast.supervisor --child ...``)."""
+def child_entry(argv: list[str], stopped_early: list[int] | None = None) -> int:
+    """Entry point of one worker child (``python -m awa_fast.supervisor --child ...``).
+    ``stopped_early``: the stop signals received before this was called (``_CHILD_BOOT``
+    records them from its first line); later ones until the event loop's handlers are in
+    place are added to it."""
     p = argparse.ArgumentParser(prog="awa-fast-worker-child")
     p.add_argument("--child", action="store_true")
     p.add_argument("--check", action="store_true")
@@ -305,18 +342,22 @@ def child_entry(argv: list[str]) -> int:
     p.add_argument("--index", type=int, default=0)
     p.add_argument("--queues")
     p.add_argument("--drain-timeout", type=float, default=10.0)
-    p.add_argument("--database-url")
     p.add_argument("--status-fd", type=int)
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", default="text", choices=log_format_mod.FORMATS)
     args = p.parse_args(argv)
     if args.check:
         return _check_app(args.app, args.queues)
+    # A drain asked for while the application still imports (before the loop's handlers):
+    # recorded, and the child exits 0 without starting, as a drain would.
+    early: list[int] = [] if stopped_early is None else stopped_early
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
     _child_logging(args.index, args.log_level, args.log_format)
     reporter = _Reporter(args.status_fd)
     runner = _event_loop_runner()
     try:
-        return runner(_child_main(args, reporter))
+        return runner(_child_main(args, reporter, early))
     except KeyboardInterrupt:
         return 130
     except Exception:
@@ -331,10 +372,15 @@ def child_entry(argv: list[str]) -> int:
 # Children are fresh interpreters (connections are opened in them, never inherited). They put
 # this installation of awa_fast first on sys.path, then run the child entry point.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+# A worker child records SIGTERM/SIGINT from its first line: a stop that comes while awa_fast or
+# the application still imports is a drain of nothing (exit 0), not a death by signal.
 _CHILD_BOOT = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from awa_fast.supervisor import child_entry; "
-    "sys.exit(child_entry(sys.argv[1:]))"
+    "import signal, sys; early = []\n"
+    "if '--child' in sys.argv:\n"
+    "    for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, lambda n, f: early.append(n))\n"
+    "sys.path.insert(0, sys.argv.pop(1))\n"
+    "from awa_fast.supervisor import child_entry\n"
+    "sys.exit(child_entry(sys.argv[1:], early))"
 )
 
 
@@ -502,7 +548,15 @@ class Supervisor:
             raise AppLoadError(f"{self.app}: {r.stderr.strip()}", usage=False)
         if r.returncode != 0:
             raise AppLoadError(f"importing {self.app} failed:\n{r.stderr.rstrip()}", usage=False)
-        if not self.database_url and not json.loads(r.stdout.splitlines()[-1])["explicit_url"]:
+        marked = [ln for ln in r.stdout.splitlines() if ln.startswith(PREFLIGHT_MARK)]
+        if not marked:
+            raise AppLoadError(
+                f"importing {self.app} ended its program (the preflight did not finish); "
+                "does the module exit at import?",
+                usage=False,
+            )
+        result = json.loads(marked[-1].removeprefix(PREFLIGHT_MARK))
+        if not self.database_url and not result["explicit_url"]:
             from awa_fast.database_url import resolve_database_url
 
             self.database_url = resolve_database_url(None)
@@ -519,6 +573,9 @@ class Supervisor:
         env["PYTHONPATH"] = cwd + (os.pathsep + path if path else "")
         env.update(self.extra_env)
         env.pop(metrics.LAUNCHER_ENV, None)  # only this launcher's own exporter sets it
+        env.pop(CHILD_DATABASE_URL_ENV, None)
+        if index is not None and self.database_url:
+            env[CHILD_DATABASE_URL_ENV] = self.database_url
         if self.metrics_exporter is not None:
             env.update(self.metrics_exporter.children_env(refresh=index == 0))
         return env
@@ -546,8 +603,6 @@ class Supervisor:
         ]
         if self.queues:
             argv += ["--queues", self.queues]
-        if self.database_url:
-            argv += ["--database-url", self.database_url]
         try:
             # Own process group: a terminal's Ctrl-C reaches the parent only, which forwards it.
             c.proc = subprocess.Popen(
@@ -755,7 +810,7 @@ class Supervisor:
         except AppLoadError as exc:
             self.say(str(exc), error=True)
             return 2 if exc.usage else 1
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
         try:
             self.say(
                 f"starting {self.processes} worker process(es) for {self.app} (pid {os.getpid()})"

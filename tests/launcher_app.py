@@ -7,7 +7,12 @@ Database: ``$AWA_FAST_LAUNCHER_DSN``. ``$AWA_FAST_LAUNCHER_FAIL``:
 - ``config``: ``START_OPTIONS`` that ``start()`` rejects with ``ConfigError`` (the preflight
   reports it);
 - ``start``: ``client.start()`` raises TypeError in the worker children only (a crash loop: the
-  preflight cannot see it).
+  preflight cannot see it);
+- ``exit``: the module calls ``sys.exit(0)`` at import;
+- ``stdout``: the module writes to stdout at import (no newline) and at exit;
+- ``slow-child-import``: importing takes 3 s in the worker children.
+
+An empty ``$AWA_FAST_LAUNCHER_DSN`` leaves the client without a URL (``$DATABASE_URL`` then).
 """
 
 from __future__ import annotations
@@ -24,6 +29,17 @@ IN_CHILD = "--child" in sys.argv  # a worker child, not the launcher's preflight
 
 if FAIL == "import" or (FAIL == "child-import" and IN_CHILD):
     raise RuntimeError("launcher_app: failing at import on purpose")
+if FAIL == "exit":
+    sys.exit(0)
+if FAIL == "stdout":  # an application that writes to stdout: without a newline, and at exit
+    import atexit
+
+    sys.stdout.write("launcher_app says hello")
+    atexit.register(print, "launcher_app says goodbye")
+if FAIL == "slow-child-import" and IN_CHILD:
+    import time
+
+    time.sleep(3)  # a slow import: the launcher is stopped meanwhile
 
 client = awa.AsyncClient(os.environ.get("AWA_FAST_LAUNCHER_DSN", ""), max_connections=4)
 

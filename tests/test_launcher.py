@@ -34,14 +34,21 @@ class Launcher:
     """``python -m awa_fast worker tests.launcher_app:client ...`` with its stdout lines queued."""
 
     def __init__(
-        self, dsn: str, *args: str, fail: str | None = None, app: str = "tests.launcher_app:client"
+        self,
+        dsn: str,
+        *args: str,
+        fail: str | None = None,
+        app: str = "tests.launcher_app:client",
+        env: dict | None = None,
     ):
+        extra = env or {}
         env = {
             k: v
             for k, v in os.environ.items()
             if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")
         }
         env["AWA_FAST_LAUNCHER_DSN"] = dsn
+        env.update(extra)
         if fail:
             env["AWA_FAST_LAUNCHER_FAIL"] = fail
         self.proc = subprocess.Popen(
@@ -459,3 +466,82 @@ def test_ctrl_c_while_awa_fast_imports_orjson_is_a_keyboard_interrupt_not_a_cras
         timeout=60,
     )
     assert (r.returncode, r.stdout.strip()) == (130, "interrupted"), r.stderr[-2000:]
+
+
+def test_a_url_from_the_environment_reaches_the_children_outside_their_argv(dsn, launchers):
+    # it was passed as --database-url, so `ps` showed any local user the password
+    from psycopg.conninfo import make_conninfo
+
+    url = make_conninfo(dsn, password="s3cret-in-the-url")  # trust auth ignores it
+    launcher = Launcher("", "--processes", "1", env={"DATABASE_URL": url})
+    launchers.append(launcher)
+    (pid,) = launcher.ready_pids(1).values()
+    # (the environment, unlike the argv, is readable by the same user only: /proc/<pid>/environ)
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        assert b"s3cret-in-the-url" not in fh.read()
+    enqueue(dsn, 1, 0)
+    poll(lambda: counts(dsn).get("completed", 0) == 1, 30, "the job ran on that database")
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0, launcher.transcript()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_while_a_child_still_imports_is_a_clean_drain(dsn, launchers, sig):
+    # SIGTERM: the child died of it (-15) and the launcher exited 1; SIGHUP killed the launcher
+    launcher = Launcher(dsn, "--processes", "1", fail="slow-child-import")
+    launchers.append(launcher)
+    launcher.wait_line(r"child 0 pid \d+ started", 30)
+    launcher.proc.send_signal(sig)
+    assert launcher.wait(60) == 0, launcher.transcript()
+    launcher.wait_line(r"child 0 pid \d+ exited with code 0", 5)
+    launcher.wait_line(r"all children stopped", 5)
+
+
+def test_an_application_writing_to_stdout_does_not_break_the_preflight(dsn, launchers):
+    launcher = Launcher(dsn, "--processes", "1", fail="stdout")
+    launchers.append(launcher)
+    launcher.ready_pids(1)
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0, launcher.transcript()
+
+
+def test_an_application_exiting_at_import_is_reported(dsn, launchers):
+    launcher = Launcher(dsn, "--processes", "1", fail="exit")
+    launchers.append(launcher)
+    assert launcher.wait(60) == 1, launcher.transcript()
+    out = launcher.transcript()
+    assert "called sys.exit(0)" in out and "Traceback" not in out, out
+
+
+def test_a_role_that_cannot_write_is_a_configuration_error_not_a_crash_loop(dsn, launchers):
+    from psycopg.conninfo import make_conninfo
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP ROLE IF EXISTS awa_launch_reader")
+        conn.execute("CREATE ROLE awa_launch_reader LOGIN")
+        conn.execute("GRANT USAGE ON SCHEMA awa_fast TO awa_launch_reader")
+        conn.execute("GRANT SELECT ON ALL TABLES IN SCHEMA awa_fast TO awa_launch_reader")
+    try:
+        launcher = Launcher(make_conninfo(dsn, user="awa_launch_reader"), "--processes", "1")
+        launchers.append(launcher)
+        assert launcher.wait(60) == 1, launcher.transcript()
+        out = launcher.transcript()
+        assert "cannot start: the database refused it: permission denied" in out, out
+        assert "died" not in out and "restart" not in out, out  # given up at once
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP OWNED BY awa_launch_reader")
+            conn.execute("DROP ROLE awa_launch_reader")
+
+
+def test_a_drain_timeout_that_is_not_finite_is_rejected_at_once():
+    # `--drain-timeout inf` was accepted; at SIGTERM the child died of an OverflowError
+    r = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "worker", "tests.launcher_app:client"]
+        + ["--drain-timeout", "inf"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "must be a finite number > 0, got inf" in r.stderr, r.stderr
