@@ -123,11 +123,11 @@ def _report(s: Session, data: Any, text: str) -> int:
 
 async def _probe(url: str, *, need_schema: bool, source: str = "") -> None:
     """Connect once (failing fast with the server's message instead of a pool timeout) and, if
-    ``need_schema``, check that the ``awa_fast`` schema exists."""
+    ``need_schema``, check that the ``awa_fast`` schema is there and current."""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    from awa_fast.errors import SchemaNotMigrated
+    from awa_fast import schema
 
     kwargs: dict[str, Any] = {"autocommit": True}
     try:
@@ -141,11 +141,8 @@ async def _probe(url: str, *, need_schema: bool, source: str = "") -> None:
         where = f" (the URL {source})" if source else ""
         raise CliError(f"could not connect to the database{where}: {str(exc).strip()}") from exc
     async with conn:
-        if need_schema:
-            cur = await conn.execute(sql.JOBS_PRESENT)
-            row = await cur.fetchone()
-            if not row or not row[0]:
-                raise SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`")
+        if need_schema:  # missing, or older than this package (its reads would fail raw)
+            await schema.check_current(conn)
 
 
 async def _fetch(client, query: str, params: Any = None) -> list[tuple]:
@@ -732,6 +729,13 @@ def cmd_check(s: Session) -> int:
     except AppSpecError as exc:  # a usage error, as `awa-fast worker` reports it
         print(f"{PROG} check: error: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:  # the module ends its program at import: nothing was checked
+        print(
+            f"{PROG} check: error: importing {s.args.app} called sys.exit({exc.code!r}); put "
+            'the program under `if __name__ == "__main__":`',
+            file=sys.stderr,
+        )
+        return 1
     except Exception:  # the application's own import raised
         import traceback
 

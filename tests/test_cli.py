@@ -856,3 +856,23 @@ def test_check_and_worker_help_state_what_they_report_and_exit():
         "exit 2 if its module cannot be found or it names no AsyncClient, 1 if importing it "
         "raises or start() would reject its START_OPTIONS"
     ) in worker
+
+
+def test_commands_on_an_older_schema_say_to_migrate(fresh_db):
+    # only a missing jobs table was caught: on migrations 1-5 `job list` printed `database
+    # error: relation "awa_fast.jobs_all" does not exist` and `queue pause` reported success
+    from awa_fast import sql as statements
+
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(statements.MIGRATION_BOOTSTRAP)
+        for version, description, text in migrations()[:5]:
+            conn.execute(text)
+            conn.execute(statements.MIGRATION_RECORD, (version, description))
+    need = current_migration_version()
+    for args in (["job", "list"], ["queue", "stats"], ["queue", "pause", "q"], ["dlq", "list"]):
+        r = cli(*args, dsn=fresh_db)
+        assert r.returncode == 1, (args, r.stdout, r.stderr)
+        assert (
+            f"the awa_fast schema is at version 5, this package needs {need}: run "
+            "`awa-fast migrate`" in r.stderr
+        ), (args, r.stderr)

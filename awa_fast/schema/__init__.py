@@ -52,6 +52,30 @@ def current_migration_version() -> int:
     return migrations()[-1][0]
 
 
+async def check_current(conn: psycopg.AsyncConnection) -> None:
+    """Fail fast on a database this package cannot work with (the worker's ``start()`` and
+    every CLI command that reads jobs).
+
+    Raises:
+        SchemaNotMigrated: the ``awa_fast`` schema is missing or older than this package.
+    """
+    from awa_fast.errors import SchemaNotMigrated
+
+    version = None
+    if (await (await conn.execute(statements.SCHEMA_PRESENT)).fetchone() or (None,))[0]:
+        version = (await (await conn.execute(statements.SCHEMA_VERSION)).fetchone() or (None,))[0]
+    need = current_migration_version()
+    if version is None:
+        raise SchemaNotMigrated(
+            "the awa_fast schema is missing from this database: run `awa-fast migrate`"
+        )
+    if version < need:
+        raise SchemaNotMigrated(
+            f"the awa_fast schema is at version {version}, this package "
+            f"needs {need}: run `awa-fast migrate`"
+        )
+
+
 async def migrate(database_url: str) -> list[int]:
     """Apply every missing migration to ``database_url``; returns the versions applied now.
 

@@ -56,8 +56,6 @@ SELECT queue, kind, n FROM ({UNHANDLED_AVAILABLE}) x WHERE queue = ANY(%s) ORDER
 SCHEMA_PRESENT = f"SELECT to_regclass('{S}.schema_version') IS NOT NULL"
 
 # The CLI's probe before a command that needs the schema.
-JOBS_PRESENT = f"SELECT to_regclass('{S}.jobs') IS NOT NULL"
-
 SCHEMA_VERSION = f"SELECT max(version) FROM {S}.schema_version"
 
 # Every connection awa-fast writes jobs on runs its transactions at READ COMMITTED, whatever

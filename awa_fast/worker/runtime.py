@@ -26,12 +26,10 @@ from awa_fast import _native, batch_ops, descriptors, metrics, schema, sql
 from awa_fast.errors import (
     ConfigError,
     QueueMismatchWarning,
-    SchemaNotMigrated,
     Unsupported,
     ValidationError,
 )
 from awa_fast.job import Job
-from awa_fast.rows import one_row
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
 from awa_fast.worker.cancellation import raise_if_cancelling
@@ -600,27 +598,6 @@ def _log_failed_attempt(ctx: JobContext, outcome: ex.Outcome) -> None:
     )
 
 
-async def _check_schema(conn: Any) -> None:
-    """Fail fast on a database this package cannot work with.
-
-    Raises:
-        SchemaNotMigrated: the ``awa_fast`` schema is missing or older than this package.
-    """
-    version = None
-    if (await one_row(await conn.execute(sql.SCHEMA_PRESENT)))[0]:
-        version = (await one_row(await conn.execute(sql.SCHEMA_VERSION)))[0]
-    need = schema.current_migration_version()
-    if version is None:
-        raise SchemaNotMigrated(
-            "the awa_fast schema is missing from this database: run `awa-fast migrate`"
-        )
-    if version < need:
-        raise SchemaNotMigrated(
-            f"the awa_fast schema is at version {version}, this package "
-            f"needs {need}: run `awa-fast migrate`"
-        )
-
-
 def _first(ids: list[int], n: int = 20) -> str:
     """``ids`` for a log line: all of them, or the first ``n`` and how many more."""
     head = ", ".join(map(str, ids[:n]))
@@ -837,7 +814,7 @@ class Runtime:
         pool_getter = self.services.pool
         pool = await pool_getter()
         async with pool.connection() as conn:
-            await _check_schema(conn)
+            await schema.check_current(conn)
             await self._seen(conn)
             for q in self.queues:
                 # Only an explicit setting is written: a process that says nothing about DLQ
