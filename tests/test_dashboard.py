@@ -170,6 +170,10 @@ def test_dlq_keyset_pages(web, dsn, monkeypatch):
         ("/jobs/99999999999999999999999", 400),
         ("/jobs?state=exploded", 400),
         ("/jobs?before=-3", 400),
+        ("/jobs/%C2%B2", 400),  # "²".isdigit() is True, int("²") raises
+        ("/jobs?before=%C2%B2", 400),
+        ("/dlq?before=%C2%B2", 400),
+        ("/jobs/" + "1" * 5000, 400),  # past int()'s digit limit
         ("/jobs?queue=" + "q" * 201, 400),
         ("/dlq?kind=" + "k" * 201, 400),
         ("/nowhere", 404),
@@ -179,6 +183,17 @@ def test_bad_input_gets_a_4xx_page(web, url, status):
     r = web.get(url)
     assert r.status_code == status, r.text
     assert "Traceback" not in r.text and 'class="error"' in r.text
+
+
+@pytest.mark.parametrize(
+    "url, field",
+    [("/dlq/purge", "queue"), ("/dlq/purge", "kind"), ("/queues/pause", "queue")],
+)
+def test_a_file_in_a_form_field_gets_a_400_page(web, url, field):
+    token = csrf_of(web.get("/queues").text)
+    r = web.post(url, data={"csrf": token}, files={field: ("x.txt", b"hello", "text/plain")})
+    assert r.status_code == 400, r.text
+    assert f"{field} must be text" in r.text and 'class="error"' in r.text
 
 
 def test_actions_need_post_and_the_csrf_token(web, dsn, ids):

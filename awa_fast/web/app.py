@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,6 +42,7 @@ HERE = Path(__file__).parent
 STATES = tuple(str(s) for s in JobState)
 MAX_NAME = 200  # jobs_kind_length / jobs_queue_length in 001_init.sql
 MAX_ID = 2**63 - 1
+_DIGITS = re.compile(r"[0-9]{1,19}")  # MAX_ID has 19 digits
 RETRYABLE_STATES = ("failed", "cancelled", "waiting_external")
 FINISHED_STATES = ("completed", "failed", "cancelled")
 
@@ -118,26 +120,30 @@ def _bad(message: str) -> HTTPException:
 def _positive_id(text: str | None, field: str) -> int | None:
     if text is None or text == "":
         return None
-    if not text.isdigit() or not 1 <= int(text) <= MAX_ID:
+    # ASCII digits only (str.isdigit() accepts "²", which int() rejects); the length bound keeps
+    # int() off strings past its digit limit.
+    value = int(text) if _DIGITS.fullmatch(text) else 0
+    if not 1 <= value <= MAX_ID:
         raise _bad(f"{field} must be an integer between 1 and {MAX_ID}, got {text[:40]!r}")
-    return int(text)
+    return value
 
 
 def _path_id(request: Request) -> int:
     return _positive_id(request.path_params["job_id"], "job id")  # type: ignore[return-value]
 
 
-def _name(text: str | None, field: str) -> str | None:
-    if text is None or text == "":
+def _name(value: object, field: str) -> str | None:
+    if value is None or value == "":
         return None
-    if len(text) > MAX_NAME or "\x00" in text:
+    if not isinstance(value, str):  # a multipart form may carry a file in any field
+        raise _bad(f"{field} must be text, not a file upload")
+    if len(value) > MAX_NAME or "\x00" in value:
         raise _bad(f"{field} must be 1..{MAX_NAME} characters without NUL")
-    return text
+    return value
 
 
 def _queue_field(form) -> str:
-    value = form.get("queue")
-    queue = _name(value if isinstance(value, str) else None, "queue")
+    queue = _name(form.get("queue"), "queue")
     if queue is None:
         raise _bad("the form names no queue")
     return queue
