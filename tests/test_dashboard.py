@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import urllib.request
 
 import psycopg
 import pytest
@@ -18,6 +19,7 @@ from awa_fast.web import create_app
 from awa_fast.web.security import check_bind
 from awa_fast.worker.follow_ups import PROVENANCE_KEY
 from tests.dashboard_seed import seed
+from tests.dashboard_support import served
 
 BASE = "http://127.0.0.1"
 
@@ -279,6 +281,19 @@ def test_token_is_required_when_set(dsn, ids):
 def test_without_a_token_only_loopback_host_headers_are_served(dsn, ids):
     with TestClient(create_app(dsn), base_url="http://evil.example") as web:
         assert web.get("/queues").status_code == 400  # DNS-rebinding guard
+        for host in ("127.0.0.1.evil.example", "127.0.0.1/x", "[::1", "a@127.0.0.1"):
+            assert web.get("/queues", headers={"Host": host}).status_code == 400, host
+        # every host the bind rule calls loopback is served
+        for host in ("127.0.0.2:8080", "localhost", "[::1]:8080", "[0:0:0:0:0:0:0:1]"):
+            assert web.get("/queues", headers={"Host": host}).status_code == 200, host
+
+
+def test_serve_on_another_loopback_address_answers_its_own_host(dsn, ids):
+    # 127.0.0.2 binds without a token (loopback), so its Host header must pass the guard
+    with served(dsn, "--host", "127.0.0.2") as url:
+        assert url.startswith("http://127.0.0.2:")
+        with urllib.request.urlopen(url + "/queues", timeout=30) as r:
+            assert r.status == 200 and 'data-queue="default"' in r.read().decode()
 
 
 def test_bind_rule():

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
+import urllib.parse
 
+from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
+from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 TOKEN_ENV = "AWA_FAST_SERVE_TOKEN"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-# Host headers accepted when serving loopback without a token (blocks DNS rebinding).
-LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
 
 
 class AccessError(Exception):
@@ -38,6 +39,37 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def host_of(header: str) -> str | None:
+    """The host of a ``Host`` header value (port and IPv6 brackets removed), ``None`` if
+    malformed."""
+    try:
+        split = urllib.parse.urlsplit("//" + header)
+        split.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return None
+    if split.netloc != header or split.username is not None or split.password is not None:
+        return None  # a path, query, fragment or userinfo is no Host header
+    return split.hostname
+
+
+class LoopbackHostGuard:
+    """ASGI middleware serving only requests whose ``Host`` is loopback by :func:`is_loopback`
+    (so every loopback address the bind rule lets serve without a token is reachable); other
+    hosts get 400. A name that resolves to loopback is refused: that is DNS rebinding."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = host_of(Headers(scope=scope).get("host", ""))
+            if host is None or not is_loopback(host):
+                response = PlainTextResponse("Invalid host header", status_code=400)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def check_bind(host: str, token: str | None) -> str | None:
