@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import psycopg
@@ -276,6 +277,24 @@ def test_token_is_required_when_set(dsn, ids):
         assert r.status_code == 303
         assert web.get("/queues").status_code == 200  # the signed session cookie now suffices
         assert web.get("/static/style.css").status_code == 200
+
+
+def test_a_non_ascii_token_works_as_a_bearer_header(dsn, ids):
+    token = "pässwörd"
+
+    def get(url: str, header: bytes) -> int:
+        request = urllib.request.Request(url + "/queues", headers={"Authorization": header})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    with served(dsn, "--token", token) as url:
+        assert get(url, b"Bearer " + token.encode()) == 200  # UTF-8: curl, requests, fetch
+        assert get(url, b"Bearer " + token.encode("latin-1")) == 200
+        assert get(url, b"Bearer " + "passwörd".encode()) == 401
+        assert get(url, b"Bearer \xff\xfe") == 401
 
 
 def test_without_a_token_only_loopback_host_headers_are_served(dsn, ids):

@@ -108,6 +108,15 @@ def token_matches(token: str, offered: object) -> bool:
     return isinstance(offered, str) and secrets.compare_digest(token.encode(), offered.encode())
 
 
+def bearer_matches(token: str, offered: bytes) -> bool:
+    """``True`` if the raw bytes of a bearer header are ``token`` in UTF-8 (what curl, requests
+    and browsers send) or in latin-1 (how Starlette decodes headers); constant time."""
+    expected = token.encode()
+    utf8 = secrets.compare_digest(expected, offered)
+    latin1 = secrets.compare_digest(expected, offered.decode("latin-1").encode())
+    return utf8 | latin1  # both compared: no early exit
+
+
 class TokenAuth:
     """ASGI middleware (inside ``SessionMiddleware``): with a token configured, a request
     without the bearer header or an authenticated session gets ``on_denied``'s response."""
@@ -128,9 +137,12 @@ class TokenAuth:
             await self.app(scope, receive, send)
             return
         conn = HTTPConnection(scope)
-        header = conn.headers.get("authorization", "")
-        bearer = header[7:] if header[:7].lower() == "bearer " else None
-        if token_matches(self.token, bearer) or conn.session.get("authed") is True:
+        # Starlette's str headers are latin-1 decoded: back to the bytes the client sent.
+        header = conn.headers.get("authorization", "").encode("latin-1")
+        bearer = header[7:] if header[:7].lower() == b"bearer " else None
+        if (bearer is not None and bearer_matches(self.token, bearer)) or conn.session.get(
+            "authed"
+        ) is True:
             await self.app(scope, receive, send)
             return
         response = await self.on_denied(conn)
