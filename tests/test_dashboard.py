@@ -4,7 +4,9 @@ token, bind rule, Host guard); bad input gets a 4xx page, never a traceback."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -357,6 +359,38 @@ def test_dlq_purge_one_and_matching(web, dsn):
     r = web.post("/dlq/purge", data={"csrf": token, "queue": "purge_me"})
     assert r.status_code == 303 and "purged 2 DLQ entries" in web.get("/dlq").text
     assert not in_dlq(dsn, jobs[1].id) and not in_dlq(dsn, jobs[2].id)
+
+
+@pytest.mark.parametrize("signals", [["INT"], ["TERM"], ["INT", "INT"], ["TERM", "INT"]])
+def test_serve_stops_gracefully_and_quietly_on_sigint_and_sigterm(dsn, signals):
+    env = {**os.environ, "AWA_FAST_DATABASE_URL": dsn}
+    env.pop("AWA_FAST_SERVE_TOKEN", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_fast", "serve", "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    try:
+        for marker, sig in zip(["Uvicorn running on", "Shutting down"], signals, strict=False):
+            for line in proc.stderr:  # type: ignore[union-attr]
+                lines.append(line)
+                if marker in line:
+                    break
+            # a repeat lands while the first stop is under way (uvicorn: a force exit)
+            proc.send_signal(getattr(signal, "SIG" + sig))
+        lines += proc.stderr.readlines()  # type: ignore[union-attr]
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "".join(lines)
+    assert rc == 0, out
+    assert "Application shutdown complete" in out, out  # the pools were closed
+    assert "Traceback" not in out and "ERROR" not in out, out
 
 
 @pytest.mark.parametrize(
