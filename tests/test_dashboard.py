@@ -4,9 +4,13 @@ token, bind rule, Host guard); bad input gets a 4xx page, never a traceback."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import psycopg
 import pytest
@@ -18,6 +22,7 @@ from awa_fast.web import create_app
 from awa_fast.web.security import check_bind
 from awa_fast.worker.follow_ups import PROVENANCE_KEY
 from tests.dashboard_seed import seed
+from tests.dashboard_support import served
 
 BASE = "http://127.0.0.1"
 
@@ -170,6 +175,10 @@ def test_dlq_keyset_pages(web, dsn, monkeypatch):
         ("/jobs/99999999999999999999999", 400),
         ("/jobs?state=exploded", 400),
         ("/jobs?before=-3", 400),
+        ("/jobs/%C2%B2", 400),  # "²".isdigit() is True, int("²") raises
+        ("/jobs?before=%C2%B2", 400),
+        ("/dlq?before=%C2%B2", 400),
+        ("/jobs/" + "1" * 5000, 400),  # past int()'s digit limit
         ("/jobs?queue=" + "q" * 201, 400),
         ("/dlq?kind=" + "k" * 201, 400),
         ("/nowhere", 404),
@@ -179,6 +188,17 @@ def test_bad_input_gets_a_4xx_page(web, url, status):
     r = web.get(url)
     assert r.status_code == status, r.text
     assert "Traceback" not in r.text and 'class="error"' in r.text
+
+
+@pytest.mark.parametrize(
+    "url, field",
+    [("/dlq/purge", "queue"), ("/dlq/purge", "kind"), ("/queues/pause", "queue")],
+)
+def test_a_file_in_a_form_field_gets_a_400_page(web, url, field):
+    token = csrf_of(web.get("/queues").text)
+    r = web.post(url, data={"csrf": token}, files={field: ("x.txt", b"hello", "text/plain")})
+    assert r.status_code == 400, r.text
+    assert f"{field} must be text" in r.text and 'class="error"' in r.text
 
 
 def test_actions_need_post_and_the_csrf_token(web, dsn, ids):
@@ -261,9 +281,40 @@ def test_token_is_required_when_set(dsn, ids):
         assert web.get("/static/style.css").status_code == 200
 
 
+def test_a_non_ascii_token_works_as_a_bearer_header(dsn, ids):
+    token = "pässwörd"
+
+    def get(url: str, header: bytes) -> int:
+        request = urllib.request.Request(url + "/queues", headers={"Authorization": header})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    with served(dsn, "--token", token) as url:
+        assert get(url, b"Bearer " + token.encode()) == 200  # UTF-8: curl, requests, fetch
+        assert get(url, b"Bearer " + token.encode("latin-1")) == 200
+        assert get(url, b"Bearer " + "passwörd".encode()) == 401
+        assert get(url, b"Bearer \xff\xfe") == 401
+
+
 def test_without_a_token_only_loopback_host_headers_are_served(dsn, ids):
     with TestClient(create_app(dsn), base_url="http://evil.example") as web:
         assert web.get("/queues").status_code == 400  # DNS-rebinding guard
+        for host in ("127.0.0.1.evil.example", "127.0.0.1/x", "[::1", "a@127.0.0.1"):
+            assert web.get("/queues", headers={"Host": host}).status_code == 400, host
+        # every host the bind rule calls loopback is served
+        for host in ("127.0.0.2:8080", "localhost", "[::1]:8080", "[0:0:0:0:0:0:0:1]"):
+            assert web.get("/queues", headers={"Host": host}).status_code == 200, host
+
+
+def test_serve_on_another_loopback_address_answers_its_own_host(dsn, ids):
+    # 127.0.0.2 binds without a token (loopback), so its Host header must pass the guard
+    with served(dsn, "--host", "127.0.0.2") as url:
+        assert url.startswith("http://127.0.0.2:")
+        with urllib.request.urlopen(url + "/queues", timeout=30) as r:
+            assert r.status == 200 and 'data-queue="default"' in r.read().decode()
 
 
 def test_bind_rule():
@@ -308,6 +359,38 @@ def test_dlq_purge_one_and_matching(web, dsn):
     r = web.post("/dlq/purge", data={"csrf": token, "queue": "purge_me"})
     assert r.status_code == 303 and "purged 2 DLQ entries" in web.get("/dlq").text
     assert not in_dlq(dsn, jobs[1].id) and not in_dlq(dsn, jobs[2].id)
+
+
+@pytest.mark.parametrize("signals", [["INT"], ["TERM"], ["INT", "INT"], ["TERM", "INT"]])
+def test_serve_stops_gracefully_and_quietly_on_sigint_and_sigterm(dsn, signals):
+    env = {**os.environ, "AWA_FAST_DATABASE_URL": dsn}
+    env.pop("AWA_FAST_SERVE_TOKEN", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_fast", "serve", "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    try:
+        for marker, sig in zip(["Uvicorn running on", "Shutting down"], signals, strict=False):
+            for line in proc.stderr:  # type: ignore[union-attr]
+                lines.append(line)
+                if marker in line:
+                    break
+            # a repeat lands while the first stop is under way (uvicorn: a force exit)
+            proc.send_signal(getattr(signal, "SIG" + sig))
+        lines += proc.stderr.readlines()  # type: ignore[union-attr]
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "".join(lines)
+    assert rc == 0, out
+    assert "Application shutdown complete" in out, out  # the pools were closed
+    assert "Traceback" not in out and "ERROR" not in out, out
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,6 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -432,7 +431,7 @@ def create_app(
     ]
     middleware = []
     if token is None:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=security.LOOPBACK_HOSTS))
+        middleware.append(Middleware(security.LoopbackHostGuard))
     middleware += [
         # Fresh secret per process: a restart signs everyone out (sessions hold only the CSRF
         # token and the login mark).

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
+import urllib.parse
 
+from starlette.datastructures import Headers
 from starlette.requests import HTTPConnection
+from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 TOKEN_ENV = "AWA_FAST_SERVE_TOKEN"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-# Host headers accepted when serving loopback without a token (blocks DNS rebinding).
-LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
 
 
 class AccessError(Exception):
@@ -38,6 +39,37 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def host_of(header: str) -> str | None:
+    """The host of a ``Host`` header value (port and IPv6 brackets removed), ``None`` if
+    malformed."""
+    try:
+        split = urllib.parse.urlsplit("//" + header)
+        split.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return None
+    if split.netloc != header or split.username is not None or split.password is not None:
+        return None  # a path, query, fragment or userinfo is no Host header
+    return split.hostname
+
+
+class LoopbackHostGuard:
+    """ASGI middleware serving only requests whose ``Host`` is loopback by :func:`is_loopback`
+    (so every loopback address the bind rule lets serve without a token is reachable); other
+    hosts get 400. A name that resolves to loopback is refused: that is DNS rebinding."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = host_of(Headers(scope=scope).get("host", ""))
+            if host is None or not is_loopback(host):
+                response = PlainTextResponse("Invalid host header", status_code=400)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def check_bind(host: str, token: str | None) -> str | None:
@@ -76,6 +108,15 @@ def token_matches(token: str, offered: object) -> bool:
     return isinstance(offered, str) and secrets.compare_digest(token.encode(), offered.encode())
 
 
+def bearer_matches(token: str, offered: bytes) -> bool:
+    """``True`` if the raw bytes of a bearer header are ``token`` in UTF-8 (what curl, requests
+    and browsers send) or in latin-1 (how Starlette decodes headers); constant time."""
+    expected = token.encode()
+    utf8 = secrets.compare_digest(expected, offered)
+    latin1 = secrets.compare_digest(expected, offered.decode("latin-1").encode())
+    return utf8 | latin1  # both compared: no early exit
+
+
 class TokenAuth:
     """ASGI middleware (inside ``SessionMiddleware``): with a token configured, a request
     without the bearer header or an authenticated session gets ``on_denied``'s response."""
@@ -96,9 +137,12 @@ class TokenAuth:
             await self.app(scope, receive, send)
             return
         conn = HTTPConnection(scope)
-        header = conn.headers.get("authorization", "")
-        bearer = header[7:] if header[:7].lower() == "bearer " else None
-        if token_matches(self.token, bearer) or conn.session.get("authed") is True:
+        # Starlette's str headers are latin-1 decoded: back to the bytes the client sent.
+        header = conn.headers.get("authorization", "").encode("latin-1")
+        bearer = header[7:] if header[:7].lower() == b"bearer " else None
+        if (bearer is not None and bearer_matches(self.token, bearer)) or conn.session.get(
+            "authed"
+        ) is True:
             await self.app(scope, receive, send)
             return
         response = await self.on_denied(conn)

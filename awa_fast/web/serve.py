@@ -6,12 +6,16 @@ Binds 127.0.0.1:8080 by default. Binding any non-loopback host needs a token (``
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 
 from awa_fast.web import security
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
+# How long a stop waits for requests in flight before cancelling them; the pools close after.
+STOP_TIMEOUT_S = 10
 
 
 def resolve_token(explicit: str | None) -> str | None:
@@ -29,11 +33,13 @@ def run(
     read_only: bool = False,
     token: str | None = None,
 ) -> None:
-    """Serve the dashboard of ``database_url`` on ``host:port`` until interrupted.
+    """Serve the dashboard of ``database_url`` on ``host:port`` until SIGINT or SIGTERM, then
+    stop gracefully and return (requests in flight get up to ``STOP_TIMEOUT_S``).
 
     Raises:
         ValueError: the bind rule refuses ``host`` without ``token`` (see
             :func:`awa_fast.web.security.check_bind`).
+        SystemExit: 3 when the server cannot start, e.g. the port is taken (uvicorn says why).
     """
     import uvicorn
 
@@ -42,7 +48,28 @@ def run(
     reason = security.check_bind(host, token)
     if reason is not None:
         raise ValueError(reason)
+
+    class GracefulServer(uvicorn.Server):
+        # uvicorn re-raises a caught signal after its shutdown (SIGTERM: exit 143) and turns a
+        # second Ctrl-C into a force exit that skips the lifespan shutdown, so the pools are
+        # then closed while asyncio.run cancels everything (a logged traceback). Here every
+        # SIGINT/SIGTERM asks for the same graceful stop; a repeat only says it is under way.
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit:
+                logging.getLogger("uvicorn.error").info("already stopping (graceful)")
+            self.should_exit = True
+
     app = create_app(database_url, read_only=read_only, token=token)
-    uvicorn.run(
-        app, host=host, port=port, log_level="info", proxy_headers=False, server_header=False
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=STOP_TIMEOUT_S,
     )
+    server = GracefulServer(config)
+    server.run()
+    if not server.started:
+        sys.exit(3)  # as uvicorn.run: the server could not start
