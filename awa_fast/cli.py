@@ -851,6 +851,7 @@ def cmd_demo(s: Session) -> int:
 
 
 def cmd_worker(s: Session) -> int:
+    from awa_fast.errors import ConfigError
     from awa_fast.supervisor import Supervisor, parse_queues_arg
 
     a = s.args
@@ -860,18 +861,21 @@ def cmd_worker(s: Session) -> int:
         a.parser.error(str(exc))
     # --database-url overrides the client's URL; a client built without one resolves it like
     # every command (the launcher does that once, before starting children).
-    sup = Supervisor(
-        a.app,
-        a.processes,
-        queues=a.queues,
-        drain_timeout=a.drain_timeout,
-        database_url=getattr(a, "database_url", None),
-        status_interval=a.status_interval,
-        log_level=a.log_level,
-        log_format=a.log_format,
-        metrics_port=a.metrics_port,
-        metrics_host=a.metrics_host,
-    )
+    try:
+        sup = Supervisor(
+            a.app,
+            a.processes,
+            queues=a.queues,
+            drain_timeout=a.drain_timeout,
+            database_url=getattr(a, "database_url", None),
+            status_interval=a.status_interval,
+            log_level=a.log_level,
+            log_format=a.log_format,
+            metrics_port=a.metrics_port,
+            metrics_host=a.metrics_host,
+        )
+    except ConfigError as exc:  # a bad --metrics-* value: a usage error, as argparse's
+        a.parser.error(str(exc))
     return sup.run()
 
 
@@ -1529,7 +1533,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-host",
-        default="127.0.0.1",
+        default=None,
         metavar="HOST",
         help="address of the metrics endpoint (default: 127.0.0.1)",
     )

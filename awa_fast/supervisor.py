@@ -443,7 +443,8 @@ class Supervisor:
         metrics_host: the address that endpoint binds (default 127.0.0.1).
 
     Raises:
-        ConfigError: ``metrics_port`` / ``metrics_host`` is not a valid port / address.
+        ConfigError: ``metrics_port`` / ``metrics_host`` is not a valid port / address, or
+            ``metrics_host`` is given without ``metrics_port``.
     """
 
     def __init__(
@@ -460,7 +461,7 @@ class Supervisor:
         extra_env: dict | None = None,
         log_format: str = "text",
         metrics_port: int | None = None,
-        metrics_host: str = metrics.DEFAULT_HOST,
+        metrics_host: str | None = None,
     ):
         self.app = app
         self.processes = processes or os.cpu_count() or 1
@@ -485,7 +486,15 @@ class Supervisor:
         self.metrics_port = (
             None if metrics_port is None else metrics.check_port(metrics_port, "--metrics-port")
         )
-        self.metrics_host = metrics.check_host(metrics_host, "--metrics-host")
+        self.metrics_host = metrics.check_host(
+            metrics.DEFAULT_HOST if metrics_host is None else metrics_host, "--metrics-host"
+        )
+        if metrics_host is not None and self.metrics_port is None:  # it would go unused
+            raise ConfigError(
+                f"--metrics-host {metrics_host} needs --metrics-port (it is that endpoint's address)",
+                field="--metrics-host",
+                limit="only with --metrics-port",
+            )
         self.metrics_exporter: metrics.LauncherExporter | None = None
 
     # -- output ---------------------------------------------------------------------------------
@@ -539,9 +548,10 @@ class Supervisor:
         argv = [sys.executable, "-c", _CHILD_BOOT, _PACKAGE_ROOT, "--check", "--app", self.app]
         if self.queues:
             argv += ["--queues", self.queues]
-        r = subprocess.run(
-            argv, env=self._env(), capture_output=True, text=True, stdin=subprocess.DEVNULL
-        )
+        env = self._env()
+        if self.metrics_port is not None:  # as the children will: metrics_refresh_ms applies
+            env[metrics.LAUNCHER_ENV] = "refresh"
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if r.returncode == EXIT_BAD_APP:
             raise AppLoadError(r.stderr.strip(), usage=True)
         if r.returncode == EXIT_BAD_CONFIG:

@@ -35,8 +35,13 @@ TRACE_KEY = "awa:traceparent"
 _CAPTURE_ENV = "AWA_TRACE_CAPTURE"
 _OTEL_TRACE = "opentelemetry.trace"
 
+# The longest export interval: the bound of awa-fast's other ``_ms`` settings (about 24.8 days);
+# far longer overflows the periodic reader's wait, whose thread then dies and exports nothing.
+MAX_EXPORT_INTERVAL_MS = 2**31 - 1
+
 _lock = threading.Lock()
 _providers: tuple[Any, Any] | None = None  # (MeterProvider, TracerProvider or None)
+_installed_once = False  # OpenTelemetry's global providers can be set once per process
 _instruments: dict | None = None  # set by init_telemetry; None = no metrics recorded
 
 
@@ -204,35 +209,77 @@ def _instruments_of(meter) -> dict:
 def init_telemetry(
     endpoint: str,
     service_name: str,
-    export_interval_ms: int = 5000,
+    export_interval_ms: int | None = None,
     traces: bool = True,
     *,
     metric_reader: Any = None,
     span_processor: Any = None,
 ) -> bool:
-    """Install OpenTelemetry metrics (exported every ``export_interval_ms`` milliseconds) and,
-    with ``traces``, spans, both over OTLP/gRPC to ``endpoint`` (e.g.
+    """Install OpenTelemetry metrics (exported every ``export_interval_ms`` milliseconds, default
+    5000) and, with ``traces``, spans, both over OTLP/gRPC to ``endpoint`` (e.g.
     ``http://localhost:4317``), under resource ``service.name = service_name``. Returns
     ``False`` (and changes nothing) when already installed, as awa does.
 
-    ``metric_reader`` / ``span_processor`` replace the OTLP exporters (awa-fast extension, for
-    tests or another transport).
+    Once per process: OpenTelemetry lets the global meter and tracer providers be set only once,
+    so after :func:`shutdown_telemetry` a second install would export nothing (spans would go to
+    the shut-down provider); it raises ``ConfigError`` instead. With ``traces``, a tracer
+    provider the application installed first is kept by OpenTelemetry, so that is a
+    ``ConfigError`` too: pass ``traces=False`` (awa-fast's spans then go to the application's).
+
+    ``metric_reader`` (an SDK ``MetricReader``) / ``span_processor`` (an SDK ``SpanProcessor``,
+    only with ``traces``) replace the OTLP exporters (awa-fast extension, for tests or another
+    transport); ``export_interval_ms`` configures the OTLP reader, so it cannot be combined
+    with ``metric_reader``, which has its own.
 
     Raises:
-        ConfigError: the OpenTelemetry SDK / OTLP exporter is not installed (``awa-fast[otel]``).
-        ValidationError: empty ``endpoint`` or ``service_name``, or ``export_interval_ms`` < 1.
+        ConfigError: the OpenTelemetry SDK / OTLP exporter is not installed (``awa-fast[otel]``);
+            called again after :func:`shutdown_telemetry`; a tracer provider is already
+            installed and ``traces`` is True.
+        ValidationError: ``endpoint`` empty or with spaces / control characters, empty
+            ``service_name``, ``export_interval_ms`` not an int in 1..``MAX_EXPORT_INTERVAL_MS``
+            or given with ``metric_reader``, ``traces`` not a bool, ``metric_reader`` /
+            ``span_processor`` of the wrong type, or ``span_processor`` with ``traces=False``.
     """
-    global _providers, _instruments
-    if not isinstance(endpoint, str) or not endpoint:
-        raise ValidationError("endpoint must be a non-empty URL", field="endpoint")
+    global _providers, _instruments, _installed_once
+    if (
+        not isinstance(endpoint, str)
+        or not endpoint
+        or not endpoint.isprintable()
+        or any(c.isspace() for c in endpoint)
+    ):
+        raise ValidationError(
+            f"endpoint must be a non-empty URL without spaces or control characters, got "
+            f"{endpoint!r}",
+            field="endpoint",
+        )
     if not isinstance(service_name, str) or not service_name:
         raise ValidationError("service_name must be a non-empty string", field="service_name")
-    if not isinstance(export_interval_ms, int) or export_interval_ms < 1:
+    if export_interval_ms is not None:
+        if (
+            isinstance(export_interval_ms, bool)
+            or not isinstance(export_interval_ms, int)
+            or not 1 <= export_interval_ms <= MAX_EXPORT_INTERVAL_MS
+        ):
+            raise ValidationError(
+                f"export_interval_ms must be an int in 1..{MAX_EXPORT_INTERVAL_MS} "
+                f"(milliseconds, about 24.8 days at most), got {export_interval_ms!r}",
+                field="export_interval_ms",
+                limit=f">= 1 and <= {MAX_EXPORT_INTERVAL_MS}",
+            )
+        if metric_reader is not None:
+            raise ValidationError(
+                "export_interval_ms sets the OTLP reader's interval; a metric_reader exports "
+                "on its own schedule: drop one of them",
+                field="export_interval_ms",
+                limit="not with metric_reader",
+            )
+    if not isinstance(traces, bool):
+        raise ValidationError(f"traces must be a bool, got {traces!r}", field="traces")
+    if span_processor is not None and not traces:
         raise ValidationError(
-            f"export_interval_ms must be an integer >= 1 (milliseconds), got "
-            f"{export_interval_ms!r}",
-            field="export_interval_ms",
-            limit=">= 1",
+            "span_processor exports spans, but traces=False installs none: drop one of them",
+            field="span_processor",
+            limit="only with traces=True",
         )
     with _lock:
         if _providers is not None:
@@ -240,9 +287,12 @@ def init_telemetry(
         try:
             from opentelemetry import metrics, trace
             from opentelemetry.sdk.metrics import MeterProvider
-            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+            from opentelemetry.sdk.metrics.export import (
+                MetricReader,
+                PeriodicExportingMetricReader,
+            )
             from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
             if metric_reader is None or (traces and span_processor is None):
@@ -257,10 +307,35 @@ def init_telemetry(
                 field="endpoint",
                 limit="the awa-fast[otel] extra installed",
             ) from exc
+        for field, value, kind in (
+            ("metric_reader", metric_reader, MetricReader),
+            ("span_processor", span_processor, SpanProcessor),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise ValidationError(
+                    f"{field} must be an OpenTelemetry SDK {kind.__name__}, got {value!r}",
+                    field=field,
+                )
+        if _installed_once:
+            raise ConfigError(
+                "init_telemetry after shutdown_telemetry: OpenTelemetry sets its global "
+                "providers once per process, so a second install would export nothing; "
+                "install once and shut down at exit",
+                field="init_telemetry",
+                limit="once per process",
+            )
+        if traces and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            raise ConfigError(
+                "an OpenTelemetry tracer provider is already installed in this process and "
+                "OpenTelemetry keeps it: pass traces=False (awa-fast's spans then go to it)",
+                field="traces",
+                limit="traces=False when a tracer provider is installed",
+            )
         resource = Resource.create({"service.name": service_name})
         if metric_reader is None:
             metric_reader = PeriodicExportingMetricReader(
-                OTLPMetricExporter(endpoint=endpoint), export_interval_millis=export_interval_ms
+                OTLPMetricExporter(endpoint=endpoint),
+                export_interval_millis=5000 if export_interval_ms is None else export_interval_ms,
             )
         meter_provider = MeterProvider(resource=resource, metric_readers=[metric_reader])
         tracer_provider = None
@@ -273,13 +348,14 @@ def init_telemetry(
         metrics.set_meter_provider(meter_provider)
         _instruments = _instruments_of(meter_provider.get_meter("awa_fast"))
         _providers = (meter_provider, tracer_provider)
+        _installed_once = True
         return True
 
 
 def shutdown_telemetry() -> None:
     """Flush and stop what :func:`init_telemetry` installed (no-op if nothing was). Metrics
-    stop being recorded; a later :func:`init_telemetry` installs afresh (its providers are new
-    objects, but OpenTelemetry lets the global providers be set only once per process)."""
+    stop being recorded; for good: OpenTelemetry lets the global providers be set only once
+    per process, so a later :func:`init_telemetry` raises ``ConfigError``."""
     global _providers, _instruments
     with _lock:
         if _providers is None:

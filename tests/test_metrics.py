@@ -308,6 +308,43 @@ async def test_metrics_options_are_validated(client, monkeypatch):
         await client.start([("metrics_bad", 1)], metrics_port=0)
 
 
+async def test_metrics_options_without_a_port_are_rejected(client, monkeypatch):
+    """metrics_host / metrics_refresh_ms configure the endpoint: without metrics_port they
+    would be unused, so start() rejects them; a launcher's child may refresh (for the
+    launcher's endpoint)."""
+
+    @client.task(Hang, queue="metrics_noport")
+    async def hang(job):
+        return None
+
+    monkeypatch.delenv("AWA_FAST_LAUNCHER_METRICS", raising=False)
+    for option in (dict(metrics_host="127.0.0.1"), dict(metrics_refresh_ms=100)):
+        (field,) = option
+        with pytest.raises(ConfigError, match=f"{field}=.*no metrics_port") as info:
+            await client.start([("metrics_noport", 1)], **option)
+        assert info.value.field == field
+    assert client.runtime is None
+    monkeypatch.setenv("AWA_FAST_LAUNCHER_METRICS", "refresh")  # as in a launcher's child 0
+    runtime, _ = client._runtime_for([("metrics_noport", 1)], dict(metrics_refresh_ms=100))
+    assert runtime.metrics_refresh_s == 0.1
+    with pytest.raises(ConfigError, match="metrics_host"):
+        client._runtime_for([("metrics_noport", 1)], dict(metrics_host="127.0.0.1"))
+
+
+def test_launcher_metrics_host_errors_are_usage_errors(dsn, launchers):
+    """An empty --metrics-host, or one without --metrics-port (it would be unused): exit 2
+    with the reason, no child started."""
+    for args, reason in (
+        (("--metrics-port", "0", "--metrics-host", ""), "--metrics-host must be a non-empty"),
+        (("--metrics-host", "127.0.0.2"), "--metrics-host 127.0.0.2 needs --metrics-port"),
+    ):
+        launcher = Launcher(dsn, "--processes", "1", *args, app="tests.metrics_app:client")
+        launchers.append(launcher)
+        assert launcher.wait() == 2
+        out = launcher.transcript()
+        assert reason in out and "start" not in out, out
+
+
 def test_launcher_metrics_port_errors_are_usage_errors(dsn, launchers):
     """A port out of range or already taken: exit 2 with the reason, no child started."""
     with socket.socket() as taken:

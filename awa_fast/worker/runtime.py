@@ -577,6 +577,26 @@ def _metrics_port(port: Any) -> int | None:
     return metrics.check_port(port)
 
 
+def _metrics_needs_port(port: int | None, host: Any, refresh_ms: Any) -> None:
+    """Raises ConfigError: ``metrics_host`` / ``metrics_refresh_ms`` given without
+    ``metrics_port``, which they configure (they would be silently unused)."""
+    if port is not None:
+        return
+    # A launcher's child has no port of its own, but its refresh feeds the launcher's endpoint.
+    unused = [("metrics_host", host)]
+    if not os.environ.get(metrics.LAUNCHER_ENV):
+        unused.append(("metrics_refresh_ms", refresh_ms))
+    for field, value in unused:
+        if value is not None:
+            raise ConfigError(
+                f"{field}={value!r} configures the metrics endpoint, but no metrics_port is "
+                "set (start(metrics_port=...) or awa-fast worker --metrics-port): set one, or "
+                f"drop {field}",
+                field=field,
+                limit="only with metrics_port",
+            )
+
+
 def _log_failed_attempt(ctx: JobContext, outcome: ex.Outcome) -> None:
     """One line per failed or retried attempt: kind, id, attempt, the error's type and message
     (its first line; never the job's args), and what happens next."""
@@ -620,8 +640,9 @@ class Runtime:
     expired-callback rescue's own interval (default 30 s); ``metrics_port`` (int, 0 = any free
     port) serves this process's Prometheus metrics on ``metrics_host`` (default 127.0.0.1) and
     ``metrics_refresh_ms`` (default 5000) is how often it re-reads queue depth and owed
-    consequences (ADR 010); a bad value, a busy port or ``metrics_port`` in a launcher's child
-    is a ``ConfigError``. ``gc_freeze`` (bool, default True): at the end of :meth:`start`,
+    consequences (ADR 010); a bad value, a busy port, ``metrics_port`` in a launcher's child, or
+    ``metrics_host`` / ``metrics_refresh_ms`` without ``metrics_port`` (a launcher's child may
+    set ``metrics_refresh_ms``: it refreshes the launcher's endpoint) is a ``ConfigError``. ``gc_freeze`` (bool, default True): at the end of :meth:`start`,
     ``gc.freeze()`` moves every object allocated so far in the process to the permanent
     generation, so the cyclic collector's full passes during the run scan only what the run
     allocates (ADR 017: pauses of 15-60 ms every few seconds became 3-4 ms at 8,000 jobs/s).
@@ -662,8 +683,8 @@ class Runtime:
         queue_subset: bool = False,
         cron_interval_ms: int | None = None,
         metrics_port: int | None = None,
-        metrics_host: str = metrics.DEFAULT_HOST,
-        metrics_refresh_ms: int = metrics.DEFAULT_REFRESH_MS,
+        metrics_host: str | None = None,
+        metrics_refresh_ms: int | None = None,
         gc_freeze: bool = True,
         **unsupported: Any,
     ):
@@ -767,10 +788,18 @@ class Runtime:
         if sync_handler_threads is not None:
             _setting(sync_handler_threads, "sync_handler_threads", integer=True)
         self.metrics_port = _metrics_port(metrics_port)
-        self.metrics_host = metrics.check_host(metrics_host)
-        self.metrics_refresh_s = (
-            _setting(metrics_refresh_ms, "metrics_refresh_ms", integer=True) / 1000
+        self.metrics_host = metrics.check_host(
+            metrics.DEFAULT_HOST if metrics_host is None else metrics_host
         )
+        self.metrics_refresh_s = (
+            _setting(
+                metrics.DEFAULT_REFRESH_MS if metrics_refresh_ms is None else metrics_refresh_ms,
+                "metrics_refresh_ms",
+                integer=True,
+            )
+            / 1000
+        )
+        _metrics_needs_port(self.metrics_port, metrics_host, metrics_refresh_ms)
         self.metrics_exporter: metrics.Exporter | None = None
         # A slot runs a handler, async or def: a def handler needs a thread for the slot's
         # max_workers to be honoured, and Python's default (cores + 4, at most 32) let a claimed

@@ -39,7 +39,6 @@ def otel():
         awa.init_telemetry(
             "http://localhost:4317",
             "awa-fast-test",
-            1000,
             metric_reader=reader,
             span_processor=SimpleSpanProcessor(exporter),
         )
