@@ -37,15 +37,17 @@ DEADLOCK_RETRIES = 3
 def is_row_error(exc: BaseException) -> bool:
     """True for a database error caused by the data of a statement (constraint, trigger, data
     error), False for one about the session or the server: connection, deadlock, cancel
-    (``OperationalError``), privileges and missing objects (``ProgrammingError``, SQLSTATE
-    class 42), an unsupported feature (0A) and the transaction's state (class 25, e.g. a
-    read-only transaction). Redone row by row, those fail every row the same way, and a caller
-    would report "0 changed" for a statement that could never run."""
-    if not isinstance(exc, psycopg.DatabaseError) or isinstance(
-        exc, (psycopg.OperationalError, psycopg.ProgrammingError, psycopg.NotSupportedError)
-    ):
+    (``OperationalError``), privileges and missing objects (SQLSTATE class 42), an unsupported
+    feature (0A) and the transaction's state (25, e.g. a read-only transaction). Redone row by
+    row, those fail every row the same way, and a caller would report "0 changed" for a
+    statement that could never run. (A trigger's ``RAISE`` is P0001: a row error, although
+    psycopg files it under ``ProgrammingError`` too.)"""
+    if not isinstance(exc, psycopg.DatabaseError) or isinstance(exc, psycopg.OperationalError):
         return False
-    return not (getattr(exc, "sqlstate", None) or "").startswith("25")
+    return not (getattr(exc, "sqlstate", None) or "").startswith(_NOT_ABOUT_A_ROW)
+
+
+_NOT_ABOUT_A_ROW = ("42", "0A", "25")  # SQLSTATE classes (is_row_error)
 
 
 def _atomic(conn: psycopg.AsyncConnection):

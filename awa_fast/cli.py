@@ -888,8 +888,8 @@ def _positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if not 1 <= value <= 2**63 - 1:  # ids and limits are bigint in the database
+        raise argparse.ArgumentTypeError(f"must be in 1..{2**63 - 1}, got {text}")
     return value
 
 
@@ -1313,7 +1313,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = bsub.add_parser("list", parents=[common], help="list operations, newest first")
     p.add_argument("--state", help="only operations in this state")
-    p.add_argument("--limit", type=int, default=100, help="most rows (default 100)")
+    p.add_argument("--limit", type=_positive_int, default=100, help="most rows (default 100)")
     p.set_defaults(func=cmd_batch_list)
     for name, func, text in (
         ("get", cmd_batch_get, "show one operation"),
@@ -1351,7 +1351,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
     p = bsub.add_parser("purge", parents=[common], help="delete finalized operations")
     p.add_argument("--before", required=True, help="finalized before this ISO 8601 time")
-    p.add_argument("--limit", type=int, default=1000, help="most rows (default 1000)")
+    p.add_argument("--limit", type=_positive_int, default=1000, help="most rows (default 1000)")
     p.set_defaults(func=cmd_batch_purge)
 
     # embedded

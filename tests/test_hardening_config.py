@@ -371,3 +371,45 @@ async def test_an_admin_bulk_call_that_cannot_write_raises_instead_of_reporting_
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
                 await conn.execute("DROP OWNED BY awa_reader")
                 await conn.execute("DROP ROLE awa_reader")
+
+
+@pytest.mark.parametrize("queue", ["", "q" * 201, "a\x00b", 7])
+async def test_queue_admin_calls_reject_a_name_no_job_could_have(dsn, queue):
+    # pause/resume/drain accepted "" and 5,000-character names and wrote queue_meta rows
+    client = awa.AsyncClient(dsn)
+    try:
+        for call in (client.pause_queue, client.resume_queue, client.drain_queue):
+            with pytest.raises(awa.ValidationError) as info:
+                await call(queue)
+            assert info.value.field == "queue" and "1-200 characters" in str(info.value)
+        assert await scalar(dsn, "SELECT count(*) FROM awa_fast.queue_meta") == 0
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, 2**63, True, 1.5])
+async def test_paging_arguments_out_of_range_name_the_argument(dsn, value):
+    # the database refused them: "bigint out of range", "LIMIT must not be negative"
+    from datetime import UTC, datetime
+
+    client = awa.AsyncClient(dsn)
+    try:
+        calls = {
+            "limit": [
+                lambda: client.list_jobs(limit=value),
+                lambda: client.list_dlq(limit=value),
+                lambda: client.list_batch_operations(limit=value),
+                lambda: client.purge_batch_operations(datetime.now(UTC), limit=value),
+            ],
+            "before_id": [
+                lambda: client.list_dlq(before_id=value),
+                lambda: client.purge_dlq(before_id=value),
+            ],
+        }
+        for field, fns in calls.items():
+            for fn in fns:
+                with pytest.raises(awa.ValidationError) as info:
+                    await fn()
+                assert info.value.field == field and "1-9223372036854775807" in str(info.value)
+    finally:
+        await client.close()

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from awa_fast import batch_ops
+from awa_fast.admin import paging
 from awa_fast.batch_ops import (
     BatchOperation,
     BatchOperationFilter,
@@ -142,7 +143,12 @@ class BatchAdmin:
     async def list_batch_operations(
         self, *, state: str | None = None, limit: int = 100
     ) -> list[dict]:
-        """Operations, newest first (``state`` filters)."""
+        """Operations, newest first (``state`` filters; at most ``limit``, 1-2**63-1).
+
+        Raises:
+            ValidationError: ``limit`` is out of range.
+        """
+        limit = paging.positive(limit, "limit")
         return await self._on_connection(batch_ops.list_all, state, limit)
 
     async def get_batch_operation(self, operation_id: str) -> dict:
@@ -168,5 +174,10 @@ class BatchAdmin:
         return found
 
     async def purge_batch_operations(self, before: datetime, *, limit: int = 1000) -> int:
-        """Delete operations finalized before ``before`` (at most ``limit``); how many."""
+        """Delete operations finalized before ``before`` (at most ``limit``, 1-2**63-1); how many.
+
+        Raises:
+            ValidationError: ``limit`` is out of range (nothing is deleted).
+        """
+        limit = paging.positive(limit, "limit")
         return await self._on_connection(batch_ops.purge, before, limit)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from awa_fast import _native, enqueue, sql
+from awa_fast.admin import paging
 from awa_fast.connections import Connections
 from awa_fast.errors import AttemptStillRunning, UniqueConflict
 from awa_fast.job import JOB_FIELDS, Job
@@ -102,7 +103,13 @@ class DlqAdmin:
         before_dlq_at: datetime | str | None = None,
         limit: int = 100,
     ) -> list[DlqEntry]:
-        """Dead-lettered jobs, newest first; ``before_*`` page backwards."""
+        """Dead-lettered jobs, newest first; ``before_*`` page backwards.
+
+        Raises:
+            ValidationError: ``limit`` or ``before_id`` is not in 1..2**63-1.
+        """
+        limit = paging.positive(limit, "limit")
+        before_id = paging.positive_or_none(before_id, "before_id")
         rows = await self._db.fetch(
             sql.DLQ_LIST,
             {
@@ -269,7 +276,9 @@ class DlqAdmin:
 
         Raises:
             ValueError: no filter and not ``allow_all``. DeadlockError: nothing changed.
+            ValidationError: ``before_id`` is not in 1..2**63-1 (nothing is deleted).
         """
+        before_id = paging.positive_or_none(before_id, "before_id")
         require_filter(
             "purge_dlq",
             allow_all,

@@ -12,6 +12,7 @@ import orjson
 import psycopg
 
 from awa_fast import enqueue, sql
+from awa_fast.admin import paging
 from awa_fast.connections import Connections
 from awa_fast.errors import AttemptStillRunning, AwaError, JobNotFound, UniqueConflict
 from awa_fast.job import Job
@@ -87,7 +88,12 @@ class JobAdmin:
         queue: str | None = None,
         limit: int = 100,
     ) -> list[Job]:
-        """Jobs, newest first, filtered by state / kind / queue (at most ``limit``)."""
+        """Jobs, newest first, filtered by state / kind / queue (at most ``limit``, 1-2**63-1).
+
+        Raises:
+            ValidationError: ``limit`` is out of range.
+        """
+        limit = paging.positive(limit, "limit")
         rows = await self._db.fetch(
             sql.LIST_JOBS,
             {

@@ -7,6 +7,24 @@ import dataclasses
 
 from awa_fast import sql
 from awa_fast.connections import Connections
+from awa_fast.descriptors import MAX_NAME
+from awa_fast.errors import ValidationError
+
+
+def _queue(queue: object) -> str:
+    """``queue`` as a queue name (the jobs table's rule: 1-200 characters, no NUL).
+
+    Raises:
+        ValidationError: ``field="queue"``; nothing is written.
+    """
+    if not isinstance(queue, str) or not 1 <= len(queue) <= MAX_NAME or "\x00" in queue:
+        shown = queue[:40] if isinstance(queue, str) else queue
+        raise ValidationError(
+            f"queue must be a str of 1-{MAX_NAME} characters without NUL, got {shown!r}",
+            field="queue",
+            limit=f"1-{MAX_NAME} characters",
+        )
+    return queue
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,21 +108,34 @@ class QueueAdmin:
         return [{"queue": q, "kind": k, "available": n} for q, k, n in rows]
 
     async def pause_queue(self, queue: str, paused_by: str | None = None) -> None:
-        """Stop claims from ``queue`` (running jobs finish)."""
-        await self._db.fetch(sql.PAUSE_QUEUE, (queue, paused_by))
+        """Stop claims from ``queue`` (running jobs finish).
+
+        Raises:
+            ValidationError: ``queue`` is not a queue name (1-200 characters, no NUL).
+        """
+        await self._db.fetch(sql.PAUSE_QUEUE, (_queue(queue), paused_by))
 
     async def resume_queue(self, queue: str) -> None:
-        """Allow claims from ``queue`` again and wake its workers."""
-        await self._db.fetch(sql.RESUME_QUEUE, (queue,))
+        """Allow claims from ``queue`` again and wake its workers.
+
+        Raises:
+            ValidationError: as :meth:`pause_queue`.
+        """
+        await self._db.fetch(sql.RESUME_QUEUE, (_queue(queue),))
         await self._db.fetch(sql.NOTIFY_QUEUE, (queue,))
 
     async def drain_queue(self, queue: str) -> int:
         """Cancel the waiting jobs of ``queue``; returns how many.
 
         Raises:
+            ValidationError: as :meth:`pause_queue`.
             DeadlockError: nothing changed.
         """
         rows = await self._db.run_isolated(
-            "drain_queue", sql.DRAIN_QUEUE, sql.DRAINABLE_IDS, sql.DRAIN_ONE, {"queue": queue}
+            "drain_queue",
+            sql.DRAIN_QUEUE,
+            sql.DRAINABLE_IDS,
+            sql.DRAIN_ONE,
+            {"queue": _queue(queue)},
         )
         return len(rows)
