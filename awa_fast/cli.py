@@ -1671,6 +1671,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from awa_fast.errors import AwaError
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    # A terminal that cannot show a character (PYTHONIOENCODING=ascii, a C locale) gets an
+    # escape for it instead of a UnicodeEncodeError traceback in the middle of the output.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     if argv[:1] == ["bench"]:
         # Everything after 'bench' belongs to the suite's own parser (argparse's REMAINDER
         # would not pass leading options such as --help through).
@@ -1688,6 +1693,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(session)
     except (CliError, AwaError, EmbeddedPostgresError) as exc:
         return _error(str(exc) or type(exc).__name__, args.log_format)
+    except UnicodeEncodeError as exc:
+        # A byte that is not UTF-8 in an argument (argv keeps it as a lone surrogate) or a
+        # "\ud800" in JSON: no text the database can store.
+        return _error(f"an argument is not valid UTF-8 text: {exc.object[:60]!r}", args.log_format)
     except psycopg.Error as exc:
         msg = str(exc).strip() or type(exc).__name__
         if isinstance(exc, psycopg.OperationalError) and msg.startswith("connection failed"):

@@ -876,3 +876,38 @@ def test_commands_on_an_older_schema_say_to_migrate(fresh_db):
             f"the awa_fast schema is at version 5, this package needs {need}: run "
             "`awa-fast migrate`" in r.stderr
         ), (args, r.stderr)
+
+
+def test_text_that_is_not_utf8_is_a_one_line_error(dsn):
+    # a byte that is not UTF-8 in an argument, or "\ud800" in JSON: a UnicodeEncodeError traceback
+    for args in (
+        [b"job", b"list", b"--kind", b"a\xffb"],
+        [b"queue", b"pause", b"q\xff"],
+        [
+            b"batch-ops",
+            b"preview",
+            b"--op-kind",
+            b"set_priority",
+            b"--spec",
+            b'{"priority": 1}',
+            b"--filter",
+            b'{"queue": "\\ud800"}',
+        ],
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "awa_fast", "--database-url", dsn, *args],
+            capture_output=True,
+            timeout=TIMEOUT_S,
+            env=_env(),
+        )
+        err = r.stderr.decode("utf-8", "replace")
+        assert r.returncode == 1 and "Traceback" not in err, (args, err)
+        assert "awa-fast: error: an argument is not valid UTF-8 text" in err, (args, err)
+
+
+def test_output_a_terminal_cannot_encode_is_escaped(dsn, client):
+    client.insert({"x": 1}, kind="cli_mail", queue="café_q")
+    for args in (["queue", "stats"], ["--json", "queue", "stats"]):
+        r = cli(*args, dsn=dsn, env=_env(PYTHONIOENCODING="ascii"))
+        assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "caf\\xe9_q" in r.stdout, (args, r.stdout)
