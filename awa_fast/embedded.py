@@ -763,7 +763,13 @@ def ensure_running() -> str:
 
     bindir = find_bindir()
     acct = _server_account()
-    _prepare_data_dir(datadir, acct)
+    try:
+        _prepare_data_dir(datadir, acct)
+    except (OSError, UnicodeError) as exc:  # read-only, not permitted, a name the FS refuses
+        raise EmbeddedPostgresError(
+            f"cannot create the embedded server's data directory {str(datadir)!r} "
+            f"(AWA_PG_DATA, or set DATABASE_URL to use a server of your own): {exc}"
+        ) from exc
     log_path = datadir / "server.log"
     with _DirLock(datadir):
         if _pg_ctl_running(bindir, datadir, acct):

@@ -254,3 +254,11 @@ def test_fresh_database_per_module(dsn, pg_base_dsn):
         assert conn.execute("select current_database()").fetchone()[0] != name
         dbs = {r[0] for r in conn.execute("select datname from pg_database")}
         assert name in dbs
+
+
+@pytest.mark.parametrize("where", ["/proc/1/awa-fast-pg", "/proc/awa-fast/pg"])
+def test_ensure_running_names_a_data_directory_it_cannot_create(monkeypatch, where):
+    # a read-only file system or a parent that cannot be created: an OSError traceback
+    monkeypatch.setenv("AWA_PG_DATA", where)
+    with pytest.raises(EmbeddedPostgresError, match="cannot create the embedded server's data"):
+        ensure_running()
