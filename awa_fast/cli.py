@@ -17,6 +17,7 @@ import json
 import math
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ JOB_STATES = (
     "consequence_pending",
 )
 CONNECT_TIMEOUT_S = 10
+INTERRUPT_GRACE_S = 5.0  # after Ctrl-C: how long closing the connections may take
 
 
 class CliError(Exception):
@@ -1597,10 +1599,27 @@ def build_parser() -> argparse.ArgumentParser:
 # entry point
 
 
+def _exit_if_still_running(after_s: float) -> None:
+    """Exit the process with 130 if it is still running ``after_s`` seconds from now."""
+
+    def give_up() -> None:
+        print(f"{PROG}: interrupted; the connections did not close in time", file=sys.stderr)
+        os._exit(130)
+
+    timer = threading.Timer(after_s, give_up)
+    timer.daemon = True
+    timer.start()
+
+
 def _run_async(fn: Callable[[Session], Any], session: Session) -> int:
     async def runner() -> int:
         try:
             return await fn(session)
+        except asyncio.CancelledError:
+            # Ctrl-C (the runner cancels this task). psycopg_pool's connect task can swallow
+            # the cancel and retry, and the runner then waited for it forever: bound the rest.
+            _exit_if_still_running(INTERRUPT_GRACE_S)
+            raise
         finally:
             await session.close()
 

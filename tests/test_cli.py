@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -911,3 +912,65 @@ def test_output_a_terminal_cannot_encode_is_escaped(dsn, client):
         r = cli(*args, dsn=dsn, env=_env(PYTHONIOENCODING="ascii"))
         assert r.returncode == 0 and "Traceback" not in r.stderr, (args, r.stderr)
         assert "caf\\xe9_q" in r.stdout, (args, r.stdout)
+
+
+def test_ctrl_c_while_the_pool_connects_exits_in_bounded_time(dsn):
+    # psycopg_pool's connect task catches the cancel and schedules another attempt, and asyncio's
+    # runner waited for it forever: one Ctrl-C hung the command (breaker helper)
+    import socket
+    import threading
+
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    info = conninfo_to_dict(dsn)
+    listener = socket.create_server(("127.0.0.1", 0))
+    stalled = threading.Event()
+    held: list[socket.socket] = []
+
+    def proxy() -> None:
+        # the CLI's probe and the client's reachability check reach the server; the pool's
+        # connections are held
+        passed = 0
+        while True:
+            try:
+                client_sock, _ = listener.accept()
+            except OSError:
+                return
+            if passed == 2:
+                held.append(client_sock)
+                stalled.set()
+                continue
+            passed += 1
+            upstream = socket.create_connection((info["host"], int(info["port"])))
+            for a, b in ((client_sock, upstream), (upstream, client_sock)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=proxy, daemon=True).start()
+    url = make_conninfo(dsn, host="127.0.0.1", port=str(listener.getsockname()[1]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awa_fast", "--database-url", url, "queue", "stats"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        assert stalled.wait(30), "the pool never connected"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+    finally:
+        proc.kill()
+        listener.close()
+        for sock in held:
+            sock.close()
+
+
+def _pipe(src, dst) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        dst.close()
