@@ -439,3 +439,77 @@ def test_stored_text_is_escaped(web, dsn):
     page = web.get(f"/jobs/{job.id}").text
     assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
     assert "<b>t</b>" not in page and "&lt;b&gt;t&lt;/b&gt;" in page
+
+
+def test_serve_ends_within_its_stop_limit_behind_a_database_that_stopped_answering():
+    # A request's query in flight when the server froze (SIGSTOP: a hung host, a partition):
+    # cancelling it runs libpq's blocking cancel, which holds the interpreter, and the stop
+    # never ended (SIGINT twice, 155 s later still running; breaker helper).
+    import threading
+    import time
+
+    from awa_fast import embedded
+    from awa_fast.web import serve
+
+    srv = embedded.start_temp()
+    frozen: list[int] = []
+    proc = None
+    try:
+        import asyncio
+
+        asyncio.run(awa.migrate(srv.dsn))
+        env = {**os.environ, "AWA_FAST_DATABASE_URL": srv.dsn}
+        env.pop("AWA_FAST_SERVE_TOKEN", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "awa_fast", "serve", "--port", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        port = None
+        for line in proc.stderr:  # type: ignore[union-attr]
+            if m := re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line):
+                port = int(m.group(1))
+                break
+        assert port is not None
+        with psycopg.connect(srv.dsn) as locker:
+            locker.execute("LOCK TABLE awa_fast.jobs_done IN ACCESS EXCLUSIVE MODE")
+            threading.Thread(
+                target=lambda: _get_quietly(f"http://127.0.0.1:{port}/jobs"), daemon=True
+            ).start()
+            with psycopg.connect(srv.dsn, autocommit=True) as watch:
+                deadline = time.monotonic() + 30
+                while not watch.execute(  # the page's query waits on the lock: in flight
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                ).fetchone()[0]:
+                    assert time.monotonic() < deadline, "the page's query never started"
+                    time.sleep(0.05)
+            children = subprocess.run(
+                ["pgrep", "-P", str(srv.pid)], capture_output=True, text=True
+            ).stdout.split()
+            frozen = [srv.pid, *map(int, children)]
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=serve.STOP_LIMIT_S + 15)
+            assert time.monotonic() - started < serve.STOP_LIMIT_S + 5
+            assert proc.returncode == -signal.SIGALRM
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+            frozen = []
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        srv.stop()
+
+
+def _get_quietly(url: str) -> None:
+    try:
+        urllib.request.urlopen(url, timeout=120).read()
+    except OSError:
+        pass

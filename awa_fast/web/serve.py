@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from awa_fast.web import security
@@ -16,6 +17,10 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
 # How long a stop waits for requests in flight before cancelling them; the pools close after.
 STOP_TIMEOUT_S = 10
+# ... and how long the whole stop may take before the process exits without the pools: a
+# database that stopped answering (frozen, partitioned) blocks the cancel of a query in flight
+# (libpq's blocking cancel, in a thread asyncio then waits for) and the stop never ended.
+STOP_LIMIT_S = STOP_TIMEOUT_S + 10
 
 
 def resolve_token(explicit: str | None) -> str | None:
@@ -23,6 +28,16 @@ def resolve_token(explicit: str | None) -> str | None:
     if explicit is not None:
         return explicit
     return os.environ.get(security.TOKEN_ENV) or None
+
+
+def _exit_if_still_running(after_s: int) -> None:
+    """End the process if it is still running ``after_s`` seconds from now: SIGALRM's default
+    action, which needs no Python thread (libpq's blocking cancel holds the interpreter)."""
+    logging.getLogger("uvicorn.error").info(
+        "stopping (at most %d s; then the process ends without closing its connections)", after_s
+    )
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(after_s)
 
 
 def run(
@@ -34,7 +49,9 @@ def run(
     token: str | None = None,
 ) -> None:
     """Serve the dashboard of ``database_url`` on ``host:port`` until SIGINT or SIGTERM, then
-    stop gracefully and return (requests in flight get up to ``STOP_TIMEOUT_S``).
+    stop gracefully and return (requests in flight get up to ``STOP_TIMEOUT_S``; a stop that
+    has not ended after ``STOP_LIMIT_S``, say behind a database that stopped answering, exits
+    the process by SIGALRM).
 
     Raises:
         ValueError: the bind rule refuses ``host`` without ``token`` (see
@@ -57,6 +74,8 @@ def run(
         def handle_exit(self, sig, frame) -> None:
             if self.should_exit:
                 logging.getLogger("uvicorn.error").info("already stopping (graceful)")
+            else:
+                _exit_if_still_running(STOP_LIMIT_S)
             self.should_exit = True
 
     app = create_app(database_url, read_only=read_only, token=token)
