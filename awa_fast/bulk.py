@@ -37,17 +37,17 @@ DEADLOCK_RETRIES = 3
 def is_row_error(exc: BaseException) -> bool:
     """True for a database error caused by the data of a statement (constraint, trigger, data
     error), False for one about the session or the server: connection, deadlock, cancel
-    (``OperationalError``), privileges and missing objects (SQLSTATE class 42), an unsupported
-    feature (0A) and the transaction's state (25, e.g. a read-only transaction). Redone row by
-    row, those fail every row the same way, and a caller would report "0 changed" for a
-    statement that could never run. (A trigger's ``RAISE`` is P0001: a row error, although
-    psycopg files it under ``ProgrammingError`` too.)"""
+    (``OperationalError``), an unsupported feature (SQLSTATE class 0A) and the transaction's
+    state (25, e.g. a read-only transaction), which every row would meet the same way. (A
+    privilege or a missing object, class 42, is about the role or the schema too, but a
+    trigger may raise such a code for one row: see :func:`run_isolated`.)"""
     if not isinstance(exc, psycopg.DatabaseError) or isinstance(exc, psycopg.OperationalError):
         return False
-    return not (getattr(exc, "sqlstate", None) or "").startswith(_NOT_ABOUT_A_ROW)
+    return not _sqlstate(exc).startswith(("0A", "25"))
 
 
-_NOT_ABOUT_A_ROW = ("42", "0A", "25")  # SQLSTATE classes (is_row_error)
+def _sqlstate(exc: BaseException) -> str:
+    return getattr(exc, "sqlstate", None) or ""
 
 
 def _atomic(conn: psycopg.AsyncConnection):
@@ -96,6 +96,7 @@ async def run_isolated(
     except psycopg.DatabaseError as exc:
         if not is_row_error(exc):
             raise
+        bulk_error = exc
         log.warning(
             "%s: the bulk statement failed (%s: %s); redoing it row by row",
             what,
@@ -104,16 +105,22 @@ async def run_isolated(
         )
     candidates = await keys() if callable(keys) else keys
     result = Isolated([], {}, by_row=True)
+    succeeded = 0
     for key in candidates:
         try:
             async with _atomic(conn):
                 result.rows.extend(await one(key))
+            succeeded += 1
         except psycopg.DatabaseError as exc:
             if not is_row_error(exc):
                 raise
             result.failed[key] = exc
             handler = on_conflict if isinstance(exc, pg_errors.UniqueViolation) else on_error
             await _outcome(conn, what, key, exc, handler)
+    # Refused for want of a privilege or an object (a role that may not write) and no row
+    # went through: the statement could never run, and its caller must not report "0 changed".
+    if _sqlstate(bulk_error).startswith("42") and not succeeded:
+        raise bulk_error
     return result
 
 

@@ -413,3 +413,29 @@ async def test_paging_arguments_out_of_range_name_the_argument(dsn, value):
                 assert info.value.field == field and "1-9223372036854775807" in str(info.value)
     finally:
         await client.close()
+
+
+async def test_a_trigger_refusing_one_row_with_a_privilege_code_fails_that_row_alone(dsn):
+    # ... while a role that may not write fails the whole call (above): one row still never
+    # wedges the others (ADR 009), whatever SQLSTATE its trigger raises
+    client = awa.AsyncClient(dsn)
+    jobs = [await client.insert({"i": i}, kind="ro_kind", queue="ro_q2") for i in range(3)]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "CREATE FUNCTION awa_test_refuse_one() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN IF OLD.id = {jobs[1].id} THEN RAISE insufficient_privilege; END IF; "
+            "RETURN NEW; END $$"
+        )
+        await conn.execute(
+            "CREATE TRIGGER refuse_one BEFORE UPDATE ON awa_fast.jobs "
+            "FOR EACH ROW EXECUTE FUNCTION awa_test_refuse_one()"
+        )
+    try:
+        assert await client.drain_queue("ro_q2") == 2
+        states = [(await job_row(dsn, j.id))["state"] for j in jobs]
+        assert states == ["cancelled", "available", "cancelled"]
+    finally:
+        await client.close()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("DROP TRIGGER refuse_one ON awa_fast.jobs")
+            await conn.execute("DROP FUNCTION awa_test_refuse_one()")
