@@ -168,6 +168,8 @@ async def _child_main(
     import psycopg  # the launcher itself imports no driver
 
     log = logging.getLogger("awa_fast.worker")
+    # Taken before the application imports: not for processes it starts.
+    database_url = os.environ.pop(CHILD_DATABASE_URL_ENV, None)
     try:
         client, module = load_client(args.app)
     except AppSpecError as exc:
@@ -184,7 +186,6 @@ async def _child_main(
             f"{type(exc).__name__}: {exc}{_import_hint(str(exc))}",
         )
         return EXIT_IMPORT_FAILED
-    database_url = os.environ.pop(CHILD_DATABASE_URL_ENV, None)  # not for its own children
     if database_url:
         client.database_url = database_url
     options = start_options(module)
@@ -314,12 +315,25 @@ def _check_app(app: str, queues: str | None) -> int:
     if error is not None:
         print(f"start() would reject this configuration: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    # On a line of its own: an application may have written to stdout without a newline.
-    print(
-        f"\n{PREFLIGHT_MARK}"
-        + json.dumps({"explicit_url": client.explicit_database_url is not None})
-    )
+    # On a line of its own (an application may have written to stdout without a newline), to
+    # the real stdout (it may have pointed sys.stdout elsewhere).
+    result = json.dumps({"explicit_url": client.explicit_database_url is not None})
+    print(f"\n{PREFLIGHT_MARK}{result}", file=sys.__stdout__, flush=True)
     return 0
+
+
+def _preflight_result(stdout: str) -> dict | None:
+    """The preflight's result in its stdout: the first marked line that parses (the
+    application may print anything, a look-alike line too), or None."""
+    for line in stdout.splitlines():
+        if line.startswith(PREFLIGHT_MARK):
+            try:
+                found = json.loads(line.removeprefix(PREFLIGHT_MARK))
+            except ValueError:
+                continue
+            if isinstance(found, dict) and isinstance(found.get("explicit_url"), bool):
+                return found
+    return None
 
 
 def _event_loop_runner() -> Callable:
@@ -551,21 +565,27 @@ class Supervisor:
         env = self._env()
         if self.metrics_port is not None:  # as the children will: metrics_refresh_ms applies
             env[metrics.LAUNCHER_ENV] = "refresh"
-        r = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            argv,
+            env=env,
+            capture_output=True,
+            text=True,
+            errors="replace",  # what the application prints need not be UTF-8
+            stdin=subprocess.DEVNULL,
+        )
         if r.returncode == EXIT_BAD_APP:
             raise AppLoadError(r.stderr.strip(), usage=True)
         if r.returncode == EXIT_BAD_CONFIG:
             raise AppLoadError(f"{self.app}: {r.stderr.strip()}", usage=False)
         if r.returncode != 0:
             raise AppLoadError(f"importing {self.app} failed:\n{r.stderr.rstrip()}", usage=False)
-        marked = [ln for ln in r.stdout.splitlines() if ln.startswith(PREFLIGHT_MARK)]
-        if not marked:
+        result = _preflight_result(r.stdout)
+        if result is None:
             raise AppLoadError(
                 f"importing {self.app} ended its program (the preflight did not finish); "
                 "does the module exit at import?",
                 usage=False,
             )
-        result = json.loads(marked[-1].removeprefix(PREFLIGHT_MARK))
         if not self.database_url and not result["explicit_url"]:
             from awa_fast.database_url import resolve_database_url
 

@@ -10,6 +10,10 @@ Database: ``$AWA_FAST_LAUNCHER_DSN``. ``$AWA_FAST_LAUNCHER_FAIL``:
   preflight cannot see it);
 - ``exit``: the module calls ``sys.exit(0)`` at import;
 - ``stdout``: the module writes to stdout at import (no newline) and at exit;
+- ``hostile-stdout``: it writes bytes that are not UTF-8 and look-alike result lines, and
+  points ``sys.stdout`` at stderr;
+- ``spawn-at-import``: a worker child starts a process at import, which writes the value of
+  ``$AWA_FAST_CHILD_DATABASE_URL`` it sees to the file ``$AWA_FAST_LAUNCHER_PROBE``;
 - ``slow-child-import``: importing takes 3 s in the worker children.
 
 An empty ``$AWA_FAST_LAUNCHER_DSN`` leaves the client without a URL (``$DATABASE_URL`` then).
@@ -36,6 +40,22 @@ if FAIL == "stdout":  # an application that writes to stdout: without a newline,
 
     sys.stdout.write("launcher_app says hello")
     atexit.register(print, "launcher_app says goodbye")
+if FAIL == "hostile-stdout" and not IN_CHILD:  # the preflight: bytes that are not UTF-8,
+    # look-alike result lines, stdout moved
+    import atexit
+
+    sys.stdout.buffer.write(b"\xff\xfe not UTF-8\nawa-fast-preflight: {not json\n")
+    sys.stdout.flush()
+    atexit.register(print, 'awa-fast-preflight: {"explicit_url": "no"}', file=sys.__stdout__)
+    sys.stdout = sys.stderr
+if FAIL == "spawn-at-import" and IN_CHILD:  # a process the application starts at import
+    import subprocess
+
+    subprocess.run(
+        [sys.executable, "-c", "import os; print(os.environ.get('AWA_FAST_CHILD_DATABASE_URL'))"],
+        stdout=open(os.environ["AWA_FAST_LAUNCHER_PROBE"], "w"),
+        check=True,
+    )
 if FAIL == "slow-child-import" and IN_CHILD:
     import time
 

@@ -253,3 +253,33 @@ async def test_an_external_completion_into_a_held_key_is_cancelled_as_a_duplicat
     row = await job_row(dsn, job.id)
     assert row["state"] == "cancelled" and not row["unique_states"] & (1 << 6)
     assert (await job_row(dsn, holder))["state"] == "available"
+
+
+async def test_an_early_external_completion_into_a_held_key_keeps_the_running_mark(dsn, client):
+    # the duplicate cancel cleared heartbeat_at, so retry() started a second attempt while the
+    # first handler still ran (breaker helper)
+    tokens, registered, release = {}, asyncio.Event(), asyncio.Event()
+
+    @client.task(Ext)
+    async def ext(job):
+        token = await job.register_callback(timeout_seconds=3600)
+        tokens[job.id] = token.id
+        registered.set()
+        await release.wait()  # still running when the callback comes
+
+    job = await client.insert(Ext(""), unique_opts={"by_args": False, "states": 1 << 3})
+    await client.start([("default", 1)], **FAST)
+    await asyncio.wait_for(registered.wait(), 15)
+    await scalar(
+        dsn,
+        "INSERT INTO awa_fast.jobs (kind, queue, args, state, unique_key, unique_states) "
+        "SELECT 'other', 'nobody', '{}', 'available', unique_key, 10 FROM awa_fast.jobs "
+        "WHERE id = %s RETURNING id",
+        (job.id,),
+    )
+    done = await client.complete_external(tokens[job.id])
+    assert done.state == awa.JobState.Cancelled
+    assert (await job_row(dsn, job.id))["heartbeat_at"] is not None  # its handler lives on
+    with pytest.raises(awa.AttemptStillRunning):
+        await client.retry(job.id)
+    release.set()

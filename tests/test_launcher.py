@@ -485,6 +485,22 @@ def test_a_url_from_the_environment_reaches_the_children_outside_their_argv(dsn,
     assert launcher.wait(60) == 0, launcher.transcript()
 
 
+def test_processes_the_application_starts_do_not_get_the_childs_url(dsn, launchers, tmp_path):
+    probe = tmp_path / "seen"
+    launcher = Launcher(
+        "",
+        "--processes",
+        "1",
+        fail="spawn-at-import",
+        env={"DATABASE_URL": dsn, "AWA_FAST_LAUNCHER_PROBE": str(probe)},
+    )
+    launchers.append(launcher)
+    launcher.ready_pids(1)
+    assert probe.read_text().strip() == "None"
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0, launcher.transcript()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_while_a_child_still_imports_is_a_clean_drain(dsn, launchers, sig):
     # SIGTERM: the child died of it (-15) and the launcher exited 1; SIGHUP killed the launcher
@@ -497,8 +513,9 @@ def test_a_stop_while_a_child_still_imports_is_a_clean_drain(dsn, launchers, sig
     launcher.wait_line(r"all children stopped", 5)
 
 
-def test_an_application_writing_to_stdout_does_not_break_the_preflight(dsn, launchers):
-    launcher = Launcher(dsn, "--processes", "1", fail="stdout")
+@pytest.mark.parametrize("fail", ["stdout", "hostile-stdout"])
+def test_an_application_writing_to_stdout_does_not_break_the_preflight(dsn, launchers, fail):
+    launcher = Launcher(dsn, "--processes", "1", fail=fail)
     launchers.append(launcher)
     launcher.ready_pids(1)
     launcher.proc.send_signal(signal.SIGTERM)

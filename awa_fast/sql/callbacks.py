@@ -55,8 +55,9 @@ WHERE id = %s RETURNING {JOB_COLUMNS}"""
 
 # ... when completing would make a second holder of the job's unique key (its mask holds
 # 'completed', another job holds the key): cancelled as a duplicate, as a worker's completion
-# into a held key is.
-COMPLETE_EXTERNAL_AS_DUPLICATE = f"""{_cancel_duplicate("NULL")}WHERE id = %s
+# into a held key is. A handler still alive (an early callback, wait_for_callback) keeps its
+# "still running" mark: a retry of the cancelled job must wait for it.
+COMPLETE_EXTERNAL_AS_DUPLICATE = f"""{_cancel_duplicate("heartbeat_at")}WHERE id = %s
 RETURNING {JOB_COLUMNS}"""
 
 RETRY_EXTERNAL = f"""
