@@ -228,14 +228,8 @@ async def test_external_completion_discards_staged_follow_ups(dsn, client):
 async def test_an_external_completion_into_a_held_key_is_cancelled_as_a_duplicate(dsn, client):
     # it raised UniqueConflict and the job stayed parked until its callback timed out: the
     # external result was lost (breaker helper)
-    tokens = {}
-
-    @client.task(Ext)
-    async def ext(job):
-        token = await job.register_callback(timeout_seconds=3600)
-        tokens[job.id] = token.id
-        return awa.WaitForCallback(token)
-
+    tokens: dict = {}
+    parking_handler(client, tokens)
     completed_only = {"by_args": False, "states": 1 << 3}
     job = await client.insert(Ext(""), unique_opts=completed_only)
     await client.start([("default", 1)], **FAST)

@@ -361,17 +361,22 @@ def test_dlq_purge_one_and_matching(web, dsn):
     assert not in_dlq(dsn, jobs[1].id) and not in_dlq(dsn, jobs[2].id)
 
 
-@pytest.mark.parametrize("signals", [["INT"], ["TERM"], ["INT", "INT"], ["TERM", "INT"]])
-def test_serve_stops_gracefully_and_quietly_on_sigint_and_sigterm(dsn, signals):
+def _serve_on_any_port(dsn: str) -> subprocess.Popen:
+    """``awa-fast serve --port 0`` on ``dsn`` without a token, its stderr (uvicorn's log) piped."""
     env = {**os.environ, "AWA_FAST_DATABASE_URL": dsn}
     env.pop("AWA_FAST_SERVE_TOKEN", None)
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "awa_fast", "serve", "--port", "0"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
+
+
+@pytest.mark.parametrize("signals", [["INT"], ["TERM"], ["INT", "INT"], ["TERM", "INT"]])
+def test_serve_stops_gracefully_and_quietly_on_sigint_and_sigterm(dsn, signals):
+    proc = _serve_on_any_port(dsn)
     lines: list[str] = []
     try:
         for marker, sig in zip(["Uvicorn running on", "Shutting down"], signals, strict=False):
@@ -458,15 +463,7 @@ def test_serve_ends_within_its_stop_limit_behind_a_database_that_stopped_answeri
         import asyncio
 
         asyncio.run(awa.migrate(srv.dsn))
-        env = {**os.environ, "AWA_FAST_DATABASE_URL": srv.dsn}
-        env.pop("AWA_FAST_SERVE_TOKEN", None)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "awa_fast", "serve", "--port", "0"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
+        proc = _serve_on_any_port(srv.dsn)
         port = None
         for line in proc.stderr:  # type: ignore[union-attr]
             if m := re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line):
