@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -764,9 +765,10 @@ def cmd_check(s: Session) -> int:
     if config_error:
         print(f"start() would reject this configuration: {config_error}")
     else:
+        with_options = ", START_OPTIONS included" if getattr(module, "START_OPTIONS", None) else ""
         print(
             f"start() would accept this configuration ({n} registered "
-            f"{'kind' if n == 1 else 'kinds'}, START_OPTIONS included)"
+            f"{'kind' if n == 1 else 'kinds'}{with_options})"
         )
     if kinds:
         print(
@@ -1477,9 +1479,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(poll_interval_ms, ...).\nEach child runs uvloop and opens "
         "its own connections. The launcher restarts a crashed child\n"
         "(backoff 0.5 s doubling to 10 s) and exits 1 if a child dies "
-        "more than 5 times within\n60 s. SIGTERM/SIGINT drain "
+        "more than 5 times within\n60 s. SIGTERM/SIGINT/SIGHUP drain "
         "gracefully: stop claiming, finish in-flight jobs up to\n"
-        "--drain-timeout, flush; exit 0. One status line per child "
+        "--drain-timeout, flush; exit 0. A second signal kills the children (exit 1; their "
+        "attempts\nstay running until heartbeat rescue). One status line per child "
         "event on stdout; child logs\non stderr as [child N pid P] "
         "(--log-format json: JSON objects). APP is imported once "
         "before\nany child starts, in a running event loop as in the children: "
@@ -1613,13 +1616,19 @@ def _exit_if_still_running(after_s: float) -> None:
 
 def _run_async(fn: Callable[[Session], Any], session: Session) -> int:
     async def runner() -> int:
+        # Ctrl-C: the runner's handler cancels this task; what follows is bounded. The cancel
+        # may not even reach it (psycopg_pool's connect task catches cancels and retries, and
+        # the runner then waited for it forever), so the bound starts from the signal itself.
+        runner_handler = signal.getsignal(signal.SIGINT)
+        if callable(runner_handler):
+
+            def on_sigint(signum, frame) -> None:
+                _exit_if_still_running(INTERRUPT_GRACE_S)
+                runner_handler(signum, frame)
+
+            signal.signal(signal.SIGINT, on_sigint)
         try:
             return await fn(session)
-        except asyncio.CancelledError:
-            # Ctrl-C (the runner cancels this task). psycopg_pool's connect task can swallow
-            # the cancel and retry, and the runner then waited for it forever: bound the rest.
-            _exit_if_still_running(INTERRUPT_GRACE_S)
-            raise
         finally:
             await session.close()
 

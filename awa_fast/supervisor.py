@@ -388,10 +388,13 @@ def child_entry(argv: list[str], stopped_early: list[int] | None = None) -> int:
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 # A worker child records SIGTERM/SIGINT from its first line: a stop that comes while awa_fast or
 # the application still imports is a drain of nothing (exit 0), not a death by signal.
+# The launcher starts it with both signals blocked (a stop during the interpreter's own startup
+# stays pending), and it unblocks them once its handlers are in place.
 _CHILD_BOOT = (
     "import signal, sys; early = []\n"
     "if '--child' in sys.argv:\n"
     "    for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, lambda n, f: early.append(n))\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT))\n"
     "sys.path.insert(0, sys.argv.pop(1))\n"
     "from awa_fast.supervisor import child_entry\n"
     "sys.exit(child_entry(sys.argv[1:], early))"
@@ -635,9 +638,14 @@ class Supervisor:
             argv += ["--queues", self.queues]
         try:
             # Own process group: a terminal's Ctrl-C reaches the parent only, which forwards it.
-            c.proc = subprocess.Popen(
-                argv, env=self._env(c.index), pass_fds=(wfd,), process_group=0
-            )
+            # Started with SIGTERM/SIGINT blocked (the mask is inherited): _CHILD_BOOT unblocks.
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGINT))
+            try:
+                c.proc = subprocess.Popen(
+                    argv, env=self._env(c.index), pass_fds=(wfd,), process_group=0
+                )
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         finally:
             os.close(wfd)
         c.started_at = time.monotonic()

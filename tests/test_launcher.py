@@ -436,13 +436,12 @@ class InterruptInsideOrjsonInit:
     fired = False
 
     def find_spec(self, name, path=None, target=None):
-        f = sys._getframe(1)
-        while f is not None and not self.fired:
-            mod = f.f_locals.get("module") if f.f_code.co_name == "exec_module" else None
-            if getattr(mod, "__name__", None) == "orjson.orjson":
+        # orjson's package is in sys.modules without its names while its extension initializes
+        package = sys.modules.get("orjson")
+        if not self.fired and package is not None and not hasattr(package, "dumps"):
+            if name != "orjson.orjson":
                 self.fired = True
                 os.kill(os.getpid(), signal.SIGINT)
-            f = f.f_back
         return None
 
 hook = InterruptInsideOrjsonInit()
