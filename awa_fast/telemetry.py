@@ -210,7 +210,7 @@ def init_telemetry(
     endpoint: str,
     service_name: str,
     export_interval_ms: int | None = None,
-    traces: bool = True,
+    traces: bool | None = None,
     *,
     metric_reader: Any = None,
     span_processor: Any = None,
@@ -222,9 +222,12 @@ def init_telemetry(
 
     Once per process: OpenTelemetry lets the global meter and tracer providers be set only once,
     so after :func:`shutdown_telemetry` a second install would export nothing (spans would go to
-    the shut-down provider); it raises ``ConfigError`` instead. With ``traces``, a tracer
-    provider the application installed first is kept by OpenTelemetry, so that is a
-    ``ConfigError`` too: pass ``traces=False`` (awa-fast's spans then go to the application's).
+    the shut-down provider); it raises ``ConfigError`` instead. ``traces``: ``True`` installs a
+    tracer provider exporting to ``endpoint``, ``False`` none; unset (``None``, the default),
+    the same as ``True`` unless the application installed its own tracer provider first, which
+    OpenTelemetry keeps: awa-fast's spans then go to it. ``traces=True`` (or a
+    ``span_processor``) over the application's provider is a ``ConfigError``: ours could not be
+    installed.
 
     ``metric_reader`` (an SDK ``MetricReader``) / ``span_processor`` (an SDK ``SpanProcessor``,
     only with ``traces``) replace the OTLP exporters (awa-fast extension, for tests or another
@@ -273,9 +276,9 @@ def init_telemetry(
                 field="export_interval_ms",
                 limit="not with metric_reader",
             )
-    if not isinstance(traces, bool):
+    if traces is not None and not isinstance(traces, bool):
         raise ValidationError(f"traces must be a bool, got {traces!r}", field="traces")
-    if span_processor is not None and not traces:
+    if span_processor is not None and traces is False:
         raise ValidationError(
             "span_processor exports spans, but traces=False installs none: drop one of them",
             field="span_processor",
@@ -324,10 +327,14 @@ def init_telemetry(
                 field="init_telemetry",
                 limit="once per process",
             )
-        if traces and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        theirs = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        if traces is None:  # unset: the application's provider, if it has one, gets our spans
+            traces = span_processor is not None or not theirs
+        if traces and theirs:
             raise ConfigError(
                 "an OpenTelemetry tracer provider is already installed in this process and "
-                "OpenTelemetry keeps it: pass traces=False (awa-fast's spans then go to it)",
+                "OpenTelemetry keeps it: leave traces unset or pass traces=False (awa-fast's "
+                "spans then go to it)",
                 field="traces",
                 limit="traces=False when a tracer provider is installed",
             )

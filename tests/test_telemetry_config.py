@@ -159,3 +159,24 @@ def test_traces_with_an_application_tracer_provider_raise_config_error():
         """
     )
     assert out.split() == ["rejected", "True"]
+
+
+def test_traces_left_unset_go_to_an_application_tracer_provider():
+    """awa-pg's call, `init_telemetry(endpoint, service_name)`, in an application that set up
+    OpenTelemetry itself: installed, and awa-fast's spans go to the application's provider."""
+    out = _run(
+        """
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        theirs = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(theirs))
+        trace.set_tracer_provider(provider)
+        print(telemetry.init_telemetry(
+            "http://localhost:4317", "svc", metric_reader=InMemoryMetricReader()))
+        with telemetry.handler_span("k", "q", 1, 1, None):
+            pass
+        print(len(theirs.get_finished_spans()))
+        """
+    )
+    assert out.split() == ["True", "1"]
