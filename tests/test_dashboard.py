@@ -510,3 +510,22 @@ def _get_quietly(url: str) -> None:
         urllib.request.urlopen(url, timeout=120).read()
     except OSError:
         pass
+
+
+def test_the_workers_page_lists_the_live_processes_and_their_kinds(web, dsn):
+    # it said awa-fast registers no worker processes, while each keeps a presence row (fresh eyes)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO awa_fast.workers (instance, queues, kinds, expires_at) VALUES "
+            "('host:1:live', '{emails}', '{send_email,send_sms}', now() + interval '1 minute'), "
+            "('host:2:gone', '{emails}', '{old_kind}', now() - interval '1 second')"
+        )
+    try:
+        r = web.get("/workers")
+        assert r.status_code == 200
+        live = r.text[r.text.index('id="processes"') :]
+        assert 'data-instance="host:1:live"' in live and "send_email, send_sms" in live
+        assert "host:2:gone" not in r.text  # expired: not a live process
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM awa_fast.workers WHERE instance LIKE 'host:%'")

@@ -116,6 +116,7 @@ def cases(newest: int) -> dict[str, tuple[str, dict | None]]:
         "running": (dq.RUNNING, {"limit": dq.RUNNING_ROWS}),
         "leader": (dq.LEADER, {"key": sql.LEADER_LOCK_KEY}),
         "connections": (dq.CONNECTIONS, None),
+        "presence": (dq.PRESENCE, {"limit": dq.PRESENCE_ROWS}),
     }
 
 

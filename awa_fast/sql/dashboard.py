@@ -147,7 +147,13 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.classid = (%(key)s::bigint >> 32)::oid
   AND l.objid = (%(key)s::bigint & 4294967295)::oid"""
 
-# Connections to this database by client (awa-fast registers no worker rows).
+# The live processes' presence rows (one per process; migration 005), newest first.
+PRESENCE_ROWS = 200
+PRESENCE = f"""
+SELECT instance, queues, kinds, started_at, seen_at, expires_at
+FROM {S}.workers WHERE expires_at > now() ORDER BY started_at DESC, instance LIMIT %(limit)s"""
+
+# Connections to this database by client.
 CONNECTIONS = """
 SELECT application_name, host(client_addr) AS client_addr, count(*) AS connections,
        count(*) FILTER (WHERE state = 'active') AS active, min(backend_start) AS oldest
