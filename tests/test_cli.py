@@ -18,6 +18,7 @@ import pytest
 import awa_fast as awa
 from awa_fast.cli import format_table
 from awa_fast.schema import current_migration_version, migrations
+from tests.support import sigint_as_at_a_terminal
 
 CLOSED_PORT_DSN = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=5"
 TIMEOUT_S = 180
@@ -953,6 +954,7 @@ def test_ctrl_c_while_the_pool_connects_exits_in_bounded_time(dsn):
         stderr=subprocess.PIPE,
         text=True,
         env=_env(),
+        preexec_fn=sigint_as_at_a_terminal,
     )
     try:
         assert stalled.wait(30), "the pool never connected"

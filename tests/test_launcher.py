@@ -24,6 +24,7 @@ import pytest
 from awa_fast import sql
 from awa_fast.supervisor import parse_queues_arg
 from tests.launcher_app import Nap
+from tests.support import sigint_as_at_a_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
 KIND = "nap"
@@ -463,6 +464,7 @@ def test_ctrl_c_while_awa_fast_imports_orjson_is_a_keyboard_interrupt_not_a_cras
         capture_output=True,
         text=True,
         timeout=60,
+        preexec_fn=sigint_as_at_a_terminal,
     )
     assert (r.returncode, r.stdout.strip()) == (130, "interrupted"), r.stderr[-2000:]
 
