@@ -16,6 +16,21 @@ class AppSpecError(Exception):
     """A ``module:attribute`` spec that does not name an ``AsyncClient``."""
 
 
+# What to do about a module that runs its program at import (the launcher and `check` say it).
+MAIN_GUARD_HINT = (
+    'Put it under `if __name__ == "__main__":` so that importing it only defines the client'
+)
+
+
+def exits_at_import(spec: str, exc: SystemExit) -> str:
+    """The message for importing ``spec`` raising ``SystemExit`` (the module called
+    ``sys.exit()`` at import)."""
+    return (
+        f"importing {spec} called sys.exit({exc.code!r}): the module runs its program at "
+        f"import. {MAIN_GUARD_HINT}"
+    )
+
+
 def load_client(spec: str) -> tuple[AsyncClient, ModuleType]:
     """Import ``module:attr`` (``attr`` may be dotted) and return ``(client, module)``.
 

@@ -725,7 +725,7 @@ def cmd_embedded_url(s: Session) -> int:
 
 
 def cmd_check(s: Session) -> int:
-    from awa_fast.app_loader import AppSpecError, load_client, start_config_error
+    from awa_fast.app_loader import AppSpecError, exits_at_import, load_client, start_config_error
 
     try:
         client, module = load_client(s.args.app)
@@ -733,11 +733,7 @@ def cmd_check(s: Session) -> int:
         print(f"{PROG} check: error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # the module ends its program at import: nothing was checked
-        print(
-            f"{PROG} check: error: importing {s.args.app} called sys.exit({exc.code!r}); put "
-            'the program under `if __name__ == "__main__":`',
-            file=sys.stderr,
-        )
+        print(f"{PROG} check: error: {exits_at_import(s.args.app, exc)}", file=sys.stderr)
         return 1
     except Exception:  # the application's own import raised
         import traceback

@@ -62,7 +62,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from awa_fast import log_format as log_format_mod
 from awa_fast import metrics
-from awa_fast.app_loader import AppSpecError, load_client, start_config_error, start_options
+from awa_fast.app_loader import (
+    MAIN_GUARD_HINT,
+    AppSpecError,
+    exits_at_import,
+    load_client,
+    start_config_error,
+    start_options,
+)
 from awa_fast.errors import ConfigError, SchemaNotMigrated
 
 if TYPE_CHECKING:
@@ -274,10 +281,7 @@ async def _reach_database(url: str) -> None:
 
 def _import_hint(error: str) -> str:
     if "cannot be called from a running event loop" in error:
-        return (
-            "; does the module run its program at import? Put it under "
-            '`if __name__ == "__main__":` so that importing it only defines the client'
-        )
+        return f"; does the module run its program at import? {MAIN_GUARD_HINT}"
     return ""
 
 
@@ -298,11 +302,7 @@ def _check_app(app: str, queues: str | None) -> int:
         print(exc, file=sys.stderr)
         return EXIT_BAD_APP
     except SystemExit as exc:  # the module ends its program at import
-        print(
-            f"importing {app} called sys.exit({exc.code!r}); put the program under "
-            '`if __name__ == "__main__":` so that importing it only defines the client',
-            file=sys.stderr,
-        )
+        print(exits_at_import(app, exc), file=sys.stderr)
         return 1
     except Exception as exc:
         import traceback
@@ -364,9 +364,11 @@ def child_entry(argv: list[str], stopped_early: list[int] | None = None) -> int:
         return _check_app(args.app, args.queues)
     # A drain asked for while the application still imports (before the loop's handlers):
     # recorded, and the child exits 0 without starting, as a drain would.
-    early: list[int] = [] if stopped_early is None else stopped_early
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _frame: early.append(signum))
+    early = stopped_early
+    if early is None:  # not started through _CHILD_BOOT, which records them from its first line
+        early = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _frame: early.append(signum))
     _child_logging(args.index, args.log_level, args.log_format)
     reporter = _Reporter(args.status_fd)
     runner = _event_loop_runner()
