@@ -3,7 +3,7 @@ server sustains and how much of its CPU each costs (issue 11; docs/benchmarking.
 per-job completion's CPU goes").
 
     python -m bench.staged_statement [--database-url URL] [--jobs N] [--connections K]
-                                     [--rounds R] [--async-commit]
+                                     [--rounds R] [--async-commit] [--pipeline W]
 
 Each round creates a fresh database, migrates it, inserts ``--jobs`` running stage-A rows (one
 run_lease each) and completes every one with ``sql.COMPLETE_WITH_FOLLOW_UPS`` staging one
@@ -12,7 +12,10 @@ pipeline scenario), split over ``--connections`` threads, each with its own conn
 statement prepared as the finalizer's is. Printed per round: completions a second and the
 server backends' CPU per completion in microseconds, read from ``/proc/<pid>/stat`` (so the
 server must run on this machine). ``--async-commit`` sets ``synchronous_commit = off`` on the
-connections, leaving the statement's own cost without the commit's flush. Without
+connections, leaving the statement's own cost without the commit's flush. ``--pipeline W``
+sends each connection's statements in libpq's pipeline mode, at most W in flight, each followed
+by its own Sync, so each is still its own transaction: what a worker that pipelined its
+per-job completions would save (docs/benchmarking.md, "Pipelined per-job transactions"). Without
 ``--database-url`` a durable throwaway server is started (``bench.server.start_durable``).
 """
 
@@ -26,6 +29,7 @@ import threading
 import time
 
 import psycopg
+from psycopg import pq
 
 import awa_fast as awa
 from awa_fast import enqueue, sql
@@ -45,7 +49,34 @@ def _backend_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _round(admin_dsn: str, name: str, jobs: int, connections: int, async_commit: bool) -> tuple:
+def _run_pipelined(conn, share: list[int], staged: dict, window: int) -> None:
+    # Bind/Execute/Sync per completion: the Sync ends that completion's implicit transaction.
+    parts = sql.COMPLETE_WITH_FOLLOW_UPS.split("%s")
+    text = parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], start=1))
+    pg = conn.pgconn
+    pg.enter_pipeline_mode()
+    pg.send_prepare(b"staged", text.encode(), None)
+    pg.pipeline_sync()
+    sent, done = 0, -1  # the prepare is settled first
+    while done < len(share):
+        while sent < len(share) and sent - done < window:
+            i = share[sent]
+            pg.send_query_prepared(b"staged", [str(i).encode(), b"1", staged[i].encode()])
+            pg.pipeline_sync()
+            sent += 1
+        pg.flush()
+        res = pg.get_result()
+        if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            raise RuntimeError(res.error_message.decode())
+        if pg.get_result() is not None or pg.get_result().status != pq.ExecStatus.PIPELINE_SYNC:
+            raise RuntimeError("unexpected pipeline result")
+        done += 1
+    pg.exit_pipeline_mode()
+
+
+def _round(
+    admin_dsn: str, name: str, jobs: int, connections: int, async_commit: bool, window: int
+) -> tuple:
     dsn = server.create_database(admin_dsn, name)
     try:
         asyncio.run(awa.migrate(dsn))
@@ -80,6 +111,9 @@ def _round(admin_dsn: str, name: str, jobs: int, connections: int, async_commit:
             timed = ids[connections * WARM :]
 
             def run(conn, share: list[int]) -> None:
+                if window:
+                    _run_pipelined(conn, share, staged, window)
+                    return
                 for i in share:
                     conn.execute(sql.COMPLETE_WITH_FOLLOW_UPS, (i, 1, staged[i])).fetchone()
 
@@ -109,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--connections", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--async-commit", action="store_true")
+    p.add_argument(
+        "--pipeline", type=int, default=0, metavar="W", help="pipeline mode, W in flight"
+    )
     args = p.parse_args(argv)
     owned = None
     admin = args.database_url
@@ -118,12 +155,18 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for r in range(args.rounds):
             rate, cpu_us = _round(
-                admin, f"bench_staged_statement_{r}", args.jobs, args.connections, args.async_commit
+                admin,
+                f"bench_staged_statement_{r}",
+                args.jobs,
+                args.connections,
+                args.async_commit,
+                args.pipeline,
             )
             print(
                 f"round {r + 1}: {rate:,.0f} completions/s, backend CPU {cpu_us:.0f} us each "
                 f"({args.connections} connections, {args.jobs} jobs, "
-                f"synchronous_commit {'off' if args.async_commit else 'on'})",
+                f"synchronous_commit {'off' if args.async_commit else 'on'}"
+                f"{f', pipelined {args.pipeline} deep' if args.pipeline else ''})",
                 flush=True,
             )
     finally:
