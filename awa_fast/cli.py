@@ -5,7 +5,8 @@ Every invocation runs at most one event loop (uvloop when available) and one
 
 Exit status: 0 on success, 1 on an error (an ``AwaError``, a database or connection error, a job
 that does not exist or is in the wrong state), 2 on a command-line usage error (argparse), 130 on
-Ctrl-C.
+Ctrl-C. With ``--json`` an error is one JSON object on one line of stderr,
+``{"error": <message>, "type": <error class>}``, with the same exit status.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from awa_fast import sql
 from awa_fast.database_url import resolve_database_url, url_source
@@ -47,6 +48,21 @@ INTERRUPT_GRACE_S = 5.0  # after Ctrl-C: how long closing the connections may ta
 
 class CliError(Exception):
     """An error reported as ``awa-fast: error: <message>`` with exit status 1."""
+
+
+class UsageError(Exception):
+    """A command-line usage error (exit status 2): what :func:`build_parser`'s parsers raise
+    instead of printing and exiting, so that :func:`main` reports it in the requested format."""
+
+    def __init__(self, message: str, parser: argparse.ArgumentParser):
+        super().__init__(message)
+        self.message = message
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,6 +125,29 @@ def _short_time(value: str | None) -> str | None:
 
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+
+
+def _print_error(
+    message: str,
+    *,
+    json_output: bool,
+    kind: str = "CliError",
+    text: str | None = None,
+    log_format: str = "text",
+    **fields: Any,
+) -> None:
+    """Report an error on stderr: with ``json_output`` one JSON object on one line,
+    ``{"error": message, "type": kind, **fields}``; else as a log object with ``log_format``
+    ``"json"``; else ``text`` (default: ``awa-fast: error: <message>``)."""
+    if json_output:
+        obj = {"error": message, "type": kind, **fields}
+        print(json.dumps(obj, ensure_ascii=False, default=str), file=sys.stderr)
+    elif log_format == "json":  # errors are log objects too
+        import logging
+
+        logging.getLogger("awa_fast.cli").error(message)
+    else:
+        print(f"{PROG}: error: {message}" if text is None else text, file=sys.stderr)
 
 
 def _report(s: Session, data: Any, text: str) -> int:
@@ -184,6 +223,12 @@ class Session:
             self._client = AsyncClient(url, max_connections=2)
         return self._client
 
+    def fail(self, message: str, *, status: int = 1, **kw: Any) -> int:
+        """Print an error (``--json``: as JSON, see :func:`_print_error` for ``kw``) and return
+        ``status``, the exit status."""
+        _print_error(message, json_output=self.json, **kw)
+        return status
+
     async def close(self) -> None:
         if self._client is not None:
             client, self._client = self._client, None
@@ -204,20 +249,17 @@ async def cmd_migrate(s: Session) -> int:
         done = 0
         if (await _fetch(client, sql.SCHEMA_PRESENT))[0][0]:
             done = (await _fetch(client, sql.SCHEMA_VERSION))[0][0] or 0
-        return _print_migrations(done, schema.current_migration_version())
+        return _print_migrations(s, done, schema.current_migration_version())
     if a.sql or a.version is not None or a.from_version is not None or a.to is not None:
         # SQL-printing modes (awa-pg's): no database needed.
         latest = schema.current_migration_version()
         if a.version is not None:
             if not 1 <= a.version <= latest:
-                print(
-                    f"Version {a.version} is out of range. Valid versions: 1..{latest}",
-                    file=sys.stderr,
-                )
-                return 1
-            return _print_migrations(a.version - 1, a.version)
+                message = f"Version {a.version} is out of range. Valid versions: 1..{latest}"
+                return s.fail(message, text=message)  # awa-pg's text, without our prefix
+            return _print_migrations(s, a.version - 1, a.version)
         return _print_migrations(
-            0 if a.from_version is None else a.from_version, latest if a.to is None else a.to
+            s, 0 if a.from_version is None else a.from_version, latest if a.to is None else a.to
         )
     client = await s.client(need_schema=False)
     applied = await client.migrate()
@@ -397,8 +439,8 @@ RETRY_FAILED_SHOWN = 20  # rows listed by `job retry-failed` (the count covers a
 async def cmd_job_retry_failed(s: Session) -> int:
     if bool(s.args.kind) == bool(s.args.queue):
         # awa-pg's message and exit status, before any connection
-        print("Specify exactly one of --kind or --queue", file=sys.stderr)
-        return 1
+        message = "Specify exactly one of --kind or --queue"
+        return s.fail(message, text=message)
     client = await s.client()
     result = await client.retry_failed(kind=s.args.kind, queue=s.args.queue)
     jobs = result.jobs
@@ -730,20 +772,21 @@ def cmd_check(s: Session) -> int:
     try:
         client, module = load_client(s.args.app)
     except AppSpecError as exc:  # a usage error, as `awa-fast worker` reports it
-        print(f"{PROG} check: error: {exc}", file=sys.stderr)
-        return 2
+        return s.fail(str(exc), status=2, kind="AppSpecError", text=f"{PROG} check: error: {exc}")
     except SystemExit as exc:  # the module ends its program at import: nothing was checked
-        print(f"{PROG} check: error: {exits_at_import(s.args.app, exc)}", file=sys.stderr)
-        return 1
-    except Exception:  # the application's own import raised
+        message = exits_at_import(s.args.app, exc)
+        return s.fail(message, kind="SystemExit", text=f"{PROG} check: error: {message}")
+    except Exception as exc:  # the application's own import raised
         import traceback
 
-        print(
-            f"{PROG} check: error: importing {s.args.app} failed:\n"
-            f"{traceback.format_exc().rstrip()}",
-            file=sys.stderr,
+        message = f"importing {s.args.app} failed"
+        trace = traceback.format_exc().rstrip()
+        return s.fail(
+            f"{message}: {type(exc).__name__}: {exc}",
+            kind=type(exc).__name__,
+            text=f"{PROG} check: error: {message}:\n{trace}",
+            traceback=trace,
         )
-        return 1
     kinds = client.registry.undeclared_kinds()
     off_default = dict(sorted(client.registry.off_default.items()))
     config_error = start_config_error(client, module)
@@ -821,6 +864,9 @@ async def cmd_consequences(s: Session) -> int:
 def cmd_bench(s: Session) -> int:
     from pathlib import Path
 
+    if s.json:  # the suite's options follow 'bench'; a --json before it would go unread
+        s.args.parser.error("--json does not apply to bench (its results are JSONL: --out)")
+
     root = Path(__file__).resolve().parent.parent
     if not (root / "bench" / "runner.py").is_file():
         raise CliError(
@@ -855,6 +901,10 @@ def cmd_worker(s: Session) -> int:
     from awa_fast.supervisor import Supervisor, parse_queues_arg
 
     a = s.args
+    if s.json:  # it prints status and log lines, no data
+        a.parser.error(
+            "--json does not apply to worker (its status lines are log lines: --log-format json)"
+        )
     try:
         parse_queues_arg(a.queues)
     except ValueError as exc:
@@ -936,9 +986,9 @@ WORKER_DB_HELP = (
 )
 
 
-def _common(with_db: bool = True, db_help: str = DB_HELP) -> argparse.ArgumentParser:
+def _common(with_db: bool = True, db_help: str = DB_HELP) -> _Parser:
     """Options accepted both before and after a subcommand (SUPPRESS keeps the global value)."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = _Parser(add_help=False)
     g = p.add_argument_group("common options")
     g.add_argument(
         "--json",
@@ -962,7 +1012,8 @@ persistent embedded PostgreSQL (started on first use; see `awa-fast embedded`)."
 
 EPILOG = """\
 exit status: 0 success, 1 error (database/connection error, unknown job, wrong state),
-2 usage error.
+2 usage error. With --json an error is one JSON object on stderr:
+{"error": MESSAGE, "type": ERROR_CLASS} (usage errors: type UsageError, and "usage").
 
 examples:
   awa-fast migrate
@@ -985,14 +1036,46 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of the whole CLI (each command's handler in ``func``)."""
+class _VersionAction(argparse.Action):
+    """``--version``: ``awa-fast X.Y.Z``, or ``{"version": "X.Y.Z"}`` when the parser was built
+    for JSON output."""
+
+    def __init__(self, option_strings, dest, json_output: bool = False, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.json_output = json_output
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.json_output:
+            _print_json({"version": _version()})
+        else:
+            print(f"{PROG} {_version()}")
+        parser.exit()
+
+
+def _json_requested(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` asks for ``--json`` (or an abbreviation argparse accepts) before a
+    ``--``, for what happens before the arguments are parsed: ``--version``, usage errors."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if len(arg) >= 3 and "--json".startswith(arg):
+            return True
+    return False
+
+
+def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
+    """The argparse parser of the whole CLI (each command's handler in ``func``).
+
+    Args:
+        json_output: ``--version`` prints ``{"version": ...}`` (give :func:`_json_requested`).
+
+    Its ``parse_args`` raises :class:`UsageError` where argparse would print a usage error and
+    exit 2 (``--help`` and ``--version`` still print and exit 0).
+    """
     common = _common()
     common_nodb = _common(with_db=False)
     raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=raw
-    )
+    parser = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=raw)
     parser.add_argument("--database-url", metavar="URL", default=None, help=DB_HELP)
     parser.add_argument(
         "--json",
@@ -1001,7 +1084,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="print machine-readable JSON instead of tables/text",
     )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help=LOG_FORMAT_HELP)
-    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        json_output=json_output,
+        help="print the version and exit",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, title="commands")
 
     # migrate
@@ -1012,7 +1100,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="create or upgrade the awa_fast schema",
         description="Apply every missing awa_fast schema migration (idempotent, "
         "safe to run concurrently).\nPrints the versions applied, or "
-        "'schema up to date (version N)'.",
+        "'schema up to date (version N)';\n"
+        '--json: {"applied": [...], "version": N}. --sql, --version, --from/--to and '
+        "--pending\nprint SQL instead; "
+        '--json: {"from": A, "to": B, "migrations": [{"version", "description",\n'
+        '"sql"}, ...]}, the migrations A < version <= B.',
     )
     p.add_argument(
         "--sql",
@@ -1397,7 +1489,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ARGS",
         help="arguments for the suite (--compare, --scenarios, --jobs, --plot, ...)",
     )
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, parser=p)
 
     # failure consequences
     p = sub.add_parser(
@@ -1652,8 +1744,7 @@ def cmd_serve(s: Session) -> int:
     if s.json:
         reason = "--json does not apply to serve (it prints no data)"
     if reason is not None:
-        print(f"{PROG} serve: error: {reason}", file=sys.stderr)
-        return 2
+        return s.fail(reason, status=2, kind="UsageError", text=f"{PROG} serve: error: {reason}")
     url = s.database_url
     asyncio.run(_probe(url, need_schema=True, source=s.url_source))
     print(
@@ -1665,30 +1756,46 @@ def cmd_serve(s: Session) -> int:
     return 0
 
 
-def _print_migrations(after: int, upto: int) -> int:
-    """Print the SQL of migrations ``after < version <= upto`` (awa-pg's format)."""
+def _print_migrations(s: Session, after: int, upto: int) -> int:
+    """Print the SQL of migrations ``after < version <= upto``: awa-pg's format, or with
+    ``--json`` ``{"from": after, "to": upto, "migrations": [{"version", "description", "sql"}]}``."""
     from awa_fast import schema
 
+    found = schema.migrations_range(after, upto)
+    if s.json:
+        _print_json(
+            {
+                "from": after,
+                "to": upto,
+                "migrations": [
+                    {"version": v, "description": d, "sql": text} for v, d, text in found
+                ],
+            }
+        )
+        return 0
     if after >= upto:
         print(f"No migrations in range ({after}, {upto}].", file=sys.stderr)
         return 0
-    for version, description, text in schema.migrations_range(after, upto):
+    for version, description, text in found:
         print(f"-- Migration V{version}: {description}\n{text}\n")
     return 0
 
 
-def _error(message: str, log_format: str = "text") -> int:
-    if log_format == "json":  # errors are log objects too
-        import logging
-
-        logging.getLogger("awa_fast.cli").error(message)
+def _usage_error(exc: UsageError, json_output: bool) -> int:
+    """Report a usage error as argparse does (its usage line, then ``prog: error: message``),
+    or with ``json_output`` as one JSON object; returns exit status 2."""
+    if json_output:
+        usage = exc.parser.format_usage().strip()
+        _print_error(exc.message, json_output=True, kind="UsageError", usage=usage)
     else:
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-    return 1
+        exc.parser.print_usage(sys.stderr)
+        print(f"{exc.parser.prog}: error: {exc.message}", file=sys.stderr)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit status (see the
+    module docstring)."""
     import psycopg
 
     from awa_fast.embedded import EmbeddedPostgresError
@@ -1704,28 +1811,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Everything after 'bench' belongs to the suite's own parser (argparse's REMAINDER
         # would not pass leading options such as --help through).
         argv = ["bench", "--", *argv[1:]]
-    args = build_parser().parse_args(argv)
+    json_output = _json_requested(argv)  # the parse may fail before it reaches --json
+    try:
+        args = build_parser(json_output=json_output).parse_args(argv)
+    except UsageError as exc:
+        return _usage_error(exc, json_output)
     if args.log_format == "json":  # text: Python's default (warnings and errors, bare)
         from awa_fast import log_format
 
         log_format.configure("json", "warning")
     session = Session(args)
+
+    def error(message: str, exc: BaseException) -> int:
+        return session.fail(message, kind=type(exc).__name__, log_format=args.log_format)
+
     func = args.func
     try:
         if asyncio.iscoroutinefunction(func):
             return _run_async(func, session)
         return func(session)
+    except UsageError as exc:  # a check of the arguments that argparse could not make
+        return _usage_error(exc, session.json)
     except (CliError, AwaError, EmbeddedPostgresError) as exc:
-        return _error(str(exc) or type(exc).__name__, args.log_format)
+        return error(str(exc) or type(exc).__name__, exc)
     except UnicodeEncodeError as exc:
         # A byte that is not UTF-8 in an argument (argv keeps it as a lone surrogate) or a
         # "\ud800" in JSON: no text the database can store.
-        return _error(f"an argument is not valid UTF-8 text: {exc.object[:60]!r}", args.log_format)
+        return error(f"an argument is not valid UTF-8 text: {exc.object[:60]!r}", exc)
     except psycopg.Error as exc:
         msg = str(exc).strip() or type(exc).__name__
         if isinstance(exc, psycopg.OperationalError) and msg.startswith("connection failed"):
-            return _error(f"could not connect to the database: {msg}", args.log_format)
-        return _error(f"database error: {msg}", args.log_format)
+            return error(f"could not connect to the database: {msg}", exc)
+        return error(f"database error: {msg}", exc)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130

@@ -99,6 +99,111 @@ def test_migrate_sql_needs_no_database():
     assert "CREATE TABLE awa_fast.jobs" in out
 
 
+def _migrations_json(after: int, upto: int) -> dict:
+    return {
+        "from": after,
+        "to": upto,
+        "migrations": [
+            {"version": v, "description": d, "sql": text}
+            for v, d, text in migrations()
+            if after < v <= upto
+        ],
+    }
+
+
+def test_migrate_sql_modes_print_json_with_json(fresh_db):
+    # --sql, --version, --from/--to and --pending printed awa-pg's text under --json
+    latest = current_migration_version()
+    for args in (["--json", "migrate", "--sql"], ["migrate", "--sql", "--json"]):
+        assert json.loads(ok(*args, dsn=CLOSED_PORT_DSN)) == _migrations_json(0, latest), args
+    assert ok_json("migrate", "--version", "2", dsn=CLOSED_PORT_DSN) == _migrations_json(1, 2)
+    assert ok_json("migrate", "--from", "3", "--to", "5", dsn=CLOSED_PORT_DSN) == (
+        _migrations_json(3, 5)
+    )
+    # an empty range: an empty list, and no note on stderr (text mode prints one there)
+    r = cli("migrate", "--from", "4", "--to", "4", "--json", dsn=CLOSED_PORT_DSN)
+    assert (r.returncode, r.stderr, json.loads(r.stdout)) == (0, "", _migrations_json(4, 4))
+    assert ok_json("migrate", "--pending", dsn=fresh_db) == _migrations_json(0, latest)
+    ok("migrate", dsn=fresh_db)
+    r = cli("--json", "migrate", "--pending", dsn=fresh_db)
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert json.loads(r.stdout) == _migrations_json(latest, latest)
+
+
+def _one_json_error(r: subprocess.CompletedProcess) -> dict:
+    """The error ``r`` printed under --json: one JSON object on one line of stderr."""
+    assert r.stdout == "", r.stdout
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    error = json.loads(lines[0])
+    assert isinstance(error["error"], str) and error["error"], error
+    return error
+
+
+@pytest.mark.parametrize(
+    "args, status, kind, text",
+    [
+        # the central handler: an error of the command, raised
+        (["queue", "stats"], 1, "CliError", "awa-fast: error: could not connect"),
+        (["job", "dump", "987654321"], 1, "JobNotFound", "awa-fast: error: job not found"),
+        (["cron", "remove", "no_such_cron"], 1, "CliError", "awa-fast: error: no cron job"),
+        # errors a command prints itself
+        (["migrate", "--version", "999"], 1, "CliError", "Version 999 is out of range"),
+        (["job", "retry-failed"], 1, "CliError", "Specify exactly one of --kind or --queue"),
+        (["check", "tests.no_such_module:client"], 2, "AppSpecError", "awa-fast check: error:"),
+        (["serve"], 2, "UsageError", "awa-fast serve: error: --json does not apply"),
+        # usage errors: argparse's, and the commands' own checks of their arguments
+        (["job", "list", "--limit", "x"], 2, "UsageError", "usage: awa-fast job list"),
+        (["no-such-command"], 2, "UsageError", "usage: awa-fast"),
+        (["dlq", "retry-all"], 2, "UsageError", "usage: awa-fast dlq retry-all"),
+        (["worker", "tests.launcher_app:client"], 2, "UsageError", "usage: awa-fast worker"),
+        (["bench"], 2, "UsageError", "usage: awa-fast bench"),
+    ],
+)
+def test_errors_under_json_are_one_json_object(dsn, args, status, kind, text):
+    # errors went to stderr as text whatever --json said
+    uses_db = args[0] in ("job", "cron")
+    env = _env(PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    for where in ("before", "after"):
+        argv = ["--json", *args] if where == "before" else [*args, "--json"]
+        if args[0] == "bench" and where == "after":
+            continue  # what follows 'bench' is the suite's
+        r = cli(*argv, dsn=dsn if uses_db else CLOSED_PORT_DSN, env=env)
+        assert r.returncode == status, (argv, r.stdout, r.stderr)
+        error = _one_json_error(r)
+        assert error["type"] == kind, (argv, error)
+    # the same error as text without --json (serve, worker and bench: the --json is the error)
+    if args[0] not in ("serve", "worker", "bench"):
+        r = cli(*args, dsn=dsn if uses_db else CLOSED_PORT_DSN, env=env)
+        assert r.returncode == status and text in r.stderr, (args, r.stderr)
+        assert error["error"] in r.stderr, (error, r.stderr)
+
+
+def test_an_import_error_under_check_json_carries_the_traceback():
+    root = str(Path(__file__).resolve().parent.parent)
+    r = cli(
+        "--json",
+        "check",
+        "tests.launcher_app:client",
+        env=_env(PYTHONPATH=root, AWA_FAST_LAUNCHER_FAIL="import"),
+    )
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    error = _one_json_error(r)
+    assert error["type"] == "RuntimeError"
+    assert error["error"] == (
+        "importing tests.launcher_app:client failed: RuntimeError: launcher_app: failing at "
+        "import on purpose"
+    )
+    assert error["traceback"].startswith("Traceback (most recent call last):")
+
+
+def test_version_under_json():
+    for args in (["--json", "--version"], ["--version", "--json"]):
+        r = cli(*args)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {"version": cli("--version").stdout.split()[-1]}
+
+
 # ---------------------------------------------------------------------------------------------
 # jobs
 
