@@ -1795,13 +1795,20 @@ def _usage_error(exc: UsageError, json_output: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``); returns the exit status (see the
-    module docstring)."""
+    module docstring). Errors are reported on stderr, not raised; a Ctrl-C returns 130."""
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:  # during the command, or before it (parsing the arguments)
+        print(file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     import psycopg
 
     from awa_fast.embedded import EmbeddedPostgresError
     from awa_fast.errors import AwaError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     # A terminal that cannot show a character (PYTHONIOENCODING=ascii, a C locale) gets an
     # escape for it instead of a UnicodeEncodeError traceback in the middle of the output.
     for stream in (sys.stdout, sys.stderr):
@@ -1843,9 +1850,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, psycopg.OperationalError) and msg.startswith("connection failed"):
             return error(f"could not connect to the database: {msg}", exc)
         return error(f"database error: {msg}", exc)
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
     except BrokenPipeError:
         # stdout closed early (e.g. `| head`): exit quietly
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -1073,6 +1073,74 @@ def test_ctrl_c_while_the_pool_connects_exits_in_bounded_time(dsn):
             sock.close()
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+# Sends SIGINT while the child imports the module named by INTERRUPTED, then runs the rest.
+_SIGINT_DURING_IMPORT = """
+import os, signal, sys
+
+class InterruptImport:
+    fired = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == INTERRUPTED and not self.fired:
+            self.fired = True
+            print("SIGINT while importing", name, flush=True)
+            os.kill(os.getpid(), signal.SIGINT)  # raised in the import, as a Ctrl-C would be
+        return None
+
+sys.meta_path.insert(0, InterruptImport())
+"""
+
+
+def _console_script() -> str:
+    """What pip writes into the ``awa-fast`` script for pyproject.toml's entry point."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, func = scripts["awa-fast"].split(":")
+    return f"import sys\nfrom {module} import {func}\nsys.exit({func}())\n"
+
+
+def _interrupted_at_start(module: str, entry: str) -> subprocess.CompletedProcess:
+    code = f"INTERRUPTED = {module!r}\n{_SIGINT_DURING_IMPORT}\n{entry}"
+    return subprocess.run(
+        [sys.executable, "-c", code, "--version"],  # --version: exit 0 had the Ctrl-C been lost
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=_env(),
+        preexec_fn=sigint_as_at_a_terminal,
+    )
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "awa_fast.client",  # the package's own imports (about 200 ms of them)
+        "psycopg",
+        "orjson",  # _native holds SIGINT through this import and delivers it after
+        "argparse",  # imported by awa_fast.cli only
+        "awa_fast.embedded",  # imported by main() before it parses the arguments
+    ],
+)
+def test_ctrl_c_while_the_awa_fast_script_imports_exits_130_without_a_traceback(module):
+    # the console script imported awa_fast.cli outside main(): Python's KeyboardInterrupt
+    # traceback when Ctrl-C came in the first 200 ms
+    r = _interrupted_at_start(module, _console_script())
+    assert r.stdout == f"SIGINT while importing {module}\n", (r.stdout, r.stderr)
+    assert (r.returncode, r.stderr.strip()) == (130, ""), (r.returncode, r.stderr[-3000:])
+
+
+def test_ctrl_c_while_python_m_awa_fast_imports_the_cli_exits_130_without_a_traceback():
+    # (the package itself is imported by Python before awa_fast/__main__.py runs)
+    entry = "import runpy\nrunpy.run_module('awa_fast', run_name='__main__', alter_sys=True)\n"
+    r = _interrupted_at_start("argparse", entry)
+    assert r.stdout == "SIGINT while importing argparse\n", (r.stdout, r.stderr)
+    assert (r.returncode, r.stderr.strip()) == (130, ""), (r.returncode, r.stderr[-3000:])
+
+
 def _pipe(src, dst) -> None:
     try:
         while data := src.recv(65536):

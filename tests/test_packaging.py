@@ -6,6 +6,7 @@ shows a package missing from it (awa_fast.admin once was).
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +29,11 @@ def test_the_build_holds_every_package_and_its_data(tmp_path):
     for data in ("awa_fast/py.typed", "awa_fast/schema/001_init.sql", "awa_fast/_ext/unique.pyi"):
         assert (tmp_path / data).exists(), data
     assert list((tmp_path / "awa_fast/web/templates").glob("*.html"))
+    # the console script's module: awa-fast's is a top-level module, outside awa_fast/
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for target in scripts.values():
+        path = tmp_path / target.split(":")[0].replace(".", "/")
+        assert path.with_suffix(".py").exists() or (path / "__init__.py").exists(), target
 
 
 def test_children_boot_the_installation_that_launched_them():
