@@ -243,6 +243,15 @@ async def cmd_migrate(s: Session) -> int:
     from awa_fast import schema
 
     a = s.args
+    # Each mode picks its own range: two of them together would leave one silently unused.
+    ranged = [f for f, v in (("--from", a.from_version), ("--to", a.to)) if v is not None]
+    if a.pending and (a.sql or a.version is not None or ranged):
+        others = (["--sql"] if a.sql else []) + (["--version"] if a.version is not None else [])
+        raise UsageError(
+            f"--pending cannot be combined with {', '.join(others + ranged)}", a.migrate_parser
+        )
+    if a.version is not None and ranged:
+        raise UsageError(f"--version cannot be combined with {', '.join(ranged)}", a.migrate_parser)
     if a.pending:
         # awa's --pending: the SQL of the migrations this database has not applied yet.
         client = await s.client(need_schema=False)
@@ -1135,7 +1144,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         action="store_true",
         help="print the SQL of the migrations this database has not applied",
     )
-    p.set_defaults(func=cmd_migrate)
+    p.set_defaults(func=cmd_migrate, migrate_parser=p)
 
     # job
     job = sub.add_parser(

@@ -130,6 +130,27 @@ def test_migrate_sql_modes_print_json_with_json(fresh_db):
     assert json.loads(r.stdout) == _migrations_json(latest, latest)
 
 
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--pending", "--sql"], "--sql"),
+        (["--pending", "--version", "2"], "--version"),
+        (["--pending", "--from", "2"], "--from"),
+        (["--version", "2", "--to", "5"], "--to"),
+        (["--version", "2", "--from", "1", "--to", "5"], "--from, --to"),
+    ],
+)
+def test_migrate_modes_that_pick_different_ranges_are_refused(args, named):
+    # --pending used to win over --sql/--version/--from/--to, and --version over --from/--to,
+    # printing a range other than the one asked for (nothing silently ignored).
+    r = cli("migrate", *args, dsn=CLOSED_PORT_DSN)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert "cannot be combined with " + named in r.stderr, r.stderr
+    assert "usage: awa-fast migrate" in r.stderr, r.stderr
+    error = _one_json_error(cli("--json", "migrate", *args, dsn=CLOSED_PORT_DSN))
+    assert error["type"] == "UsageError" and named in error["error"], error
+
+
 def _one_json_error(r: subprocess.CompletedProcess) -> dict:
     """The error ``r`` printed under --json: one JSON object on one line of stderr."""
     assert r.stdout == "", r.stdout
