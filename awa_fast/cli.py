@@ -889,6 +889,11 @@ def cmd_bench(s: Session) -> int:
     bench_args = list(s.args.bench_args)
     if bench_args[:1] == ["--"]:
         bench_args = bench_args[1:]
+    url = s.args.database_url
+    if url is not None:  # given before 'bench': the suite's own --database-url
+        if any(a.startswith("--database-url") for a in bench_args):
+            s.args.parser.error("--database-url is given both before and after 'bench'")
+        bench_args = ["--database-url", url, *bench_args]
     return bench_main(bench_args, prog=f"{PROG} bench")
 
 
@@ -1059,6 +1064,25 @@ class _VersionAction(argparse.Action):
         else:
             print(f"{PROG} {_version()}")
         parser.exit()
+
+
+_GLOBAL_VALUED = ("--database-url", "--log-format")  # global options that take a value
+
+
+def _bench_at(argv: Sequence[str]) -> int | None:
+    """The index of the ``bench`` command in ``argv`` when it is the command (after any global
+    options, abbreviated or not), else None."""
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == "bench":
+            return i
+        elif arg.startswith("--") and len(arg) >= 3:
+            skip = "=" not in arg and any(o.startswith(arg) for o in _GLOBAL_VALUED)
+        else:
+            return None
+    return None
 
 
 def _json_requested(argv: Sequence[str]) -> bool:
@@ -1823,10 +1847,11 @@ def _main(argv: list[str]) -> int:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    if argv[:1] == ["bench"]:
+    at = _bench_at(argv)
+    if at is not None:
         # Everything after 'bench' belongs to the suite's own parser (argparse's REMAINDER
         # would not pass leading options such as --help through).
-        argv = ["bench", "--", *argv[1:]]
+        argv = [*argv[: at + 1], "--", *argv[at + 1 :]]
     json_output = _json_requested(argv)  # the parse may fail before it reaches --json
     try:
         args = build_parser(json_output=json_output).parse_args(argv)

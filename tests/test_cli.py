@@ -1170,3 +1170,15 @@ def _pipe(src, dst) -> None:
         pass
     finally:
         dst.close()
+
+
+def test_global_options_before_bench_reach_the_suite():
+    # `awa-fast --database-url URL bench ...` was "unrecognized arguments" (only a leading
+    # 'bench' passed its arguments through), and the URL would not have reached the suite.
+    r = cli("bench", "--scenarios", "enqueue", "--systems", "awa_fast", dsn=CLOSED_PORT_DSN)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "could not connect to the database" in r.stderr and "port 1 " in r.stderr, r.stderr
+    r = cli("--log-format", "text", "--data=" + CLOSED_PORT_DSN, "bench", "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: awa-fast bench"), r.stderr
+    r = cli("bench", "--database-url", CLOSED_PORT_DSN, dsn=CLOSED_PORT_DSN)
+    assert r.returncode == 2 and "both before and after 'bench'" in r.stderr, r.stderr
