@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Any
 
 import psycopg
@@ -48,6 +48,66 @@ def is_row_error(exc: BaseException) -> bool:
 
 def _sqlstate(exc: BaseException) -> str:
     return getattr(exc, "sqlstate", None) or ""
+
+
+class Recurring:
+    """The warnings of one maintenance pass about stored rows it cannot process (a cron row
+    whose expression does not parse, a job row a trigger refuses): the row fails the same way
+    every pass, and a warning per pass would repeat for ever.
+
+    A problem (``key``: which row) is warned about once; while later passes report it with the
+    same ``signature`` (the row's definition and the error), it is logged at DEBUG. It is
+    warned about again when its signature changes, or when it comes back after a pass that ran
+    without it (:meth:`pass_done`: the row was fixed or left, and failed anew). Errors that are
+    not about a row (a lost connection, a lock wait) never come here: they are logged as they
+    happen. One instance per pass and per process: a new leader warns once again.
+    """
+
+    def __init__(self) -> None:
+        self._warned: dict[Hashable, Hashable] = {}
+        self._this_pass: set[Hashable] = set()
+
+    def warn(
+        self, logger: logging.Logger, key: Hashable, signature: Hashable, msg: str, *args: Any
+    ) -> None:
+        """Log ``msg % args`` at WARNING, or at DEBUG if ``key`` was warned about with this
+        ``signature`` and reported in every pass since."""
+        self._this_pass.add(key)
+        if key in self._warned and self._warned[key] == signature:
+            logger.debug(msg, *args)
+            return
+        self._warned[key] = signature
+        logger.warning(msg + " (warned once: repeats go to DEBUG until it changes)", *args)
+
+    def pass_done(self) -> None:
+        """End of a complete pass: forget the problems it did not report (call it only when
+        the pass saw every row it covers; a pass cut short keeps what it had)."""
+        self._warned = {k: v for k, v in self._warned.items() if k in self._this_pass}
+        self._this_pass = set()
+
+
+def error_signature(exc: BaseException) -> tuple[str, str]:
+    """What makes two errors "the same" for :class:`Recurring`: type and message."""
+    return type(exc).__name__, str(exc)
+
+
+def warn_row(
+    recurring: Recurring | None,
+    logger: logging.Logger,
+    key: Hashable,
+    signature: Hashable,
+    msg: str,
+    *args: Any,
+) -> None:
+    """:meth:`Recurring.warn`, or a plain warning without ``recurring`` (a call by hand)."""
+    if recurring is None:
+        logger.warning(msg, *args)
+    else:
+        recurring.warn(logger, key, signature, msg, *args)
+
+
+def _warn(recurring: Recurring | None, key: Hashable, exc: Exception, msg: str, *args) -> None:
+    warn_row(recurring, log, key, error_signature(exc), msg, *args)
 
 
 def _atomic(conn: psycopg.AsyncConnection):
@@ -78,6 +138,7 @@ async def run_isolated(
     one: Callable[[Any], Awaitable[list]],
     on_conflict: Callable[[Any, Exception], Awaitable[None]] | None = None,
     on_error: Callable[[Any, Exception], Awaitable[None]] | None = None,
+    recurring: Recurring | None = None,
 ) -> Isolated:
     """Run ``bulk()`` (one statement); if a row makes it fail, run ``one(key)`` (one statement)
     for every key of ``keys`` (a list, or an async callable returning the candidate keys).
@@ -87,17 +148,26 @@ async def run_isolated(
     violation gets ``on_conflict(key, exc)``, any other row error ``on_error(key, exc)``; each
     runs under its own savepoint, and if it fails too the row is left unchanged (logged).
 
+    ``recurring``: a maintenance pass that meets the same rows every pass passes its own; each
+    call is one pass of it, so a row left unchanged pass after pass is warned about once.
+
     Raises:
         psycopg.OperationalError: connection lost, deadlock, ... (the caller retries the call).
     """
     try:
         async with _atomic(conn):
-            return Isolated(await bulk(), {})
+            rows = await bulk()
+        if recurring is not None:
+            recurring.pass_done()
+        return Isolated(rows, {})
     except psycopg.DatabaseError as exc:
         if not is_row_error(exc):
             raise
         bulk_error = exc
-        log.warning(
+        _warn(
+            recurring,
+            "bulk",
+            exc,
             "%s: the bulk statement failed (%s: %s); redoing it row by row",
             what,
             type(exc).__name__,
@@ -116,11 +186,13 @@ async def run_isolated(
                 raise
             result.failed[key] = exc
             handler = on_conflict if isinstance(exc, pg_errors.UniqueViolation) else on_error
-            await _outcome(conn, what, key, exc, handler)
+            await _outcome(conn, what, key, exc, handler, recurring)
     # Refused for want of a privilege or an object (a role that may not write) and no row
     # went through: the statement could never run, and its caller must not report "0 changed".
     if _sqlstate(bulk_error).startswith("42") and not succeeded:
         raise bulk_error
+    if recurring is not None:
+        recurring.pass_done()
     return result
 
 
@@ -130,6 +202,7 @@ async def _outcome(
     key: Any,
     exc: Exception,
     handler: Callable[[Any, Exception], Awaitable[None]] | None,
+    recurring: Recurring | None,
 ) -> None:
     if handler is not None:
         try:
@@ -140,7 +213,16 @@ async def _outcome(
             if not is_row_error(again):
                 raise
             exc = again
-    log.warning("%s: row %s left unchanged: %s: %s", what, key, type(exc).__name__, exc)
+    _warn(
+        recurring,
+        ("row", key),
+        exc,
+        "%s: row %s left unchanged: %s: %s",
+        what,
+        key,
+        type(exc).__name__,
+        exc,
+    )
 
 
 async def retry_deadlocks(

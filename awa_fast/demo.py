@@ -32,6 +32,13 @@ terminal, drain the children and print the report. The check re-parses the files
 successfully parsed files (and the failed A jobs exactly the files that do not parse), else
 ``check: MISMATCH`` and exit status 1. "Skipped as duplicates" is the number of staged requests
 (the sum over parsed files of their distinct-module counts) minus the B rows.
+
+Interrupted (Ctrl-C, or SIGTERM, e.g. from a service manager) while its jobs run, the parent
+drains the children, counts the demo's jobs by kind and state (continuations counted apart),
+deletes the unfinished ones (continuations and B jobs included), prints a summary and exits
+128 + the signal's number, as a shell reports a process the signal ended: 130 after Ctrl-C,
+143 after SIGTERM. A second signal, or one after every demo job finished, ends the process at
+once (Ctrl-C: 130; SIGTERM: the default action).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import signal
 import sys
 import sysconfig
 import time
@@ -238,14 +246,22 @@ class DemoResult:
 
 @dataclasses.dataclass
 class DemoInterrupted:
-    """What an interrupted demo run (Ctrl-C) did before it stopped."""
+    """What an interrupted demo run (Ctrl-C or SIGTERM) did before it stopped."""
 
     elapsed_seconds: float
     processes: int
     files: int
     counts: dict  # {"kind:state": jobs} just before the clean-up
+    continuations: int  # of the stage-A jobs in ``counts``, those created as continuations
     removed_unfinished: int  # demo jobs deleted because they had not finished
+    stopped_by: str = "SIGINT"  # the signal that interrupted it
     interrupted: bool = True
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number, as a shell reports a process it ended: 130 after Ctrl-C,
+        143 after SIGTERM."""
+        return 128 + signal.Signals[self.stopped_by].value
 
 
 def _log(message: str) -> None:
@@ -343,12 +359,32 @@ async def _remove_unfinished(c) -> int:
         return cur.rowcount
 
 
+def _stop_on_sigterm() -> list[str]:
+    """Make SIGTERM stop the running demo as Ctrl-C does: cancel the current task (the demo
+    then drains its workers and removes its unfinished jobs). Returns the list the signal's
+    name is appended to. A second SIGTERM takes the default action (the process ends at once),
+    as a second Ctrl-C ends it."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None  # called from the demo's task
+    stopped_by: list[str] = []
+
+    def on_sigterm() -> None:
+        stopped_by.append("SIGTERM")
+        loop.remove_signal_handler(signal.SIGTERM)  # a second one takes the default action
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    return stopped_by
+
+
 async def _demo(
     database_url: str, processes: int, files: list[str], timeout: float
 ) -> DemoResult | DemoInterrupted:
     from awa_fast.supervisor import Supervisor
 
     t_wall = time.perf_counter()
+    stopped_by = _stop_on_sigterm()
     c = awa.AsyncClient(database_url, max_connections=2)
     sup = None
     enqueue_s = 0.0
@@ -380,18 +416,35 @@ async def _demo(
             )
             sup.start()
             timed_out = await _wait_for_pipeline(c, sup, t_start, timeout)
-        except asyncio.CancelledError:  # Ctrl-C: asyncio.Runner cancels the main task
-            _log("interrupted: stopping the workers, then removing the demo's unfinished jobs")
+            # Every demo job is finished (or the run timed out): from here on a SIGTERM takes
+            # the default action, as a Ctrl-C now ends the process (130) without a summary.
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner) or SIGTERM cancels the task
+            # after Ctrl-C, a SIGTERM takes the default action, as a second Ctrl-C ends it
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+            name = stopped_by[0] if stopped_by else "SIGINT"
+            task = asyncio.current_task()
+            if stopped_by and task is not None:
+                # our own cancel, handled: a Ctrl-C during the clean-up then ends the process
+                # with 130 as a second Ctrl-C does (asyncio.Runner counts cancels)
+                task.uncancel()
+            _log(
+                f"interrupted by {name}: stopping the workers, then removing the demo's "
+                "unfinished jobs"
+            )
             if sup is not None:
                 await asyncio.to_thread(sup.drain)
                 sup = None
             counts = await _counts(c)
+            continuations = (await _fetch(c, dsql.CONTINUATIONS, (KIND_PARSE,)))[0][0]
             return DemoInterrupted(
                 elapsed_seconds=time.perf_counter() - t_start,
                 processes=processes,
                 files=len(files),
                 counts={f"{k}:{st}": n for (k, st), n in sorted(counts.items())},
+                continuations=continuations,
                 removed_unfinished=await _remove_unfinished(c),
+                stopped_by=name,
             )
         pipeline_s = time.perf_counter() - t_start
         await asyncio.to_thread(sup.drain)
@@ -403,6 +456,7 @@ async def _demo(
         found, not_found, total_size = (await _fetch(c, dsql.RESULT_TOTALS))[0]
         continuations = (await _fetch(c, dsql.CONTINUATIONS, (KIND_PARSE,)))[0][0]
     finally:
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
         if sup is not None:
             await asyncio.to_thread(sup.drain)
         await c.close()
@@ -513,19 +567,23 @@ def format_report(r: DemoResult, max_failures: int = 5) -> str:
 
 
 def format_interrupted(r: DemoInterrupted) -> str:
-    """The summary printed when ``awa-fast demo`` is interrupted."""
+    """The summary printed when ``awa-fast demo`` is interrupted (Ctrl-C or SIGTERM)."""
 
     def n(kind: str, *states: str) -> int:
         return sum(r.counts.get(f"{kind}:{st}", 0) for st in states)
 
+    def total(kind: str) -> int:
+        return sum(v for k, v in r.counts.items() if k.startswith(kind + ":"))
+
     unfinished = ("available", "scheduled", "retryable", "running")
-    b_all = sum(v for k, v in r.counts.items() if k.startswith(KIND_RESOLVE + ":"))
+    a_all, b_all = total(KIND_PARSE), total(KIND_RESOLVE)
     return "\n".join(
         [
-            f"interrupted after {r.elapsed_seconds:.1f} s ({r.processes} worker process"
-            f"{'es' if r.processes != 1 else ''}, {r.files} files)",
+            f"interrupted by {r.stopped_by} after {r.elapsed_seconds:.1f} s ({r.processes} "
+            f"worker process{'es' if r.processes != 1 else ''}, {r.files} files)",
             f"stage A: {n(KIND_PARSE, 'completed')} completed, {n(KIND_PARSE, 'failed')} failed, "
-            f"{n(KIND_PARSE, *unfinished)} unfinished",
+            f"{n(KIND_PARSE, *unfinished)} unfinished ({a_all} jobs: "
+            f"{a_all - r.continuations} files + {r.continuations} continuations)",
             f"stage B: {n(KIND_RESOLVE, 'completed')} completed of {b_all} staged so far",
             f"removed {r.removed_unfinished} unfinished demo job(s) from queue '{DEMO_QUEUE}'; "
             "finished rows stay until the next `awa-fast demo` deletes them",
@@ -583,9 +641,8 @@ def run_demo(
     :mod:`awa_fast.database_url`; the embedded server's footprint is announced before it
     starts) with ``processes`` worker processes (default one per core) over the first ``limit``
     standard-library files plus ``extra_paths`` (files or directories); print the report (JSON
-    if ``json_output``). Returns 0 when the check passed, 1 when it did not, 130 when
-    interrupted (Ctrl-C: the workers are drained, the demo's unfinished jobs deleted and a
-    summary printed).
+    if ``json_output``). Returns 0 when the check passed, 1 when it did not, and when
+    interrupted (see the module's docstring) 130 after Ctrl-C (SIGINT), 143 after SIGTERM.
 
     Raises:
         ValueError: ``processes`` or ``limit`` below 1, or an extra path that does not exist.
@@ -604,8 +661,8 @@ def run_demo(
     _log(
         f"{len(files)} .py files, {processes} worker process(es), queue '{DEMO_QUEUE}': stage A "
         "parses each file's imports and stages one stage-B job per distinct module, which "
-        "resolves it; the rows of a previous demo run are deleted first. Ctrl-C stops it, "
-        "prints a summary and removes its unfinished jobs."
+        "resolves it; the rows of a previous demo run are deleted first. Ctrl-C or SIGTERM "
+        "stops it, prints a summary and removes its unfinished jobs."
     )
     if database_url is None:
         if from_environment() is None:
@@ -622,5 +679,5 @@ def run_demo(
     else:
         print(format_report(result))
     if isinstance(result, DemoInterrupted):
-        return 130
+        return result.exit_status
     return 0 if result.check_ok else 1

@@ -17,6 +17,8 @@ Lifecycle:
    the old position; a new expression catching up the old one's history is not wanted).
 3. The maintenance leader (one per database) runs :func:`evaluate` every ``cron_interval_ms``
    (default 1000). Every schedule in the table is evaluated, whichever process registered it.
+   A stored schedule that cannot be evaluated or fired (written by hand or by an older
+   version) is skipped and warned about once, not every pass (see :func:`evaluate`).
 
 Exactly once: a due schedule is fired in one transaction that locks its row
 (``SELECT ... FOR UPDATE``), re-reads ``last_fire_at``, computes the due fire times after it,
@@ -314,15 +316,23 @@ async def fire_one(conn: psycopg.AsyncConnection, name: str) -> list[Job]:
     return jobs
 
 
-async def evaluate(conn: psycopg.AsyncConnection) -> int:
+async def evaluate(conn: psycopg.AsyncConnection, problems: bulk.Recurring | None = None) -> int:
     """One evaluation pass over every schedule in the table; returns the jobs enqueued.
 
     A schedule whose stored expression or timezone no longer parses, or whose fire fails (say
     its insert is refused), is logged and skipped; the other schedules still fire.
+
+    Such a schedule fails the same way every pass (every second on the leader): with
+    ``problems`` (the leader keeps one across its passes) it is warned about once, and again
+    only when its definition (any stored column but the fire times) or the error changes, or
+    when it fails anew after a pass in which it did not fail (:class:`bulk.Recurring`);
+    the repeats are logged at DEBUG. Without ``problems`` every failure is warned about. A
+    database error that is not about the schedule's row (a lost connection, a lock wait)
+    ends the pass and is raised, as before.
     """
     cur = await conn.execute(sql.CRON_SCAN)
     total = 0
-    for name, cron_expr, tz, last, created, now in await cur.fetchall():
+    for name, cron_expr, tz, last, created, now, definition in await cur.fetchall():
         try:
             # first fire time after the last one, or (never fired) at/after the first window
             after = last if last is not None else first_window(created) - timedelta(microseconds=1)
@@ -330,12 +340,18 @@ async def evaluate(conn: psycopg.AsyncConnection) -> int:
                 continue
             total += len(await fire_one(conn, name))
         except (ValueError, KeyError, ZoneInfoNotFoundError, AwaError) as exc:
-            log.warning("cron job %r cannot be evaluated: %s", name, exc)
+            signature = (definition, *bulk.error_signature(exc))
+            msg = "cron job %r cannot be evaluated: %s"
+            bulk.warn_row(problems, log, name, signature, msg, name, exc)
         except psycopg.DatabaseError as exc:  # this schedule's fire failed (rolled back) ...
             if not bulk.is_row_error(exc):
                 raise
             # ... and it must not keep the schedules after it from firing.
-            log.warning("cron job %r not fired this pass: %s", name, exc)
+            signature = (definition, *bulk.error_signature(exc))
+            msg = "cron job %r not fired this pass: %s"
+            bulk.warn_row(problems, log, name, signature, msg, name, exc)
+    if problems is not None:
+        problems.pass_done()
     return total
 
 

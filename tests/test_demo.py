@@ -222,12 +222,18 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
     err = "".join(seen) + err
     assert proc.returncode == 130, (out, err)
     assert "demo: 200 .py files, 1 worker process(es), queue 'demo'" in err
-    assert "Ctrl-C stops it, prints a summary and removes its unfinished jobs" in err
-    assert "demo: interrupted: stopping the workers" in err
+    assert "Ctrl-C or SIGTERM stops it, prints a summary and removes its unfinished jobs" in err
+    assert "demo: interrupted by SIGINT: stopping the workers" in err
     assert "Traceback" not in err
     lines = out.splitlines()
-    assert re.fullmatch(r"interrupted after \d+\.\d s \(1 worker process, 200 files\)", lines[0])
-    assert re.fullmatch(r"stage A: \d+ completed, \d+ failed, \d+ unfinished", lines[1])
+    assert re.fullmatch(
+        r"interrupted by SIGINT after \d+\.\d s \(1 worker process, 200 files\)", lines[0]
+    )
+    assert re.fullmatch(
+        r"stage A: \d+ completed, \d+ failed, \d+ unfinished "
+        r"\(\d+ jobs: 200 files \+ \d+ continuations\)",
+        lines[1],
+    )
     removed = int(
         re.fullmatch(
             r"removed (\d+) unfinished demo job\(s\) from queue 'demo'; "
@@ -242,6 +248,93 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
             "IN ('available', 'scheduled', 'retryable', 'running')"
         ).fetchone()[0]
     assert left == 0
+
+
+def test_sigterm_stops_the_demo_as_ctrl_c_does_and_counts_its_continuations(dsn, tmp_path):
+    """SIGTERM (a service manager, `kill`) while stage B is held back (a SHARE lock on the
+    results table blocks its upserts) and a continuation A job exists: the same clean stop as
+    Ctrl-C (the drain lets the in-flight continuation finish), exit 143, the continuation
+    counted and every unfinished job gone."""
+    many = tmp_path / "many_imports.py"  # 20 distinct modules: 15 staged + one continuation
+    many.write_text("".join(f"import demo_fake_mod_{i:02d}\n" for i in range(20)))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "awa_fast",
+            "--database-url",
+            dsn,
+            "demo",
+            "--processes",
+            "1",
+            "--limit",
+            "1",
+            "--extra-path",
+            str(many),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    seen = []
+    try:
+        with psycopg.connect(dsn) as lock:
+            for line in proc.stderr:
+                seen.append(line)
+                if "enqueued 2 stage-A jobs" in line:  # the results table exists and is empty
+                    lock.execute("LOCK TABLE awa_fast_demo_modules IN SHARE MODE")
+                # Both files parsed: the continuation was inserted with the many-imports file's
+                # completion. (It cannot complete: the held Bs hold the worker's connections.)
+                if re.search(r"s: A [23] completed, 0 failed; B 0/\d+ completed", line):
+                    break
+            else:
+                raise AssertionError("".join(seen))
+            proc.send_signal(signal.SIGTERM)
+            lock.rollback()  # let the held upserts go so that the drain is quick
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(seen) + err
+    assert proc.returncode == 143, (out, err)
+    assert "demo: interrupted by SIGTERM: stopping the workers" in err
+    assert "Traceback" not in err
+    lines = out.splitlines()
+    assert re.fullmatch(
+        r"interrupted by SIGTERM after \d+\.\d s \(1 worker process, 2 files\)", lines[0]
+    ), lines
+    assert (
+        lines[1]
+        == "stage A: 3 completed, 0 failed, 0 unfinished (3 jobs: 2 files + 1 continuations)"
+    )
+    b_done, b_all = map(
+        int, re.fullmatch(r"stage B: (\d+) completed of (\d+) staged so far", lines[2]).groups()
+    )
+    removed = int(
+        re.fullmatch(
+            r"removed (\d+) unfinished demo job\(s\) from queue 'demo'; "
+            r"finished rows stay until the next `awa-fast demo` deletes them",
+            lines[3],
+        ).group(1)
+    )
+    assert b_all >= 20 and removed == b_all - b_done  # every unfinished B, and only those
+    with psycopg.connect(dsn) as conn:
+        left = dict(
+            conn.execute(
+                "SELECT kind || ':' || state::text, count(*) FROM awa_fast.jobs_all "
+                "WHERE queue = 'demo' GROUP BY 1"
+            ).fetchall()
+        )
+    assert left == {
+        k: n
+        for k, n in {
+            "demo_parse_imports:completed": 3,
+            "demo_resolve_module:completed": b_done,
+        }.items()
+        if n
+    }
 
 
 @pytest.mark.slow

@@ -200,6 +200,43 @@ async def test_class1_promote_isolates_a_colliding_and_a_failing_row(dsn, client
     assert rows[holder.id]["state"] == "available"
 
 
+async def test_class1_a_row_promote_leaves_due_every_pass_is_warned_about_once(dsn, client, caplog):
+    # The row stays due, so every pass (4 a second) meets it again: one warning for the bulk
+    # statement and one for the row, then DEBUG; a second bad row is a new problem.
+    async def make_due(job) -> None:
+        await _exec(
+            dsn,
+            "UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' WHERE id = %s",
+            (job.id,),
+        )
+
+    later = "2999-01-01T00:00:00+00:00"
+    bad = await client.insert({"x": 1}, kind="explode", run_at=later)
+    await make_due(bad)
+    m = _maintenance(client)
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.state = 'available'", event="UPDATE"
+    ):
+        with caplog.at_level(logging.WARNING, logger="awa_fast.bulk"):
+            for _ in range(3):
+                assert await m.promote() == 0
+            first = _warnings(caplog)
+            caplog.clear()
+            bad2 = await client.insert({"x": 2}, kind="explode", run_at=later)
+            await make_due(bad2)
+            assert await m.promote() == 0
+            second = _warnings(caplog)
+    assert len(first) == 2, first
+    assert "promote: the bulk statement failed" in first[0]
+    assert f"promote: row {bad.id} left unchanged" in first[1]
+    assert len(second) == 1 and f"promote: row {bad2.id} left unchanged" in second[0], second
+    assert (await job_row(dsn, bad.id))["state"] == "scheduled"  # still due, tried every pass
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 # -- rescue and its dead-letter moves -----------------------------------------------------------
 
 
@@ -240,6 +277,24 @@ async def test_class1_rescue_isolates_a_row_its_update_fails(dsn, client):
     assert rows[bad.id]["state"] == "running"  # left stale: the next pass tries it again
 
 
+async def test_class1_a_row_rescue_leaves_stale_every_pass_is_warned_about_once(
+    dsn, client, caplog
+):
+    bad = await client.insert({"x": 1}, kind="explode")
+    await _make_running(dsn, [bad.id], stale=True)
+    m = _maintenance(client)
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.state = 'retryable'", event="UPDATE"
+    ):
+        with caplog.at_level(logging.WARNING, logger="awa_fast.bulk"):
+            for _ in range(3):
+                assert await m.rescue() == []
+    warned = _warnings(caplog)
+    assert len(warned) == 2, warned
+    assert f"rescue: row {bad.id} left unchanged" in warned[1]
+    assert (await job_row(dsn, bad.id))["state"] == "running"
+
+
 # -- prune and cron sweeps -----------------------------------------------------------------------
 
 
@@ -266,6 +321,30 @@ async def test_class1_prune_isolates_a_slice_its_truncate_fails(dsn, client):
     async with failing_truncate(dsn, slice_[0]):
         assert await _maintenance(client).prune() == 3
     assert list(await _rows(dsn)) == [bad.id]  # kept; the others are gone
+
+
+async def test_class1_a_slice_whose_truncate_is_refused_every_pass_is_warned_about_once(
+    dsn, client, caplog
+):
+    bad = await client.insert({"x": 1}, kind="explode")
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET state = 'completed', "
+        "finalized_at = now() - interval '3 days' WHERE id = %s",
+        (bad.id,),
+    )
+    (slice_,) = await _conn_fetch(
+        dsn, f"SELECT tableoid::regclass::text FROM awa_fast.jobs_done WHERE id = {bad.id}"
+    )
+    m = _maintenance(client)
+    async with failing_truncate(dsn, slice_[0]):
+        with caplog.at_level(logging.WARNING, logger="awa_fast.maintenance"):
+            for _ in range(3):
+                assert await m.expire_slices() == 0
+    warned = _warnings(caplog)
+    assert len(warned) == 1, warned
+    assert "finished slice" in warned[0] and "truncate refused" in warned[0]
+    assert list(await _rows(dsn)) == [bad.id]  # kept every pass
 
 
 @contextlib.asynccontextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -18,7 +19,15 @@ import pytest
 
 import awa_fast as awa
 from awa_fast import periodic
-from tests.support import FAST, poll_until, scalar, truncate, until, wait_lock_waiter
+from tests.support import (
+    FAST,
+    exploding_inserts,
+    poll_until,
+    scalar,
+    truncate,
+    until,
+    wait_lock_waiter,
+)
 
 IDLE = [("cron_idle", 1)]  # a queue nobody inserts into: cron jobs stay where they are
 MINUTE = timedelta(minutes=1)
@@ -375,6 +384,128 @@ async def test_changed_expression_restarts_from_now(dsn):
         assert await cron_jobs(dsn, "changed") == []
     finally:
         await client.close()
+
+
+# -- stored schedules the leader cannot evaluate or fire ----------------------------------------
+
+
+async def exec_sql(dsn, query: str, params=None) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(query, params)
+
+
+def cron_warnings(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "awa_fast.periodic" and r.levelno >= logging.WARNING
+    ]
+
+
+async def test_a_stored_schedule_that_cannot_be_evaluated_is_warned_about_once(dsn, caplog):
+    """Rows written by hand (or an older version) that the leader's pass skips: one warning
+    each, not one per pass (every second); again when the row is edited."""
+    client = await start_client(dsn, "good", maintenance=False)
+    try:
+        await exec_sql(
+            dsn,
+            "INSERT INTO awa_fast.cron_jobs (name, cron_expr, timezone, kind) VALUES "
+            "('bad_expr', 'not a cron', 'UTC', 'tick'), "
+            "('bad_tz', '* * * * *', 'Mars/Olympus_Mons', 'tick')",
+        )
+        with caplog.at_level(logging.DEBUG, logger="awa_fast.periodic"):
+            for _ in range(4):  # the leader's pass, as its maintenance loop runs it
+                await client.runtime._evaluate_cron()
+        warned = cron_warnings(caplog)
+        assert len(warned) == 2, warned
+        assert "cron job 'bad_expr' cannot be evaluated" in warned[0]
+        assert "cron job 'bad_tz' cannot be evaluated" in warned[1]
+        assert all("warned once" in w for w in warned)
+        repeats = [
+            r for r in caplog.records if r.levelno == logging.DEBUG and "bad_" in r.getMessage()
+        ]
+        assert len(repeats) == 6  # the later passes, at DEBUG
+        assert await last_fire(dsn, "good") is not None  # the valid schedule still fired
+
+        # An edited row is a new definition: warned about again (its unchanged neighbour not).
+        caplog.clear()
+        await exec_sql(
+            dsn, "UPDATE awa_fast.cron_jobs SET cron_expr = '61 * * * *' WHERE name = 'bad_expr'"
+        )
+        with caplog.at_level(logging.WARNING, logger="awa_fast.periodic"):
+            for _ in range(3):
+                await client.runtime._evaluate_cron()
+        warned = cron_warnings(caplog)
+        assert len(warned) == 1 and "cron job 'bad_expr' cannot be evaluated" in warned[0]
+
+        # Repaired, then broken again in the same way: a new problem, warned about.
+        caplog.clear()
+        await exec_sql(dsn, "UPDATE awa_fast.cron_jobs SET timezone = 'UTC' WHERE name = 'bad_tz'")
+        with caplog.at_level(logging.WARNING, logger="awa_fast.periodic"):
+            await client.runtime._evaluate_cron()
+            await exec_sql(
+                dsn,
+                "UPDATE awa_fast.cron_jobs SET timezone = 'Mars/Olympus_Mons' "
+                "WHERE name = 'bad_tz'",
+            )
+            await client.runtime._evaluate_cron()
+        warned = cron_warnings(caplog)
+        assert len(warned) == 1 and "cron job 'bad_tz' cannot be evaluated" in warned[0], warned
+    finally:
+        await client.close()
+
+
+async def test_a_schedule_whose_fire_is_refused_every_pass_is_warned_about_once(dsn, caplog):
+    """A trigger refuses the schedule's insert on every pass (rolled back, fired next pass):
+    one warning while it lasts; once it fired, a new refusal is warned about again."""
+    client = await start_client(dsn, "good", maintenance=False)
+    try:
+        await exec_sql(
+            dsn,
+            "INSERT INTO awa_fast.cron_jobs (name, cron_expr, kind, last_fire_at) "
+            "VALUES ('refused', '* * * * *', 'explode', now() - interval '2 minutes')",
+        )
+        async with exploding_inserts(dsn):
+            with caplog.at_level(logging.WARNING, logger="awa_fast.periodic"):
+                for _ in range(3):
+                    await client.runtime._evaluate_cron()
+        warned = cron_warnings(caplog)
+        assert len(warned) == 1, warned
+        assert "cron job 'refused' not fired this pass" in warned[0]
+        assert "trigger added outside awa-fast" in warned[0]
+        assert await scalar(
+            dsn,
+            "SELECT last_fire_at < now() - interval '90 seconds' "
+            "FROM awa_fast.cron_jobs WHERE name = 'refused'",
+        )  # not advanced: tried every pass
+
+        # The trigger goes: it fires. Due again and refused again: warned about again.
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="awa_fast.periodic"):
+            await client.runtime._evaluate_cron()
+            assert [j["kind"] for j in await cron_jobs(dsn, "refused")] == ["explode"]
+            await set_last_fire(dsn, "refused", await db_now(dsn) - 2 * MINUTE)
+            async with exploding_inserts(dsn):
+                await client.runtime._evaluate_cron()
+                await client.runtime._evaluate_cron()
+        warned = cron_warnings(caplog)
+        assert len(warned) == 1 and "not fired this pass" in warned[0], warned
+    finally:
+        await client.close()
+
+
+async def test_an_evaluation_by_hand_warns_every_time(dsn, caplog):
+    """Without the leader's memory (a call by hand) every failure is a warning, as before."""
+    await exec_sql(
+        dsn,
+        "INSERT INTO awa_fast.cron_jobs (name, cron_expr, kind) VALUES ('bad', 'nope', 'tick')",
+    )
+    with caplog.at_level(logging.WARNING, logger="awa_fast.periodic"):
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for _ in range(2):
+                assert await periodic.evaluate(conn) == 0
+    warned = cron_warnings(caplog)
+    assert len(warned) == 2 and not any("warned once" in w for w in warned)
 
 
 # -- admin --------------------------------------------------------------------------------------

@@ -38,9 +38,12 @@ WHERE (c.cron_expr, c.timezone, c.kind, c.queue, c.args, c.priority, c.max_attem
 
 CRON_NOW = "SELECT statement_timestamp()"
 
-# Unlocked scan: which schedules may be due (the locked re-check decides).
+# Unlocked scan: which schedules may be due (the locked re-check decides). The definition's
+# text tells a schedule whose problem was warned about from one edited since (periodic.evaluate).
 CRON_SCAN = f"""
-SELECT name, cron_expr, timezone, last_fire_at, created_at, statement_timestamp()
+SELECT name, cron_expr, timezone, last_fire_at, created_at, statement_timestamp(),
+       (cron_expr, timezone, kind, queue, args, priority, max_attempts, tags, metadata,
+        missed_fire_policy)::text
 FROM {S}.cron_jobs ORDER BY name"""
 
 # Inside the firing transaction: lock one schedule and read it again.

@@ -17,6 +17,7 @@ overlap, and a deposed process steps down at its first fenced pass.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -171,6 +172,11 @@ class Maintenance:
             "hot_truncations": 0,
         }
         self._vacuum_conn: psycopg.AsyncConnection | None = None
+        # One per kind of pass: a row a pass cannot process fails the same way every pass, and
+        # is warned about once (bulk.Recurring).
+        self._recurring: collections.defaultdict[str, bulk.Recurring] = collections.defaultdict(
+            bulk.Recurring
+        )
         self._truncate_failed_at: float | None = None  # the event loop's clock, seconds
         # fired after each pass of a leader loop with (loop name, its result or exception)
         self.passed = Signal("maintenance pass")
@@ -408,6 +414,7 @@ class Maintenance:
                 on_conflict=lambda job_id, _exc: self._cancel_duplicate(
                     conn, sql.CANCEL_AS_DUPLICATE, {**limit, "id": job_id}
                 ),
+                recurring=self._recurring["promote"],
             )
         queues = sorted({queue for _id, queue in done.rows})
         if queues:  # after the commit: a NOTIFY inside would hold the notify lock (ADR 018)
@@ -458,10 +465,16 @@ class Maintenance:
         async with self.fenced(bounded=True) as conn:
             rows = []
             if running:
-                rows += await self._rescue_with(conn, sql.RESCUE, sql.RESCUE_CANDIDATES, params)
+                rows += await self._rescue_with(
+                    conn, "rescue", sql.RESCUE, sql.RESCUE_CANDIDATES, params
+                )
             if callbacks:
                 rows += await self._rescue_with(
-                    conn, sql.RESCUE_CALLBACKS, sql.RESCUE_CALLBACK_CANDIDATES, params
+                    conn,
+                    "callback rescue",
+                    sql.RESCUE_CALLBACKS,
+                    sql.RESCUE_CALLBACK_CANDIDATES,
+                    params,
                 )
             await self._dead_letter(conn, [(r[0], r[4]) for r in rows if r[2] == "failed"])
         if rows:
@@ -472,16 +485,19 @@ class Maintenance:
                 await self.on_rescued(rows)
         return rows
 
-    async def _rescue_with(self, conn, query: str, candidates: str, params: dict) -> list[tuple]:
+    async def _rescue_with(
+        self, conn, what: str, query: str, candidates: str, params: dict
+    ) -> list[tuple]:
         done = await bulk.run_isolated(
             conn,
-            what="rescue",
+            what=what,
             bulk=lambda: _fetch(conn, query, params),
             keys=lambda: _ids(_fetch(conn, candidates, params)),
             one=lambda job_id: _fetch(conn, query, {**params, "only": job_id}),
             on_conflict=lambda job_id, _exc: self._cancel_duplicate(
                 conn, sql.CANCEL_RESCUED_DUPLICATE, {**params, "id": job_id}
             ),
+            recurring=self._recurring[what],
         )
         return done.rows
 
@@ -556,6 +572,7 @@ class Maintenance:
                     bulk=functools.partial(_fetch, conn, bulk_q, params),
                     keys=functools.partial(_fetch_ids, conn, ids_q, params),
                     one=functools.partial(_fetch_id, conn, one_q, params),
+                    recurring=self._recurring[what],
                 )
                 return len(done.rows)
 
@@ -605,7 +622,8 @@ class Maintenance:
         Each slice is its own fenced transaction: its partition is locked ACCESS EXCLUSIVE
         (waiting at most 200 ms: readers and writers queue behind it), its expiry checked again under the lock, then
         truncated. A slice that cannot be locked or truncated is kept (logged) and tried next
-        pass; the others are pruned.
+        pass; the others are pruned. A slice whose truncate is refused pass after pass (a
+        trigger) is warned about once (:class:`bulk.Recurring`); a lock wait each time.
 
         Raises:
             Deposed: another process took leadership.
@@ -618,6 +636,7 @@ class Maintenance:
         async with pool.connection() as conn:
             expired = [r[0] for r in await _fetch(conn, sql.EXPIRED_SLICES, ages)]
         pruned = 0
+        kept = self._recurring["finished slice"]
         for slot in expired:
             try:
                 async with self.fenced(bounded=True) as conn:
@@ -630,9 +649,12 @@ class Maintenance:
                         await conn.execute(sql.RELEASE_SLICE, {"slot": slot})
                         pruned += row[0]
             except psycopg.Error as exc:
-                log.warning(
-                    "finished slice %s kept this pass: %s: %s", slot, type(exc).__name__, exc
-                )
+                args = ("finished slice %s kept this pass: %s: %s", slot, type(exc).__name__, exc)
+                if bulk.is_row_error(exc):  # refused by what it holds (a trigger): every pass
+                    kept.warn(log, slot, bulk.error_signature(exc), *args)
+                else:  # a lock wait, a lost connection: as it happens
+                    log.warning(*args)
+        kept.pass_done()
         return pruned
 
     async def vacuum_hot(self) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from awa_fast import _native, batch_ops, descriptors, metrics, schema, sql
+from awa_fast import _native, batch_ops, bulk, descriptors, metrics, schema, sql
 from awa_fast.errors import (
     ConfigError,
     QueueMismatchWarning,
@@ -758,6 +758,8 @@ class Runtime:
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.kinds = sorted(services.registry.handlers)
         self.unhandled_warned: set[tuple[str, str]] = set()
+        # schedules the cron pass cannot evaluate or fire, warned about once (periodic.evaluate)
+        self.cron_problems = bulk.Recurring()
         self.dlq_enabled_by_default = _flag(
             dlq_enabled_by_default, "dlq_enabled_by_default", optional=True
         )
@@ -1300,9 +1302,9 @@ class Runtime:
         try:
             if fenced is None:
                 async with (await self.services.pool()).connection() as conn:
-                    return await periodic.evaluate(conn)
+                    return await periodic.evaluate(conn, self.cron_problems)
             async with fenced() as conn:
-                return await periodic.evaluate(conn)
+                return await periodic.evaluate(conn, self.cron_problems)
         finally:
             raise_if_cancelling()  # see worker/cancellation.py
 
