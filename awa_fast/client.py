@@ -186,17 +186,9 @@ class AsyncClient:
             self._pool_lock = asyncio.Lock()
         async with self._pool_lock:
             if self._pool is None:
-                pool = Pool(
-                    url,
-                    min_size=1,
-                    max_size=self.max_connections,
-                    open=False,
-                    kwargs={"autocommit": True},
-                    configure=_configure,
-                    timeout=30,
-                )
+                pool = Pool(url, open=False, **self._pool_options(url))
                 try:
-                    await pool.open(wait=True, timeout=30)
+                    await pool.open(wait=True, timeout=pool.timeout)
                 except PoolTimeout as exc:
                     await pool.close()
                     where = url_source(self.explicit_database_url)
@@ -208,6 +200,17 @@ class AsyncClient:
                     _close_pool_on_cancel(pool), name="awa-fast-pool-guard"
                 )
         return self._pool
+
+    def _pool_options(self, url: str) -> dict[str, Any]:
+        """psycopg_pool options of the pool :meth:`pool` opens on ``url``; its ``timeout`` also
+        bounds the first open. (The dashboard's client shortens the waits.)"""
+        return dict(
+            min_size=1,
+            max_size=self.max_connections,
+            kwargs={"autocommit": True},
+            configure=_configure,
+            timeout=30,
+        )
 
     async def close(self) -> None:
         """Stop the runtime if it is running, send the inserts' pending wake-ups and close the

@@ -432,6 +432,13 @@ def _shutdown(proc: subprocess.Popen, datadir: str) -> None:
         shutil.rmtree(datadir, ignore_errors=True)
 
 
+def _stop_signal(mode: str) -> signal.Signals:
+    sig = {"fast": signal.SIGINT, "immediate": signal.SIGQUIT}.get(mode)
+    if sig is None:
+        raise ValueError(f"restart mode must be 'fast' or 'immediate', not {mode!r}")
+    return sig
+
+
 class TempServer:
     """A throwaway PostgreSQL started by :func:`start_temp`; stop it with :meth:`stop`.
 
@@ -474,8 +481,26 @@ class TempServer:
         and remove the data directory. Safe to call more than once."""
         self._finalizer()
 
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the postmaster as :meth:`restart` does and wait for it to exit, keeping the data
+        directory: the server stays down until :meth:`restart` (or :meth:`stop`). For fault
+        tests that need the server down for a while.
+
+        Raises:
+            ValueError: *mode* is not ``"fast"`` or ``"immediate"``.
+        """
+        sig = _stop_signal(mode)
+        if self._proc.poll() is None:
+            self._proc.send_signal(sig)
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
     def restart(self, mode: str = "fast", *, timeout: float = START_TIMEOUT) -> None:
-        """Stop the postmaster and start it again on the same port and data directory.
+        """Stop the postmaster (unless :meth:`halt` did) and start it again on the same port and
+        data directory.
 
         For fault tests: every connection is dropped. ``mode="fast"`` is a clean shutdown
         (SIGINT, checkpoint); ``mode="immediate"`` is SIGQUIT, so the restart runs crash
@@ -486,17 +511,9 @@ class TempServer:
             EmbeddedPostgresError: the server did not accept connections again within *timeout*
                 seconds, or its port was taken in between.
         """
-        sig = {"fast": signal.SIGINT, "immediate": signal.SIGQUIT}.get(mode)
-        if sig is None:
-            raise ValueError(f"restart mode must be 'fast' or 'immediate', not {mode!r}")
+        _stop_signal(mode)
         self._finalizer.detach()  # keep the data directory
-        if self._proc.poll() is None:
-            self._proc.send_signal(sig)
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        self.halt(mode)
         proc = _spawn_postgres(find_bindir(), self.datadir, _server_account(), self.port)
         self._adopt(proc)
         _await_accepting(proc, self.dsn, self.log_path, self.datadir, timeout)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -272,3 +274,85 @@ async def wakeups_until_marker(listener: Any, dsn: str, marker: str) -> list[str
                 return seen
             seen.append(note.payload)
     return seen
+
+
+class Proxy:
+    """A TCP proxy to the server of ``dsn`` (:attr:`dsn` goes through it), for a network fault:
+    :meth:`cut` closes every connection through it and holds each new one (accepted, read, never
+    answered: a network that drops the packets); :meth:`heal` forwards new ones again. Use as a
+    context manager."""
+
+    def __init__(self, dsn: str) -> None:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        info = conninfo_to_dict(dsn)
+        self._upstream = (str(info.get("host") or "127.0.0.1"), int(info.get("port") or 5432))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.dsn = make_conninfo(dsn, host="127.0.0.1", port=str(self._listener.getsockname()[1]))
+        self._lock = threading.Lock()
+        self._piped: list[socket.socket] = []
+        self._held: set[socket.socket] = set()
+        self._cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._cut:
+                    self._held.add(sock)
+                    threading.Thread(target=self._hold, args=(sock,), daemon=True).start()
+                    continue
+                upstream = socket.create_connection(self._upstream)
+                self._piped += [sock, upstream]
+            for a, b in ((sock, upstream), (upstream, sock)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+    def _hold(self, sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while sock.recv(65536):  # until the client gives up
+                pass
+        with self._lock:
+            self._held.discard(sock)
+        sock.close()
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            piped, self._piped = self._piped, []
+        for sock in piped:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes its pipe thread, which closes the pair
+
+    def heal(self) -> None:
+        with self._lock:
+            self._cut = False
+
+    def __enter__(self) -> Proxy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes accept(); close() alone does not
+        self._listener.close()
+        self.cut()
+        with self._lock:
+            held = list(self._held)
+        for sock in held:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_RDWR)
+        dst.close()

@@ -4,25 +4,31 @@ token, bind rule, Host guard); bad input gets a 4xx page, never a traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
 from starlette.testclient import TestClient
 
 import awa_fast as awa
 from awa_fast.sql import dashboard as dq
 from awa_fast.web import create_app
+from awa_fast.web.reads import DB_WAIT_S
 from awa_fast.web.security import check_bind
 from awa_fast.worker.follow_ups import PROVENANCE_KEY
 from tests.dashboard_seed import seed
 from tests.dashboard_support import served
+from tests.support import Proxy, wait_lock_waiter
 
 BASE = "http://127.0.0.1"
 
@@ -529,3 +535,103 @@ def test_the_workers_page_lists_the_live_processes_and_their_kinds(web, dsn):
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("DELETE FROM awa_fast.workers WHERE instance LIKE 'host:%'")
+
+
+# -- a database that cannot be reached -------------------------------------------------------------
+
+PAGES = ["/queues", "/jobs", "/dlq", "/consequences", "/cron", "/workers"]
+
+
+def _timed(web: TestClient, request: tuple) -> tuple:
+    """``(response, seconds)`` of ``request``: ``(method, url, httpx keyword arguments)``."""
+    method, url, kwargs = request
+    started = time.monotonic()
+    r = web.request(method, url, **kwargs)
+    return r, time.monotonic() - started
+
+
+def test_a_stopped_database_gets_503_pages_in_bounded_time_and_pages_come_back(own_server):
+    # Pages waited 10 or 30 s for a pool connection and answered 500; after the restart a pool
+    # retried on psycopg_pool's backoff (1 s, doubling) and pages failed for as long (helper C).
+    with awa.Client(own_server.awa_dsn) as client:
+        job = client.insert({"n": 1}, kind="down_kind", queue="down_q")
+    pages = [*PAGES, f"/jobs/{job.id}"]
+    app = create_app(own_server.awa_dsn)
+    with TestClient(app, base_url=BASE, follow_redirects=False) as web:
+        token = csrf_of(web.get("/queues").text)  # both pools connected
+        pause = ("POST", "/queues/pause", {"data": {"csrf": token, "queue": "down_q"}})
+        requests = [("GET", url, {}) for url in pages] + [pause]
+        own_server.halt()
+        try:
+            # Three rounds, about 9 s: psycopg_pool's backoff would have its next connect at
+            # about 15 s, well after the restart.
+            for _ in range(3):
+                with ThreadPoolExecutor(len(requests)) as pool:
+                    answers = list(pool.map(lambda request: _timed(web, request), requests))
+                for (method, url, _), (r, took) in zip(requests, answers):
+                    assert r.status_code == 503, (method, url, r.status_code, r.text)
+                    assert f"unreachable (no connection within {DB_WAIT_S:g} s)" in r.text, url
+                    assert took < DB_WAIT_S + 2, (method, url, took)
+        finally:
+            own_server.restart()
+        for url in pages:  # at once: the first page after the restart connects
+            r, took = _timed(web, ("GET", url, {}))
+            assert r.status_code == 200 and took < DB_WAIT_S / 2, (url, r.status_code, took)
+        assert _timed(web, pause)[0].status_code == 303
+
+
+def test_a_connection_lost_mid_request_gets_a_503_page(web, dsn):
+    # a backend terminated (or the server restarted) under a page's query answered 500 (helper C)
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE awa_fast.jobs_done IN ACCESS EXCLUSIVE MODE")
+        with ThreadPoolExecutor(1) as pool:
+            page = pool.submit(web.get, "/jobs")
+            asyncio.run(wait_lock_waiter(dsn, query_like="%jobs_all%"))
+            with psycopg.connect(dsn, autocommit=True) as admin:
+                killed = admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                    "AND query LIKE %s",
+                    ("%jobs_all%",),
+                ).fetchall()
+            r = page.result(timeout=30)
+    assert killed == [(True,)]
+    assert r.status_code == 503, r.text
+    assert "The database is unreachable (the connection to it was lost)" in r.text
+    assert web.get("/jobs").status_code == 200
+
+
+def test_other_database_errors_stay_a_500(dsn, ids):
+    # a lock timeout is an OperationalError too, but the database answered
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        db = pgsql.Identifier(conn.info.dbname)
+        conn.execute(pgsql.SQL("ALTER DATABASE {} SET lock_timeout = '50ms'").format(db))
+    try:
+        with psycopg.connect(dsn) as locker:
+            locker.execute("LOCK TABLE awa_fast.jobs_done IN ACCESS EXCLUSIVE MODE")
+            app = create_app(dsn)  # new connections: they take the setting
+            with TestClient(app, base_url=BASE, raise_server_exceptions=False) as web:
+                r = web.get("/jobs")
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("ALTER DATABASE {} RESET lock_timeout").format(db))
+    assert r.status_code == 500 and r.text == "internal error (logged by the server)"
+
+
+def test_an_unreachable_database_gets_a_503_page_and_pages_come_back(dsn, ids):
+    # A network that drops the packets: each connect hung for psycopg's default 130 s and held a
+    # place in the pool, so pages stayed 503 long after the network was back (helper C).
+    with Proxy(dsn) as proxy:
+        with TestClient(create_app(proxy.dsn), base_url=BASE, follow_redirects=False) as web:
+            assert web.get("/queues").status_code == 200
+            proxy.cut()
+            r, took = _timed(web, ("GET", "/queues", {}))
+            assert r.status_code == 503 and "The database is unreachable" in r.text, r.text
+            assert took < DB_WAIT_S + 2, took
+            proxy.heal()
+            # A page already waiting on a connect the network swallowed may still get the 503
+            # (CONNECT_TIMEOUT_S ends that connect); the next one reconnects.
+            first, _ = _timed(web, ("GET", "/queues", {}))
+            r, took = _timed(web, ("GET", "/queues", {}))
+            assert (first.status_code, r.status_code) in {(200, 200), (503, 200)}, r.text
+            assert took < DB_WAIT_S / 2, took

@@ -3,7 +3,9 @@
 Admin actions are POST-only, CSRF-checked and refused with 403 under ``read_only``; they call the
 same :class:`~awa_fast.client.AsyncClient` methods as the CLI. Bad input (an id that is not a
 positive bigint, an unknown state, an over-long filter) gets a 400 page, an unknown id a 404 page,
-an action on a job in the wrong state a 409 page; no page ever shows a traceback.
+an action on a job in the wrong state a 409 page, a database that cannot be reached (no
+connection within ``reads.DB_WAIT_S``, or the connection lost) a 503 page; no page ever shows a
+traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg_pool import PoolTimeout
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -33,7 +36,7 @@ from awa_fast.errors import AttemptStillRunning, UniqueConflict
 from awa_fast.job import JobState
 from awa_fast.sql import dashboard as bounds
 from awa_fast.web import security
-from awa_fast.web.reads import Reads
+from awa_fast.web.reads import DB_WAIT_S, Reads, bounded
 
 log = logging.getLogger("awa_fast.web")
 
@@ -44,6 +47,27 @@ MAX_ID = 2**63 - 1
 _DIGITS = re.compile(r"[0-9]{1,19}")  # MAX_ID has 19 digits
 RETRYABLE_STATES = ("failed", "cancelled", "waiting_external")
 FINISHED_STATES = ("completed", "failed", "cancelled")
+# The server shutting down, crashed, or starting up: its connections are gone (SQLSTATE 57P0x).
+_SERVER_GONE = {"57P01", "57P02", "57P03"}
+
+
+class _Client(AsyncClient):
+    """The client the actions use: its pool waits for the database as the reads' does."""
+
+    def _pool_options(self, url: str) -> dict[str, Any]:
+        return bounded(url, super()._pool_options(url))
+
+
+def _lost(exc: psycopg.OperationalError) -> bool | None:
+    """``None`` unless ``exc`` says the database cannot be reached: ``False`` when no connection
+    came within the wait, ``True`` when the connection was lost mid-request (a restart, a
+    terminated backend, the network)."""
+    if isinstance(exc, PoolTimeout):
+        return False
+    state = exc.sqlstate
+    if state is None or state.startswith("08") or state in _SERVER_GONE:
+        return True  # no SQLSTATE: libpq's own (the connection lost)
+    return None
 
 
 # -- rendering -------------------------------------------------------------------------------------
@@ -392,6 +416,21 @@ def create_app(
         log.warning("dashboard query cancelled on %s: %s", request.url.path, exc)
         return error_page(request, 503, "the database did not answer in time; try again")
 
+    async def db_unreachable(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, psycopg.OperationalError)
+        lost = _lost(exc)
+        if lost is None:
+            raise exc  # any other database error: the 500 of server_error
+        log.warning("dashboard: the database is unreachable on %s: %s", request.url.path, exc)
+        why = "the connection to it was lost" if lost else f"no connection within {DB_WAIT_S:g} s"
+        message = (
+            f"The database is unreachable ({why}). The dashboard reconnects by itself once it "
+            "is back: try again."
+        )
+        if lost and request.method == "POST":
+            message += " An action cut off this way may or may not have been applied."
+        return error_page(request, 503, message)
+
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("dashboard error on %s %s", request.method, request.url.path)
         return Response(
@@ -400,10 +439,13 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        state["client"] = AsyncClient(database_url, max_connections=2)
+        state["client"] = _Client(database_url, max_connections=2)
         state["reads"] = Reads(database_url)
         try:
             await state["reads"].open()
+            # now: a first open failing later (database down) closes the pool, waiting on its
+            # connects, and the next page builds another
+            await state["client"].pool()
             yield
         finally:
             await state["reads"].close()
@@ -454,6 +496,7 @@ def create_app(
             UniqueConflict: conflict,
             AttemptStillRunning: conflict,
             psycopg.errors.QueryCanceled: db_timeout,
+            psycopg.OperationalError: db_unreachable,  # PoolTimeout is one
             Exception: server_error,
         },
     )

@@ -2,7 +2,8 @@
 
 Reads go through their own small pool: autocommit, no server-side prepared statements (so each
 statement is planned with its actual parameter values, as the plan test checks) and a statement
-timeout, so a slow page fails with a 503 instead of holding a connection.
+timeout, so a slow page fails with a 503 instead of holding a connection. Both of the dashboard's
+pools (this one and its client's) wait for the database as :func:`bounded` says.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from awa_fast import sql
@@ -17,6 +19,11 @@ from awa_fast.connections import Pool
 from awa_fast.sql import dashboard as q
 
 STATEMENT_TIMEOUT_MS = q.STATEMENT_TIMEOUT_MS
+# The longest a page waits for a database connection before it answers 503 (docs/dashboard.md).
+DB_WAIT_S = 3.0
+# libpq's connect_timeout (whole seconds, 2 at least): a connect into a network that drops its
+# packets ends, and frees its place in the pool, in 2 s instead of psycopg's default 130 s.
+CONNECT_TIMEOUT_S = 2
 ACTIVE_STATES = (
     "available",
     "scheduled",
@@ -29,6 +36,21 @@ ACTIVE_STATES = (
 
 async def _configure(conn) -> None:
     await conn.execute(q.SET_STATEMENT_TIMEOUT)
+
+
+def bounded(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """psycopg_pool ``options`` of a pool on ``url``, made to hold a page to ``DB_WAIT_S``.
+
+    A checkout waits at most ``DB_WAIT_S`` (then ``PoolTimeout``: the page's 503) and a connect
+    ``CONNECT_TIMEOUT_S`` (unless the URL sets its own). A failed connect is retried once at once,
+    then given up (``reconnect_timeout=0``) and the next page that needs a connection starts a
+    fresh one: with psycopg_pool's backoff (1 s doubling, for up to 5 min) a pool that lost its
+    connections could try again only minutes after the database was back.
+    """
+    kwargs = dict(options.get("kwargs") or {})
+    if "connect_timeout" not in conninfo_to_dict(url):
+        kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
+    return {**options, "kwargs": kwargs, "timeout": DB_WAIT_S, "reconnect_timeout": 0}
 
 
 @dataclasses.dataclass
@@ -54,12 +76,16 @@ class Reads:
     def __init__(self, database_url: str, max_connections: int = 4):
         self._pool = Pool(
             database_url,
-            min_size=1,
-            max_size=max_connections,
             open=False,
-            timeout=10,
-            kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
-            configure=_configure,
+            **bounded(
+                database_url,
+                dict(
+                    min_size=1,
+                    max_size=max_connections,
+                    kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+                    configure=_configure,
+                ),
+            ),
         )
 
     async def open(self) -> None:
