@@ -21,6 +21,7 @@ import awa_fast as awa
 from awa_fast import bulk, enqueue, sql
 from awa_fast.requests import prepare
 from awa_fast.worker.context import JobContext
+from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.executor import COMPLETED, Outcome
 from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.heartbeat import Heartbeat
@@ -163,6 +164,33 @@ async def test_class1_claim_isolates_a_row_its_update_fails(dsn, client):
         await client.shutdown()
     row = await job_row(dsn, bad.id)
     assert row["state"] == "available" and row["attempt"] == 0  # left as it was, not lost
+
+
+async def test_class1_a_row_every_claim_leaves_available_is_warned_about_once(dsn, client, caplog):
+    # The refused row stays at the head of its queue, so every claim meets it again: one
+    # warning for the bulk statement and one for the row, not two per claim.
+    bad = await client.insert({"x": 1}, kind="explode", priority=1)
+    dispatcher = Dispatcher(
+        "default",
+        pool_getter=client.pool,
+        spawn=lambda row: None,
+        max_workers=4,
+        deadline_ms=0,
+        claim_batch_size=10,
+        poll_interval_s=1.0,
+        kinds=["explode", "plain"],
+    )
+    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'running'", event="UPDATE"):
+        with caplog.at_level(logging.WARNING, logger="awa_fast.bulk"):
+            for i in range(3):
+                good = await client.insert(Plain(i))
+                claimed = await dispatcher._claim(10)
+                assert [r[0] for r in claimed] == [good.id]
+    warned = _warnings(caplog)
+    assert len(warned) == 2, warned
+    assert "claim from queue 'default': the bulk statement failed" in warned[0]
+    assert f"row {bad.id} left unchanged" in warned[1]
+    assert (await job_row(dsn, bad.id))["state"] == "available"
 
 
 # -- promote ----------------------------------------------------------------------------------
@@ -474,6 +502,30 @@ async def test_class1_heartbeat_isolates_a_row_its_update_fails(dsn, client):
     assert all(rows[j.id]["progress"] == {"percent": 5} for j in jobs)
     assert [a.acked for a in attempts] == [1, 1, 1, None]  # the skipped row keeps its progress
     assert rows[bad.id]["progress"] is None
+
+
+async def test_class1_an_attempt_every_beat_fails_for_is_warned_about_once(dsn, client, caplog):
+    jobs = [await client.insert(Plain(i)) for i in range(2)]
+    bad = await client.insert({"x": 1}, kind="explode")
+    await _make_running(dsn, [j.id for j in jobs] + [bad.id])
+    attempts = [_Attempt(j.id) for j in jobs] + [_Attempt(bad.id)]
+    heartbeat = Heartbeat(client.pool, lambda: attempts, 1.0)
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.heartbeat_at > OLD.heartbeat_at", event="UPDATE"
+    ):
+        with caplog.at_level(logging.WARNING):
+            await heartbeat.beat()
+            first = _warnings(caplog)
+            caplog.clear()
+            for _ in range(3):
+                await heartbeat.beat()
+            again = _warnings(caplog)
+    # the bulk statement, the attempt, and its retry without progress: each once
+    assert len(first) == 3, first
+    assert "heartbeat: the bulk statement failed" in first[0]
+    assert f"heartbeat of job {bad.id} " in first[1] and "failed" in first[1]
+    assert f"heartbeat: row ({bad.id}, 1) left unchanged" in first[2]
+    assert again == [], again
 
 
 def _attempt(job_id: int, kind: str) -> JobContext:

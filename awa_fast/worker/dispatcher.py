@@ -72,6 +72,8 @@ class Dispatcher:
         self.kinds = list(kinds)
         self._pool_getter = pool_getter
         self._spawn = spawn
+        # a row a trigger refuses stays available and meets every claim: warned about once
+        self._recurring = bulk.Recurring()
         self.bucket = TokenBucket(*rate_limit) if rate_limit else None
         self._wake = asyncio.Event()
         self._wake.set()
@@ -219,5 +221,6 @@ class Dispatcher:
                 bulk=lambda: fetch(sql.CLAIM),
                 keys=candidates,
                 one=lambda job_id: fetch(sql.CLAIM_ONE, {"id": job_id}),
+                recurring=self._recurring,
             )
             return done.rows

@@ -52,6 +52,8 @@ class Heartbeat:
     ):
         self._pool_getter = pool_getter
         self._database_url = database_url
+        # an attempt whose beat a trigger refuses meets every beat: warned about once
+        self._recurring = bulk.Recurring()
         self._conn: psycopg.AsyncConnection | None = None
         self._conn_lock = asyncio.Lock()
         self._in_flight = in_flight
@@ -156,7 +158,16 @@ class Heartbeat:
             return [(r[0], r[1]) for r in await cur.fetchall()]
 
         async def without_progress(attempt: tuple, exc: Exception) -> None:
-            log.warning("heartbeat of job %s (%s) failed: %s", attempt[0], kinds[attempt], exc)
+            bulk.warn_row(
+                self._recurring,
+                log,
+                ("beat", attempt),
+                bulk.error_signature(exc),
+                "heartbeat of job %s (%s) failed: %s",
+                attempt[0],
+                kinds[attempt],
+                exc,
+            )
             if progress[attempt] is not None and await beat([attempt], with_progress=False):
                 dropped.add(attempt)
                 self.progress_dropped += 1
@@ -172,5 +183,6 @@ class Heartbeat:
             keys=attempts,
             one=lambda a: beat([a]),
             on_error=without_progress,
+            recurring=self._recurring,
         )
         return set(done.rows) | dropped
