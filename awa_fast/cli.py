@@ -5,7 +5,7 @@ Every invocation runs at most one event loop (uvloop when available) and one
 
 Exit status: 0 on success, 1 on an error (an ``AwaError``, a database or connection error, a job
 that does not exist or is in the wrong state), 2 on a command-line usage error (argparse), 130 on
-Ctrl-C (and 143 when SIGTERM interrupts ``demo``). With ``--json`` an error is one JSON object
+Ctrl-C (and 143 / 129 when SIGTERM / SIGHUP interrupts ``demo``). With ``--json`` an error is one JSON object
 on one line of stderr, ``{"error": <message>, "type": <error class>}``, with the same exit status.
 """
 
@@ -1682,9 +1682,9 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "failures, distinct modules, B jobs inserted vs skipped as "
         "duplicates,\nwall time and jobs/s, and checks the B count "
         "against a direct computation (exit 1 on\nmismatch). Rows of "
-        "a previous demo run are deleted first.\nCtrl-C (or SIGTERM) "
+        "a previous demo run are deleted first.\nCtrl-C (or SIGTERM, SIGHUP) "
         "drains the workers, deletes the demo's unfinished jobs, prints "
-        "a summary\nand exits 130 (143 after SIGTERM).\nWithout a "
+        "a summary\nand exits 130 (143 after SIGTERM, 129 after SIGHUP).\nWithout a "
         "database URL it uses the embedded "
         "server and says so first (data directory,\nserver account; "
         "it keeps running: `awa-fast embedded stop`).",

@@ -33,12 +33,13 @@ successfully parsed files (and the failed A jobs exactly the files that do not p
 ``check: MISMATCH`` and exit status 1. "Skipped as duplicates" is the number of staged requests
 (the sum over parsed files of their distinct-module counts) minus the B rows.
 
-Interrupted (Ctrl-C, or SIGTERM, e.g. from a service manager) while its jobs run, the parent
+Interrupted (Ctrl-C, SIGTERM from a service manager, or the SIGHUP of a closed terminal) while
+its jobs run, the parent
 drains the children, counts the demo's jobs by kind and state (continuations counted apart),
 deletes the unfinished ones (continuations and B jobs included), prints a summary and exits
 128 + the signal's number, as a shell reports a process the signal ended: 130 after Ctrl-C,
-143 after SIGTERM. A second signal, or one after every demo job finished, ends the process at
-once (Ctrl-C: 130; SIGTERM: the default action).
+143 after SIGTERM, 129 after SIGHUP. A second signal, or one after every demo job finished, ends
+the process at once (Ctrl-C: 130; SIGTERM, SIGHUP: the default action).
 """
 
 from __future__ import annotations
@@ -246,7 +247,7 @@ class DemoResult:
 
 @dataclasses.dataclass
 class DemoInterrupted:
-    """What an interrupted demo run (Ctrl-C or SIGTERM) did before it stopped."""
+    """What an interrupted demo run (Ctrl-C, SIGTERM or SIGHUP) did before it stopped."""
 
     elapsed_seconds: float
     processes: int
@@ -260,7 +261,7 @@ class DemoInterrupted:
     @property
     def exit_status(self) -> int:
         """128 + the signal's number, as a shell reports a process it ended: 130 after Ctrl-C,
-        143 after SIGTERM."""
+        143 after SIGTERM, 129 after SIGHUP."""
         return 128 + signal.Signals[self.stopped_by].value
 
 
@@ -359,23 +360,36 @@ async def _remove_unfinished(c) -> int:
         return cur.rowcount
 
 
-def _stop_on_sigterm() -> list[str]:
-    """Make SIGTERM stop the running demo as Ctrl-C does: cancel the current task (the demo
-    then drains its workers and removes its unfinished jobs). Returns the list the signal's
-    name is appended to. A second SIGTERM takes the default action (the process ends at once),
-    as a second Ctrl-C ends it."""
+# Signals that stop the demo as Ctrl-C does: a service manager's SIGTERM, and the SIGHUP of a
+# closed terminal (the worker launcher drains on both).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_on_signals() -> list[str]:
+    """Make SIGTERM and SIGHUP stop the running demo as Ctrl-C does: cancel the current task
+    (the demo then drains its workers and removes its unfinished jobs). Returns the list the
+    signal's name is appended to. A second such signal takes its default action (the process
+    ends at once), as a second Ctrl-C ends it."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None  # called from the demo's task
     stopped_by: list[str] = []
 
-    def on_sigterm() -> None:
-        stopped_by.append("SIGTERM")
-        loop.remove_signal_handler(signal.SIGTERM)  # a second one takes the default action
+    def on_signal(sig: signal.Signals) -> None:
+        stopped_by.append(sig.name)
+        _default_stops()  # a second one takes the default action
         task.cancel()
 
-    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
     return stopped_by
+
+
+def _default_stops() -> None:
+    """Give SIGTERM and SIGHUP back their default action."""
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.remove_signal_handler(sig)
 
 
 async def _demo(
@@ -384,7 +398,7 @@ async def _demo(
     from awa_fast.supervisor import Supervisor
 
     t_wall = time.perf_counter()
-    stopped_by = _stop_on_sigterm()
+    stopped_by = _stop_on_signals()
     c = awa.AsyncClient(database_url, max_connections=2)
     sup = None
     enqueue_s = 0.0
@@ -416,12 +430,12 @@ async def _demo(
             )
             sup.start()
             timed_out = await _wait_for_pipeline(c, sup, t_start, timeout)
-            # Every demo job is finished (or the run timed out): from here on a SIGTERM takes
+            # Every demo job is finished (or the run timed out): from here on a SIGTERM/SIGHUP takes
             # the default action, as a Ctrl-C now ends the process (130) without a summary.
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
-        except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner) or SIGTERM cancels the task
+            _default_stops()
+        except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner), SIGTERM or SIGHUP cancels it
             # after Ctrl-C, a SIGTERM takes the default action, as a second Ctrl-C ends it
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+            _default_stops()
             name = stopped_by[0] if stopped_by else "SIGINT"
             task = asyncio.current_task()
             if stopped_by and task is not None:
@@ -456,7 +470,7 @@ async def _demo(
         found, not_found, total_size = (await _fetch(c, dsql.RESULT_TOTALS))[0]
         continuations = (await _fetch(c, dsql.CONTINUATIONS, (KIND_PARSE,)))[0][0]
     finally:
-        asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+        _default_stops()
         if sup is not None:
             await asyncio.to_thread(sup.drain)
         await c.close()
@@ -642,7 +656,8 @@ def run_demo(
     starts) with ``processes`` worker processes (default one per core) over the first ``limit``
     standard-library files plus ``extra_paths`` (files or directories); print the report (JSON
     if ``json_output``). Returns 0 when the check passed, 1 when it did not, and when
-    interrupted (see the module's docstring) 130 after Ctrl-C (SIGINT), 143 after SIGTERM.
+    interrupted (see the module's docstring) 130 after Ctrl-C (SIGINT), 143 after SIGTERM, 129
+    after SIGHUP.
 
     Raises:
         ValueError: ``processes`` or ``limit`` below 1, or an extra path that does not exist.
@@ -661,8 +676,8 @@ def run_demo(
     _log(
         f"{len(files)} .py files, {processes} worker process(es), queue '{DEMO_QUEUE}': stage A "
         "parses each file's imports and stages one stage-B job per distinct module, which "
-        "resolves it; the rows of a previous demo run are deleted first. Ctrl-C or SIGTERM "
-        "stops it, prints a summary and removes its unfinished jobs."
+        "resolves it; the rows of a previous demo run are deleted first. Ctrl-C, SIGTERM or "
+        "SIGHUP stops it, prints a summary and removes its unfinished jobs."
     )
     if database_url is None:
         if from_environment() is None:

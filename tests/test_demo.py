@@ -222,7 +222,10 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
     err = "".join(seen) + err
     assert proc.returncode == 130, (out, err)
     assert "demo: 200 .py files, 1 worker process(es), queue 'demo'" in err
-    assert "Ctrl-C or SIGTERM stops it, prints a summary and removes its unfinished jobs" in err
+    assert (
+        "Ctrl-C, SIGTERM or SIGHUP stops it, prints a summary and removes its unfinished jobs"
+        in err
+    )
     assert "demo: interrupted by SIGINT: stopping the workers" in err
     assert "Traceback" not in err
     lines = out.splitlines()
@@ -250,11 +253,14 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
     assert left == 0
 
 
-def test_sigterm_stops_the_demo_as_ctrl_c_does_and_counts_its_continuations(dsn, tmp_path):
-    """SIGTERM (a service manager, `kill`) while stage B is held back (a SHARE lock on the
-    results table blocks its upserts) and a continuation A job exists: the same clean stop as
-    Ctrl-C (the drain lets the in-flight continuation finish), exit 143, the continuation
-    counted and every unfinished job gone."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_stops_the_demo_as_ctrl_c_does_and_counts_its_continuations(
+    dsn, tmp_path, sig
+):
+    """SIGTERM (a service manager, `kill`) or SIGHUP (a closed terminal) while stage B is held
+    back (a SHARE lock on the results table blocks its upserts) and a continuation A job exists:
+    the same clean stop as Ctrl-C (the drain lets the in-flight continuation finish), exit 128 +
+    the signal, the continuation counted and every unfinished job gone."""
     many = tmp_path / "many_imports.py"  # 20 distinct modules: 15 staged + one continuation
     many.write_text("".join(f"import demo_fake_mod_{i:02d}\n" for i in range(20)))
     proc = subprocess.Popen(
@@ -290,7 +296,7 @@ def test_sigterm_stops_the_demo_as_ctrl_c_does_and_counts_its_continuations(dsn,
                     break
             else:
                 raise AssertionError("".join(seen))
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             lock.rollback()  # let the held upserts go so that the drain is quick
         out, err = proc.communicate(timeout=TIMEOUT_S)
     finally:
@@ -298,12 +304,12 @@ def test_sigterm_stops_the_demo_as_ctrl_c_does_and_counts_its_continuations(dsn,
             proc.kill()
             proc.wait()
     err = "".join(seen) + err
-    assert proc.returncode == 143, (out, err)
-    assert "demo: interrupted by SIGTERM: stopping the workers" in err
+    assert proc.returncode == 128 + sig, (out, err)
+    assert f"demo: interrupted by {sig.name}: stopping the workers" in err
     assert "Traceback" not in err
     lines = out.splitlines()
     assert re.fullmatch(
-        r"interrupted by SIGTERM after \d+\.\d s \(1 worker process, 2 files\)", lines[0]
+        rf"interrupted by {sig.name} after \d+\.\d s \(1 worker process, 2 files\)", lines[0]
     ), lines
     assert (
         lines[1]
