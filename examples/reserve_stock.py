@@ -1,16 +1,16 @@
 """Reserve stock; on failure, release the reservation -- a failure consequence, end to end.
 
-Run: ``python examples/reserve_stock.py`` (uses ``$AWA_FAST_DATABASE_URL`` or the embedded
-PostgreSQL). The payment step always fails; the inventory service refuses the first two
+Run: ``python examples/reserve_stock.py`` (the database URL by awa-fast's usual rule:
+``$AWA_FAST_DATABASE_URL``, then ``$DATABASE_URL``, else the embedded PostgreSQL). The payment step always fails; the inventory service refuses the first two
 release attempts. The job waits visibly in ``consequence_pending`` and the reconciler retries
 until the release succeeds, then settles the job as failed. Stock ends where it started.
 """
 
 import asyncio
 import dataclasses
-import os
 
 import awa_fast as awa
+from awa_fast.database_url import resolve_database_url
 
 
 @dataclasses.dataclass
@@ -73,12 +73,7 @@ def build_client(url: str) -> awa.AsyncClient:
 
 
 async def main() -> None:
-    url = os.environ.get("AWA_FAST_DATABASE_URL")
-    if not url:
-        from awa_fast.embedded import ensure_running
-
-        url = ensure_running()
-    client = build_client(url)
+    client = build_client(resolve_database_url())
     await client.migrate()
     pool = await client.pool()
     async with pool.connection() as conn:
@@ -99,7 +94,7 @@ async def main() -> None:
         row = await (
             await conn.execute(
                 "SELECT consequence_state, consequence_reason, consequence_path "
-                "FROM awa_fast.jobs WHERE id = %s",
+                "FROM awa_fast.jobs_all WHERE id = %s",  # a finished job is in jobs_done
                 (job.id,),
             )
         ).fetchone()

@@ -1,0 +1,31 @@
+"""The examples in examples/ run as their docstrings say, against a real database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_reserve_stock_releases_the_reservation_and_settles_the_job(fresh_db):
+    # It read the job's consequence from awa_fast.jobs, where a finished job no longer is
+    # (ADR 016), and printed "consequence: None"; and it ignored $DATABASE_URL.
+    env = {k: v for k, v in os.environ.items() if k != "AWA_FAST_DATABASE_URL"}
+    env["DATABASE_URL"] = fresh_db
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLES / "reserve_stock.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "consequence_pending" in " ".join(lines), r.stdout
+    assert lines[-1] == (
+        "release attempts: 3; consequence: ('applied', 'terminal_error', 'failure'); "
+        "widget stock: 10"
+    ), r.stdout
