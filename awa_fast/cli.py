@@ -875,6 +875,8 @@ def cmd_bench(s: Session) -> int:
 
     if s.json:  # the suite's options follow 'bench'; a --json before it would go unread
         s.args.parser.error("--json does not apply to bench (its results are JSONL: --out)")
+    if s.args.log_format != "text":  # the suite prints its own report lines, not log records
+        s.args.parser.error("--log-format does not apply to bench (its report is plain text)")
 
     root = Path(__file__).resolve().parent.parent
     if not (root / "bench" / "runner.py").is_file():
@@ -1000,16 +1002,19 @@ WORKER_DB_HELP = (
 )
 
 
-def _common(with_db: bool = True, db_help: str = DB_HELP) -> _Parser:
-    """Options accepted both before and after a subcommand (SUPPRESS keeps the global value)."""
+def _common(with_db: bool = True, db_help: str = DB_HELP, with_json: bool = True) -> _Parser:
+    """Options accepted both before and after a subcommand (SUPPRESS keeps the global value).
+    ``with_json=False``: a command that prints no data (its help does not offer ``--json``; one
+    given before the command is refused by the command)."""
     p = _Parser(add_help=False)
     g = p.add_argument_group("common options")
-    g.add_argument(
-        "--json",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="print machine-readable JSON instead of tables/text",
-    )
+    if with_json:
+        g.add_argument(
+            "--json",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="print machine-readable JSON instead of tables/text",
+        )
     g.add_argument(
         "--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS, help=LOG_FORMAT_HELP
     )
@@ -1564,7 +1569,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
     # serve
     p = sub.add_parser(
         "serve",
-        parents=[common],
+        parents=[_common(with_json=False)],
         help="run the web dashboard",
         description="Serve the web dashboard: queues, jobs, lineage, DLQ, failure "
         "consequences, cron schedules, workers. Binding a non-loopback "
@@ -1590,7 +1595,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
     # worker
     p = sub.add_parser(
         "worker",
-        parents=[_common(db_help=WORKER_DB_HELP)],
+        parents=[_common(db_help=WORKER_DB_HELP, with_json=False)],
         formatter_class=raw,
         help="run an application's workers in N processes (the launcher)",
         description="Run the registered handlers of an application's AsyncClient "

@@ -1182,3 +1182,13 @@ def test_global_options_before_bench_reach_the_suite():
     assert r.returncode == 0 and r.stdout.startswith("usage: awa-fast bench"), r.stderr
     r = cli("bench", "--database-url", CLOSED_PORT_DSN, dsn=CLOSED_PORT_DSN)
     assert r.returncode == 2 and "both before and after 'bench'" in r.stderr, r.stderr
+
+
+def test_commands_that_print_no_data_do_not_offer_json_and_bench_refuses_log_format():
+    # worker --help and serve --help listed --json, which both refuse; --log-format json
+    # before bench was accepted and went unused (the suite prints its own report lines).
+    for command in ("worker", "serve"):
+        r = cli(command, "--help")
+        assert r.returncode == 0 and "--json" not in r.stdout, r.stdout
+    r = cli("--log-format", "json", "bench", "--help")
+    assert r.returncode == 2 and "--log-format does not apply to bench" in r.stderr, r.stderr
