@@ -86,8 +86,21 @@ class Recurring:
         self._this_pass = set()
 
 
-def error_signature(exc: BaseException) -> tuple[str, str]:
-    """What makes two errors "the same" for :class:`Recurring`: type and message."""
+def error_signature(exc: BaseException) -> tuple[str, ...]:
+    """What makes two errors "the same" for :class:`Recurring`: type and message; for a
+    database error (or one raised from it, as the insert's typed errors are) its SQLSTATE,
+    primary message and constraint, not its DETAIL (which may quote the failing row, with a
+    new id or timestamp on every try)."""
+    db = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    primary = db.diag.message_primary if isinstance(db, psycopg.Error) else None
+    if isinstance(db, psycopg.Error) and primary is not None:
+        diag = db.diag
+        return (
+            type(exc).__name__,
+            diag.sqlstate or "",
+            primary,
+            diag.constraint_name or "",
+        )
     return type(exc).__name__, str(exc)
 
 
@@ -139,6 +152,7 @@ async def run_isolated(
     on_conflict: Callable[[Any, Exception], Awaitable[None]] | None = None,
     on_error: Callable[[Any, Exception], Awaitable[None]] | None = None,
     recurring: Recurring | None = None,
+    ends_pass: bool = True,
 ) -> Isolated:
     """Run ``bulk()`` (one statement); if a row makes it fail, run ``one(key)`` (one statement)
     for every key of ``keys`` (a list, or an async callable returning the candidate keys).
@@ -149,7 +163,9 @@ async def run_isolated(
     runs under its own savepoint, and if it fails too the row is left unchanged (logged).
 
     ``recurring``: a maintenance pass that meets the same rows every pass passes its own; each
-    call is one pass of it, so a row left unchanged pass after pass is warned about once.
+    call is one pass of it, so a row left unchanged pass after pass is warned about once. A
+    pass made of several calls (chunks) passes ``ends_pass=False`` and calls
+    :meth:`Recurring.pass_done` itself after its last.
 
     Raises:
         psycopg.OperationalError: connection lost, deadlock, ... (the caller retries the call).
@@ -157,7 +173,7 @@ async def run_isolated(
     try:
         async with _atomic(conn):
             rows = await bulk()
-        if recurring is not None:
+        if recurring is not None and ends_pass:
             recurring.pass_done()
         return Isolated(rows, {})
     except psycopg.DatabaseError as exc:
@@ -191,7 +207,7 @@ async def run_isolated(
     # went through: the statement could never run, and its caller must not report "0 changed".
     if _sqlstate(bulk_error).startswith("42") and not succeeded:
         raise bulk_error
-    if recurring is not None:
+    if recurring is not None and ends_pass:
         recurring.pass_done()
     return result
 

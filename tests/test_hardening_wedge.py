@@ -20,6 +20,7 @@ import pytest
 import awa_fast as awa
 from awa_fast import bulk, enqueue, sql
 from awa_fast.requests import prepare
+from awa_fast.worker import heartbeat as heartbeat_module
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.executor import COMPLETED, Outcome
@@ -526,6 +527,29 @@ async def test_class1_an_attempt_every_beat_fails_for_is_warned_about_once(dsn, 
     assert f"heartbeat of job {bad.id} " in first[1] and "failed" in first[1]
     assert f"heartbeat: row ({bad.id}, 1) left unchanged" in first[2]
     assert again == [], again
+
+
+async def test_class1_a_beat_of_several_chunks_warns_about_a_refused_attempt_once(
+    dsn, client, caplog, monkeypatch
+):
+    # Each chunk of a beat ended the pass: the next chunk forgot the refused attempt of the
+    # first, and every beat warned about it again.
+    monkeypatch.setattr(heartbeat_module, "CHUNK", 2)
+    bad = await client.insert({"x": 1}, kind="explode")
+    jobs = [await client.insert(Plain(i)) for i in range(3)]
+    await _make_running(dsn, [bad.id] + [j.id for j in jobs])
+    attempts = [_Attempt(bad.id)] + [_Attempt(j.id) for j in jobs]
+    heartbeat = Heartbeat(client.pool, lambda: attempts, 1.0)
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.heartbeat_at > OLD.heartbeat_at", event="UPDATE"
+    ):
+        with caplog.at_level(logging.WARNING):
+            await heartbeat.beat()
+            assert _warnings(caplog), "the first beat warns"
+            caplog.clear()
+            for _ in range(3):
+                await heartbeat.beat()
+    assert _warnings(caplog) == []
 
 
 def _attempt(job_id: int, kind: str) -> JobContext:

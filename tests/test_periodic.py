@@ -494,6 +494,35 @@ async def test_a_schedule_whose_fire_is_refused_every_pass_is_warned_about_once(
         await client.close()
 
 
+async def test_a_fire_a_check_constraint_refuses_is_warned_about_once(dsn, caplog):
+    """A CHECK constraint's error quotes the failing row (a new job id every try) in its
+    DETAIL: the same refusal, warned about once, not once a pass."""
+    client = await start_client(dsn, "good", maintenance=False)
+    try:
+        await exec_sql(
+            dsn,
+            "INSERT INTO awa_fast.cron_jobs (name, cron_expr, kind, last_fire_at) "
+            "VALUES ('checked', '* * * * *', 'cronbad', now() - interval '2 minutes')",
+        )
+        await exec_sql(
+            dsn,
+            "ALTER TABLE awa_fast.jobs ADD CONSTRAINT no_cronbad CHECK (kind <> 'cronbad') "
+            "NOT VALID",
+        )
+        try:
+            with caplog.at_level(logging.WARNING, logger="awa_fast.periodic"):
+                for _ in range(3):
+                    await client.runtime._evaluate_cron()
+        finally:
+            await exec_sql(dsn, "ALTER TABLE awa_fast.jobs DROP CONSTRAINT no_cronbad")
+            await exec_sql(dsn, "DELETE FROM awa_fast.cron_jobs WHERE name = 'checked'")
+        warned = cron_warnings(caplog)
+        assert len(warned) == 1 and "cron job 'checked'" in warned[0], warned
+        assert 'violates check constraint "no_cronbad"' in warned[0]
+    finally:
+        await client.close()
+
+
 async def test_an_evaluation_by_hand_warns_every_time(dsn, caplog):
     """Without the leader's memory (a call by hand) every failure is a warning, as before."""
     await exec_sql(

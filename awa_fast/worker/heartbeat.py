@@ -100,7 +100,8 @@ class Heartbeat:
                     if s is not None and (c.id, c.run_lease) in beaten:
                         c.progress_acked(s[0])
                         wrote_progress = True
-            if not progress_only:
+            if not progress_only:  # every attempt was met: the pass is complete
+                self._recurring.pass_done()
                 # An attempt whose job was dead-lettered while its handler runs (an early
                 # fail_external) keeps its mark fresh on the DLQ entry.
                 await conn.execute(
@@ -184,5 +185,6 @@ class Heartbeat:
             one=lambda a: beat([a]),
             on_error=without_progress,
             recurring=self._recurring,
+            ends_pass=False,  # a beat is one pass over all its chunks (beat())
         )
         return set(done.rows) | dropped
