@@ -5,8 +5,10 @@ Every invocation runs at most one event loop (uvloop when available) and one
 
 Exit status: 0 on success, 1 on an error (an ``AwaError``, a database or connection error, a job
 that does not exist or is in the wrong state), 2 on a command-line usage error (argparse), 130 on
-Ctrl-C (and 143 / 129 when SIGTERM / SIGHUP interrupts ``demo``). With ``--json`` an error is one JSON object
-on one line of stderr, ``{"error": <message>, "type": <error class>}``, with the same exit status.
+Ctrl-C (and 143 / 129 when SIGTERM / SIGHUP interrupts ``demo``; ``serve``: 3 when the server
+cannot start, e.g. its port is taken, 142 when a stop outlasts ``STOP_LIMIT_S``). With
+``--json`` an error is one JSON object on one line of stderr, ``{"error": <message>, "type":
+<error class>}``, with the same exit status.
 """
 
 from __future__ import annotations
@@ -870,6 +872,12 @@ async def cmd_consequences(s: Session) -> int:
     return 0
 
 
+def _names_database_url(arg: str) -> bool:
+    # --database-url, --database-url=..., or an abbreviation the suite's parser takes for it
+    name = arg.split("=", 1)[0]
+    return name.startswith("--da") and "--database-url".startswith(name)
+
+
 def cmd_bench(s: Session) -> int:
     from pathlib import Path
 
@@ -893,7 +901,7 @@ def cmd_bench(s: Session) -> int:
         bench_args = bench_args[1:]
     url = s.args.database_url
     if url is not None:  # given before 'bench': the suite's own --database-url
-        if any(a.startswith("--database-url") for a in bench_args):
+        if any(_names_database_url(a) for a in bench_args):
             s.args.parser.error("--database-url is given both before and after 'bench'")
         bench_args = ["--database-url", url, *bench_args]
     return bench_main(bench_args, prog=f"{PROG} bench")
@@ -1031,7 +1039,8 @@ persistent embedded PostgreSQL (started on first use; see `awa-fast embedded`)."
 
 EPILOG = """\
 exit status: 0 success, 1 error (database/connection error, unknown job, wrong state),
-2 usage error. With --json an error is one JSON object on stderr:
+2 usage error, 130 Ctrl-C (demo: 143 after SIGTERM, 129 after SIGHUP; serve: 3 when the
+server cannot start, 142 when a stop outlasts its 20 s limit). With --json an error is one JSON object on stderr:
 {"error": MESSAGE, "type": ERROR_CLASS} (usage errors: type UsageError, and "usage").
 
 examples:
@@ -1064,10 +1073,15 @@ class _VersionAction(argparse.Action):
         self.json_output = json_output
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if self.json_output:
-            _print_json({"version": _version()})
-        else:
-            print(f"{PROG} {_version()}")
+        try:
+            if self.json_output:
+                _print_json({"version": _version()})
+            else:
+                print(f"{PROG} {_version()}")
+            sys.stdout.flush()
+        except OSError:  # a closed pipe, a full disk: quietly, as a command's output
+            _drop_stdout()
+            parser.exit(1)
         parser.exit()
 
 
@@ -1091,12 +1105,14 @@ def _bench_at(argv: Sequence[str]) -> int | None:
 
 
 def _json_requested(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` asks for ``--json`` (or an abbreviation argparse accepts) before a
-    ``--``, for what happens before the arguments are parsed: ``--version``, usage errors."""
+    """Whether ``argv`` asks for ``--json`` (or an abbreviation argparse accepts, or a
+    ``--json=...`` argparse will refuse) before a ``--``, for what happens before the arguments
+    are parsed: ``--version``, usage errors."""
     for arg in argv:
         if arg == "--":
             return False
-        if len(arg) >= 3 and "--json".startswith(arg):
+        name = arg.split("=", 1)[0]
+        if len(name) >= 3 and "--json".startswith(name):
             return True
     return False
 
@@ -1892,9 +1908,15 @@ def _main(argv: list[str]) -> int:
         return error(f"database error: {msg}", exc)
     except BrokenPipeError:
         # stdout closed early (e.g. `| head`): exit quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _drop_stdout()
         return 1
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null: it failed (a closed pipe, a full disk), and the interpreter's
+    flush at exit would fail again with a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1192,3 +1192,30 @@ def test_commands_that_print_no_data_do_not_offer_json_and_bench_refuses_log_for
         assert r.returncode == 0 and "--json" not in r.stdout, r.stdout
     r = cli("--log-format", "json", "bench", "--help")
     assert r.returncode == 2 and "--log-format does not apply to bench" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--json", "--version"]])
+def test_version_into_a_closed_pipe_exits_1_quietly(args):
+    # --version printed outside the commands' broken-pipe handling: a traceback.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "awa_fast", *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT_S,
+            env=_env(),
+        )
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (1, "")
+
+
+def test_json_given_a_value_is_a_json_usage_error_and_bench_sees_an_abbreviated_url():
+    error = _one_json_error(cli("--json=1", "job", "list"))
+    assert error["type"] == "UsageError" and "--json" in error["error"], error
+    # the suite's --data is its --database-url: with one given before 'bench', a conflict
+    r = cli("bench", "--data", CLOSED_PORT_DSN, dsn=CLOSED_PORT_DSN)
+    assert r.returncode == 2 and "both before and after 'bench'" in r.stderr, r.stderr
