@@ -726,10 +726,13 @@ async def cmd_batch_preview(s: Session) -> int:
 
 
 async def cmd_batch_submit(s: Session) -> int:
+    flt = _json_arg(s.args.filter, "filter")
+    if not flt and not s.args.all:  # the library's own error names its allow_all=True
+        s.args.parser.error("give --filter, or --all for every queued job")
     op = await (await s.client()).submit_batch_operation(
         s.args.op_kind,
         spec=_json_arg(s.args.spec, "spec"),
-        filter=_json_arg(s.args.filter, "filter"),
+        filter=flt,
         submitted_by=s.args.submitted_by,
         allow_all=s.args.all,
     )
@@ -1494,7 +1497,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
             p.add_argument(
                 "--all", action="store_true", help="allow an empty filter (every queued job)"
             )
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, parser=p)
     p = bsub.add_parser("purge", parents=[common], help="delete finalized operations")
     p.add_argument("--before", required=True, help="finalized before this ISO 8601 time")
     p.add_argument("--limit", type=_positive_int, default=1000, help="most rows (default 1000)")

@@ -1219,3 +1219,20 @@ def test_json_given_a_value_is_a_json_usage_error_and_bench_sees_an_abbreviated_
     # the suite's --data is its --database-url: with one given before 'bench', a conflict
     r = cli("bench", "--data", CLOSED_PORT_DSN, dsn=CLOSED_PORT_DSN)
     assert r.returncode == 2 and "both before and after 'bench'" in r.stderr, r.stderr
+
+
+def test_batch_submit_without_a_filter_names_the_cli_flag():
+    # it said "pass allow_all=True", the Python keyword, to a command-line user
+    r = cli(
+        "batch-ops",
+        "submit",
+        "--op-kind",
+        "set_priority",
+        "--spec",
+        '{"priority": 1}',
+        dsn=CLOSED_PORT_DSN,
+    )
+    assert r.returncode == 2 and "give --filter, or --all for every queued job" in r.stderr, (
+        r.stderr
+    )
+    assert "allow_all" not in r.stderr
