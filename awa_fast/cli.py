@@ -269,9 +269,20 @@ async def cmd_migrate(s: Session) -> int:
                 message = f"Version {a.version} is out of range. Valid versions: 1..{latest}"
                 return s.fail(message, text=message)  # awa-pg's text, without our prefix
             return _print_migrations(s, a.version - 1, a.version)
-        return _print_migrations(
-            s, 0 if a.from_version is None else a.from_version, latest if a.to is None else a.to
-        )
+        after = 0 if a.from_version is None else a.from_version
+        upto = latest if a.to is None else a.to
+        for flag, value in (("--from", a.from_version), ("--to", a.to)):
+            if value is not None and not 0 <= value <= latest:
+                raise UsageError(
+                    f"{flag} {value} is out of range: valid versions are 0..{latest}",
+                    a.migrate_parser,
+                )
+        if after > upto:
+            raise UsageError(
+                f"--from {after} is after --to {upto}: the range is --from < version <= --to",
+                a.migrate_parser,
+            )
+        return _print_migrations(s, after, upto)
     client = await s.client(need_schema=False)
     applied = await client.migrate()
     rows = await _fetch(client, sql.SCHEMA_VERSION)
@@ -1159,7 +1170,9 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "safe to run concurrently).\nPrints the versions applied, or "
         "'schema up to date (version N)';\n"
         '--json: {"applied": [...], "version": N}. --sql, --version, --from/--to and '
-        "--pending\nprint SQL instead; "
+        "--pending\nprint SQL instead, "
+        "each migration a transaction that also records its version as the runner\n"
+        "does, to apply by hand in order (awa-fast migrate --to N | psql -v ON_ERROR_STOP=1);\n"
         '--json: {"from": A, "to": B, "migrations": [{"version", "description",\n'
         '"sql"}, ...]}, the migrations A < version <= B.',
     )
@@ -1179,13 +1192,13 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         type=int,
         dest="from_version",
         metavar="N",
-        help="print the SQL of migrations after N (exclusive; needs no database)",
+        help="print the SQL of migrations after N (exclusive; 0..latest; needs no database)",
     )
     p.add_argument(
         "--to",
         type=int,
         metavar="N",
-        help="print the SQL of migrations up to N (inclusive; needs no database)",
+        help="print the SQL of migrations up to N (inclusive; --from..latest; needs no database)",
     )
     p.add_argument(
         "--pending",
@@ -1819,7 +1832,9 @@ def _print_migrations(s: Session, after: int, upto: int) -> int:
     ``--json`` ``{"from": after, "to": upto, "migrations": [{"version", "description", "sql"}]}``."""
     from awa_fast import schema
 
-    found = schema.migrations_range(after, upto)
+    # Each migration as a transaction that also keeps the runner's bookkeeping (its lock, the
+    # schema_version table, the version's record), so the printed SQL can be applied by hand.
+    found = schema.migration_scripts(after, upto)
     if s.json:
         _print_json(
             {

@@ -17,7 +17,7 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.cli import format_table
-from awa_fast.schema import current_migration_version, migrations
+from awa_fast.schema import current_migration_version, migration_scripts, migrations
 from tests.support import sigint_as_at_a_terminal
 
 CLOSED_PORT_DSN = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=5"
@@ -105,8 +105,7 @@ def _migrations_json(after: int, upto: int) -> dict:
         "to": upto,
         "migrations": [
             {"version": v, "description": d, "sql": text}
-            for v, d, text in migrations()
-            if after < v <= upto
+            for v, d, text in migration_scripts(after, upto)
         ],
     }
 
@@ -128,6 +127,115 @@ def test_migrate_sql_modes_print_json_with_json(fresh_db):
     r = cli("--json", "migrate", "--pending", dsn=fresh_db)
     assert (r.returncode, r.stderr) == (0, ""), r.stderr
     assert json.loads(r.stdout) == _migrations_json(latest, latest)
+
+
+def _psql(dsn: str, script: str) -> subprocess.CompletedProcess:
+    """Run ``script`` with ``psql`` as a user would pipe ``awa-fast migrate --sql`` into it
+    (stopping at the first error), or, without psql on the machine, as one script with
+    psycopg (stops at the first error too)."""
+    psql = shutil.which("psql")
+    if psql is not None:
+        argv = [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", "-"]
+        return subprocess.run(argv, input=script, capture_output=True, text=True, timeout=60)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(script.encode())
+    except psycopg.Error as exc:
+        return subprocess.CompletedProcess(["psycopg"], 3, "", str(exc))
+    return subprocess.CompletedProcess(["psycopg"], 0, "", "")
+
+
+def _recorded(dsn: str) -> list[tuple[int, str]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT version, description FROM awa_fast.schema_version ORDER BY version"
+        ).fetchall()
+    return [(v, d) for v, d in rows]
+
+
+def test_migrate_sql_applied_by_hand_keeps_the_runners_bookkeeping(fresh_db):
+    # `awa-fast migrate --to 10 | psql` left no awa_fast.schema_version: every command then said
+    # "the awa_fast schema is missing", and `awa-fast migrate` failed on `type "job_state"
+    # already exists`
+    latest = current_migration_version()
+    out = ok("migrate", "--to", "10", dsn=CLOSED_PORT_DSN)
+    for v, description, text in migrations()[:10]:
+        assert f"-- Migration V{v}: {description}\n" in out  # awa-pg's header, kept
+        assert text.strip() in out
+    r = _psql(fresh_db, out)
+    assert r.returncode == 0, r.stderr
+    assert _recorded(fresh_db) == [(v, d) for v, d, _ in migrations()[:10]]  # as the runner's
+    r = cli("job", "list", dsn=fresh_db)
+    assert r.returncode == 1 and f"schema is at version 10, this package needs {latest}" in (
+        r.stderr
+    ), r.stderr
+    assert ok_json("migrate", "--pending", dsn=fresh_db)["from"] == 10
+
+    assert ok_json("migrate", dsn=fresh_db) == {
+        "applied": list(range(11, latest + 1)),
+        "version": latest,
+    }
+    assert _recorded(fresh_db) == [(v, d) for v, d, _ in migrations()]
+    assert ok("job", "list", dsn=fresh_db).strip() == "no jobs"
+    ok("queue", "pause", "q", dsn=fresh_db)
+    assert "q" in ok("queue", "stats", dsn=fresh_db)
+
+
+def test_migrate_pending_applied_by_hand_brings_the_schema_to_latest(fresh_db):
+    latest = current_migration_version()
+    assert _psql(fresh_db, ok("migrate", "--to", "4", dsn=CLOSED_PORT_DSN)).returncode == 0
+    # the `sql` of --json is the same script, applied by any client
+    printed = ok_json("migrate", "--pending", dsn=fresh_db)
+    assert printed["from"] == 4 and [m["version"] for m in printed["migrations"]] == list(
+        range(5, latest + 1)
+    )
+    r = _psql(fresh_db, "\n".join(m["sql"] for m in printed["migrations"]))
+    assert r.returncode == 0, r.stderr
+    assert _recorded(fresh_db) == [(v, d) for v, d, _ in migrations()]
+    assert ok("migrate", dsn=fresh_db).strip() == f"schema up to date (version {latest})"
+    assert ok("job", "list", dsn=fresh_db).strip() == "no jobs"
+
+    # a migration applied again is refused before it runs, and rolled back; so is one whose
+    # predecessor is not recorded
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM awa_fast.schema_version WHERE version IN (7, 8)")
+    for version, expected in ((5, "migration 5 is already applied"), (8, "7 is not applied")):
+        r = _psql(fresh_db, ok("migrate", "--version", str(version), dsn=CLOSED_PORT_DSN))
+        assert r.returncode != 0 and expected in r.stderr, r.stderr
+    assert [v for v, _ in _recorded(fresh_db)] == [
+        v for v in range(1, latest + 1) if v not in (7, 8)
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, named, text",
+    [
+        (["--from", "10", "--to", "3"], "--from 10", "is after --to 3"),
+        (["--from", "-5"], "--from -5", "0..LATEST"),
+        (["--from", "LATEST+1"], "--from LATEST+1", "0..LATEST"),
+        (["--to", "-1"], "--to -1", "0..LATEST"),
+        (["--to", "LATEST+1"], "--to LATEST+1", "0..LATEST"),
+        (["--from", "2", "--to", "LATEST+1"], "--to LATEST+1", "0..LATEST"),
+    ],
+)
+def test_migrate_from_to_outside_the_versions_is_a_usage_error(args, named, text):
+    # `--from 10 --to 3` printed "No migrations in range (10, 3]" and exited 0, and `--from -5`
+    # was accepted, while `--version -1` was out of range
+    latest = current_migration_version()
+
+    def fill(word: str) -> str:
+        return word.replace("LATEST+1", str(latest + 1)).replace("LATEST", str(latest))
+
+    args, named, text = [fill(a) for a in args], fill(named), fill(text)
+    r = cli("migrate", *args, dsn=CLOSED_PORT_DSN)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert named in r.stderr and text in r.stderr, r.stderr
+    assert "usage: awa-fast migrate" in r.stderr, r.stderr
+    r = cli("--json", "migrate", *args, dsn=CLOSED_PORT_DSN)
+    assert r.returncode == 2
+    error = _one_json_error(r)
+    assert error["type"] == "UsageError" and named in error["error"], error
+    assert text in error["error"], error
 
 
 @pytest.mark.parametrize(

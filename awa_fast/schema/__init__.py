@@ -47,6 +47,34 @@ def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str,
     return [m for m in migrations() if from_version < m[0] <= to_version]
 
 
+def migration_scripts(from_version: int, to_version: int) -> list[tuple[int, str, str]]:
+    """The migrations with ``from_version < version <= to_version`` as ``(version, description,
+    script)``, in order, each script a transaction that applies the migration by hand (psql, or
+    any client that runs several statements) as :func:`migrate` does: under its lock, creating
+    the ``schema_version`` table if missing and recording the version. A script whose migration
+    is already recorded, or whose predecessor is not, fails and is rolled back before the
+    migration runs (``psql -v ON_ERROR_STOP=1`` stops there). ``awa-fast migrate --sql`` prints
+    these; :func:`migrations` is the bare SQL."""
+    from psycopg.sql import Literal
+
+    everything = migrations()
+    previous = {v: (everything[i - 1][0] if i else 0) for i, (v, _, _) in enumerate(everything)}
+    scripts = []
+    for version, description, text in everything:
+        if not from_version < version <= to_version:
+            continue
+        opening = statements.MIGRATION_SCRIPT_OPEN % {
+            "lock_key": MIGRATE_LOCK_KEY,
+            "bootstrap": "\n    ".join(statements.MIGRATION_BOOTSTRAP.strip().splitlines()),
+            "version": version,
+            "previous": previous[version],
+        }
+        record = statements.MIGRATION_RECORD % (version, Literal(description).as_string())
+        closing = statements.MIGRATION_SCRIPT_CLOSE % {"record": record}
+        scripts.append((version, description, f"{opening}\n{text.strip()}\n\n{closing}"))
+    return scripts
+
+
 def current_migration_version() -> int:
     """The newest migration version this package ships."""
     return migrations()[-1][0]

@@ -1,5 +1,6 @@
 """The migration runner's bookkeeping (awa_fast/schema): its lock, the version table, and the
-record of each applied migration. The migrations themselves are awa_fast/schema/*.sql.
+record of each applied migration; and the same bookkeeping around a migration printed to be run by
+hand (``awa-fast migrate --sql``). The migrations themselves are awa_fast/schema/*.sql.
 """
 
 from awa_fast.sql.fragments import S
@@ -18,4 +19,34 @@ CREATE TABLE IF NOT EXISTS {S}.schema_version (
 
 MIGRATION_APPLIED = f"SELECT 1 FROM {S}.schema_version WHERE version = %s"
 
-MIGRATION_RECORD = f"INSERT INTO {S}.schema_version (version, description) VALUES (%s, %s)"
+MIGRATION_RECORD = (
+    f"INSERT INTO {S}.schema_version (version, description) VALUES (%s, %s) "
+    "ON CONFLICT (version) DO NOTHING"
+)
+
+# A migration as a script to run by hand (psql; schema.migration_scripts(), `awa-fast migrate
+# --sql`): what the runner does, in one transaction of its own. The opening block takes the
+# runner's lock, creates the version table (MIGRATION_BOOTSTRAP) and refuses a migration already
+# recorded, or one whose predecessor is not, so that the transaction is rolled back before the
+# migration runs; then the migration and its record (MIGRATION_RECORD). READ COMMITTED as the
+# runner's session (SESSION_READ_COMMITTED); NOTICEs ("already exists,
+# skipping") are not printed. %(lock_key)s, %(version)s and %(previous)s are integers, spliced in.
+MIGRATION_SCRIPT_OPEN = f"""BEGIN ISOLATION LEVEL READ COMMITTED;
+SET LOCAL client_min_messages = warning;
+DO $awa_fast_migration$
+BEGIN
+    PERFORM pg_advisory_xact_lock(%(lock_key)s);
+    %(bootstrap)s;
+    IF EXISTS (SELECT FROM {S}.schema_version WHERE version = %(version)s) THEN
+        RAISE EXCEPTION 'awa_fast migration %(version)s is already applied';
+    END IF;
+    IF %(previous)s > 0 AND NOT EXISTS (SELECT FROM {S}.schema_version
+                                         WHERE version = %(previous)s) THEN
+        RAISE EXCEPTION 'awa_fast migration %(previous)s is not applied: apply the migrations in '
+                        'order (awa-fast migrate --pending prints the missing ones)';
+    END IF;
+END
+$awa_fast_migration$;
+"""
+
+MIGRATION_SCRIPT_CLOSE = "%(record)s;\nCOMMIT;"
