@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psycopg
@@ -952,6 +953,34 @@ def test_check_of_a_wrong_application_spec_is_a_usage_error(spec, message):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.startswith(f"awa-fast check: error: {message}"), r.stderr
     assert r.stdout == ""
+
+
+def test_check_does_not_connect_to_the_url_the_client_was_built_with(tmp_path):
+    # AsyncClient(url) connected at construction: check ("without touching the database")
+    # failed with a traceback on an unreachable URL
+    from tests.test_launcher import closed_port_url
+
+    (tmp_path / "elsewhere.py").write_text(
+        "import dataclasses\nimport awa_fast as awa\n"
+        f"client = awa.AsyncClient({closed_port_url()!r})\n"
+        "@dataclasses.dataclass\nclass Ping:\n    n: int\n"
+        "@client.task(Ping, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
+        "async def ping(job):\n    pass\n"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "check", "elsewhere:client"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=_env(PYTHONPATH=root),
+    )
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "could not connect" not in r.stderr, r.stderr
+    assert "start() would accept this configuration (1 registered kind)" in r.stdout
+    assert time.monotonic() - t0 < 9
 
 
 def test_check_of_an_application_whose_import_raises_exits_1():
