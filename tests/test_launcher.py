@@ -519,6 +519,41 @@ def test_an_unreachable_url_of_the_client_fails_the_children_in_one_line(launche
     assert "Traceback" not in out, out
 
 
+def test_queue_mismatch_warning_is_shown_once_by_the_launcher(dsn, launchers, tmp_path):
+    # in-process start([("emails", 5)]) warns; under the launcher (--queues sets queue_subset)
+    # nothing was printed
+    (tmp_path / "mismatch_app.py").write_text(
+        "import dataclasses\nimport awa_fast as awa\n"
+        f"client = awa.AsyncClient({dsn!r})\n"
+        "@dataclasses.dataclass\nclass SendEmail:\n    to: str\n"
+        "@client.task(SendEmail, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
+        "async def send(job):\n    pass\n"
+    )
+    launcher = Launcher(
+        dsn,
+        "--processes",
+        "2",
+        "--queues",
+        "emails:5",
+        app="mismatch_app:client",
+        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])},
+    )
+    launchers.append(launcher)
+    launcher.ready_pids(2)
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0, launcher.transcript()
+    time.sleep(0.5)  # the stderr pump reads to the end
+    err = launcher.drain_stderr()
+    assert (
+        err.count(
+            "awa-fast worker: warning: QueueMismatchWarning: start() serves emails but not "
+            "'default'"
+        )
+        == 1
+    ), launcher.transcript()
+    assert err.count("QueueMismatchWarning") == 1, err
+
+
 def test_processes_the_application_starts_do_not_get_the_childs_url(dsn, launchers, tmp_path):
     probe = tmp_path / "seen"
     launcher = Launcher(
