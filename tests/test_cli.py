@@ -983,6 +983,33 @@ def test_check_does_not_connect_to_the_url_the_client_was_built_with(tmp_path):
     assert time.monotonic() - t0 < 9
 
 
+def test_check_json_is_json_when_the_application_prints_at_import(tmp_path):
+    # stdout was "loading config...\n" followed by the JSON object
+    (tmp_path / "chatty.py").write_text(
+        "import dataclasses, os, sys\nimport awa_fast as awa\n"
+        "print('loading config...')\n"
+        "sys.stdout.write('no newline')\nsys.stdout.flush()\n"
+        "os.write(1, b'straight to fd 1\\n')\n"
+        "client = awa.AsyncClient()\n"
+        "@dataclasses.dataclass\nclass Ping:\n    n: int\n"
+        "@client.task(Ping, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
+        "async def ping(job):\n    pass\n"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "--json", "check", "chatty:client"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=_env(PYTHONPATH=root),
+    )
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert json.loads(r.stdout)["registered"] == ["ping"], r.stdout
+    for text in ("loading config...", "no newline", "straight to fd 1"):
+        assert text in r.stderr, r.stderr
+
+
 def test_check_of_an_application_whose_import_raises_exits_1():
     root = str(Path(__file__).resolve().parent.parent)
     r = cli(
