@@ -34,11 +34,15 @@ def exits_at_import(spec: str, exc: SystemExit) -> str:
 def load_client(spec: str) -> tuple[AsyncClient, ModuleType]:
     """Import ``module:attr`` (``attr`` may be dotted) and return ``(client, module)``.
 
+    The module is imported with the clients' construction-time connect deferred
+    (:func:`awa_fast.client.deferred_reachability_check`): a client built at import on a URL
+    that ``--database-url`` overrides, or that ``check`` never uses, does not connect.
+
     Raises:
         AppSpecError: malformed spec, module not found, missing attribute, or not an AsyncClient.
         Exception: whatever importing the module raised (an application error).
     """
-    from awa_fast.client import AsyncClient
+    from awa_fast.client import AsyncClient, deferred_reachability_check
 
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -46,7 +50,8 @@ def load_client(spec: str) -> tuple[AsyncClient, ModuleType]:
     if os.getcwd() not in sys.path:  # as `python -m` would
         sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        with deferred_reachability_check():
+            module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise AppSpecError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -22,7 +23,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -791,11 +792,33 @@ def cmd_embedded_url(s: Session) -> int:
     return _report(s, {"url": url, "data_dir": str(embedded.default_data_dir())}, url)
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Within it, what is written to stdout (``sys.stdout`` and file descriptor 1, so a C
+    extension or a process started meanwhile too) goes to stderr."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def cmd_check(s: Session) -> int:
     from awa_fast.app_loader import AppSpecError, exits_at_import, load_client, start_config_error
 
     try:
-        client, module = load_client(s.args.app)
+        # Under --json stdout is the JSON object only: what the application writes there while
+        # it imports goes to stderr.
+        with _stdout_to_stderr() if s.json else contextlib.nullcontext():
+            client, module = load_client(s.args.app)
     except AppSpecError as exc:  # a usage error, as `awa-fast worker` reports it
         return s.fail(str(exc), status=2, kind="AppSpecError", text=f"{PROG} check: error: {exc}")
     except SystemExit as exc:  # the module ends its program at import: nothing was checked

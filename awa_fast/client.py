@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +70,26 @@ async def _configure(conn: psycopg.AsyncConnection) -> None:
 RELEASE_WAIT_S = 15.0
 
 
+# Set while awa-fast's own loaders import an application (``awa-fast worker``'s preflight and
+# children, ``awa-fast check``: :func:`awa_fast.app_loader.load_client`): a client built at
+# import skips its construction-time connect, so ``--database-url`` can override its URL before
+# anything connects and ``check`` never touches the database. The launcher's children then
+# connect (and fail with one line) with the URL they use. Ordinary library use keeps the check.
+_defer_reachability_check = 0
+
+
+@contextlib.contextmanager
+def deferred_reachability_check() -> Iterator[None]:
+    """Within it, ``AsyncClient(url)`` does not connect at construction (the application
+    loaders of ``awa-fast worker`` and ``awa-fast check`` import the application in it)."""
+    global _defer_reachability_check
+    _defer_reachability_check += 1
+    try:
+        yield
+    finally:
+        _defer_reachability_check -= 1
+
+
 def _check_reachable(url: str) -> None:
     """Connect once and close (awa-pg connects at construction). Raises DatabaseError."""
     try:
@@ -95,6 +115,9 @@ class AsyncClient:
     database is reachable (one short-lived connection, closed at once, so a client built at
     import time in a launcher parent is still safe to fork); the pool opens on first use.
     Without a URL the check happens at first use (resolving may start the embedded server).
+    A client built while ``awa-fast worker`` or ``awa-fast check`` imports the application does
+    not connect at construction (``--database-url`` may override its URL; ``check`` touches no
+    database): the worker children connect with the URL they use.
     Use as ``async with AsyncClient(url) as client``.
 
     Raises:
@@ -147,7 +170,7 @@ class AsyncClient:
         self._dlq = DlqAdmin(self._connections, staleness)
         self._storage = StorageAdmin(self._connections, lambda: self.migrate())
         self._batches = BatchAdmin(self._connections)
-        if self.explicit_database_url is not None:
+        if self.explicit_database_url is not None and not _defer_reachability_check:
             _check_reachable(self.explicit_database_url)
 
     # -- connections ----------------------------------------------------------------------------

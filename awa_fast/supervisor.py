@@ -56,6 +56,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -70,7 +71,7 @@ from awa_fast.app_loader import (
     start_config_error,
     start_options,
 )
-from awa_fast.errors import ConfigError, SchemaNotMigrated
+from awa_fast.errors import ConfigError, QueueMismatchWarning, SchemaNotMigrated
 
 if TYPE_CHECKING:
     from awa_fast.client import AsyncClient
@@ -212,6 +213,8 @@ async def _child_main(
         log.error("%s", exc)
         reporter.send(event="error", error=str(exc))
         return EXIT_NO_DATABASE
+    # The launcher's preflight showed start()'s QueueMismatchWarning once: not once per child.
+    warnings.filterwarnings("ignore", message=r"start\(\) serves ", category=QueueMismatchWarning)
     try:
         await client.start(queues, **options)
     except (ConfigError, SchemaNotMigrated) as exc:
@@ -311,13 +314,24 @@ def _check_app(app: str, queues: str | None) -> int:
         if hint := _import_hint(str(exc)):
             print(hint.removeprefix("; "), file=sys.stderr)
         return 1
-    error = start_config_error(client, module, parse_queues_arg(queues))
+    # What start() would warn about (QueueMismatchWarning), recorded here and shown once by the
+    # launcher; the children do not repeat it (_child_main). The warning filters apply
+    # (PYTHONWARNINGS=ignore silences it).
+    with warnings.catch_warnings(record=True) as caught:
+        error = start_config_error(client, module, parse_queues_arg(queues))
     if error is not None:
         print(f"start() would reject this configuration: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    shown = [
+        f"{w.category.__name__}: {w.message}"
+        for w in caught
+        if issubclass(w.category, QueueMismatchWarning)
+    ]
     # On a line of its own (an application may have written to stdout without a newline), to
     # the real stdout (it may have pointed sys.stdout elsewhere).
-    result = json.dumps({"explicit_url": client.explicit_database_url is not None})
+    result = json.dumps(
+        {"explicit_url": client.explicit_database_url is not None, "warnings": shown}
+    )
     print(f"\n{PREFLIGHT_MARK}{result}", file=sys.__stdout__, flush=True)
     return 0
 
@@ -518,16 +532,16 @@ class Supervisor:
 
     # -- output ---------------------------------------------------------------------------------
 
-    def say(self, message: str, *, error: bool = False) -> None:
-        """One status line on ``out`` (an error on stderr): ``awa-fast worker: ...``, or a JSON
-        log object of logger ``awa_fast.launcher`` with ``log_format="json"``."""
-        out = sys.stderr if error else (self.out or sys.stdout)
+    def say(self, message: str, *, error: bool = False, warning: bool = False) -> None:
+        """One status line on ``out`` (an error or a warning on stderr): ``awa-fast worker:
+        ...``, or a JSON log object of logger ``awa_fast.launcher`` with ``log_format="json"``."""
+        out = sys.stderr if error or warning else (self.out or sys.stdout)
+        level = logging.ERROR if error else logging.WARNING if warning else logging.INFO
         if self._json is not None:
-            text = log_format_mod.line(
-                self._json, "awa_fast.launcher", message, logging.ERROR if error else logging.INFO
-            )
+            text = log_format_mod.line(self._json, "awa_fast.launcher", message, level)
         else:
-            text = f"{PREFIX} {'error: ' if error else ''}{message}"
+            tag = "error: " if error else "warning: " if warning else ""
+            text = f"{PREFIX} {tag}{message}"
         with self._print_lock:
             try:
                 print(text, file=out, flush=True)
@@ -591,6 +605,8 @@ class Supervisor:
                 "does the module exit at import?",
                 usage=False,
             )
+        for warning in result.get("warnings") or ():  # start()'s, once (not per child)
+            self.say(str(warning), warning=True)
         if not self.database_url and not result["explicit_url"]:
             from awa_fast.database_url import resolve_database_url
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psycopg
@@ -1060,6 +1061,61 @@ def test_check_of_a_wrong_application_spec_is_a_usage_error(spec, message):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.startswith(f"awa-fast check: error: {message}"), r.stderr
     assert r.stdout == ""
+
+
+def test_check_does_not_connect_to_the_url_the_client_was_built_with(tmp_path):
+    # AsyncClient(url) connected at construction: check ("without touching the database")
+    # failed with a traceback on an unreachable URL
+    from tests.test_launcher import closed_port_url
+
+    (tmp_path / "elsewhere.py").write_text(
+        "import dataclasses\nimport awa_fast as awa\n"
+        f"client = awa.AsyncClient({closed_port_url()!r})\n"
+        "@dataclasses.dataclass\nclass Ping:\n    n: int\n"
+        "@client.task(Ping, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
+        "async def ping(job):\n    pass\n"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "check", "elsewhere:client"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=_env(PYTHONPATH=root),
+    )
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "could not connect" not in r.stderr, r.stderr
+    assert "start() would accept this configuration (1 registered kind)" in r.stdout
+    assert time.monotonic() - t0 < 9
+
+
+def test_check_json_is_json_when_the_application_prints_at_import(tmp_path):
+    # stdout was "loading config...\n" followed by the JSON object
+    (tmp_path / "chatty.py").write_text(
+        "import dataclasses, os, sys\nimport awa_fast as awa\n"
+        "print('loading config...')\n"
+        "sys.stdout.write('no newline')\nsys.stdout.flush()\n"
+        "os.write(1, b'straight to fd 1\\n')\n"
+        "client = awa.AsyncClient()\n"
+        "@dataclasses.dataclass\nclass Ping:\n    n: int\n"
+        "@client.task(Ping, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
+        "async def ping(job):\n    pass\n"
+    )
+    root = str(Path(__file__).resolve().parent.parent)
+    r = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "--json", "check", "chatty:client"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=_env(PYTHONPATH=root),
+    )
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert json.loads(r.stdout)["registered"] == ["ping"], r.stdout
+    for text in ("loading config...", "no newline", "straight to fd 1"):
+        assert text in r.stderr, r.stderr
 
 
 def test_check_of_an_application_whose_import_raises_exits_1():

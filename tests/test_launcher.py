@@ -41,6 +41,7 @@ class Launcher:
         fail: str | None = None,
         app: str = "tests.launcher_app:client",
         env: dict | None = None,
+        global_args: tuple[str, ...] = (),
     ):
         extra = env or {}
         env = {
@@ -53,7 +54,7 @@ class Launcher:
         if fail:
             env["AWA_FAST_LAUNCHER_FAIL"] = fail
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "awa_fast", "worker", app, *args],
+            [sys.executable, "-m", "awa_fast", *global_args, "worker", app, *args],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -484,6 +485,73 @@ def test_a_url_from_the_environment_reaches_the_children_outside_their_argv(dsn,
     poll(lambda: counts(dsn).get("completed", 0) == 1, 30, "the job ran on that database")
     launcher.proc.send_signal(signal.SIGTERM)
     assert launcher.wait(60) == 0, launcher.transcript()
+
+
+def closed_port_url() -> str:
+    """A database URL on a local port nothing listens on (connecting fails at once)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"postgresql://awa@127.0.0.1:{port}/nowhere"
+
+
+def test_database_url_overrides_an_unreachable_url_the_client_was_built_with(dsn, launchers):
+    # the client connected at construction, in the preflight: a traceback, "could not connect
+    # to the database (the URL given to the client)", although --database-url named a good one
+    launcher = Launcher(closed_port_url(), "--processes", "1", global_args=("--database-url", dsn))
+    launchers.append(launcher)
+    launcher.ready_pids(1)
+    enqueue(dsn, 1, 0)
+    poll(lambda: counts(dsn).get("completed", 0) == 1, 30, "the job ran on --database-url")
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0, launcher.transcript()
+    assert "Traceback" not in launcher.transcript()
+
+
+def test_an_unreachable_url_of_the_client_fails_the_children_in_one_line(launchers):
+    launcher = Launcher(closed_port_url(), "--processes", "1")
+    launchers.append(launcher)
+    assert launcher.wait(90) == 1, launcher.transcript()
+    out = launcher.transcript()
+    assert "cannot reach the database at 127.0.0.1:" in out, out
+    assert "Traceback" not in out, out
+
+
+def test_queue_mismatch_warning_is_shown_once_by_the_launcher(dsn, launchers, tmp_path):
+    # in-process start([("emails", 5)]) warns; under the launcher (--queues sets queue_subset)
+    # nothing was printed
+    (tmp_path / "mismatch_app.py").write_text(
+        "import dataclasses\nimport awa_fast as awa\n"
+        f"client = awa.AsyncClient({dsn!r})\n"
+        "@dataclasses.dataclass\nclass SendEmail:\n    to: str\n"
+        "@client.task(SendEmail, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
+        "async def send(job):\n    pass\n"
+    )
+    launcher = Launcher(
+        dsn,
+        "--processes",
+        "2",
+        "--queues",
+        "emails:5",
+        app="mismatch_app:client",
+        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])},
+    )
+    launchers.append(launcher)
+    launcher.ready_pids(2)
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == 0, launcher.transcript()
+    time.sleep(0.5)  # the stderr pump reads to the end
+    err = launcher.drain_stderr()
+    assert (
+        err.count(
+            "awa-fast worker: warning: QueueMismatchWarning: start() serves emails but not "
+            "'default'"
+        )
+        == 1
+    ), launcher.transcript()
+    assert err.count("QueueMismatchWarning") == 1, err
 
 
 def test_processes_the_application_starts_do_not_get_the_childs_url(dsn, launchers, tmp_path):

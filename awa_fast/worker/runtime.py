@@ -368,6 +368,7 @@ def check_config(
     heartbeat_interval_ms: int,
     heartbeat_staleness_ms: int,
     *,
+    warn_unserved_default: bool | None = None,
     maintenance: bool = True,
     periodic: bool = False,
     specs: bool = False,
@@ -379,6 +380,10 @@ def check_config(
             declared consequences or specs); a queue or handler kind that ``insert`` would reject; a
             handler whose queue is not started; ``heartbeat_interval_ms`` not at most
             ``heartbeat_staleness_ms / 2`` (a live attempt would be rescued and run again).
+
+    Warns (``QueueMismatchWarning``) when ``warn_unserved_default`` (default:
+    ``explicit_queues``; ``start()`` passes whether queues were given, a ``queue_subset`` too)
+    and handlers registered without ``queue=`` are started without ``default``.
     """
     if not (registry.handlers or periodic or (maintenance and (registry.consequences or specs))):
         # Without handlers a process is useful only to register periodic schedules or as a
@@ -426,7 +431,9 @@ def check_config(
                 limit=f"includes {handler.queue!r}",
             )
     implicit = sorted(k for k, h in registry.handlers.items() if not h.explicit_queue)
-    if explicit_queues and implicit and "default" not in started:
+    if warn_unserved_default is None:
+        warn_unserved_default = explicit_queues
+    if warn_unserved_default and implicit and "default" not in started:
         # Not an error: such a handler may serve jobs inserted with queue= into the started
         # queues. But their plain inserts go to 'default', which nothing here serves.
         warnings.warn(
@@ -750,6 +757,8 @@ class Runtime:
             queues is not None and not queue_subset,
             heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS,
             mconf.heartbeat_staleness_ms,
+            # a subset too: plain inserts of those kinds still go to 'default'
+            warn_unserved_default=queues is not None,
             maintenance=maintenance,
             periodic=bool(services.periodic_jobs),
             specs=bool(services.specs.kinds_any()),
