@@ -142,7 +142,7 @@ class Isolated:
     ``failed`` maps each key whose row failed alone to its error (after its outcome ran);
     ``by_row`` is True when the bulk statement failed and rows were redone one by one.
     ``left`` is how many rows the pass remembers as left unchanged (with ``batch``: this call's
-    and earlier calls' failures not yet cleared; otherwise ``len(failed)``)."""
+    and earlier calls' not yet cleared; otherwise this call's, a handled conflict included)."""
 
     rows: list
     failed: dict
@@ -229,9 +229,12 @@ async def run_isolated(
                 raise
             result.failed[key] = exc
             handler = on_conflict if isinstance(exc, pg_errors.UniqueViolation) else on_error
-            await _outcome(conn, what, key, exc, handler, recurring)
+            left = await _outcome(conn, what, key, exc, handler, recurring)
             if recurring is not None and batch is not None:
-                recurring.remember(key)
+                if left:
+                    recurring.remember(key)
+                else:  # its outcome ran (cancelled as a duplicate): not left unchanged
+                    recurring.left.pop(key, None)
 
     tried = set()
     for key in candidates:
@@ -262,12 +265,14 @@ async def _outcome(
     exc: Exception,
     handler: Callable[[Any, Exception], Awaitable[None]] | None,
     recurring: Recurring | None,
-) -> None:
+) -> bool:
+    """Run the failed row's outcome; True when the row is left unchanged (no handler, or it
+    failed too; logged)."""
     if handler is not None:
         try:
             async with _atomic(conn):
                 await handler(key, exc)
-            return
+            return False
         except psycopg.DatabaseError as again:
             if not is_row_error(again):
                 raise
@@ -282,6 +287,7 @@ async def _outcome(
         type(exc).__name__,
         exc,
     )
+    return True
 
 
 async def retry_deadlocks(

@@ -218,9 +218,11 @@ async def test_class1_promote_isolates_a_colliding_and_a_failing_row(dsn, client
             "UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' WHERE id = ANY(%s)",
             ([dup.id, bad.id],),
         )
-        promoted = await _maintenance(client).promote()
+        m = _maintenance(client)
+        promoted = await m.promote()
     rows = await _rows(dsn)
     assert promoted == 3
+    assert m.stuck_rows("promote") == 1  # the refused row; the duplicate had its outcome
     assert all(rows[j.id]["state"] == "available" for j in scheduled)
     assert rows[dup.id]["state"] == "cancelled"
     assert "duplicate" in rows[dup.id]["errors"][-1]["error"]
@@ -293,6 +295,32 @@ async def test_class1_a_batch_of_refused_rows_at_the_head_does_not_hide_the_due_
     # one warning per refused row (and one for the bulk statement), not one per pass
     assert len(_warnings(caplog)) == 6, _warnings(caplog)
     assert m.stuck_rows("promote") == 5  # what health_check reports for the promote loop
+
+
+async def test_class1_a_remembered_refused_row_that_is_fixed_goes_through(dsn, client):
+    # The rows a pass left unchanged are left out of its fresh candidates but retried apart
+    # every pass: one the operator fixes is promoted although the bulk statement still fails.
+    later = "2999-01-01T00:00:00+00:00"
+    bad = [await client.insert({"x": i}, kind="explode", run_at=later) for i in range(5)]
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET run_at = now() - interval '1 hour' WHERE id = ANY(%s)",
+        ([j.id for j in bad],),
+    )
+    m = Maintenance(
+        client.database_url,
+        client.pool,
+        MaintenanceConfig(heartbeat_staleness_ms=1000, promote_batch_size=5),
+    )
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.state = 'available'", event="UPDATE"
+    ):
+        assert await m.promote() == 0
+        assert m.stuck_rows("promote") == 5
+        await _exec(dsn, "UPDATE awa_fast.jobs SET kind = 'plain' WHERE id = %s", (bad[2].id,))
+        assert await m.promote() == 1
+    assert (await job_row(dsn, bad[2].id))["state"] == "available"
+    assert m.stuck_rows("promote") == 4
 
 
 async def test_class1_a_batch_of_refused_rows_does_not_hide_the_stale_attempts_behind(dsn, client):
