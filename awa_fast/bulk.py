@@ -32,6 +32,7 @@ from awa_fast.errors import DeadlockError
 log = logging.getLogger("awa_fast.bulk")
 
 DEADLOCK_RETRIES = 3
+REMEMBERED = 10_000  # rows a maintenance pass remembers as left unchanged (Recurring.left)
 
 
 def is_row_error(exc: BaseException) -> bool:
@@ -66,6 +67,15 @@ class Recurring:
     def __init__(self) -> None:
         self._warned: dict[Hashable, Hashable] = {}
         self._this_pass: set[Hashable] = set()
+        # Rows the pass's row-by-row redo left unchanged, oldest first (at most REMEMBERED):
+        # its next redo takes its fresh candidates without them, so they cannot hide the rows
+        # behind them, and retries them apart (``run_isolated`` with ``batch``).
+        self.left: dict[Any, None] = {}
+
+    def keep(self, key: Hashable) -> None:
+        """``key`` was not tried this pass but still stands (a remembered row whose retry
+        waits its turn): keep its warning as if reported."""
+        self._this_pass.add(key)
 
     def warn(
         self, logger: logging.Logger, key: Hashable, signature: Hashable, msg: str, *args: Any
@@ -84,6 +94,14 @@ class Recurring:
         the pass saw every row it covers; a pass cut short keeps what it had)."""
         self._warned = {k: v for k, v in self._warned.items() if k in self._this_pass}
         self._this_pass = set()
+
+    def remember(self, key: Any) -> None:
+        """``key``'s row was left unchanged (again): to the back of :attr:`left`, dropping the
+        oldest beyond ``REMEMBERED`` (a dropped row becomes a fresh candidate again)."""
+        self.left.pop(key, None)
+        self.left[key] = None
+        while len(self.left) > REMEMBERED:
+            del self.left[next(iter(self.left))]
 
 
 def error_signature(exc: BaseException) -> tuple[str, ...]:
@@ -135,11 +153,14 @@ def _atomic(conn: psycopg.AsyncConnection):
 class Isolated:
     """What :func:`run_isolated` did: ``rows`` returned by the statements that succeeded;
     ``failed`` maps each key whose row failed alone to its error (after its outcome ran);
-    ``by_row`` is True when the bulk statement failed and rows were redone one by one."""
+    ``by_row`` is True when the bulk statement failed and rows were redone one by one.
+    ``left`` is how many rows the pass remembers as left unchanged (with ``batch``: this call's
+    and earlier calls' not yet cleared; otherwise this call's, a handled conflict included)."""
 
     rows: list
     failed: dict
     by_row: bool = False
+    left: int = 0
 
 
 async def run_isolated(
@@ -147,12 +168,13 @@ async def run_isolated(
     *,
     what: str,
     bulk: Callable[[], Awaitable[list]],
-    keys: Iterable | Callable[[], Awaitable[Iterable]],
+    keys: Iterable | Callable[..., Awaitable[Iterable]],
     one: Callable[[Any], Awaitable[list]],
     on_conflict: Callable[[Any, Exception], Awaitable[None]] | None = None,
     on_error: Callable[[Any, Exception], Awaitable[None]] | None = None,
     recurring: Recurring | None = None,
     ends_pass: bool = True,
+    batch: int | None = None,
 ) -> Isolated:
     """Run ``bulk()`` (one statement); if a row makes it fail, run ``one(key)`` (one statement)
     for every key of ``keys`` (a list, or an async callable returning the candidate keys).
@@ -167,6 +189,14 @@ async def run_isolated(
     pass made of several calls (chunks) passes ``ends_pass=False`` and calls
     :meth:`Recurring.pass_done` itself after its last.
 
+    ``batch`` (a pass that takes ``LIMIT batch`` candidates, with ``recurring``): ``keys`` is
+    then ``keys(skip)``, the candidates without the keys in ``skip``. The redo takes its fresh
+    candidates without the rows earlier passes left unchanged (``recurring.left``), so a
+    batch's worth of refused rows at the head cannot hide the rows behind them (ADR 009), and
+    then retries at most ``batch`` of the remembered rows, oldest first (one that goes through
+    or no longer matches is forgotten; one that fails again goes to the back). Each pass runs
+    at most ``2 * batch`` row statements and one candidate statement.
+
     Raises:
         psycopg.OperationalError: connection lost, deadlock, ... (the caller retries the call).
     """
@@ -175,6 +205,7 @@ async def run_isolated(
             rows = await bulk()
         if recurring is not None and ends_pass:
             recurring.pass_done()
+            recurring.left.clear()  # the head went through: forget (the rest meet it anew)
         return Isolated(rows, {})
     except psycopg.DatabaseError as exc:
         if not is_row_error(exc):
@@ -189,26 +220,57 @@ async def run_isolated(
             type(exc).__name__,
             exc,
         )
-    candidates = await keys() if callable(keys) else keys
+    remembered: list = []
+    if batch is not None and recurring is not None:
+        remembered = list(recurring.left)
+    if not callable(keys):
+        candidates = keys
+    elif batch is not None:
+        candidates = await keys(remembered)
+    else:
+        candidates = await keys()
     result = Isolated([], {}, by_row=True)
     succeeded = 0
-    for key in candidates:
+
+    async def redo(key) -> None:
+        nonlocal succeeded
         try:
             async with _atomic(conn):
                 result.rows.extend(await one(key))
             succeeded += 1
+            if recurring is not None:
+                recurring.left.pop(key, None)
         except psycopg.DatabaseError as exc:
             if not is_row_error(exc):
                 raise
             result.failed[key] = exc
             handler = on_conflict if isinstance(exc, pg_errors.UniqueViolation) else on_error
-            await _outcome(conn, what, key, exc, handler, recurring)
+            left = await _outcome(conn, what, key, exc, handler, recurring)
+            if recurring is not None and batch is not None:
+                if left:
+                    recurring.remember(key)
+                else:  # its outcome ran (cancelled as a duplicate): not left unchanged
+                    recurring.left.pop(key, None)
+
+    tried = set()
+    for key in candidates:
+        tried.add(key)
+        await redo(key)
+    if batch is not None and recurring is not None:
+        for i, key in enumerate(remembered):
+            if key in tried:
+                continue
+            if i < batch:
+                await redo(key)
+            else:  # waits its turn: still left unchanged, still warned about once
+                recurring.keep(("row", key))
     # Refused for want of a privilege or an object (a role that may not write) and no row
     # went through: the statement could never run, and its caller must not report "0 changed".
     if _sqlstate(bulk_error).startswith("42") and not succeeded:
         raise bulk_error
     if recurring is not None and ends_pass:
         recurring.pass_done()
+    result.left = len(recurring.left) if batch is not None and recurring else len(result.failed)
     return result
 
 
@@ -219,12 +281,14 @@ async def _outcome(
     exc: Exception,
     handler: Callable[[Any, Exception], Awaitable[None]] | None,
     recurring: Recurring | None,
-) -> None:
+) -> bool:
+    """Run the failed row's outcome; True when the row is left unchanged (no handler, or it
+    failed too; logged)."""
     if handler is not None:
         try:
             async with _atomic(conn):
                 await handler(key, exc)
-            return
+            return False
         except psycopg.DatabaseError as again:
             if not is_row_error(again):
                 raise
@@ -239,6 +303,7 @@ async def _outcome(
         type(exc).__name__,
         exc,
     )
+    return True
 
 
 async def retry_deadlocks(

@@ -219,9 +219,11 @@ async def test_class1_promote_isolates_a_colliding_and_a_failing_row(dsn, client
             "UPDATE awa_fast.jobs SET run_at = now() - interval '1 second' WHERE id = ANY(%s)",
             ([dup.id, bad.id],),
         )
-        promoted = await _maintenance(client).promote()
+        m = _maintenance(client)
+        promoted = await m.promote()
     rows = await _rows(dsn)
     assert promoted == 3
+    assert m.stuck_rows("promote") == 1  # the refused row; the duplicate had its outcome
     assert all(rows[j.id]["state"] == "available" for j in scheduled)
     assert rows[dup.id]["state"] == "cancelled"
     assert "duplicate" in rows[dup.id]["errors"][-1]["error"]
@@ -260,6 +262,109 @@ async def test_class1_a_row_promote_leaves_due_every_pass_is_warned_about_once(d
     assert f"promote: row {bad.id} left unchanged" in first[1]
     assert len(second) == 1 and f"promote: row {bad2.id} left unchanged" in second[0], second
     assert (await job_row(dsn, bad.id))["state"] == "scheduled"  # still due, tried every pass
+
+
+async def test_class1_a_batch_of_refused_rows_at_the_head_does_not_hide_the_due_rows_behind(
+    dsn, client, caplog
+):
+    # A batch's worth (5) of rows a trigger refuses are due first: the bulk statement fails
+    # and the row-by-row redo took the same 5 head rows every pass, so the 3 good rows behind
+    # them stayed scheduled for ever (and, warned once, silently). The redo leaves the rows
+    # it already left unchanged out of its fresh candidates: the good rows go by the second pass.
+    later = "2999-01-01T00:00:00+00:00"
+    bad = [await client.insert({"x": i}, kind="explode", run_at=later) for i in range(5)]
+    good = [await client.insert(Plain(i), run_at=later) for i in range(3)]
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET run_at = now() - CASE WHEN kind = 'explode'"
+        " THEN interval '1 hour' ELSE interval '1 minute' END WHERE id = ANY(%s)",
+        ([j.id for j in bad + good],),
+    )
+    m = Maintenance(
+        client.database_url,
+        client.pool,
+        MaintenanceConfig(heartbeat_staleness_ms=1000, promote_batch_size=5),
+    )
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.state = 'available'", event="UPDATE"
+    ):
+        with caplog.at_level(logging.WARNING, logger="awa_fast.bulk"):
+            promoted = [await m.promote() for _ in range(3)]
+    assert sum(promoted) == 3 and promoted[2] == 0, promoted
+    assert await _all_in(dsn, [j.id for j in good], "available")
+    assert await _all_in(dsn, [j.id for j in bad], "scheduled")  # refused: left due
+    # one warning per refused row (and one for the bulk statement), not one per pass
+    assert len(_warnings(caplog)) == 6, _warnings(caplog)
+    assert m.stuck_rows("promote") == 5  # what health_check reports for the promote loop
+
+
+async def test_class1_a_remembered_refused_row_that_is_fixed_goes_through(dsn, client):
+    # The rows a pass left unchanged are left out of its fresh candidates but retried apart
+    # every pass: one the operator fixes is promoted although the bulk statement still fails.
+    later = "2999-01-01T00:00:00+00:00"
+    bad = [await client.insert({"x": i}, kind="explode", run_at=later) for i in range(5)]
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET run_at = now() - interval '1 hour' WHERE id = ANY(%s)",
+        ([j.id for j in bad],),
+    )
+    m = Maintenance(
+        client.database_url,
+        client.pool,
+        MaintenanceConfig(heartbeat_staleness_ms=1000, promote_batch_size=5),
+    )
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.state = 'available'", event="UPDATE"
+    ):
+        assert await m.promote() == 0
+        assert m.stuck_rows("promote") == 5
+        await _exec(dsn, "UPDATE awa_fast.jobs SET kind = 'plain' WHERE id = %s", (bad[2].id,))
+        assert await m.promote() == 1
+    assert (await job_row(dsn, bad[2].id))["state"] == "available"
+    assert m.stuck_rows("promote") == 4
+
+
+async def test_class1_a_batch_of_refused_rows_does_not_hide_the_stale_attempts_behind(dsn, client):
+    # Rescue takes its candidates by id, 500 a pass: 500 refused rows first, 3 good behind.
+    bad = await client.insert_many([{"x": i} for i in range(500)], kind="explode")
+    good = [await client.insert(Plain(i)) for i in range(3)]
+    await _make_running(dsn, [j.id for j in bad + good], stale=True)
+    m = _maintenance(client)
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.state = 'retryable'", event="UPDATE"
+    ):
+        rescued = [await m.rescue() for _ in range(2)]
+    assert sorted(r[0] for rows in rescued for r in rows) == [j.id for j in good]
+    assert await _all_in(dsn, [j.id for j in good], "retryable")
+    assert await _all_in(dsn, [j.id for j in bad], "running")  # left stale, retried apart
+    assert m.stuck_rows("rescue") == 500
+
+
+async def test_class1_a_batch_of_refused_dlq_rows_does_not_hide_the_expired_rows_behind(
+    dsn, client
+):
+    # DLQ prune takes its candidates unordered (the heap's order), 5 a pass here: the 5
+    # entries a trigger refuses to delete come first, 3 expired entries behind them.
+    await _exec(
+        dsn,
+        """INSERT INTO awa_fast.dlq (id, kind, queue, state, dlq_reason, original_run_lease,
+                                     dlq_at)
+           SELECT 20000000 + g, CASE WHEN g <= 5 THEN 'explode' ELSE 'plain' END, 'default',
+                  'failed', 'exhausted', 1, now() - interval '40 days'
+           FROM generate_series(1, 8) g ORDER BY g""",
+    )
+    m = Maintenance(
+        client.database_url,
+        client.pool,
+        MaintenanceConfig(heartbeat_staleness_ms=1000, cleanup_batch_size=5),
+    )
+    async with failing_rows(dsn, "OLD.kind = 'explode'", event="DELETE", table="awa_fast.dlq"):
+        pruned = [await m.prune() for _ in range(2)]
+    assert sum(pruned) == 3, pruned
+    kinds = await scalar(dsn, "SELECT array_agg(DISTINCT kind) FROM awa_fast.dlq")
+    assert kinds == ["explode"]
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.dlq") == 5
+    assert m.stuck_rows("prune") == 5
 
 
 def _warnings(caplog) -> list[str]:

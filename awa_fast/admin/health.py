@@ -34,7 +34,7 @@ class HealthCheck:
     loop and the heartbeat loop alive and not shutting down, and -- on the maintenance leader --
     no leader loop dead. ``maintenance_loops`` maps each leader loop's name to its
     :class:`~awa_fast.worker.maintenance.LoopHealth` (``alive``, ``passes``, ``failures``,
-    ``last_error``); it is empty on a non-leader. Without a runtime only postgres is checked
+    ``last_error``, ``stuck_rows``: rows its passes left unchanged and remember, not a failure); it is empty on a non-leader. Without a runtime only postgres is checked
     (the loop fields are then ``False`` and ``queues`` is empty)."""
 
     healthy: bool

@@ -8,7 +8,7 @@ failed and cancelled: ``RING_SLOTS .. 2 * RING_SLOTS - 1``) and one period of ``
 retention.
 """
 
-from awa_fast.sql.fragments import _STALENESS, S
+from awa_fast.sql.fragments import _STALENESS, S, skipping
 
 RING_SLOTS = 32  # slices per class (awa_fast.done_slot)
 COUNTS_LOCK_CLASS = 1635213686  # advisory lock (class, slot) of a slot's counters (migration 024)
@@ -123,7 +123,7 @@ WHERE id IN (SELECT s.id FROM {S}.jobs s WHERE {_STALE_MARK} ORDER BY s.id LIMIT
 RETURNING id"""
 
 STALE_MARK_IDS = f"""
-SELECT s.id FROM {S}.jobs s WHERE {_STALE_MARK} ORDER BY s.id LIMIT %(limit)s"""
+SELECT s.id FROM {S}.jobs s WHERE {_STALE_MARK} AND {skipping("s")} ORDER BY s.id LIMIT %(limit)s"""
 
 SETTLE_STALE_MARK_ONE = f"""
 UPDATE {S}.jobs SET heartbeat_at = NULL, state = state

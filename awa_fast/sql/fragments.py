@@ -42,6 +42,13 @@ def by_ids(cte: str) -> str:
     return f"j.id = ANY(ARRAY(SELECT {cte}.id FROM {cte}))"
 
 
+def skipping(alias: str) -> str:
+    """Rows of ``alias`` whose id is not in ``%(skip)s`` (bigint[]): the candidates of a
+    row-by-row redo leave out the rows earlier passes left unchanged (``bulk.run_isolated``
+    with ``batch``). A hashed subplan: one probe per row, whatever the array's length."""
+    return f"{alias}.id NOT IN (SELECT unnest(%(skip)s::bigint[]))"
+
+
 _BY_BATCH_IDS = by_ids("b")
 
 

@@ -4,7 +4,19 @@ and of unread callback expressions. Each bulk pass has a row-by-row twin with th
 (``ISOLATED``).
 """
 
-from awa_fast.sql.fragments import _OWES, _STALENESS, S, _cancel_duplicate, _rescue_set, by_ids
+from awa_fast.sql.fragments import (
+    _OWES,
+    _STALENESS,
+    S,
+    _cancel_duplicate,
+    _rescue_set,
+    by_ids,
+    skipping,
+)
+
+# The row-by-row redo's candidate statements (DUE_IDS, RESCUE_CANDIDATES, ...) leave out the
+# ids in %(skip)s (bigint[]): the rows earlier passes left unchanged, retried apart
+# (bulk.run_isolated with batch), so a batch of refused rows at the head cannot hide the rest.
 
 # Promotion guard (bulk and row by row): due scheduled / retryable rows -- except one whose
 # previous attempt still runs (a deadline rescue of a live def-handler thread keeps the
@@ -22,7 +34,8 @@ UPDATE {S}.jobs j SET state = 'available' WHERE {by_ids("d")}
 RETURNING j.id, j.queue"""
 
 DUE_IDS = f"""
-SELECT j.id FROM {S}.jobs j WHERE {_DUE} ORDER BY j.run_at, j.id LIMIT %(limit)s"""
+SELECT j.id FROM {S}.jobs j WHERE {_DUE} AND {skipping("j")}
+ORDER BY j.run_at, j.id LIMIT %(limit)s"""
 
 PROMOTE_ONE = f"""
 UPDATE {S}.jobs j SET state = 'available' WHERE j.id = %(id)s AND {_DUE}
@@ -37,10 +50,11 @@ _STALE = f"""j.state = 'running'
 _CALLBACK_EXPIRED = "j.state = 'waiting_external' AND j.callback_timeout_at < now()"
 
 RESCUE_CANDIDATES = f"""
-SELECT j.id FROM {S}.jobs j WHERE {_STALE} ORDER BY j.id LIMIT %(limit)s"""
+SELECT j.id FROM {S}.jobs j WHERE {_STALE} AND {skipping("j")} ORDER BY j.id LIMIT %(limit)s"""
 
 RESCUE_CALLBACK_CANDIDATES = f"""
-SELECT j.id FROM {S}.jobs j WHERE {_CALLBACK_EXPIRED} ORDER BY j.id LIMIT %(limit)s"""
+SELECT j.id FROM {S}.jobs j WHERE {_CALLBACK_EXPIRED} AND {skipping("j")}
+ORDER BY j.id LIMIT %(limit)s"""
 
 # A rescued attempt whose heartbeat is still fresh (deadline passed or callback timed out while
 # the worker lives: a def handler's thread cannot be stopped) keeps heartbeat_at as its "still
@@ -102,7 +116,8 @@ DELETE FROM {S}.dlq WHERE id IN (
     SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING id"""
 
-PRUNE_DLQ_IDS = f"SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} LIMIT %(limit)s"
+PRUNE_DLQ_IDS = f"""
+SELECT d.id FROM {S}.dlq d WHERE {_DLQ_PRUNABLE} AND {skipping("d")} LIMIT %(limit)s"""
 
 # (row by row after the bulk statement failed: a row another session holds is skipped too)
 PRUNE_DLQ_ONE = f"""

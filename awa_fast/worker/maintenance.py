@@ -44,6 +44,15 @@ MAX_BACKOFF_S = 30.0  # a failing loop retries after interval * 2^(failures-1), 
 DEAD_AFTER_FAILURES = 3  # a loop that failed this many passes in a row is reported dead
 
 
+# The bulk.Recurring (by ``what``) of each leader loop's passes that redo rows (stuck_rows).
+_PASSES_OF = {
+    "promote": ("promote",),
+    "rescue": ("rescue",),
+    "callback_rescue": ("callback rescue",),
+    "prune": ("stale mark settle", "DLQ prune"),
+}
+
+
 class Deposed(Exception):
     """A leader pass found that another process took leadership (the epoch moved on)."""
 
@@ -62,6 +71,9 @@ class LoopHealth:
         passes: passes completed without error.
         failures: consecutive failed passes (0 after a good one).
         last_error: ``"ExceptionType: message"`` of the latest failure, or ``None``.
+        stuck_rows: rows its passes left unchanged and still remember (a trigger refuses
+            them, bad data): each warned about once, retried apart every pass while the rows
+            behind them go on (``bulk.run_isolated``; ADR 009). Not a failure of the loop.
     """
 
     name: str
@@ -69,6 +81,7 @@ class LoopHealth:
     passes: int = 0
     failures: int = 0
     last_error: str | None = None
+    stuck_rows: int = 0
 
 
 @dataclasses.dataclass
@@ -357,7 +370,14 @@ class Maintenance:
             name = task.get_name().removeprefix("awa-maint-")
             if task.done() and name in self.loops:
                 self.loops[name].alive = False
+        for name, health in self.loops.items():
+            health.stuck_rows = self.stuck_rows(name)
         return dict(self.loops)
+
+    def stuck_rows(self, loop: str) -> int:
+        """Rows the passes of leader loop ``loop`` left unchanged and remember (see
+        :class:`LoopHealth`)."""
+        return sum(len(self._recurring[what].left) for what in _PASSES_OF.get(loop, ()))
 
     async def _every(self, name: str, interval_s: float, fn: Callable[[], Awaitable[Any]]) -> None:
         health = self.loops.setdefault(name, LoopHealth(name))
@@ -409,12 +429,13 @@ class Maintenance:
                 conn,
                 what="promote",
                 bulk=lambda: _fetch(conn, sql.PROMOTE, limit),
-                keys=lambda: _ids(_fetch(conn, sql.DUE_IDS, limit)),
+                keys=lambda skip: _ids(_fetch(conn, sql.DUE_IDS, {**limit, "skip": skip})),
                 one=lambda job_id: _fetch(conn, sql.PROMOTE_ONE, {**limit, "id": job_id}),
                 on_conflict=lambda job_id, _exc: self._cancel_duplicate(
                     conn, sql.CANCEL_AS_DUPLICATE, {**limit, "id": job_id}
                 ),
                 recurring=self._recurring["promote"],
+                batch=self.config.promote_batch_size,
             )
         queues = sorted({queue for _id, queue in done.rows})
         if queues:  # after the commit: a NOTIFY inside would hold the notify lock (ADR 018)
@@ -492,12 +513,13 @@ class Maintenance:
             conn,
             what=what,
             bulk=lambda: _fetch(conn, query, params),
-            keys=lambda: _ids(_fetch(conn, candidates, params)),
+            keys=lambda skip: _ids(_fetch(conn, candidates, {**params, "skip": skip})),
             one=lambda job_id: _fetch(conn, query, {**params, "only": job_id}),
             on_conflict=lambda job_id, _exc: self._cancel_duplicate(
                 conn, sql.CANCEL_RESCUED_DUPLICATE, {**params, "id": job_id}
             ),
             recurring=self._recurring[what],
+            batch=params["limit"],
         )
         return done.rows
 
@@ -570,9 +592,10 @@ class Maintenance:
                     conn,
                     what=what,
                     bulk=functools.partial(_fetch, conn, bulk_q, params),
-                    keys=functools.partial(_fetch_ids, conn, ids_q, params),
+                    keys=lambda skip: _fetch_ids(conn, ids_q, {**params, "skip": skip}),
                     one=functools.partial(_fetch_id, conn, one_q, params),
                     recurring=self._recurring[what],
+                    batch=c.cleanup_batch_size,
                 )
                 return len(done.rows)
 
