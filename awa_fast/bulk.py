@@ -175,6 +175,7 @@ async def run_isolated(
     recurring: Recurring | None = None,
     ends_pass: bool = True,
     batch: int | None = None,
+    most: int | None = None,
 ) -> Isolated:
     """Run ``bulk()`` (one statement); if a row makes it fail, run ``one(key)`` (one statement)
     for every key of ``keys`` (a list, or an async callable returning the candidate keys).
@@ -196,6 +197,9 @@ async def run_isolated(
     then retries at most ``batch`` of the remembered rows, oldest first (one that goes through
     or no longer matches is forgotten; one that fails again goes to the back). Each pass runs
     at most ``2 * batch`` row statements and one candidate statement.
+
+    ``most``: the redo stops once that many rows went through (a claim takes no more rows than
+    it has free slots).
 
     Raises:
         psycopg.OperationalError: connection lost, deadlock, ... (the caller retries the call).
@@ -252,15 +256,20 @@ async def run_isolated(
                 else:  # its outcome ran (cancelled as a duplicate): not left unchanged
                     recurring.left.pop(key, None)
 
+    def full() -> bool:
+        return most is not None and succeeded >= most
+
     tried = set()
     for key in candidates:
+        if full():
+            break
         tried.add(key)
         await redo(key)
     if batch is not None and recurring is not None:
         for i, key in enumerate(remembered):
             if key in tried:
                 continue
-            if i < batch:
+            if i < batch and not full():
                 await redo(key)
             else:  # waits its turn: still left unchanged, still warned about once
                 recurring.keep(("row", key))

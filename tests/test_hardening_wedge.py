@@ -194,6 +194,37 @@ async def test_class1_a_row_every_claim_leaves_available_is_warned_about_once(ds
     assert (await job_row(dsn, bad.id))["state"] == "available"
 
 
+async def test_class1_a_claims_worth_of_refused_rows_does_not_hide_the_queue_behind_them(
+    dsn, client
+):
+    # The row-by-row redo took the same head candidates every claim: with as many refused rows
+    # at the head as the claim takes, the jobs behind them were never claimed.
+    bad = [(await client.insert({"x": i}, kind="explode", priority=1)).id for i in range(4)]
+    good = [(await client.insert(Plain(i))).id for i in range(6)]
+    dispatcher = Dispatcher(
+        "default",
+        pool_getter=client.pool,
+        spawn=lambda row: None,
+        max_workers=4,
+        deadline_ms=0,
+        claim_batch_size=4,
+        poll_interval_s=1.0,
+        kinds=["explode", "plain"],
+    )
+    claimed: list[list[int]] = []
+    async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'running'", event="UPDATE"):
+        for _ in range(3):
+            claimed.append([r[0] for r in await dispatcher._claim(4)])
+        # one of the refused rows is fixed: a later claim takes it, though the rest still fail
+        await _exec(dsn, "UPDATE awa_fast.jobs SET kind = 'plain' WHERE id = %s", (bad[0],))
+        claimed.append([r[0] for r in await dispatcher._claim(4)])
+    assert all(len(c) <= 4 for c in claimed), claimed  # never more than its free slots
+    assert sorted(i for c in claimed[:3] for i in c) == good, claimed
+    assert claimed[3] == [bad[0]], claimed
+    for job_id in bad[1:]:
+        assert (await job_row(dsn, job_id))["state"] == "available"
+
+
 # -- promote ----------------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 the test harness's claim of one job.
 """
 
-from awa_fast.sql.fragments import S, _key_held_by_other, by_ids
+from awa_fast.sql.fragments import S, _key_held_by_other, by_ids, skipping
 
 # Claim guard (bulk and row by row). A row whose mask holds 'running' (bit 4) is not claimed
 # while another row holds its key: it stays available until the key is free (one running
@@ -44,8 +44,11 @@ WITH c AS (
 WHERE {by_ids("k")}{_CLAIM_RETURNING}"""
 
 # Row-by-row twin of CLAIM (same guard): its candidates, then one row each.
+# ... its row-by-row redo's candidates, without the rows earlier claims left available
+# (%(skip)s, bulk.run_isolated with batch): a batch of refused rows at the head of the queue
+# cannot hide the rows behind them.
 CLAIM_CANDIDATES = f"""
-SELECT j.id FROM {S}.jobs j WHERE {_CLAIMABLE}
+SELECT j.id FROM {S}.jobs j WHERE {_CLAIMABLE} AND {skipping("j")}
 ORDER BY j.priority, j.run_at, j.id LIMIT %(limit)s"""
 
 CLAIM_ONE = f"""{_CLAIM_SET}

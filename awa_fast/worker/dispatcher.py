@@ -212,8 +212,8 @@ class Dispatcher:
                 cur = await conn.execute(query, {**params, **(extra or {})})
                 return await cur.fetchall()
 
-            async def candidates() -> list[int]:
-                return [r[0] for r in await fetch(sql.CLAIM_CANDIDATES)]
+            async def candidates(skip: list[int]) -> list[int]:
+                return [r[0] for r in await fetch(sql.CLAIM_CANDIDATES, {"skip": skip})]
 
             done = await bulk.run_isolated(
                 conn,
@@ -222,5 +222,7 @@ class Dispatcher:
                 keys=candidates,
                 one=lambda job_id: fetch(sql.CLAIM_ONE, {"id": job_id}),
                 recurring=self._recurring,
+                batch=limit,
+                most=limit,
             )
             return done.rows
