@@ -408,7 +408,7 @@ def test_serve_stops_gracefully_and_quietly_on_sigint_and_sigterm(dsn, signals):
     "args, message",
     [
         (["--port", "70000"], "--port must be 0..65535"),
-        (["--json"], "--json does not apply"),
+        (["--json"], "unrecognized arguments: --json"),  # serve --help does not offer it
     ],
 )
 def test_serve_usage_errors_exit_2(dsn, args, message):
