@@ -635,3 +635,68 @@ def test_an_unreachable_database_gets_a_503_page_and_pages_come_back(dsn, ids):
             r, took = _timed(web, ("GET", "/queues", {}))
             assert (first.status_code, r.status_code) in {(200, 200), (503, 200)}, r.text
             assert took < DB_WAIT_S / 2, took
+
+
+# -- a database that refuses connections at startup ------------------------------------------------
+
+
+def _serve_and_wait_for_the_address(proc: subprocess.Popen, lines: list[str]) -> str | None:
+    """The ``http://host:port`` uvicorn says it runs on, reading ``proc``'s stderr into
+    ``lines``; ``None`` when the process ended first."""
+    for line in proc.stderr:  # type: ignore[union-attr]
+        lines.append(line)
+        m = re.search(r"Uvicorn running on (http://\S+)", line)
+        if m:
+            return m.group(1)
+    return None
+
+
+@pytest.mark.parametrize("after", [0, 1], ids=["probe-refused", "pools-refused"])
+def test_serve_starts_once_a_database_that_refused_connections_accepts_them(dsn, ids, after):
+    # With reconnect_timeout=0 (pages' 503 within DB_WAIT_S) a pool gave up after one refused
+    # connect: serve waited 30 s for nothing and exited 3 with uvicorn's PoolTimeout traceback;
+    # a refused probe exited 1 at once (helper F).
+    with Proxy(dsn) as proxy:
+        proxy.refuse(3, after=after)  # after=1: the probe passes, the pools' connects are refused
+        proc = _serve_on_any_port(proxy.dsn)
+        lines: list[str] = []
+        try:
+            address = _serve_and_wait_for_the_address(proc, lines)
+            assert address is not None, "".join(lines + proc.stderr.readlines())  # type: ignore[union-attr]
+            with urllib.request.urlopen(f"{address}/queues", timeout=30) as r:
+                assert r.status == 200
+            assert proxy.refused == 3
+            proc.send_signal(signal.SIGTERM)
+            lines += proc.stderr.readlines()  # type: ignore[union-attr]
+            rc = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    out = "".join(lines)
+    assert rc == 0, out
+    assert "Traceback" not in out, out
+
+
+def test_serve_exits_1_on_one_line_when_the_database_accepts_no_connection_at_startup(dsn, ids):
+    # The probe passes, then every connect is refused: after the startup bound (shortened here)
+    # one line says so and serve exits 1, without uvicorn's traceback of the lifespan.
+    code = (
+        "import sys; from awa_fast.web import reads; reads.STARTUP_S = 3.0; "
+        "from awa_fast.cli import main; sys.exit(main(['serve', '--port', '0']))"
+    )
+    with Proxy(dsn) as proxy:
+        proxy.refuse(10**9, after=1)
+        env = {**os.environ, "AWA_FAST_DATABASE_URL": proxy.dsn}
+        env.pop("AWA_FAST_SERVE_TOKEN", None)
+        started = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+        )
+        took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("awa-fast: error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "the database accepted no connection within" in errors[0], proc.stderr
+    assert proxy.refused > 1 and took < 30, (proxy.refused, took)

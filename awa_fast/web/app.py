@@ -15,6 +15,8 @@ import json
 import logging
 import re
 import secrets
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from awa_fast.client import AsyncClient
-from awa_fast.errors import AttemptStillRunning, UniqueConflict
+from awa_fast.errors import AttemptStillRunning, DatabaseError, UniqueConflict
 from awa_fast.job import JobState
 from awa_fast.sql import dashboard as bounds
+from awa_fast.web import reads as _reads
 from awa_fast.web import security
 from awa_fast.web.reads import DB_WAIT_S, Reads, bounded
 
@@ -56,6 +59,46 @@ class _Client(AsyncClient):
 
     def _pool_options(self, url: str) -> dict[str, Any]:
         return bounded(url, super()._pool_options(url))
+
+
+class StartupError(DatabaseError):
+    """The dashboard's pools found no database connection within its startup bound
+    (``reads.STARTUP_S``): the application does not start."""
+
+
+async def _open(reads: Reads, new_client: Callable[[], AsyncClient], timeout: float) -> AsyncClient:
+    """Open the reads' pool and a client's (``new_client()``) within ``timeout`` seconds,
+    starting new connects while the database refuses them (each pool alone gives up after one
+    failed connect, see ``bounded``); returns the client.
+
+    Raises:
+        StartupError: no connection when ``timeout`` ran out.
+    """
+    deadline = time.monotonic() + timeout
+    try:
+        await reads.open(timeout)
+    except PoolTimeout:
+        raise StartupError(_no_database(timeout)) from None
+    while True:
+        client = None
+        try:
+            # the database answered the reads: the client's check at construction (one
+            # connect) and its pool's open (up to DB_WAIT_S) are short
+            client = new_client()
+            await client.pool()
+            return client
+        except DatabaseError:
+            if client is not None:
+                await client.close()
+            if time.monotonic() >= deadline:
+                raise StartupError(_no_database(timeout)) from None
+
+
+def _no_database(timeout: float) -> str:
+    return (
+        f"the database accepted no connection within {timeout:g} s of the dashboard's startup "
+        "(psycopg.pool's warnings above say why); is it running and reachable?"
+    )
 
 
 def _lost(exc: psycopg.OperationalError) -> bool | None:
@@ -184,7 +227,11 @@ def _state(text: str | None) -> str | None:
 
 
 def create_app(
-    database_url: str, *, read_only: bool = False, token: str | None = None
+    database_url: str,
+    *,
+    read_only: bool = False,
+    token: str | None = None,
+    startup_s: float | None = None,
 ) -> Starlette:
     """The dashboard for the awa-fast database at ``database_url`` (a libpq URL/DSN).
 
@@ -193,6 +240,9 @@ def create_app(
         token: when set, every request needs it (``Authorization: Bearer``, or the login form,
             which marks the signed session cookie). ``None``: no authentication; only loopback
             ``Host`` headers are then accepted (DNS-rebinding guard).
+        startup_s: how long the application's startup waits for the database to accept
+            connections (default ``reads.STARTUP_S``, 30 s); then the startup fails with
+            :class:`StartupError` (also kept as ``app.state.startup_error``).
 
     The bind rule (a token off loopback) is enforced by the caller, see
     :func:`awa_fast.web.security.check_bind`. Connections open on application startup.
@@ -439,17 +489,24 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        state["client"] = _Client(database_url, max_connections=2)
         state["reads"] = Reads(database_url)
+        state["client"] = None
         try:
-            await state["reads"].open()
-            # now: a first open failing later (database down) closes the pool, waiting on its
-            # connects, and the next page builds another
-            await state["client"].pool()
+            # the client's pool now: a first open failing later (database down) closes the
+            # pool, waiting on its connects, and the next page builds another
+            wait_s = _reads.STARTUP_S if startup_s is None else startup_s
+            try:
+                state["client"] = await _open(
+                    state["reads"], lambda: _Client(database_url, max_connections=2), wait_s
+                )
+            except StartupError as exc:
+                app.state.startup_error = exc  # awa-fast serve reports it on one line
+                raise
             yield
         finally:
             await state["reads"].close()
-            await state["client"].close()
+            if state["client"] is not None:
+                await state["client"].close()
 
     routes = [
         Route("/", home),
