@@ -28,7 +28,7 @@ from awa_fast.web.security import check_bind
 from awa_fast.worker.follow_ups import PROVENANCE_KEY
 from tests.dashboard_seed import seed
 from tests.dashboard_support import served
-from tests.support import Proxy, wait_lock_waiter
+from tests.support import Proxy, poll_until, scalar, wait_lock_waiter
 
 BASE = "http://127.0.0.1"
 
@@ -700,3 +700,56 @@ def test_serve_exits_1_on_one_line_when_the_database_accepts_no_connection_at_st
     assert len(errors) == 1, proc.stderr
     assert "the database accepted no connection within" in errors[0], proc.stderr
     assert proxy.refused > 1 and took < 30, (proxy.refused, took)
+
+
+# -- pages that wait on the database hold its connections ---------------------------------------------
+
+BUSY = "Every database connection is busy"
+
+
+def _pages_behind_a_lock(web: TestClient, dsn: str, n: int) -> tuple[list, int]:
+    """``n`` GET /queues at once while ``awa_fast.queue_meta`` is locked (each page that gets a
+    connection waits on the lock with it), released once every page either waits on it or
+    has answered; the answers and how many pages waited."""
+    waiting = 0
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE awa_fast.queue_meta IN ACCESS EXCLUSIVE MODE")
+        with ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(_timed, web, ("GET", "/queues", {})) for _ in range(n)]
+
+            async def settled() -> bool:
+                # polled: a statement waiting on a lock is server state no signal here reports
+                nonlocal waiting
+                waiting = await scalar(
+                    dsn,
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%queue_meta%'",
+                )
+                return waiting + sum(f.done() for f in futures) == n
+
+            asyncio.run(poll_until(settled, 30, "every page waiting on the lock or answered"))
+            locker.rollback()  # the lock goes: the waiting pages finish
+            return [f.result(timeout=30) for f in futures], waiting
+
+
+def test_a_handful_of_pages_waiting_on_the_database_all_get_their_page(web, dsn):
+    # The reads' pool had 4 connections: the fifth slow page at once waited 3 s and got "503 The
+    # database is unreachable" although the database was up (helper F).
+    answers, waiting = _pages_behind_a_lock(web, dsn, 10)
+    assert [r.status_code for r, _ in answers] == [200] * 10, [r.text for r, _ in answers]
+    assert waiting == 10
+
+
+def test_pages_beyond_the_pool_get_a_busy_503_not_unreachable(web, dsn):
+    # More slow pages than the reads' connections: those left without one answer 503 after
+    # DB_WAIT_S saying every connection is busy (it said "unreachable"); the others get their
+    # page once the lock goes.
+    answers, waiting = _pages_behind_a_lock(web, dsn, 14)
+    served = [r for r, _ in answers if r.status_code == 200]
+    busy = [(r, took) for r, took in answers if r.status_code == 503]
+    assert len(served) == waiting and len(served) + len(busy) == 14, [r.text for r, _ in answers]
+    assert busy, "the pool was not exhausted"
+    for r, took in busy:
+        assert BUSY in r.text and "unreachable" not in r.text, r.text
+        assert DB_WAIT_S - 0.5 < took < DB_WAIT_S + 2, took
+    assert web.get("/queues").status_code == 200

@@ -4,8 +4,8 @@ Admin actions are POST-only, CSRF-checked and refused with 403 under ``read_only
 same :class:`~awa_fast.client.AsyncClient` methods as the CLI. Bad input (an id that is not a
 positive bigint, an unknown state, an over-long filter) gets a 400 page, an unknown id a 404 page,
 an action on a job in the wrong state a 409 page, a database that cannot be reached (no
-connection within ``reads.DB_WAIT_S``, or the connection lost) a 503 page; no page ever shows a
-traceback.
+connection within ``reads.DB_WAIT_S``, or the connection lost) a 503 page, and so does a pool
+whose every connection stayed busy (saying so); no page ever shows a traceback.
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from awa_fast.client import AsyncClient
+from awa_fast.connections import PoolBusy
 from awa_fast.errors import AttemptStillRunning, DatabaseError, UniqueConflict
 from awa_fast.job import JobState
 from awa_fast.sql import dashboard as bounds
 from awa_fast.web import reads as _reads
 from awa_fast.web import security
-from awa_fast.web.reads import DB_WAIT_S, Reads, bounded
+from awa_fast.web.reads import CLIENT_CONNECTIONS, DB_WAIT_S, Reads, bounded
 
 log = logging.getLogger("awa_fast.web")
 
@@ -468,6 +469,14 @@ def create_app(
 
     async def db_unreachable(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, psycopg.OperationalError)
+        if isinstance(exc, PoolBusy):  # the database is up: slow pages hold every connection
+            log.warning("dashboard: every database connection is busy on %s", request.url.path)
+            return error_page(
+                request,
+                503,
+                f"Every database connection is busy (slow pages hold them; none came free "
+                f"within {DB_WAIT_S:g} s). Try again in a moment.",
+            )
         lost = _lost(exc)
         if lost is None:
             raise exc  # any other database error: the 500 of server_error
@@ -497,7 +506,9 @@ def create_app(
             wait_s = _reads.STARTUP_S if startup_s is None else startup_s
             try:
                 state["client"] = await _open(
-                    state["reads"], lambda: _Client(database_url, max_connections=2), wait_s
+                    state["reads"],
+                    lambda: _Client(database_url, max_connections=CLIENT_CONNECTIONS),
+                    wait_s,
                 )
             except StartupError as exc:
                 app.state.startup_error = exc  # awa-fast serve reports it on one line

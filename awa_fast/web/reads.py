@@ -23,6 +23,13 @@ from awa_fast.sql import dashboard as q
 STATEMENT_TIMEOUT_MS = q.STATEMENT_TIMEOUT_MS
 # The longest a page waits for a database connection before it answers 503 (docs/dashboard.md).
 DB_WAIT_S = 3.0
+# The most connections each of the dashboard's pools opens (docs/dashboard.md): the reads' (every
+# page) and the client's (actions, DLQ depth, cron). Pages that wait on the database (a lock,
+# a slow query: each holds its connection up to the 5 s statement timeout) hold one each, so
+# ten such pages at once still leave none waiting; one more waits DB_WAIT_S for a connection,
+# then gets a 503 saying every connection is busy.
+READ_CONNECTIONS = 10
+CLIENT_CONNECTIONS = 4
 # How long the dashboard's startup (the app's lifespan, ``awa-fast serve``) waits for the database
 # to accept connections before it gives up (docs/dashboard.md).
 STARTUP_S = 30.0
@@ -81,7 +88,7 @@ class Page:
 class Reads:
     """The dashboard's read model over ``database_url`` (open with :meth:`open`)."""
 
-    def __init__(self, database_url: str, max_connections: int = 4):
+    def __init__(self, database_url: str, max_connections: int = READ_CONNECTIONS):
         self._pool = Pool(
             database_url,
             open=False,
