@@ -67,38 +67,61 @@ class StartupError(DatabaseError):
     (``reads.STARTUP_S``): the application does not start."""
 
 
+class _LastConnectError(logging.Filter):
+    """Keeps psycopg.pool's warnings (one per failed connect, several a second while a startup
+    retries) off the log and the last one's first line as :attr:`last`."""
+
+    last = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        if str(record.msg).startswith("error connecting") and record.args:
+            # "error connecting in %r: %s", (pool name, the connect's exception)
+            self.last = str(record.args[-1]).splitlines()[0]  # type: ignore[index]
+        return False
+
+
 async def _open(reads: Reads, new_client: Callable[[], AsyncClient], timeout: float) -> AsyncClient:
     """Open the reads' pool and a client's (``new_client()``) within ``timeout`` seconds,
     starting new connects while the database refuses them (each pool alone gives up after one
     failed connect, see ``bounded``); returns the client.
 
     Raises:
-        StartupError: no connection when ``timeout`` ran out.
+        StartupError: no connection when ``timeout`` ran out (its message ends with the last
+            connect error).
     """
     deadline = time.monotonic() + timeout
+    errors = _LastConnectError()
+    pool_log = logging.getLogger("psycopg.pool")
+    pool_log.addFilter(errors)
     try:
-        await reads.open(timeout)
-    except PoolTimeout:
-        raise StartupError(_no_database(timeout)) from None
-    while True:
-        client = None
         try:
-            # the database answered the reads: the client's check at construction (one
-            # connect) and its pool's open (up to DB_WAIT_S) are short
-            client = new_client()
-            await client.pool()
-            return client
-        except DatabaseError:
-            if client is not None:
-                await client.close()
-            if time.monotonic() >= deadline:
-                raise StartupError(_no_database(timeout)) from None
+            await reads.open(timeout)
+        except PoolTimeout:
+            raise StartupError(_no_database(timeout, errors.last)) from None
+        while True:
+            client = None
+            try:
+                # the database answered the reads: the client's check at construction (one
+                # connect) and its pool's open (up to DB_WAIT_S) are short
+                client = new_client()
+                await client.pool()
+                return client
+            except DatabaseError as exc:
+                if client is not None:
+                    await client.close()
+                if time.monotonic() >= deadline:
+                    last = errors.last or str(exc).splitlines()[0]
+                    raise StartupError(_no_database(timeout, last)) from None
+    finally:
+        pool_log.removeFilter(errors)
 
 
-def _no_database(timeout: float) -> str:
+def _no_database(timeout: float, last: str) -> str:
     return (
-        f"the database accepted no connection within {timeout:g} s of the dashboard's startup "
-        "(psycopg.pool's warnings above say why); is it running and reachable?"
+        f"the database accepted no connection within {timeout:.0f} s of the dashboard's "
+        f"startup (the last attempt: {last or 'no answer'})"
     )
 
 
