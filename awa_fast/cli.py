@@ -4,9 +4,10 @@ Every invocation runs at most one event loop (uvloop when available) and one
 :class:`~awa_fast.client.AsyncClient`, closed before exit.
 
 Exit status: 0 on success, 1 on an error (an ``AwaError``, a database or connection error, a job
-that does not exist or is in the wrong state), 2 on a command-line usage error (argparse), 130 on
-Ctrl-C (and 143 / 129 when SIGTERM / SIGHUP interrupts ``demo``; ``serve``: 3 when the server
-cannot start, e.g. its port is taken, 142 when a stop outlasts ``STOP_LIMIT_S``). With
+that does not exist or is in the wrong state; for ``serve`` also a database that accepted no
+connection within 30 s of its startup), 2 on a command-line usage error (argparse), 3 when
+``serve``'s web server cannot start (the port taken), 130 on Ctrl-C (and 143 / 129 when SIGTERM
+/ SIGHUP interrupts ``demo``; 142 when a stop of ``serve`` outlasts ``STOP_LIMIT_S``). With
 ``--json`` an error is one JSON object on one line of stderr, ``{"error": <message>, "type":
 <error class>}``, with the same exit status.
 """
@@ -23,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -166,9 +168,25 @@ def _report(s: Session, data: Any, text: str) -> int:
 # database URL and client
 
 
-async def _probe(url: str, *, need_schema: bool, source: str = "") -> None:
+# Connect failures in which the server answered but still takes no connection (libpq's text;
+# the connect error has no SQLSTATE): a database coming up or going down, or full.
+_NOT_YET = ("starting up", "shutting down", "in recovery", "too many clients")
+# How long a probe that waits for the database pauses between its connects.
+PROBE_RETRY_S = 0.5
+
+
+def _refused_for_good(exc: Exception) -> bool:
+    """Whether a connect failure came from a server that refuses this login for good (an
+    unknown role or database, a wrong password, pg_hba): waiting does not help."""
+    text = str(exc)
+    return "FATAL:" in text and not any(reason in text for reason in _NOT_YET)
+
+
+async def _probe(url: str, *, need_schema: bool, source: str = "", wait_s: float = 0.0) -> None:
     """Connect once (failing fast with the server's message instead of a pool timeout) and, if
-    ``need_schema``, check that the ``awa_fast`` schema is there and current."""
+    ``need_schema``, check that the ``awa_fast`` schema is there and current. With ``wait_s``,
+    a database that cannot be reached (refused, unreachable, starting up) is tried again for up
+    to that many seconds; a server that refuses the login fails at once."""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
@@ -180,11 +198,20 @@ async def _probe(url: str, *, need_schema: bool, source: str = "") -> None:
             kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
     except psycopg.ProgrammingError as exc:
         raise CliError(f"invalid database URL: {str(exc).strip()}") from exc
-    try:
-        conn = await psycopg.AsyncConnection.connect(url, **kwargs)
-    except psycopg.OperationalError as exc:
-        where = f" (the URL {source})" if source else ""
-        raise CliError(f"could not connect to the database{where}: {str(exc).strip()}") from exc
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn = await psycopg.AsyncConnection.connect(url, **kwargs)
+            break
+        except psycopg.OperationalError as exc:
+            if time.monotonic() + PROBE_RETRY_S < deadline and not _refused_for_good(exc):
+                await asyncio.sleep(PROBE_RETRY_S)  # no event says the database is back
+                continue
+            where = f" (the URL {source})" if source else ""
+            waited = f" (tried for {wait_s:g} s)" if wait_s else ""
+            raise CliError(
+                f"could not connect to the database{where}{waited}: {str(exc).strip()}"
+            ) from exc
     async with conn:
         if need_schema:  # missing, or older than this package (its reads would fail raw)
             await schema.check_current(conn)
@@ -1077,8 +1104,9 @@ persistent embedded PostgreSQL (started on first use; see `awa-fast embedded`)."
 EPILOG = """\
 exit status: 0 success, 1 error (database/connection error, unknown job, wrong state),
 2 usage error, 130 Ctrl-C (demo: 143 after SIGTERM, 129 after SIGHUP; serve: 3 when the
-server cannot start, 142 when a stop outlasts its 20 s limit). With --json an error is one JSON object on stderr:
-{"error": MESSAGE, "type": ERROR_CLASS} (usage errors: type UsageError, and "usage").
+web server cannot start, 142 when a stop outlasts its 20 s limit). With --json an error is
+one JSON object on stderr: {"error": MESSAGE, "type": ERROR_CLASS} (usage errors: type
+UsageError, and "usage").
 
 examples:
   awa-fast migrate
@@ -1628,7 +1656,12 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         help="run the web dashboard",
         description="Serve the web dashboard: queues, jobs, lineage, DLQ, failure "
         "consequences, cron schedules, workers. Binding a non-loopback "
-        "host needs a token (exit 2 otherwise). See docs/dashboard.md.",
+        "host needs a token (exit 2 otherwise). At startup it waits up to 30 s for the "
+        "database to accept connections. See docs/dashboard.md.",
+        epilog="exit status: 0 stopped by SIGINT/SIGTERM; 1 the database accepted no "
+        "connection within 30 s of startup (one line on stderr says so), refused the login, "
+        "or is not migrated; 2 usage error; 3 the server could not start (e.g. the port is "
+        "taken; uvicorn says why).",
     )
     p.add_argument(
         "--host",
@@ -1840,13 +1873,24 @@ def cmd_serve(s: Session) -> int:
     if reason is not None:
         return s.fail(reason, status=2, kind="UsageError", text=f"{PROG} serve: error: {reason}")
     url = s.database_url
-    asyncio.run(_probe(url, need_schema=True, source=s.url_source))
+    from awa_fast.web import reads
+
+    # one startup bound for the probe and the pools: a database still coming up is waited for
+    deadline = time.monotonic() + reads.STARTUP_S
+    asyncio.run(_probe(url, need_schema=True, source=s.url_source, wait_s=reads.STARTUP_S))
     print(
         f"{PROG}: serving the dashboard{' read-only' if s.args.read_only else ''}"
         f"{', token required' if token else ''} (uvicorn prints the address)",
         file=sys.stderr,
     )
-    serve.run(url, host=s.args.host, port=s.args.port, read_only=s.args.read_only, token=token)
+    serve.run(
+        url,
+        host=s.args.host,
+        port=s.args.port,
+        read_only=s.args.read_only,
+        token=token,
+        startup_s=max(1.0, deadline - time.monotonic()),
+    )
     return 0
 
 

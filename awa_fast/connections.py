@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from awa_fast import bulk, enqueue, sql
 
@@ -32,25 +32,49 @@ class Pool(AsyncConnectionPool[Any]):
     """
 
     closed_by_server = 0
+    # connections handed out by getconn and not yet given back by putconn
+    in_use = 0
 
     async def getconn(self, timeout: float | None = None) -> Any:
         """A connection, as ``AsyncConnectionPool.getconn``, within ``timeout`` seconds (the
         pool's ``timeout`` by default) for all the connections it passes.
 
         Raises:
-            psycopg_pool.PoolTimeout: no live connection within ``timeout``.
+            PoolBusy: no connection within ``timeout`` while every one the pool may open
+                (``max_size``) was in use: the database was up, its callers were slow.
+            psycopg_pool.PoolTimeout: no live connection within ``timeout`` otherwise (the
+                database refused or did not answer the pool's connects).
         """
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
-            conn = await super().getconn(max(0.0, deadline - time.monotonic()))
+            try:
+                conn = await super().getconn(max(0.0, deadline - time.monotonic()))
+            except PoolTimeout as exc:
+                if self.in_use >= self.max_size:
+                    raise PoolBusy(
+                        f"every connection of the pool ({self.in_use} of {self.max_size}) "
+                        f"stayed in use: {exc}"
+                    ) from None
+                raise
             try:
                 if await _alive(conn):
+                    self.in_use += 1
                     return conn
             except BaseException:
-                await self.putconn(conn)
+                await super().putconn(conn)
                 raise
             self.closed_by_server += 1
-            await self.putconn(conn)  # closed: the pool discards it and opens another
+            await super().putconn(conn)  # closed: the pool discards it and opens another
+
+    async def putconn(self, conn: Any) -> None:
+        """Give back a connection :meth:`getconn` handed out."""
+        self.in_use -= 1
+        await super().putconn(conn)
+
+
+class PoolBusy(PoolTimeout):
+    """No connection within the wait because every connection of the pool was in use (a
+    ``PoolTimeout``: callers that catch that one catch this)."""
 
 
 async def _alive(conn: psycopg.AsyncConnection[Any]) -> bool:

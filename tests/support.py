@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -279,7 +280,8 @@ async def wakeups_until_marker(listener: Any, dsn: str, marker: str) -> list[str
 class Proxy:
     """A TCP proxy to the server of ``dsn`` (:attr:`dsn` goes through it), for a network fault:
     :meth:`cut` closes every connection through it and holds each new one (accepted, read, never
-    answered: a network that drops the packets); :meth:`heal` forwards new ones again. Use as a
+    answered: a network that drops the packets); :meth:`heal` forwards new ones again;
+    :meth:`refuse` resets new ones at once (a database that refuses connections). Use as a
     context manager."""
 
     def __init__(self, dsn: str) -> None:
@@ -293,7 +295,16 @@ class Proxy:
         self._piped: list[socket.socket] = []
         self._held: set[socket.socket] = set()
         self._cut = False
+        self._passes = 0  # connections still forwarded before the refused ones
+        self._refusals = 0
+        self.refused = 0  # connections reset by refuse()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def refuse(self, n: int, *, after: int = 0) -> None:
+        """Forward the next ``after`` new connections, then reset the ``n`` after them at once
+        (TCP RST, before the server says anything), then forward again."""
+        with self._lock:
+            self._passes, self._refusals = after, n
 
     def _accept(self) -> None:
         while True:
@@ -302,6 +313,14 @@ class Proxy:
             except OSError:
                 return
             with self._lock:
+                if self._passes:
+                    self._passes -= 1
+                elif self._refusals:
+                    self._refusals -= 1
+                    self.refused += 1
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    sock.close()
+                    continue
                 if self._cut:
                     self._held.add(sock)
                     threading.Thread(target=self._hold, args=(sock,), daemon=True).start()

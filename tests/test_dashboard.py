@@ -28,7 +28,7 @@ from awa_fast.web.security import check_bind
 from awa_fast.worker.follow_ups import PROVENANCE_KEY
 from tests.dashboard_seed import seed
 from tests.dashboard_support import served
-from tests.support import Proxy, wait_lock_waiter
+from tests.support import Proxy, poll_until, scalar, wait_lock_waiter
 
 BASE = "http://127.0.0.1"
 
@@ -635,3 +635,123 @@ def test_an_unreachable_database_gets_a_503_page_and_pages_come_back(dsn, ids):
             r, took = _timed(web, ("GET", "/queues", {}))
             assert (first.status_code, r.status_code) in {(200, 200), (503, 200)}, r.text
             assert took < DB_WAIT_S / 2, took
+
+
+# -- a database that refuses connections at startup ------------------------------------------------
+
+
+def _serve_and_wait_for_the_address(proc: subprocess.Popen, lines: list[str]) -> str | None:
+    """The ``http://host:port`` uvicorn says it runs on, reading ``proc``'s stderr into
+    ``lines``; ``None`` when the process ended first."""
+    for line in proc.stderr:  # type: ignore[union-attr]
+        lines.append(line)
+        m = re.search(r"Uvicorn running on (http://\S+)", line)
+        if m:
+            return m.group(1)
+    return None
+
+
+@pytest.mark.parametrize("after", [0, 1], ids=["probe-refused", "pools-refused"])
+def test_serve_starts_once_a_database_that_refused_connections_accepts_them(dsn, ids, after):
+    # With reconnect_timeout=0 (pages' 503 within DB_WAIT_S) a pool gave up after one refused
+    # connect: serve waited 30 s for nothing and exited 3 with uvicorn's PoolTimeout traceback;
+    # a refused probe exited 1 at once (helper F).
+    with Proxy(dsn) as proxy:
+        proxy.refuse(3, after=after)  # after=1: the probe passes, the pools' connects are refused
+        proc = _serve_on_any_port(proxy.dsn)
+        lines: list[str] = []
+        try:
+            address = _serve_and_wait_for_the_address(proc, lines)
+            assert address is not None, "".join(lines + proc.stderr.readlines())  # type: ignore[union-attr]
+            with urllib.request.urlopen(f"{address}/queues", timeout=30) as r:
+                assert r.status == 200
+            assert proxy.refused == 3
+            proc.send_signal(signal.SIGTERM)
+            lines += proc.stderr.readlines()  # type: ignore[union-attr]
+            rc = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    out = "".join(lines)
+    assert rc == 0, out
+    assert "Traceback" not in out, out
+
+
+def test_serve_exits_1_on_one_line_when_the_database_accepts_no_connection_at_startup(dsn, ids):
+    # The probe passes, then every connect is refused: after the startup bound (shortened here)
+    # one line says so and serve exits 1, without uvicorn's traceback of the lifespan.
+    code = (
+        "import sys; from awa_fast.web import reads; reads.STARTUP_S = 3.0; "
+        "from awa_fast.cli import main; sys.exit(main(['serve', '--port', '0']))"
+    )
+    with Proxy(dsn) as proxy:
+        proxy.refuse(10**9, after=1)
+        env = {**os.environ, "AWA_FAST_DATABASE_URL": proxy.dsn}
+        env.pop("AWA_FAST_SERVE_TOKEN", None)
+        started = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+        )
+        took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("awa-fast: error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "the database accepted no connection within 3 s" in errors[0], proc.stderr
+    assert "(the last attempt: connection failed: " in errors[0], proc.stderr
+    assert "error connecting in" not in proc.stderr, proc.stderr  # psycopg.pool's, per attempt
+    assert proxy.refused > 1 and took < 30, (proxy.refused, took)
+
+
+# -- pages that wait on the database hold its connections ---------------------------------------------
+
+BUSY = "Every database connection is busy"
+
+
+def _pages_behind_a_lock(web: TestClient, dsn: str, n: int) -> tuple[list, int]:
+    """``n`` GET /queues at once while ``awa_fast.queue_meta`` is locked (each page that gets a
+    connection waits on the lock with it), released once every page either waits on it or
+    has answered; the answers and how many pages waited."""
+    waiting = 0
+    with psycopg.connect(dsn) as locker:
+        locker.execute("LOCK TABLE awa_fast.queue_meta IN ACCESS EXCLUSIVE MODE")
+        with ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(_timed, web, ("GET", "/queues", {})) for _ in range(n)]
+
+            async def settled() -> bool:
+                # polled: a statement waiting on a lock is server state no signal here reports
+                nonlocal waiting
+                waiting = await scalar(
+                    dsn,
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE '%queue_meta%'",
+                )
+                return waiting + sum(f.done() for f in futures) == n
+
+            asyncio.run(poll_until(settled, 30, "every page waiting on the lock or answered"))
+            locker.rollback()  # the lock goes: the waiting pages finish
+            return [f.result(timeout=30) for f in futures], waiting
+
+
+def test_a_handful_of_pages_waiting_on_the_database_all_get_their_page(web, dsn):
+    # The reads' pool had 4 connections: the fifth slow page at once waited 3 s and got "503 The
+    # database is unreachable" although the database was up (helper F).
+    answers, waiting = _pages_behind_a_lock(web, dsn, 10)
+    assert [r.status_code for r, _ in answers] == [200] * 10, [r.text for r, _ in answers]
+    assert waiting == 10
+
+
+def test_pages_beyond_the_pool_get_a_busy_503_not_unreachable(web, dsn):
+    # More slow pages than the reads' connections: those left without one answer 503 after
+    # DB_WAIT_S saying every connection is busy (it said "unreachable"); the others get their
+    # page once the lock goes.
+    answers, waiting = _pages_behind_a_lock(web, dsn, 14)
+    served = [r for r, _ in answers if r.status_code == 200]
+    busy = [(r, took) for r, took in answers if r.status_code == 503]
+    assert len(served) == waiting and len(served) + len(busy) == 14, [r.text for r, _ in answers]
+    assert busy, "the pool was not exhausted"
+    for r, took in busy:
+        assert BUSY in r.text and "unreachable" not in r.text, r.text
+        assert DB_WAIT_S - 0.5 < took < DB_WAIT_S + 2, took
+    assert web.get("/queues").status_code == 200

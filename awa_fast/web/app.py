@@ -4,8 +4,8 @@ Admin actions are POST-only, CSRF-checked and refused with 403 under ``read_only
 same :class:`~awa_fast.client.AsyncClient` methods as the CLI. Bad input (an id that is not a
 positive bigint, an unknown state, an over-long filter) gets a 400 page, an unknown id a 404 page,
 an action on a job in the wrong state a 409 page, a database that cannot be reached (no
-connection within ``reads.DB_WAIT_S``, or the connection lost) a 503 page; no page ever shows a
-traceback.
+connection within ``reads.DB_WAIT_S``, or the connection lost) a 503 page, and so does a pool
+whose every connection stayed busy (saying so); no page ever shows a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import json
 import logging
 import re
 import secrets
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,11 +34,13 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from awa_fast.client import AsyncClient
-from awa_fast.errors import AttemptStillRunning, UniqueConflict
+from awa_fast.connections import PoolBusy
+from awa_fast.errors import AttemptStillRunning, DatabaseError, UniqueConflict
 from awa_fast.job import JobState
 from awa_fast.sql import dashboard as bounds
+from awa_fast.web import reads as _reads
 from awa_fast.web import security
-from awa_fast.web.reads import DB_WAIT_S, Reads, bounded
+from awa_fast.web.reads import CLIENT_CONNECTIONS, DB_WAIT_S, Reads, bounded
 
 log = logging.getLogger("awa_fast.web")
 
@@ -56,6 +60,69 @@ class _Client(AsyncClient):
 
     def _pool_options(self, url: str) -> dict[str, Any]:
         return bounded(url, super()._pool_options(url))
+
+
+class StartupError(DatabaseError):
+    """The dashboard's pools found no database connection within its startup bound
+    (``reads.STARTUP_S``): the application does not start."""
+
+
+class _LastConnectError(logging.Filter):
+    """Keeps psycopg.pool's warnings (one per failed connect, several a second while a startup
+    retries) off the log and the last one's first line as :attr:`last`."""
+
+    last = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        if str(record.msg).startswith("error connecting") and record.args:
+            # "error connecting in %r: %s", (pool name, the connect's exception)
+            self.last = str(record.args[-1]).splitlines()[0]  # type: ignore[index]
+        return False
+
+
+async def _open(reads: Reads, new_client: Callable[[], AsyncClient], timeout: float) -> AsyncClient:
+    """Open the reads' pool and a client's (``new_client()``) within ``timeout`` seconds,
+    starting new connects while the database refuses them (each pool alone gives up after one
+    failed connect, see ``bounded``); returns the client.
+
+    Raises:
+        StartupError: no connection when ``timeout`` ran out (its message ends with the last
+            connect error).
+    """
+    deadline = time.monotonic() + timeout
+    errors = _LastConnectError()
+    pool_log = logging.getLogger("psycopg.pool")
+    pool_log.addFilter(errors)
+    try:
+        try:
+            await reads.open(timeout)
+        except PoolTimeout:
+            raise StartupError(_no_database(timeout, errors.last)) from None
+        while True:
+            client = None
+            try:
+                # the database answered the reads: the client's check at construction (one
+                # connect) and its pool's open (up to DB_WAIT_S) are short
+                client = new_client()
+                await client.pool()
+                return client
+            except DatabaseError as exc:
+                if client is not None:
+                    await client.close()
+                if time.monotonic() >= deadline:
+                    last = errors.last or str(exc).splitlines()[0]
+                    raise StartupError(_no_database(timeout, last)) from None
+    finally:
+        pool_log.removeFilter(errors)
+
+
+def _no_database(timeout: float, last: str) -> str:
+    return (
+        f"the database accepted no connection within {timeout:.0f} s of the dashboard's "
+        f"startup (the last attempt: {last or 'no answer'})"
+    )
 
 
 def _lost(exc: psycopg.OperationalError) -> bool | None:
@@ -184,7 +251,11 @@ def _state(text: str | None) -> str | None:
 
 
 def create_app(
-    database_url: str, *, read_only: bool = False, token: str | None = None
+    database_url: str,
+    *,
+    read_only: bool = False,
+    token: str | None = None,
+    startup_s: float | None = None,
 ) -> Starlette:
     """The dashboard for the awa-fast database at ``database_url`` (a libpq URL/DSN).
 
@@ -193,6 +264,9 @@ def create_app(
         token: when set, every request needs it (``Authorization: Bearer``, or the login form,
             which marks the signed session cookie). ``None``: no authentication; only loopback
             ``Host`` headers are then accepted (DNS-rebinding guard).
+        startup_s: how long the application's startup waits for the database to accept
+            connections (default ``reads.STARTUP_S``, 30 s); then the startup fails with
+            :class:`StartupError` (also kept as ``app.state.startup_error``).
 
     The bind rule (a token off loopback) is enforced by the caller, see
     :func:`awa_fast.web.security.check_bind`. Connections open on application startup.
@@ -418,6 +492,14 @@ def create_app(
 
     async def db_unreachable(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, psycopg.OperationalError)
+        if isinstance(exc, PoolBusy):  # the database is up: slow pages hold every connection
+            log.warning("dashboard: every database connection is busy on %s", request.url.path)
+            return error_page(
+                request,
+                503,
+                f"Every database connection is busy (slow pages hold them; none came free "
+                f"within {DB_WAIT_S:g} s). Try again in a moment.",
+            )
         lost = _lost(exc)
         if lost is None:
             raise exc  # any other database error: the 500 of server_error
@@ -439,17 +521,26 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        state["client"] = _Client(database_url, max_connections=2)
         state["reads"] = Reads(database_url)
+        state["client"] = None
         try:
-            await state["reads"].open()
-            # now: a first open failing later (database down) closes the pool, waiting on its
-            # connects, and the next page builds another
-            await state["client"].pool()
+            # the client's pool now: a first open failing later (database down) closes the
+            # pool, waiting on its connects, and the next page builds another
+            wait_s = _reads.STARTUP_S if startup_s is None else startup_s
+            try:
+                state["client"] = await _open(
+                    state["reads"],
+                    lambda: _Client(database_url, max_connections=CLIENT_CONNECTIONS),
+                    wait_s,
+                )
+            except StartupError as exc:
+                app.state.startup_error = exc  # awa-fast serve reports it on one line
+                raise
             yield
         finally:
             await state["reads"].close()
-            await state["client"].close()
+            if state["client"] is not None:
+                await state["client"].close()
 
     routes = [
         Route("/", home),

@@ -9,10 +9,12 @@ pools (this one and its client's) wait for the database as :func:`bounded` says.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
+from psycopg_pool import PoolTimeout
 
 from awa_fast import sql
 from awa_fast.connections import Pool
@@ -21,6 +23,19 @@ from awa_fast.sql import dashboard as q
 STATEMENT_TIMEOUT_MS = q.STATEMENT_TIMEOUT_MS
 # The longest a page waits for a database connection before it answers 503 (docs/dashboard.md).
 DB_WAIT_S = 3.0
+# The most connections each of the dashboard's pools opens (docs/dashboard.md): the reads' (every
+# page) and the client's (actions, DLQ depth, cron). Pages that wait on the database (a lock,
+# a slow query: each holds its connection up to the 5 s statement timeout) hold one each, so
+# ten such pages at once still leave none waiting; one more waits DB_WAIT_S for a connection,
+# then gets a 503 saying every connection is busy.
+READ_CONNECTIONS = 10
+CLIENT_CONNECTIONS = 4
+# How long the dashboard's startup (the app's lifespan, ``awa-fast serve``) waits for the database
+# to accept connections before it gives up (docs/dashboard.md).
+STARTUP_S = 30.0
+# At startup, how long one wait for a connection lasts before another connect is started: a
+# refused connect fails at once and, with ``reconnect_timeout=0``, is not retried by the pool.
+STARTUP_RETRY_S = 0.5
 # libpq's connect_timeout (whole seconds, 2 at least): a connect into a network that drops its
 # packets ends, and frees its place in the pool, in 2 s instead of psycopg's default 130 s.
 CONNECT_TIMEOUT_S = 2
@@ -73,7 +88,7 @@ class Page:
 class Reads:
     """The dashboard's read model over ``database_url`` (open with :meth:`open`)."""
 
-    def __init__(self, database_url: str, max_connections: int = 4):
+    def __init__(self, database_url: str, max_connections: int = READ_CONNECTIONS):
         self._pool = Pool(
             database_url,
             open=False,
@@ -88,8 +103,28 @@ class Reads:
             ),
         )
 
-    async def open(self) -> None:
-        await self._pool.open(wait=True, timeout=30)
+    async def open(self, timeout: float = STARTUP_S) -> None:
+        """Open the pool and wait until it holds a connection, for up to ``timeout`` seconds:
+        a connect that fails is followed by another (every ``STARTUP_RETRY_S`` at most), so a
+        database that refuses connections for a while at startup is waited for.
+
+        Raises:
+            psycopg_pool.PoolTimeout: no connection within ``timeout`` (the pool stays open;
+                :meth:`close` it).
+        """
+        deadline = time.monotonic() + timeout
+        await self._pool.open(wait=False)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PoolTimeout(f"no connection to the database within {timeout:g} s")
+            try:
+                # each wait that finds no connection starting starts one (the pool grows)
+                conn = await self._pool.getconn(min(left, STARTUP_RETRY_S))
+            except PoolTimeout:
+                continue
+            await self._pool.putconn(conn)
+            return
 
     async def close(self) -> None:
         await self._pool.close()

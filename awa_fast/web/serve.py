@@ -47,16 +47,21 @@ def run(
     port: int = DEFAULT_PORT,
     read_only: bool = False,
     token: str | None = None,
+    startup_s: float | None = None,
 ) -> None:
     """Serve the dashboard of ``database_url`` on ``host:port`` until SIGINT or SIGTERM, then
     stop gracefully and return (requests in flight get up to ``STOP_TIMEOUT_S``; a stop that
     has not ended after ``STOP_LIMIT_S``, say behind a database that stopped answering, exits
-    the process by SIGALRM).
+    the process by SIGALRM). The startup waits up to ``startup_s`` (default
+    ``reads.STARTUP_S``, 30 s) for the database to accept connections.
 
     Raises:
         ValueError: the bind rule refuses ``host`` without ``token`` (see
             :func:`awa_fast.web.security.check_bind`).
-        SystemExit: 3 when the server cannot start, e.g. the port is taken (uvicorn says why).
+        awa_fast.web.app.StartupError: the database accepted no connection within the
+            startup bound (uvicorn logs no traceback for it).
+        SystemExit: 3 when the server cannot start otherwise, e.g. the port is taken (uvicorn
+            says why).
     """
     import uvicorn
 
@@ -78,9 +83,21 @@ def run(
                 _exit_if_still_running(STOP_LIMIT_S)
             self.should_exit = True
 
-    app = create_app(database_url, read_only=read_only, token=token)
+    app = create_app(database_url, read_only=read_only, token=token, startup_s=startup_s)
+    app.state.startup_error = None
+
+    async def asgi(scope, receive, send):
+        # A startup that found no database is reported by the caller on one line (the
+        # StartupError raised below): uvicorn would log Starlette's traceback of it.
+        async def quiet_send(message):
+            if message["type"] == "lifespan.startup.failed" and app.state.startup_error:
+                message = {**message, "message": ""}
+            await send(message)
+
+        await app(scope, receive, quiet_send if scope["type"] == "lifespan" else send)
+
     config = uvicorn.Config(
-        app,
+        asgi,
         host=host,
         port=port,
         log_level="info",
@@ -89,6 +106,13 @@ def run(
         timeout_graceful_shutdown=STOP_TIMEOUT_S,
     )
     server = GracefulServer(config)
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's own exit 3 after a failed lifespan startup
+        if app.state.startup_error is not None:
+            raise app.state.startup_error from None
+        raise
     if not server.started:
+        if app.state.startup_error is not None:
+            raise app.state.startup_error
         sys.exit(3)  # as uvicorn.run: the server could not start
