@@ -38,7 +38,10 @@ its jobs run, the parent
 drains the children, counts the demo's jobs by kind and state (continuations counted apart),
 deletes the unfinished ones (continuations and B jobs included), prints a summary and exits
 128 + the signal's number, as a shell reports a process the signal ended: 130 after Ctrl-C,
-143 after SIGTERM, 129 after SIGHUP. A second signal, or one after every demo job finished, ends
+143 after SIGTERM, 129 after SIGHUP. Interrupted while it migrates the schema, it first waits
+for the migration under way to end (each migration is one transaction: it commits or rolls back
+whole); interrupted before it began to enqueue its jobs, its summary says nothing was enqueued
+(nothing is counted or removed). A second signal, or one after every demo job finished, ends
 the process at once (Ctrl-C: 130; SIGTERM, SIGHUP: the default action).
 """
 
@@ -257,6 +260,9 @@ class DemoInterrupted:
     removed_unfinished: int  # demo jobs deleted because they had not finished
     stopped_by: str = "SIGINT"  # the signal that interrupted it
     interrupted: bool = True
+    # False: interrupted before the demo began to enqueue its jobs (while it migrated the schema
+    # or deleted a previous run's rows): nothing was counted or removed
+    enqueued: bool = True
 
     @property
     def exit_status(self) -> int:
@@ -282,7 +288,7 @@ async def _counts(c) -> dict[tuple[str, str], int]:
 
 
 async def _prepare(c) -> None:
-    await c.migrate()
+    """Delete the rows of a previous run and make the result table (the schema is migrated)."""
     await _fetch(c, dsql.DELETE_JOBS, {"kinds": list(KINDS)})
     await _fetch(c, dsql.DELETE_DLQ, (list(KINDS),))
     await c.resume_queue(DEMO_QUEUE)
@@ -401,11 +407,19 @@ async def _demo(
     stopped_by = _stop_on_signals()
     c = awa.AsyncClient(database_url, max_connections=2)
     sup = None
+    migration: asyncio.Task | None = None
+    enqueuing = False  # the COPY of the A jobs began: from here on the demo's jobs may exist
     enqueue_s = 0.0
     t_start = time.perf_counter()
     try:
         try:
+            _log("migrating the awa_fast schema (nothing to do when it is current)")
+            # c.migrate() runs in a thread, which a cancel does not stop: shielded, so that an
+            # interrupt can wait for it below
+            migration = asyncio.ensure_future(c.migrate())
+            await asyncio.shield(migration)
             await _prepare(c)
+            enqueuing = True
             t0 = time.perf_counter()
             await c.insert_many_copy(
                 [ParseImports(p) for p in files], kind=KIND_PARSE, queue=DEMO_QUEUE
@@ -446,9 +460,28 @@ async def _demo(
                 f"interrupted by {name}: stopping the workers, then removing the demo's "
                 "unfinished jobs"
             )
+            if migration is not None and not migration.done():
+                # Each migration is one transaction: the one under way commits or rolls back
+                # whole. Querying before it ended raced it (no jobs table yet).
+                _log("waiting for the schema migration under way to end")
+                await asyncio.wait({migration})
+            if migration is not None and migration.done() and not migration.cancelled():
+                if (exc := migration.exception()) is not None:
+                    _log(f"the schema migration failed: {exc}")
             if sup is not None:
                 await asyncio.to_thread(sup.drain)
                 sup = None
+            if not enqueuing:  # none of this run's jobs exist: nothing to count or remove
+                return DemoInterrupted(
+                    elapsed_seconds=time.perf_counter() - t_start,
+                    processes=processes,
+                    files=len(files),
+                    counts={},
+                    continuations=0,
+                    removed_unfinished=0,
+                    stopped_by=name,
+                    enqueued=False,
+                )
             counts = await _counts(c)
             continuations = (await _fetch(c, dsql.CONTINUATIONS, (KIND_PARSE,)))[0][0]
             return DemoInterrupted(
@@ -591,10 +624,21 @@ def format_interrupted(r: DemoInterrupted) -> str:
 
     unfinished = ("available", "scheduled", "retryable", "running")
     a_all, b_all = total(KIND_PARSE), total(KIND_RESOLVE)
+    head = (
+        f"interrupted by {r.stopped_by} after {r.elapsed_seconds:.1f} s ({r.processes} "
+        f"worker process{'es' if r.processes != 1 else ''}, {r.files} files)"
+    )
+    if not r.enqueued:
+        return "\n".join(
+            [
+                head,
+                "nothing was enqueued yet (the demo was migrating the schema or deleting a "
+                "previous run's rows); nothing removed",
+            ]
+        )
     return "\n".join(
         [
-            f"interrupted by {r.stopped_by} after {r.elapsed_seconds:.1f} s ({r.processes} "
-            f"worker process{'es' if r.processes != 1 else ''}, {r.files} files)",
+            head,
             f"stage A: {n(KIND_PARSE, 'completed')} completed, {n(KIND_PARSE, 'failed')} failed, "
             f"{n(KIND_PARSE, *unfinished)} unfinished ({a_all} jobs: "
             f"{a_all - r.continuations} files + {r.continuations} continuations)",
