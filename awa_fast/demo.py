@@ -42,7 +42,10 @@ deletes the unfinished ones (continuations and B jobs included), prints a summar
 for the migration under way to end (each migration is one transaction: it commits or rolls back
 whole); interrupted before it began to enqueue its jobs, its summary says nothing was enqueued
 (nothing is counted or removed). A second signal, or one after every demo job finished, ends
-the process at once (Ctrl-C: 130; SIGTERM, SIGHUP: the default action).
+the process at once (Ctrl-C: 130; SIGTERM, SIGHUP: the default action), with one exception:
+during the check (after ``pipeline done``), SIGTERM or SIGHUP (as Ctrl-C) first cancels the
+check and terminates its pool's processes, then the demo exits 128 + the signal's number
+without a report (none of its processes outlives it).
 """
 
 from __future__ import annotations
@@ -271,6 +274,19 @@ class DemoInterrupted:
         return 128 + signal.Signals[self.stopped_by].value
 
 
+@dataclasses.dataclass
+class CheckInterrupted:
+    """A stop signal (SIGTERM, SIGHUP) arrived during the check, after every demo job
+    finished: the check's processes were ended; no report."""
+
+    stopped_by: str
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number (143 after SIGTERM, 129 after SIGHUP)."""
+        return 128 + signal.Signals[self.stopped_by].value
+
+
 def _log(message: str) -> None:
     print(f"demo: {message}", file=sys.stderr, flush=True)
 
@@ -303,19 +319,47 @@ def _check_one(path: str) -> tuple[str, list[str] | None, str | None]:
         return path, None, str(exc)
 
 
-def _direct(files: list[str], processes: int) -> tuple[set[str], int, dict[str, str]]:
+def _check_many(paths: list[str]) -> list[tuple[str, list[str] | None, str | None]]:
+    return [_check_one(p) for p in paths]
+
+
+CHECK_CHUNK = 32
+
+
+async def _direct(files: list[str], processes: int) -> tuple[set[str], int, dict[str, str]]:
     """Re-parse ``files`` without the queue (a plain process pool): (distinct modules of the
-    parsed files, staged requests = sum of their distinct counts, {unparsable path: error})."""
+    parsed files, staged requests = sum of their distinct counts, {unparsable path: error}).
+
+    Cancelled (a stop signal), it cancels the pending chunks and terminates the pool's
+    processes before it re-raises: none outlives the demo."""
     import concurrent.futures
     import multiprocessing
 
+    loop = asyncio.get_running_loop()
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=processes, mp_context=multiprocessing.get_context("spawn")
+    )
+    try:
+        chunks = await asyncio.gather(
+            *(
+                loop.run_in_executor(pool, _check_many, files[i : i + CHECK_CHUNK])
+                for i in range(0, len(files), CHECK_CHUNK)
+            )
+        )
+    except BaseException:
+        children = list((pool._processes or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.join(5)
+        raise
+    await asyncio.to_thread(pool.shutdown)
     expected: set[str] = set()
     staged = 0
     failures: dict[str, str] = {}
-    with concurrent.futures.ProcessPoolExecutor(
-        max_workers=processes, mp_context=multiprocessing.get_context("spawn")
-    ) as pool:
-        for path, names, error in pool.map(_check_one, files, chunksize=32):
+    for results in chunks:
+        for path, names, error in results:
             if names is None:
                 failures[path] = error or ""
                 continue
@@ -400,7 +444,7 @@ def _default_stops() -> None:
 
 async def _demo(
     database_url: str, processes: int, files: list[str], timeout: float
-) -> DemoResult | DemoInterrupted:
+) -> DemoResult | DemoInterrupted | CheckInterrupted:
     from awa_fast.supervisor import Supervisor
 
     t_wall = time.perf_counter()
@@ -512,7 +556,18 @@ async def _demo(
         f"pipeline done in {pipeline_s:.1f} s; checking it against a direct parse of the same "
         f"{len(files)} files (a process pool, no queue)"
     )
-    expected, staged, direct_failures = await asyncio.to_thread(_direct, files, processes)
+    # A stop signal during the check ends its pool's processes, then the demo (128 + the signal,
+    # no report: the pipeline finished)
+    stopped_by = _stop_on_signals()
+    try:
+        expected, staged, direct_failures = await _direct(files, processes)
+    except asyncio.CancelledError:
+        if not stopped_by:  # Ctrl-C: asyncio.Runner ends the process (130)
+            raise
+        _log(f"interrupted by {stopped_by[0]} during the check: its processes were ended")
+        return CheckInterrupted(stopped_by[0])
+    finally:
+        _default_stops()
     problems = []
     if timed_out:
         problems.append(f"timed out after {timeout:g} s")
@@ -731,6 +786,8 @@ def run_demo(
                 _log(line)
         database_url = resolve_database_url(None)
     result = _run_loop(_demo(database_url, processes, files, timeout))
+    if isinstance(result, CheckInterrupted):
+        return result.exit_status
     if json_output:
         print(json.dumps(dataclasses.asdict(result), indent=2))
     elif isinstance(result, DemoInterrupted):

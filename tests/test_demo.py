@@ -467,3 +467,89 @@ def test_a_stop_during_the_first_migration_waits_for_it_and_stops_cleanly(fresh_
         jobs = conn.execute("SELECT count(*) FROM awa_fast.jobs_all").fetchone()[0]
     assert version == (current_migration_version(),)
     assert jobs == 0
+
+
+def _children(pid: int) -> dict[int, str]:
+    """{pid: command line} of the live (not zombie) child processes of ``pid``, from /proc."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            out[int(entry)] = cmdline
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_stop_signal_during_the_check_ends_the_check_processes_too(dsn):
+    """SIGTERM to the demo alone (not its process group) while it re-parses the files in its
+    check's process pool: exit 143, and no child of the demo (the pool's spawned workers,
+    multiprocessing's resource tracker) survives it. (The default action ended the demo alone
+    and left them to init for minutes.)"""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "awa_fast",
+            "--database-url",
+            dsn,
+            "demo",
+            "--processes",
+            "1",
+            "--limit",
+            "1500",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    seen = []
+    children: dict[int, str] = {}
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if "demo: pipeline done in" in line:
+                break
+        else:
+            raise AssertionError("".join(seen))
+        deadline = time.monotonic() + 60
+        while not any("spawn_main" in c for c in children.values()):
+            assert time.monotonic() < deadline, ("no check worker", children)
+            children = _children(proc.pid)
+            time.sleep(0.02)
+        assert proc.poll() is None, "the check ended before the signal: use more files"
+        proc.send_signal(signal.SIGTERM)
+        # (not communicate(): an orphan holds the pipes open)
+        status = proc.wait(timeout=TIMEOUT_S)
+        deadline = time.monotonic() + 10
+        while (left := [p for p in children if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in children:  # unfixed: the orphans this test made
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=TIMEOUT_S)
+    err = "".join(seen) + err
+    assert status == 128 + signal.SIGTERM, (out, err)
+    assert not left, ("outlived the demo", children, left)
+    assert "demo: interrupted by SIGTERM during the check" in err
+    assert "Traceback" not in err
