@@ -38,8 +38,14 @@ its jobs run, the parent
 drains the children, counts the demo's jobs by kind and state (continuations counted apart),
 deletes the unfinished ones (continuations and B jobs included), prints a summary and exits
 128 + the signal's number, as a shell reports a process the signal ended: 130 after Ctrl-C,
-143 after SIGTERM, 129 after SIGHUP. A second signal, or one after every demo job finished, ends
-the process at once (Ctrl-C: 130; SIGTERM, SIGHUP: the default action).
+143 after SIGTERM, 129 after SIGHUP. Interrupted while it migrates the schema, it first waits
+for the migration under way to end (each migration is one transaction: it commits or rolls back
+whole); interrupted before it began to enqueue its jobs, its summary says nothing was enqueued
+(nothing is counted or removed). A second signal, or one after every demo job finished, ends
+the process at once (Ctrl-C: 130; SIGTERM, SIGHUP: the default action), with one exception:
+during the check (after ``pipeline done``), SIGTERM or SIGHUP (as Ctrl-C) first cancels the
+check and terminates its pool's processes, then the demo exits 128 + the signal's number
+without a report (none of its processes outlives it).
 """
 
 from __future__ import annotations
@@ -257,11 +263,27 @@ class DemoInterrupted:
     removed_unfinished: int  # demo jobs deleted because they had not finished
     stopped_by: str = "SIGINT"  # the signal that interrupted it
     interrupted: bool = True
+    # False: interrupted before the demo began to enqueue its jobs (while it migrated the schema
+    # or deleted a previous run's rows): nothing was counted or removed
+    enqueued: bool = True
 
     @property
     def exit_status(self) -> int:
         """128 + the signal's number, as a shell reports a process it ended: 130 after Ctrl-C,
         143 after SIGTERM, 129 after SIGHUP."""
+        return 128 + signal.Signals[self.stopped_by].value
+
+
+@dataclasses.dataclass
+class CheckInterrupted:
+    """A stop signal (SIGTERM, SIGHUP) arrived during the check, after every demo job
+    finished: the check's processes were ended; no report."""
+
+    stopped_by: str
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number (143 after SIGTERM, 129 after SIGHUP)."""
         return 128 + signal.Signals[self.stopped_by].value
 
 
@@ -282,7 +304,7 @@ async def _counts(c) -> dict[tuple[str, str], int]:
 
 
 async def _prepare(c) -> None:
-    await c.migrate()
+    """Delete the rows of a previous run and make the result table (the schema is migrated)."""
     await _fetch(c, dsql.DELETE_JOBS, {"kinds": list(KINDS)})
     await _fetch(c, dsql.DELETE_DLQ, (list(KINDS),))
     await c.resume_queue(DEMO_QUEUE)
@@ -297,19 +319,47 @@ def _check_one(path: str) -> tuple[str, list[str] | None, str | None]:
         return path, None, str(exc)
 
 
-def _direct(files: list[str], processes: int) -> tuple[set[str], int, dict[str, str]]:
+def _check_many(paths: list[str]) -> list[tuple[str, list[str] | None, str | None]]:
+    return [_check_one(p) for p in paths]
+
+
+CHECK_CHUNK = 32
+
+
+async def _direct(files: list[str], processes: int) -> tuple[set[str], int, dict[str, str]]:
     """Re-parse ``files`` without the queue (a plain process pool): (distinct modules of the
-    parsed files, staged requests = sum of their distinct counts, {unparsable path: error})."""
+    parsed files, staged requests = sum of their distinct counts, {unparsable path: error}).
+
+    Cancelled (a stop signal), it cancels the pending chunks and terminates the pool's
+    processes before it re-raises: none outlives the demo."""
     import concurrent.futures
     import multiprocessing
 
+    loop = asyncio.get_running_loop()
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=processes, mp_context=multiprocessing.get_context("spawn")
+    )
+    try:
+        chunks = await asyncio.gather(
+            *(
+                loop.run_in_executor(pool, _check_many, files[i : i + CHECK_CHUNK])
+                for i in range(0, len(files), CHECK_CHUNK)
+            )
+        )
+    except BaseException:
+        children = list((pool._processes or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.join(5)
+        raise
+    await asyncio.to_thread(pool.shutdown)
     expected: set[str] = set()
     staged = 0
     failures: dict[str, str] = {}
-    with concurrent.futures.ProcessPoolExecutor(
-        max_workers=processes, mp_context=multiprocessing.get_context("spawn")
-    ) as pool:
-        for path, names, error in pool.map(_check_one, files, chunksize=32):
+    for results in chunks:
+        for path, names, error in results:
             if names is None:
                 failures[path] = error or ""
                 continue
@@ -394,18 +444,26 @@ def _default_stops() -> None:
 
 async def _demo(
     database_url: str, processes: int, files: list[str], timeout: float
-) -> DemoResult | DemoInterrupted:
+) -> DemoResult | DemoInterrupted | CheckInterrupted:
     from awa_fast.supervisor import Supervisor
 
     t_wall = time.perf_counter()
     stopped_by = _stop_on_signals()
     c = awa.AsyncClient(database_url, max_connections=2)
     sup = None
+    migration: asyncio.Task | None = None
+    enqueuing = False  # the COPY of the A jobs began: from here on the demo's jobs may exist
     enqueue_s = 0.0
     t_start = time.perf_counter()
     try:
         try:
+            _log("migrating the awa_fast schema (nothing to do when it is current)")
+            # c.migrate() runs in a thread, which a cancel does not stop: shielded, so that an
+            # interrupt can wait for it below
+            migration = asyncio.ensure_future(c.migrate())
+            await asyncio.shield(migration)
             await _prepare(c)
+            enqueuing = True
             t0 = time.perf_counter()
             await c.insert_many_copy(
                 [ParseImports(p) for p in files], kind=KIND_PARSE, queue=DEMO_QUEUE
@@ -446,9 +504,28 @@ async def _demo(
                 f"interrupted by {name}: stopping the workers, then removing the demo's "
                 "unfinished jobs"
             )
+            if migration is not None and not migration.done():
+                # Each migration is one transaction: the one under way commits or rolls back
+                # whole. Querying before it ended raced it (no jobs table yet).
+                _log("waiting for the schema migration under way to end")
+                await asyncio.wait({migration})
+            if migration is not None and migration.done() and not migration.cancelled():
+                if (exc := migration.exception()) is not None:
+                    _log(f"the schema migration failed: {exc}")
             if sup is not None:
                 await asyncio.to_thread(sup.drain)
                 sup = None
+            if not enqueuing:  # none of this run's jobs exist: nothing to count or remove
+                return DemoInterrupted(
+                    elapsed_seconds=time.perf_counter() - t_start,
+                    processes=processes,
+                    files=len(files),
+                    counts={},
+                    continuations=0,
+                    removed_unfinished=0,
+                    stopped_by=name,
+                    enqueued=False,
+                )
             counts = await _counts(c)
             continuations = (await _fetch(c, dsql.CONTINUATIONS, (KIND_PARSE,)))[0][0]
             return DemoInterrupted(
@@ -479,7 +556,18 @@ async def _demo(
         f"pipeline done in {pipeline_s:.1f} s; checking it against a direct parse of the same "
         f"{len(files)} files (a process pool, no queue)"
     )
-    expected, staged, direct_failures = await asyncio.to_thread(_direct, files, processes)
+    # A stop signal during the check ends its pool's processes, then the demo (128 + the signal,
+    # no report: the pipeline finished)
+    stopped_by = _stop_on_signals()
+    try:
+        expected, staged, direct_failures = await _direct(files, processes)
+    except asyncio.CancelledError:
+        if not stopped_by:  # Ctrl-C: asyncio.Runner ends the process (130)
+            raise
+        _log(f"interrupted by {stopped_by[0]} during the check: its processes were ended")
+        return CheckInterrupted(stopped_by[0])
+    finally:
+        _default_stops()
     problems = []
     if timed_out:
         problems.append(f"timed out after {timeout:g} s")
@@ -591,10 +679,21 @@ def format_interrupted(r: DemoInterrupted) -> str:
 
     unfinished = ("available", "scheduled", "retryable", "running")
     a_all, b_all = total(KIND_PARSE), total(KIND_RESOLVE)
+    head = (
+        f"interrupted by {r.stopped_by} after {r.elapsed_seconds:.1f} s ({r.processes} "
+        f"worker process{'es' if r.processes != 1 else ''}, {r.files} files)"
+    )
+    if not r.enqueued:
+        return "\n".join(
+            [
+                head,
+                "nothing was enqueued yet (the demo was migrating the schema or deleting a "
+                "previous run's rows); nothing removed",
+            ]
+        )
     return "\n".join(
         [
-            f"interrupted by {r.stopped_by} after {r.elapsed_seconds:.1f} s ({r.processes} "
-            f"worker process{'es' if r.processes != 1 else ''}, {r.files} files)",
+            head,
             f"stage A: {n(KIND_PARSE, 'completed')} completed, {n(KIND_PARSE, 'failed')} failed, "
             f"{n(KIND_PARSE, *unfinished)} unfinished ({a_all} jobs: "
             f"{a_all - r.continuations} files + {r.continuations} continuations)",
@@ -687,6 +786,8 @@ def run_demo(
                 _log(line)
         database_url = resolve_database_url(None)
     result = _run_loop(_demo(database_url, processes, files, timeout))
+    if isinstance(result, CheckInterrupted):
+        return result.exit_status
     if json_output:
         print(json.dumps(dataclasses.asdict(result), indent=2))
     elif isinstance(result, DemoInterrupted):

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -382,3 +384,172 @@ def test_demo_on_the_embedded_server_says_what_it_does_first():
             timeout=TIMEOUT_S,
         )
         shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
+def test_a_stop_during_the_first_migration_waits_for_it_and_stops_cleanly(fresh_db, sig):
+    """Interrupted while it migrates a fresh database (the test holds the migration lock, so
+    the signal arrives while the migration thread waits on it): the demo waits for the
+    migration under way to end, then stops with 128 + the signal and a summary saying nothing
+    was enqueued; no error, the schema whole and no demo job in it. (It queried the missing
+    jobs table while the thread still migrated: `relation "awa_fast.jobs_all" does not
+    exist`, exit 1.)"""
+    from awa_fast.schema import MIGRATE_LOCK_KEY, current_migration_version
+
+    seen = []
+    proc = None
+    try:
+        with psycopg.connect(fresh_db) as lock:
+            lock.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "awa_fast",
+                    "--database-url",
+                    fresh_db,
+                    "demo",
+                    "--processes",
+                    "1",
+                    "--limit",
+                    "5",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_env(),
+                preexec_fn=sigint_as_at_a_terminal,
+            )
+            # stderr lines, read by a thread so that every wait is bounded (unfixed, the demo
+            # hung on the held migration without printing its error)
+            stderr = proc.stderr
+            lines: queue.Queue = queue.Queue()
+            reader = threading.Thread(target=lambda: [lines.put(x) for x in stderr], daemon=True)
+            reader.start()
+
+            def wait_for(text: str) -> None:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        seen.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
+                    except queue.Empty:
+                        raise AssertionError(f"no {text!r} line: {''.join(seen)}") from None
+                    if text in seen[-1]:
+                        return
+
+            wait_for("demo: migrating the awa_fast schema")
+            proc.send_signal(sig)
+            # the migration is still held at the lock: the demo must wait for it
+            wait_for(f"demo: interrupted by {sig.name}")
+            wait_for("demo: waiting for the schema migration under way to end")
+            lock.rollback()  # the migration goes on
+        out = proc.stdout.read()  # to its end: the demo exited
+        proc.wait(timeout=TIMEOUT_S)
+        reader.join(timeout=TIMEOUT_S)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    while not lines.empty():
+        seen.append(lines.get())
+    err = "".join(seen)
+    assert proc.returncode == 128 + sig, (out, err)
+    assert "error" not in err.lower() and "Traceback" not in err, err
+    summary = out.splitlines()
+    assert re.fullmatch(
+        rf"interrupted by {sig.name} after \d+\.\d s \(1 worker process, 5 files\)", summary[0]
+    ), summary
+    assert summary[1].startswith("nothing was enqueued yet"), summary
+    with psycopg.connect(fresh_db) as conn:
+        version = conn.execute("SELECT max(version) FROM awa_fast.schema_version").fetchone()
+        jobs = conn.execute("SELECT count(*) FROM awa_fast.jobs_all").fetchone()[0]
+    assert version == (current_migration_version(),)
+    assert jobs == 0
+
+
+def _children(pid: int) -> dict[int, str]:
+    """{pid: command line} of the live (not zombie) child processes of ``pid``, from /proc."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            out[int(entry)] = cmdline
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_stop_signal_during_the_check_ends_the_check_processes_too(dsn):
+    """SIGTERM to the demo alone (not its process group) while it re-parses the files in its
+    check's process pool: exit 143, and no child of the demo (the pool's spawned workers,
+    multiprocessing's resource tracker) survives it. (The default action ended the demo alone
+    and left them to init for minutes.)"""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "awa_fast",
+            "--database-url",
+            dsn,
+            "demo",
+            "--processes",
+            "1",
+            "--limit",
+            "1500",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    seen = []
+    children: dict[int, str] = {}
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if "demo: pipeline done in" in line:
+                break
+        else:
+            raise AssertionError("".join(seen))
+        deadline = time.monotonic() + 60
+        while not any("spawn_main" in c for c in children.values()):
+            assert time.monotonic() < deadline, ("no check worker", children)
+            children = _children(proc.pid)
+            time.sleep(0.02)
+        assert proc.poll() is None, "the check ended before the signal: use more files"
+        proc.send_signal(signal.SIGTERM)
+        # (not communicate(): an orphan holds the pipes open)
+        status = proc.wait(timeout=TIMEOUT_S)
+        deadline = time.monotonic() + 10
+        while (left := [p for p in children if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in children:  # unfixed: the orphans this test made
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=TIMEOUT_S)
+    err = "".join(seen) + err
+    assert status == 128 + signal.SIGTERM, (out, err)
+    assert not left, ("outlived the demo", children, left)
+    assert "demo: interrupted by SIGTERM during the check" in err
+    assert "Traceback" not in err
