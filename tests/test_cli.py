@@ -1075,20 +1075,25 @@ def test_check_does_not_connect_to_the_url_the_client_was_built_with(tmp_path):
         "@client.task(Ping, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
         "async def ping(job):\n    pass\n"
     )
-    root = str(Path(__file__).resolve().parent.parent)
     t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, "-m", "awa_fast", "check", "elsewhere:client"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=_env(PYTHONPATH=root),
-    )
+    r = _run_in(tmp_path, "check", "elsewhere:client")
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and "could not connect" not in r.stderr, r.stderr
     assert "start() would accept this configuration (1 registered kind)" in r.stdout
     assert time.monotonic() - t0 < 9
+
+
+def _run_in(where: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m awa_fast args...`` in ``where`` (an application's directory), with the
+    source tree on the path."""
+    return subprocess.run(
+        [sys.executable, "-m", "awa_fast", *args],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=_env(PYTHONPATH=str(Path(__file__).resolve().parent.parent)),
+    )
 
 
 def test_check_json_is_json_when_the_application_prints_at_import(tmp_path):
@@ -1103,15 +1108,7 @@ def test_check_json_is_json_when_the_application_prints_at_import(tmp_path):
         "@client.task(Ping, failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
         "async def ping(job):\n    pass\n"
     )
-    root = str(Path(__file__).resolve().parent.parent)
-    r = subprocess.run(
-        [sys.executable, "-m", "awa_fast", "--json", "check", "chatty:client"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=_env(PYTHONPATH=root),
-    )
+    r = _run_in(tmp_path, "--json", "check", "chatty:client")
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert json.loads(r.stdout)["registered"] == ["ping"], r.stdout
     for text in ("loading config...", "no newline", "straight to fd 1"):

@@ -31,6 +31,19 @@ def _env() -> dict:
     }
 
 
+def start_demo(dsn: str, *args: str, interrupt: bool = False) -> subprocess.Popen:
+    """``awa-fast demo args...`` started against ``dsn``, stdout and stderr piped (text);
+    ``interrupt``: SIGINT raises KeyboardInterrupt in it, as at a terminal."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "awa_fast", "--database-url", dsn, "demo", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        preexec_fn=sigint_as_at_a_terminal if interrupt else None,
+    )
+
+
 def run_demo(dsn: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "awa_fast", "--database-url", dsn, "demo", *args],
@@ -176,25 +189,7 @@ def test_demo_pipeline_with_a_broken_file(dsn, tmp_path):
 def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
     """A real SIGINT while stage B is held back (a SHARE lock on the results table blocks its
     upserts, so the pipeline cannot finish first)."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "awa_fast",
-            "--database-url",
-            dsn,
-            "demo",
-            "--processes",
-            "1",
-            "--limit",
-            "200",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-        preexec_fn=sigint_as_at_a_terminal,
-    )
+    proc = start_demo(dsn, "--processes", "1", "--limit", "200", interrupt=True)
     seen = []
     try:
         with psycopg.connect(dsn) as lock:
@@ -265,26 +260,7 @@ def test_a_stop_signal_stops_the_demo_as_ctrl_c_does_and_counts_its_continuation
     the signal, the continuation counted and every unfinished job gone."""
     many = tmp_path / "many_imports.py"  # 20 distinct modules: 15 staged + one continuation
     many.write_text("".join(f"import demo_fake_mod_{i:02d}\n" for i in range(20)))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "awa_fast",
-            "--database-url",
-            dsn,
-            "demo",
-            "--processes",
-            "1",
-            "--limit",
-            "1",
-            "--extra-path",
-            str(many),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-    )
+    proc = start_demo(dsn, "--processes", "1", "--limit", "1", "--extra-path", str(many))
     seen = []
     try:
         with psycopg.connect(dsn) as lock:
@@ -403,25 +379,7 @@ def test_a_stop_during_the_first_migration_waits_for_it_and_stops_cleanly(fresh_
     try:
         with psycopg.connect(fresh_db) as lock:
             lock.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "awa_fast",
-                    "--database-url",
-                    fresh_db,
-                    "demo",
-                    "--processes",
-                    "1",
-                    "--limit",
-                    "5",
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=_env(),
-                preexec_fn=sigint_as_at_a_terminal,
-            )
+            proc = start_demo(fresh_db, "--processes", "1", "--limit", "5", interrupt=True)
             # stderr lines, read by a thread so that every wait is bounded (unfixed, the demo
             # hung on the held migration without printing its error)
             stderr = proc.stderr
@@ -501,24 +459,7 @@ def test_a_stop_signal_during_the_check_ends_the_check_processes_too(dsn):
     check's process pool: exit 143, and no child of the demo (the pool's spawned workers,
     multiprocessing's resource tracker) survives it. (The default action ended the demo alone
     and left them to init for minutes.)"""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "awa_fast",
-            "--database-url",
-            dsn,
-            "demo",
-            "--processes",
-            "1",
-            "--limit",
-            "1500",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-    )
+    proc = start_demo(dsn, "--processes", "1", "--limit", "1500")
     seen = []
     children: dict[int, str] = {}
     try:

@@ -167,20 +167,25 @@ async def test_class1_claim_isolates_a_row_its_update_fails(dsn, client):
     assert row["state"] == "available" and row["attempt"] == 0  # left as it was, not lost
 
 
-async def test_class1_a_row_every_claim_leaves_available_is_warned_about_once(dsn, client, caplog):
-    # The refused row stays at the head of its queue, so every claim meets it again: one
-    # warning for the bulk statement and one for the row, not two per claim.
-    bad = await client.insert({"x": 1}, kind="explode", priority=1)
-    dispatcher = Dispatcher(
+def _dispatcher(client) -> Dispatcher:
+    """A dispatcher of queue 'default' with 4 slots whose claims a test makes itself."""
+    return Dispatcher(
         "default",
         pool_getter=client.pool,
         spawn=lambda row: None,
         max_workers=4,
         deadline_ms=0,
-        claim_batch_size=10,
+        claim_batch_size=4,
         poll_interval_s=1.0,
         kinds=["explode", "plain"],
     )
+
+
+async def test_class1_a_row_every_claim_leaves_available_is_warned_about_once(dsn, client, caplog):
+    # The refused row stays at the head of its queue, so every claim meets it again: one
+    # warning for the bulk statement and one for the row, not two per claim.
+    bad = await client.insert({"x": 1}, kind="explode", priority=1)
+    dispatcher = _dispatcher(client)
     async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'running'", event="UPDATE"):
         with caplog.at_level(logging.WARNING, logger="awa_fast.bulk"):
             for i in range(3):
@@ -201,16 +206,7 @@ async def test_class1_a_claims_worth_of_refused_rows_does_not_hide_the_queue_beh
     # at the head as the claim takes, the jobs behind them were never claimed.
     bad = [(await client.insert({"x": i}, kind="explode", priority=1)).id for i in range(4)]
     good = [(await client.insert(Plain(i))).id for i in range(6)]
-    dispatcher = Dispatcher(
-        "default",
-        pool_getter=client.pool,
-        spawn=lambda row: None,
-        max_workers=4,
-        deadline_ms=0,
-        claim_batch_size=4,
-        poll_interval_s=1.0,
-        kinds=["explode", "plain"],
-    )
+    dispatcher = _dispatcher(client)
     claimed: list[list[int]] = []
     async with failing_rows(dsn, "NEW.kind = 'explode' AND NEW.state = 'running'", event="UPDATE"):
         for _ in range(3):
