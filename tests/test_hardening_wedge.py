@@ -470,35 +470,33 @@ async def test_class1_prune_isolates_a_slice_its_truncate_fails(dsn, client):
         "finalized_at = now() - interval '2 days' WHERE id = ANY(%s)",
         ([j.id for j in old],),
     )
+    slice_ = await _finish_in_an_old_slice(dsn, bad.id)
+    async with failing_truncate(dsn, slice_):
+        assert await _maintenance(client).prune() == 3
+    assert list(await _rows(dsn)) == [bad.id]  # kept; the others are gone
+
+
+async def _finish_in_an_old_slice(dsn: str, job_id: int) -> str:
+    """Complete the job 3 days ago (it moves to an expired slice); returns that slice."""
     await _exec(
         dsn,
         "UPDATE awa_fast.jobs SET state = 'completed', "
         "finalized_at = now() - interval '3 days' WHERE id = %s",
-        (bad.id,),
+        (job_id,),
     )
-    (slice_,) = await _conn_fetch(
-        dsn, f"SELECT tableoid::regclass::text FROM awa_fast.jobs_done WHERE id = {bad.id}"
+    ((slice_,),) = await _conn_fetch(
+        dsn, f"SELECT tableoid::regclass::text FROM awa_fast.jobs_done WHERE id = {job_id}"
     )
-    async with failing_truncate(dsn, slice_[0]):
-        assert await _maintenance(client).prune() == 3
-    assert list(await _rows(dsn)) == [bad.id]  # kept; the others are gone
+    return slice_
 
 
 async def test_class1_a_slice_whose_truncate_is_refused_every_pass_is_warned_about_once(
     dsn, client, caplog
 ):
     bad = await client.insert({"x": 1}, kind="explode")
-    await _exec(
-        dsn,
-        "UPDATE awa_fast.jobs SET state = 'completed', "
-        "finalized_at = now() - interval '3 days' WHERE id = %s",
-        (bad.id,),
-    )
-    (slice_,) = await _conn_fetch(
-        dsn, f"SELECT tableoid::regclass::text FROM awa_fast.jobs_done WHERE id = {bad.id}"
-    )
+    slice_ = await _finish_in_an_old_slice(dsn, bad.id)
     m = _maintenance(client)
-    async with failing_truncate(dsn, slice_[0]):
+    async with failing_truncate(dsn, slice_):
         with caplog.at_level(logging.WARNING, logger="awa_fast.maintenance"):
             for _ in range(3):
                 assert await m.expire_slices() == 0
