@@ -586,8 +586,10 @@ async def test_queue_stats_and_pause_resume(client, dsn):
     assert stats["qa"].available == 3  # pausing does not change counts
 
     await client.resume_queue("qa")
+    await client.resume_queue("never_seen")  # nothing to resume: not listed afterwards
     stats = {s.queue: s for s in await client.queue_stats()}
     assert not stats["qa"].paused and stats["empty_q"].paused
+    assert "never_seen" not in stats
 
 
 def test_sync_pause_resume(sync_client):

@@ -129,9 +129,9 @@ PAUSE_QUEUE = f"""
 INSERT INTO {S}.queue_meta (queue, paused, paused_at, paused_by) VALUES (%s, true, now(), %s)
 ON CONFLICT (queue) DO UPDATE SET paused = true, paused_at = now(), paused_by = EXCLUDED.paused_by"""
 
+# A queue never paused has no row to clear (an insert would list it in queue_stats).
 RESUME_QUEUE = f"""
-INSERT INTO {S}.queue_meta (queue, paused) VALUES (%s, false)
-ON CONFLICT (queue) DO UPDATE SET paused = false, paused_at = NULL, paused_by = NULL"""
+UPDATE {S}.queue_meta SET paused = false, paused_at = NULL, paused_by = NULL WHERE queue = %s"""
 
 CLEAN = (
     f"TRUNCATE {S}.jobs, {S}.queue_meta, {S}.dlq, {S}.cron_jobs, {S}.callback_expressions, "
