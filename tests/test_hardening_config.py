@@ -282,7 +282,7 @@ async def test_class5_failed_attempt_logs_one_line(dsn, client, caplog):
         f"job {job.id} (mine) attempt 1/2 failed: ValueError: boom on attempt 1; retry in"
     ), lines
     assert lines[1] == (
-        f"job {job.id} (mine) attempt 2/2 failed: ValueError: boom on attempt 2; failed (exhausted)"
+        f"job {job.id} (mine) attempt 2/2 failed: ValueError: boom on attempt 2; not retried (exhausted)"
     ), lines
     assert len(lines) == 2 and not any("424242" in line for line in lines)
 

@@ -606,13 +606,14 @@ def _metrics_needs_port(port: int | None, host: Any, refresh_ms: Any) -> None:
 
 def _log_failed_attempt(ctx: JobContext, outcome: ex.Outcome) -> None:
     """One line per failed or retried attempt: kind, id, attempt, the error's type and message
-    (its first line; never the job's args), and what happens next."""
+    (its first line; never the job's args), and what happens next ("retry in N s", or "not
+    retried (reason)": the settlement then fails, dead-letters or owes the attempt)."""
     error = (outcome.error or {}).get("error") or "no error"
     head = error.split("\n", 1)[0][:500]
     if outcome.kind == ex.RETRY:
         then = f"retry in {outcome.delay or 0:.1f} s"
-    else:
-        then = f"failed ({outcome.reason})"
+    else:  # failed, dead-lettered or owing its kind's consequence: the settlement decides
+        then = f"not retried ({outcome.reason})"
     log.warning(
         "job %s (%s) attempt %d/%d failed: %s; %s",
         ctx.id,
