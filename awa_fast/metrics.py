@@ -123,6 +123,13 @@ RESCUES = Counter(
     "(stale), deadline (exceeded), callback (expired).",
     ["cause"],
 )
+MAINTENANCE_STUCK_ROWS = Gauge(
+    "awa_fast_maintenance_stuck_rows",
+    "Rows a maintenance loop's passes left unchanged (refused by a trigger, bad data) and retry "
+    "apart every pass; 0 on a process that does not lead (ADR 009).",
+    ["loop"],
+    multiprocess_mode="livesum",
+)
 LEADER = Gauge(
     "awa_fast_maintenance_leader",
     "1 while this process holds the maintenance leadership.",

@@ -32,6 +32,7 @@ from tests.support import (
     exploding_inserts,
     failing_rows,
     job_row,
+    passes,
     scalar,
     until,
     wait_lock_waiter,
@@ -349,6 +350,38 @@ async def test_class1_a_remembered_refused_row_that_is_fixed_goes_through(dsn, c
         assert await m.promote() == 1
     assert (await job_row(dsn, bad[2].id))["state"] == "available"
     assert m.stuck_rows("promote") == 4
+
+
+async def test_class1_stuck_rows_are_a_prometheus_gauge_of_the_leader(dsn, client):
+    # What health_check reports per loop is also awa_fast_maintenance_stuck_rows{loop}: set
+    # after every pass of the leader's loop, back to 0 when the process stops leading.
+    from prometheus_client import REGISTRY
+
+    def gauge() -> float | None:
+        return REGISTRY.get_sample_value("awa_fast_maintenance_stuck_rows", {"loop": "promote"})
+
+    later = "2999-01-01T00:00:00+00:00"
+    bad = [await client.insert({"x": i}, kind="explode", run_at=later) for i in range(3)]
+    await _exec(
+        dsn,
+        "UPDATE awa_fast.jobs SET run_at = now() - interval '1 hour' WHERE id = ANY(%s)",
+        ([j.id for j in bad],),
+    )
+    async with failing_rows(
+        dsn, "NEW.kind = 'explode' AND NEW.state = 'available'", event="UPDATE"
+    ):
+
+        @client.task(Plain)
+        async def plain(job):
+            return None
+
+        await client.start([("default", 1)], **FAST)
+        promote = passes(client, "promote")
+        await until(lambda: gauge() == 3, promote, what="the gauge at 3 stuck rows")
+        health = await client.health_check()
+        assert health.leader and health.maintenance_loops["promote"].stuck_rows == 3
+        await client.shutdown()
+    assert gauge() == 0
 
 
 async def test_class1_a_batch_of_refused_rows_does_not_hide_the_stale_attempts_behind(dsn, client):

@@ -325,6 +325,8 @@ class Maintenance:
             log.info("gave up maintenance leadership (epoch %s)", self.epoch)
         self.is_leader = False
         metrics.LEADER.set(0)
+        for loop in _PASSES_OF:  # what a leader's passes remembered is no longer this process's
+            metrics.MAINTENANCE_STUCK_ROWS.labels(loop).set(0)
         if self._lock_conn is not None:
             try:
                 await self._lock_conn.close()
@@ -384,7 +386,11 @@ class Maintenance:
         while True:
             delay = interval_s
             try:
-                result = await fn()
+                try:
+                    result = await fn()
+                finally:
+                    if name in _PASSES_OF:
+                        metrics.MAINTENANCE_STUCK_ROWS.labels(name).set(self.stuck_rows(name))
                 health.passes += 1
                 health.failures = 0
                 health.alive = True
