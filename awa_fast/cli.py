@@ -1807,7 +1807,8 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         type=_positive_float,
         default=600.0,
         metavar="SECONDS",
-        help="give up (exit 1) if the pipeline has not finished after this long (default: 600)",
+        help="give up if the pipeline has not finished after this long: stop the workers, "
+        "remove the unfinished jobs, exit 1 (default: 600)",
     )
     p.set_defaults(func=cmd_demo)
     return parser

@@ -45,7 +45,9 @@ whole); interrupted before it began to enqueue its jobs, its summary says nothin
 the process at once (Ctrl-C: 130; SIGTERM, SIGHUP: the default action), with one exception:
 during the check (after ``pipeline done``), SIGTERM or SIGHUP (as Ctrl-C) first cancels the
 check and terminates its pool's processes, then the demo exits 128 + the signal's number
-without a report (none of its processes outlives it).
+without a report (none of its processes outlives it). Past ``--timeout`` seconds (default 600)
+it stops the same way (drain, count, delete the unfinished jobs, summary ``timed out after
+...``) and exits 1.
 """
 
 from __future__ import annotations
@@ -248,12 +250,15 @@ class DemoResult:
     expected_modules: int
     check_ok: bool
     check_message: str
-    timed_out: bool
+
+
+TIMEOUT = "TIMEOUT"  # DemoInterrupted.stopped_by of a run that passed its --timeout
 
 
 @dataclasses.dataclass
 class DemoInterrupted:
-    """What an interrupted demo run (Ctrl-C, SIGTERM or SIGHUP) did before it stopped."""
+    """What an interrupted demo run (Ctrl-C, SIGTERM or SIGHUP, or its ``--timeout``) did
+    before it stopped."""
 
     elapsed_seconds: float
     processes: int
@@ -261,7 +266,7 @@ class DemoInterrupted:
     counts: dict  # {"kind:state": jobs} just before the clean-up
     continuations: int  # of the stage-A jobs in ``counts``, those created as continuations
     removed_unfinished: int  # demo jobs deleted because they had not finished
-    stopped_by: str = "SIGINT"  # the signal that interrupted it
+    stopped_by: str = "SIGINT"  # the signal that interrupted it, or TIMEOUT
     interrupted: bool = True
     # False: interrupted before the demo began to enqueue its jobs (while it migrated the schema
     # or deleted a previous run's rows): nothing was counted or removed
@@ -270,7 +275,9 @@ class DemoInterrupted:
     @property
     def exit_status(self) -> int:
         """128 + the signal's number, as a shell reports a process it ended: 130 after Ctrl-C,
-        143 after SIGTERM, 129 after SIGHUP."""
+        143 after SIGTERM, 129 after SIGHUP; 1 after the timeout (a failed run)."""
+        if self.stopped_by == TIMEOUT:
+            return 1
         return 128 + signal.Signals[self.stopped_by].value
 
 
@@ -410,6 +417,23 @@ async def _remove_unfinished(c) -> int:
         return cur.rowcount
 
 
+async def _stopped(
+    c, t_start: float, processes: int, files: list[str], stopped_by: str
+) -> DemoInterrupted:
+    """Count the demo's jobs, then remove the unfinished ones (its workers have stopped)."""
+    counts = await _counts(c)
+    continuations = (await _fetch(c, dsql.CONTINUATIONS, (KIND_PARSE,)))[0][0]
+    return DemoInterrupted(
+        elapsed_seconds=time.perf_counter() - t_start,
+        processes=processes,
+        files=len(files),
+        counts={f"{k}:{st}": n for (k, st), n in sorted(counts.items())},
+        continuations=continuations,
+        removed_unfinished=await _remove_unfinished(c),
+        stopped_by=stopped_by,
+    )
+
+
 # Signals that stop the demo as Ctrl-C does: a service manager's SIGTERM, and the SIGHUP of a
 # closed terminal (the worker launcher drains on both).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -487,9 +511,17 @@ async def _demo(
                 extra_env={"PYTHONWARNINGS": "ignore"},
             )
             sup.start()
-            timed_out = await _wait_for_pipeline(c, sup, t_start, timeout)
-            # Every demo job is finished (or the run timed out): from here on a SIGTERM/SIGHUP takes
-            # the default action, as a Ctrl-C now ends the process (130) without a summary.
+            if await _wait_for_pipeline(c, sup, t_start, timeout):
+                # Given up: stop and clean up as after an interrupt (nothing left to compare)
+                _log(
+                    f"timed out after {timeout:g} s: stopping the workers, then removing the "
+                    "demo's unfinished jobs"
+                )
+                await asyncio.to_thread(sup.drain)
+                sup = None
+                return await _stopped(c, t_start, processes, files, TIMEOUT)
+            # Every demo job is finished: from here on a SIGTERM/SIGHUP takes the default
+            # action, as a Ctrl-C now ends the process (130) without a summary.
             _default_stops()
         except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner), SIGTERM or SIGHUP cancels it
             # after Ctrl-C, a SIGTERM takes the default action, as a second Ctrl-C ends it
@@ -526,17 +558,7 @@ async def _demo(
                     stopped_by=name,
                     enqueued=False,
                 )
-            counts = await _counts(c)
-            continuations = (await _fetch(c, dsql.CONTINUATIONS, (KIND_PARSE,)))[0][0]
-            return DemoInterrupted(
-                elapsed_seconds=time.perf_counter() - t_start,
-                processes=processes,
-                files=len(files),
-                counts={f"{k}:{st}": n for (k, st), n in sorted(counts.items())},
-                continuations=continuations,
-                removed_unfinished=await _remove_unfinished(c),
-                stopped_by=name,
-            )
+            return await _stopped(c, t_start, processes, files, name)
         pipeline_s = time.perf_counter() - t_start
         await asyncio.to_thread(sup.drain)
         sup = None
@@ -569,8 +591,6 @@ async def _demo(
     finally:
         _default_stops()
     problems = []
-    if timed_out:
-        problems.append(f"timed out after {timeout:g} s")
     missing, extra = sorted(expected - b_names), sorted(b_names - expected)
     if missing or extra:
         problems.append(
@@ -618,7 +638,6 @@ async def _demo(
         expected_modules=len(expected),
         check_ok=not problems,
         check_message=check,
-        timed_out=timed_out,
     )
 
 
@@ -669,7 +688,8 @@ def format_report(r: DemoResult, max_failures: int = 5) -> str:
 
 
 def format_interrupted(r: DemoInterrupted) -> str:
-    """The summary printed when ``awa-fast demo`` is interrupted (Ctrl-C or SIGTERM)."""
+    """The summary printed when ``awa-fast demo`` is interrupted (a stop signal) or passes
+    its ``--timeout``."""
 
     def n(kind: str, *states: str) -> int:
         return sum(r.counts.get(f"{kind}:{st}", 0) for st in states)
@@ -680,7 +700,8 @@ def format_interrupted(r: DemoInterrupted) -> str:
     unfinished = ("available", "scheduled", "retryable", "running")
     a_all, b_all = total(KIND_PARSE), total(KIND_RESOLVE)
     head = (
-        f"interrupted by {r.stopped_by} after {r.elapsed_seconds:.1f} s ({r.processes} "
+        f"{'timed out' if r.stopped_by == TIMEOUT else f'interrupted by {r.stopped_by}'} "
+        f"after {r.elapsed_seconds:.1f} s ({r.processes} "
         f"worker process{'es' if r.processes != 1 else ''}, {r.files} files)"
     )
     if not r.enqueued:
@@ -754,9 +775,9 @@ def run_demo(
     :mod:`awa_fast.database_url`; the embedded server's footprint is announced before it
     starts) with ``processes`` worker processes (default one per core) over the first ``limit``
     standard-library files plus ``extra_paths`` (files or directories); print the report (JSON
-    if ``json_output``). Returns 0 when the check passed, 1 when it did not, and when
-    interrupted (see the module's docstring) 130 after Ctrl-C (SIGINT), 143 after SIGTERM, 129
-    after SIGHUP.
+    if ``json_output``). Returns 0 when the check passed, 1 when it did not or the run passed
+    ``timeout`` seconds, and when interrupted (see the module's docstring) 130 after Ctrl-C
+    (SIGINT), 143 after SIGTERM, 129 after SIGHUP.
 
     Raises:
         ValueError: ``processes`` or ``limit`` below 1, or an extra path that does not exist.

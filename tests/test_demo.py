@@ -250,6 +250,45 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
     assert left == 0
 
 
+def test_the_timeout_stops_the_demo_and_removes_its_unfinished_jobs(dsn):
+    """Past --timeout the demo stops as after an interrupt (drain, count, remove what did not
+    finish) and exits 1; stage B is held back by a SHARE lock so it cannot finish first."""
+    proc = start_demo(dsn, "--processes", "1", "--limit", "200", "--timeout", "3")
+    seen = []
+    try:
+        with psycopg.connect(dsn) as lock:
+            for line in proc.stderr:
+                seen.append(line)
+                if "enqueued 200 stage-A jobs" in line:  # the results table exists and is empty
+                    lock.execute("LOCK TABLE awa_fast_demo_modules IN SHARE MODE")
+                if "demo: timed out after 3 s" in line:
+                    break
+            else:
+                raise AssertionError("".join(seen))
+            lock.rollback()  # let the held upserts go so that the drain is quick
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(seen) + err
+    assert proc.returncode == 1, (out, err)
+    assert "Traceback" not in err
+    lines = out.splitlines()
+    assert re.fullmatch(r"timed out after \d+\.\d s \(1 worker process, 200 files\)", lines[0])
+    assert re.fullmatch(
+        r"removed (\d+) unfinished demo job\(s\) from queue 'demo'; "
+        r"finished rows stay until the next `awa-fast demo` deletes them",
+        lines[3],
+    )
+    with psycopg.connect(dsn) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM awa_fast.jobs_all WHERE queue = 'demo' AND state "
+            "IN ('available', 'scheduled', 'retryable', 'running')"
+        ).fetchone()[0]
+    assert left == 0
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_stops_the_demo_as_ctrl_c_does_and_counts_its_continuations(
     dsn, tmp_path, sig
