@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time as dtime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from awa_fast import sql
@@ -128,8 +128,15 @@ def _short_time(value: str | None) -> str | None:
     return dt.strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def _json_value(value: Any) -> Any:
+    # Times as ISO 8601 (what Job.to_dict and the dashboard's JSON give), anything else as text.
+    if isinstance(value, (datetime, date, dtime)):
+        return value.isoformat()
+    return str(value)
+
+
 def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, ensure_ascii=False, default=str))
+    print(json.dumps(obj, indent=2, ensure_ascii=False, default=_json_value))
 
 
 def _print_error(

@@ -744,6 +744,20 @@ def test_dlq_bulk_needs_filter_or_all(args, message):
 # cron
 
 
+def test_consequences_json_gives_times_in_iso_8601(dsn, client):
+    job = client.insert({"x": 1}, kind="cli_owing")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE awa_fast.jobs SET state = 'consequence_pending', consequence_state = 'owed', "
+            "consequence_reason = 'terminal_error', consequence_path = 'failed', "
+            "consequence_attempts = 0, consequence_retry_at = '2024-05-01T01:00:00Z', "
+            "finalized_at = now() WHERE id = %s",
+            (job.id,),
+        )
+    [owed] = [r for r in ok_json("consequences", dsn=dsn) if r["id"] == job.id]
+    assert owed["retry_at"] == "2024-05-01T01:00:00+00:00", owed
+
+
 def test_cron_list_and_remove(dsn, client):
     assert ok("cron", "list", dsn=dsn).strip() == "no cron jobs"
     assert ok_json("cron", "list", dsn=dsn) == []
