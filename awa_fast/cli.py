@@ -26,7 +26,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, date, datetime, time as dtime
+from datetime import UTC, date, datetime
+from datetime import time as dtime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from awa_fast import sql
@@ -198,6 +199,7 @@ async def _probe(url: str, *, need_schema: bool, source: str = "", wait_s: float
     from psycopg.conninfo import conninfo_to_dict
 
     from awa_fast import schema
+    from awa_fast.pg_connection import Connection
 
     kwargs: dict[str, Any] = {"autocommit": True}
     try:
@@ -208,7 +210,7 @@ async def _probe(url: str, *, need_schema: bool, source: str = "", wait_s: float
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            conn = await psycopg.AsyncConnection.connect(url, **kwargs)
+            conn = await Connection.connect(url, **kwargs)
             break
         except psycopg.OperationalError as exc:
             if time.monotonic() + PROBE_RETRY_S < deadline and not _refused_for_good(exc):

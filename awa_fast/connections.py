@@ -13,6 +13,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from awa_fast import bulk, enqueue, sql
+from awa_fast.pg_connection import Connection
 
 log = logging.getLogger("awa_fast.admin")
 
@@ -34,6 +35,11 @@ class Pool(AsyncConnectionPool[Any]):
     closed_by_server = 0
     # connections handed out by getconn and not yet given back by putconn
     in_use = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # a statement cancelled mid-way never freezes the process (pg_connection)
+        kwargs.setdefault("connection_class", Connection)
+        super().__init__(*args, **kwargs)
 
     async def getconn(self, timeout: float | None = None) -> Any:
         """A connection, as ``AsyncConnectionPool.getconn``, within ``timeout`` seconds (the

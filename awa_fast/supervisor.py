@@ -267,6 +267,8 @@ async def _reach_database(url: str) -> None:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
+    from awa_fast.pg_connection import Connection
+
     kwargs: dict[str, Any] = {}
     try:
         info = conninfo_to_dict(url)
@@ -275,7 +277,7 @@ async def _reach_database(url: str) -> None:
     if "connect_timeout" not in info:
         kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
     try:
-        conn = await psycopg.AsyncConnection.connect(url, **kwargs)
+        conn = await Connection.connect(url, **kwargs)
     except psycopg.OperationalError as exc:
         where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}"
         raise OSError(f"cannot reach the database at {where}: {str(exc).strip()}") from None

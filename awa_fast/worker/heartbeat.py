@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 
 import psycopg
 
-from awa_fast import bulk, sql
+from awa_fast import bulk, pg_connection, sql
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.observe import Signal
@@ -122,7 +122,7 @@ class Heartbeat:
             return
         async with self._conn_lock:  # the beat and progress loops share the connection
             if self._conn is None or self._conn.closed:
-                self._conn = await psycopg.AsyncConnection.connect(
+                self._conn = await pg_connection.Connection.connect(
                     self._database_url, autocommit=True, connect_timeout=10
                 )
                 await self._conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows

@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from awa_fast import bulk, metrics, sql
+from awa_fast import bulk, metrics, pg_connection, sql
 from awa_fast.errors import ConfigError
 from awa_fast.rows import one_row
 from awa_fast.worker.observe import Signal
@@ -241,7 +241,7 @@ class Maintenance:
             return True
         conn = self._lock_conn
         if conn is None or conn.closed:
-            conn = self._lock_conn = await psycopg.AsyncConnection.connect(
+            conn = self._lock_conn = await pg_connection.Connection.connect(
                 self.database_url, autocommit=True
             )
         cur = await conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
@@ -709,7 +709,7 @@ class Maintenance:
             psycopg.Error: the statistics or the VACUUM failed (the loop retries).
         """
         if self._vacuum_conn is None or self._vacuum_conn.closed or self._vacuum_conn.broken:
-            self._vacuum_conn = await psycopg.AsyncConnection.connect(
+            self._vacuum_conn = await pg_connection.Connection.connect(
                 self.database_url, autocommit=True
             )
         conn = self._vacuum_conn

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from awa_fast import _native, batch_ops, bulk, descriptors, metrics, schema, sql
+from awa_fast import _native, batch_ops, bulk, descriptors, metrics, pg_connection, schema, sql
 from awa_fast.errors import (
     ConfigError,
     QueueMismatchWarning,
@@ -348,12 +348,24 @@ def _thread_runs(ctx: JobContext) -> bool:
 async def _cancel_and_wait(tasks: list, grace_s: float = 0.0) -> None:
     """Let ``tasks`` end by themselves for ``grace_s`` seconds, then cancel them until they
     are done: on Python 3.11 a cancel racing ``asyncio.wait_for`` (psycopg_pool's getconn) can
-    be swallowed, so one cancel is not enough."""
+    be swallowed, so one cancel is not enough. At most ``SHUTDOWN_GRACE_S`` after the first
+    cancel: a task in a statement the database does not answer (psycopg's cancel request waits
+    for the server too) is left, cancelled, and logged by name."""
     live = [t for t in tasks if not t.done()]
     if live and grace_s > 0:
         _, pending = await asyncio.wait(live, timeout=grace_s)
         live = list(pending)
+    give_up = time.monotonic() + SHUTDOWN_GRACE_S
     while live:
+        if time.monotonic() >= give_up:
+            log.error(
+                "%d task(s) did not end within %g s of their cancel (the database did not "
+                "answer?); left behind: %s",
+                len(live),
+                SHUTDOWN_GRACE_S,
+                ", ".join(sorted(t.get_name() for t in live)),
+            )
+            return
         for t in live:
             t.cancel()
         _, pending = await asyncio.wait(live, timeout=1.0)
@@ -1414,7 +1426,7 @@ class Runtime:
     # -- notifications --------------------------------------------------------------------------
 
     async def _listen_connect(self) -> psycopg.AsyncConnection:
-        conn = await psycopg.AsyncConnection.connect(
+        conn = await pg_connection.Connection.connect(
             self.services.database_url, autocommit=True, connect_timeout=10
         )
         await conn.execute(sql.LISTEN_QUEUE)
