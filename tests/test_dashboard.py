@@ -454,8 +454,9 @@ def test_stored_text_is_escaped(web, dsn):
 
 def test_serve_ends_within_its_stop_limit_behind_a_database_that_stopped_answering():
     # A request's query in flight when the server froze (SIGSTOP: a hung host, a partition):
-    # cancelling it runs libpq's blocking cancel, which holds the interpreter, and the stop
-    # never ended (SIGINT twice, 155 s later still running; breaker helper).
+    # cancelling it ran libpq's blocking cancel, which held the interpreter, and the stop
+    # never ended (SIGINT twice, 155 s later still running; breaker helper). Then the SIGALRM
+    # backstop ended it; since pg_connection the stop ends by itself.
     import threading
     import time
 
@@ -494,14 +495,18 @@ def test_serve_ends_within_its_stop_limit_behind_a_database_that_stopped_answeri
             frozen = [srv.pid, *map(int, children)]
             for pid in frozen:
                 os.kill(pid, signal.SIGSTOP)
-            started = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            proc.wait(timeout=serve.STOP_LIMIT_S + 15)
-            assert time.monotonic() - started < serve.STOP_LIMIT_S + 5
-            assert proc.returncode == -signal.SIGALRM
-            for pid in frozen:
-                os.kill(pid, signal.SIGCONT)
-            frozen = []
+            try:
+                started = time.monotonic()
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=serve.STOP_LIMIT_S + 15)
+                took = time.monotonic() - started
+            finally:  # before the locker's rollback, which would wait for the frozen server
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
+                frozen = []
+            # a graceful stop (exit 0), not the SIGALRM backstop: the cancel of the query in
+            # flight no longer blocks the process (awa_fast.pg_connection)
+            assert proc.returncode == 0 and took < serve.STOP_LIMIT_S, (proc.returncode, took)
     finally:
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -316,6 +317,82 @@ def test_class4_main_raising_without_shutdown_exits(dsn, tmp_path):
             assert set(states) <= {"completed", "available", "running"}
             assert sum(states.values()) == 1000  # nothing lost
             conn.execute("TRUNCATE awa_fast.jobs")
+
+
+def test_class4_shutdown_behind_a_database_that_stopped_answering_ends(tmp_path):
+    # The server frozen (SIGSTOP: a hung host) while handlers run: shutdown cancels statements
+    # in flight, and libpq's blocking cancel (libpq < 17) held the interpreter until the server
+    # answered: the whole process froze, every thread with it. Run in a child process with
+    # its own server, so that a freeze fails this test instead of hanging the suite.
+    app = tmp_path / "frozen.py"
+    app.write_text(
+        textwrap.dedent("""
+        import asyncio, dataclasses, os, signal, subprocess, threading, time
+        import awa_fast as awa
+        from awa_fast import embedded
+
+        @dataclasses.dataclass
+        class Slow:
+            n: int
+
+        async def main():
+            srv = embedded.start_temp()
+            print(f"server {srv.pid}", flush=True)
+            c = awa.AsyncClient(srv.dsn)
+            await c.migrate()
+            started = asyncio.Event()
+
+            @c.task(Slow)
+            async def slow(job):
+                started.set()
+                await asyncio.sleep(60)
+
+            await c.insert_many([Slow(i) for i in range(3)])
+            await c.start([("default", 3)], poll_interval_ms=50)
+            await started.wait()
+            kids = subprocess.run(
+                ["pgrep", "-P", str(srv.pid)], capture_output=True, text=True
+            ).stdout.split()
+            frozen = [srv.pid, *map(int, kids)]
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            ticks = []  # a plain thread: it runs only while nothing holds the interpreter
+            threading.Thread(
+                target=lambda: [ticks.append(time.sleep(0.1)) for _ in range(300)], daemon=True
+            ).start()
+            t0 = time.monotonic()
+            await c.shutdown(timeout_ms=200)
+            took = time.monotonic() - t0
+            print(f"shutdown {took:.1f} s, ticks {len(ticks)}", flush=True)
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+            await c.close()
+            srv.stop()
+
+        asyncio.run(main())
+        """)
+    )
+    out, err = tmp_path / "out", tmp_path / "err"
+    with open(out, "w") as o, open(err, "w") as e:  # files: the server's processes inherit them
+        proc = subprocess.Popen([sys.executable, str(app)], stdout=o, stderr=e, cwd=os.getcwd())
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:  # frozen: wake its server so that both can be ended
+        server = re.search(r"server (\d+)", out.read_text())
+        if server is not None:
+            pids = subprocess.run(
+                ["pgrep", "-P", server.group(1)], capture_output=True, text=True
+            ).stdout.split()
+            for pid in [server.group(1), *pids]:
+                os.kill(int(pid), signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+        raise AssertionError("the process froze behind the stopped server") from None
+    assert proc.returncode == 0, err.read_text()
+    took, ticks = re.search(r"shutdown ([\d.]+) s, ticks (\d+)", out.read_text()).groups()
+    # bounded (drain 0.2 s, then each bounded step of docs/architecture.md "Shutdown"), and
+    # the other thread went on ticking while it waited
+    assert float(took) < 60 and int(ticks) >= 10 * float(took) * 0.5, out.read_text()
 
 
 async def test_class4_superseded_attempt_stays_supervised(dsn, client):

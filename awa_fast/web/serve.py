@@ -18,8 +18,8 @@ DEFAULT_PORT = 8080
 # How long a stop waits for requests in flight before cancelling them; the pools close after.
 STOP_TIMEOUT_S = 10
 # ... and how long the whole stop may take before the process exits without the pools: a
-# database that stopped answering (frozen, partitioned) blocks the cancel of a query in flight
-# (libpq's blocking cancel, in a thread asyncio then waits for) and the stop never ended.
+# backstop for a stop that hangs anyway (libpq's blocking cancel once froze it behind a database
+# that stopped answering; awa_fast.pg_connection now sends that cancel without blocking).
 STOP_LIMIT_S = STOP_TIMEOUT_S + 10
 
 
@@ -32,7 +32,7 @@ def resolve_token(explicit: str | None) -> str | None:
 
 def _exit_if_still_running(after_s: int) -> None:
     """End the process if it is still running ``after_s`` seconds from now: SIGALRM's default
-    action, which needs no Python thread (libpq's blocking cancel holds the interpreter)."""
+    action, which needs no Python thread (works even if something holds the interpreter)."""
     logging.getLogger("uvicorn.error").info(
         "stopping (at most %d s; then the process ends without closing its connections)", after_s
     )
