@@ -495,6 +495,27 @@ async def test_class3_a_loop_survives_any_exception_and_reports_it(dsn, client):
         await m._step_down()
 
 
+async def test_health_check_reports_an_election_that_keeps_failing(dsn, client):
+    """A trigger refusing the epoch bump makes every election attempt fail in every process:
+    nothing promotes, rescues or prunes. health_check says so (not healthy, the error), and is
+    healthy again once this process leads (tester's report: it said healthy, no leader)."""
+
+    @client.task(dict, kind="noop", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def noop(job):
+        return None
+
+    async with failing_rows(dsn, "true", event="UPDATE", table="awa_fast.leader", name="no_bump"):
+        await client.start(IDLE, **{**QUIET, "maintenance": True}, leader_election_interval_ms=50)
+        m = client.runtime.maintenance
+        await until(lambda: m.election_failing, m.elections, what="failing elections")
+        health = await client.health_check()
+        assert not health.healthy and not health.leader
+        assert "trigger added outside awa-fast" in (health.election_error or "")
+    await until(lambda: m.is_leader, m.leadership, what="leadership")
+    health = await client.health_check()
+    assert health.healthy and health.leader and health.election_error is None
+
+
 async def test_class3_health_check_reports_a_dead_loop_until_it_recovers(dsn, client):
     @client.task(dict, kind="noop", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
     async def noop(job):
