@@ -42,6 +42,10 @@ log = logging.getLogger("awa_fast.maintenance")
 
 MAX_BACKOFF_S = 30.0  # a failing loop retries after interval * 2^(failures-1), at most this
 DEAD_AFTER_FAILURES = 3  # a loop that failed this many passes in a row is reported dead
+# A prune pass deletes expired DLQ rows in batches of cleanup_batch_size, each its own
+# transaction, until none is left or this many batches ran (100,000 rows by default): one
+# batch a pass could not keep up with a DLQ filling faster than 1000 rows a minute.
+DLQ_PRUNE_BATCHES = 100
 
 
 # The bulk.Recurring (by ``what``) of each leader loop's passes that redo rows (stuck_rows).
@@ -582,13 +586,15 @@ class Maintenance:
         """Expire finished jobs and DLQ entries past their retention. Returns the rows removed.
 
         Finished jobs go a whole slice at a time (:meth:`expire_slices`: one TRUNCATE, no
-        per-row delete); DLQ entries older than ``dlq_retention_days`` row by row (a row whose
-        delete fails alone, say a trigger refuses it, is kept and logged). A finished row the
-        hot table kept for a stale "still running" mark moves to the finished storage.
+        per-row delete); DLQ entries older than ``dlq_retention_days`` in batches of
+        ``cleanup_batch_size`` rows until a batch comes up short (none left) or
+        ``DLQ_PRUNE_BATCHES`` (100) batches ran (a row whose delete fails alone, say a trigger
+        refuses it, is kept and logged). A finished row the hot table kept for a stale "still
+        running" mark moves to the finished storage.
 
         Each step (presence, callback expressions, batch operations, stale marks, the counter
-        fold, descriptors, the DLQ, the slices) runs in its own transaction; a step that fails
-        is logged and the others run.
+        fold, descriptors, each DLQ batch, the slices) runs in its own transaction; a step
+        that fails is logged and the others run.
 
         Raises:
             PassIncomplete: after every step ran, when some failed (named in the message).
@@ -662,9 +668,15 @@ class Maintenance:
                     sql.DESCRIPTORS_PRUNE, {"retention_s": c.descriptor_retention_days * 86400}
                 ),
             )
-        pruned = await step(
-            "DLQ", isolated("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS, sql.PRUNE_DLQ_ONE)
-        )
+        pruned = 0
+        dlq_prune = isolated("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS, sql.PRUNE_DLQ_ONE)
+        for _ in range(DLQ_PRUNE_BATCHES):
+            removed = await step("DLQ", dlq_prune)
+            pruned += removed
+            # A short batch: none left, the step failed, or refused rows (kept, retried apart
+            # by the next batch's redo; one that still fills a batch goes on: ADR 009).
+            if removed < c.cleanup_batch_size:
+                break
         pruned += await self.expire_slices()
         self.counts["pruned"] += pruned
         if failed:
