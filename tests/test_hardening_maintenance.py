@@ -399,6 +399,52 @@ async def test_jobs_whose_hook_raises_do_not_hold_the_others(dsn, client):
     assert tries == (1, 1, True)
 
 
+async def test_a_hook_that_never_returns_is_bounded_and_a_def_hook_runs_in_a_thread(dsn, client):
+    """A ``verify_success`` call gets ``consequence_timeout_ms``, like an effect: a hook that
+    never returns (an HTTP call without a timeout) counts as raising and its job is backed off,
+    instead of freezing the leader's reconcile loop for good. A ``def`` hook runs in a thread:
+    a blocked one leaves the event loop free (tester's report)."""
+    hung, blocked = finished_rows(dsn, "hang", [1.0]), finished_rows(dsn, "block", [1.0])
+    release = threading.Event()
+    threads = []
+
+    async def never(job):
+        await asyncio.Event().wait()
+
+    def blocking(job):
+        threads.append(threading.current_thread())
+        release.wait()  # e.g. requests.get without a timeout
+        return True
+
+    for kind, hook in (("hang", never), ("block", blocking)):
+        client.task(
+            dict, kind=kind, failure_consequence=awa.NO_FAILURE_CONSEQUENCE, verify_success=hook
+        )(lambda job: None)
+    await client.start(IDLE, **QUIET, consequence_timeout_ms=200)
+    ticks = 0
+
+    async def ticking():  # the event loop keeps running while the def hook blocks
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(ticking())
+    try:
+        async with asyncio.timeout(10):
+            await client.runtime.reconcile()
+    finally:
+        ticker.cancel()
+        release.set()
+    assert threads and threads[0] is not threading.main_thread()
+    assert ticks >= 10  # two 0.2 s timeouts passed with the loop free
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        backed_off = conn.execute(
+            "SELECT job_id, tries, next_try_at > now() FROM awa_fast.verify_due ORDER BY 1"
+        ).fetchall()
+    assert backed_off == [(hung[0], 1, True), (blocked[0], 1, True)]
+
+
 async def test_a_retried_job_is_verified_again_after_its_new_completion(dsn, client):
     """A job verified, corrected to failed by an admin, retried and completed again by a worker
     is a new completion: retry clears verified_at, so the hook runs on it again (breaker
@@ -447,6 +493,27 @@ async def test_class3_a_loop_survives_any_exception_and_reports_it(dsn, client):
         assert health.last_error == "AwaError: job 7 is failed, not completed: nothing to correct"
     finally:
         await m._step_down()
+
+
+async def test_health_check_reports_an_election_that_keeps_failing(dsn, client):
+    """A trigger refusing the epoch bump makes every election attempt fail in every process:
+    nothing promotes, rescues or prunes. health_check says so (not healthy, the error), and is
+    healthy again once this process leads (tester's report: it said healthy, no leader)."""
+
+    @client.task(dict, kind="noop", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+    async def noop(job):
+        return None
+
+    async with failing_rows(dsn, "true", event="UPDATE", table="awa_fast.leader", name="no_bump"):
+        await client.start(IDLE, **{**QUIET, "maintenance": True}, leader_election_interval_ms=50)
+        m = client.runtime.maintenance
+        await until(lambda: m.election_failing, m.elections, what="failing elections")
+        health = await client.health_check()
+        assert not health.healthy and not health.leader
+        assert "trigger added outside awa-fast" in (health.election_error or "")
+    await until(lambda: m.is_leader, m.leadership, what="leadership")
+    health = await client.health_check()
+    assert health.healthy and health.leader and health.election_error is None
 
 
 async def test_class3_health_check_reports_a_dead_loop_until_it_recovers(dsn, client):

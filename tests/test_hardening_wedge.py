@@ -539,6 +539,38 @@ async def test_class1_a_slice_whose_truncate_is_refused_every_pass_is_warned_abo
     assert list(await _rows(dsn)) == [bad.id]  # kept every pass
 
 
+async def test_a_slice_whose_truncate_is_refused_shows_in_health_check(dsn, client):
+    """The rows of a slice whose truncate a trigger refuses every pass stay past retention:
+    health_check reports them as the prune loop's ``stuck_rows`` until a pass truncates it
+    (tester's report: the loop looked clean)."""
+    bad = await client.insert({"x": 1}, kind="explode")
+    slice_ = await _finish_in_an_old_slice(dsn, bad.id)
+
+    async def prune_stuck() -> int:
+        loop = (await client.health_check()).maintenance_loops.get("prune")
+        return loop.stuck_rows if loop is not None else -1
+
+    client.task(dict, kind="explode", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)(
+        lambda job: None
+    )
+    async with failing_truncate(dsn, slice_):
+        await client.start([("default", 1)], **FAST, cleanup_interval_ms=50)
+        m = client.runtime.maintenance
+        await until(
+            lambda: "prune" in m.loops and m.loops["prune"].passes >= 2,
+            passes(client, "prune"),
+            what="two prune passes",
+        )
+        assert await prune_stuck() == 1
+        assert list(await _rows(dsn)) == [bad.id]
+
+    async def truncated() -> bool:
+        return await prune_stuck() == 0
+
+    await until(truncated, passes(client, "prune"), what="the slice truncated")
+    assert list(await _rows(dsn)) == []
+
+
 @contextlib.asynccontextmanager
 async def failing_truncate(dsn: str, table: str):
     """A trigger added outside awa-fast that fails every TRUNCATE of ``table``."""

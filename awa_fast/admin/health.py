@@ -32,7 +32,9 @@ class QueueHealth:
 class HealthCheck:
     """``healthy`` = postgres reachable and, when this client runs a runtime, every dispatcher
     loop and the heartbeat loop alive and not shutting down, and -- on the maintenance leader --
-    no leader loop dead. ``maintenance_loops`` maps each leader loop's name to its
+    no leader loop dead, and this process's leader election not failing with an error attempt
+    after attempt (``election_error``: its latest error, else ``None``; another process
+    leading is no error). ``maintenance_loops`` maps each leader loop's name to its
     :class:`~awa_fast.worker.maintenance.LoopHealth` (``alive``, ``passes``, ``failures``,
     ``last_error``, ``stuck_rows``: rows its passes left unchanged and remember, not a failure); it is empty on a non-leader. Without a runtime only postgres is checked
     (the loop fields are then ``False`` and ``queues`` is empty)."""
@@ -45,6 +47,7 @@ class HealthCheck:
     leader: bool
     queues: dict[str, QueueHealth]
     maintenance_loops: dict = dataclasses.field(default_factory=dict)
+    election_error: str | None = None
 
 
 class HealthAdmin:
@@ -88,14 +91,24 @@ class HealthAdmin:
             name: QueueHealth(name, running.get(name, 0), d.max_workers, available.get(name, 0))
             for name, d in runtime.dispatchers.items()
         }
-        loops = runtime.maintenance.loop_health() if runtime.maintenance is not None else {}
+        maintenance = runtime.maintenance
+        loops = maintenance.loop_health() if maintenance is not None else {}
         healthy = (
             connected
             and poll_alive
             and heartbeat_alive
             and not shutting_down
             and all(h.alive for h in loops.values())
+            and not (maintenance is not None and maintenance.election_failing)
         )
         return HealthCheck(
-            healthy, connected, poll_alive, heartbeat_alive, shutting_down, leader, queues, loops
+            healthy,
+            connected,
+            poll_alive,
+            heartbeat_alive,
+            shutting_down,
+            leader,
+            queues,
+            loops,
+            maintenance.election_error if maintenance is not None else None,
         )

@@ -42,6 +42,10 @@ log = logging.getLogger("awa_fast.maintenance")
 
 MAX_BACKOFF_S = 30.0  # a failing loop retries after interval * 2^(failures-1), at most this
 DEAD_AFTER_FAILURES = 3  # a loop that failed this many passes in a row is reported dead
+# A prune pass deletes expired DLQ rows in batches of cleanup_batch_size, each its own
+# transaction, until none is left or this many batches ran (100,000 rows by default): one
+# batch a pass could not keep up with a DLQ filling faster than 1000 rows a minute.
+DLQ_PRUNE_BATCHES = 100
 
 
 # The bulk.Recurring (by ``what``) of each leader loop's passes that redo rows (stuck_rows).
@@ -73,7 +77,9 @@ class LoopHealth:
         last_error: ``"ExceptionType: message"`` of the latest failure, or ``None``.
         stuck_rows: rows its passes left unchanged and still remember (a trigger refuses
             them, bad data): each warned about once, retried apart every pass while the rows
-            behind them go on (``bulk.run_isolated``; ADR 009). Not a failure of the loop.
+            behind them go on (``bulk.run_isolated``; ADR 009). For ``prune`` also the rows of
+            finished slices whose truncate the last pass saw refused (kept past retention).
+            Not a failure of the loop.
     """
 
     name: str
@@ -191,8 +197,17 @@ class Maintenance:
             bulk.Recurring
         )
         self._truncate_failed_at: float | None = None  # the event loop's clock, seconds
+        # rows of the finished slices whose TRUNCATE the last expiry pass saw refused (a
+        # trigger): kept past retention, reported as the prune loop's stuck_rows
+        self._refused_slices: dict[int, int] = {}
+        # consecutive election attempts that failed with an error (not "another process
+        # leads") and the latest error: health_check reports an election that keeps failing
+        self.election_failures = 0
+        self.election_error: str | None = None
         # fired after each pass of a leader loop with (loop name, its result or exception)
         self.passed = Signal("maintenance pass")
+        # fired after each election attempt of run() (value: its exception, or None)
+        self.elections = Signal("election attempt")
         # fired when this process takes or gives up leadership (value: is_leader)
         self.leadership = Signal("leadership")
 
@@ -203,9 +218,14 @@ class Maintenance:
             while True:
                 try:
                     await self._elect()
+                    self.election_failures, self.election_error = 0, None
+                    self.elections.fire(None)
                 except Exception as exc:  # the election loop itself must never end
                     log.warning("leader election failed: %s: %s", type(exc).__name__, exc)
+                    self.election_failures += 1
+                    self.election_error = f"{type(exc).__name__}: {exc}"
                     await self._step_down()
+                    self.elections.fire(exc)
                 # A pass that found itself deposed wakes the election at once.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._deposed.wait(), interval)
@@ -325,6 +345,7 @@ class Maintenance:
             log.info("gave up maintenance leadership (epoch %s)", self.epoch)
         self.is_leader = False
         metrics.LEADER.set(0)
+        self._refused_slices = {}
         for loop in _PASSES_OF:  # what a leader's passes remembered is no longer this process's
             metrics.MAINTENANCE_STUCK_ROWS.labels(loop).set(0)
         if self._lock_conn is not None:
@@ -376,10 +397,21 @@ class Maintenance:
             health.stuck_rows = self.stuck_rows(name)
         return dict(self.loops)
 
+    @property
+    def election_failing(self) -> bool:
+        """Whether this process's last ``DEAD_AFTER_FAILURES`` election attempts all failed with
+        an error (``election_error``; a trigger refusing the epoch bump, say): then no process
+        may lead, and nothing promotes, rescues or prunes."""
+        return self.election_failures >= DEAD_AFTER_FAILURES
+
     def stuck_rows(self, loop: str) -> int:
-        """Rows the passes of leader loop ``loop`` left unchanged and remember (see
-        :class:`LoopHealth`)."""
-        return sum(len(self._recurring[what].left) for what in _PASSES_OF.get(loop, ()))
+        """Rows the passes of leader loop ``loop`` left unchanged and remember, and for
+        ``"prune"`` the rows of the finished slices whose truncate the last expiry pass saw
+        refused (see :class:`LoopHealth`)."""
+        rows = sum(len(self._recurring[what].left) for what in _PASSES_OF.get(loop, ()))
+        if loop == "prune":
+            rows += sum(self._refused_slices.values())
+        return rows
 
     async def _every(self, name: str, interval_s: float, fn: Callable[[], Awaitable[Any]]) -> None:
         health = self.loops.setdefault(name, LoopHealth(name))
@@ -554,13 +586,15 @@ class Maintenance:
         """Expire finished jobs and DLQ entries past their retention. Returns the rows removed.
 
         Finished jobs go a whole slice at a time (:meth:`expire_slices`: one TRUNCATE, no
-        per-row delete); DLQ entries older than ``dlq_retention_days`` row by row (a row whose
-        delete fails alone, say a trigger refuses it, is kept and logged). A finished row the
-        hot table kept for a stale "still running" mark moves to the finished storage.
+        per-row delete); DLQ entries older than ``dlq_retention_days`` in batches of
+        ``cleanup_batch_size`` rows until a batch comes up short (none left) or
+        ``DLQ_PRUNE_BATCHES`` (100) batches ran (a row whose delete fails alone, say a trigger
+        refuses it, is kept and logged). A finished row the hot table kept for a stale "still
+        running" mark moves to the finished storage.
 
         Each step (presence, callback expressions, batch operations, stale marks, the counter
-        fold, descriptors, the DLQ, the slices) runs in its own transaction; a step that fails
-        is logged and the others run.
+        fold, descriptors, each DLQ batch, the slices) runs in its own transaction; a step
+        that fails is logged and the others run.
 
         Raises:
             PassIncomplete: after every step ran, when some failed (named in the message).
@@ -634,9 +668,15 @@ class Maintenance:
                     sql.DESCRIPTORS_PRUNE, {"retention_s": c.descriptor_retention_days * 86400}
                 ),
             )
-        pruned = await step(
-            "DLQ", isolated("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS, sql.PRUNE_DLQ_ONE)
-        )
+        pruned = 0
+        dlq_prune = isolated("DLQ prune", sql.PRUNE_DLQ, sql.PRUNE_DLQ_IDS, sql.PRUNE_DLQ_ONE)
+        for _ in range(DLQ_PRUNE_BATCHES):
+            removed = await step("DLQ", dlq_prune)
+            pruned += removed
+            # A short batch: none left, the step failed, or refused rows (kept, retried apart
+            # by the next batch's redo; one that still fills a batch goes on: ADR 009).
+            if removed < c.cleanup_batch_size:
+                break
         pruned += await self.expire_slices()
         self.counts["pruned"] += pruned
         if failed:
@@ -652,7 +692,8 @@ class Maintenance:
         (waiting at most 200 ms: readers and writers queue behind it), its expiry checked again under the lock, then
         truncated. A slice that cannot be locked or truncated is kept (logged) and tried next
         pass; the others are pruned. A slice whose truncate is refused pass after pass (a
-        trigger) is warned about once (:class:`bulk.Recurring`); a lock wait each time.
+        trigger) is warned about once (:class:`bulk.Recurring`), and its rows count in the
+        prune loop's ``stuck_rows`` until a pass truncates it; a lock wait is logged each time.
 
         Raises:
             Deposed: another process took leadership.
@@ -666,7 +707,9 @@ class Maintenance:
             expired = [r[0] for r in await _fetch(conn, sql.EXPIRED_SLICES, ages)]
         pruned = 0
         kept = self._recurring["finished slice"]
+        refused: dict[int, int] = {}
         for slot in expired:
+            rows = None
             try:
                 async with self.fenced(bounded=True) as conn:
                     await conn.execute(sql.SLICE_LOCK_TIMEOUT)
@@ -674,6 +717,7 @@ class Maintenance:
                     cur = await conn.execute(sql.EXPIRED_SLICE, {**ages, "slot": slot})
                     row = await cur.fetchone()
                     if row is not None:
+                        rows = row[0]
                         await conn.execute(sql.truncate_slice(slot))
                         await conn.execute(sql.RELEASE_SLICE, {"slot": slot})
                         pruned += row[0]
@@ -681,9 +725,11 @@ class Maintenance:
                 args = ("finished slice %s kept this pass: %s: %s", slot, type(exc).__name__, exc)
                 if bulk.is_row_error(exc):  # refused by what it holds (a trigger): every pass
                     kept.warn(log, slot, bulk.error_signature(exc), *args)
+                    refused[slot] = rows or 1  # a slice whose count was not read: at least 1
                 else:  # a lock wait, a lost connection: as it happens
                     log.warning(*args)
         kept.pass_done()
+        self._refused_slices = refused
         return pruned
 
     async def vacuum_hot(self) -> bool:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+import threading
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager as AsyncContextManager
 from typing import TYPE_CHECKING, Any
@@ -47,7 +49,9 @@ async def reconcile_tick(
     ``Maintenance.fenced``; a plain pool transaction when ``None``), plus one that keeps the
     list (two while a kind's change settles) and one that drops listings of jobs gone from
     their slice. A verdict and its correction commit together. One job's failure is logged
-    and never stops the others.
+    and never stops the others. Each hook call is bounded by the consequence timeout
+    (``consequence_timeout_ms``); one that takes longer counts as raising (logged, its job
+    backed off). A ``def`` hook runs in a thread.
 
     ``services``: connections, ``registry.verifiers`` and the settler
     (:class:`~awa_fast.worker.services.ReconcileServices`).
@@ -128,6 +132,48 @@ async def _defer_due(fenced: Callable, job_id: int) -> None:
         log.exception("backing off the verification of job %s failed", job_id)
 
 
+async def _call_hook(hook: Callable, job: Any, timeout_s: float) -> Any:
+    """``hook(job)`` bounded by ``timeout_s`` seconds (raises ``TimeoutError``): a hook that
+    never returns must not freeze the leader's reconcile loop. A ``def`` hook runs in a thread
+    so a blocking call (HTTP) never stalls the event loop; a thread still running at the
+    timeout is left to finish on its own (it cannot be interrupted)."""
+    async with asyncio.timeout(timeout_s):
+        if inspect.iscoroutinefunction(hook):
+            return await hook(job)
+        verdict = await _in_thread(hook, job)
+        if inspect.isawaitable(verdict):  # a plain callable returning a coroutine
+            verdict = await verdict
+        return verdict
+
+
+def _in_thread(fn: Callable, arg: Any) -> asyncio.Future:
+    # A daemon thread, not the default executor: a hook blocked for good must not hold the
+    # process's exit (asyncio.run and interpreter exit join executor threads).
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(result: Any, exc: BaseException | None) -> None:
+        if future.done():  # timed out meanwhile
+            return
+        if isinstance(exc, StopIteration):  # a future refuses it (asyncio raises TypeError)
+            future.set_exception(RuntimeError(f"verify_success raised {exc!r}"))
+        elif exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, exc = fn(arg), None
+        except BaseException as e:  # carried to the awaiting task, as a raising async hook
+            result, exc = None, e
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(settle, result, exc)
+
+    threading.Thread(target=run, name="awa-fast-verify", daemon=True).start()
+    return future
+
+
 def _plain_transaction(pool: Any) -> Callable[[], AsyncContextManager]:
     @contextlib.asynccontextmanager
     async def transaction():
@@ -168,11 +214,19 @@ async def _verify(
     for row in rows:
         job = settler.applier.snapshot(row)
         try:
-            verdict = verifiers[job.kind](job)
-            if asyncio.iscoroutine(verdict):
-                verdict = await verdict
+            verdict = await _call_hook(verifiers[job.kind], job, settler.applier.timeout_s)
         except asyncio.CancelledError:
             raise
+        except TimeoutError:
+            log.error(
+                "verify_success of %s job %s took over %s s (consequence_timeout_ms): "
+                "counted as failed",
+                job.kind,
+                job.id,
+                settler.applier.timeout_s,
+            )
+            await _defer_due(fenced, job.id)
+            continue
         except BaseException:
             # unverified: tried again after a back-off, so it never holds the batch
             log.exception("verify_success of %s job %s raised", job.kind, job.id)
