@@ -100,6 +100,41 @@ def _check_reachable(url: str) -> None:
         ) from exc
 
 
+TASK_OPTIONS = ("kind", "queue", "failure_consequence", "verify_success")
+# Options of insert() that are per job, not per handler.
+_INSERT_ONLY = ("priority", "max_attempts", "tags", "metadata", "run_at", "unique_opts")
+
+
+def check_task_options(args_type: Any, options: dict) -> None:
+    """What ``task()`` checks before registering (a raw AttributeError / TypeError otherwise).
+
+    Raises:
+        ValidationError: naming ``args_type`` or the unknown option.
+    """
+    if not isinstance(args_type, type):
+        hint = (
+            f"; to name the kind, use task(dict, kind={args_type!r})"
+            if isinstance(args_type, str)
+            else ""
+        )
+        raise ValidationError(
+            f"task() args_type must be a class (dict, a dataclass, a msgspec.Struct or a "
+            f"pydantic model), got {type(args_type).__name__} {args_type!r}{hint}",
+            field="args_type",
+            limit="a class",
+        )
+    for key in options:
+        if key in ("failure_consequence", "verify_success"):
+            continue
+        where = f"; {key} is set per job: insert(..., {key}=...)" if key in _INSERT_ONLY else ""
+        raise ValidationError(
+            f"task() got an unknown option {key!r}{where}; task() accepts "
+            f"{', '.join(TASK_OPTIONS)}",
+            field=key,
+            limit=f"one of {', '.join(TASK_OPTIONS)}",
+        )
+
+
 class AsyncClient:
     """Async client: insert jobs, administer them, and run workers.
 
@@ -865,7 +900,12 @@ class AsyncClient:
 
         ``async def`` handlers run on the loop; plain ``def`` handlers run in a thread pool.
         A later registration for the same kind replaces the earlier one.
+
+        Raises:
+            ValidationError: ``args_type`` is not a class (field ``args_type``), or an option
+                other than ``failure_consequence`` / ``verify_success`` (field: its name).
         """
+        check_task_options(args_type, options)
 
         def decorate(fn: Callable) -> Callable:
             self.registry.register(
