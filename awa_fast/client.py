@@ -48,7 +48,7 @@ from awa_fast.errors import (
     ValidationError,
 )
 from awa_fast.job import Job
-from awa_fast.producer import DEFAULT_QUEUE, Producer
+from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import kind_for_type
 from awa_fast.transaction import Transaction
 from awa_fast.worker.consequences import ConsequenceApplier, ConsequenceConfig, Settler
@@ -185,7 +185,8 @@ class AsyncClient:
         # Admin, one object per area (awa_fast/admin/), each given only what it uses. The
         # client's methods are looked up at each call (late bound), as the mixins did.
         self._connections = Connections(lambda: self.pool())
-        self._producer = Producer(self._connections, lambda: self.registry.off_default)
+        self._off_queue = OffQueueWarner(lambda: self.registry.off_default)
+        self._producer = Producer(self._connections, self._off_queue)
 
         def staleness() -> int:
             return self.staleness_ms()
@@ -1147,6 +1148,7 @@ class AsyncClient:
             periodic_jobs=self.periodic_jobs,
             queue_descriptors=self.queue_descriptors,
             kind_descriptors=self.kind_descriptors,
+            off_queue=self._off_queue,
         )
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
