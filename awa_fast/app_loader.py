@@ -8,6 +8,8 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from awa_fast.errors import ConfigError
+
 if TYPE_CHECKING:
     from awa_fast.client import AsyncClient
 
@@ -73,8 +75,22 @@ def load_client(spec: str) -> tuple[AsyncClient, ModuleType]:
 
 
 def start_options(module: Any) -> dict:
-    """The module's ``START_OPTIONS`` (keywords for ``client.start()``), or ``{}``."""
-    return dict(getattr(module, "START_OPTIONS", None) or {})
+    """The module's ``START_OPTIONS`` (keywords for ``client.start()``), or ``{}``.
+
+    Raises:
+        ConfigError: it gives ``queues``, which the launcher passes itself (``--queues``).
+    """
+    options = dict(getattr(module, "START_OPTIONS", None) or {})
+    if "queues" in options:
+        # start(queues, **options) got queues twice: a raw TypeError
+        raise ConfigError(
+            "START_OPTIONS may not give queues: awa-fast worker passes start() the queues of "
+            "--queues name:max_workers,... (else the client's registered queues); remove "
+            "'queues' from START_OPTIONS and give them with --queues",
+            field="queues",
+            limit="not in START_OPTIONS; use --queues",
+        )
+    return options
 
 
 def start_config_error(
@@ -86,10 +102,10 @@ def start_config_error(
 
     ``queues`` as ``awa-fast worker --queues`` gives them (the launcher then starts a queue
     subset, as its children do)."""
-    options = start_options(module)
-    if queues is not None:
-        options.setdefault("queue_subset", True)
     try:
+        options = start_options(module)
+        if queues is not None:
+            options.setdefault("queue_subset", True)
         runtime, _ = client._runtime_for(queues, options)
         runtime.thread_pool.shutdown(wait=False)
     except (TypeError, ValueError) as exc:  # ConfigError is a ValueError

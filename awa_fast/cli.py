@@ -1699,7 +1699,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "in worker processes\n(one per core by default). APP is "
         "module:attribute, e.g. myapp.jobs:client; the module may\n"
         "define START_OPTIONS, a dict of keywords for client.start() "
-        "(poll_interval_ms, ...).\nEach child runs uvloop and opens "
+        "(poll_interval_ms, ...;\nnot queues: give them with --queues).\nEach child runs uvloop and opens "
         "its own connections. The launcher restarts a crashed child\n"
         "(backoff 0.5 s doubling to 10 s) and exits 1 if a child dies "
         "more than 5 times within\n60 s. SIGTERM/SIGINT/SIGHUP drain "

@@ -48,7 +48,7 @@ from awa_fast.errors import (
     ValidationError,
 )
 from awa_fast.job import Job
-from awa_fast.producer import DEFAULT_QUEUE, Producer
+from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import kind_for_type
 from awa_fast.transaction import Transaction
 from awa_fast.worker.consequences import ConsequenceApplier, ConsequenceConfig, Settler
@@ -98,6 +98,41 @@ def _check_reachable(url: str) -> None:
         raise DatabaseError(
             f"could not connect to the database (the URL given to the client): {exc}"
         ) from exc
+
+
+TASK_OPTIONS = ("kind", "queue", "failure_consequence", "verify_success")
+# Options of insert() that are per job, not per handler.
+_INSERT_ONLY = ("priority", "max_attempts", "tags", "metadata", "run_at", "unique_opts")
+
+
+def check_task_options(args_type: Any, options: dict) -> None:
+    """What ``task()`` checks before registering (a raw AttributeError / TypeError otherwise).
+
+    Raises:
+        ValidationError: naming ``args_type`` or the unknown option.
+    """
+    if not isinstance(args_type, type):
+        hint = (
+            f"; to name the kind, use task(dict, kind={args_type!r})"
+            if isinstance(args_type, str)
+            else ""
+        )
+        raise ValidationError(
+            f"task() args_type must be a class (dict, a dataclass, a msgspec.Struct or a "
+            f"pydantic model), got {type(args_type).__name__} {args_type!r}{hint}",
+            field="args_type",
+            limit="a class",
+        )
+    for key in options:
+        if key in ("failure_consequence", "verify_success"):
+            continue
+        where = f"; {key} is set per job: insert(..., {key}=...)" if key in _INSERT_ONLY else ""
+        raise ValidationError(
+            f"task() got an unknown option {key!r}{where}; task() accepts "
+            f"{', '.join(TASK_OPTIONS)}",
+            field=key,
+            limit=f"one of {', '.join(TASK_OPTIONS)}",
+        )
 
 
 class AsyncClient:
@@ -150,7 +185,8 @@ class AsyncClient:
         # Admin, one object per area (awa_fast/admin/), each given only what it uses. The
         # client's methods are looked up at each call (late bound), as the mixins did.
         self._connections = Connections(lambda: self.pool())
-        self._producer = Producer(self._connections, lambda: self.registry.off_default)
+        self._off_queue = OffQueueWarner(lambda: self.registry.off_default)
+        self._producer = Producer(self._connections, self._off_queue)
 
         def staleness() -> int:
             return self.staleness_ms()
@@ -865,7 +901,12 @@ class AsyncClient:
 
         ``async def`` handlers run on the loop; plain ``def`` handlers run in a thread pool.
         A later registration for the same kind replaces the earlier one.
+
+        Raises:
+            ValidationError: ``args_type`` is not a class (field ``args_type``), or an option
+                other than ``failure_consequence`` / ``verify_success`` (field: its name).
         """
+        check_task_options(args_type, options)
 
         def decorate(fn: Callable) -> Callable:
             self.registry.register(
@@ -1107,6 +1148,7 @@ class AsyncClient:
             periodic_jobs=self.periodic_jobs,
             queue_descriptors=self.queue_descriptors,
             kind_descriptors=self.kind_descriptors,
+            off_queue=self._off_queue,
         )
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:

@@ -122,7 +122,8 @@ class StagingError(TerminalError):
 class QueueMismatchWarning(UserWarning):
     """A job was inserted without ``queue=`` into ``default`` although the inserting client
     registered its kind's handler for another queue (awa-pg semantics: the insert's queue
-    decides, so no worker of that queue sees it). Warned once per kind and client. Also
+    decides, so no worker of that queue sees it); likewise a follow-up a handler stages
+    (``enqueue_on_completion``) without ``queue=``. Warned once per kind and client. Also
     warned by ``start()`` when its explicit queues leave out ``default`` while handlers are
     registered without ``queue=`` (their inserts go to ``default``; a misspelt queue name)."""
 

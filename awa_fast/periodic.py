@@ -47,7 +47,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
 import psycopg
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from awa_fast import bulk, enqueue, sql
 from awa_fast.errors import AwaError, ValidationError
@@ -114,6 +114,15 @@ def check_cron(cron_expr: Any) -> str:
         raise ValidationError(
             f"invalid cron expression {cron_expr!r}: @reboot has no fire times", field="cron_expr"
         )
+    try:  # "0 0 31 2 *" parses but never fires: start() would fail on it
+        croniter(expr, datetime(2000, 1, 1)).get_next(datetime)
+    except CroniterBadDateError as exc:
+        raise ValidationError(
+            f"invalid cron expression {cron_expr!r}: it has no fire time (no month "
+            "has that day-of-month)",
+            field="cron_expr",
+            limit="a day-of-month the month has",
+        ) from exc
     return expr
 
 

@@ -28,23 +28,57 @@ class _ImplicitQueue(str):
 DEFAULT_QUEUE = _ImplicitQueue("default")
 
 
+class OffQueueWarner:
+    """Warns (:class:`QueueMismatchWarning`) once per kind and client when jobs given no queue
+    land in ``default`` although this client registered their kind's handler for another queue
+    (no worker may run there): inserts and staged follow-ups share it.
+
+    Args:
+        off_default: returns ``{kind: queue}`` for the kinds this client registered for a queue
+            other than ``default`` (``Registry.off_default``), read at each call.
+    """
+
+    def __init__(self, off_default: Callable[[], dict[str, str]]) -> None:
+        self._off_default = off_default
+        self._warned: set[str] = set()  # kinds warned about
+
+    def warn(self, rows: Any, *, stacklevel: int, how: str = "inserted") -> None:
+        """``rows``: prepared jobs (``.kind``, ``.queue``) given no ``queue=``; ``how`` says
+        what happened to them (``"inserted"``, ``"staged"``); ``stacklevel`` as
+        ``warnings.warn``'s, counted from the caller."""
+        off_default = self._off_default()
+        if not off_default:
+            return
+        for row in rows:
+            queue = off_default.get(row.kind)
+            if queue is None or row.queue != "default" or row.kind in self._warned:
+                continue
+            self._warned.add(row.kind)
+            warnings.warn(
+                QueueMismatchWarning(
+                    f"job kind {row.kind!r} is registered for queue {queue!r} on this client but "
+                    f"was {how} without queue=, so it went to 'default' (awa-pg semantics); "
+                    f"pass queue={queue!r} or work 'default' too"
+                ),
+                stacklevel=stacklevel + 1,
+            )
+
+
 class Producer:
     """Inserts jobs for one client.
 
     Args:
         db: the connection source.
-        off_default: returns ``{kind: queue}`` for the kinds this client registered for a queue
-            other than ``default`` (``Registry.off_default``), read at each insert.
+        off_queue: warns about inserts without ``queue=`` of kinds registered off ``default``.
     """
 
-    def __init__(self, db: Connections, off_default: Callable[[], dict[str, str]]) -> None:
+    def __init__(self, db: Connections, off_queue: OffQueueWarner) -> None:
         self._db = db
-        self._off_default = off_default
+        self._off_queue = off_queue
         # The inserts below commit without a NOTIFY and wake their queues after the commit:
         # concurrent notifying commits would take PostgreSQL's notify lock one at a time, each
         # through its own WAL flush (ADR 018). A transaction() the caller ends notifies inside.
         self.waker = Waker(db.pool)
-        self._off_queue_warned: set[str] = set()  # kinds warned about (QueueMismatchWarning)
 
     async def insert(
         self,
@@ -151,24 +185,7 @@ class Producer:
         return copied if want_jobs else len(copied)
 
     def _warn_off_queue(self, rows: Any, stacklevel: int) -> None:
-        """Warn once per kind when rows inserted without a queue land in ``default`` although
-        this client registered their kind's handler for another queue (no worker may run there)."""
-        off_default = self._off_default()
-        if not off_default:
-            return
-        for row in rows:
-            queue = off_default.get(row.kind)
-            if queue is None or row.queue != "default" or row.kind in self._off_queue_warned:
-                continue
-            self._off_queue_warned.add(row.kind)
-            warnings.warn(
-                QueueMismatchWarning(
-                    f"job kind {row.kind!r} is registered for queue {queue!r} on this client but was "
-                    f"inserted without queue=, so it went to 'default' (awa-pg semantics); pass "
-                    f"queue={queue!r} or work 'default' too"
-                ),
-                stacklevel=stacklevel,
-            )
+        self._off_queue.warn(rows, stacklevel=stacklevel)
 
     async def transaction(self) -> Transaction:
         """Begin a transaction on a pooled connection (``AsyncClient.transaction``)."""

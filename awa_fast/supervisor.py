@@ -196,10 +196,7 @@ async def _child_main(
         return EXIT_IMPORT_FAILED
     if database_url:
         client.database_url = database_url
-    options = start_options(module)
     queues = parse_queues_arg(args.queues)
-    if queues is not None:  # --queues: this child deliberately works a subset of the queues
-        options.setdefault("queue_subset", True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -216,6 +213,9 @@ async def _child_main(
     # The launcher's preflight showed start()'s QueueMismatchWarning once: not once per child.
     warnings.filterwarnings("ignore", message=r"start\(\) serves ", category=QueueMismatchWarning)
     try:
+        options = start_options(module)
+        if queues is not None:  # --queues: this child deliberately works a subset of the queues
+            options.setdefault("queue_subset", True)
         await client.start(queues, **options)
     except (ConfigError, SchemaNotMigrated) as exc:
         log.error("cannot start: %s", exc)

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -177,7 +178,8 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
         "--sample-every",
         type=int,
         default=None,
-        help="seconds per sample window, a whole number (default 5)",
+        help="seconds per sample window, a whole number, at most --duration (default 5, or "
+        "--duration if shorter)",
     )
     soak.add_argument(
         "--warmup",
@@ -270,20 +272,43 @@ def _soak_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for k, v in SOAK_DEFAULTS.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    finite = math.isfinite
+    # flag -> (accepted, the limit); inf passed "> 0" and crashed the run (or never ended)
     checks = {
-        "rate": args.rate > 0,
-        "duration": args.duration > 0,
-        "sample_every": args.sample_every >= 1,
-        "tick_ms": args.tick_ms > 0,
-        "producer_lanes": args.producer_lanes >= 1,
-        "drain_timeout": args.drain_timeout >= 0,
-        "warmup": args.warmup is None or 0 <= args.warmup < args.duration,
-        "prune_every": args.prune_every is None or args.prune_every > 0,
-        "completed_retention": args.completed_retention is None or args.completed_retention > 0,
+        "processes": (args.processes >= 1, ">= 1"),
+        "max_workers": (args.max_workers >= 1, ">= 1"),
+        "rate": (finite(args.rate) and args.rate > 0, "a finite number > 0"),
+        "duration": (finite(args.duration) and args.duration > 0, "a finite number > 0"),
+        "sample_every": (args.sample_every >= 1, ">= 1"),
+        "tick_ms": (finite(args.tick_ms) and args.tick_ms > 0, "a finite number > 0"),
+        "producer_lanes": (args.producer_lanes >= 1, ">= 1"),
+        "drain_timeout": (finite(args.drain_timeout) and args.drain_timeout >= 0, "finite, >= 0"),
+        "warmup": (
+            args.warmup is None or 0 <= args.warmup < args.duration,
+            ">= 0 and < --duration",
+        ),
+        "prune_every": (
+            args.prune_every is None or (finite(args.prune_every) and args.prune_every > 0),
+            "a finite number > 0",
+        ),
+        "completed_retention": (
+            args.completed_retention is None
+            or (finite(args.completed_retention) and args.completed_retention > 0),
+            "a finite number > 0",
+        ),
     }
-    for k, ok in checks.items():
+    for k, (ok, limit) in checks.items():
         if not ok:
-            p.error(f"--{k.replace('_', '-')} out of range: {getattr(args, k)!r}")
+            p.error(f"--{k.replace('_', '-')} out of range: {getattr(args, k)!r} (must be {limit})")
+    # A window longer than the run only delays the end by a window (one sample after it).
+    longest = max(1, int(args.duration))
+    if "sample_every" not in given:
+        args.sample_every = min(args.sample_every, longest)
+    elif args.sample_every > longest:
+        p.error(
+            f"--sample-every out of range: {args.sample_every!r} (must be at most --duration, "
+            f"{longest})"
+        )
 
 
 # -- environment ------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ Database: ``$AWA_FAST_LAUNCHER_DSN``. ``$AWA_FAST_LAUNCHER_FAIL``:
 - ``child-import``: importing raises in the worker children only (not in the preflight);
 - ``config``: ``START_OPTIONS`` that ``start()`` rejects with ``ConfigError`` (the preflight
   reports it);
+- ``queues``: ``START_OPTIONS`` gives ``queues`` (the launcher passes them: ``--queues``);
 - ``start``: ``client.start()`` raises TypeError in the worker children only (a crash loop: the
   preflight cannot see it);
 - ``exit``: the module calls ``sys.exit(0)`` at import;
@@ -79,6 +80,8 @@ if FAIL == "start" and IN_CHILD:
     START_OPTIONS["no_such_option"] = 1  # start() raises TypeError
 if FAIL == "config":
     START_OPTIONS["heartbeat_interval_ms"] = 900  # above half of heartbeat_staleness_ms
+if FAIL == "queues":
+    START_OPTIONS["queues"] = [("default", 2)]
 
 
 @dataclasses.dataclass

@@ -154,6 +154,18 @@ def test_relations_are_enumerated_at_every_sample_partitions_included(dsn):
         (["--scenarios", "soak", "--compare", "--prune-every", "5"], "--prune-every sets"),
         (["--scenarios", "soak", "--completed-retention", "0"], "--completed-retention out of"),
         (["--scenarios", "soak", "--sample-every", "0"], "--sample-every out of range"),
+        # inf passed "> 0": the run crashed later (exit 0) or never ended
+        (["--scenarios", "soak", "--rate", "inf"], "--rate out of range: inf (must be a finite"),
+        (["--scenarios", "soak", "--duration", "inf"], "--duration out of range: inf (must be"),
+        (["--scenarios", "soak", "--tick-ms", "inf"], "--tick-ms out of range: inf"),
+        (["--scenarios", "soak", "--drain-timeout", "inf"], "--drain-timeout out of range: inf"),
+        (["--scenarios", "soak", "--processes", "0"], "--processes out of range: 0 (must be >= 1)"),
+        (["--scenarios", "soak", "--max-workers", "0"], "--max-workers out of range: 0 (must be"),
+        (["--processes", "-1"], "--processes out of range: -1"),  # the drain scenario too
+        (
+            ["--scenarios", "soak", "--sample-every", "30", "--duration", "2"],
+            "--sample-every out of range: 30 (must be at most --duration, 2)",
+        ),
     ],
 )
 def test_soak_options_are_honoured_or_rejected(argv, message, capsys):
@@ -161,6 +173,15 @@ def test_soak_options_are_honoured_or_rejected(argv, message, capsys):
         runner.parse_args(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_default_sample_window_is_no_longer_than_the_run():
+    # a 2 s run sampled every 5 s ran 7 s: one more full window after the end
+    assert runner.parse_args(["--scenarios", "soak", "--duration", "2"]).sample_every == 2
+    assert runner.parse_args(["--scenarios", "soak", "--duration", "0.5"]).sample_every == 1
+    assert runner.parse_args(["--scenarios", "soak", "--duration", "60"]).sample_every == 5
+    args = runner.parse_args(["--scenarios", "soak", "--duration", "3", "--sample-every", "3"])
+    assert args.sample_every == 3
 
 
 def test_soak_runs_only_when_named():

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import logging
 import re
+import warnings
 
 import psycopg
 import pytest
@@ -338,6 +339,41 @@ async def test_provenance_and_trace_context_reach_the_follow_up(dsn, client):
     row = await _b_row(dsn)
     assert row["queue"] == "bq" and row["priority"] == 1  # .metadata() kept the other options
     assert row["metadata"] == {"note": "n", "awa:triggered_by": job.id, "awa:traceparent": trace}
+
+
+async def test_staging_without_queue_a_kind_registered_elsewhere_warns_once_as_insert(dsn, client):
+    # insert() warned (QueueMismatchWarning); staging put it on 'default' silently
+    client.task(StageB, queue="bq")(lambda job: None)
+
+    @client.task(StageA)
+    async def stage_a(job):
+        if job.args.mode == "explicit":
+            job.enqueue_on_completion(StageB("e"), queue="default")
+            job.enqueue_on_completion(awa.EnqueueRequest(StageB("r"), queue="default"))
+        else:
+            job.enqueue_on_completion(StageB(job.args.item))  # the warning points here
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = await client.insert(StageA("explicit", "explicit"))
+        await client.start([("default", 1), ("bq", 1)], **FAST)
+        await wait_state(client, first.id, "completed")
+        assert not [w for w in caught if issubclass(w.category, awa.QueueMismatchWarning)]
+        jobs = [await client.insert(StageA(f"x{i}")) for i in range(2)]
+        for job in jobs:
+            await wait_state(client, job.id, "completed")
+    mismatch = [w for w in caught if issubclass(w.category, awa.QueueMismatchWarning)]
+    assert len(mismatch) == 1, [str(w.message) for w in caught]  # once per kind and client
+    assert re.match(
+        r"job kind 'stage_b' is registered for queue 'bq' on this client but was staged "
+        r"without queue=, so it went to 'default'",
+        str(mismatch[0].message),
+    ), str(mismatch[0].message)
+    assert mismatch[0].filename == __file__  # the handler's line
+    queues = await scalar(
+        dsn, "SELECT array_agg(DISTINCT queue) FROM awa_fast.jobs_all WHERE kind = 'stage_b'"
+    )
+    assert queues == ["default"]  # awa-pg's semantics are kept
 
 
 async def _b_row(dsn):

@@ -126,6 +126,18 @@ async def test_class5_start_rejects_settings_no_pass_could_use(dsn, client, opti
     assert await scalar(dsn, "SELECT count(*) FROM awa_fast.workers") == 0
 
 
+@pytest.mark.parametrize("dlq", ["no", 0, None])
+async def test_class5_start_rejects_a_per_queue_dlq_that_is_not_a_bool(dsn, client, dlq):
+    # {"dlq": "no"} was stored as bool("no"): the queue's DLQ turned on
+    client.task(Job)(lambda job: None)
+    with pytest.raises(ConfigError) as err:
+        await client.start([{"name": "default", "max_workers": 1, "dlq": dlq}], **FAST)
+    assert err.value.field == "dlq" and err.value.limit == "bool", str(err.value)
+    assert "'default'" in str(err.value)
+    assert client.runtime is None
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.queue_meta WHERE dlq") == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # class 2/3: user code the runtime calls besides the handler -- a failure consequence effect,
 # a verify_success hook, a follow-up spec -- raising SystemExit (a library calling sys.exit):

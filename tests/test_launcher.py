@@ -391,6 +391,31 @@ def test_start_options_start_would_reject_are_reported_before_any_child(dsn):
     ), (c.stdout, c.stderr)
 
 
+def test_start_options_giving_queues_is_a_config_error_pointing_at_dash_dash_queues(dsn):
+    # start(queues, **START_OPTIONS) raised "got multiple values for argument 'queues'"
+    env = {**os.environ, "AWA_FAST_LAUNCHER_FAIL": "queues", "AWA_FAST_LAUNCHER_DSN": dsn}
+    r = _worker("tests.launcher_app:client", env=env)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith(
+        "awa-fast worker: error: tests.launcher_app:client: start() would "
+        "reject this configuration: queues: START_OPTIONS may not give queues"
+    ), r.stderr
+    assert "--queues" in r.stderr and "multiple values" not in r.stderr
+    assert r.stdout == ""  # no child was started
+    c = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "check", "tests.launcher_app:client"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert c.returncode == 1 and (
+        "start() would reject this configuration: queues: START_OPTIONS may not give queues"
+        in c.stdout
+    ), (c.stdout, c.stderr)
+
+
 def test_a_module_running_its_program_at_import_fails_the_preflight(dsn, tmp_path):
     # the README example without its __main__ guard: a plain import works, but in a worker
     # (inside a running event loop) asyncio.run raises

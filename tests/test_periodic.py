@@ -159,6 +159,19 @@ async def test_invalid_cron_expression_fails_at_registration(dsn, expr):
     assert client.periodic_jobs == {}
 
 
+@pytest.mark.parametrize("expr", ["0 0 31 2 *", "0 0 30 2 *", "0 0 31 4 *", "0 0 31 2,4 *"])
+async def test_cron_expression_without_fire_time_fails_at_registration(dsn, expr):
+    # accepted, then start() raised a raw CroniterBadDateError
+    client = awa.AsyncClient(dsn)
+    with pytest.raises(awa.ValidationError) as info:
+        client.periodic("never", expr, Tick, Tick())
+    assert info.value.field == "cron_expr" and info.value.limit, str(info.value)
+    assert repr(expr) in str(info.value) and "no fire time" in str(info.value)
+    assert client.periodic_jobs == {}
+    for rare in ("0 0 29 2 *", "0 0 31 2 1"):  # leap day; Feb 31 *or* a Monday
+        client.periodic(f"rare{len(client.periodic_jobs)}", rare, Tick, Tick())
+
+
 @pytest.mark.parametrize("tz", ["Mars/Olympus_Mons", "", "../etc/passwd", "UTC+99"])
 async def test_invalid_timezone_fails_at_registration(dsn, tz):
     client = awa.AsyncClient(dsn)

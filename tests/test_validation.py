@@ -481,3 +481,31 @@ def test_retry_after_and_snooze_reject_what_is_not_a_delay(cls, bad):
     # 10**400 raised OverflowError and "5" was accepted (float() of it)
     with pytest.raises(ValueError, match="seconds must be"):
         cls(bad)
+
+
+# -- task() options ---------------------------------------------------------------------------
+
+
+async def test_task_rejects_an_unknown_option_naming_it_and_what_task_accepts(client):
+    # max_attempts reached Registry.register(): a raw "unexpected keyword argument" TypeError
+    with pytest.raises(ValidationError) as err:
+        client.task(
+            dict, kind="o", failure_consequence=awa_fast.NO_FAILURE_CONSEQUENCE, max_attempts=1
+        )
+    assert err.value.field == "max_attempts" and "failure_consequence" in err.value.limit
+    assert "insert(..., max_attempts=...)" in str(err.value)
+    with pytest.raises(ValidationError) as err:
+        client.task(dict, kind="o", retries=3)
+    assert err.value.field == "retries" and "task() accepts kind, queue" in str(err.value)
+    assert "o" not in client.registry.handlers
+
+
+@pytest.mark.parametrize("args_type", ["slow", None, {"a": 1}])
+async def test_task_rejects_an_args_type_that_is_not_a_class(client, args_type):
+    # task("slow") raised AttributeError inside kind_for_type
+    with pytest.raises(ValidationError) as err:
+        client.task(args_type)
+    assert err.value.field == "args_type" and err.value.limit == "a class", str(err.value)
+    if args_type == "slow":
+        assert "kind='slow'" in str(err.value)
+    assert not any(h.args_type == args_type for h in client.registry.handlers.values())

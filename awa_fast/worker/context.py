@@ -260,12 +260,13 @@ class JobContext:
     def follow_ups(self) -> FollowUps:
         """This attempt's staging handle; keep it to stage from code that outlives the call."""
         if self._follow_ups is None:
-            self._follow_ups = FollowUps(self.id, self.metadata)
+            off_queue = None if self.runtime is None else self.runtime.services.off_queue
+            self._follow_ups = FollowUps(self.id, self.metadata, off_queue)
         return self._follow_ups
 
     def enqueue_on_completion(self, args: Any, **options: Any) -> None:
         """Stage a follow-up job (see :meth:`FollowUps.enqueue_on_completion`)."""
-        self.follow_ups().enqueue_on_completion(args, **options)
+        self.follow_ups().stage(args, options, stacklevel=2)
 
     @property
     def staged_follow_ups(self) -> FollowUps | None:

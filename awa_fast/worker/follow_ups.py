@@ -8,12 +8,15 @@ the finalizer inserts the sealed requests if and only if the attempt's own compl
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from awa_fast import _native, metrics
 from awa_fast.errors import AwaError, StagingError
 from awa_fast.requests import EnqueueRequest, InsertOpts, Prepared, prepare
 from awa_fast.telemetry import TRACE_KEY
+
+if TYPE_CHECKING:
+    from awa_fast.producer import OffQueueWarner
 
 log = logging.getLogger("awa_fast.follow_ups")
 
@@ -55,6 +58,10 @@ def build_request(args: Any, options: dict, trigger_id: int, trace: str | None) 
     return prepare(args, **{**options, "metadata": metadata})
 
 
+def _gives_queue(args: Any, options: dict) -> bool:
+    return "queue" in options or (isinstance(args, EnqueueRequest) and "queue" in args.options)
+
+
 class FollowUps:
     """A handle on one attempt's staging buffer; safe to keep past the handler call (it is then
     sealed and every call raises ``StagingError(reason="sealed")``).
@@ -63,10 +70,13 @@ class FollowUps:
     ordering key, UTF-8) per attempt, across ``wait_for_callback`` resumes.
     """
 
-    __slots__ = ("job_id", "_trace", "_staged", "_budget", "_sealed", "poison")
+    __slots__ = ("job_id", "_trace", "_staged", "_budget", "_sealed", "poison", "_off_queue")
 
-    def __init__(self, job_id: int, metadata: dict | None = None):
+    def __init__(
+        self, job_id: int, metadata: dict | None = None, off_queue: OffQueueWarner | None = None
+    ):
         self.job_id = job_id
+        self._off_queue = off_queue  # warns as insert() does for a kind registered off default
         self._trace = trace_context(metadata)
         self._staged: list[Prepared] = []
         self._budget = _native.StagingBudget(MAX_STAGED, MAX_STAGED_BYTES)
@@ -95,7 +105,16 @@ class FollowUps:
                 ``__cause__`` is the original error), ``"too_many"`` (limit 16), ``"too_large"``
                 (limit 65536 bytes) or ``"sealed"`` (the handler already returned). Any but
                 ``sealed`` poisons the attempt.
+
+        Warns:
+            QueueMismatchWarning: as ``insert()``, a kind registered off ``default`` staged
+                without ``queue=`` (once per kind and client).
         """
+        self.stage(args, options, stacklevel=2)
+
+    def stage(self, args: Any, options: dict, *, stacklevel: int) -> None:
+        """:meth:`enqueue_on_completion`; a warning points ``stacklevel`` frames up (as
+        ``warnings.warn``'s, from the caller)."""
         if self._sealed:
             raise StagingError(
                 "ADR-046: the attempt's staging buffer is sealed (the handler already returned)",
@@ -116,6 +135,8 @@ class FollowUps:
             self.poison = self.poison or err
             raise err from exc
         self._staged.append(prepared)
+        if self._off_queue is not None and not _gives_queue(args, options):
+            self._off_queue.warn((prepared,), stacklevel=stacklevel + 1, how="staged")
 
     def _prepare(self, args: Any, options: dict) -> Prepared:
         return build_request(args, options, self.job_id, self._trace)

@@ -128,7 +128,7 @@ def parse_queues(
     ``(name, max_workers)`` tuples, a list of dicts with ``name`` and ``max_workers`` plus
     optional ``deadline_duration_ms``, ``claim_batch_size``, ``claimers`` (1 only: one claim
     loop per queue and process), ``rate_limit=(max_rate, burst)`` (claims per second, bucket
-    size), ``priority_aging_interval_ms`` and ``dlq``; or ``PartitionedQueue`` configs.
+    size), ``priority_aging_interval_ms`` and ``dlq`` (a bool); or ``PartitionedQueue`` configs.
     With ``global_max_workers`` (awa's weighted mode) the dicts give ``min_workers`` (>= 0,
     guaranteed slots) and ``weight`` (>= 1, share of the rest); a ``max_workers`` there caps
     the queue.
@@ -187,6 +187,11 @@ def parse_queues(
         for key in ("claimers", "claim_batch_size"):
             if key in cfg:
                 _positive(cfg[key], f"queue {name!r}: {key}")
+        if "dlq" in cfg and not isinstance(cfg["dlq"], bool):
+            # bool(cfg["dlq"]) is stored later: "no" would turn the DLQ on
+            raise ConfigError(
+                f"queue {name!r}: dlq must be a bool, got {cfg['dlq']!r}", field="dlq", limit="bool"
+            )
         if cfg.pop("claimers", 1) != 1:
             raise Unsupported(
                 "claimers",

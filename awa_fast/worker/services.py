@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from awa_fast.descriptors import Descriptor
     from awa_fast.periodic import PeriodicJob
+    from awa_fast.producer import OffQueueWarner
     from awa_fast.worker.consequences import Settler
     from awa_fast.worker.registry import Registry
     from awa_fast.worker.specs import SpecRunner
@@ -42,13 +43,21 @@ class ReconcileServices(ConnectionSource, Protocol):
     def settler(self) -> Settler: ...
 
 
+class AttemptServices(ConnectionSource, Protocol):
+    """What a running attempt uses of the services: connections and the client's
+    ``QueueMismatchWarning`` for follow-ups staged without ``queue=`` (None: no warning)."""
+
+    @property
+    def off_queue(self) -> OffQueueWarner | None: ...
+
+
 class AttemptRuntime(Protocol):
     """What a running attempt (``JobContext``) uses of its runtime: connections, the event
     loop the runtime runs on (a ``def`` handler's thread flushes progress through it) and how
     often a parked ``wait_for_callback`` polls (seconds)."""
 
     @property
-    def services(self) -> ConnectionSource: ...
+    def services(self) -> AttemptServices: ...
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
@@ -71,6 +80,8 @@ class Services:
         periodic_jobs: name -> ``periodic.PeriodicJob``, upserted at start.
         queue_descriptors, kind_descriptors: name -> ``descriptors.Descriptor``, stored at
             start and refreshed with presence.
+        off_queue: the client's ``QueueMismatchWarning`` for jobs given no queue, shared by its
+            inserts and the follow-ups its handlers stage.
     """
 
     def __init__(
@@ -84,7 +95,9 @@ class Services:
         periodic_jobs: dict[str, PeriodicJob] | None = None,
         queue_descriptors: dict[str, Descriptor] | None = None,
         kind_descriptors: dict[str, Descriptor] | None = None,
+        off_queue: OffQueueWarner | None = None,
     ):
+        self.off_queue = off_queue
         self._pool = pool
         self._database_url = database_url
         self.registry = registry
