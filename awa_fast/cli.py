@@ -1704,8 +1704,9 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "(backoff 0.5 s doubling to 10 s) and exits 1 if a child dies "
         "more than 5 times within\n60 s. SIGTERM/SIGINT/SIGHUP drain "
         "gracefully: stop claiming, finish in-flight jobs up to\n"
-        "--drain-timeout, flush; exit 0. A second signal kills the children (exit 1; their "
-        "attempts\nstay running until heartbeat rescue). One status line per child "
+        "--drain-timeout, flush; exit 0 (a def handler still running then is left\n'running' "
+        "for heartbeat rescue). A second signal kills the children (exit 1; their attempts\n"
+        "stay running until heartbeat rescue). One status line per child "
         "event on stdout; child logs\non stderr as [child N pid P] "
         "(--log-format json: JSON objects). APP is imported once "
         "before\nany child starts, in a running event loop as in the children: "
@@ -1736,7 +1737,8 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         type=_positive_float,
         default=10.0,
         metavar="SECONDS",
-        help="on SIGTERM/SIGINT, let in-flight jobs finish for up to this long (default: 10)",
+        help="on SIGTERM/SIGINT, let in-flight jobs finish for up to this long (default: 10); "
+        "a def handler still running then is left for heartbeat rescue",
     )
     p.add_argument(
         "--status-interval",

@@ -509,7 +509,12 @@ class AsyncClient:
     # -- queues (admin/queues.py) and health (admin/health.py) ------------------------------------
 
     async def queue_stats(self) -> list[QueueStat]:
-        """Per-queue counts (see :class:`QueueStat`)."""
+        """Per-queue counts (see :class:`QueueStat`).
+
+        Raises:
+            DatabaseError: no connection to the database within ``ADMIN_POOL_WAIT_S`` seconds
+                (3; :mod:`awa_fast.connections`), e.g. postgres is down.
+        """
         return await self._queues.queue_stats()
 
     async def unhandled_kinds(self) -> list[dict]:
@@ -540,7 +545,9 @@ class AsyncClient:
 
     async def health_check(self) -> HealthCheck:
         """Postgres reachability plus, when this client runs a runtime, its loops, leadership
-        and per-queue load (see :class:`HealthCheck`)."""
+        and per-queue load (see :class:`HealthCheck`). With postgres down it answers
+        ``postgres_connected=False`` after at most ``ADMIN_POOL_WAIT_S`` seconds (3) waiting
+        for a connection, not the pool's 30 s."""
         return await self._health.health_check()
 
     # -- periodic (cron) jobs (admin/cron.py) -----------------------------------------------------

@@ -13,9 +13,14 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from awa_fast import bulk, enqueue, sql
+from awa_fast.errors import DatabaseError
 from awa_fast.pg_connection import Connection
 
 log = logging.getLogger("awa_fast.admin")
+
+# Seconds an admin read waits for a pooled connection before reporting the database unreachable
+# (the pool's own 30 s wait would stall a probe that must answer while postgres is down).
+ADMIN_POOL_WAIT_S = 3.0
 
 
 class Pool(AsyncConnectionPool[Any]):
@@ -116,12 +121,36 @@ class Connections:
         """The open pool (see the constructor for the errors)."""
         return await self._pool()
 
-    async def fetch(self, query: str, params: Any = None) -> list[tuple]:
+    async def fetch(
+        self, query: str, params: Any = None, timeout: float | None = None
+    ) -> list[tuple]:
         """Run one statement on a pooled connection (autocommit: its own transaction); its rows,
-        or ``[]`` for a statement that returns none."""
-        async with (await self._pool()).connection() as conn:
+        or ``[]`` for a statement that returns none. ``timeout`` bounds the wait for the
+        connection, in seconds (the pool's own wait when ``None``).
+
+        Raises:
+            psycopg_pool.PoolTimeout: no connection within the wait.
+        """
+        async with (await self._pool()).connection(timeout=timeout) as conn:
             cur = await conn.execute(query, params)
             return await cur.fetchall() if cur.description else []
+
+    async def fetch_bounded(self, query: str, params: Any = None) -> list[tuple]:
+        """:meth:`fetch` waiting at most ``ADMIN_POOL_WAIT_S`` seconds for a connection.
+
+        Raises:
+            DatabaseError: the database refused or did not answer the pool's connects within
+                that wait.
+            PoolBusy: every connection of the pool stayed in use for that wait.
+        """
+        try:
+            return await self.fetch(query, params, timeout=ADMIN_POOL_WAIT_S)
+        except PoolBusy:
+            raise
+        except PoolTimeout as exc:
+            raise DatabaseError(
+                f"database unreachable: no connection within {ADMIN_POOL_WAIT_S:g} s: {exc}"
+            ) from exc
 
     async def run_isolated(
         self,

@@ -11,7 +11,10 @@ after the child exists -- nothing is inherited from a fork). A child:
    from ``--queues name:max_workers,...``, else the client's registered queues;
 3. on SIGTERM/SIGINT stops claiming and runs ``client.shutdown(timeout_ms=drain_timeout*1000)``
    (in-flight handlers finish up to the timeout, the rest go back to ``available``, the finalizer
-   is flushed), closes the pool and exits 0.
+   is flushed), closes the pool and exits 0. A ``def`` handler whose thread still runs then is
+   not waited for (the launcher would kill the child): the child logs its job ids and exits 0
+   at once, leaving its attempt ``running`` for heartbeat rescue (a thread cannot be stopped,
+   nor its attempt given back while it runs).
 
 Each child logs to stderr as ``<time> [child N pid P] LEVEL logger: message`` and reports its
 state (ready, maintenance leader, in-flight and finished counts) to the parent over a pipe.
@@ -251,10 +254,38 @@ async def _child_main(
             pass
     log.info("draining (timeout %g s)", args.drain_timeout)
     reporter.send(event="draining")
+    runtime = client.runtime
     await client.shutdown(timeout_ms=int(args.drain_timeout * 1000))
     await client.close()
+    lingering = runtime.lingering if runtime is not None else None
+    left = lingering.running_job_ids() if lingering is not None else []
+    if left:
+        # A def handler's thread cannot be stopped, and the interpreter's exit would wait for
+        # it past --drain-timeout (until the launcher's SIGKILL): end the process instead.
+        log.warning(
+            "%d def handler thread(s) still running after the drain: exiting without them; "
+            "their attempts stay 'running' until heartbeat rescue takes them (after "
+            "heartbeat_staleness_ms): job ids %s",
+            len(left),
+            ", ".join(map(str, left[:20])),
+            extra={"left_running": len(left), "left_running_job_ids": left},
+        )
+        log.info("stopped")
+        _exit_now(0)
     log.info("stopped")
     return 0
+
+
+def _exit_now(code: int) -> None:
+    """End the process at once with ``code``, skipping the interpreter's exit (which joins
+    every handler thread), after flushing the logs."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 async def _reach_database(url: str) -> None:

@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import os
 import sys
+import time
 
 import awa_fast as awa
 
@@ -58,8 +59,6 @@ if FAIL == "spawn-at-import" and IN_CHILD:  # a process the application starts a
         check=True,
     )
 if FAIL == "slow-child-import" and IN_CHILD:
-    import time
-
     time.sleep(3)  # a slow import: the launcher is stopped meanwhile
 
 client = awa.AsyncClient(os.environ.get("AWA_FAST_LAUNCHER_DSN", ""), max_connections=4)
@@ -94,3 +93,15 @@ class Nap:
 @client.task(Nap, queue="launch_q")
 async def nap(job):
     await asyncio.sleep(job.args.ms / 1000)
+
+
+@dataclasses.dataclass
+class DefNap:
+    """Sleep ``ms`` milliseconds in a plain ``def`` handler (a thread nothing can stop)."""
+
+    ms: int
+
+
+@client.task(DefNap, queue="launch_q")
+def def_nap(job):
+    time.sleep(job.args.ms / 1000)

@@ -22,8 +22,8 @@ import psycopg
 import pytest
 
 from awa_fast import sql
-from awa_fast.supervisor import parse_queues_arg
-from tests.launcher_app import Nap
+from awa_fast.supervisor import KILL_GRACE_S, parse_queues_arg
+from tests.launcher_app import DefNap, Nap
 from tests.support import sigint_as_at_a_terminal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,6 +252,39 @@ def test_a_second_signal_kills_the_children_and_says_what_it_leaves(dsn, launche
     )
     assert launcher.wait(30) == 1, launcher.transcript()
     assert counts(dsn).get("running") == 2  # left for heartbeat rescue, as it said
+
+
+def test_a_def_handler_past_the_drain_timeout_leaves_its_attempt_for_rescue(dsn, launchers):
+    # The child logged "stopped", then its exit waited for the handler thread until the
+    # launcher's SIGKILL (exit 1). Now it exits within its drain bound (exit 0), saying what it
+    # leaves 'running' for heartbeat rescue.
+    import awa_fast as awa
+
+    with awa.Client(dsn) as c:
+        job = c.insert(DefNap(30_000), queue=QUEUE)
+    launcher = Launcher(dsn, "--processes", "1", "--queues", f"{QUEUE}:2", "--drain-timeout", "1")
+    launchers.append(launcher)
+    launcher.ready_pids(1)
+
+    def state() -> str:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute(
+                "SELECT state::text FROM awa_fast.jobs_all WHERE id = %s", (job.id,)
+            ).fetchone()
+        return row[0]
+
+    poll(lambda: state() == "running", 30, "the def handler running")
+    t0 = time.monotonic()
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(30) == 0, launcher.transcript()
+    assert time.monotonic() - t0 < 1 + KILL_GRACE_S, launcher.transcript()
+    launcher.wait_line(r"child 0 pid \d+ exited with code 0", 5)
+    launcher.wait_line(r"all children stopped", 5)
+    transcript = launcher.transcript()
+    assert "def handler thread(s) still running after the drain" in transcript, transcript
+    assert f"job ids {job.id}" in transcript, transcript
+    assert "given back to available" not in transcript, transcript  # its thread keeps it
+    assert state() == "running"  # its thread died with the child: heartbeat rescue takes it
 
 
 def test_sigkilled_child_is_restarted_and_its_jobs_rescued(dsn, launchers):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from awa_fast import sql
-from awa_fast.connections import Connections
+from awa_fast.connections import ADMIN_POOL_WAIT_S, Connections
 
 if TYPE_CHECKING:
     from awa_fast.worker.runtime import Runtime
@@ -64,12 +64,13 @@ class HealthAdmin:
 
     async def health_check(self) -> HealthCheck:
         """Postgres reachability plus, with a runtime, its loops, leadership and per-queue load.
-        Never raises for an unreachable database (``postgres_connected`` is then false)."""
+        Never raises for an unreachable database: ``postgres_connected`` is then false, answered
+        within ``ADMIN_POOL_WAIT_S`` seconds (3) once the pool is open."""
         available: dict[str, int] = {}
         runtime = self._runtime()
         names = list(runtime.dispatchers) if runtime is not None else []
         try:
-            rows = await self._db.fetch(sql.HEALTH_AVAILABLE, (names,))
+            rows = await self._db.fetch(sql.HEALTH_AVAILABLE, (names,), timeout=ADMIN_POOL_WAIT_S)
             available = dict(rows)
             connected = True
         except Exception as exc:  # any failure to reach postgres means "not connected"

@@ -63,7 +63,8 @@ class QueueAdmin:
         self._db = db
 
     async def queue_stats(self) -> list[QueueStat]:
-        """Per-queue counts (see :class:`QueueStat`)."""
+        """Per-queue counts (see :class:`QueueStat`); raises ``DatabaseError`` when no
+        connection comes within ``ADMIN_POOL_WAIT_S`` seconds (postgres down)."""
         out = []
         for (
             queue,
@@ -80,7 +81,7 @@ class QueueAdmin:
             lag,
             paused,
             unhandled,
-        ) in await self._db.fetch(sql.QUEUE_STATS):
+        ) in await self._db.fetch_bounded(sql.QUEUE_STATS):
             out.append(
                 QueueStat(
                     queue,

@@ -68,6 +68,11 @@ class Lingering:
         with self._lock:
             return len(self._attempts)
 
+    def running_job_ids(self) -> list[int]:
+        """Job ids of the watched attempts whose handler thread still runs."""
+        with self._lock:
+            return sorted(a.job_id for a in self._attempts.values() if not a.future.done())
+
     def watch(self, ctx: Any, *, release: bool) -> None:
         """Watch ``ctx``'s attempt (a :class:`JobContext` whose ``thread`` still runs)."""
         snap = ctx.progress_snapshot()

@@ -1005,7 +1005,10 @@ class Runtime:
                 # A handler that returned is finalizing: let it finish, never cancel it.
                 if task in still and (attempt is None or not attempt.returned):
                     task.cancel()
-                    given_back.append(key[0])
+                    thread = attempt.thread if attempt is not None else None
+                    if thread is None or not thread.running():
+                        # (a running def thread's attempt is logged apart: kept, not given back)
+                        given_back.append(key[0])
             if given_back:
                 log.warning(
                     "drain timeout (%g s) passed: %d handler(s) still running were "
