@@ -425,3 +425,70 @@ def test_sync_client_unique_conflict(dsn):
         assert job.state == JobState.Cancelled
         c.insert({"s": 1}, kind="sync_u", unique_opts={"by_period": 3})
     assert count(dsn) == 2
+
+
+# -- distinct keys never wait for each other (migration 026) ------------------------------------
+
+
+def _keys_sharing_a_first_byte(kind: str, count: int) -> list[int]:
+    """``count`` values of ``{"n": n}`` whose unique keys (kind ``kind``, default options)
+    differ but share their first byte: the lock bucket of migration 010."""
+    from awa_fast.requests import prepare
+
+    by_byte: dict[int, list[int]] = {}
+    for n in range(20_000):
+        first = prepare({"n": n}, kind=kind, unique_opts={}).unique_key[0]
+        by_byte.setdefault(first, []).append(n)
+        if len(by_byte[first]) == count:
+            return by_byte[first]
+    raise AssertionError("no shared first byte")
+
+
+async def test_distinct_keys_of_one_bucket_do_not_wait_for_an_open_transaction(client, dsn):
+    # One bucket lock per first byte, held to commit, made an unrelated key wait for the whole
+    # transaction (breaker helper); awa-pg's unique index never does.
+    a, b = _keys_sharing_a_first_byte("bucketed", 2)
+    async with await client.transaction() as tx:
+        await tx.insert({"n": a}, kind="bucketed", unique_opts={})
+        # fails (TimeoutError) only if it waits for the transaction above
+        await asyncio.wait_for(client.insert({"n": b}, kind="bucketed", unique_opts={}), 10)
+
+
+async def test_two_transactions_with_distinct_keys_never_deadlock(client, dsn):
+    # T1 takes a1 then b2, T2 takes b1 then a2: four distinct keys, two shared first bytes.
+    # With bucket locks one of them deadlocked (DeadlockError after its retries).
+    a1, a2 = _keys_sharing_a_first_byte("crossed_a", 2)
+    b1, b2 = _keys_sharing_a_first_byte("crossed_b", 2)
+    async with await client.transaction() as t1, await client.transaction() as t2:
+        await t1.insert({"n": a1}, kind="crossed_a", unique_opts={})
+        await t2.insert({"n": b1}, kind="crossed_b", unique_opts={})
+        await asyncio.wait_for(
+            asyncio.gather(
+                t1.insert({"n": b2}, kind="crossed_b", unique_opts={}),
+                t2.insert({"n": a2}, kind="crossed_a", unique_opts={}),
+            ),
+            10,
+        )
+    with psycopg.connect(dsn) as conn:
+        n = conn.execute(
+            "SELECT count(*) FROM awa_fast.jobs WHERE kind IN ('crossed_a', 'crossed_b')"
+        ).fetchone()[0]
+    assert n == 4
+
+
+async def test_a_bulk_insert_still_waits_for_a_key_held_one_by_one(client, dsn):
+    # The two ways of locking exclude each other for one key: a bulk statement (over 64 keys:
+    # bucket locks) including a key an open transaction inserted alone waits for it, then finds
+    # the key held.
+    async with await client.transaction() as tx:
+        held = await tx.insert({"n": 0}, kind="bulked", unique_opts={})
+        bulk = asyncio.ensure_future(
+            client.insert_many([{"n": n} for n in range(100)], kind="bulked", unique_opts={})
+        )
+        await wait_lock_waiter(dsn, what="the bulk insert waiting for the held key")
+        assert not bulk.done()
+    with pytest.raises(UniqueConflict):
+        await bulk
+    with psycopg.connect(dsn) as conn:
+        ids = conn.execute("SELECT id FROM awa_fast.jobs WHERE kind = 'bulked'").fetchall()
+    assert ids == [(held.id,)]  # the bulk insert is one statement: all of it or nothing
