@@ -486,3 +486,27 @@ def test_migration_from_008_holds_every_key_once_and_counts_every_row(fresh_db):
                     "VALUES ('dup', %s, 255)",
                     (key,),
                 )
+
+
+async def test_a_pass_whose_process_stops_mid_transaction_releases_its_slice_lock(dsn, client):
+    # The slice expiry locks a slice ACCESS EXCLUSIVE, then truncates it in later statements of
+    # the same transaction: a leader stopped in between (SIGSTOP, a hung host) blocked every
+    # read of finished jobs until another process displaced it, or for good without one
+    # (breaker helper). The server now ends such a pass after PASS_IDLE_TIMEOUT_S idle.
+    import time
+
+    job = await client.insert({"x": 1}, kind="stopped_pass")
+    await client.cancel(job.id)
+    [slice_] = rows(
+        dsn, "SELECT tableoid::regclass::text AS t FROM awa_fast.jobs_done WHERE id = %s", (job.id,)
+    )
+    m = maintenance(client)
+    with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+        async with m.fenced(bounded=True) as conn:
+            await conn.execute(f"LOCK TABLE {slice_['t']} IN ACCESS EXCLUSIVE MODE")
+            # this pass now sits idle, as one whose process stopped: a reader waits for the
+            # server to end it, no longer
+            started = time.monotonic()
+            got = await asyncio.wait_for(client.get_job(job.id), 60)
+            waited = time.monotonic() - started
+    assert got.id == job.id and waited < sql.PASS_IDLE_TIMEOUT_S + 5, waited

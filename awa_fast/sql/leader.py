@@ -59,3 +59,10 @@ LOCK_TIMEOUT_LOCAL = "SET LOCAL lock_timeout = {ms:d}"
 # Every fenced leader pass: a row or table lock held by another session fails the statement
 # after 2 s (logged; the pass's other steps go on) instead of stalling the maintenance loop.
 PASS_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s'"
+
+# ... and a pass whose process stops between two of its statements (SIGSTOP, a hung host) is
+# ended by the server after 5 s idle in its transaction, releasing its locks: a finished slice's
+# ACCESS EXCLUSIVE lock blocked every read of finished jobs, in every process, until another
+# process displaced the frozen leader (heartbeat_staleness_ms), or for good without one.
+PASS_IDLE_TIMEOUT_S = 5
+PASS_IDLE_TIMEOUT = f"SET LOCAL idle_in_transaction_session_timeout = '{PASS_IDLE_TIMEOUT_S}s'"

@@ -367,7 +367,9 @@ class Maintenance:
         this process's epoch: the only way a leader pass writes. Nested ``conn.transaction()``
         blocks are savepoints. With ``bounded`` (this class's own passes; not the extra tasks,
         whose user code may wait on its own locks), a lock wait ends after
-        ``sql.PASS_LOCK_TIMEOUT`` (2 s) with ``psycopg.errors.LockNotAvailable``.
+        ``sql.PASS_LOCK_TIMEOUT`` (2 s) with ``psycopg.errors.LockNotAvailable``, and the server
+        ends the session if the transaction sits idle for ``sql.PASS_IDLE_TIMEOUT_S`` (5 s: this
+        process stopped mid-pass), releasing its locks.
 
         Raises:
             Deposed: another process took leadership (nothing of this transaction commits).
@@ -382,7 +384,9 @@ class Maintenance:
                 if bounded:
                     # A pass never waits long on a row or table another session holds: the
                     # statement fails (logged; the pass goes on) instead of stalling the loop.
+                    # Nor does it hold its own locks long if this process stops mid-pass.
                     await conn.execute(sql.PASS_LOCK_TIMEOUT)
+                    await conn.execute(sql.PASS_IDLE_TIMEOUT)
                 yield conn
 
     def loop_health(self) -> dict[str, LoopHealth]:
