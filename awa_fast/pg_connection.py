@@ -22,7 +22,7 @@ import psycopg
 from psycopg import capabilities
 from psycopg.conninfo import make_conninfo
 
-CANCEL_SQL = "SELECT pg_cancel_backend(%s)"
+from awa_fast.sql.runtime import CANCEL_BACKEND
 
 
 class Connection(psycopg.AsyncConnection[Any]):
@@ -50,7 +50,7 @@ class Connection(psycopg.AsyncConnection[Any]):
             async with asyncio.timeout(timeout or None):
                 other = await _Canceller.connect(make_conninfo("", **params), autocommit=True)
                 async with other:
-                    await other.execute(CANCEL_SQL, (pid,))
+                    await other.execute(CANCEL_BACKEND, (pid,))
         except TimeoutError:
             raise psycopg.errors.CancellationTimeout(
                 f"cancelling the statement of backend {pid}: no answer within {timeout:g} s"
