@@ -217,7 +217,10 @@ async def _probe(url: str, *, need_schema: bool, source: str = "", wait_s: float
                 await asyncio.sleep(PROBE_RETRY_S)  # no event says the database is back
                 continue
             where = f" (the URL {source})" if source else ""
-            waited = f" (tried for {wait_s:g} s)" if wait_s else ""
+            # only when it did wait: a refusal for good (no such database, bad password) fails
+            # at the first try
+            tried = wait_s - max(0.0, deadline - time.monotonic())
+            waited = f" (tried for {tried:.0f} s)" if wait_s and tried >= 1 else ""
             raise CliError(
                 f"could not connect to the database{where}{waited}: {str(exc).strip()}"
             ) from exc

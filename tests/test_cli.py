@@ -1411,3 +1411,16 @@ def test_batch_submit_without_a_filter_names_the_cli_flag():
         r.stderr
     )
     assert "allow_all" not in r.stderr
+
+
+def test_serve_refused_for_good_does_not_claim_it_waited(dsn):
+    # A database that does not exist fails at the first try; the message said "(tried for
+    # 30 s)" (fresh eyes).
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = "no_such_database_here"
+    r = cli("serve", "--port", "0", dsn=make_conninfo(**params))
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert 'database "no_such_database_here" does not exist' in r.stderr, r.stderr
+    assert "tried for" not in r.stderr, r.stderr
