@@ -7,6 +7,7 @@ with an error that says how to build them. :func:`native_extensions` reports wha
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import threading
 from types import ModuleType
@@ -43,9 +44,19 @@ try:
     from awa_fast._ext import unique as _unique
     from awa_fast._ext import validate as _validate
 except ImportError as exc:  # pragma: no cover - only on a broken install
+    _here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _source_tree = os.path.exists(os.path.join(_here, "pyproject.toml"))
     raise ImportError(
-        "awa_fast's compiled extensions are missing; install the package with "
-        "`pip install .` or `pip install -e .` so setup.py builds _ext/*.pyx"
+        f"awa_fast's compiled extensions are missing in {_here}/awa_fast"
+        + (
+            # `pip install .` builds them into site-packages; the checkout in the current
+            # directory (or on sys.path) shadows that copy
+            ": that is a source checkout, which shadows an installed awa-fast; build it in "
+            "place with `pip install -e .`, or run from another directory"
+            if _source_tree
+            else "; install the package with `pip install .` or `pip install -e .` so setup.py "
+            "builds _ext/*.pyx"
+        )
     ) from exc
 
 validate_insert = _validate.validate_insert

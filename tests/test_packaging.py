@@ -44,3 +44,22 @@ def test_children_boot_the_installation_that_launched_them():
 
     booted = Path(supervisor._PACKAGE_ROOT, "awa_fast", "supervisor.py").resolve()
     assert booted == Path(supervisor.__file__).resolve()
+
+
+def test_a_source_checkout_without_its_extensions_says_it_shadows_the_install(tmp_path):
+    # After `pip install .`, anything run from the checkout imported the checkout's awa_fast,
+    # which has no compiled extensions, and was told to `pip install .` (fresh eyes).
+    tree = tmp_path / "checkout"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "HEAD", "awa_fast", "pyproject.toml"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", "import awa_fast"], capture_output=True, text=True, cwd=tree
+    )
+    assert r.returncode == 1
+    assert "a source checkout, which shadows an installed awa-fast" in r.stderr, r.stderr
+    assert "pip install -e ." in r.stderr
