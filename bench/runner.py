@@ -393,7 +393,8 @@ class Recorder:
         self.records.append(rec)
         self._fh.write(json.dumps(rec, default=str) + "\n")
         self._fh.flush()
-        print(format_row(rec), flush=True)
+        # progress (stderr); the table of every row is printed at the end (stdout)
+        log(format_row(rec))
 
     def close(self) -> None:
         self._fh.close()
@@ -981,9 +982,23 @@ def plot(records: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
+    t_main = time.perf_counter()
     args = parse_args(argv, prog)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else results_dir() / f"{stamp}.jsonl"
+    adapters, skipped = [], {}
+    for name in args.systems:
+        try:
+            adapters.append(load(name))
+        except ImportError as exc:
+            skipped[name] = f"not importable: {exc}"
+    if not adapters:  # before a server is started and its WAL warmed for nothing
+        for k, v in skipped.items():
+            print(f"skipped {k}: {v}", file=sys.stderr)
+        print(
+            f"{prog}: no system to run (pip install -e '.[compare]' for the peers)", file=sys.stderr
+        )
+        return 1
     server = None
     if args.database_url:
         admin, server_kind = args.database_url, "external (--database-url)"
@@ -1014,12 +1029,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         server_kind += f"; WAL warmed to {warm['segments']:.0f} recycled segments"
     try:
         env = environment(admin, args, server_kind)
-        adapters, skipped = [], {}
-        for name in args.systems:
-            try:
-                adapters.append(load(name))
-            except ImportError as exc:
-                skipped[name] = f"not importable: {exc}"
         env["skipped_systems"] = skipped
         print(
             f"awa-fast {env['awa_fast_version']} ({env['awa_fast_git']}) | peers "
@@ -1086,7 +1095,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         burst = [r for r in rec.records if r["scenario"] != "soak"]
         if burst:
             print()
-            print("targets (from the issue):")
+            print("targets (the project's benchmark goals, docs/benchmarking.md):")
             print("\n".join(targets(burst, args.processes)))
         if soak_runs:
             print()
@@ -1095,7 +1104,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
             )
             for system, r in soak_runs.items():
                 print("\n".join(soak.goal_lines(system, r["summary"])))
-        print(f"\nresults: {out} ({time.perf_counter() - t_all:.0f} s)")
+        print(
+            f"\nresults: {out} ({time.perf_counter() - t_main:.0f} s in all, "
+            f"{time.perf_counter() - t_all:.0f} s of scenarios)"
+        )
         if args.plot is not None:
             chart = Path(args.plot) if args.plot else out.with_suffix(".png")
             if burst:
