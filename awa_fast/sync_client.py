@@ -11,7 +11,10 @@ method's docstring (arguments, errors). The methods without a twin are listed in
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import threading
+import weakref
 from datetime import datetime
 from typing import Any
 
@@ -43,9 +46,24 @@ ASYNC_ONLY = frozenset(
 )
 
 
+# Clients not closed yet: closed at interpreter exit, while their loop thread (a daemon) still
+# runs; else the exit destroyed the pool's pending tasks, each printing "Task was destroyed but
+# it is pending!".
+_OPEN: weakref.WeakSet[Client] = weakref.WeakSet()
+CLOSE_AT_EXIT_S = 5.0  # bound of that close (a database that does not answer)
+
+
+@atexit.register
+def _close_open_clients() -> None:
+    for client in list(_OPEN):
+        with contextlib.suppress(Exception):
+            client._close(timeout=CLOSE_AT_EXIT_S)
+
+
 class Client:
     """Blocking client: ``Client(database_url=None, max_connections=10)``, usable as ``with``
-    (``database_url`` as for :class:`AsyncClient`, ``None`` resolved as the CLI does).
+    (``database_url`` as for :class:`AsyncClient`, ``None`` resolved as the CLI does). One not
+    closed is closed at interpreter exit (within 5 s).
 
     Raises (construction):
         DatabaseError: the database cannot be reached (awa-pg connects eagerly too).
@@ -63,6 +81,7 @@ class Client:
         except BaseException:
             self._stop_loop()
             raise
+        _OPEN.add(self)
 
     @property
     def async_client(self) -> AsyncClient:
@@ -78,9 +97,15 @@ class Client:
 
     def close(self) -> None:
         """Send pending insert wake-ups, close the pool and stop the private loop (idempotent)."""
+        self._close(timeout=None)
+
+    def _close(self, timeout: float | None) -> None:
+        _OPEN.discard(self)
         if self._loop.is_running():
-            self._call(self._async.close())
-            self._stop_loop()
+            try:
+                asyncio.run_coroutine_threadsafe(self._async.close(), self._loop).result(timeout)
+            finally:
+                self._stop_loop()
 
     def __enter__(self) -> Client:
         return self

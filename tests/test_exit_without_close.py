@@ -62,3 +62,29 @@ def test_return_after_shutdown_without_close_exits(dsn, tmp_path):
                 f"stderr: {exc.stderr!r}"
             )
         assert proc.returncode == 0, f"run {run}: {proc.stderr}"
+
+
+SYNC_SCRIPT = """
+import sys
+import awa_fast as awa
+
+client = awa.Client(sys.argv[1])
+raise ValueError("the script's own bug, before any close()")
+"""
+
+
+def test_a_sync_client_left_open_is_closed_quietly_at_exit(dsn, tmp_path):
+    # Its loop thread is a daemon: the exit destroyed the pool's pending tasks, each printing
+    # "Task was destroyed but it is pending!" (fresh eyes: four blocks after every script).
+    script = tmp_path / "sync_no_close.py"
+    script.write_text(SYNC_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), dsn],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "ValueError: the script's own bug" in proc.stderr
+    assert "Task was destroyed" not in proc.stderr, proc.stderr
