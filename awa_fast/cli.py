@@ -905,7 +905,9 @@ def cmd_check(s: Session) -> int:
             print(f"  {kind}")
     else:
         print(
-            "the registered kind declares a failure consequence"
+            "no kinds are registered"
+            if n == 0
+            else "the registered kind declares a failure consequence"
             if n == 1
             else f"all {n} registered kinds declare a failure consequence"
         )

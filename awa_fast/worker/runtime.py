@@ -520,9 +520,9 @@ def _setting(value: Any, field: str, *, integer: bool = False, zero: bool = Fals
         or value < 0
         or (value == 0 and not zero)
     ):
-        what = "int" if integer else "finite number"
+        what = "an int" if integer else "a finite number"
         raise ConfigError(
-            f"{field} must be a {what} {'>= 0' if zero else '> 0'}, got {value!r}",
+            f"{field} must be {what} {'>= 0' if zero else '> 0'}, got {value!r}",
             field=field,
             limit=">= 0" if zero else "> 0",
         )
@@ -625,7 +625,7 @@ def _log_failed_attempt(ctx: JobContext, outcome: ex.Outcome) -> None:
     """One line per failed or retried attempt: kind, id, attempt, the error's type and message
     (its first line; never the job's args), and what happens next ("retry in N s", or "not
     retried (reason)": the settlement then fails, dead-letters or owes the attempt)."""
-    error = (outcome.error or {}).get("error") or "no error"
+    error = (outcome.error or {}).get("error") or "the handler asked for it (no error)"
     head = error.split("\n", 1)[0][:500]
     if outcome.kind == ex.RETRY:
         then = f"retry in {outcome.delay or 0:.1f} s"
