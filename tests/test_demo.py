@@ -54,6 +54,14 @@ def run_demo(dsn: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def unfinished_demo_jobs(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM awa_fast.jobs_all WHERE queue = 'demo' AND state "
+            "IN ('available', 'scheduled', 'retryable', 'running')"
+        ).fetchone()[0]
+
+
 def report(stdout: str) -> dict:
     out = {}
     for line in stdout.splitlines():
@@ -242,12 +250,7 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
         ).group(1)
     )
     assert removed > 0
-    with psycopg.connect(dsn) as conn:
-        left = conn.execute(
-            "SELECT count(*) FROM awa_fast.jobs_all WHERE queue = 'demo' AND state "
-            "IN ('available', 'scheduled', 'retryable', 'running')"
-        ).fetchone()[0]
-    assert left == 0
+    assert unfinished_demo_jobs(dsn) == 0
 
 
 def test_the_timeout_stops_the_demo_and_removes_its_unfinished_jobs(dsn):
@@ -281,12 +284,7 @@ def test_the_timeout_stops_the_demo_and_removes_its_unfinished_jobs(dsn):
         r"finished rows stay until the next `awa-fast demo` deletes them",
         lines[3],
     )
-    with psycopg.connect(dsn) as conn:
-        left = conn.execute(
-            "SELECT count(*) FROM awa_fast.jobs_all WHERE queue = 'demo' AND state "
-            "IN ('available', 'scheduled', 'retryable', 'running')"
-        ).fetchone()[0]
-    assert left == 0
+    assert unfinished_demo_jobs(dsn) == 0
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])

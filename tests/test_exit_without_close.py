@@ -43,19 +43,23 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
+def _run(script: Path, dsn: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(script), dsn],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
 @pytest.mark.slow
 def test_return_after_shutdown_without_close_exits(dsn, tmp_path):
     script = tmp_path / "no_close.py"
     script.write_text(SCRIPT)
     for run in range(RUNS):
         try:
-            proc = subprocess.run(
-                [sys.executable, str(script), dsn],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=TIMEOUT_S,
-            )
+            proc = _run(script, dsn)
         except subprocess.TimeoutExpired as exc:
             pytest.fail(
                 f"run {run}: still running after {TIMEOUT_S} s without close(); "
@@ -78,13 +82,7 @@ def test_a_sync_client_left_open_is_closed_quietly_at_exit(dsn, tmp_path):
     # "Task was destroyed but it is pending!" (fresh eyes: four blocks after every script).
     script = tmp_path / "sync_no_close.py"
     script.write_text(SYNC_SCRIPT)
-    proc = subprocess.run(
-        [sys.executable, str(script), dsn],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    proc = _run(script, dsn)
     assert proc.returncode == 1, proc.stderr
     assert "ValueError: the script's own bug" in proc.stderr
     assert "Task was destroyed" not in proc.stderr, proc.stderr

@@ -358,6 +358,17 @@ def test_children_that_keep_dying_make_the_launcher_give_up(dsn, launchers):
     launcher.wait_line(r"child 0 died 6 times within 60 s; giving up", 5)
 
 
+def _check(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "awa_fast", "check", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
 def _worker(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "awa_fast", "worker", *args, "--processes", "2"],
@@ -410,14 +421,7 @@ def test_start_options_start_would_reject_are_reported_before_any_child(dsn):
     ), r.stderr
     assert r.stdout == ""  # no child was started
     # `awa-fast check` reports the same configuration error with the same exit status
-    c = subprocess.run(
-        [sys.executable, "-m", "awa_fast", "check", "tests.launcher_app:client"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    c = _check("tests.launcher_app:client", env=env)
     assert (
         c.returncode == 1
         and "start() would reject this configuration: heartbeat_interval_ms" in c.stdout
@@ -435,14 +439,7 @@ def test_start_options_giving_queues_is_a_config_error_pointing_at_dash_dash_que
     ), r.stderr
     assert "--queues" in r.stderr and "multiple values" not in r.stderr
     assert r.stdout == ""  # no child was started
-    c = subprocess.run(
-        [sys.executable, "-m", "awa_fast", "check", "tests.launcher_app:client"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    c = _check("tests.launcher_app:client", env=env)
     assert c.returncode == 1 and (
         "start() would reject this configuration: queues: START_OPTIONS may not give queues"
         in c.stdout
