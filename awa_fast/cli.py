@@ -928,6 +928,9 @@ async def cmd_consequences(s: Session) -> int:
     if s.json:
         _print_json(rows)
         return 0
+    if not rows:
+        print("no failure consequence is owed")
+        return 0
     print(
         format_table(
             ["id", "kind", "queue", "state", "reason", "path", "attempts", "overdue", "error"],

@@ -745,6 +745,9 @@ def test_dlq_bulk_needs_filter_or_all(args, message):
 
 
 def test_consequences_json_gives_times_in_iso_8601(dsn, client):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE awa_fast.jobs")
+    assert ok("consequences", dsn=dsn).strip() == "no failure consequence is owed"
     job = client.insert({"x": 1}, kind="cli_owing")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
