@@ -6,8 +6,9 @@ Every invocation runs at most one event loop (uvloop when available) and one
 Exit status: 0 on success, 1 on an error (an ``AwaError``, a database or connection error, a job
 that does not exist or is in the wrong state; for ``serve`` also a database that accepted no
 connection within 30 s of its startup), 2 on a command-line usage error (argparse), 3 when
-``serve``'s web server cannot start (the port taken), 130 on Ctrl-C (and 143 / 129 when SIGTERM
-/ SIGHUP interrupts ``demo``; 142 when a stop of ``serve`` outlasts ``STOP_LIMIT_S``). With
+``serve``'s web server cannot start (the port taken), 130 on Ctrl-C (``worker`` and ``serve``
+stop gracefully on Ctrl-C or SIGTERM and exit 0; 143 / 129 when SIGTERM / SIGHUP interrupts
+``demo``; 142 when a stop of ``serve`` outlasts ``STOP_LIMIT_S``). With
 ``--json`` an error is one JSON object on one line of stderr, ``{"error": <message>, "type":
 <error class>}``, with the same exit status.
 """
@@ -1120,8 +1121,9 @@ persistent embedded PostgreSQL (started on first use; see `awa-fast embedded`)."
 
 EPILOG = """\
 exit status: 0 success, 1 error (database/connection error, unknown job, wrong state),
-2 usage error, 130 Ctrl-C (demo: 143 after SIGTERM, 129 after SIGHUP; serve: 3 when the
-web server cannot start, 142 when a stop outlasts its 20 s limit). With --json an error is
+2 usage error, 130 Ctrl-C (worker and serve stop gracefully on Ctrl-C or SIGTERM and exit 0;
+demo: 143 after SIGTERM, 129 after SIGHUP; serve: 3 when the web server cannot start, 142 when a
+stop outlasts its 20 s limit). With --json an error is
 one JSON object on stderr: {"error": MESSAGE, "type": ERROR_CLASS} (usage errors: type
 UsageError, and "usage").
 
