@@ -489,9 +489,10 @@ def windows(snaps: list[dict], state: SoakState, t0: float, args) -> list[dict]:
             }
         cpu = {}
         for key in ("cpu_workers", "cpu_producer", "cpu_postgres"):
-            cpu[key + "_s"] = (
-                None if a[key] is None or b[key] is None else round(b[key] - a[key], 3)
-            )
+            delta = None if a[key] is None or b[key] is None else round(b[key] - a[key], 3)
+            # A process reaped between two reads of one sample drops out of both the live sum
+            # and its parent's reaped-children total: the window went negative. Not measured.
+            cpu[key + "_s"] = None if delta is not None and delta < 0 else delta
         job_cpu = (
             None
             if cpu["cpu_workers_s"] is None or cpu["cpu_postgres_s"] is None or completed <= 0
