@@ -3,6 +3,7 @@ of :mod:`awa_fast.admin` shares (the client's pool, opened on first use)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import select
 import time
@@ -129,11 +130,24 @@ class Connections:
         connection, in seconds (the pool's own wait when ``None``).
 
         Raises:
-            psycopg_pool.PoolTimeout: no connection within the wait.
+            psycopg_pool.PoolTimeout: no connection within the wait (including a pool not yet
+                open that did not open within it).
         """
-        async with (await self._pool()).connection(timeout=timeout) as conn:
+        async with (await self._open_pool(timeout)).connection(timeout=timeout) as conn:
             cur = await conn.execute(query, params)
             return await cur.fetchall() if cur.description else []
+
+    async def _open_pool(self, timeout: float | None) -> AsyncConnectionPool:
+        if timeout is None:
+            return await self._pool()
+        # The first open goes on in the background past our wait (cancelling it half-way would
+        # leave the pool's workers behind); its own failure is then the next caller's.
+        opening = asyncio.ensure_future(self._pool())
+        try:
+            return await asyncio.wait_for(asyncio.shield(opening), timeout)
+        except TimeoutError:
+            opening.add_done_callback(lambda t: t.cancelled() or t.exception())
+            raise PoolTimeout(f"the connection pool did not open within {timeout:g} s") from None
 
     async def fetch_bounded(self, query: str, params: Any = None) -> list[tuple]:
         """:meth:`fetch` waiting at most ``ADMIN_POOL_WAIT_S`` seconds for a connection.

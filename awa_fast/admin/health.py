@@ -65,7 +65,7 @@ class HealthAdmin:
     async def health_check(self) -> HealthCheck:
         """Postgres reachability plus, with a runtime, its loops, leadership and per-queue load.
         Never raises for an unreachable database: ``postgres_connected`` is then false, answered
-        within ``ADMIN_POOL_WAIT_S`` seconds (3) once the pool is open."""
+        within ``ADMIN_POOL_WAIT_S`` seconds (3), also while the pool is first opened."""
         available: dict[str, int] = {}
         runtime = self._runtime()
         names = list(runtime.dispatchers) if runtime is not None else []
