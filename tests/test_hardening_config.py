@@ -323,6 +323,17 @@ async def test_start_warns_when_handlers_without_queue_lose_their_default_queue(
     await client.shutdown()
 
 
+async def test_start_warns_when_a_started_queue_has_no_handler(dsn, client):
+    # `awa-fast worker app:client --queues default:2` for an app whose only handler names
+    # 'billing' started silently and could run nothing (fresh eyes).
+    client.task(Mine, queue="billing")(lambda job: None)
+    with pytest.warns(
+        awa.QueueMismatchWarning, match=r"serves 'default', for which no handler.*'billing'"
+    ):
+        await client.start([("default", 1), ("billing", 1)], **FAST)
+    await client.shutdown()
+
+
 async def test_start_does_not_warn_when_default_is_served(dsn, client, recwarn):
     client.task(Mine)(lambda job: None)
     await client.start([("default", 1), ("other", 1)], **FAST)

@@ -400,7 +400,8 @@ def check_config(
 
     Warns (``QueueMismatchWarning``) when ``warn_unserved_default`` (default:
     ``explicit_queues``; ``start()`` passes whether queues were given, a ``queue_subset`` too)
-    and handlers registered without ``queue=`` are started without ``default``.
+    and handlers registered without ``queue=`` are started without ``default``, or every
+    handler names its queue and a started queue is named by none.
     """
     if not (registry.handlers or periodic or (maintenance and (registry.consequences or specs))):
         # Without handlers a process is useful only to register periodic schedules or as a
@@ -461,6 +462,20 @@ def check_config(
             QueueMismatchWarning,
             stacklevel=5,  # the application's start() call (start -> _runtime_for -> here)
         )
+    if warn_unserved_default and registry.handlers and not implicit:
+        # Every handler names its queue: a started queue none of them names runs nothing.
+        idle = sorted(started - {h.queue for h in registry.handlers.values()})
+        if idle:
+            warnings.warn(
+                f"start() serves {', '.join(map(repr, idle))}, for which no handler is "
+                "registered (every handler names its queue: "
+                + ", ".join(
+                    f"{k!r} -> {h.queue!r}" for k, h in sorted(registry.handlers.items())[:5]
+                )
+                + "): no job there can run. A misspelt queue name?",
+                QueueMismatchWarning,
+                stacklevel=5,
+            )
     if heartbeat_interval_ms * HEARTBEAT_SAFETY > heartbeat_staleness_ms:
         raise ConfigError(
             f"heartbeat_interval_ms={heartbeat_interval_ms} is too close to "
