@@ -2,27 +2,56 @@
 cancel that never blocks the process.
 
 When a task awaiting a statement is cancelled (``asyncio.timeout``, a shutdown), psycopg asks
-the server to cancel the statement (``AsyncConnection.cancel_safe``), waits up to 5 s for it to
-end and otherwise closes the connection. With libpq 17 or later that cancel request is
-non-blocking and bounded. Built against an older libpq (Debian 12's is 15), psycopg's C
-implementation falls back to libpq's ``PQcancel`` in a thread, which holds the GIL while it waits
-for the server's answer: against a server that accepts connections but does not answer (stopped,
-swapped out, overloaded) the whole process froze, every thread and the event loop with it,
-for as long as the server did. :class:`Connection` sends that cancel as
-``pg_cancel_backend(pid)`` over a second, short-lived connection instead: the same signal to the
-same backend, awaited on the event loop and bounded by the cancel's timeout.
+the server to cancel the statement (``cancel_safe``), waits up to 5 s for it to end and
+otherwise closes the connection. With libpq 17 or later that cancel request is non-blocking and
+bounded. Built against an older libpq (Debian 12's is 15), psycopg's C implementation falls back
+to libpq's ``PQcancel`` in a thread, and holds the GIL while it waits for the server's answer:
+against a server that accepts connections but does not answer (stopped, swapped out,
+overloaded) the whole process froze, every thread and the event loop with it, for as long as
+the server did. :class:`Connection` sends the same cancel request (libpq's ``PQcancel``: the
+protocol's CancelRequest with the backend's key, which needs no connection slot and no
+privilege) through ``ctypes``, which releases the GIL during the call, in a daemon thread the
+event loop waits for within the cancel's timeout (ADR 023).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import threading
 from typing import Any
 
 import psycopg
 from psycopg import capabilities
-from psycopg.conninfo import make_conninfo
 
-from awa_fast.sql.runtime import CANCEL_BACKEND
+_LIBPQ: ctypes.CDLL | None = None
+
+
+def _libpq() -> ctypes.CDLL:
+    """The libpq psycopg uses (the one mapped into this process; else the system's), with the
+    three cancel functions typed."""
+    global _LIBPQ
+    if _LIBPQ is None:
+        path = None
+        with contextlib.suppress(OSError):  # Linux: the library psycopg's build linked
+            with open("/proc/self/maps") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and os.path.basename(fields[5].strip()).startswith("libpq"):
+                        path = fields[5].strip()
+                        break
+        lib = ctypes.CDLL(path or ctypes.util.find_library("pq") or "libpq.so.5")
+        lib.PQgetCancel.argtypes = [ctypes.c_void_p]
+        lib.PQgetCancel.restype = ctypes.c_void_p
+        lib.PQcancel.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+        lib.PQcancel.restype = ctypes.c_int
+        lib.PQfreeCancel.argtypes = [ctypes.c_void_p]
+        lib.PQfreeCancel.restype = None
+        _LIBPQ = lib
+    return _LIBPQ
 
 
 class Connection(psycopg.AsyncConnection[Any]):
@@ -35,31 +64,47 @@ class Connection(psycopg.AsyncConnection[Any]):
         ``timeout`` seconds (psycopg passes 5 when a task is cancelled mid-statement).
 
         Raises:
-            psycopg.errors.CancellationTimeout: no answer within ``timeout`` seconds.
-            psycopg.OperationalError: the second connection failed (the server refused it).
+            psycopg.errors.CancellationTimeout: no answer within ``timeout`` seconds (the
+                request's thread is left to end when the server answers).
+            psycopg.OperationalError: the request could not be sent (libpq's message).
         """
         if capabilities.has_cancel_safe():  # libpq >= 17: psycopg's own is non-blocking
             await super().cancel_safe(timeout=timeout)
             return
-        if self.closed:
+        ptr = getattr(self.pgconn, "pgconn_ptr", None)  # both implementations have it
+        if self.closed or ptr is None:
             return
-        pid = self.pgconn.backend_pid
-        # the options this connection was opened with, password included
-        params = {o.keyword.decode(): o.val.decode() for o in self.pgconn.info if o.val is not None}
+        lib = _libpq()
+        # a copy of the backend's address and key: valid whatever happens to this connection
+        handle = lib.PQgetCancel(ptr)
+        if not handle:
+            raise psycopg.OperationalError("cancel: libpq gave no cancel handle")
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[str | None] = loop.create_future()
+
+        def settle(error: str | None) -> None:
+            if not answered.done():  # else timed out meanwhile
+                answered.set_result(error)
+
+        def send() -> None:
+            buf = ctypes.create_string_buffer(256)
+            try:
+                ok = lib.PQcancel(handle, buf, len(buf))  # ctypes releases the GIL
+            finally:
+                lib.PQfreeCancel(handle)
+            error = None if ok else buf.value.decode(errors="replace").strip()
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(settle, error)
+
+        # a daemon thread, not the default executor: one stuck behind a frozen server must not
+        # hold the process's exit (asyncio.run and interpreter exit join executor threads)
+        threading.Thread(target=send, name="awa-fast-cancel", daemon=True).start()
         try:
             async with asyncio.timeout(timeout or None):
-                other = await _Canceller.connect(make_conninfo("", **params), autocommit=True)
-                async with other:
-                    await other.execute(CANCEL_BACKEND, (pid,))
+                error = await answered
         except TimeoutError:
             raise psycopg.errors.CancellationTimeout(
-                f"cancelling the statement of backend {pid}: no answer within {timeout:g} s"
+                f"cancel request: no answer from the server within {timeout:g} s"
             ) from None
-
-
-class _Canceller(psycopg.AsyncConnection[Any]):
-    """The second connection of :meth:`Connection.cancel_safe`: cancelled itself (the server
-    does not answer it either), it sends no cancel of its own; psycopg then closes it."""
-
-    async def cancel_safe(self, *, timeout: float = 30.0) -> None:
-        return None
+        if error is not None:
+            raise psycopg.OperationalError(f"cancel request failed: {error}")

@@ -70,6 +70,3 @@ LISTEN_CANCEL = f'LISTEN "{CHANNEL_CANCEL}"'
 
 # A server answers (awa_fast.embedded's start-up probe).
 PING = "SELECT 1"
-
-# pg_connection.Connection's cancel with libpq < 17 (ADR 023), sent on a second connection.
-CANCEL_BACKEND = "SELECT pg_cancel_backend(%s)"
