@@ -46,6 +46,12 @@ try:
 except ImportError as exc:  # pragma: no cover - only on a broken install
     _here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     _source_tree = os.path.exists(os.path.join(_here, "pyproject.toml"))
+    _built = [f for f in os.listdir(os.path.join(_here, "awa_fast", "_ext")) if f.endswith(".so")]
+    if _built:  # present but not loadable (another Python's build, a damaged file)
+        raise ImportError(
+            f"awa_fast's compiled extensions in {_here}/awa_fast/_ext cannot be loaded ({exc}); "
+            "rebuild them with `pip install -e .` (or `pip install .`) for this Python"
+        ) from exc
     raise ImportError(
         f"awa_fast's compiled extensions are missing in {_here}/awa_fast"
         + (

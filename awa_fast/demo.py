@@ -476,6 +476,7 @@ async def _demo(
     c = awa.AsyncClient(database_url, max_connections=2)
     sup = None
     migration: asyncio.Task | None = None
+    draining: asyncio.Future | None = None  # the drain after the timeout, once begun
     enqueuing = False  # the COPY of the A jobs began: from here on the demo's jobs may exist
     enqueue_s = 0.0
     t_start = time.perf_counter()
@@ -517,7 +518,9 @@ async def _demo(
                     f"timed out after {timeout:g} s: stopping the workers, then removing the "
                     "demo's unfinished jobs"
                 )
-                await asyncio.to_thread(sup.drain)
+                # shielded: a stop signal now waits for this drain instead of starting another
+                draining = asyncio.ensure_future(asyncio.to_thread(sup.drain))
+                await asyncio.shield(draining)
                 sup = None
                 return await _stopped(c, t_start, processes, files, TIMEOUT)
             # Every demo job is finished: from here on a SIGTERM/SIGHUP takes the default
@@ -544,6 +547,9 @@ async def _demo(
             if migration is not None and migration.done() and not migration.cancelled():
                 if (exc := migration.exception()) is not None:
                     _log(f"the schema migration failed: {exc}")
+            if draining is not None:  # the timeout's drain is under way: wait for it
+                await asyncio.wait({draining})
+                sup = None
             if sup is not None:
                 await asyncio.to_thread(sup.drain)
                 sup = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import os
 import threading
 import weakref
 from datetime import datetime
@@ -56,6 +57,8 @@ CLOSE_AT_EXIT_S = 5.0  # bound of that close (a database that does not answer)
 @atexit.register
 def _close_open_clients() -> None:
     for client in list(_OPEN):
+        if client._pid != os.getpid():
+            continue  # a forked child's copy: its loop thread lives in the parent only
         with contextlib.suppress(Exception):
             client._close(timeout=CLOSE_AT_EXIT_S)
 
@@ -81,6 +84,7 @@ class Client:
         except BaseException:
             self._stop_loop()
             raise
+        self._pid = os.getpid()
         _OPEN.add(self)
 
     @property

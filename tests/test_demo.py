@@ -253,9 +253,11 @@ def test_ctrl_c_prints_a_summary_and_removes_the_demos_unfinished_jobs(dsn):
     assert unfinished_demo_jobs(dsn) == 0
 
 
-def test_the_timeout_stops_the_demo_and_removes_its_unfinished_jobs(dsn):
+@pytest.mark.parametrize("sigterm_in_drain", [False, True], ids=["timeout", "then_sigterm"])
+def test_the_timeout_stops_the_demo_and_removes_its_unfinished_jobs(dsn, sigterm_in_drain):
     """Past --timeout the demo stops as after an interrupt (drain, count, remove what did not
-    finish) and exits 1; stage B is held back by a SHARE lock so it cannot finish first."""
+    finish) and exits 1; stage B is held back by a SHARE lock so it cannot finish first. A
+    SIGTERM during that drain waits for it (it started a second drain; breaker helper)."""
     proc = start_demo(dsn, "--processes", "1", "--limit", "200", "--timeout", "3")
     seen = []
     try:
@@ -268,6 +270,8 @@ def test_the_timeout_stops_the_demo_and_removes_its_unfinished_jobs(dsn):
                     break
             else:
                 raise AssertionError("".join(seen))
+            if sigterm_in_drain:  # its drain waits for the held upserts: the signal lands in it
+                proc.send_signal(signal.SIGTERM)
             lock.rollback()  # let the held upserts go so that the drain is quick
         out, err = proc.communicate(timeout=TIMEOUT_S)
     finally:
@@ -275,9 +279,15 @@ def test_the_timeout_stops_the_demo_and_removes_its_unfinished_jobs(dsn):
             proc.kill()
             proc.wait()
     err = "".join(seen) + err
-    assert proc.returncode == 1, (out, err)
     assert "Traceback" not in err
     lines = out.splitlines()
+    if sigterm_in_drain:
+        assert proc.returncode == 143, (out, err)
+        assert err.count("draining 1 child(ren)") == 1, err
+        assert lines[0].startswith("interrupted by SIGTERM after"), out
+        assert unfinished_demo_jobs(dsn) == 0
+        return
+    assert proc.returncode == 1, (out, err)
     assert re.fullmatch(r"timed out after \d+\.\d s \(1 worker process, 200 files\)", lines[0])
     assert re.fullmatch(
         r"removed (\d+) unfinished demo job\(s\) from queue 'demo'; "

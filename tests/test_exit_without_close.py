@@ -4,6 +4,7 @@ pool's own tasks swallow the one cancel ``asyncio.run()`` sends them at exit (se
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,30 @@ def test_a_sync_client_left_open_is_closed_quietly_at_exit(dsn, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "ValueError: the script's own bug" in proc.stderr
     assert "Task was destroyed" not in proc.stderr, proc.stderr
+
+
+FORK_SCRIPT = """
+import os, sys, time
+import awa_fast as awa
+
+client = awa.Client(sys.argv[1])
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a preforked worker's normal exit: its copy of the client is not its own
+started = time.monotonic()
+os.waitpid(pid, 0)
+print(f"child exited in {time.monotonic() - started:.1f} s")
+client.insert({"x": 1}, kind="after_fork")
+client.close()
+"""
+
+
+def test_a_forked_child_does_not_close_its_parents_sync_client_at_exit(dsn, tmp_path):
+    # The exit-time close ran in the child on the copied client, whose loop thread exists only
+    # in the parent, and waited its full 5 s bound (breaker helper).
+    script = tmp_path / "fork.py"
+    script.write_text(FORK_SCRIPT)
+    proc = _run(script, dsn)
+    assert proc.returncode == 0, proc.stderr
+    took = float(re.search(r"child exited in ([\d.]+) s", proc.stdout).group(1))
+    assert took < 2, proc.stdout

@@ -63,3 +63,26 @@ def test_a_source_checkout_without_its_extensions_says_it_shadows_the_install(tm
     assert r.returncode == 1
     assert "a source checkout, which shadows an installed awa-fast" in r.stderr, r.stderr
     assert "pip install -e ." in r.stderr
+
+
+def test_extensions_present_but_not_loadable_are_not_called_missing(tmp_path):
+    # A damaged or foreign build was reported as "missing ... shadows an installed awa-fast"
+    # (breaker helper).
+    import importlib.machinery
+
+    tree = tmp_path / "checkout"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "HEAD", "awa_fast", "pyproject.toml"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    for name in ("batch", "sizing", "unique", "validate"):
+        (tree / "awa_fast" / "_ext" / f"{name}{suffix}").write_bytes(b"not an ELF file")
+    r = subprocess.run(
+        [sys.executable, "-c", "import awa_fast"], capture_output=True, text=True, cwd=tree
+    )
+    assert r.returncode == 1
+    assert "cannot be loaded" in r.stderr and "missing" not in r.stderr.splitlines()[-1], r.stderr
