@@ -46,9 +46,8 @@ def test_children_boot_the_installation_that_launched_them():
     assert booted == Path(supervisor.__file__).resolve()
 
 
-def test_a_source_checkout_without_its_extensions_says_it_shadows_the_install(tmp_path):
-    # After `pip install .`, anything run from the checkout imported the checkout's awa_fast,
-    # which has no compiled extensions, and was told to `pip install .` (fresh eyes).
+def _checkout(tmp_path: Path) -> Path:
+    """The committed package and pyproject.toml, unbuilt: a source checkout."""
     tree = tmp_path / "checkout"
     tree.mkdir()
     archive = subprocess.run(
@@ -57,6 +56,13 @@ def test_a_source_checkout_without_its_extensions_says_it_shadows_the_install(tm
         check=True,
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def test_a_source_checkout_without_its_extensions_says_it_shadows_the_install(tmp_path):
+    # After `pip install .`, anything run from the checkout imported the checkout's awa_fast,
+    # which has no compiled extensions, and was told to `pip install .` (fresh eyes).
+    tree = _checkout(tmp_path)
     r = subprocess.run(
         [sys.executable, "-c", "import awa_fast"], capture_output=True, text=True, cwd=tree
     )
@@ -70,14 +76,7 @@ def test_extensions_present_but_not_loadable_are_not_called_missing(tmp_path):
     # (breaker helper).
     import importlib.machinery
 
-    tree = tmp_path / "checkout"
-    tree.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "HEAD", "awa_fast", "pyproject.toml"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    tree = _checkout(tmp_path)
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     for name in ("batch", "sizing", "unique", "validate"):
         (tree / "awa_fast" / "_ext" / f"{name}{suffix}").write_bytes(b"not an ELF file")

@@ -38,14 +38,20 @@ def _state(dsn: str, pid: int) -> str | None:
     return None if row is None else row[0]
 
 
-async def test_a_cancelled_statement_ends_in_the_server_and_the_connection_is_reused(dsn):
-    conn, pid, took = await _cancelled_sleep(dsn)
+async def _cancelled_and_idle(dsn: str, url: str) -> None:
+    """A sleep on ``url`` cancelled by a timeout: promptly, its backend idle, the connection
+    reusable."""
+    conn, pid, took = await _cancelled_sleep(url)
     try:
-        assert took < 3 and not conn.closed
-        assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
+        assert took < 3 and not conn.closed, took
         assert _state(dsn, pid) == "idle"
+        assert (await (await conn.execute("SELECT 1")).fetchone()) == (1,)
     finally:
         await conn.close()
+
+
+async def test_a_cancelled_statement_ends_in_the_server_and_the_connection_is_reused(dsn):
+    await _cancelled_and_idle(dsn, dsn)
 
 
 async def test_the_cancel_needs_no_second_connection_slot(dsn):
@@ -55,12 +61,7 @@ async def test_the_cancel_needs_no_second_connection_slot(dsn):
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("DROP ROLE IF EXISTS awa_fast_one_slot")
         c.execute("CREATE ROLE awa_fast_one_slot LOGIN CONNECTION LIMIT 1")
-    conn, pid, took = await _cancelled_sleep(_as_role(dsn, "awa_fast_one_slot"))
-    try:
-        assert took < 3 and not conn.closed, took
-        assert _state(dsn, pid) == "idle"
-    finally:
-        await conn.close()
+    await _cancelled_and_idle(dsn, _as_role(dsn, "awa_fast_one_slot"))
 
 
 async def test_the_cancel_works_for_a_session_acting_as_another_role(dsn):
@@ -71,9 +72,4 @@ async def test_the_cancel_works_for_a_session_acting_as_another_role(dsn):
         c.execute("CREATE ROLE awa_fast_acting NOLOGIN")
     params = conninfo_to_dict(dsn)
     params["options"] = "-c role=awa_fast_acting"
-    conn, pid, took = await _cancelled_sleep(make_conninfo(**params))
-    try:
-        assert took < 3 and not conn.closed, took
-        assert _state(dsn, pid) == "idle"
-    finally:
-        await conn.close()
+    await _cancelled_and_idle(dsn, make_conninfo(**params))
