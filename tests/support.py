@@ -328,7 +328,7 @@ class Proxy:
                 upstream = socket.create_connection(self._upstream)
                 self._piped += [sock, upstream]
             for a, b in ((sock, upstream), (upstream, sock)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
 
     def _hold(self, sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -365,7 +365,8 @@ class Proxy:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until either closes (a proxy's one direction)."""
     try:
         while data := src.recv(65536):
             dst.sendall(data)

@@ -19,7 +19,7 @@ import pytest
 import awa_fast as awa
 from awa_fast.cli import format_table
 from awa_fast.schema import current_migration_version, migration_scripts, migrations
-from tests.support import sigint_as_at_a_terminal
+from tests.support import pipe, sigint_as_at_a_terminal
 
 CLOSED_PORT_DSN = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=5"
 TIMEOUT_S = 180
@@ -1248,7 +1248,7 @@ def test_ctrl_c_while_the_pool_connects_exits_in_bounded_time(dsn):
             passed += 1
             upstream = socket.create_connection((info["host"], int(info["port"])))
             for a, b in ((client_sock, upstream), (upstream, client_sock)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
 
     threading.Thread(target=proxy, daemon=True).start()
     url = make_conninfo(dsn, host="127.0.0.1", port=str(listener.getsockname()[1]))
@@ -1338,16 +1338,6 @@ def test_ctrl_c_while_python_m_awa_fast_imports_the_cli_exits_130_without_a_trac
     r = _interrupted_at_start("argparse", entry)
     assert r.stdout == "SIGINT while importing argparse\n", (r.stdout, r.stderr)
     assert (r.returncode, r.stderr.strip()) == (130, ""), (r.returncode, r.stderr[-3000:])
-
-
-def _pipe(src, dst) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        dst.close()
 
 
 def test_global_options_before_bench_reach_the_suite():

@@ -82,12 +82,12 @@ async def _make_running(
     )
 
 
-def _maintenance(client) -> Maintenance:
+def _maintenance(client, **config) -> Maintenance:
     # Kinds known to have no failure consequence: a final-attempt rescue fails them.
     return Maintenance(
         client.database_url,
         client.pool,
-        MaintenanceConfig(heartbeat_staleness_ms=1000),
+        MaintenanceConfig(heartbeat_staleness_ms=1000, **config),
         known_kinds=lambda: ["plain", "explode"],
     )
 
@@ -308,11 +308,7 @@ async def test_class1_a_batch_of_refused_rows_at_the_head_does_not_hide_the_due_
         " THEN interval '1 hour' ELSE interval '1 minute' END WHERE id = ANY(%s)",
         ([j.id for j in bad + good],),
     )
-    m = Maintenance(
-        client.database_url,
-        client.pool,
-        MaintenanceConfig(heartbeat_staleness_ms=1000, promote_batch_size=5),
-    )
+    m = _maintenance(client, promote_batch_size=5)
     async with failing_rows(
         dsn, "NEW.kind = 'explode' AND NEW.state = 'available'", event="UPDATE"
     ):
@@ -336,11 +332,7 @@ async def test_class1_a_remembered_refused_row_that_is_fixed_goes_through(dsn, c
         "UPDATE awa_fast.jobs SET run_at = now() - interval '1 hour' WHERE id = ANY(%s)",
         ([j.id for j in bad],),
     )
-    m = Maintenance(
-        client.database_url,
-        client.pool,
-        MaintenanceConfig(heartbeat_staleness_ms=1000, promote_batch_size=5),
-    )
+    m = _maintenance(client, promote_batch_size=5)
     async with failing_rows(
         dsn, "NEW.kind = 'explode' AND NEW.state = 'available'", event="UPDATE"
     ):
