@@ -376,6 +376,16 @@ async def test_class1_stuck_rows_are_a_prometheus_gauge_of_the_leader(dsn, clien
     assert gauge() == 0
 
 
+async def test_one_rescue_pass_takes_every_stale_attempt_batch_after_batch(dsn, client):
+    # A pass rescued one batch of 500 every heartbeat_rescue_interval_ms (30 s): what a crashed
+    # launcher left running took minutes to come back (same class as the DLQ prune's batches).
+    jobs = await client.insert_many([Plain(i) for i in range(1200)])
+    await _make_running(dsn, [j.id for j in jobs], stale=True)
+    rows = await _maintenance(client).rescue_running()
+    assert len(rows) == 1200
+    assert await _all_in(dsn, [j.id for j in jobs], "retryable")
+
+
 async def test_class1_a_batch_of_refused_rows_does_not_hide_the_stale_attempts_behind(dsn, client):
     # Rescue takes its candidates by id, 500 a pass: 500 refused rows first, 3 good behind.
     bad = await client.insert_many([{"x": i} for i in range(500)], kind="explode")

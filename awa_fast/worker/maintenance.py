@@ -46,6 +46,10 @@ DEAD_AFTER_FAILURES = 3  # a loop that failed this many passes in a row is repor
 # transaction, until none is left or this many batches ran (100,000 rows by default): one
 # batch a pass could not keep up with a DLQ filling faster than 1000 rows a minute.
 DLQ_PRUNE_BATCHES = 100
+# A rescue pass takes stale attempts (and, apart, expired callbacks) 500 at a time, each batch
+# its own transaction, until a batch comes back short or this many ran.
+RESCUE_BATCH = 500
+RESCUE_BATCHES = 20
 
 
 # The bulk.Recurring (by ``what``) of each leader loop's passes that redo rows (stuck_rows).
@@ -514,32 +518,40 @@ class Maintenance:
         exhausted specs), wait in ``consequence_pending`` for the reconciler's settlement.
         Returns rows ``(id, kind, new_state, rescue_reason, exhausted_reason)``.
 
-        One transaction: the rescue and the dead-letter moves of the rows it failed commit
-        together. A row whose rescue collides on its unique key is cancelled as a duplicate; a
+        In batches of ``RESCUE_BATCH`` (500), each one transaction, until a batch comes back
+        short or ``RESCUE_BATCHES`` (20) ran: a batch's rescue and the dead-letter moves of the
+        rows it failed commit together. A row whose rescue collides on its unique key is cancelled as a duplicate; a
         row whose dead-letter move fails stays ``failed`` in ``jobs`` with that error appended;
         any other row that fails alone is left as it was (logged); the rest proceed."""
         params = {
             "stale_ms": self.config.heartbeat_staleness_ms,
-            "limit": 500,
+            "limit": RESCUE_BATCH,
             "consequence_kinds": self.consequence_kinds(),
             "known_kinds": self.known_kinds(),
             "only": None,
         }
-        async with self.fenced(bounded=True) as conn:
-            rows = []
-            if running:
-                rows += await self._rescue_with(
-                    conn, "rescue", sql.RESCUE, sql.RESCUE_CANDIDATES, params
-                )
-            if callbacks:
-                rows += await self._rescue_with(
-                    conn,
-                    "callback rescue",
-                    sql.RESCUE_CALLBACKS,
-                    sql.RESCUE_CALLBACK_CANDIDATES,
-                    params,
-                )
-            await self._dead_letter(conn, [(r[0], r[4]) for r in rows if r[2] == "failed"])
+        rows: list[tuple] = []
+        # Batch after batch, each its own transaction, while one comes back full: one batch a
+        # pass (500 every 30 s) took minutes to rescue what a crashed launcher left running.
+        for _ in range(RESCUE_BATCHES):
+            async with self.fenced(bounded=True) as conn:
+                found: list[tuple] = []
+                if running:
+                    found += await self._rescue_with(
+                        conn, "rescue", sql.RESCUE, sql.RESCUE_CANDIDATES, params
+                    )
+                if callbacks:
+                    found += await self._rescue_with(
+                        conn,
+                        "callback rescue",
+                        sql.RESCUE_CALLBACKS,
+                        sql.RESCUE_CALLBACK_CANDIDATES,
+                        params,
+                    )
+                await self._dead_letter(conn, [(r[0], r[4]) for r in found if r[2] == "failed"])
+            rows += found
+            if len(found) < RESCUE_BATCH:
+                break
         if rows:
             self.counts["rescued"] += len(rows)
             metrics.rescued(rows)
