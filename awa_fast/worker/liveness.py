@@ -10,7 +10,10 @@ What a thread cannot beat through -- a database that does not answer, a network 
 process stopped (SIGSTOP) -- the same thread turns into an end: once no round of beats has
 committed for the process's own ``heartbeat_staleness_ms`` (less a tenth), the attempts it
 covered are handed to ``on_lease_expired`` (the runtime cancels their handlers and gives them
-back), before a rescuer using the same staleness may take them.
+back), before a rescuer using the same staleness may take them. When the process's loop is
+blocked as well, nothing can cancel a handler: a launcher's child (``EXIT_ON_BLOCKED_EXPIRY``)
+then ends itself, the only end of an execution no rescuer can overlap; a library process logs
+an ERROR naming what may run twice.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -34,6 +38,10 @@ LEASE_MARGIN = 0.1
 LEASE_CHECK_S = 0.5
 #: Seconds ``close()`` waits for the thread to end.
 CLOSE_S = 5.0
+#: Set by the launcher's children (supervisor.py): exit when a lease ends on a blocked loop.
+EXIT_ON_BLOCKED_EXPIRY = False
+#: The exit status of a child that ended itself so (the launcher restarts it).
+EXIT_LEASE_LOST = 75
 
 
 class Liveness:
@@ -49,6 +57,8 @@ class Liveness:
         on_lease_expired: called on ``main_loop`` with the ``time.monotonic()`` send time of the
             last committed round, when the lease of what that round covered is about to end.
         tasks: coroutine functions run on the thread's loop beside the beats until :meth:`close`.
+        live_attempts: how many attempts of the process have a handler still running (read
+            from this thread when the process's loop did not take the expiry in time).
     """
 
     def __init__(
@@ -59,7 +69,10 @@ class Liveness:
         lease_s: float,
         on_lease_expired: Callable[[float], None],
         tasks: tuple[Callable[[], Coroutine[Any, Any, None]], ...] = (),
+        live_attempts: Callable[[], int] = lambda: 0,
     ):
+        self.live_attempts = live_attempts
+        self._taken: float | None = None  # the send time whose expiry the loop took
         self.heartbeat = heartbeat
         self.main_loop = main_loop
         self.lease_s = lease_s
@@ -109,14 +122,40 @@ class Liveness:
     async def _watch_lease(self) -> None:
         check_s = min(LEASE_CHECK_S, self.lease_s / 10)
         ends_after = self.lease_s * (1 - LEASE_MARGIN)
-        handed: float | None = None  # the round whose expiry was handed over
+        last_call = self.lease_s * (1 - LEASE_MARGIN / 2)
         while True:
             await asyncio.sleep(check_s)
             sent = self.heartbeat.last_ok_sent
-            if time.monotonic() - sent >= ends_after and handed != sent:
-                handed = sent
-                self.expiries += 1
-                self.main_loop.call_soon_threadsafe(self.on_lease_expired, sent)
+            late = time.monotonic() - sent
+            if late < ends_after:
+                continue
+            # Every check while expired: an attempt claimed after ``sent`` expires later.
+            self.expiries += 1
+            self.main_loop.call_soon_threadsafe(self._expire, sent)
+            if late >= last_call and self._taken != sent and self.live_attempts():
+                self._blocked_expiry(late)
+
+    def _expire(self, sent: float) -> None:
+        self._taken = sent
+        self.on_lease_expired(sent)
+
+    def _blocked_expiry(self, late: float) -> None:
+        # The process's loop has not run the expiry: its handlers cannot be cancelled.
+        if EXIT_ON_BLOCKED_EXPIRY:
+            log.critical(
+                "no heartbeat committed for %.1f s and the event loop is blocked: this worker "
+                "process exits so that none of its %d running attempt(s) overlaps its rescue",
+                late,
+                self.live_attempts(),
+            )
+            logging.shutdown()
+            os._exit(EXIT_LEASE_LOST)
+        log.error(
+            "no heartbeat committed for %.1f s and the event loop is blocked: %d running "
+            "attempt(s) of this process may be rescued and run again while they still run",
+            late,
+            self.live_attempts(),
+        )
 
     async def close(self) -> None:
         """Stop the beats, close the heartbeat connection and end the thread (bounded by

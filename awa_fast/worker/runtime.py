@@ -948,6 +948,7 @@ class Runtime:
             lease_s=self.maintenance_config.heartbeat_staleness_ms / 1000,
             on_lease_expired=self._lease_expired,
             tasks=(self.stall_watch.run,),
+            live_attempts=self._live_attempts,
         )
         self.lingering = Lingering(self.services.database_url, self.heartbeat_interval_s)
         try:
@@ -1139,6 +1140,9 @@ class Runtime:
 
     def _heartbeat_targets(self):
         return list(self.in_flight.values())  # one C-level copy: safe from the liveness thread
+
+    def _live_attempts(self) -> int:
+        return sum(1 for c in list(self.in_flight.values()) if not c.returned and not c.lease_lost)
 
     def _own_attempts(self) -> list[int]:
         return sorted({key[0] for key in list(self.in_flight)})
