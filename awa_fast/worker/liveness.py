@@ -81,6 +81,7 @@ class Liveness:
         self.loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
+        self._beats: asyncio.Task | None = None
         self._started = threading.Event()
         self.expiries = 0  # rounds of expired leases handed to the runtime
 
@@ -90,6 +91,12 @@ class Liveness:
         self._thread = threading.Thread(target=self._main, name="awa-liveness", daemon=True)
         self._thread.start()
         self._started.wait()
+
+    @property
+    def beating(self) -> bool:
+        """The thread runs and its heartbeat loop has not ended (health_check)."""
+        thread, beats = self._thread, self._beats
+        return thread is not None and thread.is_alive() and beats is not None and not beats.done()
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future:
         """Run ``coro`` on the liveness loop; await the result from the process's loop."""
@@ -108,8 +115,9 @@ class Liveness:
         self._stop = asyncio.Event()
         self._started.set()
         hb = self.heartbeat
+        self._beats = asyncio.create_task(hb.run(), name="awa-heartbeat")
         tasks = [
-            asyncio.create_task(hb.run(), name="awa-heartbeat"),
+            self._beats,
             asyncio.create_task(hb.run_progress(), name="awa-progress"),
             asyncio.create_task(self._watch_lease(), name="awa-lease"),
         ] + [asyncio.create_task(fn(), name="awa-liveness-task") for fn in self._extra]
