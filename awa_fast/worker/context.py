@@ -37,6 +37,7 @@ class JobContext:
     __slots__ = (
         "lease_lost",
         "claimed_mono",
+        "beaten_mono",
         "id",
         "kind",
         "queue",
@@ -95,6 +96,7 @@ class JobContext:
         self.deadline_expired = False  # set by the runtime's deadline sweeper
         self.lease_lost = False  # set when no beat committed for a lease (worker/liveness.py)
         self.claimed_mono = 0.0  # time.monotonic() when the runtime started it
+        self.beaten_mono = 0.0  # time.monotonic() send time of the last beat that beat it
         self.returned = False  # the handler returned: never cancel it any more
         # A ``def`` handler's concurrent.futures.Future (its thread may outlive a cancel).
         self.thread: Any = None
