@@ -14,12 +14,12 @@ from psycopg.types.json import Jsonb
 
 from awa_fast import sql
 from awa_fast.callback_expressions import compile_expressions
-from awa_fast.callbacks import CallbackToken, check_timeout
+from awa_fast.callback_token import CallbackToken, check_timeout
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import JobState
 from awa_fast.worker import storable
+from awa_fast.worker.attempt_services import AttemptRuntime
 from awa_fast.worker.follow_ups import FollowUps
-from awa_fast.worker.services import AttemptRuntime
 
 
 def _ts(value: datetime | None) -> str | None:
