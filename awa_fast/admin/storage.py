@@ -96,7 +96,8 @@ class StorageAdmin:
             async with pool.connection() as conn, conn.transaction():
                 await conn.execute(sql.MIGRATE_LOCK, (MIGRATE_LOCK_KEY,))
                 tables = [r[0] for r in await (await conn.execute(sql.RESET_TABLES)).fetchall()]
-                await conn.execute(sql.reset_truncate(tables))
+                for statement in sql.reset_truncate(tables):
+                    await conn.execute(statement)
 
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8

@@ -45,9 +45,13 @@ WHERE n.nspname = '{S}' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
 ORDER BY 1"""
 
 
-def reset_truncate(tables: list[str]) -> str:
-    """``TRUNCATE`` of ``tables`` (names as ``RESET_TABLES`` quotes them), sequences kept."""
-    return f"TRUNCATE {', '.join(tables)}"
+def reset_truncate(tables: list[str]) -> list[str]:
+    """The ``TRUNCATE`` statements of ``tables`` (names as ``RESET_TABLES`` quotes them),
+    sequences kept: the hot table alone and last, since its truncate trigger (migration 010)
+    truncates the finished storage again, which the same statement may not."""
+    hot = f"{S}.jobs"
+    rest = [t for t in tables if t != hot]
+    return [f"TRUNCATE {', '.join(rest)}", f"TRUNCATE {hot}"] if rest else [f"TRUNCATE {hot}"]
 
 
 # Worker presence (awa_fast.workers): which queues and kinds each live process claims.
