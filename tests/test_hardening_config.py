@@ -134,7 +134,9 @@ async def test_class5_unknown_kind_is_left_for_a_worker_that_has_it(dsn, client,
             "leader_election_interval_ms",
         ),
         ("mine", None, {"cleanup_batch_size": 2**63}, "cleanup_batch_size"),
-        ("mine", None, {"descriptor_retention_days": 1e7}, "descriptor_retention_days"),
+        # (a retention past PostgreSQL's range is kept forever, ADR 029; refused past awa's
+        # own limit, 2**64 s)
+        ("mine", None, {"descriptor_retention_days": 1e15}, "descriptor_retention_days"),
         ("mine", None, {"descriptor_retention_days": -1}, "descriptor_retention_days"),
         ("mine", None, {"promote_interval_ms": 0.001}, "promote_interval_ms"),
         ("mine", None, {"cleanup_interval_ms": 0.5}, "cleanup_interval_ms"),
