@@ -177,18 +177,25 @@ _PAST_QUEUE_RETENTION = (
     " ELSE (%(ages)s::float8[])[array_position(%(queues)s::text[], j.queue)] END"
     " * interval '1 second'"
 )
+# The class's slices (first_slot .. last_slot: partition pruning on jobs_done's key
+# expression), on both sides of the delete: without it each batch scanned every slice to join
+# its 1,000 ids (352 ms a batch at 300,000 finished rows against 27 ms).
+_CLASS_SLICES = f"{S}.done_slot(j.state, j.finalized_at) BETWEEN %(first_slot)s AND %(last_slot)s"
+
 PRUNE_QUEUE_RETENTION = f"""
-DELETE FROM {S}.jobs_done WHERE id IN (
-    SELECT j.id FROM {S}.jobs_done j WHERE {_PAST_QUEUE_RETENTION}
-    LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING id"""
+WITH t AS (SELECT j.id FROM {S}.jobs_done j WHERE {_CLASS_SLICES} AND {_PAST_QUEUE_RETENTION}
+           LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+DELETE FROM {S}.jobs_done j WHERE {_CLASS_SLICES} AND j.id = ANY(ARRAY(SELECT t.id FROM t))
+RETURNING j.id"""
 
 PRUNE_QUEUE_RETENTION_IDS = f"""
-SELECT j.id FROM {S}.jobs_done j WHERE {_PAST_QUEUE_RETENTION} AND {skipping("j")}
+SELECT j.id FROM {S}.jobs_done j
+WHERE {_CLASS_SLICES} AND {_PAST_QUEUE_RETENTION} AND {skipping("j")}
 LIMIT %(limit)s"""
 
 PRUNE_QUEUE_RETENTION_ONE = f"""
-DELETE FROM {S}.jobs_done WHERE id = (
-    SELECT j.id FROM {S}.jobs_done j WHERE j.id = %(id)s AND {_PAST_QUEUE_RETENTION}
+DELETE FROM {S}.jobs_done j WHERE {_CLASS_SLICES} AND j.id = (
+    SELECT j.id FROM {S}.jobs_done j
+    WHERE j.id = %(id)s AND {_CLASS_SLICES} AND {_PAST_QUEUE_RETENTION}
     FOR UPDATE SKIP LOCKED)
-RETURNING id"""
+RETURNING j.id"""

@@ -169,6 +169,7 @@ class MaintenanceConfig:
                 (["failed", "cancelled"], self.failed_retention_hours),
             )
         ):
+            first_slot = i * sql.RING_SLOTS  # the class's slices (sql.slice_table)
             horizon = horizons[i]
             by_slices = horizon <= RING_KEEPS_HOURS[i]
 
@@ -187,6 +188,8 @@ class MaintenanceConfig:
                     "ages": ages,
                     "default_s": default_s,
                     "min_s": min(finite),
+                    "first_slot": first_slot,
+                    "last_slot": first_slot + sql.RING_SLOTS - 1,
                 }
             )
         return out
