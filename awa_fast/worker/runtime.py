@@ -831,6 +831,7 @@ class Runtime:
                         value,
                         key,
                         integer=key == "cleanup_batch_size",
+                        zero=key in _AWA_RETENTIONS,  # awa: >= 0 (0 prunes at once)
                         awa_retention=key in _AWA_RETENTIONS,
                     ),
                 )

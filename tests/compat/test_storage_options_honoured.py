@@ -142,6 +142,17 @@ async def test_start_takes_awas_week_of_failed_retention_and_long_queue_retentio
         await client.shutdown()
 
 
+async def test_start_takes_a_zero_retention_as_awa_does(client):
+    """awa takes any retention >= 0 ("a non-negative finite number"); 0 prunes at once."""
+    client.task(Tick, queue="a")(lambda job: None)
+    await client.start([("a", 1)], completed_retention_hours=0, failed_retention_hours=0.0, **FAST)
+    try:
+        config = client.runtime.maintenance_config
+        assert (config.completed_retention_hours, config.failed_retention_hours) == (0, 0)
+    finally:
+        await client.shutdown()
+
+
 async def test_a_long_queue_retention_keeps_that_queue_past_the_ring(client, dsn):
     ids = await finished_jobs(
         client,
