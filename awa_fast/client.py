@@ -25,7 +25,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import callbacks, schema, sql
+from awa_fast import callbacks, db_errors, schema, sql
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
 from awa_fast.admin.consequences import ConsequenceAdmin
@@ -43,10 +43,7 @@ from awa_fast.batch_ops import (
 )
 from awa_fast.connections import Connections, Pool
 from awa_fast.database_url import resolve_database_url, url_source
-from awa_fast.errors import (
-    DatabaseError,
-    ValidationError,
-)
+from awa_fast.errors import DatabaseUnavailable, ValidationError
 from awa_fast.job import Job
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import kind_for_type
@@ -91,12 +88,15 @@ def deferred_reachability_check() -> Iterator[None]:
 
 
 def _check_reachable(url: str) -> None:
-    """Connect once and close (awa-pg connects at construction). Raises DatabaseError."""
+    """Connect once and close (awa-pg connects at construction). Raises DatabaseUnavailable."""
     try:
         psycopg.connect(url, connect_timeout=10, autocommit=True).close()
     except psycopg.Error as exc:
-        raise DatabaseError(
-            f"could not connect to the database (the URL given to the client): {exc}"
+        raise DatabaseUnavailable(
+            "could not connect to the database (the URL given to the client): "
+            + " ".join(str(exc).split()),
+            operation="AsyncClient()",
+            sqlstate=exc.sqlstate,
         ) from exc
 
 
@@ -135,6 +135,7 @@ def check_task_options(args_type: Any, options: dict) -> None:
         )
 
 
+@db_errors.boundary()
 class AsyncClient:
     """Async client: insert jobs, administer them, and run workers.
 
@@ -155,8 +156,14 @@ class AsyncClient:
     database): the worker children connect with the URL they use.
     Use as ``async with AsyncClient(url) as client``.
 
+    Every coroutine method raises driver errors as the awa-fast error tree, never psycopg's
+    (``awa_fast.db_errors``): ``UniqueConflict``, ``SchemaNotMigrated``, ``DeadlockError``,
+    ``ReadOnlyDatabase`` (the database refuses writes), ``DatabaseUnavailable`` (no connection,
+    or it was lost), else ``DatabaseError``; each names the call (``"insert: ..."``,
+    ``.operation``) and is chained to the driver's exception (``__cause__``).
+
     Raises:
-        DatabaseError: the given database cannot be reached (awa-pg's eager connect).
+        DatabaseUnavailable: the given database cannot be reached (awa-pg's eager connect).
         ValidationError: ``max_connections`` < 1.
     """
 
@@ -236,7 +243,7 @@ class AsyncClient:
         inserts of keyed jobs are refused.
 
         Raises:
-            DatabaseError: the database could not be reached within 30 seconds.
+            DatabaseUnavailable: the database could not be reached within 30 seconds.
         """
         if self._pool is not None:
             return self._pool
@@ -251,8 +258,9 @@ class AsyncClient:
                 except PoolTimeout as exc:
                     await pool.close()
                     where = url_source(self.explicit_database_url)
-                    raise DatabaseError(
-                        f"could not connect to the database (the URL {where}): {exc}"
+                    raise DatabaseUnavailable(
+                        f"could not connect to the database (the URL {where}): {exc}",
+                        operation="pool",
                     ) from exc
                 self._pool = pool
                 self._pool_guard = asyncio.get_running_loop().create_task(

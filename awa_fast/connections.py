@@ -14,7 +14,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from awa_fast import bulk, enqueue, sql
-from awa_fast.errors import DatabaseError
+from awa_fast.errors import DatabaseUnavailable
 from awa_fast.pg_connection import Connection
 
 log = logging.getLogger("awa_fast.admin")
@@ -112,7 +112,8 @@ class Connections:
 
     Args:
         pool: an async callable returning the open pool (``AsyncClient.pool``: opens it on first
-            call; raises ``DatabaseError`` if the database is unreachable within 30 seconds).
+            call; raises ``DatabaseUnavailable`` if the database is unreachable within 30
+            seconds).
     """
 
     def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool]]) -> None:
@@ -153,8 +154,8 @@ class Connections:
         """:meth:`fetch` waiting at most ``ADMIN_POOL_WAIT_S`` seconds for a connection.
 
         Raises:
-            DatabaseError: the database refused or did not answer the pool's connects within
-                that wait.
+            DatabaseUnavailable: the database refused or did not answer the pool's connects
+                within that wait.
             PoolBusy: every connection of the pool stayed in use for that wait.
         """
         try:
@@ -162,7 +163,7 @@ class Connections:
         except PoolBusy:
             raise
         except PoolTimeout as exc:
-            raise DatabaseError(
+            raise DatabaseUnavailable(
                 f"database unreachable: no connection within {ADMIN_POOL_WAIT_S:g} s: {exc}"
             ) from exc
 
