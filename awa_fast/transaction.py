@@ -25,7 +25,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from awa_fast import bulk, db_errors, enqueue, sql
-from awa_fast.errors import AwaError
+from awa_fast.errors import AwaError, DatabaseUnavailable
 from awa_fast.job import Job
 from awa_fast.requests import check_statement_size, prepare
 
@@ -119,12 +119,25 @@ class Transaction:
         if not self._open:
             return
         self._open = False
-        failed = self._conn.info.transaction_status == TransactionStatus.INERROR
+        # A lost connection's transaction ended with it on the server: nothing to roll back,
+        # and a ROLLBACK sent there would only hide the error that lost it.
+        lost = self._conn.broken or self._conn.closed
+        failed = lost or self._conn.info.transaction_status == TransactionStatus.INERROR
         try:
-            # Pooled connections are in autocommit mode; the client opened this one with BEGIN.
-            await self._conn.execute(sql.TX_COMMIT if commit and not failed else sql.TX_ROLLBACK)
+            if not lost:
+                # Pooled connections are in autocommit mode; the client opened this one with
+                # BEGIN.
+                await self._conn.execute(
+                    sql.TX_COMMIT if commit and not failed else sql.TX_ROLLBACK
+                )
         finally:
             await self._pool.putconn(self._conn)
+        if commit and lost:
+            raise DatabaseUnavailable(
+                "transaction.commit: the connection to the database was lost before the "
+                "commit: nothing in the transaction was committed",
+                operation="transaction.commit",
+            )
         if commit and failed:
             raise AwaError(
                 "the transaction was aborted by an earlier error and has been rolled "
