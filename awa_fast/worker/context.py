@@ -35,6 +35,8 @@ class JobContext:
     """
 
     __slots__ = (
+        "lease_lost",
+        "claimed_mono",
         "id",
         "kind",
         "queue",
@@ -91,6 +93,8 @@ class JobContext:
         self.callback_id: str | None = None
         self.waiting = False  # in wait_for_callback: the deadline does not run
         self.deadline_expired = False  # set by the runtime's deadline sweeper
+        self.lease_lost = False  # set when no beat committed for a lease (worker/liveness.py)
+        self.claimed_mono = 0.0  # time.monotonic() when the runtime started it
         self.returned = False  # the handler returned: never cancel it any more
         # A ``def`` handler's concurrent.futures.Future (its thread may outlive a cancel).
         self.thread: Any = None

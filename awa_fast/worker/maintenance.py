@@ -159,7 +159,9 @@ class Maintenance:
     ``on_rescued`` (optional) is awaited with the rescued rows after each rescue commits
     (registered Rescued specs). ``consequence_kinds()`` lists the kinds whose final-attempt
     rescue goes to ``consequence_pending`` instead of ``failed`` (the settler then settles them
-    in the reconciler: the failure consequence and exhausted specs). ``extra_tasks`` are
+    in the reconciler: the failure consequence and exhausted specs). ``own_attempts()`` lists
+    the job ids of the attempts this process still runs: a stale heartbeat never rescues them
+    (their beats stalled; a passed deadline still does). ``extra_tasks`` are
     ``(interval_s, fn)``; ``fn(fenced)`` gets :meth:`fenced` for its write transactions.
     """
 
@@ -172,6 +174,7 @@ class Maintenance:
         extra_tasks: list[tuple[float, Callable[[Fenced], Awaitable[Any]]]] | None = None,
         consequence_kinds: Callable[[], list[str]] = list,
         known_kinds: Callable[[], list[str]] = list,
+        own_attempts: Callable[[], list[int]] = list,
     ):
         check_retention(config)
         self.database_url = database_url
@@ -181,6 +184,7 @@ class Maintenance:
         self.extra_tasks = extra_tasks or []
         self.consequence_kinds = consequence_kinds
         self.known_kinds = known_kinds
+        self.own_attempts = own_attempts
         self.is_leader = False
         self.epoch: int | None = None  # set when elected; kept after stepping down (fences)
         self._lock_conn: psycopg.AsyncConnection | None = None
@@ -528,6 +532,7 @@ class Maintenance:
             "limit": RESCUE_BATCH,
             "consequence_kinds": self.consequence_kinds(),
             "known_kinds": self.known_kinds(),
+            "own": self.own_attempts(),
             "only": None,
         }
         rows: list[tuple] = []

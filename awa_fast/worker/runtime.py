@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 import uuid
 import warnings
@@ -40,6 +41,7 @@ from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.idle_poll import IdlePoll
 from awa_fast.worker.lingering import Lingering
+from awa_fast.worker.liveness import LEASE_MARGIN, Liveness
 from awa_fast.worker.maintenance import (
     MAX_BACKOFF_S,
     Maintenance,
@@ -49,6 +51,7 @@ from awa_fast.worker.maintenance import (
 from awa_fast.worker.observe import Signal
 from awa_fast.worker.registry import Registry
 from awa_fast.worker.services import Services
+from awa_fast.worker.stall_watch import StallWatch
 from awa_fast.worker.weighted import OverflowPool
 
 log = logging.getLogger("awa_fast.runtime")
@@ -874,6 +877,8 @@ class Runtime:
         self.finalizer: Finalizer | None = None
         self.maintenance: Maintenance | None = None
         self.heartbeat: Heartbeat | None = None
+        self.liveness: Liveness | None = None  # hosts the heartbeat off this loop
+        self.stall_watch: StallWatch | None = None
         self.outcomes: dict[str, int] = {}
         # Fired after each step of this runtime that may have changed jobs: a claim that took
         # rows, an attempt that ended (its finalize committed) or parked on its callback, a
@@ -929,6 +934,22 @@ class Runtime:
             self._heartbeat_targets,
             self.heartbeat_interval_s,
             database_url=self.services.database_url,
+            presence=self._beat_presence,
+        )
+        loop = asyncio.get_running_loop()
+        self.stall_watch = StallWatch(
+            loop,
+            threading.get_ident(),
+            self._handler_on_stack,
+            long_s=self.heartbeat_interval_s,
+        )
+        self.liveness = Liveness(
+            self.heartbeat,
+            loop,
+            lease_s=self.maintenance_config.heartbeat_staleness_ms / 1000,
+            on_lease_expired=self._lease_expired,
+            tasks=(self.stall_watch.run,),
+            live_attempts=self._live_attempts,
         )
         self.lingering = Lingering(self.services.database_url, self.heartbeat_interval_s)
         try:
@@ -942,8 +963,6 @@ class Runtime:
             for d in self.dispatchers.values()
         ]
         self._tasks.append(asyncio.create_task(self.idle_poll.run(), name="awa-idle-poll"))
-        self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="awa-heartbeat"))
-        self._tasks.append(asyncio.create_task(self.heartbeat.run_progress(), name="awa-progress"))
         self._tasks.append(asyncio.create_task(self._sweep_deadlines(), name="awa-deadlines"))
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
         self._tasks += [
@@ -966,6 +985,7 @@ class Runtime:
                 on_rescued=self._on_rescued,
                 consequence_kinds=self._settled_by_reconciler,
                 known_kinds=self.services.settler.applier.known_kinds,
+                own_attempts=self._own_attempts,
                 extra_tasks=[
                     (self.cron_interval_s, self._evaluate_cron),
                     (mc.reconcile_interval_ms / 1000, self.reconcile),
@@ -974,6 +994,7 @@ class Runtime:
             )
             self.maintenance.passed.subscribe(self._maintenance_passed)
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
+        self.liveness.start()  # the beats, the lease check and the stall watch, off this loop
         if self.gc_freeze:
             # What exists now (imports, handlers, pools) lives as long as the process: out of
             # the cyclic collector's full passes, which otherwise stall the loop 15-60 ms every
@@ -1061,7 +1082,7 @@ class Runtime:
                         await conn.execute(sql.WORKER_GONE, (self.instance,))
             except (Exception, TimeoutError) as exc:  # the row expires on its own
                 log.warning("could not remove this worker's presence row: %r", exc)
-        for closing in (self._listen_conn, self.heartbeat):
+        for closing in (self._listen_conn, self.liveness):
             if closing is not None:
                 try:
                     await closing.close()
@@ -1114,11 +1135,59 @@ class Runtime:
         # Keyed by attempt: a superseded attempt of a re-claimed job stays supervised (deadline,
         # shutdown cancel flag, cancel NOTIFY, heartbeat) until its own task ends.
         key = (ctx.id, ctx.run_lease)
+        ctx.claimed_mono = time.monotonic()
         self.in_flight[key] = ctx
         self._handler_tasks[key] = asyncio.get_running_loop().create_task(self._run(ctx))
 
     def _heartbeat_targets(self):
-        return list(self.in_flight.values())
+        return list(self.in_flight.values())  # one C-level copy: safe from the liveness thread
+
+    def _live_attempts(self) -> int:
+        return sum(1 for c in list(self.in_flight.values()) if not c.returned and not c.lease_lost)
+
+    def _own_attempts(self) -> list[int]:
+        return sorted({key[0] for key in list(self.in_flight)})
+
+    def _handler_on_stack(self, frame: Any) -> tuple[str, int] | None:
+        # Called from the liveness thread during a stall: is ``frame`` an attempt's task frame?
+        for key, task in list(self._handler_tasks.items()):
+            if getattr(task.get_coro(), "cr_frame", None) is frame:
+                ctx = self.in_flight.get(key)
+                return None if ctx is None else (ctx.kind, ctx.id)
+        return None
+
+    def _lease_expired(self, sent: float) -> None:
+        """No round of beats has committed since ``sent`` (monotonic) for nearly this process's
+        ``heartbeat_staleness_ms``: a rescuer may soon take the attempts it covered. Their
+        handlers are cancelled and the attempts given back (guarded by their lease), so no
+        execution of theirs overlaps the rescued one's (docs/architecture.md)."""
+        lease_s = self.maintenance_config.heartbeat_staleness_ms / 1000
+        cutoff = time.monotonic() - lease_s * (1 - LEASE_MARGIN)
+        lost = []
+        for key, ctx in list(self.in_flight.items()):
+            if (
+                ctx.returned
+                or ctx.waiting
+                or ctx.lease_lost
+                or max(sent, ctx.claimed_mono) > cutoff
+            ):
+                continue
+            ctx.lease_lost = True
+            task = self._handler_tasks.get(key)
+            if task is not None:
+                task.cancel()
+                lost.append(ctx)
+        if lost:
+            metrics.leases_expired(len(lost))
+            log.warning(
+                "no heartbeat committed for %.1f s (the database did not answer, or this "
+                "process was stopped): %d attempt(s) cancelled and given back before a rescuer "
+                "runs them again: %s",
+                time.monotonic() - sent,
+                len(lost),
+                ", ".join(f"job {c.id} ({c.kind})" for c in lost[:10]),
+                extra={"lease_lost_job_ids": [c.id for c in lost]},
+            )
 
     async def _run(self, ctx: JobContext) -> None:
         dispatcher = self.dispatchers[ctx.queue]
@@ -1389,18 +1458,22 @@ class Runtime:
             self.maintenance_config.heartbeat_staleness_ms, 3 * self.heartbeat_interval_s * 1000
         )
 
-    async def _seen(self, conn: Any) -> None:
-        ttl_ms = self._presence_ttl_ms
+    async def _beat_presence(self, conn: Any) -> None:
+        # With every round of heartbeats (the liveness thread): the presence row, and with it
+        # min_stale_ms (ADR 020), lives as long as the beats do.
         await conn.execute(
             sql.WORKER_SEEN,
             {
                 "instance": self.instance,
                 "kinds": self.kinds,
                 "queues": [q.name for q in self.queues],
-                "ttl_ms": ttl_ms,
+                "ttl_ms": self._presence_ttl_ms,
                 "min_stale_ms": self.min_stale_ms,
             },
         )
+
+    async def _seen(self, conn: Any) -> None:
+        await self._beat_presence(conn)
         # the descriptors this process declares: stored at start, refreshed with presence
         await descriptors.sync(
             conn,
