@@ -29,7 +29,7 @@ DEFAULT_UNIQUE_STATES = 31
 # and metadata, the UTF-8 of all tags together, the ordering key's bytes. awa-pg has no such
 # bound (PostgreSQL's is 255 MiB per JSON string, 1 GiB per value): a job this large is refused
 # before anything is sent, instead of failing in the server after seconds of work, or being
-# read back whole by every claim, page and dump of it (ADR 024).
+# read back whole by every claim, page and dump of it (ADR 025).
 MAX_ARGS_BYTES = 1 << 20  # 1 MiB
 MAX_METADATA_BYTES = 1 << 16  # 64 KiB
 MAX_TAGS_BYTES = 1 << 16
