@@ -88,6 +88,9 @@ class PoolBusy(PoolTimeout):
     """No connection within the wait because every connection of the pool was in use (a
     ``PoolTimeout``: callers that catch that one catch this)."""
 
+    # the database answered: a DatabaseError, not DatabaseUnavailable (awa_fast.db_errors)
+    database_reachable = True
+
 
 async def _alive(conn: psycopg.AsyncConnection[Any]) -> bool:
     """False when the server closed ``conn`` (closing it here if it still looked open)."""

@@ -104,8 +104,8 @@ def _on_awa_fast(orig: BaseException) -> bool:
 
 def _unavailable(exc: BaseException, code: str | None) -> bool:
     if isinstance(exc, (psycopg_pool.PoolClosed, psycopg_pool.PoolTimeout)):
-        # PoolBusy (a PoolTimeout) means every connection was in use: the database is up
-        return type(exc).__name__ != "PoolBusy"
+        # connections.PoolBusy (a PoolTimeout): every connection was in use, the database is up
+        return not getattr(exc, "database_reachable", False)
     if code is None:
         return isinstance(exc, psycopg.OperationalError)  # libpq's own: connect failed / lost
     return code.startswith("08") or code in SERVER_GONE

@@ -242,7 +242,8 @@ async def _child_main(
             isinstance(exc, ReadOnlyDatabase) or isinstance(exc.__cause__, psycopg.ProgrammingError)
         ):
             raise
-        why = f"cannot start: the database refused it: {str(exc).strip()}"
+        said = " ".join(str(exc.__cause__ or exc).split())  # the server's own words
+        why = f"cannot start: the database refused it: {said}"
         log.error("%s", why)
         reporter.send(event="error", error=why)
         await client.close()

@@ -195,6 +195,31 @@ def test_the_cli_reports_a_read_only_database_on_one_line_and_exits_non_zero(rea
         )
 
 
+def test_a_worker_on_a_read_only_database_says_so_on_one_line_and_gives_up(read_only):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("AWA_FAST_DATABASE_URL", "DATABASE_URL")
+    }
+    env["AWA_FAST_LAUNCHER_DSN"] = read_only
+    r = subprocess.run(
+        [sys.executable, "-m", "awa_fast", "worker", "tests.launcher_app:client"]
+        + ["--processes", "1"],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    refused = [line for line in out.splitlines() if "cannot start: the database refused it" in line]
+    assert refused and "read-only transaction" in refused[0], out
+    assert "Traceback" not in out and "restart" not in out, out
+
+
 def test_a_dashboard_action_on_a_read_only_database_gets_a_503_page(read_only):
     with TestClient(create_app(read_only), base_url="http://127.0.0.1") as web:
         page = web.get("/queues")
