@@ -2,7 +2,7 @@
 ``awa-fast worker tests.stall_app:client``.
 
 ``$AWA_FAST_LAUNCHER_DSN``: the database; ``$AWA_FAST_STALL_LOG``: a file each execution appends
-``<job id> <attempt> <pid> start|end <time.time()>`` to (one ``write`` on an ``O_APPEND`` file
+``<job id> <attempt> <pid> start|end|cancelled <time.time()>`` to (one ``write`` on an ``O_APPEND`` file
 per line, so processes never interleave inside a line). Kinds, all in queue ``stall``:
 
 - ``Block(seconds)``: an ``async def`` handler that blocks its event loop (``time.sleep``);
@@ -67,7 +67,11 @@ async def block(job):
 
 async def wait(job):
     record(job, "start")
-    await asyncio.sleep(job.args.seconds)
+    try:
+        await asyncio.sleep(job.args.seconds)
+    except asyncio.CancelledError:
+        record(job, "cancelled")
+        raise
     record(job, "end")
 
 
@@ -95,11 +99,18 @@ def executions(path: str) -> dict[int, list[tuple[int, int, float, float | None]
             job_id, attempt, pid, what, at = line.split()
             key = (int(job_id), int(attempt), int(pid))
             run = runs.setdefault(key, [None, None])
-            run[0 if what == "start" else 1] = float(at)
+            if what != "cancelled":  # a cancelled execution did not end its work
+                run[0 if what == "start" else 1] = float(at)
     out: dict[int, list] = {}
     for (job_id, attempt, pid), (started, ended) in sorted(runs.items()):
         out.setdefault(job_id, []).append((attempt, pid, started, ended))
     return out
+
+
+def lines(path: str) -> list[tuple[int, int, int, str, float]]:
+    """Every line of the log at ``path`` as ``(job id, attempt, pid, what, time)``."""
+    with open(path) as f:
+        return [(int(a), int(b), int(c), d, float(e)) for a, b, c, d, e in (ln.split() for ln in f)]
 
 
 def overlaps(runs: list[tuple[int, int, float, float | None]]) -> list[tuple]:

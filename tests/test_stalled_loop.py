@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 
@@ -256,3 +257,67 @@ async def test_an_attempt_whose_beats_stop_committing_is_ended_before_its_lease_
             "SELECT state::text, attempt FROM awa_fast.jobs WHERE id = %s", (job.id,)
         ).fetchone()
     assert state in ("available", "running") and attempt <= 1, (state, attempt)
+
+
+def test_a_stopped_process_resumed_after_its_rescue_does_no_more_work_for_it(dsn, stall_log):
+    # SIGSTOP of the whole worker process holding the job, past the staleness: it is taken for
+    # dead and the other process runs the job again; once resumed (SIGCONT), the stopped one's
+    # lease check cancels its handler at the next await, so it never ends its work or
+    # finalizes (docs/architecture.md, "Which executions can overlap").
+    launcher = Launcher(
+        dsn,
+        "--processes",
+        "2",
+        "--queues",
+        f"{stall_app.QUEUE}:10",
+        app="tests.stall_app:client",
+        env={"AWA_FAST_STALL_LOG": stall_log},
+    )
+    try:
+        launcher.ready_pids(2)
+        with awa.Client(dsn) as c:
+            job = c.insert(Await(4.0), queue=stall_app.QUEUE)
+
+        def started(attempt: int):  # the log is written by the worker processes: polled
+            return (
+                next(
+                    (
+                        ln
+                        for ln in stall_app.lines(stall_log)
+                        if ln[1] == attempt and ln[3] == "start"
+                    ),
+                    None,
+                )
+                if os.path.exists(stall_log)
+                else None
+            )
+
+        holder = poll(lambda: started(1), 20, "attempt 1 started")[2]
+        os.kill(holder, signal.SIGSTOP)
+        try:
+            poll(lambda: started(2), 30, "attempt 2 started by the other process")
+        finally:
+            os.kill(holder, signal.SIGCONT)
+        poll(
+            lambda: any(
+                ln[3] == "cancelled" and ln[2] == holder for ln in stall_app.lines(stall_log)
+            ),
+            20,
+            "the resumed holder's handler cancelled",
+        )
+
+        def done() -> bool:
+            with psycopg.connect(dsn) as conn:
+                row = conn.execute(
+                    "SELECT state::text FROM awa_fast.jobs_all WHERE id = %s", (job.id,)
+                ).fetchone()
+                return row is not None and row[0] == "completed"
+
+        poll(done, 30, "the job completed")
+        launcher.proc.send_signal(signal.SIGTERM)
+        launcher.wait(30)
+    finally:
+        launcher.stop()
+    log = stall_app.lines(stall_log)
+    assert [(ln[1], ln[3]) for ln in log if ln[2] == holder] == [(1, "start"), (1, "cancelled")]
+    assert [(ln[1], ln[3]) for ln in log if ln[2] != holder] == [(2, "start"), (2, "end")]

@@ -50,8 +50,8 @@ class Heartbeat:
     ``post`` then hands :attr:`beaten` and :attr:`progress_written` notifications to the
     process's loop, and :meth:`beat` called from that loop runs the round on the liveness
     loop. ``presence`` (optional) is awaited with the beat connection after each full round
-    (the process's presence row is liveness too). :attr:`last_ok_sent` is the
-    ``time.monotonic()`` at which the latest full round that committed every chunk was sent.
+    (the process's presence row is liveness too). Each attempt the statement beat gets the
+    round's ``time.monotonic()`` send time as ``beaten_mono``: its lease runs from there.
     """
 
     def __init__(
@@ -68,7 +68,7 @@ class Heartbeat:
         self._presence = presence
         self._post: Callable[[Callable[[], Any]], Any] = _call
         self._home: asyncio.AbstractEventLoop | None = None  # where the beat loops run
-        self.last_ok_sent = time.monotonic()
+
         self._database_url = database_url
         # an attempt whose beat a trigger refuses meets every beat: warned about once
         self._recurring = bulk.Recurring()
@@ -140,7 +140,6 @@ class Heartbeat:
                 if self._presence is not None:
                     async with self._connection() as conn:
                         await self._presence(conn)
-                self.last_ok_sent = sent
             return
         wrote_progress = False
         async with self._connection() as conn:
@@ -149,9 +148,11 @@ class Heartbeat:
                 snaps = [c.progress_snapshot() for c in chunk]
                 beaten = await self._beat_chunk(conn, chunk, snaps)
                 for c, s in zip(chunk, snaps):
-                    if s is not None and (c.id, c.run_lease) in beaten:
-                        c.progress_acked(s[0])
-                        wrote_progress = True
+                    if (c.id, c.run_lease) in beaten:
+                        c.beaten_mono = sent  # its lease runs from this send (worker/liveness.py)
+                        if s is not None:
+                            c.progress_acked(s[0])
+                            wrote_progress = True
             if not progress_only:  # every attempt was met: the pass is complete
                 self._recurring.pass_done()
                 # An attempt whose job was dead-lettered while its handler runs (an early
@@ -163,7 +164,6 @@ class Heartbeat:
                     await self._presence(conn)
         if not progress_only:
             self.beats += 1
-            self.last_ok_sent = sent
         self._post(lambda: self._fired(progress_only, wrote_progress))
 
     def _fired(self, progress_only: bool, wrote_progress: bool) -> None:

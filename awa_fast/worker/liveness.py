@@ -8,8 +8,9 @@ honestly alive (their handlers are still running) and nobody rescues them by hea
 
 What a thread cannot beat through -- a database that does not answer, a network cut, the whole
 process stopped (SIGSTOP) -- the same thread turns into an end: once no round of beats has
-committed for the process's own ``heartbeat_staleness_ms`` (less a tenth), the attempts it
-covered are handed to ``on_lease_expired`` (the runtime cancels their handlers and gives them
+committed for an attempt for the process's own ``heartbeat_staleness_ms`` (less a tenth) --
+the database did not answer, or the row is no longer that attempt's (rescued while the process
+was stopped) -- the attempt is handed to ``on_lease_expired`` (the runtime cancels their handlers and gives them
 back), before a rescuer using the same staleness may take them. When the process's loop is
 blocked as well, nothing can cancel a handler: a launcher's child (``EXIT_ON_BLOCKED_EXPIRY``)
 then ends itself, the only end of an execution no rescuer can overlap; a library process logs
@@ -54,8 +55,11 @@ class Liveness:
         lease_s: seconds (the process's ``heartbeat_staleness_ms`` / 1000) after a round of
             beats was sent for which the attempts it covered are certainly not rescued by a
             rescuer with the same staleness.
-        on_lease_expired: called on ``main_loop`` with the ``time.monotonic()`` send time of the
-            last committed round, when the lease of what that round covered is about to end.
+        on_lease_expired: called on ``main_loop`` when the lease of some attempt is about to
+            end (it ends the attempts whose lease did).
+        oldest_lease: ``time.monotonic()`` from which the oldest lease of a running handler's
+            attempt runs (its last beat's send, else its claim), or ``None`` when none runs;
+            read from this thread.
         tasks: coroutine functions run on the thread's loop beside the beats until :meth:`close`.
         live_attempts: how many attempts of the process have a handler still running (read
             from this thread when the process's loop did not take the expiry in time).
@@ -67,12 +71,14 @@ class Liveness:
         main_loop: asyncio.AbstractEventLoop,
         *,
         lease_s: float,
-        on_lease_expired: Callable[[float], None],
+        on_lease_expired: Callable[[], None],
+        oldest_lease: Callable[[], float | None] = lambda: None,
         tasks: tuple[Callable[[], Coroutine[Any, Any, None]], ...] = (),
         live_attempts: Callable[[], int] = lambda: 0,
     ):
         self.live_attempts = live_attempts
-        self._taken: float | None = None  # the send time whose expiry the loop took
+        self.oldest_lease = oldest_lease
+        self._taken = 0.0  # when the process's loop last ran an expiry
         self.heartbeat = heartbeat
         self.main_loop = main_loop
         self.lease_s = lease_s
@@ -81,6 +87,7 @@ class Liveness:
         self.loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
+        self._beats: asyncio.Task | None = None
         self._started = threading.Event()
         self.expiries = 0  # rounds of expired leases handed to the runtime
 
@@ -90,6 +97,12 @@ class Liveness:
         self._thread = threading.Thread(target=self._main, name="awa-liveness", daemon=True)
         self._thread.start()
         self._started.wait()
+
+    @property
+    def beating(self) -> bool:
+        """The thread runs and its heartbeat loop has not ended (health_check)."""
+        thread, beats = self._thread, self._beats
+        return thread is not None and thread.is_alive() and beats is not None and not beats.done()
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future:
         """Run ``coro`` on the liveness loop; await the result from the process's loop."""
@@ -108,8 +121,9 @@ class Liveness:
         self._stop = asyncio.Event()
         self._started.set()
         hb = self.heartbeat
+        self._beats = asyncio.create_task(hb.run(), name="awa-heartbeat")
         tasks = [
-            asyncio.create_task(hb.run(), name="awa-heartbeat"),
+            self._beats,
             asyncio.create_task(hb.run_progress(), name="awa-progress"),
             asyncio.create_task(self._watch_lease(), name="awa-lease"),
         ] + [asyncio.create_task(fn(), name="awa-liveness-task") for fn in self._extra]
@@ -122,22 +136,24 @@ class Liveness:
     async def _watch_lease(self) -> None:
         check_s = min(LEASE_CHECK_S, self.lease_s / 10)
         ends_after = self.lease_s * (1 - LEASE_MARGIN)
-        last_call = self.lease_s * (1 - LEASE_MARGIN / 2)
+        posted: float | None = None  # when the pending expiry was handed to the process's loop
         while True:
             await asyncio.sleep(check_s)
-            sent = self.heartbeat.last_ok_sent
-            late = time.monotonic() - sent
-            if late < ends_after:
+            oldest = self.oldest_lease()
+            now = time.monotonic()
+            if oldest is None or now - oldest < ends_after:
+                posted = None
                 continue
-            # Every check while expired: an attempt claimed after ``sent`` expires later.
-            self.expiries += 1
-            self.main_loop.call_soon_threadsafe(self._expire, sent)
-            if late >= last_call and self._taken != sent and self.live_attempts():
-                self._blocked_expiry(late)
+            if posted is None or self._taken >= posted:
+                posted = now
+                self.expiries += 1
+                self.main_loop.call_soon_threadsafe(self._expire)
+            elif now - posted >= self.lease_s * LEASE_MARGIN / 2 and self.live_attempts():
+                self._blocked_expiry(now - oldest)  # the loop has not run it
 
-    def _expire(self, sent: float) -> None:
-        self._taken = sent
-        self.on_lease_expired(sent)
+    def _expire(self) -> None:
+        self._taken = time.monotonic()
+        self.on_lease_expired()
 
     def _blocked_expiry(self, late: float) -> None:
         # The process's loop has not run the expiry: its handlers cannot be cancelled.

@@ -950,6 +950,7 @@ class Runtime:
             on_lease_expired=self._lease_expired,
             tasks=(self.stall_watch.run,),
             live_attempts=self._live_attempts,
+            oldest_lease=self._oldest_lease,
         )
         self.lingering = Lingering(self.services.database_url, self.heartbeat_interval_s)
         try:
@@ -1145,6 +1146,14 @@ class Runtime:
     def _live_attempts(self) -> int:
         return sum(1 for c in list(self.in_flight.values()) if not c.returned and not c.lease_lost)
 
+    def _oldest_lease(self) -> float | None:
+        live = [
+            max(c.claimed_mono, c.beaten_mono)
+            for c in list(self.in_flight.values())
+            if not c.returned and not c.waiting and not c.lease_lost
+        ]
+        return min(live) if live else None
+
     def _own_attempts(self) -> list[int]:
         return sorted({key[0] for key in list(self.in_flight)})
 
@@ -1156,22 +1165,22 @@ class Runtime:
                 return None if ctx is None else (ctx.kind, ctx.id)
         return None
 
-    def _lease_expired(self, sent: float) -> None:
-        """No round of beats has committed since ``sent`` (monotonic) for nearly this process's
-        ``heartbeat_staleness_ms``: a rescuer may soon take the attempts it covered. Their
-        handlers are cancelled and the attempts given back (guarded by their lease), so no
-        execution of theirs overlaps the rescued one's (docs/architecture.md)."""
+    def _lease_expired(self) -> None:
+        """Attempts that no beat has beaten (nor their claim started) for nearly this process's
+        ``heartbeat_staleness_ms`` -- the database did not answer, or the row is no longer
+        theirs -- may soon be taken by a rescuer. Their handlers are cancelled and the attempts
+        given back (guarded by their lease), so no execution of theirs overlaps the rescued
+        one's (docs/architecture.md, "Which executions can overlap")."""
         lease_s = self.maintenance_config.heartbeat_staleness_ms / 1000
-        cutoff = time.monotonic() - lease_s * (1 - LEASE_MARGIN)
+        now = time.monotonic()
+        cutoff = now - lease_s * (1 - LEASE_MARGIN)
         lost = []
+        oldest = now
         for key, ctx in list(self.in_flight.items()):
-            if (
-                ctx.returned
-                or ctx.waiting
-                or ctx.lease_lost
-                or max(sent, ctx.claimed_mono) > cutoff
-            ):
+            since = max(ctx.claimed_mono, ctx.beaten_mono)
+            if ctx.returned or ctx.waiting or ctx.lease_lost or since > cutoff:
                 continue
+            oldest = min(oldest, since)
             ctx.lease_lost = True
             task = self._handler_tasks.get(key)
             if task is not None:
@@ -1181,9 +1190,9 @@ class Runtime:
             metrics.leases_expired(len(lost))
             log.warning(
                 "no heartbeat committed for %.1f s (the database did not answer, or this "
-                "process was stopped): %d attempt(s) cancelled and given back before a rescuer "
-                "runs them again: %s",
-                time.monotonic() - sent,
+                "process was stopped and the job rescued): %d attempt(s) cancelled and given "
+                "back before a rescuer runs them again: %s",
+                now - oldest,
                 len(lost),
                 ", ".join(f"job {c.id} ({c.kind})" for c in lost[:10]),
                 extra={"lease_lost_job_ids": [c.id for c in lost]},
