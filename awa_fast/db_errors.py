@@ -20,12 +20,14 @@ By SQLSTATE (awa-pg's names where it has one: ``UniqueConflict``, ``SchemaNotMig
 40P01 deadlock_detected            :class:`DeadlockError`
 25006 read_only_sql_transaction    :class:`ReadOnlyDatabase`
 08xxx, 57P01-03, no SQLSTATE,      :class:`DatabaseUnavailable`
-pool timeout / closed
+pool timeout (not PoolBusy),
+closed pool
 anything else                      :class:`DatabaseError`
 =================================  ===================================================
 
 Every error carries ``operation`` and ``sqlstate`` (``DatabaseError``'s attributes) where it is a
 ``DatabaseError``; its message is one line: ``"<operation>: <what>: <driver text>"``.
+Decision and alternatives: docs/adr/025-typed-database-errors-and-job-size-bounds.md.
 """
 
 from __future__ import annotations

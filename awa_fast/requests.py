@@ -34,6 +34,8 @@ MAX_ARGS_BYTES = 1 << 20  # 1 MiB
 MAX_METADATA_BYTES = 1 << 16  # 64 KiB
 MAX_TAGS_BYTES = 1 << 16
 MAX_ORDERING_KEY_BYTES = 1 << 16
+# A payload resume_external hands a waiting handler: its input, as args are.
+MAX_PAYLOAD_BYTES = MAX_ARGS_BYTES
 # What one insert_many statement may carry (the sum of its jobs' Prepared.size): the server
 # takes at most 1 GiB per message and closes the connection past it; COPY streams, unbounded.
 MAX_STATEMENT_BYTES = 1 << 28  # 256 MiB

@@ -340,6 +340,18 @@ async def test_an_insert_past_a_size_bound_is_refused_before_any_sql_naming_fiel
         await client.close()
 
 
+async def test_a_callback_payload_past_the_bound_is_refused_before_any_sql(read_only):
+    client = awa.AsyncClient(read_only)
+    try:
+        with pytest.raises(awa.ValidationError) as info:
+            await client.resume_external(
+                "00000000-0000-4000-8000-000000000000", big(requests.MAX_PAYLOAD_BYTES)
+            )
+        _size_refusal(info, "payload", requests.MAX_PAYLOAD_BYTES)
+    finally:
+        await client.close()
+
+
 def test_args_just_within_the_bound_are_stored_and_read_back_whole(dsn):
     args = {"data": "y" * (requests.MAX_ARGS_BYTES - len('{"data":""}'))}
     assert len(requests.to_json(args, "args")) == requests.MAX_ARGS_BYTES

@@ -36,6 +36,7 @@ from starlette.templating import Jinja2Templates
 
 from awa_fast.client import AsyncClient
 from awa_fast.connections import PoolBusy
+from awa_fast.db_errors import SERVER_GONE
 from awa_fast.errors import (
     AttemptStillRunning,
     DatabaseError,
@@ -58,8 +59,6 @@ MAX_ID = 2**63 - 1
 _DIGITS = re.compile(r"[0-9]{1,19}")  # MAX_ID has 19 digits
 RETRYABLE_STATES = ("failed", "cancelled", "waiting_external")
 FINISHED_STATES = ("completed", "failed", "cancelled")
-# The server shutting down, crashed, or starting up: its connections are gone (SQLSTATE 57P0x).
-_SERVER_GONE = {"57P01", "57P02", "57P03"}
 
 
 class _Client(AsyncClient):
@@ -139,7 +138,7 @@ def _lost(exc: psycopg.OperationalError) -> bool | None:
     if isinstance(exc, PoolTimeout):
         return False
     state = exc.sqlstate
-    if state is None or state.startswith("08") or state in _SERVER_GONE:
+    if state is None or state.startswith("08") or state in SERVER_GONE:
         return True  # no SQLSTATE: libpq's own (the connection lost)
     return None
 
