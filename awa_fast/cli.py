@@ -852,7 +852,14 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def cmd_check(s: Session) -> int:
-    from awa_fast.app_loader import AppSpecError, exits_at_import, load_client, start_config_error
+    from awa_fast import storage_options
+    from awa_fast.app_loader import (
+        AppSpecError,
+        exits_at_import,
+        load_client,
+        start_config_error,
+        start_options,
+    )
 
     try:
         # Under --json stdout is the JSON object only: what the application writes there while
@@ -878,6 +885,15 @@ def cmd_check(s: Session) -> int:
     kinds = client.registry.undeclared_kinds()
     off_default = dict(sorted(client.registry.off_default.items()))
     config_error = start_config_error(client, module)
+    try:
+        given = start_options(module)
+    except ValueError:  # already reported as the config error
+        given = {}
+    # awa storage options START_OPTIONS gives that tune a mechanism awa-fast does not have
+    no_effect = [
+        {"option": o.name, "value": given[o.name], "reason": o.here}
+        for o in storage_options.inapplicable_given(given)
+    ]
     if s.json:
         _print_json(
             {
@@ -885,6 +901,7 @@ def cmd_check(s: Session) -> int:
                 "registered": sorted(client.registry.handlers),
                 "registered_off_default": off_default,
                 "config_error": config_error,
+                "no_effect_options": no_effect,
             }
         )
         return 1 if kinds or config_error else 0
@@ -897,6 +914,10 @@ def cmd_check(s: Session) -> int:
             f"start() would accept this configuration ({n} registered "
             f"{'kind' if n == 1 else 'kinds'}{with_options})"
         )
+    if no_effect:
+        print("START_OPTIONS accepted with no effect in awa-fast (awa storage options):")
+        for item in no_effect:
+            print(f"  {item['option']}={item['value']!r}: {item['reason']}")
     if kinds:
         print(
             "kinds without a failure consequence declaration "

@@ -23,7 +23,17 @@ from typing import Any
 import orjson
 import psycopg
 
-from awa_fast import _native, batch_ops, bulk, descriptors, metrics, pg_connection, schema, sql
+from awa_fast import (
+    _native,
+    batch_ops,
+    bulk,
+    descriptors,
+    metrics,
+    pg_connection,
+    schema,
+    sql,
+    storage_options,
+)
 from awa_fast.errors import (
     ConfigError,
     QueueMismatchWarning,
@@ -71,21 +81,6 @@ PRESENCE_GONE_S = 2.0  # removing the presence row at shutdown (it expires on it
 BATCH_RUNNER_S = 0.2  # the leader's batch-operation runner: one step (a chunk) per interval
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
-# awa-pg start() keywords for features awa-fast does not have (awa's queue-storage engine and
-# storage transition, terminal-count rollups): rejected unless left at "not given"
-# (None; "auto" for storage_transition_role), never ignored.
-_UNSUPPORTED = {
-    "terminal_count_rollup_interval_ms",
-    "queue_storage_schema",
-    "queue_storage_queue_slot_count",
-    "queue_storage_lease_slot_count",
-    "queue_storage_claim_slot_count",
-    "queue_storage_queue_stripe_count",
-    "queue_storage_queue_rotate_interval_ms",
-    "queue_storage_lease_rotate_interval_ms",
-    "queue_storage_claim_rotate_interval_ms",
-    "storage_transition_role",
-}
 # Per-queue dict keys awa-fast honours; awa's others are rejected by name.
 _QUEUE_KEYS = {
     "name",
@@ -98,11 +93,11 @@ _QUEUE_KEYS = {
     "dlq",
     "min_workers",
     "weight",
+    "retention",
 }
-_QUEUE_UNSUPPORTED = {
-    "retention": "per-queue retention; use completed_retention_hours / "
-    "failed_retention_hours of start()"
-}
+# awa's RetentionPolicy::default: a per-queue retention dict without one of its keys takes
+# this, not start()'s global value (awa-python parse_queue_retention_overrides).
+AWA_QUEUE_RETENTION_DEFAULT_HOURS = {"completed_hours": 24.0, "failed_hours": 72.0}
 
 
 @dataclasses.dataclass
@@ -116,6 +111,9 @@ class QueueConfig:
     claim_batch_size: int = DEFAULT_CLAIM_BATCH
     rate_limit: tuple[float, int] | None = None  # (max claims per second, burst)
     priority_aging_interval_ms: int = 0  # 0 = no aging
+    claimers: int = 1  # claim loops sharing the queue's slots (awa's QueueConfig.claimers)
+    # awa's per-queue retention: (completed hours, failed/cancelled hours), or None (global)
+    retention: tuple[float, float] | None = None
     options: dict = dataclasses.field(default_factory=dict)
     # weighted mode (global_max_workers): guaranteed slots, share of the overflow pool, and
     # max_workers only if given (a cap); see worker/weighted.py
@@ -129,9 +127,11 @@ def parse_queues(
 ) -> list[QueueConfig]:
     """awa's queue forms: ``None`` (one queue per registered handler queue, 10 workers), a list of
     ``(name, max_workers)`` tuples, a list of dicts with ``name`` and ``max_workers`` plus
-    optional ``deadline_duration_ms``, ``claim_batch_size``, ``claimers`` (1 only: one claim
-    loop per queue and process), ``rate_limit=(max_rate, burst)`` (claims per second, bucket
-    size), ``priority_aging_interval_ms`` and ``dlq`` (a bool); or ``PartitionedQueue`` configs.
+    optional ``deadline_duration_ms``, ``claim_batch_size``, ``claimers`` (an int >= 1: claim
+    loops sharing the queue's slots, awa's meaning), ``rate_limit=(max_rate, burst)`` (claims
+    per second, bucket size), ``priority_aging_interval_ms``, ``dlq`` (a bool) and
+    ``retention`` (a dict with ``completed_hours`` and/or ``failed_hours``, numbers >= 0; a key
+    left out takes awa's default, 24 and 72 hours); or ``PartitionedQueue`` configs.
     With ``global_max_workers`` (awa's weighted mode) the dicts give ``min_workers`` (>= 0,
     guaranteed slots) and ``weight`` (>= 1, share of the rest); a ``max_workers`` there caps
     the queue.
@@ -139,8 +139,9 @@ def parse_queues(
     Raises:
         ValidationError: an invalid value, naming the queue and key; weighted mode without
             dict queues, ``min_workers``/``weight`` without ``global_max_workers``, or
-            minimums summing past it (awa's rules). ``Unsupported`` (a ValidationError) for
-            per-queue ``retention``, ``claimers`` > 1 and unknown keys.
+            minimums summing past it (awa's rules); ``claimers`` or ``claim_batch_size`` < 1; a
+            ``retention`` that is not such a dict. ``Unsupported`` (a ValidationError) for
+            unknown keys.
     """
     weighted = global_max_workers is not None
     if weighted:
@@ -183,8 +184,6 @@ def parse_queues(
                 f"queue {name!r}: give max_workers or min_workers, not both", field="min_workers"
             )
         for key in cfg:
-            if key in _QUEUE_UNSUPPORTED:
-                raise Unsupported(key, f"queue {name!r}: {_QUEUE_UNSUPPORTED[key]}")
             if key not in _QUEUE_KEYS:
                 raise Unsupported(key, f"queue {name!r}: unknown queue option")
         for key in ("claimers", "claim_batch_size"):
@@ -195,12 +194,8 @@ def parse_queues(
             raise ConfigError(
                 f"queue {name!r}: dlq must be a bool, got {cfg['dlq']!r}", field="dlq", limit="bool"
             )
-        if cfg.pop("claimers", 1) != 1:
-            raise Unsupported(
-                "claimers",
-                f"queue {name!r}: awa-fast runs one claim loop per "
-                "queue and process; use more processes",
-            )
+        claimers = cfg.pop("claimers", 1)
+        retention = _queue_retention(name, cfg.pop("retention", None))
         if not weighted and ("min_workers" in cfg or "weight" in cfg):
             key = "min_workers" if "min_workers" in cfg else "weight"
             raise ValidationError(
@@ -230,6 +225,8 @@ def parse_queues(
                 priority_aging_interval_ms=_aging_ms(
                     name, cfg.pop("priority_aging_interval_ms", None)
                 ),
+                claimers=claimers,
+                retention=retention,
                 options=cfg,
                 **share,
             )
@@ -244,6 +241,47 @@ def parse_queues(
                 limit=f">= {total_min}",
             )
     return out
+
+
+def _queue_retention(queue: str, value: Any) -> tuple[float, float] | None:
+    """A queue dict's ``retention`` (awa's per-queue override): ``None``, or a dict with
+    ``completed_hours`` and/or ``failed_hours`` (finite numbers >= 0, hours). A key left out
+    takes awa's default (``AWA_QUEUE_RETENTION_DEFAULT_HOURS``). The ring's limits (30 and 90
+    hours) are checked with the global ones (``maintenance.check_retention``).
+
+    Raises:
+        ConfigError: not a dict, another key, or a value that is not a finite number >= 0,
+            naming the queue and the key.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"queue {queue!r}: retention must be a dict with 'completed_hours' and/or "
+            f"'failed_hours' keys, got {value!r}",
+            field="retention",
+            limit="dict",
+        )
+    unknown = sorted(set(value) - set(AWA_QUEUE_RETENTION_DEFAULT_HOURS))
+    if unknown:
+        raise ConfigError(
+            f"queue {queue!r}: retention takes 'completed_hours' and 'failed_hours', got "
+            f"{', '.join(map(repr, unknown))}",
+            field="retention",
+            limit="completed_hours, failed_hours",
+        )
+    hours = []
+    for key, default in AWA_QUEUE_RETENTION_DEFAULT_HOURS.items():
+        h = value.get(key, default)
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h) or h < 0:
+            raise ConfigError(
+                f"queue {queue!r}: retention {key} must be a non-negative finite number "
+                f"(hours), got {h!r}",
+                field=key,
+                limit=">= 0",
+            )
+        hours.append(float(h))
+    return hours[0], hours[1]
 
 
 def _deadline_ms(queue: str, value: Any) -> int:
@@ -498,6 +536,7 @@ MAX_SETTING_INT = 2**31 - 1
 def _did_you_mean(unknown: list[str]) -> str:
     """`` (did you mean 'x'?)`` for the first of ``unknown`` close to a ``start()`` keyword."""
     known = [p for p in inspect.signature(Runtime.__init__).parameters if p not in ("self",)]
+    known += list(storage_options.OPTIONS)
     known += ["consequence_timeout_ms", "consequence_backoff_ms"]  # AsyncClient.start's own
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1)
@@ -730,19 +769,19 @@ class Runtime:
         metrics_host: str | None = None,
         metrics_refresh_ms: int | None = None,
         gc_freeze: bool = True,
-        **unsupported: Any,
+        **storage: Any,
     ):
         _flag(queue_subset, "queue_subset")
         self.gc_freeze = _flag(gc_freeze, "gc_freeze")
-        unknown = set(unsupported) - _UNSUPPORTED
+        unknown = set(storage) - set(storage_options.OPTIONS)
         if unknown:
             raise TypeError(
                 f"start() got unexpected keyword(s): {', '.join(sorted(unknown))}"
                 + _did_you_mean(sorted(unknown))
             )
-        for key, value in sorted(unsupported.items()):
-            if value is not None and not (key == "storage_transition_role" and value == "auto"):
-                raise Unsupported(key, "awa-fast has one storage engine")
+        # awa 0.7's storage options (storage_options.py): validated as awa does; the
+        # inapplicable ones logged once, the honoured ones applied below
+        honoured = storage_options.accept(storage)
         self.services = services
         self.queues = parse_queues(queues, services.registry.queues(), global_max_workers)
         self.overflow = None
@@ -769,6 +808,7 @@ class Runtime:
             "callback_rescue_interval_ms": callback_rescue_interval_ms,
             "cleanup_interval_ms": cleanup_interval_ms,
             "reconcile_interval_ms": reconcile_interval_ms,
+            "terminal_count_rollup_interval_ms": honoured.get("terminal_count_rollup_interval_ms"),
         }.items():
             if value is not None:
                 setattr(mconf, key, _setting(value, key, integer=key == "cleanup_batch_size"))
@@ -776,6 +816,9 @@ class Runtime:
             mconf.descriptor_retention_days = _setting(
                 descriptor_retention_days, "descriptor_retention_days", zero=True
             )
+        mconf.queue_retention = {
+            q.name: q.retention for q in self.queues if q.retention is not None
+        }
         check_retention(mconf)
         self.maintenance_config = mconf
         names = {q.name for q in self.queues}
@@ -927,6 +970,7 @@ class Runtime:
                 overflow=self.overflow,
                 cap=q.cap,
                 idle_poll=self.idle_poll,
+                claimers=q.claimers,
             )
             self.dispatchers[q.name].claim_ran.subscribe(self._claimed)
         self.heartbeat = Heartbeat(
