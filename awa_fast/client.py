@@ -184,7 +184,6 @@ class AsyncClient:
         self.settler = Settler(self.consequences, self.specs)
         self._runtime: Runtime | None = None
         self._starting: asyncio.Event | None = None  # set when a start() in progress ends
-        self._installing = False  # an install_queue_storage() is in progress (awa's guard)
         self._stopping: asyncio.Event | None = None  # set when a shutdown() in progress ends
         self._releasing: asyncio.Future | None = None  # the last runtime's release step
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
@@ -212,7 +211,11 @@ class AsyncClient:
             lambda job_id: self.get_job(job_id),
         )
         self._dlq = DlqAdmin(self._connections, staleness)
-        self._storage = StorageAdmin(self._connections, lambda: self.migrate())
+        self._storage = StorageAdmin(
+            self._connections,
+            lambda: self.migrate(),
+            running=lambda: self._runtime is not None or self._starting is not None,
+        )
         self._batches = BatchAdmin(self._connections)
         if self.explicit_database_url is not None and not _defer_reachability_check:
             _check_reachable(self.explicit_database_url)
@@ -813,20 +816,12 @@ class AsyncClient:
             Unsupported: a ``schema`` other than awa's default ``"awa"``.
             ConfigError: a slot count that is not an int > 0, ``reset`` not a bool.
         """
-        if self._runtime is not None or self._starting is not None:
-            raise AwaError("cannot install queue storage while the worker runtime is running")
-        if self._installing:
-            raise AwaError("queue storage installation is already in progress")
-        self._installing = True
-        try:
-            return await self._storage.install_queue_storage(
-                schema=schema,
-                queue_slot_count=queue_slot_count,
-                lease_slot_count=lease_slot_count,
-                reset=reset,
-            )
-        finally:
-            self._installing = False
+        return await self._storage.install_queue_storage(
+            schema=schema,
+            queue_slot_count=queue_slot_count,
+            lease_slot_count=lease_slot_count,
+            reset=reset,
+        )
 
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
@@ -1134,7 +1129,7 @@ class AsyncClient:
         """
         if self._runtime is not None or self._starting is not None:
             raise RuntimeError("runtime already started")
-        if self._installing:  # awa's rule
+        if self._storage.installing:  # awa's rule
             raise AwaError(
                 "cannot start the worker runtime while queue storage installation is in progress"
             )
