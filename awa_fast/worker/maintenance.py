@@ -842,8 +842,9 @@ class Maintenance:
     async def expire_slices(self) -> int:
         """TRUNCATE every finished slice whose newest row is past its class's horizon
         (``completed_retention_hours``; ``failed_retention_hours`` for failed and cancelled; a
-        longer per-queue retention raises it: ``MaintenanceConfig.retention_horizons``),
-        releasing the unique keys its jobs held. Returns the rows removed.
+        longer per-queue retention raises it: ``MaintenanceConfig.retention_horizons``; one of
+        ``KEEP_FOREVER_S`` or more expires none), releasing the unique keys its jobs held.
+        Returns the rows removed.
 
         Each slice is its own fenced transaction: its partition is locked ACCESS EXCLUSIVE
         (waiting at most 200 ms: readers and writers queue behind it), its expiry checked again under the lock, then

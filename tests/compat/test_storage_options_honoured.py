@@ -142,6 +142,23 @@ async def test_start_takes_awas_week_of_failed_retention_and_long_queue_retentio
         await client.shutdown()
 
 
+async def test_a_queue_kept_for_ages_keeps_its_rows_and_the_others_are_pruned(client, dsn):
+    """A retention past PostgreSQL's timestamps (here 10**12 hours) keeps that queue's rows
+    forever, without an overflow in any pass; the other queues keep their own retention."""
+    ids = await finished_jobs(
+        client,
+        dsn,
+        {
+            "keep": [("completed", "26 hours"), ("failed", "100 hours")],
+            "other": [("completed", "26 hours"), ("failed", "100 hours")],
+        },
+    )
+    m = maintenance(client, queue_retention={"keep": (1e12, 1e12)})
+    assert await m.prune() == 2  # a failed step would raise PassIncomplete
+    assert sorted(present(dsn, ids["keep"])) == sorted(ids["keep"])
+    assert present(dsn, ids["other"]) == []
+
+
 async def test_start_takes_a_zero_retention_as_awa_does(client):
     """awa takes any retention >= 0 ("a non-negative finite number"); 0 prunes at once."""
     client.task(Tick, queue="a")(lambda job: None)
