@@ -32,6 +32,7 @@ from datetime import time as dtime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from awa_fast import sql
+from awa_fast.app_loader import DEBUG_ENV, debug_requested
 from awa_fast.database_url import resolve_database_url, url_source
 
 if TYPE_CHECKING:
@@ -243,6 +244,8 @@ class Session:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.json: bool = bool(getattr(args, "json", False))
+        # --traceback or $AWA_FAST_DEBUG: an error's whole traceback after its one line
+        self.debug: bool = debug_requested(bool(getattr(args, "traceback", False)))
         self._url: str | None = None
         self._client: AsyncClient | None = None
 
@@ -852,7 +855,14 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def cmd_check(s: Session) -> int:
-    from awa_fast.app_loader import AppSpecError, exits_at_import, load_client, start_config_error
+    from awa_fast.app_loader import (
+        AppSpecError,
+        exits_at_import,
+        format_traceback,
+        import_failure,
+        load_client,
+        start_config_error,
+    )
 
     try:
         # Under --json stdout is the JSON object only: what the application writes there while
@@ -865,14 +875,14 @@ def cmd_check(s: Session) -> int:
         message = exits_at_import(s.args.app, exc)
         return s.fail(message, kind="SystemExit", text=f"{PROG} check: error: {message}")
     except Exception as exc:  # the application's own import raised
-        import traceback
-
-        message = f"importing {s.args.app} failed"
-        trace = traceback.format_exc().rstrip()
+        # One line (what, where, how to see more); the traceback only when asked for.
+        message = import_failure(s.args.app, exc)
+        trace = format_traceback(exc)
+        text = f"{PROG} check: error: {message}"
         return s.fail(
-            f"{message}: {type(exc).__name__}: {exc}",
+            import_failure(s.args.app, exc, traceback_hint=False),  # --json: "traceback" has it
             kind=type(exc).__name__,
-            text=f"{PROG} check: error: {message}:\n{trace}",
+            text=f"{text}\n{trace}" if s.debug else text,
             traceback=trace,
         )
     kinds = client.registry.undeclared_kinds()
@@ -1029,6 +1039,7 @@ def cmd_worker(s: Session) -> int:
             log_format=a.log_format,
             metrics_port=a.metrics_port,
             metrics_host=a.metrics_host,
+            debug=s.debug,
         )
     except ConfigError as exc:  # a bad --metrics-* value: a usage error, as argparse's
         a.parser.error(str(exc))
@@ -1077,6 +1088,10 @@ def _iso_time(text: str) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+TRACEBACK_HELP = (
+    f"after an error's one line, print its whole traceback (also: {DEBUG_ENV}=1); for "
+    "worker and check also of the application's own errors (an import that raises)"
+)
 LOG_FORMATS = ("text", "json")  # awa_fast.log_format.FORMATS (not imported: --help stays light)
 LOG_FORMAT_HELP = (
     "logs as text lines (default) or one JSON object per line (ts, level, logger, "
@@ -1110,6 +1125,9 @@ def _common(with_db: bool = True, db_help: str = DB_HELP, with_json: bool = True
     )
     if with_db:
         g.add_argument("--database-url", metavar="URL", default=argparse.SUPPRESS, help=db_help)
+    g.add_argument(
+        "--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP
+    )
     return p
 
 
@@ -1222,6 +1240,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         help="print machine-readable JSON instead of tables/text",
     )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help=LOG_FORMAT_HELP)
+    parser.add_argument("--traceback", action="store_true", default=False, help=TRACEBACK_HELP)
     parser.add_argument(
         "--version",
         action=_VersionAction,
@@ -1722,7 +1741,9 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "before\nany child starts, in a running event loop as in the children: "
         "exit 2 if its module\ncannot be found or it names no "
         "AsyncClient, 1 if importing it raises or start() would reject\n"
-        "its START_OPTIONS (ConfigError, as `awa-fast check` reports);\na child "
+        "its START_OPTIONS (ConfigError, as `awa-fast check` reports), or if the database "
+        "cannot be\nreached (tried for 5 s) or is not migrated: one line each, the "
+        "traceback with --traceback;\na child "
         "whose import raises all the same stops the launcher (exit 1, "
         "no restart).\nDatabase: --database-url, else "
         "the URL the client was built with, else\n"
@@ -1993,7 +2014,12 @@ def _main(argv: list[str]) -> int:
     session = Session(args)
 
     def error(message: str, exc: BaseException) -> int:
-        return session.fail(message, kind=type(exc).__name__, log_format=args.log_format)
+        status = session.fail(message, kind=type(exc).__name__, log_format=args.log_format)
+        if session.debug and not session.json:
+            from awa_fast.app_loader import format_traceback
+
+            print(format_traceback(exc), file=sys.stderr)
+        return status
 
     func = args.func
     try:

@@ -320,10 +320,11 @@ def test_an_import_error_under_check_json_carries_the_traceback():
     assert r.returncode == 1, (r.stdout, r.stderr)
     error = _one_json_error(r)
     assert error["type"] == "RuntimeError"
-    assert error["error"] == (
-        "importing tests.launcher_app:client failed: RuntimeError: launcher_app: failing at "
-        "import on purpose"
-    )
+    assert re.fullmatch(
+        r"importing tests.launcher_app:client failed: RuntimeError: launcher_app: failing at "
+        r"import on purpose \(at .*/tests/launcher_app\.py:\d+\)",
+        error["error"],
+    ), error
     assert error["traceback"].startswith("Traceback (most recent call last):")
 
 
@@ -1140,10 +1141,12 @@ def test_check_of_an_application_whose_import_raises_exits_1():
         env=_env(PYTHONPATH=root, AWA_FAST_LAUNCHER_FAIL="import"),
     )
     assert r.returncode == 1, (r.stdout, r.stderr)
+    # one line (tests/test_cli_errors.py: its form, and --traceback)
     assert r.stderr.startswith(
-        "awa-fast check: error: importing tests.launcher_app:client failed:\nTraceback"
+        "awa-fast check: error: importing tests.launcher_app:client failed: RuntimeError: "
+        "launcher_app: failing at import on purpose (at "
     ), r.stderr
-    assert r.stderr.count("RuntimeError: launcher_app: failing at import on purpose") == 1
+    assert r.stderr.count("\n") == 1, r.stderr
 
 
 def test_check_and_worker_help_state_what_they_report_and_exit():
