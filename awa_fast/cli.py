@@ -472,8 +472,33 @@ async def cmd_queue_stats(s: Session) -> int:
     return 0
 
 
+async def _known_queue(client, queue: str, *, create_flag: str | None = None) -> None:
+    """Raise :class:`CliError` unless ``queue`` is a queue something knows of
+    (``sql.KNOWN_QUEUES``: jobs, its settings row, a worker, a schedule, a descriptor), with the
+    closest known names as a hint (difflib); ``create_flag`` names the option that allows a
+    new name. The library's calls stay permissive, as awa-pg's (docs/adr/024)."""
+    import difflib
+
+    names = [row[0] for row in await _fetch(client, sql.KNOWN_QUEUES)]
+    if queue in names:
+        return
+    close = difflib.get_close_matches(queue, names, n=3, cutoff=0.6)
+    if close:
+        hint = f"; did you mean {' or '.join(repr(n) for n in close)}?"
+    elif names:
+        hint = f"; known queues: {', '.join(names[:10])}{', ...' if len(names) > 10 else ''}"
+    else:
+        hint = "; no queue is known yet"
+    create = f" ({create_flag} uses a new name)" if create_flag else ""
+    raise CliError(
+        f"no queue named {queue!r} (no job, worker, schedule or setting names it){hint}{create}"
+    )
+
+
 async def cmd_queue_pause(s: Session) -> int:
     client = await s.client()
+    if not s.args.create:  # a typo would be stored, and listed from then on
+        await _known_queue(client, s.args.queue, create_flag="--create")
     await client.pause_queue(s.args.queue, s.args.by)
     if s.json:
         _print_json({"queue": s.args.queue, "paused": True, "paused_by": s.args.by})
@@ -485,6 +510,7 @@ async def cmd_queue_pause(s: Session) -> int:
 
 async def cmd_queue_resume(s: Session) -> int:
     client = await s.client()
+    await _known_queue(client, s.args.queue)
     await client.resume_queue(s.args.queue)
     return _report(s, {"queue": s.args.queue, "paused": False}, f"queue {s.args.queue} resumed")
 
@@ -508,6 +534,8 @@ async def cmd_job_retry_failed(s: Session) -> int:
         message = "Specify exactly one of --kind or --queue"
         return s.fail(message, text=message)
     client = await s.client()
+    if s.args.queue is not None:
+        await _known_queue(client, s.args.queue)
     result = await client.retry_failed(kind=s.args.kind, queue=s.args.queue)
     jobs = result.jobs
     what = f"kind {s.args.kind}" if s.args.kind else f"queue {s.args.queue}"
@@ -548,6 +576,7 @@ async def cmd_job_discard(s: Session) -> int:
 
 async def cmd_queue_drain(s: Session) -> int:
     client = await s.client()
+    await _known_queue(client, s.args.queue)
     n = await client.drain_queue(s.args.queue)
     return _report(
         s,
@@ -652,6 +681,8 @@ async def cmd_dlq_retry_all(s: Session) -> int:
     filters = _dlq_filters(s.args)
     _check_all_or_filter(s, filters)
     client = await s.client()
+    if filters["queue"] is not None:  # a typo would match nothing, silently
+        await _known_queue(client, filters["queue"])
     n = await client.bulk_retry_from_dlq(**filters, allow_all=s.args.all)
     return _report(s, {"retried": n}, f"retried {n} job(s) from the DLQ")
 
@@ -660,6 +691,8 @@ async def cmd_dlq_purge(s: Session) -> int:
     filters = _dlq_filters(s.args)
     _check_all_or_filter(s, filters)
     client = await s.client()
+    if filters["queue"] is not None:  # a typo would match nothing, silently
+        await _known_queue(client, filters["queue"])
     n = await client.purge_dlq(**filters, allow_all=s.args.all)
     return _report(s, {"purged": n}, f"purged {n} DLQ entr{'y' if n == 1 else 'ies'}")
 
@@ -1410,16 +1443,24 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "pause",
         parents=[common],
         help="stop workers claiming from a queue",
-        description="Pause a queue: workers stop claiming its jobs (running jobs finish).",
+        description="Pause a queue: workers stop claiming its jobs (running jobs finish). "
+        "A name no job, worker, schedule or setting knows of is an error (exit 1, with the "
+        "closest known names) unless --create is given.",
     )
     p.add_argument("queue", metavar="QUEUE", help="queue name")
     p.add_argument("--by", metavar="WHO", help="who paused it (recorded in queue_meta.paused_by)")
+    p.add_argument(
+        "--create",
+        action="store_true",
+        help="pause a queue nothing knows of yet (else an unknown name is an error)",
+    )
     p.set_defaults(func=cmd_queue_pause)
     p = qsub.add_parser(
         "resume",
         parents=[common],
         help="let workers claim from a queue again",
-        description="Resume a paused queue and wake its workers.",
+        description="Resume a paused queue and wake its workers (exit 1 for a queue nothing "
+        "knows of).",
     )
     p.add_argument("queue", metavar="QUEUE", help="queue name")
     p.set_defaults(func=cmd_queue_resume)
@@ -1429,7 +1470,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         help="cancel every waiting job of a queue",
         description="Drain a queue: cancel every job waiting to run (available, "
         "scheduled, retryable). Running and waiting_external jobs "
-        "are left alone. Prints how many were cancelled.",
+        "are left alone. Prints how many were cancelled. Exit 1 for a queue nothing knows of.",
     )
     p.add_argument("queue", metavar="QUEUE", help="queue name")
     p.set_defaults(func=cmd_queue_drain)

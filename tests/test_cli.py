@@ -473,8 +473,9 @@ def test_queue_pause_resume_stats(dsn, jobs):
     assert ok_json("queue", "resume", "cli_q2", dsn=dsn) == {"queue": "cli_q2", "paused": False}
     assert _stat(dsn, "cli_q2")["paused"] is False
 
-    # a queue with no jobs can be paused and shows in stats
-    ok("queue", "pause", "cli_empty", dsn=dsn)
+    # a queue with no jobs can be paused (with --create: nothing knows the name yet) and
+    # shows in stats
+    ok("queue", "pause", "cli_empty", "--create", dsn=dsn)
     stat = _stat(dsn, "cli_empty")
     assert stat["paused"] is True and stat["total_queued"] == 0
     ok("queue", "resume", "cli_empty", dsn=dsn)

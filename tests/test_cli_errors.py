@@ -179,3 +179,70 @@ def test_a_worker_on_a_database_not_migrated_says_to_migrate_once(tmp_path, fres
     assert r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("awa-fast worker: error: fresh_app:client: cannot start: ")
     assert "awa-fast migrate" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# queue names: a typo is an error with the closest known names, not a new queue
+
+
+def _queue_meta(dsn: str) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT queue, paused FROM awa_fast.queue_meta ORDER BY 1").fetchall()
+
+
+@pytest.fixture
+def two_queues(dsn):
+    import psycopg
+
+    import awa_fast as awa
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq")
+    with awa.Client(dsn) as c:
+        c.insert({"n": 1}, kind="typo_kind", queue="emails")
+        c.insert({"n": 2}, kind="typo_kind", queue="images")
+    return dsn
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("queue", "pause", "emials"),
+        ("queue", "resume", "emials"),
+        ("queue", "drain", "emials"),
+        ("job", "retry-failed", "--queue", "emials"),
+        ("dlq", "retry-all", "--queue", "emials"),
+        ("dlq", "purge", "--queue", "emials"),
+    ],
+)
+def test_a_queue_command_on_an_unknown_queue_is_an_error_with_a_hint(tmp_path, two_queues, args):
+    r = run(tmp_path, "--database-url", two_queues, *args)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr.startswith(
+        "awa-fast: error: no queue named 'emials' (no job, worker, schedule or setting names "
+        "it); did you mean 'emails'?"
+    ), r.stderr
+    assert r.stderr.count("\n") == 1 and r.stdout == ""
+    assert _queue_meta(two_queues) == []  # nothing stored: `queue stats` lists no typo
+    import awa_fast as awa
+
+    with awa.Client(two_queues) as c:
+        assert sorted(st.queue for st in c.queue_stats()) == ["emails", "images"]
+        assert len(c.list_jobs(state="available")) == 2  # nothing drained
+
+
+def test_pause_of_a_new_queue_needs_create_and_a_known_one_does_not(tmp_path, two_queues):
+    r = run(tmp_path, "--database-url", two_queues, "queue", "pause", "later")
+    assert r.returncode == 1 and "known queues: emails, images (--create uses a new name)" in (
+        r.stderr
+    ), r.stderr
+    r = run(tmp_path, "--database-url", two_queues, "queue", "pause", "later", "--create")
+    assert r.returncode == 0 and r.stdout == "queue later paused\n", r.stderr
+    r = run(tmp_path, "--database-url", two_queues, "queue", "pause", "images")
+    assert r.returncode == 0, r.stderr
+    # a queue known only from its settings row (paused before its first job) is known now
+    r = run(tmp_path, "--database-url", two_queues, "queue", "resume", "later")
+    assert r.returncode == 0 and r.stdout == "queue later resumed\n", r.stderr
+    assert _queue_meta(two_queues) == [("images", True), ("later", False)]
