@@ -237,8 +237,10 @@ async def _child_main(
         # The preflight reached it: it went away since (restarted, as a crash is)
         _fatal(log, reporter, str(exc), exc)
         return EXIT_NO_DATABASE
-    # The launcher's preflight showed start()'s QueueMismatchWarning once: not once per child.
-    warnings.filterwarnings("ignore", message=r"start\(\) serves ", category=QueueMismatchWarning)
+    # The launcher's preflight showed start()'s QueueMismatchWarnings once: not once per child.
+    warnings.filterwarnings(
+        "ignore", message=r"start\(\) serves |periodic job ", category=QueueMismatchWarning
+    )
     try:
         options = start_options(module)
         if queues is not None:  # --queues: this child deliberately works a subset of the queues
