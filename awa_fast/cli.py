@@ -472,27 +472,40 @@ async def cmd_queue_stats(s: Session) -> int:
     return 0
 
 
-async def _known_queue(client, queue: str, *, create_flag: str | None = None) -> None:
-    """Raise :class:`CliError` unless ``queue`` is a queue something knows of
-    (``sql.KNOWN_QUEUES``: jobs, its settings row, a worker, a schedule, a descriptor), with the
-    closest known names as a hint (difflib); ``create_flag`` names the option that allows a
-    new name. The library's calls stay permissive, as awa-pg's (docs/adr/024)."""
+def _unknown_name(what: str, name: str, names: list[str], by: str, suffix: str = "") -> CliError:
+    """The error for a ``what`` (``"queue"``, ``"kind"``) named ``name`` that nothing knows
+    of (``by`` says what was looked at), with the closest of ``names`` (difflib) or the known
+    ones as a hint."""
     import difflib
 
-    names = [row[0] for row in await _fetch(client, sql.KNOWN_QUEUES)]
-    if queue in names:
-        return
-    close = difflib.get_close_matches(queue, names, n=3, cutoff=0.6)
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     if close:
         hint = f"; did you mean {' or '.join(repr(n) for n in close)}?"
     elif names:
-        hint = f"; known queues: {', '.join(names[:10])}{', ...' if len(names) > 10 else ''}"
+        hint = f"; known {what}s: {', '.join(names[:10])}{', ...' if len(names) > 10 else ''}"
     else:
-        hint = "; no queue is known yet"
-    create = f" ({create_flag} uses a new name)" if create_flag else ""
-    raise CliError(
-        f"no queue named {queue!r} (no job, worker, schedule or setting names it){hint}{create}"
-    )
+        hint = f"; no {what} is known yet"
+    return CliError(f"no {what} named {name!r} ({by}){hint}{suffix}")
+
+
+async def _known_queue(client, queue: str, *, create_flag: str | None = None) -> None:
+    """Raise :class:`CliError` unless ``queue`` is a queue something knows of
+    (``sql.KNOWN_QUEUES``: jobs, its settings row, a worker, a schedule, a descriptor), with the
+    closest known names as a hint; ``create_flag`` names the option that allows a new name.
+    The library's calls stay permissive, as awa-pg's (docs/adr/025)."""
+    names = [row[0] for row in await _fetch(client, sql.KNOWN_QUEUES)]
+    if queue not in names:
+        by = "no job, worker, schedule or setting names it"
+        create = f" ({create_flag} uses a new name)" if create_flag else ""
+        raise _unknown_name("queue", queue, names, by, create)
+
+
+async def _known_kind(client, kind: str) -> None:
+    """Raise :class:`CliError` unless some job (live, finished or dead-lettered), worker,
+    schedule or descriptor has ``kind``, with the closest known kinds as a hint."""
+    names = [row[0] for row in await _fetch(client, sql.KNOWN_KINDS)]
+    if kind not in names and not (await _fetch(client, sql.KIND_FINISHED, (kind,)))[0][0]:
+        raise _unknown_name("kind", kind, names, "no job, worker or schedule has it")
 
 
 async def cmd_queue_pause(s: Session) -> int:
@@ -536,6 +549,8 @@ async def cmd_job_retry_failed(s: Session) -> int:
     client = await s.client()
     if s.args.queue is not None:
         await _known_queue(client, s.args.queue)
+    else:
+        await _known_kind(client, s.args.kind)
     result = await client.retry_failed(kind=s.args.kind, queue=s.args.queue)
     jobs = result.jobs
     what = f"kind {s.args.kind}" if s.args.kind else f"queue {s.args.queue}"
@@ -566,6 +581,7 @@ async def cmd_job_retry_failed(s: Session) -> int:
 
 async def cmd_job_discard(s: Session) -> int:
     client = await s.client()
+    await _known_kind(client, s.args.kind)  # a typo would discard nothing, silently
     n = await client.discard_failed(s.args.kind)
     return _report(
         s,
@@ -683,6 +699,8 @@ async def cmd_dlq_retry_all(s: Session) -> int:
     client = await s.client()
     if filters["queue"] is not None:  # a typo would match nothing, silently
         await _known_queue(client, filters["queue"])
+    if filters["kind"] is not None:
+        await _known_kind(client, filters["kind"])
     n = await client.bulk_retry_from_dlq(**filters, allow_all=s.args.all)
     return _report(s, {"retried": n}, f"retried {n} job(s) from the DLQ")
 
@@ -693,6 +711,8 @@ async def cmd_dlq_purge(s: Session) -> int:
     client = await s.client()
     if filters["queue"] is not None:  # a typo would match nothing, silently
         await _known_queue(client, filters["queue"])
+    if filters["kind"] is not None:
+        await _known_kind(client, filters["kind"])
     n = await client.purge_dlq(**filters, allow_all=s.args.all)
     return _report(s, {"purged": n}, f"purged {n} DLQ entr{'y' if n == 1 else 'ies'}")
 

@@ -6,6 +6,7 @@ traceback. The launcher reports such errors once, before any worker process star
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+import awa_fast as awa
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 120
@@ -71,6 +74,11 @@ def closed_port_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"postgresql://awa@127.0.0.1:{port}/nowhere"
+
+
+@dataclasses.dataclass
+class Gone:
+    n: int
 
 
 BAD_CRON = 'client.periodic("every", "*/5 * * *", Tick, Tick(1))'
@@ -196,8 +204,6 @@ def _queue_meta(dsn: str) -> list[tuple]:
 def two_queues(dsn):
     import psycopg
 
-    import awa_fast as awa
-
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("TRUNCATE awa_fast.jobs, awa_fast.queue_meta, awa_fast.dlq")
     with awa.Client(dsn) as c:
@@ -226,8 +232,6 @@ def test_a_queue_command_on_an_unknown_queue_is_an_error_with_a_hint(tmp_path, t
     ), r.stderr
     assert r.stderr.count("\n") == 1 and r.stdout == ""
     assert _queue_meta(two_queues) == []  # nothing stored: `queue stats` lists no typo
-    import awa_fast as awa
-
     with awa.Client(two_queues) as c:
         assert sorted(st.queue for st in c.queue_stats()) == ["emails", "images"]
         assert len(c.list_jobs(state="available")) == 2  # nothing drained
@@ -246,3 +250,42 @@ def test_pause_of_a_new_queue_needs_create_and_a_known_one_does_not(tmp_path, tw
     r = run(tmp_path, "--database-url", two_queues, "queue", "resume", "later")
     assert r.returncode == 0 and r.stdout == "queue later resumed\n", r.stderr
     assert _queue_meta(two_queues) == [("images", True), ("later", False)]
+
+
+# ---------------------------------------------------------------------------------------------
+# kind names: a typo in a bulk command on failed or dead-lettered jobs is an error
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("job", "discard", "--kind", "typo_knd"),
+        ("job", "retry-failed", "--kind", "typo_knd"),
+        ("dlq", "retry-all", "--kind", "typo_knd"),
+        ("dlq", "purge", "--kind", "typo_knd"),
+    ],
+)
+def test_a_bulk_command_on_an_unknown_kind_is_an_error_with_a_hint(tmp_path, two_queues, args):
+    r = run(tmp_path, "--database-url", two_queues, *args)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stderr == (
+        "awa-fast: error: no kind named 'typo_knd' (no job, worker or schedule has it); did you "
+        "mean 'typo_kind'?\n"
+    )
+
+
+async def test_a_kind_whose_jobs_all_finished_is_known(tmp_path, two_queues):
+    from awa_fast.testing import AwaTestClient
+
+    client = awa.AsyncClient(two_queues)
+    try:
+        await client.insert(Gone(1), queue="emails")
+
+        async def fail(job):
+            raise awa.TerminalError("no")
+
+        await AwaTestClient(client).work_one(Gone, fail, queue="emails")
+    finally:
+        await client.close()
+    r = run(tmp_path, "--database-url", two_queues, "job", "discard", "--kind", "gone")
+    assert r.returncode == 0 and r.stdout == "discarded 1 failed job(s) of kind gone\n", r.stderr

@@ -138,6 +138,19 @@ UNION SELECT queue FROM {S}.cron_jobs
 UNION SELECT queue FROM {S}.queue_descriptors
 ORDER BY 1"""
 
+# Every kind something knows of, cheaply: live jobs of it, dead-lettered ones, a worker with its
+# handler, a schedule, a descriptor (finished jobs: KIND_FINISHED, for one name).
+KNOWN_KINDS = f"""
+SELECT kind FROM {S}.jobs
+UNION SELECT kind FROM {S}.dlq
+UNION SELECT unnest(kinds) FROM {S}.workers
+UNION SELECT kind FROM {S}.cron_jobs
+UNION SELECT kind FROM {S}.job_kind_descriptors
+ORDER BY 1"""
+
+# Whether a finished job of one kind exists (no index on kind: read until the first one).
+KIND_FINISHED = f"SELECT EXISTS (SELECT 1 FROM {S}.jobs_done WHERE kind = %s)"
+
 PAUSE_QUEUE = f"""
 INSERT INTO {S}.queue_meta (queue, paused, paused_at, paused_by) VALUES (%s, true, now(), %s)
 ON CONFLICT (queue) DO UPDATE SET paused = true, paused_at = now(), paused_by = EXCLUDED.paused_by"""
