@@ -32,7 +32,7 @@ from datetime import time as dtime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from awa_fast import sql
-from awa_fast.app_loader import DEBUG_ENV, debug_requested
+from awa_fast.app_loader import DEBUG_ENV, debug_requested, one_line
 from awa_fast.database_url import resolve_database_url, url_source
 
 if TYPE_CHECKING:
@@ -208,7 +208,7 @@ async def _probe(url: str, *, need_schema: bool, source: str = "", wait_s: float
         if "connect_timeout" not in conninfo_to_dict(url):
             kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
     except psycopg.ProgrammingError as exc:
-        raise CliError(f"invalid database URL: {str(exc).strip()}") from exc
+        raise CliError(f"invalid database URL: {one_line(str(exc))}") from exc
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -224,7 +224,7 @@ async def _probe(url: str, *, need_schema: bool, source: str = "", wait_s: float
             tried = wait_s - max(0.0, deadline - time.monotonic())
             waited = f" (tried for {tried:.0f} s)" if wait_s and tried >= 1 else ""
             raise CliError(
-                f"could not connect to the database{where}{waited}: {str(exc).strip()}"
+                f"could not connect to the database{where}{waited}: {one_line(str(exc))}"
             ) from exc
     async with conn:
         if need_schema:  # missing, or older than this package (its reads would fail raw)

@@ -289,3 +289,11 @@ async def test_a_kind_whose_jobs_all_finished_is_known(tmp_path, two_queues):
         await client.close()
     r = run(tmp_path, "--database-url", two_queues, "job", "discard", "--kind", "gone")
     assert r.returncode == 0 and r.stdout == "discarded 1 failed job(s) of kind gone\n", r.stderr
+
+
+def test_a_command_on_an_unreachable_database_says_so_in_one_line(tmp_path):
+    # libpq's message has a second line ("\tIs the server running on that host...")
+    r = run(tmp_path, "--database-url", closed_port_url(), "queue", "stats")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("awa-fast: error: could not connect to the database")
+    assert r.stderr.count("\n") == 1 and "Is the server running" in r.stderr, r.stderr
