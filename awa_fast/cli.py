@@ -10,7 +10,9 @@ connection within 30 s of its startup), 2 on a command-line usage error (argpars
 stop gracefully on Ctrl-C or SIGTERM and exit 0; 143 / 129 when SIGTERM / SIGHUP interrupts
 ``demo``; 142 when a stop of ``serve`` outlasts ``STOP_LIMIT_S``). With
 ``--json`` an error is one JSON object on one line of stderr, ``{"error": <message>, "type":
-<error class>}``, with the same exit status.
+<error class>}``, with the same exit status. Without it an error is one line (``awa-fast: error:
+<message>``); ``--traceback`` or ``AWA_FAST_DEBUG=1`` adds its whole traceback (for ``worker`` and
+``check`` also of an application's own error at import).
 """
 
 from __future__ import annotations
@@ -1196,7 +1198,8 @@ exit status: 0 success, 1 error (database/connection error, unknown job, wrong s
 demo: 143 after SIGTERM, 129 after SIGHUP; serve: 3 when the web server cannot start, 142 when a
 stop outlasts its 20 s limit). With --json an error is
 one JSON object on stderr: {"error": MESSAGE, "type": ERROR_CLASS} (usage errors: type
-UsageError, and "usage").
+UsageError, and "usage"); else one line, and with --traceback (or AWA_FAST_DEBUG=1) the whole
+traceback after it.
 
 examples:
   awa-fast migrate
