@@ -942,7 +942,18 @@ def cmd_check(s: Session) -> int:
         )
     kinds = client.registry.undeclared_kinds()
     off_default = dict(sorted(client.registry.off_default.items()))
-    config_error = start_config_error(client, module)
+    import warnings
+
+    from awa_fast.errors import QueueMismatchWarning
+
+    # What start() would warn about, as lines of the report (Python's warning display points
+    # at this module's line, two lines each); the warning filters apply.
+    with warnings.catch_warnings(record=True) as caught:
+        config_error = start_config_error(client, module)
+    mismatches = [str(w.message) for w in caught if issubclass(w.category, QueueMismatchWarning)]
+    for w in caught:
+        if not issubclass(w.category, QueueMismatchWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if s.json:
         _print_json(
             {
@@ -950,9 +961,12 @@ def cmd_check(s: Session) -> int:
                 "registered": sorted(client.registry.handlers),
                 "registered_off_default": off_default,
                 "config_error": config_error,
+                "warnings": mismatches,
             }
         )
         return 1 if kinds or config_error else 0
+    for message in mismatches:
+        print(f"warning: {message}")
     n = len(client.registry.handlers)
     if config_error:
         print(f"start() would reject this configuration: {config_error}")
@@ -1726,7 +1740,8 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "client.start(**START_OPTIONS) would raise (a ConfigError: no "
         "handlers, a handler's queue not started, heartbeat settings, a "
         "name insert would reject; a TypeError: an unknown option); and, as a note, the "
-        "kinds registered for a queue other than 'default' (an insert "
+        "kinds registered for a queue other than 'default' and what start() would warn "
+        "about (QueueMismatchWarning: 'warning:' lines; --json: \"warnings\") (an insert "
         "without queue= puts them in 'default', which the registered "
         "queues' workers do not work). Exit 0 when all is well, 1 when "
         "a kind is undeclared, start() would fail or importing APP "

@@ -68,3 +68,37 @@ async def test_a_schedule_without_queue_for_a_kind_registered_elsewhere_warns_at
     assert len(mine) == 1, mine
     assert "'nightly_thumbs' of kind 'thumb'" in mine[0] and "queue='images'" in mine[0]
     assert client.periodic_jobs["nightly_thumbs"].queue == "default"  # awa-pg's default
+
+
+def test_check_reports_the_schedules_queue_mismatch_as_a_line_of_its_report(tmp_path, dsn):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "sched_app.py").write_text(
+        "import dataclasses\nimport awa_fast as awa\n"
+        f"client = awa.AsyncClient({dsn!r})\n"
+        "@dataclasses.dataclass\nclass Thumb:\n    n: int\n"
+        "@client.task(Thumb, queue='images', failure_consequence=awa.NO_FAILURE_CONSEQUENCE)\n"
+        "async def thumb(job):\n    pass\n"
+        "client.periodic('nightly_thumbs', '0 3 * * *', Thumb, Thumb(1))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+
+    def check(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "awa_fast", "check", "sched_app:client", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+
+    r = check()
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.startswith("warning: periodic job 'nightly_thumbs' of kind 'thumb' "), r.stdout
+    (warning,) = json.loads(check("--json").stdout)["warnings"]
+    assert "pass queue='images' to periodic()" in warning
