@@ -13,7 +13,8 @@ from awa_fast.batch_ops import (
     BatchOperationPreview,
     BatchOperationState,
 )
-from awa_fast.callbacks import CallbackToken, ResolveResult
+from awa_fast.callback_token import CallbackToken
+from awa_fast.callbacks import ResolveResult
 from awa_fast.client import AsyncClient, QueueStat
 from awa_fast.errors import (
     AttemptStillRunning,

@@ -910,6 +910,7 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def cmd_check(s: Session) -> int:
+    from awa_fast import storage_options
     from awa_fast.app_loader import (
         AppSpecError,
         exits_at_import,
@@ -917,6 +918,7 @@ def cmd_check(s: Session) -> int:
         import_failure,
         load_client,
         start_config_error,
+        start_options,
     )
 
     try:
@@ -954,6 +956,15 @@ def cmd_check(s: Session) -> int:
     for w in caught:
         if not issubclass(w.category, QueueMismatchWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    try:
+        given = start_options(module)
+    except ValueError:  # already reported as the config error
+        given = {}
+    # awa storage options START_OPTIONS gives that tune a mechanism awa-fast does not have
+    no_effect = [
+        {"option": o.name, "value": given[o.name], "reason": o.here}
+        for o in storage_options.inapplicable_given(given)
+    ]
     if s.json:
         _print_json(
             {
@@ -962,6 +973,7 @@ def cmd_check(s: Session) -> int:
                 "registered_off_default": off_default,
                 "config_error": config_error,
                 "warnings": mismatches,
+                "no_effect_options": no_effect,
             }
         )
         return 1 if kinds or config_error else 0
@@ -976,6 +988,10 @@ def cmd_check(s: Session) -> int:
             f"start() would accept this configuration ({n} registered "
             f"{'kind' if n == 1 else 'kinds'}{with_options})"
         )
+    if no_effect:
+        print("START_OPTIONS accepted with no effect in awa-fast (awa storage options):")
+        for item in no_effect:
+            print(f"  {item['option']}={item['value']!r}: {item['reason']}")
     if kinds:
         print(
             "kinds without a failure consequence declaration "

@@ -44,6 +44,7 @@ from awa_fast.batch_ops import (
 from awa_fast.connections import Connections, Pool
 from awa_fast.database_url import resolve_database_url, url_source
 from awa_fast.errors import (
+    AwaError,
     DatabaseError,
     ValidationError,
 )
@@ -177,6 +178,7 @@ class AsyncClient:
         self.settler = Settler(self.consequences, self.specs)
         self._runtime: Runtime | None = None
         self._starting: asyncio.Event | None = None  # set when a start() in progress ends
+        self._installing = False  # an install_queue_storage() is in progress (awa's guard)
         self._stopping: asyncio.Event | None = None  # set when a shutdown() in progress ends
         self._releasing: asyncio.Future | None = None  # the last runtime's release step
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
@@ -794,23 +796,42 @@ class AsyncClient:
         reset: bool = False,
     ) -> None:
         """awa installs and activates its queue-storage engine here. awa-fast has one engine,
-        the ``awa_fast`` schema, always active: this applies its migrations (idempotent).
+        the ``awa_fast`` schema, always active: this applies its migrations (idempotent), and
+        with ``reset=True`` then deletes every job and what belongs to jobs, as awa's reset
+        (``StorageAdmin.install_queue_storage``; docs/compat.md). The slot counts size awa's
+        partition rings: accepted (> 0), without effect here (logged at INFO).
 
         Raises:
-            Unsupported: a non-default ``schema``, slot count, or ``reset=True`` (awa-fast's
-                schema and layout are fixed; it never drops jobs to reset storage).
+            AwaError: this client's worker runtime is running or starting (awa's rule), or
+                another install of this client is in progress.
+            Unsupported: a ``schema`` other than awa's default ``"awa"``.
+            ConfigError: a slot count that is not an int > 0, ``reset`` not a bool.
         """
-        return await self._storage.install_queue_storage(
-            schema=schema,
-            queue_slot_count=queue_slot_count,
-            lease_slot_count=lease_slot_count,
-            reset=reset,
-        )
+        if self._runtime is not None or self._starting is not None:
+            raise AwaError("cannot install queue storage while the worker runtime is running")
+        if self._installing:
+            raise AwaError("queue storage installation is already in progress")
+        self._installing = True
+        try:
+            return await self._storage.install_queue_storage(
+                schema=schema,
+                queue_slot_count=queue_slot_count,
+                lease_slot_count=lease_slot_count,
+                reset=reset,
+            )
+        finally:
+            self._installing = False
 
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
     ) -> None:
-        """As :meth:`install_queue_storage` (awa-fast has no separate prepare step)."""
+        """As :meth:`install_queue_storage` without ``reset``: awa materializes its
+        queue-storage schema here without activating it; awa-fast's one engine is always
+        active, so this applies the migrations (awa-fast has no separate prepare step).
+
+        Raises:
+            Unsupported, ConfigError: as :meth:`install_queue_storage`.
+        """
         return await self._storage.prepare_queue_storage_schema(
             schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
         )
@@ -1112,6 +1133,10 @@ class AsyncClient:
         """
         if self._runtime is not None or self._starting is not None:
             raise RuntimeError("runtime already started")
+        if self._installing:  # awa's rule
+            raise AwaError(
+                "cannot start the worker runtime while queue storage installation is in progress"
+            )
         runtime, consequences = self._runtime_for(queues, options)
         # The client's own settings, set here: the runtime reads them, never changes them.
         self.consequences.config = consequences

@@ -9,9 +9,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from awa_fast import bulk, enqueue, sql
+from awa_fast import bulk, enqueue, sql, storage_options
 from awa_fast.connections import Connections
-from awa_fast.errors import QueueMismatchWarning, Unsupported, ValidationError
+from awa_fast.errors import QueueMismatchWarning, ValidationError
 from awa_fast.job import Job, JobState
 from awa_fast.requests import prepare, prepare_uniform
 from awa_fast.transaction import Transaction
@@ -75,6 +75,7 @@ class Producer:
     def __init__(self, db: Connections, off_queue: OffQueueWarner) -> None:
         self._db = db
         self._off_queue = off_queue
+        self._stripes_logged = False  # enqueue_many_copy's stripe count logged (once)
         # The inserts below commit without a NOTIFY and wake their queues after the commit:
         # concurrent notifying commits would take PostgreSQL's notify lock one at a time, each
         # through its own WAL flush (ADR 018). A transaction() the caller ends notifies inside.
@@ -145,14 +146,19 @@ class Producer:
     async def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
         """COPY insert returning the count (``AsyncClient.enqueue_many_copy``).
 
+        awa's ``queue_storage_queue_stripe_count`` (an int > 0) is accepted and has no effect:
+        awa-fast has no stripes (logged at INFO, once per client, when not awa's default 1;
+        storage_options.py).
+
         Raises:
-            Unsupported: ``queue_storage_queue_stripe_count`` other than 1.
+            ConfigError: ``queue_storage_queue_stripe_count`` not an int > 0.
         """
         stripes = opts.pop("queue_storage_queue_stripe_count", 1)
-        if stripes != 1:
-            raise Unsupported(
-                "queue_storage_queue_stripe_count",
-                "awa-fast has one storage engine, without stripes",
+        storage_options.check_value("queue_storage_queue_stripe_count", stripes)
+        if stripes != 1 and not self._stripes_logged:
+            self._stripes_logged = True
+            storage_options.accept(
+                {"queue_storage_queue_stripe_count": stripes}, where="enqueue_many_copy()"
             )
         return await self._copy(jobs, opts, want_jobs=False)
 

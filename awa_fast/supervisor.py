@@ -209,6 +209,10 @@ async def _child_main(
     import psycopg  # the launcher itself imports no driver
 
     log = logging.getLogger("awa_fast.worker")
+    from awa_fast.worker import liveness
+
+    # A child may end itself when a lease ends on a blocked loop: the launcher restarts it.
+    liveness.EXIT_ON_BLOCKED_EXPIRY = True
     # Taken before the application imports: not for processes it starts.
     database_url = os.environ.pop(CHILD_DATABASE_URL_ENV, None)
     try:

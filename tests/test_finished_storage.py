@@ -924,6 +924,7 @@ def test_statements_that_update_listed_rows_probe_the_hot_table_by_id(dsn):
         "only": None,
         "consequence_kinds": [],
         "known_kinds": [],
+        "own": [],
     }
     statements = {
         "claim": (

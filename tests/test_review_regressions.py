@@ -288,9 +288,11 @@ async def test_rescue_duplicate_cancel_leaves_a_job_that_completed_meanwhile(dsn
             "UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() WHERE id = %s",
             (job.id,),
         )
-        cur = await conn.execute(sql.CANCEL_RESCUED_DUPLICATE, {"id": job.id, "stale_ms": 1})
+        cur = await conn.execute(
+            sql.CANCEL_RESCUED_DUPLICATE, {"id": job.id, "stale_ms": 1, "own": []}
+        )
         assert cur.rowcount == 0
         # ... and a promotion fallback leaves a job that is no longer due alone too.
-        cur = await conn.execute(sql.CANCEL_AS_DUPLICATE, {"id": job.id, "stale_ms": 1})
+        cur = await conn.execute(sql.CANCEL_AS_DUPLICATE, {"id": job.id, "stale_ms": 1, "own": []})
         assert cur.rowcount == 0
     assert (await job_row(dsn, job.id))["state"] == "completed"

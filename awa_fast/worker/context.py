@@ -14,12 +14,12 @@ from psycopg.types.json import Jsonb
 
 from awa_fast import sql
 from awa_fast.callback_expressions import compile_expressions
-from awa_fast.callbacks import CallbackToken, check_timeout
+from awa_fast.callback_token import CallbackToken, check_timeout
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import JobState
 from awa_fast.worker import storable
+from awa_fast.worker.attempt_services import AttemptRuntime
 from awa_fast.worker.follow_ups import FollowUps
-from awa_fast.worker.services import AttemptRuntime
 
 
 def _ts(value: datetime | None) -> str | None:
@@ -35,6 +35,9 @@ class JobContext:
     """
 
     __slots__ = (
+        "lease_lost",
+        "claimed_mono",
+        "beaten_mono",
         "id",
         "kind",
         "queue",
@@ -91,6 +94,9 @@ class JobContext:
         self.callback_id: str | None = None
         self.waiting = False  # in wait_for_callback: the deadline does not run
         self.deadline_expired = False  # set by the runtime's deadline sweeper
+        self.lease_lost = False  # set when no beat committed for a lease (worker/liveness.py)
+        self.claimed_mono = 0.0  # time.monotonic() when the runtime started it
+        self.beaten_mono = 0.0  # time.monotonic() send time of the last beat that beat it
         self.returned = False  # the handler returned: never cancel it any more
         # A ``def`` handler's concurrent.futures.Future (its thread may outlive a cancel).
         self.thread: Any = None
