@@ -495,6 +495,7 @@ async def _known_queue(client, queue: str, *, create_flag: str | None = None) ->
     (``sql.KNOWN_QUEUES``: jobs, its settings row, a worker, a schedule, a descriptor), with the
     closest known names as a hint; ``create_flag`` names the option that allows a new name.
     The library's calls stay permissive, as awa-pg's (docs/adr/025)."""
+    queue.encode()  # not UTF-8 (a lone surrogate from argv): the UnicodeEncodeError's message
     names = [row[0] for row in await _fetch(client, sql.KNOWN_QUEUES)]
     if queue not in names:
         by = "no job, worker, schedule or setting names it"
@@ -505,6 +506,7 @@ async def _known_queue(client, queue: str, *, create_flag: str | None = None) ->
 async def _known_kind(client, kind: str) -> None:
     """Raise :class:`CliError` unless some job (live, finished or dead-lettered), worker,
     schedule or descriptor has ``kind``, with the closest known kinds as a hint."""
+    kind.encode()  # as _known_queue
     names = [row[0] for row in await _fetch(client, sql.KNOWN_KINDS)]
     if kind not in names and not (await _fetch(client, sql.KIND_FINISHED, (kind,)))[0][0]:
         raise _unknown_name("kind", kind, names, "no job, worker or schedule has it")

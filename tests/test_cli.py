@@ -178,7 +178,7 @@ def test_migrate_sql_applied_by_hand_keeps_the_runners_bookkeeping(fresh_db):
     }
     assert _recorded(fresh_db) == [(v, d) for v, d, _ in migrations()]
     assert ok("job", "list", dsn=fresh_db).strip() == "no jobs"
-    ok("queue", "pause", "q", dsn=fresh_db)
+    ok("queue", "pause", "q", "--create", dsn=fresh_db)
     assert "q" in ok("queue", "stats", dsn=fresh_db)
 
 
