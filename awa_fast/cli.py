@@ -494,7 +494,7 @@ async def _known_queue(client, queue: str, *, create_flag: str | None = None) ->
     """Raise :class:`CliError` unless ``queue`` is a queue something knows of
     (``sql.KNOWN_QUEUES``: jobs, its settings row, a worker, a schedule, a descriptor), with the
     closest known names as a hint; ``create_flag`` names the option that allows a new name.
-    The library's calls stay permissive, as awa-pg's (docs/adr/025)."""
+    The library's calls stay permissive, as awa-pg's (docs/adr/026)."""
     queue.encode()  # not UTF-8 (a lone surrogate from argv): the UnicodeEncodeError's message
     names = [row[0] for row in await _fetch(client, sql.KNOWN_QUEUES)]
     if queue not in names:
@@ -2086,6 +2086,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     import psycopg
 
+    from awa_fast import db_errors
     from awa_fast.embedded import EmbeddedPostgresError
     from awa_fast.errors import AwaError
 
@@ -2131,15 +2132,21 @@ def _main(argv: list[str]) -> int:
         # A byte that is not UTF-8 in an argument (argv keeps it as a lone surrogate) or a
         # "\ud800" in JSON: no text the database can store.
         return error(f"an argument is not valid UTF-8 text: {exc.object[:60]!r}", exc)
-    except psycopg.Error as exc:
-        msg = str(exc).strip() or type(exc).__name__
+    except psycopg.Error as exc:  # a statement of the CLI's own: one line, as the client's
+        msg = " ".join(str(exc).split()) or type(exc).__name__
         if isinstance(exc, psycopg.OperationalError) and msg.startswith("connection failed"):
             return error(f"could not connect to the database: {msg}", exc)
-        return error(f"database error: {msg}", exc)
+        typed = db_errors.translate(exc, _command_name(func))
+        return error(str(typed), typed)
     except BrokenPipeError:
         # stdout closed early (e.g. `| head`): exit quietly
         _drop_stdout()
         return 1
+
+
+def _command_name(func: Any) -> str:
+    """The command a handler runs, as typed (``cmd_queue_pause`` -> ``"queue pause"``)."""
+    return getattr(func, "__name__", "command").removeprefix("cmd_").replace("_", " ")
 
 
 def _drop_stdout() -> None:

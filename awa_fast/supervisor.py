@@ -84,7 +84,14 @@ from awa_fast.app_loader import (
     start_config_error,
     start_options,
 )
-from awa_fast.errors import ConfigError, QueueMismatchWarning, SchemaNotMigrated, ValidationError
+from awa_fast.errors import (
+    ConfigError,
+    DatabaseError,
+    QueueMismatchWarning,
+    ReadOnlyDatabase,
+    SchemaNotMigrated,
+    ValidationError,
+)
 
 if TYPE_CHECKING:
     from awa_fast.client import AsyncClient
@@ -256,10 +263,15 @@ async def _child_main(
         _fatal(log, reporter, f"cannot start: {exc}", exc)
         await client.close()
         return EXIT_BAD_CONFIG
-    except (psycopg.ProgrammingError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+    except DatabaseError as exc:
         # The role may not write (or lacks an object, or the server is a read-only standby):
         # a restart would fail the same way, so it is the configuration, not a crash.
-        _fatal(log, reporter, f"cannot start: the database refused it: {exc}", exc)
+        if not (
+            isinstance(exc, ReadOnlyDatabase) or isinstance(exc.__cause__, psycopg.ProgrammingError)
+        ):
+            raise
+        said = str(exc.__cause__ or exc)  # the server's own words
+        _fatal(log, reporter, f"cannot start: the database refused it: {said}", exc)
         await client.close()
         return EXIT_BAD_CONFIG
     names = ",".join(f"{q.name}:{q.max_workers}" for q in client.runtime.queues)
