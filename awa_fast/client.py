@@ -1196,7 +1196,7 @@ class AsyncClient:
                         f"is registered for queue {queue!r} on this client; pass "
                         f"queue={queue!r} to periodic() or work 'default' too"
                     ),
-                    stacklevel=4,
+                    stacklevel=5,  # start() (its db_errors wrapper), _runtime_for, this
                 )
 
     def _services(self) -> Services:

@@ -77,7 +77,7 @@ class Transaction:
         p = prepare(args, **opts)
         conn = self._check()
         if "queue" not in opts and self._off_queue is not None:  # as AsyncClient.insert
-            self._off_queue.warn((p,), stacklevel=2)
+            self._off_queue.warn((p,), stacklevel=3)  # + the db_errors wrapper
 
         async def once() -> Job:
             async with conn.transaction():
@@ -93,7 +93,7 @@ class Transaction:
         check_statement_size(rows, "insert them in smaller batches")
         conn = self._check()
         if "queue" not in opts and self._off_queue is not None:
-            self._off_queue.warn(rows, stacklevel=2)
+            self._off_queue.warn(rows, stacklevel=3)
 
         async def once() -> list[Job]:
             async with conn.transaction():

@@ -52,8 +52,11 @@ async def test_insert_many_in_a_transaction_without_queue_warns(client):
     _register(client)
     tx = await client.transaction()
     async with tx:
-        with pytest.warns(QueueMismatchWarning, match="'thumb' is registered for queue 'images'"):
+        with pytest.warns(
+            QueueMismatchWarning, match="'thumb' is registered for queue 'images'"
+        ) as caught:
             jobs = await tx.insert_many([Thumb(1), Thumb(2)])
+    assert [w.filename for w in caught] == [__file__]
     assert [j.queue for j in jobs] == ["default", "default"]
 
 
@@ -67,6 +70,7 @@ async def test_a_schedule_without_queue_for_a_kind_registered_elsewhere_warns_at
     mine = [str(w.message) for w in caught if "periodic job" in str(w.message)]
     assert len(mine) == 1, mine
     assert "'nightly_thumbs' of kind 'thumb'" in mine[0] and "queue='images'" in mine[0]
+    assert {w.filename for w in caught if "periodic job" in str(w.message)} == {__file__}
     assert client.periodic_jobs["nightly_thumbs"].queue == "default"  # awa-pg's default
 
 
