@@ -187,6 +187,7 @@ class AsyncClient:
         self._stopping: asyncio.Event | None = None  # set when a shutdown() in progress ends
         self._releasing: asyncio.Future | None = None  # the last runtime's release step
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
+        self._implicit_cron_queue: set[str] = set()  # schedules registered without queue=
         self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
         self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
         # Admin, one object per area (awa_fast/admin/), each given only what it uses. The
@@ -1010,7 +1011,7 @@ class AsyncClient:
         args: Any,
         *,
         timezone: str = "UTC",
-        queue: str = "default",
+        queue: str = DEFAULT_QUEUE,
         priority: int = 2,
         max_attempts: int = 25,
         tags: list[str] | None = None,
@@ -1036,13 +1037,14 @@ class AsyncClient:
 
         if self._runtime is not None:
             raise RuntimeError("periodic() must be called before start()")
+        implicit = queue is DEFAULT_QUEUE
         job = periodic.build(
             name,
             cron_expr,
             args_type,
             args,
             timezone=timezone,
-            queue=queue,
+            queue="default" if implicit else queue,
             priority=priority,
             max_attempts=max_attempts,
             tags=tags,
@@ -1050,6 +1052,10 @@ class AsyncClient:
             missed_fire_policy=missed_fire_policy,
         )
         self.periodic_jobs[job.name] = job
+        if implicit:  # start() warns if its kind is registered for another queue
+            self._implicit_cron_queue.add(job.name)
+        else:
+            self._implicit_cron_queue.discard(job.name)
 
     def queue_descriptor(
         self,
@@ -1169,7 +1175,29 @@ class AsyncClient:
             options.pop("consequence_backoff_ms", None),
             self.consequences.config,
         )
-        return Runtime(self._services(), queues, **options), consequences
+        runtime = Runtime(self._services(), queues, **options)
+        self._warn_cron_off_queue()
+        return runtime, consequences
+
+    def _warn_cron_off_queue(self) -> None:
+        """``QueueMismatchWarning`` for each schedule registered without ``queue=`` whose kind
+        this client registered for another queue: its fires go to ``default`` (awa-pg's
+        ``periodic(queue="default")``), where that kind's workers do not look."""
+        from awa_fast.errors import QueueMismatchWarning
+
+        for name in sorted(self._implicit_cron_queue):
+            job = self.periodic_jobs.get(name)
+            queue = self.registry.off_default.get(job.kind) if job is not None else None
+            if job is not None and queue is not None:
+                warnings.warn(
+                    QueueMismatchWarning(
+                        f"periodic job {name!r} of kind {job.kind!r} was registered without "
+                        f"queue=, so it fires into 'default' (awa-pg semantics), but the kind "
+                        f"is registered for queue {queue!r} on this client; pass "
+                        f"queue={queue!r} to periodic() or work 'default' too"
+                    ),
+                    stacklevel=5,  # start() (its db_errors wrapper), _runtime_for, this
+                )
 
     def _services(self) -> Services:
         """What the worker layer may use of this client (``worker/services.py``)."""

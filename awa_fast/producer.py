@@ -205,7 +205,7 @@ class Producer:
         except BaseException:
             await pool.putconn(conn)
             raise
-        return Transaction(pool, conn)
+        return Transaction(pool, conn, self._off_queue)
 
 
 def _prepare_all(jobs: list, opts: dict) -> list:

@@ -401,13 +401,16 @@ def test_bad_application_spec_is_a_usage_error_reported_once(spec, message):
 
 
 def test_failing_application_import_is_reported_once(dsn):
+    # one line: what failed, the application's line that raised it, how to see the traceback
     env = {**os.environ, "AWA_FAST_LAUNCHER_FAIL": "import", "AWA_FAST_LAUNCHER_DSN": dsn}
     r = _worker("tests.launcher_app:client", env=env)
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert r.stderr.startswith(
-        "awa-fast worker: error: importing tests.launcher_app:client failed:\nTraceback"
-    )
-    assert r.stderr.count("RuntimeError: launcher_app: failing at import on purpose") == 1
+    assert re.fullmatch(
+        r"awa-fast worker: error: importing tests.launcher_app:client failed: RuntimeError: "
+        r"launcher_app: failing at import on purpose \(at .*/tests/launcher_app\.py:\d+\); run "
+        r"with --traceback \(or AWA_FAST_DEBUG=1\) for the whole traceback\n",
+        r.stderr,
+    ), r.stderr
     assert r.stdout == ""
 
 
@@ -464,8 +467,9 @@ def test_a_module_running_its_program_at_import_fails_the_preflight(dsn, tmp_pat
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert r.stderr.startswith("awa-fast worker: error: importing unguarded:client failed:\n")
+    assert r.stderr.startswith("awa-fast worker: error: importing unguarded:client failed: ")
     assert "asyncio.run() cannot be called from a running event loop" in r.stderr
+    assert "Traceback" not in r.stderr
     assert 'Put it under `if __name__ == "__main__":`' in r.stderr
     assert r.stdout == ""  # no child was started
 
@@ -478,10 +482,14 @@ def test_a_child_whose_import_raises_is_fatal_at_once(dsn, launchers):
     assert re.search(r"child 0 pid \d+ exited with code 76\n", out), out
     assert re.search(
         r"child 0 pid \d+: importing tests.launcher_app:client failed: "
-        r"RuntimeError: launcher_app: failing at import on purpose; giving up",
+        r"RuntimeError: launcher_app: failing at import on purpose \(at [^)]*\); "
+        r"run with --traceback \(or AWA_FAST_DEBUG=1\) for the whole traceback; giving up",
         out,
     )
     assert "restarting" not in out and out.count(" started\n") == 1, out
+    # once, by the launcher: the child reported it and did not log it again
+    assert out.count("failing at import on purpose") == 1, out
+    assert "Traceback" not in out, out
 
 
 # A SIGINT at the first import orjson's extension init makes (sent by an import hook, so it

@@ -76,6 +76,8 @@ _PASSES_OF = {
     "callback_rescue": ("callback rescue",),
     "prune": ("stale mark settle", "DLQ prune", "queue retention"),
 }
+# The loops that report stuck rows (metrics.MAINTENANCE_STUCK_ROWS's ``loop`` label).
+STUCK_LOOPS = tuple(_PASSES_OF)
 
 
 class Deposed(Exception):

@@ -134,6 +134,15 @@ class Registry:
             if h.failure_consequence is UNDECLARED and k not in self.consequences
         )
 
+    def consequence_kinds(self) -> set[str]:
+        """Kinds with a failure consequence to apply (a callable; not ``NO_FAILURE_CONSEQUENCE``),
+        whether their handler is registered here or only the consequence is declared."""
+        found = {
+            **{k: h.failure_consequence for k, h in self.handlers.items()},
+            **self.consequences,
+        }
+        return {k for k, c in found.items() if c is not NO_FAILURE_CONSEQUENCE and callable(c)}
+
     def decoder(self, kind: str) -> Callable[[dict], Any] | None:
         """How to type ``kind``'s args: its handler's args type, else a declared one."""
         handler = self.handlers.get(kind)

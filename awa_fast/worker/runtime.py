@@ -54,6 +54,7 @@ from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.liveness import LEASE_MARGIN, Liveness
 from awa_fast.worker.maintenance import (
     MAX_BACKOFF_S,
+    STUCK_LOOPS,
     Maintenance,
     MaintenanceConfig,
     check_retention,
@@ -972,6 +973,13 @@ class Runtime:
                 if dlq is not None:
                     await conn.execute(sql.SET_QUEUE_DLQ, (q.name, bool(dlq)))
         await self._sync_periodic()
+        registry = self.services.registry
+        metrics.prepare(  # every series at 0 from the start, not only once first counted
+            [q.name for q in self.queues],
+            {kind: h.queue for kind, h in registry.handlers.items()},
+            sorted(registry.consequence_kinds()),
+            list(STUCK_LOOPS),
+        )
         if self.metrics_port is not None:  # ConfigError when the port cannot be bound
             self.metrics_exporter = metrics.Exporter(self.metrics_port, self.metrics_host)
         self.finalizer = Finalizer.batching(
