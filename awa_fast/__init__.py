@@ -36,6 +36,7 @@ from awa_fast.errors import (
     UnknownJobKind,
     Unsupported,
     ValidationError,
+    ValidationTypeError,
 )
 from awa_fast.job import Job, JobState
 from awa_fast.partitioned import PartitionedQueue
@@ -83,6 +84,7 @@ __all__ = [
     "UniqueOpts",
     "UnknownJobKind",
     "ValidationError",
+    "ValidationTypeError",
     "WaitForCallback",
     "current_migration_version",
     "derive_kind",

@@ -50,6 +50,30 @@ async def test_bad_rate_limit_is_a_validation_error(client, rate_limit):
     assert e.value.field == "rate_limit"
 
 
+@pytest.mark.parametrize("rate_limit", ["fast", "ab", 5, ("x", 1), (1.0, "2"), (1.0, 2, 3)])
+async def test_a_rate_limit_of_the_wrong_type_is_also_a_type_error(client, rate_limit):
+    # awa raises TypeError for a rate_limit that is not a (max_rate, burst) pair
+    with pytest.raises(TypeError, match="rate_limit") as e:
+        await client.start([{"name": "q", "max_workers": 1, "rate_limit": rate_limit}])
+    assert isinstance(e.value, awa.ValidationError) and e.value.field == "rate_limit"
+    assert client.runtime is None
+
+
+async def test_a_rate_limit_out_of_range_is_not_a_type_error(client):
+    with pytest.raises(awa.ValidationError) as e:
+        await client.start([{"name": "q", "max_workers": 1, "rate_limit": (0, 1)}])
+    assert not isinstance(e.value, TypeError)
+
+
+@pytest.mark.parametrize("options", [{}, {"global_max_workers": 4}])
+async def test_zero_weight_is_refused_for_its_value_in_either_mode(client, options):
+    # awa: "weight must be > 0" whether or not weighted mode is on
+    with pytest.raises(awa.ValidationError, match="weight must be > 0") as e:
+        await client.start([{"name": "q", "max_workers": 2, "weight": 0}], **options)
+    assert e.value.field == "weight"
+    assert client.runtime is None
+
+
 async def test_bad_aging_interval_is_a_validation_error(client):
     with pytest.raises(awa.ValidationError, match="priority_aging_interval_ms"):
         await client.start([{"name": "q", "max_workers": 1, "priority_aging_interval_ms": -5}])
