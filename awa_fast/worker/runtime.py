@@ -472,9 +472,9 @@ def check_config(
         # Without handlers a process is useful only to register periodic schedules or as a
         # maintenance process that knows the consequences or specs of kinds handled elsewhere.
         raise ConfigError(
-            "no handlers registered: register at least one with @client.task "
-            "before start() (a maintenance-only process declares failure "
-            "consequences with client.failure_consequence)",
+            "no handlers registered: register at least one worker before starting the "
+            "runtime, with @client.task before start() (a maintenance-only process declares "
+            "failure consequences with client.failure_consequence)",
             field="handlers",
             limit=">= 1 handler",
         )

@@ -172,3 +172,13 @@ async def test_aging_pass_is_idempotent_and_bounded_by_wait(dsn, client):
     assert await age_once(pool, "age2", 10_000) == 0  # a repeated pass changes nothing
     assert (await job_row(dsn, waited.id))["priority"] == 2  # 2 whole intervals waited
     assert (await job_row(dsn, fresh.id))["priority"] == 3
+
+
+async def test_start_without_handlers_says_to_register_a_worker(client):
+    # awa: an AwaError saying "register at least one worker before starting the runtime"
+    with pytest.raises(
+        awa.AwaError, match="register at least one worker before starting the runtime"
+    ) as e:
+        await client.start([("nobody_handles", 1)])
+    assert isinstance(e.value, awa.ConfigError) and e.value.field == "handlers"
+    assert client.runtime is None
