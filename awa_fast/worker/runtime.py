@@ -525,7 +525,8 @@ def check_config(
             "without queue= go (their handlers were registered without queue=): those jobs "
             "wait for a worker of 'default'. A misspelt queue name?",
             QueueMismatchWarning,
-            stacklevel=5,  # the application's start() call (start -> _runtime_for -> here)
+            # the application's start() call (db_errors' wrapper -> start -> _runtime_for -> here)
+            stacklevel=6,
         )
     if warn_unserved_default and registry.handlers and not implicit:
         # Every handler names its queue: a started queue none of them names runs nothing.
@@ -539,7 +540,7 @@ def check_config(
                 )
                 + "): no job there can run. A misspelt queue name?",
                 QueueMismatchWarning,
-                stacklevel=5,
+                stacklevel=6,
             )
     if heartbeat_interval_ms * HEARTBEAT_SAFETY > heartbeat_staleness_ms:
         raise ConfigError(
