@@ -226,7 +226,8 @@ async def submit(
     f = check_filter(filter)
     if not f and not allow_all:
         raise ValidationError(
-            f"{op_kind} without a filter affects every queued job: pass allow_all=True",
+            f"{op_kind} requires a filter or allow_all=True (without a filter it affects "
+            "every queued job)",
             field="filter",
         )
     if submitted_by is not None and not isinstance(submitted_by, str):

@@ -737,6 +737,17 @@ CRON_COLUMNS = (
 )
 
 
+async def cmd_storage_status(s: Session) -> int:
+    # awa's `storage status`: the report of AsyncClient.storage_status(), a JSON object
+    client = await s.client()
+    report = json.loads(await client.storage_status())
+    if s.json:
+        _print_json(report)
+    else:
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+    return 0
+
+
 async def cmd_cron_list(s: Session) -> int:
     client = await s.client()
     jobs = await client.list_cron_jobs()
@@ -1219,7 +1230,7 @@ def _common(with_db: bool = True, db_help: str = DB_HELP, with_json: bool = True
 
 
 DESCRIPTION = """\
-awa-fast: administer an awa-fast job queue stored in PostgreSQL.
+awa-fast: the Awa job queue CLI for awa-fast, administering a job queue stored in PostgreSQL.
 
 Database: --database-url URL, else $AWA_FAST_DATABASE_URL, else $DATABASE_URL, else a
 persistent embedded PostgreSQL (started on first use; see `awa-fast embedded`)."""
@@ -1646,6 +1657,25 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
     )
     p.add_argument("name", metavar="NAME", help="schedule name")
     p.set_defaults(func=cmd_cron_remove)
+
+    # storage (awa's storage-transition admin: one engine here, so status only)
+    storage = sub.add_parser(
+        "storage",
+        help="storage engine status (status)",
+        description="The storage engine's state, in awa's storage-transition report shape.",
+    )
+    ssub = storage.add_subparsers(
+        dest="storage_command", metavar="SUBCOMMAND", required=True, title="subcommands"
+    )
+    p = ssub.add_parser(
+        "status",
+        parents=[common],
+        help="print the storage status report (JSON)",
+        description="Print AsyncClient.storage_status() as JSON: current_engine and "
+        "active_engine are awa_fast, state active; awa-fast has one engine, so no "
+        "transition is possible (see docs/compat.md).",
+    )
+    p.set_defaults(func=cmd_storage_status)
 
     # batch operations
     batch = sub.add_parser(

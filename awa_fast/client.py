@@ -218,6 +218,7 @@ class AsyncClient:
             running=lambda: self._runtime is not None or self._starting is not None,
         )
         self._batches = BatchAdmin(self._connections)
+        self._sync_twins: Any = None  # awa_fast.raw_client.SyncTwins, made by ``_raw``
         if self.explicit_database_url is not None and not _defer_reachability_check:
             _check_reachable(self.explicit_database_url)
 
@@ -301,6 +302,18 @@ class AsyncClient:
         if self._pool_guard is not None:
             self._pool_guard.cancel()
             self._pool_guard = None
+        if self._sync_twins is not None:
+            await asyncio.to_thread(self._sync_twins.close)
+
+    @property
+    def _raw(self) -> Any:
+        """The blocking ``<method>_sync`` twins (:class:`awa_fast.raw_client.SyncTwins`), under
+        the attribute awa-pg's wrapper gives its native client; opened on first use."""
+        if self._sync_twins is None:
+            from awa_fast.raw_client import SyncTwins  # raw_client imports this module
+
+            self._sync_twins = SyncTwins(self)
+        return self._sync_twins
 
     async def __aenter__(self) -> AsyncClient:
         await self.pool()

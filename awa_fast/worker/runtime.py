@@ -39,6 +39,7 @@ from awa_fast.errors import (
     QueueMismatchWarning,
     Unsupported,
     ValidationError,
+    ValidationTypeError,
 )
 from awa_fast.job import Job
 from awa_fast.worker import executor as ex
@@ -197,6 +198,19 @@ def parse_queues(
             )
         claimers = cfg.pop("claimers", 1)
         retention = _queue_retention(name, cfg.pop("retention", None))
+        # the values first, valid in no mode when wrong (awa: "weight must be > 0" either way)
+        if "weight" in cfg and (
+            isinstance(cfg["weight"], bool)
+            or not isinstance(cfg["weight"], int)
+            or cfg["weight"] < 1
+        ):
+            raise ValidationError(
+                f"queue {name!r}: weight must be > 0 (an integer), got {cfg['weight']!r}",
+                field="weight",
+                limit=">= 1",
+            )
+        if "min_workers" in cfg:
+            _count(cfg["min_workers"], f"queue {name!r}: min_workers", 0)
         if not weighted and ("min_workers" in cfg or "weight" in cfg):
             key = "min_workers" if "min_workers" in cfg else "weight"
             raise ValidationError(
@@ -320,30 +334,40 @@ def parse_rate_limit(queue: str, value: Any) -> tuple[float, int] | None:
     """``(max_rate, burst)``: ``max_rate`` > 0 claims per second, ``burst`` >= 1 claims.
 
     Raises:
-        ValidationError: any other shape or value, naming the queue.
+        ValidationTypeError: not a pair, or a member of the wrong type (a ``TypeError`` too, as
+            in awa), naming the queue.
+        ValidationError: a value out of range, naming the queue.
     """
     if value is None:
         return None
     try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError  # a 2-character string unpacks
         rate, burst = value
     except (TypeError, ValueError):
-        raise ValidationError(
-            f"queue {queue!r}: rate_limit must be (max_rate, burst), got {value!r}",
+        raise ValidationTypeError(
+            f"queue {queue!r}: rate_limit must be a (max_rate, burst) pair or None, got {value!r}",
             field="rate_limit",
         ) from None
-    if (
-        isinstance(rate, bool)
-        or not isinstance(rate, (int, float))
-        or not rate > 0
-        or rate == float("inf")
-    ):
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+        raise ValidationTypeError(
+            f"queue {queue!r}: rate_limit max_rate must be a number (claims per second), "
+            f"got {rate!r}",
+            field="rate_limit",
+        )
+    if isinstance(burst, bool) or not isinstance(burst, int):
+        raise ValidationTypeError(
+            f"queue {queue!r}: rate_limit burst must be an int >= 1, got {burst!r}",
+            field="rate_limit",
+        )
+    if not rate > 0 or rate == float("inf"):
         raise ValidationError(
             f"queue {queue!r}: rate_limit max_rate must be a finite number "
             f"> 0 (claims per second), got {rate!r}",
             field="rate_limit",
             limit="> 0",
         )
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+    if burst < 1:
         raise ValidationError(
             f"queue {queue!r}: rate_limit burst must be an int >= 1, got {burst!r}",
             field="rate_limit",
@@ -449,9 +473,9 @@ def check_config(
         # Without handlers a process is useful only to register periodic schedules or as a
         # maintenance process that knows the consequences or specs of kinds handled elsewhere.
         raise ConfigError(
-            "no handlers registered: register at least one with @client.task "
-            "before start() (a maintenance-only process declares failure "
-            "consequences with client.failure_consequence)",
+            "no handlers registered: register at least one worker before starting the "
+            "runtime, with @client.task before start() (a maintenance-only process declares "
+            "failure consequences with client.failure_consequence)",
             field="handlers",
             limit=">= 1 handler",
         )
