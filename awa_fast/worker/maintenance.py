@@ -32,6 +32,7 @@ import psycopg
 
 from awa_fast import bulk, metrics, pg_connection, sql
 from awa_fast.errors import ConfigError
+from awa_fast.retryable import Retry, classify
 from awa_fast.rows import one_row
 from awa_fast.worker.observe import Signal
 
@@ -442,6 +443,12 @@ class Maintenance:
                 self._deposed.set()
                 return
             except Exception as exc:  # every loop survives every error, logged and backed off
+                if classify(exc) is Retry.CLOSED:  # ... but a closed pool: no pass can run
+                    log.info("maintenance %s stops: %s", name, exc)
+                    health.alive = False
+                    health.last_error = f"{type(exc).__name__}: {exc}"
+                    self.passed.fire((name, exc))
+                    return
                 health.failures += 1
                 health.last_error = f"{type(exc).__name__}: {exc}"
                 health.alive = health.failures < DEAD_AFTER_FAILURES

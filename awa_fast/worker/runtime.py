@@ -30,6 +30,7 @@ from awa_fast.errors import (
     ValidationError,
 )
 from awa_fast.job import Job
+from awa_fast.retryable import Retry, classify
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
 from awa_fast.worker.cancellation import raise_if_cancelling
@@ -1205,10 +1206,20 @@ class Runtime:
                 )
             elif result is Finalized.PROMPT_FAILURE:
                 metrics.finalized(ctx.queue, ctx.kind, "prompt_failure")
-        except Exception:
-            log.exception(
-                "finalizing job %s (%s) failed; it stays running until rescue", ctx.id, ctx.kind
-            )
+        except Exception as exc:
+            if classify(exc) is Retry.CLOSED:  # (the pool closed under it: one line per job)
+                log.warning(
+                    "finalizing job %s (%s) failed: %s; it stays running until rescue",
+                    ctx.id,
+                    ctx.kind,
+                    exc,
+                )
+            else:
+                log.exception(
+                    "finalizing job %s (%s) failed; it stays running until rescue",
+                    ctx.id,
+                    ctx.kind,
+                )
         finally:
             if not released:
                 dispatcher.slot_freed()
