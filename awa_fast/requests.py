@@ -81,6 +81,21 @@ def derive_kind(name: str) -> str:
     return _native.derive_kind(name)
 
 
+def check_name(value: Any, field: str) -> str:
+    """``value`` as a job kind or queue name: a ``str`` of 1..200 characters without NUL (the
+    one rule of every name, checked in ``_ext``; :func:`awa_fast._native.check_name`).
+
+    Raises:
+        ValidationError: ``field`` names the argument, ``limit`` the rule.
+    """
+    return _native.check_name(value, field)
+
+
+def optional_name(value: Any, field: str) -> str | None:
+    """``None`` (no filter), else :func:`check_name`."""
+    return None if value is None else _native.check_name(value, field)
+
+
 def kind_for_type(args_type: type) -> str:
     """The default kind of an args type: ``derive_kind(args_type.__name__)`` (cached)."""
     kind = _kind_cache.get(args_type)

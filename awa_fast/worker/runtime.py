@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from awa_fast import _native, batch_ops, bulk, descriptors, metrics, pg_connection, schema, sql
+from awa_fast import batch_ops, bulk, descriptors, metrics, pg_connection, schema, sql
 from awa_fast.errors import (
     ConfigError,
     QueueMismatchWarning,
@@ -30,6 +30,7 @@ from awa_fast.errors import (
     ValidationError,
 )
 from awa_fast.job import Job
+from awa_fast.requests import check_name
 from awa_fast.retryable import Retry, classify
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
@@ -416,8 +417,8 @@ def check_config(
         )
     for i, q in enumerate(queues):
         try:
-            _native.validate_insert("k", q.name, 2, 25, None)
-        except (ValidationError, TypeError) as exc:
+            check_name(q.name, "queue")
+        except ValidationError as exc:
             raise ConfigError(
                 f"queues[{i}]: queue name {q.name!r} would be rejected by insert: {exc}",
                 field="queues",
@@ -433,8 +434,9 @@ def check_config(
         )
     for kind, handler in registry.handlers.items():
         try:
-            _native.validate_insert(kind, handler.queue, 2, 25, None)
-        except (ValidationError, TypeError) as exc:
+            check_name(kind, "kind")
+            check_name(handler.queue, "queue")
+        except ValidationError as exc:
             raise ConfigError(
                 f"handler kind {kind!r} (queue {handler.queue!r}) would be rejected "
                 f"by insert: {exc}",
