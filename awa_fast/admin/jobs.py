@@ -175,7 +175,11 @@ class JobAdmin:
 
         check_name(kind, "kind")
         optional_name(queue, "queue")
-        args_json = None if args is None else to_json(args_to_builtins(args), "args")
+        args_json = (
+            None
+            if args is None
+            else to_json(args_to_builtins(args), "args", exact=isinstance(args, dict))
+        )
         key = _native.unique_key(
             kind, queue or "", args_json or b"", queue is not None, args is not None, period_bucket
         )
