@@ -195,9 +195,7 @@ def check_exact_many(jsons: list, values: list, field: str) -> None:
 _JSON_LEAVES = (str, bool, type(None))
 
 
-def _first_inexact(
-    value: Any, path: str, *, unencodable: bool = False
-) -> tuple[str, Any] | None:
+def _first_inexact(value: Any, path: str, *, unencodable: bool = False) -> tuple[str, Any] | None:
     """``(path, value)`` of the first value in ``value`` that is not a JSON value (see
     :func:`to_json`), depth first; ``None`` if there is none. ``unencodable``: only a value
     orjson cannot write at all counts (the cause of its ``TypeError``); tuples are walked."""

@@ -24,7 +24,7 @@ class Colour(enum.Enum):
     RED = 1
 
 
-class Tone(str, enum.Enum):
+class Tone(enum.StrEnum):
     LOW = "low"
 
 
