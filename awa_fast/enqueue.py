@@ -30,7 +30,10 @@ log = logging.getLogger("awa_fast.enqueue")
 
 @contextlib.contextmanager
 def mapped_errors() -> Iterator[None]:
-    """Map database errors raised inside the block to awa-fast errors."""
+    """Map database errors raised inside the block to awa-fast errors: a unique violation to
+    ``UniqueConflict``, a check violation to ``ValidationError``, a missing schema to
+    ``SchemaNotMigrated``, a full shared lock table to ``DatabaseError`` (classified transient
+    by ``retryable.classify``: its cause is SQLSTATE 53200)."""
     try:
         yield
     except pg_errors.UniqueViolation as exc:
@@ -45,6 +48,15 @@ def mapped_errors() -> Iterator[None]:
         from awa_fast.errors import SchemaNotMigrated
 
         raise SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`") from exc
+    except pg_errors.OutOfMemory as exc:
+        if "shared memory" not in str(exc):
+            raise
+        raise DatabaseError(
+            "the database's shared lock table is full (out of shared memory): too many "
+            "transactions hold locks at once; nothing was written, retry it. Unique keys take "
+            "at most max_locks_per_transaction / 2 one-by-one locks per transaction (migration "
+            "027); raise max_locks_per_transaction, or hold fewer or shorter transactions open"
+        ) from exc
 
 
 async def holder_conflict(
