@@ -67,6 +67,30 @@ HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat in
 # ignores cancellation or a database that does not answer must not keep shutdown from ending.
 SHUTDOWN_GRACE_S = 10.0
 PRESENCE_GONE_S = 2.0  # removing the presence row at shutdown (it expires on its own)
+
+
+def shutdown_bound_s(timeout_s: float) -> float:
+    """The longest a shutdown with drain timeout ``timeout_s`` (seconds) can take, in seconds,
+    from the bounds of its phases (``Runtime._drain``, ``_release``): the dispatchers' claims
+    in flight (``max(timeout_s, CLAIM_HANDOVER_S)``, then a cancel), the handlers
+    (``timeout_s``), the attempts left after it (``SHUTDOWN_GRACE_S`` + 1 s), the runtime's own
+    tasks (a cancel), the finalizer's last flush (``SHUTDOWN_GRACE_S``) and the presence row
+    (``PRESENCE_GONE_S``). A cancel (``_cancel_and_wait``) gives up ``SHUTDOWN_GRACE_S`` after
+    its first round and waits 1 s per round. The launcher's kill deadline is derived from it
+    (``supervisor.kill_after_s``)."""
+    cancel = SHUTDOWN_GRACE_S + 1.0
+    return (
+        max(timeout_s, CLAIM_HANDOVER_S)
+        + cancel
+        + timeout_s
+        + SHUTDOWN_GRACE_S
+        + 1.0
+        + cancel
+        + SHUTDOWN_GRACE_S
+        + PRESENCE_GONE_S
+    )
+
+
 BATCH_RUNNER_S = 0.2  # the leader's batch-operation runner: one step (a chunk) per interval
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
