@@ -114,7 +114,9 @@ async def test_an_upgrade_from_an_older_version_keeps_every_state_working(fresh_
         done = asyncio.Event()
         ran: list[int] = []
 
-        @client.task(Old, kind="old", failure_consequence=awa.NO_FAILURE_CONSEQUENCE)
+        @client.task(
+            Old, kind="old", queue="upgrade", failure_consequence=awa.NO_FAILURE_CONSEQUENCE
+        )
         async def old(job):
             ran.append(job.id)
             if ids["available"] in ran and fresh_key.id in ran:
