@@ -13,7 +13,8 @@ from awa_fast.batch_ops import (
     BatchOperationPreview,
     BatchOperationState,
 )
-from awa_fast.callbacks import CallbackToken, ResolveResult
+from awa_fast.callback_token import CallbackToken
+from awa_fast.callbacks import ResolveResult
 from awa_fast.client import AsyncClient, QueueStat
 from awa_fast.errors import (
     AttemptStillRunning,
@@ -21,10 +22,12 @@ from awa_fast.errors import (
     CallbackNotFound,
     ConfigError,
     DatabaseError,
+    DatabaseUnavailable,
     DeadlockError,
     JobNotFound,
     LiveRuntimesRequireExclusiveWindow,
     QueueMismatchWarning,
+    ReadOnlyDatabase,
     RuntimeVersionFloorNotMet,
     SchemaNotMigrated,
     SerializationError,
@@ -63,6 +66,7 @@ __all__ = [
     "Client",
     "ConfigError",
     "DatabaseError",
+    "DatabaseUnavailable",
     "DeadlockError",
     "EnqueueRequest",
     "InsertOpts",
@@ -72,6 +76,7 @@ __all__ = [
     "NO_FAILURE_CONSEQUENCE",
     "QueueStat",
     "RawClient",
+    "ReadOnlyDatabase",
     "RetryAfter",
     "SchemaNotMigrated",
     "SerializationError",

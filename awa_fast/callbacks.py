@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from psycopg import errors as pg_errors
 
 from awa_fast import callback_expressions, enqueue, sql
+from awa_fast.callback_token import check_timeout, parse_callback_id
 from awa_fast.errors import AttemptStillRunning, CallbackNotFound, ValidationError
 from awa_fast.job import Job
-from awa_fast.requests import to_json
-from awa_fast.results import MAX_DELAY_S
+from awa_fast.requests import MAX_PAYLOAD_BYTES, check_size, to_json
 from awa_fast.worker import storable
 
 if TYPE_CHECKING:
@@ -44,50 +44,6 @@ class CallbackDeps(Protocol):
     async def pool(self) -> AsyncConnectionPool: ...
 
     def staleness_ms(self) -> int: ...
-
-
-class CallbackToken:
-    """A registered callback: ``id`` (UUID string) and ``timeout_at`` (RFC 3339)."""
-
-    __slots__ = ("id", "timeout_at")
-
-    def __init__(self, callback_id: str, timeout_at: str | None = None):
-        self.id = callback_id
-        self.timeout_at = timeout_at
-
-    def __str__(self) -> str:
-        return self.id
-
-    def __repr__(self) -> str:
-        return f"CallbackToken({self.id!r})"
-
-
-def parse_callback_id(callback_id: Any) -> uuid.UUID:
-    """Raises :class:`ValidationError` (field ``callback_id``) unless it is a UUID."""
-    try:
-        return uuid.UUID(str(getattr(callback_id, "id", callback_id)))
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise ValidationError(
-            f"callback_id is not a UUID: {callback_id!r}", field="callback_id", limit="UUID"
-        ) from exc
-
-
-def check_timeout(timeout_seconds: Any) -> float:
-    """Raises :class:`ValidationError` (a ValueError; field ``timeout_seconds``) for a
-    negative, non-finite or non-numeric timeout (seconds), or one over 10 years
-    (``results.MAX_DELAY_S``; PostgreSQL's interval arithmetic would overflow)."""
-    try:
-        value = float(timeout_seconds)
-    except (TypeError, ValueError, OverflowError):
-        value = float("nan")
-    if not (0 <= value <= MAX_DELAY_S):
-        raise ValidationError(
-            f"timeout_seconds must be a finite number between 0 and "
-            f"{MAX_DELAY_S:.0f} (10 years), got {timeout_seconds!r}",
-            field="timeout_seconds",
-            limit=f">= 0 and <= {MAX_DELAY_S:.0f}",
-        )
-    return value
 
 
 async def _locked(conn, callback_id: uuid.UUID) -> tuple:
@@ -227,11 +183,14 @@ async def resume_external(deps: CallbackDeps, callback_id: Any, payload: Any = N
 
     Raises:
         CallbackNotFound: no job parked on that callback.
-        ValidationError: ``payload`` is not JSON-serializable or holds a NUL character
-            (``field="payload"``): PostgreSQL could not store it.
+        ValidationError: ``payload`` is not JSON-serializable, holds a NUL character
+            (PostgreSQL could not store it) or takes more than ``MAX_PAYLOAD_BYTES`` (1 MiB)
+            of JSON, as args may (``field="payload"``); checked before anything is sent.
     """
     cid = parse_callback_id(callback_id)
-    data = to_json({"_awa_callback_result": payload}, "payload").decode()
+    encoded = to_json({"_awa_callback_result": payload}, "payload")
+    check_size("payload", len(encoded), MAX_PAYLOAD_BYTES)
+    data = encoded.decode()
     pool = await deps.pool()
     async with pool.connection() as conn:
         cur = await conn.execute(sql.RESUME_EXTERNAL, (data, cid))

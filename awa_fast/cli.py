@@ -852,7 +852,14 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def cmd_check(s: Session) -> int:
-    from awa_fast.app_loader import AppSpecError, exits_at_import, load_client, start_config_error
+    from awa_fast import storage_options
+    from awa_fast.app_loader import (
+        AppSpecError,
+        exits_at_import,
+        load_client,
+        start_config_error,
+        start_options,
+    )
 
     try:
         # Under --json stdout is the JSON object only: what the application writes there while
@@ -878,6 +885,15 @@ def cmd_check(s: Session) -> int:
     kinds = client.registry.undeclared_kinds()
     off_default = dict(sorted(client.registry.off_default.items()))
     config_error = start_config_error(client, module)
+    try:
+        given = start_options(module)
+    except ValueError:  # already reported as the config error
+        given = {}
+    # awa storage options START_OPTIONS gives that tune a mechanism awa-fast does not have
+    no_effect = [
+        {"option": o.name, "value": given[o.name], "reason": o.here}
+        for o in storage_options.inapplicable_given(given)
+    ]
     if s.json:
         _print_json(
             {
@@ -885,6 +901,7 @@ def cmd_check(s: Session) -> int:
                 "registered": sorted(client.registry.handlers),
                 "registered_off_default": off_default,
                 "config_error": config_error,
+                "no_effect_options": no_effect,
             }
         )
         return 1 if kinds or config_error else 0
@@ -897,6 +914,10 @@ def cmd_check(s: Session) -> int:
             f"start() would accept this configuration ({n} registered "
             f"{'kind' if n == 1 else 'kinds'}{with_options})"
         )
+    if no_effect:
+        print("START_OPTIONS accepted with no effect in awa-fast (awa storage options):")
+        for item in no_effect:
+            print(f"  {item['option']}={item['value']!r}: {item['reason']}")
     if kinds:
         print(
             "kinds without a failure consequence declaration "
@@ -1968,6 +1989,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     import psycopg
 
+    from awa_fast import db_errors
     from awa_fast.embedded import EmbeddedPostgresError
     from awa_fast.errors import AwaError
 
@@ -2008,15 +2030,21 @@ def _main(argv: list[str]) -> int:
         # A byte that is not UTF-8 in an argument (argv keeps it as a lone surrogate) or a
         # "\ud800" in JSON: no text the database can store.
         return error(f"an argument is not valid UTF-8 text: {exc.object[:60]!r}", exc)
-    except psycopg.Error as exc:
-        msg = str(exc).strip() or type(exc).__name__
+    except psycopg.Error as exc:  # a statement of the CLI's own: one line, as the client's
+        msg = " ".join(str(exc).split()) or type(exc).__name__
         if isinstance(exc, psycopg.OperationalError) and msg.startswith("connection failed"):
             return error(f"could not connect to the database: {msg}", exc)
-        return error(f"database error: {msg}", exc)
+        typed = db_errors.translate(exc, _command_name(func))
+        return error(str(typed), typed)
     except BrokenPipeError:
         # stdout closed early (e.g. `| head`): exit quietly
         _drop_stdout()
         return 1
+
+
+def _command_name(func: Any) -> str:
+    """The command a handler runs, as typed (``cmd_queue_pause`` -> ``"queue pause"``)."""
+    return getattr(func, "__name__", "command").removeprefix("cmd_").replace("_", " ")
 
 
 def _drop_stdout() -> None:

@@ -25,7 +25,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import callbacks, schema, sql
+from awa_fast import callbacks, db_errors, schema, sql
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
 from awa_fast.admin.consequences import ConsequenceAdmin
@@ -43,10 +43,7 @@ from awa_fast.batch_ops import (
 )
 from awa_fast.connections import Connections, Pool
 from awa_fast.database_url import resolve_database_url, url_source
-from awa_fast.errors import (
-    DatabaseError,
-    ValidationError,
-)
+from awa_fast.errors import AwaError, DatabaseUnavailable, ValidationError
 from awa_fast.job import Job
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import check_name, kind_for_type, optional_name
@@ -91,12 +88,15 @@ def deferred_reachability_check() -> Iterator[None]:
 
 
 def _check_reachable(url: str) -> None:
-    """Connect once and close (awa-pg connects at construction). Raises DatabaseError."""
+    """Connect once and close (awa-pg connects at construction). Raises DatabaseUnavailable."""
     try:
         psycopg.connect(url, connect_timeout=10, autocommit=True).close()
     except psycopg.Error as exc:
-        raise DatabaseError(
-            f"could not connect to the database (the URL given to the client): {exc}"
+        raise DatabaseUnavailable(
+            "could not connect to the database (the URL given to the client): "
+            + " ".join(str(exc).split()),
+            operation="AsyncClient()",
+            sqlstate=exc.sqlstate,
         ) from exc
 
 
@@ -135,6 +135,7 @@ def check_task_options(args_type: Any, options: dict) -> None:
         )
 
 
+@db_errors.boundary()
 class AsyncClient:
     """Async client: insert jobs, administer them, and run workers.
 
@@ -155,8 +156,14 @@ class AsyncClient:
     database): the worker children connect with the URL they use.
     Use as ``async with AsyncClient(url) as client``.
 
+    Every coroutine method raises driver errors as the awa-fast error tree, never psycopg's
+    (``awa_fast.db_errors``): ``UniqueConflict``, ``SchemaNotMigrated``, ``DeadlockError``,
+    ``ReadOnlyDatabase`` (the database refuses writes), ``DatabaseUnavailable`` (no connection,
+    or it was lost), else ``DatabaseError``; each names the call (``"insert: ..."``,
+    ``.operation``) and is chained to the driver's exception (``__cause__``).
+
     Raises:
-        DatabaseError: the given database cannot be reached (awa-pg's eager connect).
+        DatabaseUnavailable: the given database cannot be reached (awa-pg's eager connect).
         ValidationError: ``max_connections`` < 1.
     """
 
@@ -204,7 +211,11 @@ class AsyncClient:
             lambda job_id: self.get_job(job_id),
         )
         self._dlq = DlqAdmin(self._connections, staleness)
-        self._storage = StorageAdmin(self._connections, lambda: self.migrate())
+        self._storage = StorageAdmin(
+            self._connections,
+            lambda: self.migrate(),
+            running=lambda: self._runtime is not None or self._starting is not None,
+        )
         self._batches = BatchAdmin(self._connections)
         if self.explicit_database_url is not None and not _defer_reachability_check:
             _check_reachable(self.explicit_database_url)
@@ -236,7 +247,7 @@ class AsyncClient:
         inserts of keyed jobs are refused.
 
         Raises:
-            DatabaseError: the database could not be reached within 30 seconds.
+            DatabaseUnavailable: the database could not be reached within 30 seconds.
         """
         if self._pool is not None:
             return self._pool
@@ -251,8 +262,9 @@ class AsyncClient:
                 except PoolTimeout as exc:
                     await pool.close()
                     where = url_source(self.explicit_database_url)
-                    raise DatabaseError(
-                        f"could not connect to the database (the URL {where}): {exc}"
+                    raise DatabaseUnavailable(
+                        f"could not connect to the database (the URL {where}): {exc}",
+                        operation="pool",
                     ) from exc
                 self._pool = pool
                 self._pool_guard = asyncio.get_running_loop().create_task(
@@ -795,11 +807,16 @@ class AsyncClient:
         reset: bool = False,
     ) -> None:
         """awa installs and activates its queue-storage engine here. awa-fast has one engine,
-        the ``awa_fast`` schema, always active: this applies its migrations (idempotent).
+        the ``awa_fast`` schema, always active: this applies its migrations (idempotent), and
+        with ``reset=True`` then deletes every job and what belongs to jobs, as awa's reset
+        (``StorageAdmin.install_queue_storage``; docs/compat.md). The slot counts size awa's
+        partition rings: accepted (> 0), without effect here (logged at INFO).
 
         Raises:
-            Unsupported: a non-default ``schema``, slot count, or ``reset=True`` (awa-fast's
-                schema and layout are fixed; it never drops jobs to reset storage).
+            AwaError: this client's worker runtime is running or starting (awa's rule), or
+                another install of this client is in progress.
+            Unsupported: a ``schema`` other than awa's default ``"awa"``.
+            ConfigError: a slot count that is not an int > 0, ``reset`` not a bool.
         """
         return await self._storage.install_queue_storage(
             schema=schema,
@@ -811,7 +828,13 @@ class AsyncClient:
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
     ) -> None:
-        """As :meth:`install_queue_storage` (awa-fast has no separate prepare step)."""
+        """As :meth:`install_queue_storage` without ``reset``: awa materializes its
+        queue-storage schema here without activating it; awa-fast's one engine is always
+        active, so this applies the migrations (awa-fast has no separate prepare step).
+
+        Raises:
+            Unsupported, ConfigError: as :meth:`install_queue_storage`.
+        """
         return await self._storage.prepare_queue_storage_schema(
             schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
         )
@@ -1110,6 +1133,10 @@ class AsyncClient:
         """
         if self._runtime is not None or self._starting is not None:
             raise RuntimeError("runtime already started")
+        if self._storage.installing:  # awa's rule
+            raise AwaError(
+                "cannot start the worker runtime while queue storage installation is in progress"
+            )
         runtime, consequences = self._runtime_for(queues, options)
         # The client's own settings, set here: the runtime reads them, never changes them.
         self.consequences.config = consequences

@@ -130,6 +130,20 @@ MAINTENANCE_STUCK_ROWS = Gauge(
     ["loop"],
     multiprocess_mode="livesum",
 )
+LOOP_STALLS = Counter(
+    "awa_fast_event_loop_stalls",
+    "Times this process's event loop was blocked for a second or more (a handler blocking it, "
+    "a long GC pause, CPU starvation); heartbeats go on from the liveness thread meanwhile.",
+)
+LOOP_STALL_SECONDS = Counter(
+    "awa_fast_event_loop_stall_seconds",
+    "Seconds this process's event loop spent in stalls of a second or more.",
+)
+LEASES_EXPIRED = Counter(
+    "awa_fast_leases_expired",
+    "Attempts cancelled and given back because no heartbeat committed for the process's "
+    "heartbeat staleness (database unreachable, process stopped).",
+)
 LEADER = Gauge(
     "awa_fast_maintenance_leader",
     "1 while this process holds the maintenance leadership.",
@@ -184,6 +198,16 @@ def follow_ups(inserted: int, skipped: int = 0) -> None:
         FOLLOW_UPS_INSERTED.inc(inserted)
     if skipped:
         FOLLOW_UPS_SKIPPED.inc(skipped)
+
+
+def loop_stalled(seconds: float) -> None:
+    """The event loop was blocked for ``seconds`` (called from the liveness thread)."""
+    LOOP_STALLS.inc()
+    LOOP_STALL_SECONDS.inc(seconds)
+
+
+def leases_expired(n: int) -> None:
+    LEASES_EXPIRED.inc(n)
 
 
 def rescued(rows: list[tuple]) -> None:

@@ -9,11 +9,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from awa_fast import bulk, enqueue, sql
+from awa_fast import bulk, enqueue, sql, storage_options
 from awa_fast.connections import Connections
-from awa_fast.errors import QueueMismatchWarning, Unsupported, ValidationError
+from awa_fast.errors import QueueMismatchWarning, ValidationError
 from awa_fast.job import Job, JobState
-from awa_fast.requests import prepare, prepare_uniform
+from awa_fast.requests import check_statement_size, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
 from awa_fast.wake import Waker
 
@@ -75,6 +75,7 @@ class Producer:
     def __init__(self, db: Connections, off_queue: OffQueueWarner) -> None:
         self._db = db
         self._off_queue = off_queue
+        self._stripes_logged = False  # enqueue_many_copy's stripe count logged (once)
         # The inserts below commit without a NOTIFY and wake their queues after the commit:
         # concurrent notifying commits would take PostgreSQL's notify lock one at a time, each
         # through its own WAL flush (ADR 018). A transaction() the caller ends notifies inside.
@@ -110,7 +111,7 @@ class Producer:
             ordering_key=ordering_key,
         )
         if implicit:
-            self._warn_off_queue((p,), stacklevel=4)
+            self._warn_off_queue((p,), stacklevel=5)  # + the client's db_errors wrapper
         async with (await self._db.pool()).connection() as conn:
             job = await enqueue.insert_one(conn, p, defer_notify=True)  # autocommit: committed
         if job.state is JobState.Available:
@@ -124,8 +125,11 @@ class Producer:
             ValidationError, UniqueConflict, DeadlockError: no row is written.
         """
         rows = _prepare_all(jobs, opts)
+        check_statement_size(
+            rows, "insert them with insert_many_copy (COPY streams them) or in smaller batches"
+        )
         if "queue" not in opts:
-            self._warn_off_queue(rows, stacklevel=4)
+            self._warn_off_queue(rows, stacklevel=5)
 
         async def once() -> list[Job]:
             async with (await self._db.pool()).connection() as conn:
@@ -145,14 +149,19 @@ class Producer:
     async def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
         """COPY insert returning the count (``AsyncClient.enqueue_many_copy``).
 
+        awa's ``queue_storage_queue_stripe_count`` (an int > 0) is accepted and has no effect:
+        awa-fast has no stripes (logged at INFO, once per client, when not awa's default 1;
+        storage_options.py).
+
         Raises:
-            Unsupported: ``queue_storage_queue_stripe_count`` other than 1.
+            ConfigError: ``queue_storage_queue_stripe_count`` not an int > 0.
         """
         stripes = opts.pop("queue_storage_queue_stripe_count", 1)
-        if stripes != 1:
-            raise Unsupported(
-                "queue_storage_queue_stripe_count",
-                "awa-fast has one storage engine, without stripes",
+        storage_options.check_value("queue_storage_queue_stripe_count", stripes)
+        if stripes != 1 and not self._stripes_logged:
+            self._stripes_logged = True
+            storage_options.accept(
+                {"queue_storage_queue_stripe_count": stripes}, where="enqueue_many_copy()"
             )
         return await self._copy(jobs, opts, want_jobs=False)
 
@@ -166,7 +175,7 @@ class Producer:
             batch = prepare_uniform(jobs, **opts)
             rows = None if batch is not None else _prepare_all(jobs, opts)
             if "queue" not in opts:
-                self._warn_off_queue((batch,) if batch is not None else rows, stacklevel=5)
+                self._warn_off_queue((batch,) if batch is not None else rows, stacklevel=6)
 
         async def once() -> Any:
             async with (await self._db.pool()).connection() as conn:

@@ -636,8 +636,9 @@ async def test_a_keyed_insert_in_a_snapshot_transaction_is_refused(client, level
     async with await client.transaction() as tx:
         await tx.connection.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
         await tx.insert(Item(1))
-        with pytest.raises(psycopg.errors.FeatureNotSupported, match=f"not {level}"):
+        with pytest.raises(awa.DatabaseError, match=f"not {level}") as info:
             await tx.insert(Item(2), unique_opts={})
+        assert isinstance(info.value.__cause__, psycopg.errors.FeatureNotSupported)
     async with await client.transaction() as tx:  # the pool's sessions are READ COMMITTED
         await tx.insert(Item(3), unique_opts={})
     kept = await client.list_jobs()  # the refused insert left its transaction usable
@@ -924,6 +925,7 @@ def test_statements_that_update_listed_rows_probe_the_hot_table_by_id(dsn):
         "only": None,
         "consequence_kinds": [],
         "known_kinds": [],
+        "own": [],
     }
     statements = {
         "claim": (

@@ -10,8 +10,9 @@ import psycopg
 import pytest
 
 import awa_fast as awa
+from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 from tests import support
-from tests.support import exploding_inserts, job_row, scalar, until, wait_state
+from tests.support import exploding_inserts, job_row, poll_until, scalar, until, wait_state
 
 # The shared timing (tests/support.py) with this module's differences.
 FAST = {**support.FAST, "staged_completions": "batched"}
@@ -160,14 +161,18 @@ async def test_two_attempts_of_one_job_in_one_batch_only_the_current_inserts(dsn
         job.enqueue_on_completion(StageB(f"lease-{job.run_lease}"))
 
     job = await client.insert(StageA("a"), max_attempts=5)
-    # Heartbeats off (the loop is stopped): the first attempt is rescued while its handler
-    # still runs, and this same runtime claims the job again.
+    # Heartbeats off (the liveness thread is stopped, its lease check with it): another
+    # process's rescue takes the first attempt while its handler still runs (a process never
+    # rescues its own), and this runtime claims the job again.
     await client.start(
         [("default", 4)],
-        **{**FAST, "heartbeat_staleness_ms": 300, "heartbeat_rescue_interval_ms": 100},
+        **{**FAST, "heartbeat_staleness_ms": 300, "maintenance": False},
     )
-    beat = next(t for t in client.runtime._tasks if t.get_name() == "awa-heartbeat")
-    beat.cancel()
+    await client.runtime.liveness.close()
+    other = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=300))
+    # the rescue is another process's step: polled
+    await poll_until(other.rescue, what="the first attempt rescued by another process")
+    await other.promote()
     row = await wait_state(client, job.id, "completed", timeout=20)
     await until(lambda: _stale(client), client, what="the first attempt reported stale")
     assert row["run_lease"] == 2 and leases == [1, 2]

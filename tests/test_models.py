@@ -47,6 +47,10 @@ CASES = [
     ("leader_fencing.pml", ["NEG_NO_FENCE"], "no_interleaved_leader_writes"),
     ("leader_fencing.pml", ["NEG_FENCE_NO_SHARE"], "no_interleaved_leader_writes"),
     ("leader_fencing.pml", ["NEG_CHECK_LOCK_CONN"], "no_interleaved_leader_writes"),
+    ("lease_rescue.pml", [], None),
+    ("lease_rescue.pml", ["NEG_TODAY"], "no_overlapping_executions"),
+    ("lease_rescue.pml", ["NEG_NO_EXPIRY"], "no_overlapping_executions"),
+    ("lease_rescue.pml", ["NEG_NO_EXIT"], "no_overlapping_executions"),
 ]
 
 

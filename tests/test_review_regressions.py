@@ -125,8 +125,9 @@ async def test_a_caught_unique_conflict_in_a_transaction_keeps_its_other_writes(
 async def test_a_commit_after_an_aborting_error_raises_instead_of_rolling_back_silently(client):
     with pytest.raises(awa.AwaError, match="rolled back"):
         async with await client.transaction() as tx:
-            with pytest.raises(psycopg.Error):
+            with pytest.raises(awa.DatabaseError) as info:  # typed, the driver's chained
                 await tx.execute("SELECT 1/0")
+            assert isinstance(info.value.__cause__, psycopg.errors.DivisionByZero)
 
 
 async def test_cancelled_error_from_handler_code_counts_the_attempt(dsn, client):
@@ -288,9 +289,11 @@ async def test_rescue_duplicate_cancel_leaves_a_job_that_completed_meanwhile(dsn
             "UPDATE awa_fast.jobs SET state = 'completed', finalized_at = now() WHERE id = %s",
             (job.id,),
         )
-        cur = await conn.execute(sql.CANCEL_RESCUED_DUPLICATE, {"id": job.id, "stale_ms": 1})
+        cur = await conn.execute(
+            sql.CANCEL_RESCUED_DUPLICATE, {"id": job.id, "stale_ms": 1, "own": []}
+        )
         assert cur.rowcount == 0
         # ... and a promotion fallback leaves a job that is no longer due alone too.
-        cur = await conn.execute(sql.CANCEL_AS_DUPLICATE, {"id": job.id, "stale_ms": 1})
+        cur = await conn.execute(sql.CANCEL_AS_DUPLICATE, {"id": job.id, "stale_ms": 1, "own": []})
         assert cur.rowcount == 0
     assert (await job_row(dsn, job.id))["state"] == "completed"

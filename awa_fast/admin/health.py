@@ -81,8 +81,8 @@ class HealthAdmin:
         tasks = {t.get_name(): t for t in getattr(runtime, "_tasks", [])}
         dispatch = [t for n, t in tasks.items() if n.startswith("awa-dispatch-")]
         poll_alive = bool(dispatch) and all(not t.done() for t in dispatch)
-        hb = tasks.get("awa-heartbeat")
-        heartbeat_alive = hb is not None and not hb.done()
+        liveness = getattr(runtime, "liveness", None)
+        heartbeat_alive = liveness is not None and liveness.beating
         shutting_down = any(getattr(d, "_stopping", False) for d in runtime.dispatchers.values())
         leader = bool(runtime.maintenance is not None and runtime.maintenance.is_leader)
         running: dict[str, int] = {}

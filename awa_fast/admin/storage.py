@@ -4,21 +4,47 @@ schema."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from awa_fast import sql
 from awa_fast.admin.jobs import pretty_json
 from awa_fast.connections import Connections
-from awa_fast.errors import Unsupported
+from awa_fast.errors import AwaError, ConfigError, Unsupported
+from awa_fast.schema import MIGRATE_LOCK_KEY, current_migration_version
+
+log = logging.getLogger("awa_fast.storage")
+
+# awa 0.7's install/prepare defaults (awa-python client.py DEFAULT_QUEUE_STORAGE_*).
+_DEFAULT_SCHEMA = "awa"
+_SLOT_COUNTS = {"queue_slot_count": 16, "lease_slot_count": 8}
 
 
-def _storage_defaults(**given: Any) -> None:
-    defaults = {"schema": "awa", "queue_slot_count": 16, "lease_slot_count": 8, "reset": False}
-    for key, value in given.items():
-        if value != defaults[key]:
-            raise Unsupported(
-                key, "awa-fast has one storage engine with a fixed schema (awa_fast) and layout"
+def _storage_arguments(schema_name: Any, **slot_counts: Any) -> None:
+    """awa's arguments of install / prepare: ``schema`` must be awa's default (awa-fast's objects
+    live in ``awa_fast``; another schema is not implemented yet); the slot counts size awa's
+    partition rings, which awa-fast does not have: validated as awa does (> 0), logged at INFO
+    when not awa's default, otherwise without effect (docs/compat.md).
+
+    Raises:
+        Unsupported: ``schema`` other than ``"awa"``.
+        ConfigError: a slot count that is not an int > 0.
+    """
+    if schema_name != _DEFAULT_SCHEMA:
+        raise Unsupported(
+            "schema", "awa-fast has one storage engine with a fixed schema (awa_fast) and layout"
+        )
+    for key, value in slot_counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} must be > 0, got {value!r}", field=key, limit="> 0")
+        if value != _SLOT_COUNTS[key]:
+            log.info(
+                "install_queue_storage: %s=%r has no effect in awa-fast: it has no rotating "
+                "queue/lease partitions (live jobs are one hot table, finished jobs go to "
+                "fixed-period slices)",
+                key,
+                value,
             )
 
 
@@ -28,11 +54,20 @@ class StorageAdmin:
     Args:
         db: the connection source.
         migrate: applies the schema's migrations (``AsyncClient.migrate``).
+        running: whether the client's worker runtime is running or starting (awa refuses an
+            install then).
     """
 
-    def __init__(self, db: Connections, migrate: Callable[[], Awaitable[list[int]]]) -> None:
+    def __init__(
+        self,
+        db: Connections,
+        migrate: Callable[[], Awaitable[list[int]]],
+        running: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._db = db
         self._migrate = migrate
+        self._running = running
+        self.installing = False  # an install is in progress: start() is refused (awa's rule)
 
     async def flush_admin_metadata(self) -> None:
         """Nothing is cached to flush; opens the pool (raises as it does)."""
@@ -46,28 +81,54 @@ class StorageAdmin:
         lease_slot_count: int = 8,
         reset: bool = False,
     ) -> None:
-        """Apply the migrations (idempotent).
+        """Apply the migrations (idempotent); with ``reset=True`` then empty the storage, as
+        awa's reset (which drops and recreates its queue-storage schema) does: every job,
+        finished or not, DLQ entry, schedule, queue setting, descriptor and batch operation is
+        deleted, in one transaction under the migration lock (``sql.RESET_TABLES``). The
+        migration history, the leader row and the live processes' presence rows stay, and ids
+        are never reused.
 
         Raises:
-            Unsupported: a non-default ``schema``, slot count, or ``reset=True``.
+            AwaError: the client's worker runtime is running or starting (awa's rule), or
+                another install of this client is in progress.
+            Unsupported: ``schema`` other than awa's default ``"awa"``.
+            ConfigError: a slot count that is not an int > 0 (any other is accepted and has
+                no effect: logged at INFO).
+            ValidationError: ``reset`` not a bool.
         """
-        _storage_defaults(
-            schema=schema,
-            queue_slot_count=queue_slot_count,
-            lease_slot_count=lease_slot_count,
-            reset=reset,
+        if self._running():
+            raise AwaError("cannot install queue storage while the worker runtime is running")
+        if self.installing:
+            raise AwaError("queue storage installation is already in progress")
+        self.installing = True
+        try:
+            await self._install(schema, queue_slot_count, lease_slot_count, reset)
+        finally:
+            self.installing = False
+
+    async def _install(
+        self, schema: str, queue_slot_count: int, lease_slot_count: int, reset: bool
+    ) -> None:
+        _storage_arguments(
+            schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
         )
+        if not isinstance(reset, bool):
+            raise ConfigError(f"reset must be a bool, got {reset!r}", field="reset", limit="bool")
         await self._migrate()
+        if reset:
+            pool = await self._db.pool()
+            async with pool.connection() as conn, conn.transaction():
+                await conn.execute(sql.MIGRATE_LOCK, (MIGRATE_LOCK_KEY,))
+                tables = [r[0] for r in await (await conn.execute(sql.RESET_TABLES)).fetchall()]
+                for statement in sql.reset_truncate(tables):
+                    await conn.execute(statement)
 
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
     ) -> None:
-        """As :meth:`install_queue_storage`."""
-        _storage_defaults(
-            schema=schema,
-            queue_slot_count=queue_slot_count,
-            lease_slot_count=lease_slot_count,
-            reset=False,
+        """As :meth:`install_queue_storage` without ``reset``."""
+        _storage_arguments(
+            schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
         )
         await self._migrate()
 
@@ -77,7 +138,6 @@ class StorageAdmin:
         first, last, applied = rows[0] if rows else (None, None, None)
         first, last = (None if t is None else t.isoformat() for t in (first, last))
         why = ["awa-fast has one storage engine (awa_fast schema); there is no transition"]
-        from awa_fast.schema import current_migration_version
 
         report = {
             "current_engine": "awa_fast",

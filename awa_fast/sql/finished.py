@@ -157,3 +157,35 @@ SELECT queue,
                                AND bucket >= now() - interval '1 hour'), 0)::bigint
            AS completed_last_hour
 FROM {S}.done_counts GROUP BY queue"""
+
+# Per-queue retention (start()'s queue dict "retention", awa's queue_retention): finished rows
+# of a queue whose retention is shorter than its class's horizon (the longest retention any
+# queue of the class has: what the slices keep, EXPIRED_SLICES) are deleted row by row, in
+# batches; a slice still goes whole once its newest row is past the horizon. Params: states
+# (the class's final states), queues / ages (the queues with a retention of their own and its
+# seconds, NULL where it is the horizon: left to the slices), default_s (every other queue's,
+# NULL likewise), min_s (the shortest of them: lets the BRIN index on finalized_at skip young
+# ranges), limit. The delete fires done_deleted (counters, unique holds; migration 010).
+_PAST_QUEUE_RETENTION = (
+    "j.state = ANY(%(states)s::awa_fast.job_state[])"
+    " AND j.finalized_at < now() - %(min_s)s::float8 * interval '1 second'"
+    " AND j.finalized_at < now() - CASE WHEN array_position(%(queues)s::text[], j.queue) IS NULL"
+    " THEN %(default_s)s::float8"
+    " ELSE (%(ages)s::float8[])[array_position(%(queues)s::text[], j.queue)] END"
+    " * interval '1 second'"
+)
+PRUNE_QUEUE_RETENTION = f"""
+DELETE FROM {S}.jobs_done WHERE id IN (
+    SELECT j.id FROM {S}.jobs_done j WHERE {_PAST_QUEUE_RETENTION}
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING id"""
+
+PRUNE_QUEUE_RETENTION_IDS = f"""
+SELECT j.id FROM {S}.jobs_done j WHERE {_PAST_QUEUE_RETENTION} AND {skipping("j")}
+LIMIT %(limit)s"""
+
+PRUNE_QUEUE_RETENTION_ONE = f"""
+DELETE FROM {S}.jobs_done WHERE id = (
+    SELECT j.id FROM {S}.jobs_done j WHERE j.id = %(id)s AND {_PAST_QUEUE_RETENTION}
+    FOR UPDATE SKIP LOCKED)
+RETURNING id"""

@@ -39,7 +39,11 @@ from awa_fast.sql.finalize import (
     TRANSITION,
 )
 from awa_fast.sql.finished import (
+    _PAST_QUEUE_RETENTION,
     _STALE_MARK,
+    PRUNE_QUEUE_RETENTION,
+    PRUNE_QUEUE_RETENTION_IDS,
+    PRUNE_QUEUE_RETENTION_ONE,
     SETTLE_STALE_MARK_ONE,
     SETTLE_STALE_MARKS,
     STALE_MARK_IDS,
@@ -91,6 +95,10 @@ ISOLATED = {
         (SETTLE_STALE_MARKS, STALE_MARK_IDS, SETTLE_STALE_MARK_ONE),
     ),
     "batch_apply": (_BATCH_ELIGIBLE, (BATCH_APPLY, BATCH_APPLY_ONE)),
+    "prune_queue_retention": (
+        _PAST_QUEUE_RETENTION,
+        (PRUNE_QUEUE_RETENTION, PRUNE_QUEUE_RETENTION_IDS, PRUNE_QUEUE_RETENTION_ONE),
+    ),
 }
 
 # Batched statements whose per-job twin binds the same guard to scalars instead of the batch's

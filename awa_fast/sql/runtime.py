@@ -30,6 +30,30 @@ GROUP BY queue"""
 STORAGE_HISTORY = f"""
 SELECT min(applied_at), max(applied_at), max(version) FROM {S}.schema_version"""
 
+# install_queue_storage(reset=True), awa's storage reset: every job and what belongs to jobs
+# (finished slices, DLQ, counters, holds, schedules, queue settings, descriptors, batch
+# operations) goes; the schema, its migration history, the leader row (its epoch fences) and
+# the live processes' presence and verifier registrations stay. Sequences go on (ids are not
+# reused: an attempt still running elsewhere cannot finalize a new job of the same id).
+# The tables to empty: every table of the schema but those, partitions left to their parent
+# (run without parameters).
+RESET_TABLES = f"""
+SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = '{S}' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND c.relname <> ALL(ARRAY['schema_version', 'leader', 'workers', 'verifier_kinds'])
+ORDER BY 1"""
+
+
+def reset_truncate(tables: list[str]) -> list[str]:
+    """The ``TRUNCATE`` statements of ``tables`` (names as ``RESET_TABLES`` quotes them),
+    sequences kept: the hot table alone and last, since its truncate trigger (migration 010)
+    truncates the finished storage again, which the same statement may not."""
+    hot = f"{S}.jobs"
+    rest = [t for t in tables if t != hot]
+    return [f"TRUNCATE {', '.join(rest)}", f"TRUNCATE {hot}"] if rest else [f"TRUNCATE {hot}"]
+
+
 # Worker presence (awa_fast.workers): which queues and kinds each live process claims.
 WORKER_SEEN = f"""
 INSERT INTO {S}.workers (instance, queues, kinds, expires_at, min_stale_ms)

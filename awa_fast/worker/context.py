@@ -12,14 +12,14 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
-from awa_fast import sql
+from awa_fast import db_errors, sql
 from awa_fast.callback_expressions import compile_expressions
-from awa_fast.callbacks import CallbackToken, check_timeout
+from awa_fast.callback_token import CallbackToken, check_timeout
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import JobState
 from awa_fast.worker import storable
+from awa_fast.worker.attempt_services import AttemptRuntime
 from awa_fast.worker.follow_ups import FollowUps
-from awa_fast.worker.services import AttemptRuntime
 
 
 def _ts(value: datetime | None) -> str | None:
@@ -35,6 +35,9 @@ class JobContext:
     """
 
     __slots__ = (
+        "lease_lost",
+        "claimed_mono",
+        "beaten_mono",
         "id",
         "kind",
         "queue",
@@ -91,6 +94,9 @@ class JobContext:
         self.callback_id: str | None = None
         self.waiting = False  # in wait_for_callback: the deadline does not run
         self.deadline_expired = False  # set by the runtime's deadline sweeper
+        self.lease_lost = False  # set when no beat committed for a lease (worker/liveness.py)
+        self.claimed_mono = 0.0  # time.monotonic() when the runtime started it
+        self.beaten_mono = 0.0  # time.monotonic() send time of the last beat that beat it
         self.returned = False  # the handler returned: never cancel it any more
         # A ``def`` handler's concurrent.futures.Future (its thread may outlive a cancel).
         self.thread: Any = None
@@ -212,6 +218,7 @@ class JobContext:
     def progress_acked(self, generation: int) -> None:
         self._progress_acked = max(self._progress_acked, generation)
 
+    @db_errors.maps("job.flush_progress")
     async def flush_progress(self) -> None:
         """Write pending progress now, guarded by this attempt's run lease (a rescued or
         cancelled attempt is silently ignored).
@@ -228,6 +235,7 @@ class JobContext:
             await conn.execute(sql.FLUSH_PROGRESS, (snap[1], self.id, self.run_lease))
         self.progress_acked(snap[0])
 
+    @db_errors.maps("job.flush_progress_sync")
     def flush_progress_sync(self) -> None:
         """Blocking :meth:`flush_progress`: for ``def`` handlers in the thread pool, and also
         safe from an ``async def`` handler (awa-pg allows both).
@@ -274,6 +282,7 @@ class JobContext:
 
     # -- external waits (ADR-021) ---------------------------------------------------------------
 
+    @db_errors.maps("job.register_callback")
     async def register_callback(
         self,
         timeout_seconds: float = 3600,
@@ -309,6 +318,7 @@ class JobContext:
         self.callback_id = str(row[0])
         return CallbackToken(self.callback_id, row[1].isoformat())
 
+    @db_errors.maps("job.wait_for_callback")
     async def wait_for_callback(self, token: Any) -> Any:
         """Park the job in ``waiting_external`` and wait (this handler stays alive, its staged
         follow-ups too) until ``resume_external`` delivers a payload, which is returned.

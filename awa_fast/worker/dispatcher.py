@@ -45,6 +45,9 @@ class Dispatcher:
         cap: weighted mode: most attempts of this queue at once (its ``max_workers``), or None.
         idle_poll: the runtime's shared poll to park on after a claim that found nothing, or
             None to claim every ``poll_interval_s`` while idle.
+        claimers: claim loops of this queue in this process (awa's ``QueueConfig.claimers``,
+            >= 1): up to that many claim statements in flight at once, each taking slots,
+            overflow permits and rate-limit tokens from the shared ones before it runs.
     """
 
     def __init__(
@@ -62,8 +65,10 @@ class Dispatcher:
         overflow: OverflowPool | None = None,
         cap: int | None = None,
         idle_poll: IdlePoll | None = None,
+        claimers: int = 1,
     ):
         self.queue = queue
+        self.claimers = claimers
         self.max_workers = max_workers
         self.free = max_workers
         self.deadline_ms = deadline_ms
@@ -112,6 +117,23 @@ class Dispatcher:
         self._wake.set()
 
     async def run(self) -> None:
+        """Claim until :meth:`stop`: ``claimers`` claim loops (awa's ``QueueConfig.claimers``)
+        sharing this queue's slots, its overflow permits and its rate limit."""
+        if self.claimers == 1:
+            await self._claim_loop()
+            return
+        loops = [
+            asyncio.create_task(self._claim_loop(), name=f"awa-claimer-{self.queue}-{i}")
+            for i in range(self.claimers)
+        ]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+
+    async def _claim_loop(self) -> None:
         while not self._stopping:
             try:
                 await asyncio.wait_for(
@@ -135,19 +157,33 @@ class Dispatcher:
             if limit <= 0:
                 continue
             if self.bucket is not None:
-                limit = min(limit, self.bucket.available())
-                if limit <= 0:  # rate limited: claim again when a token is due
+                tokens = self.bucket.available()
+                if tokens <= 0:  # rate limited: claim again when a token is due
                     self._give_back(granted)
                     self._more = True
                     await asyncio.sleep(min(self.bucket.wait_s(), self.poll_interval_s))
                     self._wake.set()
                     continue
+                if limit > tokens:  # overflow permits go back first
+                    trim = limit - tokens
+                    back = min(granted, trim)
+                    self._give_back(back)
+                    granted -= back
+                    local -= trim - back
+                    limit = tokens
+                self.bucket.take(limit)  # spent before the claim: other claimers see it
+            # The slots of this claim are reserved before it runs: another claim loop of the
+            # queue (claimers > 1) claims only what is left.
+            self.free -= local
             try:
                 started = time.perf_counter()
                 rows = await self._claim(limit)
                 metrics.claimed(self.queue, time.perf_counter() - started)
             except Exception as exc:  # the claim loop must survive every error
+                self.free += local
                 self._give_back(granted)
+                if self.bucket is not None:
+                    self.bucket.refund(limit)
                 log.warning(
                     "claim from queue %r failed: %s: %s",
                     self.queue,
@@ -163,7 +199,7 @@ class Dispatcher:
             if self._more:
                 self._wake.set()
             on_local = min(len(rows), local)
-            self.free -= on_local
+            self.free += local - on_local
             if self.overflow is not None:
                 self.overflow_held += len(rows) - on_local
                 self._give_back(granted - (len(rows) - on_local))
@@ -173,7 +209,7 @@ class Dispatcher:
                 self._parked = True
                 self.idle_poll.park(self.queue, self.notify)
             if self.bucket is not None:
-                self.bucket.take(len(rows))
+                self.bucket.refund(limit - len(rows))
             self.claimed += len(rows)
             for row in rows:
                 self._spawn(row)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
 
 import psycopg
 
@@ -21,6 +23,9 @@ log = logging.getLogger("awa_fast.heartbeat")
 CHUNK = 500
 #: Seconds between progress-only flushes (attempts whose progress changed since the last write).
 PROGRESS_FLUSH_S = 0.5
+#: Seconds before the first retry of a failed beat (doubling up to the interval): a lease is
+#: kept by the next beat that commits, not by the next interval.
+RETRY_FIRST_S = 0.25
 
 
 class Heartbeat:
@@ -40,6 +45,14 @@ class Heartbeat:
     on first use and again after it is lost: liveness must not wait for a pool connection, or
     handlers that hold every pool connection (``max_connections`` below the slots) would have
     their live attempts rescued as stale and run again. Without it, beats use the pool.
+
+    The runtime runs :meth:`run` and :meth:`run_progress` on the liveness thread's own event loop
+    (``worker/liveness.py``), so a handler that blocks the process's loop cannot stop them;
+    ``post`` then hands :attr:`beaten` and :attr:`progress_written` notifications to the
+    process's loop, and :meth:`beat` called from that loop runs the round on the liveness
+    loop. ``presence`` (optional) is awaited with the beat connection after each full round
+    (the process's presence row is liveness too). Each attempt the statement beat gets the
+    round's ``time.monotonic()`` send time as ``beaten_mono``: its lease runs from there.
     """
 
     def __init__(
@@ -50,8 +63,13 @@ class Heartbeat:
         progress_interval_s: float = PROGRESS_FLUSH_S,
         *,
         database_url: str | None = None,
+        presence: Callable[[Any], Awaitable[None]] | None = None,
     ):
         self._pool_getter = pool_getter
+        self._presence = presence
+        self._post: Callable[[Callable[[], Any]], Any] = _call
+        self._home: asyncio.AbstractEventLoop | None = None  # where the beat loops run
+
         self._database_url = database_url
         # an attempt whose beat a trigger refuses meets every beat: warned about once
         self._recurring = bulk.Recurring()
@@ -72,24 +90,57 @@ class Heartbeat:
     async def run_progress(self) -> None:
         await self._every(self.progress_interval_s, progress_only=True, what="progress flush")
 
+    def host(self, loop: asyncio.AbstractEventLoop, post: Callable[[Callable[[], Any]], Any]):
+        """Run on ``loop`` (another thread's), handing notifications over with ``post``
+        (``call_soon_threadsafe`` of the process's loop)."""
+        self._home, self._post = loop, post
+
     async def _every(self, interval_s: float, *, progress_only: bool, what: str) -> None:
+        delay = interval_s
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(delay)
+            delay = interval_s
             try:
-                await self.beat(progress_only=progress_only)
+                await self._beat(progress_only)
             except (psycopg.Error, OSError) as exc:
                 log.warning("%s failed: %s", what, exc)
+                delay = self._retry_after(interval_s)
             except Exception:  # never let one beat end the loop
                 log.exception("%s failed", what)
+                delay = self._retry_after(interval_s)
+            else:
+                self._failures = 0
             raise_if_cancelling()  # see worker/cancellation.py
+
+    _failures = 0
+
+    def _retry_after(self, interval_s: float) -> float:
+        self._failures += 1
+        return min(interval_s, RETRY_FIRST_S * 2 ** (self._failures - 1))
 
     async def beat(self, progress_only: bool = False) -> None:
         """Send one round of heartbeats now (only for attempts with unwritten progress when
-        ``progress_only``)."""
+        ``progress_only``), on the loop the beats run on (awaited from any loop).
+
+        Raises:
+            psycopg.Error, OSError: the round failed (the loops log it and retry).
+        """
+        home = self._home
+        if home is None or home is asyncio.get_running_loop():
+            await self._beat(progress_only)
+            return
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._beat(progress_only), home))
+
+    async def _beat(self, progress_only: bool) -> None:
+        sent = time.monotonic()
         ctxs = sorted(self._in_flight(), key=lambda c: (c.id, c.run_lease))
         if progress_only:
             ctxs = [c for c in ctxs if c.progress_snapshot() is not None]
         if not ctxs:
+            if not progress_only:
+                if self._presence is not None:
+                    async with self._connection() as conn:
+                        await self._presence(conn)
             return
         wrote_progress = False
         async with self._connection() as conn:
@@ -98,9 +149,11 @@ class Heartbeat:
                 snaps = [c.progress_snapshot() for c in chunk]
                 beaten = await self._beat_chunk(conn, chunk, snaps)
                 for c, s in zip(chunk, snaps):
-                    if s is not None and (c.id, c.run_lease) in beaten:
-                        c.progress_acked(s[0])
-                        wrote_progress = True
+                    if (c.id, c.run_lease) in beaten:
+                        c.beaten_mono = sent  # its lease runs from this send (worker/liveness.py)
+                        if s is not None:
+                            c.progress_acked(s[0])
+                            wrote_progress = True
             if not progress_only:  # every attempt was met: the pass is complete
                 self._recurring.pass_done()
                 # An attempt whose job was dead-lettered while its handler runs (an early
@@ -108,12 +161,21 @@ class Heartbeat:
                 await conn.execute(
                     sql.HEARTBEAT_DLQ_MARKS, ([c.id for c in ctxs], [c.run_lease for c in ctxs])
                 )
+                if self._presence is not None:
+                    await self._presence(conn)
         if not progress_only:
             self.beats += 1
+        self._post(lambda: self._fired(progress_only, wrote_progress))
+
+    def _fired(self, progress_only: bool, wrote_progress: bool) -> None:
+        # On the process's loop: the signal's waiters and the condition belong to it.
         self.beaten.fire(progress_only)
         if wrote_progress:  # waiters re-check their own condition
-            async with self.progress_written:
-                self.progress_written.notify_all()
+            asyncio.get_running_loop().create_task(self._notify_progress())
+
+    async def _notify_progress(self) -> None:
+        async with self.progress_written:
+            self.progress_written.notify_all()
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
@@ -135,7 +197,7 @@ class Heartbeat:
                 raise
 
     async def close(self) -> None:
-        """Close the heartbeat's own connection (if any)."""
+        """Close the heartbeat's own connection (if any), on the loop the beats run on."""
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):  # closing a dead connection may fail
@@ -190,3 +252,7 @@ class Heartbeat:
             ends_pass=False,  # a beat is one pass over all its chunks (beat())
         )
         return set(done.rows) | dropped
+
+
+def _call(fn: Callable[[], Any]) -> None:
+    fn()

@@ -58,7 +58,7 @@ _PASSES_OF = {
     "promote": ("promote",),
     "rescue": ("rescue",),
     "callback_rescue": ("callback rescue",),
-    "prune": ("stale mark settle", "DLQ prune"),
+    "prune": ("stale mark settle", "DLQ prune", "queue retention"),
 }
 
 
@@ -118,6 +118,56 @@ class MaintenanceConfig:
     hot_vacuum_dead_rows: int = 5_000
     hot_vacuum_truncate_bytes: int = 64 * 1024 * 1024
     hot_vacuum_truncate_retry_ms: int = 60_000
+    # awa's terminal_count_rollup_interval_ms: the counter fold as its own loop at this
+    # interval; None folds with each prune pass (cleanup_interval_ms)
+    terminal_count_rollup_interval_ms: int | None = None
+    # awa's per-queue retention: queue -> (completed hours, failed/cancelled hours)
+    queue_retention: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+    def retention_horizons(self) -> tuple[float, float]:
+        """Hours the finished slices keep, per class (completed; failed and cancelled): the
+        longest retention of any queue, global or its own (``queue_retention``)."""
+        completed = [self.completed_retention_hours]
+        failed = [self.failed_retention_hours]
+        for c, f in self.queue_retention.values():
+            completed.append(c)
+            failed.append(f)
+        return max(completed), max(failed)
+
+    def queue_retention_params(self) -> list[dict[str, Any]]:
+        """The parameters of ``sql.PRUNE_QUEUE_RETENTION``, one dict per class that has rows
+        to delete one by one (a queue whose retention is shorter than the class's horizon);
+        empty without ``queue_retention``."""
+        if not self.queue_retention:
+            return []
+        horizons = self.retention_horizons()
+        out = []
+        for i, (states, default_h) in enumerate(
+            (
+                (["completed"], self.completed_retention_hours),
+                (["failed", "cancelled"], self.failed_retention_hours),
+            )
+        ):
+            horizon = horizons[i]
+            queues = sorted(self.queue_retention)
+            ages = [self.queue_retention[q][i] * 3600 for q in queues]
+            ages_or_none = [None if a >= horizon * 3600 else a for a in ages]
+            default_s = None if default_h >= horizon else default_h * 3600
+            shorter = [a for a in ages_or_none if a is not None]
+            if default_s is not None:
+                shorter.append(default_s)
+            if not shorter:
+                continue
+            out.append(
+                {
+                    "states": states,
+                    "queues": queues,
+                    "ages": ages_or_none,
+                    "default_s": default_s,
+                    "min_s": min(shorter),
+                }
+            )
+        return out
 
     @property
     def leader_check_ms(self) -> float:
@@ -135,14 +185,20 @@ def check_retention(config: MaintenanceConfig) -> None:
 
     Raises:
         ConfigError: ``completed_retention_hours`` above 30 or ``failed_retention_hours``
-            above 90, naming the field.
+            above 90, or a queue's ``retention`` ``completed_hours`` / ``failed_hours`` above
+            them, naming the field (and the queue).
     """
-    for field, period_s in (
-        ("completed_retention_hours", sql.COMPLETED_SLICE_S),
-        ("failed_retention_hours", sql.FAILED_SLICE_S),
-    ):
+    given = [
+        ("completed_retention_hours", sql.COMPLETED_SLICE_S, config.completed_retention_hours),
+        ("failed_retention_hours", sql.FAILED_SLICE_S, config.failed_retention_hours),
+    ]
+    for queue, (completed_h, failed_h) in sorted(config.queue_retention.items()):
+        given.append(
+            (f"queue {queue!r}: retention completed_hours", sql.COMPLETED_SLICE_S, completed_h)
+        )
+        given.append((f"queue {queue!r}: retention failed_hours", sql.FAILED_SLICE_S, failed_h))
+    for field, period_s, value in given:
         limit_h = (sql.RING_SLOTS - 2) * period_s / 3600
-        value = getattr(config, field)
         if value > limit_h:
             raise ConfigError(
                 f"{field}={value!r} is longer than the finished-job slices keep "
@@ -160,7 +216,9 @@ class Maintenance:
     ``on_rescued`` (optional) is awaited with the rescued rows after each rescue commits
     (registered Rescued specs). ``consequence_kinds()`` lists the kinds whose final-attempt
     rescue goes to ``consequence_pending`` instead of ``failed`` (the settler then settles them
-    in the reconciler: the failure consequence and exhausted specs). ``extra_tasks`` are
+    in the reconciler: the failure consequence and exhausted specs). ``own_attempts()`` lists
+    the job ids of the attempts this process still runs: a stale heartbeat never rescues them
+    (their beats stalled; a passed deadline still does). ``extra_tasks`` are
     ``(interval_s, fn)``; ``fn(fenced)`` gets :meth:`fenced` for its write transactions.
     """
 
@@ -173,6 +231,7 @@ class Maintenance:
         extra_tasks: list[tuple[float, Callable[[Fenced], Awaitable[Any]]]] | None = None,
         consequence_kinds: Callable[[], list[str]] = list,
         known_kinds: Callable[[], list[str]] = list,
+        own_attempts: Callable[[], list[int]] = list,
     ):
         check_retention(config)
         self.database_url = database_url
@@ -182,6 +241,7 @@ class Maintenance:
         self.extra_tasks = extra_tasks or []
         self.consequence_kinds = consequence_kinds
         self.known_kinds = known_kinds
+        self.own_attempts = own_attempts
         self.is_leader = False
         self.epoch: int | None = None  # set when elected; kept after stepping down (fences)
         self._lock_conn: psycopg.AsyncConnection | None = None
@@ -330,6 +390,10 @@ class Maintenance:
             ("prune", c.cleanup_interval_ms / 1000, self.prune),
             ("vacuum_hot", c.hot_vacuum_interval_ms / 1000, self.vacuum_hot),
         ]
+        if c.terminal_count_rollup_interval_ms is not None:
+            loops.append(
+                ("counter_fold", c.terminal_count_rollup_interval_ms / 1000, self.fold_counts)
+            )
         loops += [
             (getattr(fn, "__name__", repr(fn)).lstrip("_"), s, functools.partial(fn, self.fenced))
             for s, fn in self.extra_tasks
@@ -545,6 +609,7 @@ class Maintenance:
             "limit": RESCUE_BATCH,
             "consequence_kinds": self.consequence_kinds(),
             "known_kinds": self.known_kinds(),
+            "own": self.own_attempts(),
             "only": None,
         }
         rows: list[tuple] = []
@@ -623,7 +688,10 @@ class Maintenance:
         ``cleanup_batch_size`` rows until a batch comes up short (none left) or
         ``DLQ_PRUNE_BATCHES`` (100) batches ran (a row whose delete fails alone, say a trigger
         refuses it, is kept and logged). A finished row the hot table kept for a stale "still
-        running" mark moves to the finished storage.
+        running" mark moves to the finished storage. With per-queue retention
+        (``queue_retention``), the finished rows of a queue whose retention is shorter than its
+        class's horizon (the longest of any queue, which the slices keep) are deleted row by
+        row first, in batches as the DLQ's (``sql.PRUNE_QUEUE_RETENTION``).
 
         Each step (presence, callback expressions, batch operations, stale marks, the counter
         fold, descriptors, each DLQ batch, the slices) runs in its own transaction; a step
@@ -659,27 +727,24 @@ class Maintenance:
 
             return run
 
-        def isolated(what: str, bulk_q: str, ids_q: str, one_q: str) -> Callable:
+        def isolated(
+            what: str, bulk_q: str, ids_q: str, one_q: str, extra: dict | None = None
+        ) -> Callable:
+            p = {**params, **(extra or {})}
+
             async def run(conn: psycopg.AsyncConnection) -> int:
                 done = await bulk.run_isolated(
                     conn,
                     what=what,
-                    bulk=functools.partial(_fetch, conn, bulk_q, params),
-                    keys=lambda skip: _fetch_ids(conn, ids_q, {**params, "skip": skip}),
-                    one=functools.partial(_fetch_id, conn, one_q, params),
+                    bulk=functools.partial(_fetch, conn, bulk_q, p),
+                    keys=lambda skip: _fetch_ids(conn, ids_q, {**p, "skip": skip}),
+                    one=functools.partial(_fetch_id, conn, one_q, p),
                     recurring=self._recurring[what],
                     batch=c.cleanup_batch_size,
                 )
                 return len(done.rows)
 
             return run
-
-        async def fold(conn: psycopg.AsyncConnection) -> int:
-            cur = await conn.execute(sql.LOCK_FOLDABLE_SLOTS)
-            slots = (await one_row(cur))[0]
-            if slots:
-                await conn.execute(sql.FOLD_COUNTS, {"slots": slots})
-            return 0
 
         await step("worker presence", execute(sql.WORKERS_PRUNE))
         await step("callback expressions", execute(sql.CALLBACK_EXPRESSIONS_PRUNE))
@@ -693,7 +758,8 @@ class Maintenance:
                 sql.SETTLE_STALE_MARK_ONE,
             ),
         )
-        await step("counter fold", fold)
+        if c.terminal_count_rollup_interval_ms is None:  # else its own loop (fold_counts)
+            await step("counter fold", _fold)
         if c.descriptor_retention_days > 0:
             await step(
                 "descriptors",
@@ -710,15 +776,42 @@ class Maintenance:
             # by the next batch's redo; one that still fills a batch goes on: ADR 009).
             if removed < c.cleanup_batch_size:
                 break
+        for class_params in c.queue_retention_params():
+            queue_prune = isolated(
+                "queue retention",
+                sql.PRUNE_QUEUE_RETENTION,
+                sql.PRUNE_QUEUE_RETENTION_IDS,
+                sql.PRUNE_QUEUE_RETENTION_ONE,
+                class_params,
+            )
+            for _ in range(DLQ_PRUNE_BATCHES):
+                removed = await step("queue retention", queue_prune)
+                pruned += removed
+                if removed < c.cleanup_batch_size:
+                    break
         pruned += await self.expire_slices()
         self.counts["pruned"] += pruned
         if failed:
             raise PassIncomplete(f"prune steps failed: {', '.join(failed)}; the others ran")
         return pruned
 
+    async def fold_counts(self) -> int:
+        """Fold the finished-job counters (``sql.FOLD_COUNTS``) in one fenced transaction: awa's
+        terminal-count rollup. Run by the prune pass, or as the ``counter_fold`` loop every
+        ``terminal_count_rollup_interval_ms`` when that is set. Returns 0 (rows are folded,
+        not removed).
+
+        Raises:
+            Deposed: another process took leadership.
+            psycopg.Error: the fold failed (the loop retries).
+        """
+        async with self.fenced(bounded=True) as conn:
+            return await _fold(conn)
+
     async def expire_slices(self) -> int:
-        """TRUNCATE every finished slice whose newest row is past its class's retention
-        (``completed_retention_hours``; ``failed_retention_hours`` for failed and cancelled),
+        """TRUNCATE every finished slice whose newest row is past its class's horizon
+        (``completed_retention_hours``; ``failed_retention_hours`` for failed and cancelled; a
+        longer per-queue retention raises it: ``MaintenanceConfig.retention_horizons``),
         releasing the unique keys its jobs held. Returns the rows removed.
 
         Each slice is its own fenced transaction: its partition is locked ACCESS EXCLUSIVE
@@ -731,10 +824,9 @@ class Maintenance:
         Raises:
             Deposed: another process took leadership.
         """
-        ages = {
-            "completed_s": self.config.completed_retention_hours * 3600,
-            "failed_s": self.config.failed_retention_hours * 3600,
-        }
+        # the longest retention of any queue: a queue's shorter one is pruned row by row
+        completed_h, failed_h = self.config.retention_horizons()
+        ages = {"completed_s": completed_h * 3600, "failed_s": failed_h * 3600}
         pool = await self._pool_getter()
         async with pool.connection() as conn:
             expired = [r[0] for r in await _fetch(conn, sql.EXPIRED_SLICES, ages)]
@@ -818,6 +910,14 @@ class Maintenance:
             await conn.execute(sql.VACUUM_HOT)
         self.counts["hot_vacuums"] += 1
         return True
+
+
+async def _fold(conn: psycopg.AsyncConnection) -> int:
+    cur = await conn.execute(sql.LOCK_FOLDABLE_SLOTS)
+    slots = (await one_row(cur))[0]
+    if slots:
+        await conn.execute(sql.FOLD_COUNTS, {"slots": slots})
+    return 0
 
 
 async def _fetch(conn, query: str, params) -> list[tuple]:

@@ -32,9 +32,16 @@ class TokenBucket:
         return int(self._tokens)
 
     def take(self, n: int) -> None:
-        """Spend ``n`` tokens (the rows a claim actually returned)."""
+        """Spend ``n`` tokens (taken before a claim; :meth:`refund` returns the unused)."""
         self._refill()
         self._tokens -= n
+
+    def refund(self, n: int) -> None:
+        """Give back ``n`` tokens taken before a claim that returned fewer rows (never past
+        ``burst``)."""
+        if n > 0:
+            self._refill()
+            self._tokens = min(float(self.burst), self._tokens + n)
 
     def wait_s(self) -> float:
         """Seconds until one whole token is available (0 if one is)."""

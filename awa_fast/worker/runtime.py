@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 import uuid
 import warnings
@@ -22,7 +23,16 @@ from typing import Any
 import orjson
 import psycopg
 
-from awa_fast import batch_ops, bulk, descriptors, metrics, pg_connection, schema, sql
+from awa_fast import (
+    batch_ops,
+    bulk,
+    descriptors,
+    metrics,
+    pg_connection,
+    schema,
+    sql,
+    storage_options,
+)
 from awa_fast.errors import (
     ConfigError,
     QueueMismatchWarning,
@@ -42,6 +52,7 @@ from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.idle_poll import IdlePoll
 from awa_fast.worker.lingering import Lingering
+from awa_fast.worker.liveness import LEASE_MARGIN, Liveness
 from awa_fast.worker.maintenance import (
     MAX_BACKOFF_S,
     Maintenance,
@@ -51,6 +62,7 @@ from awa_fast.worker.maintenance import (
 from awa_fast.worker.observe import Signal
 from awa_fast.worker.registry import Registry
 from awa_fast.worker.services import Services
+from awa_fast.worker.stall_watch import StallWatch
 from awa_fast.worker.weighted import OverflowPool
 
 log = logging.getLogger("awa_fast.runtime")
@@ -94,21 +106,6 @@ def shutdown_bound_s(timeout_s: float) -> float:
 BATCH_RUNNER_S = 0.2  # the leader's batch-operation runner: one step (a chunk) per interval
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
-# awa-pg start() keywords for features awa-fast does not have (awa's queue-storage engine and
-# storage transition, terminal-count rollups): rejected unless left at "not given"
-# (None; "auto" for storage_transition_role), never ignored.
-_UNSUPPORTED = {
-    "terminal_count_rollup_interval_ms",
-    "queue_storage_schema",
-    "queue_storage_queue_slot_count",
-    "queue_storage_lease_slot_count",
-    "queue_storage_claim_slot_count",
-    "queue_storage_queue_stripe_count",
-    "queue_storage_queue_rotate_interval_ms",
-    "queue_storage_lease_rotate_interval_ms",
-    "queue_storage_claim_rotate_interval_ms",
-    "storage_transition_role",
-}
 # Per-queue dict keys awa-fast honours; awa's others are rejected by name.
 _QUEUE_KEYS = {
     "name",
@@ -121,11 +118,11 @@ _QUEUE_KEYS = {
     "dlq",
     "min_workers",
     "weight",
+    "retention",
 }
-_QUEUE_UNSUPPORTED = {
-    "retention": "per-queue retention; use completed_retention_hours / "
-    "failed_retention_hours of start()"
-}
+# awa's RetentionPolicy::default: a per-queue retention dict without one of its keys takes
+# this, not start()'s global value (awa-python parse_queue_retention_overrides).
+AWA_QUEUE_RETENTION_DEFAULT_HOURS = {"completed_hours": 24.0, "failed_hours": 72.0}
 
 
 @dataclasses.dataclass
@@ -139,6 +136,9 @@ class QueueConfig:
     claim_batch_size: int = DEFAULT_CLAIM_BATCH
     rate_limit: tuple[float, int] | None = None  # (max claims per second, burst)
     priority_aging_interval_ms: int = 0  # 0 = no aging
+    claimers: int = 1  # claim loops sharing the queue's slots (awa's QueueConfig.claimers)
+    # awa's per-queue retention: (completed hours, failed/cancelled hours), or None (global)
+    retention: tuple[float, float] | None = None
     options: dict = dataclasses.field(default_factory=dict)
     # weighted mode (global_max_workers): guaranteed slots, share of the overflow pool, and
     # max_workers only if given (a cap); see worker/weighted.py
@@ -152,9 +152,11 @@ def parse_queues(
 ) -> list[QueueConfig]:
     """awa's queue forms: ``None`` (one queue per registered handler queue, 10 workers), a list of
     ``(name, max_workers)`` tuples, a list of dicts with ``name`` and ``max_workers`` plus
-    optional ``deadline_duration_ms``, ``claim_batch_size``, ``claimers`` (1 only: one claim
-    loop per queue and process), ``rate_limit=(max_rate, burst)`` (claims per second, bucket
-    size), ``priority_aging_interval_ms`` and ``dlq`` (a bool); or ``PartitionedQueue`` configs.
+    optional ``deadline_duration_ms``, ``claim_batch_size``, ``claimers`` (an int >= 1: claim
+    loops sharing the queue's slots, awa's meaning), ``rate_limit=(max_rate, burst)`` (claims
+    per second, bucket size), ``priority_aging_interval_ms``, ``dlq`` (a bool) and
+    ``retention`` (a dict with ``completed_hours`` and/or ``failed_hours``, numbers >= 0; a key
+    left out takes awa's default, 24 and 72 hours); or ``PartitionedQueue`` configs.
     With ``global_max_workers`` (awa's weighted mode) the dicts give ``min_workers`` (>= 0,
     guaranteed slots) and ``weight`` (>= 1, share of the rest); a ``max_workers`` there caps
     the queue.
@@ -162,8 +164,9 @@ def parse_queues(
     Raises:
         ValidationError: an invalid value, naming the queue and key; weighted mode without
             dict queues, ``min_workers``/``weight`` without ``global_max_workers``, or
-            minimums summing past it (awa's rules). ``Unsupported`` (a ValidationError) for
-            per-queue ``retention``, ``claimers`` > 1 and unknown keys.
+            minimums summing past it (awa's rules); ``claimers`` or ``claim_batch_size`` < 1; a
+            ``retention`` that is not such a dict. ``Unsupported`` (a ValidationError) for
+            unknown keys.
     """
     weighted = global_max_workers is not None
     if weighted:
@@ -206,8 +209,6 @@ def parse_queues(
                 f"queue {name!r}: give max_workers or min_workers, not both", field="min_workers"
             )
         for key in cfg:
-            if key in _QUEUE_UNSUPPORTED:
-                raise Unsupported(key, f"queue {name!r}: {_QUEUE_UNSUPPORTED[key]}")
             if key not in _QUEUE_KEYS:
                 raise Unsupported(key, f"queue {name!r}: unknown queue option")
         for key in ("claimers", "claim_batch_size"):
@@ -218,12 +219,8 @@ def parse_queues(
             raise ConfigError(
                 f"queue {name!r}: dlq must be a bool, got {cfg['dlq']!r}", field="dlq", limit="bool"
             )
-        if cfg.pop("claimers", 1) != 1:
-            raise Unsupported(
-                "claimers",
-                f"queue {name!r}: awa-fast runs one claim loop per "
-                "queue and process; use more processes",
-            )
+        claimers = cfg.pop("claimers", 1)
+        retention = _queue_retention(name, cfg.pop("retention", None))
         if not weighted and ("min_workers" in cfg or "weight" in cfg):
             key = "min_workers" if "min_workers" in cfg else "weight"
             raise ValidationError(
@@ -253,6 +250,8 @@ def parse_queues(
                 priority_aging_interval_ms=_aging_ms(
                     name, cfg.pop("priority_aging_interval_ms", None)
                 ),
+                claimers=claimers,
+                retention=retention,
                 options=cfg,
                 **share,
             )
@@ -267,6 +266,47 @@ def parse_queues(
                 limit=f">= {total_min}",
             )
     return out
+
+
+def _queue_retention(queue: str, value: Any) -> tuple[float, float] | None:
+    """A queue dict's ``retention`` (awa's per-queue override): ``None``, or a dict with
+    ``completed_hours`` and/or ``failed_hours`` (finite numbers >= 0, hours). A key left out
+    takes awa's default (``AWA_QUEUE_RETENTION_DEFAULT_HOURS``). The ring's limits (30 and 90
+    hours) are checked with the global ones (``maintenance.check_retention``).
+
+    Raises:
+        ConfigError: not a dict, another key, or a value that is not a finite number >= 0,
+            naming the queue and the key.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"queue {queue!r}: retention must be a dict with 'completed_hours' and/or "
+            f"'failed_hours' keys, got {value!r}",
+            field="retention",
+            limit="dict",
+        )
+    unknown = sorted(set(value) - set(AWA_QUEUE_RETENTION_DEFAULT_HOURS))
+    if unknown:
+        raise ConfigError(
+            f"queue {queue!r}: retention takes 'completed_hours' and 'failed_hours', got "
+            f"{', '.join(map(repr, unknown))}",
+            field="retention",
+            limit="completed_hours, failed_hours",
+        )
+    hours = []
+    for key, default in AWA_QUEUE_RETENTION_DEFAULT_HOURS.items():
+        h = value.get(key, default)
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h) or h < 0:
+            raise ConfigError(
+                f"queue {queue!r}: retention {key} must be a non-negative finite number "
+                f"(hours), got {h!r}",
+                field=key,
+                limit=">= 0",
+            )
+        hours.append(float(h))
+    return hours[0], hours[1]
 
 
 def _deadline_ms(queue: str, value: Any) -> int:
@@ -487,7 +527,8 @@ def check_config(
             "without queue= go (their handlers were registered without queue=): those jobs "
             "wait for a worker of 'default'. A misspelt queue name?",
             QueueMismatchWarning,
-            stacklevel=5,  # the application's start() call (start -> _runtime_for -> here)
+            # the application's start() call (db_errors' wrapper -> start -> _runtime_for -> here)
+            stacklevel=6,
         )
     if warn_unserved_default and registry.handlers and not implicit:
         # Every handler names its queue: a started queue none of them names runs nothing.
@@ -501,7 +542,7 @@ def check_config(
                 )
                 + "): no job there can run. A misspelt queue name?",
                 QueueMismatchWarning,
-                stacklevel=5,
+                stacklevel=6,
             )
     if heartbeat_interval_ms * HEARTBEAT_SAFETY > heartbeat_staleness_ms:
         raise ConfigError(
@@ -521,6 +562,7 @@ MAX_SETTING_INT = 2**31 - 1
 def _did_you_mean(unknown: list[str]) -> str:
     """`` (did you mean 'x'?)`` for the first of ``unknown`` close to a ``start()`` keyword."""
     known = [p for p in inspect.signature(Runtime.__init__).parameters if p not in ("self",)]
+    known += list(storage_options.OPTIONS)
     known += ["consequence_timeout_ms", "consequence_backoff_ms"]  # AsyncClient.start's own
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1)
@@ -753,19 +795,19 @@ class Runtime:
         metrics_host: str | None = None,
         metrics_refresh_ms: int | None = None,
         gc_freeze: bool = True,
-        **unsupported: Any,
+        **storage: Any,
     ):
         _flag(queue_subset, "queue_subset")
         self.gc_freeze = _flag(gc_freeze, "gc_freeze")
-        unknown = set(unsupported) - _UNSUPPORTED
+        unknown = set(storage) - set(storage_options.OPTIONS)
         if unknown:
             raise TypeError(
                 f"start() got unexpected keyword(s): {', '.join(sorted(unknown))}"
                 + _did_you_mean(sorted(unknown))
             )
-        for key, value in sorted(unsupported.items()):
-            if value is not None and not (key == "storage_transition_role" and value == "auto"):
-                raise Unsupported(key, "awa-fast has one storage engine")
+        # awa 0.7's storage options (storage_options.py): validated as awa does; the
+        # inapplicable ones logged once, the honoured ones applied below
+        honoured = storage_options.accept(storage)
         self.services = services
         self.queues = parse_queues(queues, services.registry.queues(), global_max_workers)
         self.overflow = None
@@ -792,6 +834,7 @@ class Runtime:
             "callback_rescue_interval_ms": callback_rescue_interval_ms,
             "cleanup_interval_ms": cleanup_interval_ms,
             "reconcile_interval_ms": reconcile_interval_ms,
+            "terminal_count_rollup_interval_ms": honoured.get("terminal_count_rollup_interval_ms"),
         }.items():
             if value is not None:
                 setattr(mconf, key, _setting(value, key, integer=key == "cleanup_batch_size"))
@@ -799,6 +842,9 @@ class Runtime:
             mconf.descriptor_retention_days = _setting(
                 descriptor_retention_days, "descriptor_retention_days", zero=True
             )
+        mconf.queue_retention = {
+            q.name: q.retention for q in self.queues if q.retention is not None
+        }
         check_retention(mconf)
         self.maintenance_config = mconf
         names = {q.name for q in self.queues}
@@ -900,6 +946,8 @@ class Runtime:
         self.finalizer: Finalizer | None = None
         self.maintenance: Maintenance | None = None
         self.heartbeat: Heartbeat | None = None
+        self.liveness: Liveness | None = None  # hosts the heartbeat off this loop
+        self.stall_watch: StallWatch | None = None
         self.outcomes: dict[str, int] = {}
         # Fired after each step of this runtime that may have changed jobs: a claim that took
         # rows, an attempt that ended (its finalize committed) or parked on its callback, a
@@ -948,6 +996,7 @@ class Runtime:
                 overflow=self.overflow,
                 cap=q.cap,
                 idle_poll=self.idle_poll,
+                claimers=q.claimers,
             )
             self.dispatchers[q.name].claim_ran.subscribe(self._claimed)
         self.heartbeat = Heartbeat(
@@ -955,6 +1004,23 @@ class Runtime:
             self._heartbeat_targets,
             self.heartbeat_interval_s,
             database_url=self.services.database_url,
+            presence=self._beat_presence,
+        )
+        loop = asyncio.get_running_loop()
+        self.stall_watch = StallWatch(
+            loop,
+            threading.get_ident(),
+            self._handler_on_stack,
+            long_s=self.heartbeat_interval_s,
+        )
+        self.liveness = Liveness(
+            self.heartbeat,
+            loop,
+            lease_s=self.maintenance_config.heartbeat_staleness_ms / 1000,
+            on_lease_expired=self._lease_expired,
+            tasks=(self.stall_watch.run,),
+            live_attempts=self._live_attempts,
+            oldest_lease=self._oldest_lease,
         )
         self.lingering = Lingering(self.services.database_url, self.heartbeat_interval_s)
         try:
@@ -968,8 +1034,6 @@ class Runtime:
             for d in self.dispatchers.values()
         ]
         self._tasks.append(asyncio.create_task(self.idle_poll.run(), name="awa-idle-poll"))
-        self._tasks.append(asyncio.create_task(self.heartbeat.run(), name="awa-heartbeat"))
-        self._tasks.append(asyncio.create_task(self.heartbeat.run_progress(), name="awa-progress"))
         self._tasks.append(asyncio.create_task(self._sweep_deadlines(), name="awa-deadlines"))
         self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
         self._tasks += [
@@ -992,6 +1056,7 @@ class Runtime:
                 on_rescued=self._on_rescued,
                 consequence_kinds=self._settled_by_reconciler,
                 known_kinds=self.services.settler.applier.known_kinds,
+                own_attempts=self._own_attempts,
                 extra_tasks=[
                     (self.cron_interval_s, self._evaluate_cron),
                     (mc.reconcile_interval_ms / 1000, self.reconcile),
@@ -1000,6 +1065,7 @@ class Runtime:
             )
             self.maintenance.passed.subscribe(self._maintenance_passed)
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
+        self.liveness.start()  # the beats, the lease check and the stall watch, off this loop
         if self.gc_freeze:
             # What exists now (imports, handlers, pools) lives as long as the process: out of
             # the cyclic collector's full passes, which otherwise stall the loop 15-60 ms every
@@ -1087,7 +1153,7 @@ class Runtime:
                         await conn.execute(sql.WORKER_GONE, (self.instance,))
             except (Exception, TimeoutError) as exc:  # the row expires on its own
                 log.warning("could not remove this worker's presence row: %r", exc)
-        for closing in (self._listen_conn, self.heartbeat):
+        for closing in (self._listen_conn, self.liveness):
             if closing is not None:
                 try:
                     await closing.close()
@@ -1140,11 +1206,67 @@ class Runtime:
         # Keyed by attempt: a superseded attempt of a re-claimed job stays supervised (deadline,
         # shutdown cancel flag, cancel NOTIFY, heartbeat) until its own task ends.
         key = (ctx.id, ctx.run_lease)
+        ctx.claimed_mono = time.monotonic()
         self.in_flight[key] = ctx
         self._handler_tasks[key] = asyncio.get_running_loop().create_task(self._run(ctx))
 
     def _heartbeat_targets(self):
-        return list(self.in_flight.values())
+        return list(self.in_flight.values())  # one C-level copy: safe from the liveness thread
+
+    def _live_attempts(self) -> int:
+        return sum(1 for c in list(self.in_flight.values()) if not c.returned and not c.lease_lost)
+
+    def _oldest_lease(self) -> float | None:
+        live = [
+            max(c.claimed_mono, c.beaten_mono)
+            for c in list(self.in_flight.values())
+            if not c.returned and not c.waiting and not c.lease_lost
+        ]
+        return min(live) if live else None
+
+    def _own_attempts(self) -> list[int]:
+        return sorted({key[0] for key in list(self.in_flight)})
+
+    def _handler_on_stack(self, frame: Any) -> tuple[str, int] | None:
+        # Called from the liveness thread during a stall: is ``frame`` an attempt's task frame?
+        for key, task in list(self._handler_tasks.items()):
+            if getattr(task.get_coro(), "cr_frame", None) is frame:
+                ctx = self.in_flight.get(key)
+                return None if ctx is None else (ctx.kind, ctx.id)
+        return None
+
+    def _lease_expired(self) -> None:
+        """Attempts that no beat has beaten (nor their claim started) for nearly this process's
+        ``heartbeat_staleness_ms`` -- the database did not answer, or the row is no longer
+        theirs -- may soon be taken by a rescuer. Their handlers are cancelled and the attempts
+        given back (guarded by their lease), so no execution of theirs overlaps the rescued
+        one's (docs/architecture.md, "Which executions can overlap")."""
+        lease_s = self.maintenance_config.heartbeat_staleness_ms / 1000
+        now = time.monotonic()
+        cutoff = now - lease_s * (1 - LEASE_MARGIN)
+        lost = []
+        oldest = now
+        for key, ctx in list(self.in_flight.items()):
+            since = max(ctx.claimed_mono, ctx.beaten_mono)
+            if ctx.returned or ctx.waiting or ctx.lease_lost or since > cutoff:
+                continue
+            oldest = min(oldest, since)
+            ctx.lease_lost = True
+            task = self._handler_tasks.get(key)
+            if task is not None:
+                task.cancel()
+                lost.append(ctx)
+        if lost:
+            metrics.leases_expired(len(lost))
+            log.warning(
+                "no heartbeat committed for %.1f s (the database did not answer, or this "
+                "process was stopped and the job rescued): %d attempt(s) cancelled and given "
+                "back before a rescuer runs them again: %s",
+                now - oldest,
+                len(lost),
+                ", ".join(f"job {c.id} ({c.kind})" for c in lost[:10]),
+                extra={"lease_lost_job_ids": [c.id for c in lost]},
+            )
 
     async def _run(self, ctx: JobContext) -> None:
         dispatcher = self.dispatchers[ctx.queue]
@@ -1425,18 +1547,22 @@ class Runtime:
             self.maintenance_config.heartbeat_staleness_ms, 3 * self.heartbeat_interval_s * 1000
         )
 
-    async def _seen(self, conn: Any) -> None:
-        ttl_ms = self._presence_ttl_ms
+    async def _beat_presence(self, conn: Any) -> None:
+        # With every round of heartbeats (the liveness thread): the presence row, and with it
+        # min_stale_ms (ADR 020), lives as long as the beats do.
         await conn.execute(
             sql.WORKER_SEEN,
             {
                 "instance": self.instance,
                 "kinds": self.kinds,
                 "queues": [q.name for q in self.queues],
-                "ttl_ms": ttl_ms,
+                "ttl_ms": self._presence_ttl_ms,
                 "min_stale_ms": self.min_stale_ms,
             },
         )
+
+    async def _seen(self, conn: Any) -> None:
+        await self._beat_presence(conn)
         # the descriptors this process declares: stored at start, refreshed with presence
         await descriptors.sync(
             conn,

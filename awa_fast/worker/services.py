@@ -6,9 +6,12 @@ these (``tests/test_layering.py`` checks the imports)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
+
+__all__ = ["AttemptRuntime", "AttemptServices", "ConnectionSource", "ReconcileServices", "Services"]
+
+from awa_fast.worker.attempt_services import AttemptRuntime, AttemptServices, ConnectionSource
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -21,17 +24,6 @@ if TYPE_CHECKING:
     from awa_fast.worker.specs import SpecRunner
 
 
-class ConnectionSource(Protocol):
-    """Where a lower layer gets its connections: the process's pool (opened on first call,
-    ``DatabaseError`` when the database cannot be reached in 30 s) and the database URL (for
-    the few dedicated connections: LISTEN, heartbeat, a blocking progress flush)."""
-
-    @property
-    def database_url(self) -> str: ...
-
-    async def pool(self) -> AsyncConnectionPool: ...
-
-
 class ReconcileServices(ConnectionSource, Protocol):
     """What the reconciler tick uses: connections, the ``verify_success`` hooks
     (``registry.verifiers``, kind -> callable) and the settler (settlement, corrections)."""
@@ -41,29 +33,6 @@ class ReconcileServices(ConnectionSource, Protocol):
 
     @property
     def settler(self) -> Settler: ...
-
-
-class AttemptServices(ConnectionSource, Protocol):
-    """What a running attempt uses of the services: connections and the client's
-    ``QueueMismatchWarning`` for follow-ups staged without ``queue=`` (None: no warning)."""
-
-    @property
-    def off_queue(self) -> OffQueueWarner | None: ...
-
-
-class AttemptRuntime(Protocol):
-    """What a running attempt (``JobContext``) uses of its runtime: connections, the event
-    loop the runtime runs on (a ``def`` handler's thread flushes progress through it) and how
-    often a parked ``wait_for_callback`` polls (seconds)."""
-
-    @property
-    def services(self) -> AttemptServices: ...
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop | None: ...
-
-    @property
-    def callback_poll_interval_s(self) -> float: ...
 
 
 class Services:

@@ -163,9 +163,9 @@ def test_storage_calls_answer_for_awa_fast(sync_client):
         "live_runtime_capability_counts",
     ):
         assert key in status
-    for kw in ({"schema": "awa_exp"}, {"queue_slot_count": 32}, {"reset": True}):
-        with pytest.raises(awa.Unsupported, match=next(iter(kw))):
-            c.install_queue_storage(**kw)
+    # another schema is not implemented yet (configurable schema: issue 29)
+    with pytest.raises(awa.Unsupported, match="schema"):
+        c.install_queue_storage(schema="awa_exp")
 
 
 def test_insert_many_copy_per_job_opts(sync_client):
@@ -193,5 +193,10 @@ def test_enqueue_many_copy_stripes(sync_client):
         sync_client.enqueue_many_copy([{"i": 1}], kind="copy_s", queue_storage_queue_stripe_count=1)
         == 1
     )
-    with pytest.raises(awa.Unsupported, match="queue_storage_queue_stripe_count"):
+    # awa's stripes: accepted without effect (tests/compat/test_storage_options_inapplicable.py)
+    assert (
         sync_client.enqueue_many_copy([{"i": 2}], kind="copy_s", queue_storage_queue_stripe_count=2)
+        == 1
+    )
+    with pytest.raises(awa.ValidationError, match="queue_storage_queue_stripe_count must be > 0"):
+        sync_client.enqueue_many_copy([{"i": 3}], kind="copy_s", queue_storage_queue_stripe_count=0)
