@@ -127,7 +127,7 @@ async def test_maintenance_loops_stop_once_the_pool_is_closed(dsn, caplog):
     await client.start([("default", 1)], **FAST)
     runtime = client.runtime
     maintenance = runtime.maintenance
-    await until(lambda: maintenance.is_leader, runtime, what="leadership")
+    await until(lambda: maintenance.is_leader, maintenance.leadership, what="leadership")
     promote = passes(client, "promote")
     await promote.after(promote.count)
     caplog.set_level(logging.INFO)
