@@ -225,9 +225,10 @@ def _prepare_all(jobs: list, opts: dict) -> list:
 
 
 def _name_the_row(exc: ValidationError, i: int) -> None:
-    """An args path of one job (``args.when``) as the path in the list (``args[3].when``)."""
+    """A path inside one job's args (``args.when``) as the path in the list (``args[3].when``);
+    the bare field ``args`` (its type, its size) stays, as the uniform path reports it."""
     field = exc.field or ""
-    if field == "args" or field.startswith(("args.", "args[", "args ")):
+    if field.startswith(("args.", "args[", "args ")):
         row = f"args[{i}]{field[4:]}"
         exc.field = row
         if exc.args and isinstance(exc.args[0], str):
