@@ -46,7 +46,7 @@ from awa_fast.database_url import resolve_database_url, url_source
 from awa_fast.errors import AwaError, DatabaseUnavailable, ValidationError
 from awa_fast.job import Job
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
-from awa_fast.requests import kind_for_type
+from awa_fast.requests import check_name, kind_for_type, optional_name
 from awa_fast.transaction import Transaction
 from awa_fast.worker.consequences import ConsequenceApplier, ConsequenceConfig, Settler
 from awa_fast.worker.registry import Registry
@@ -644,14 +644,16 @@ class AsyncClient:
         use ``failure.idempotency_key``. Or pass ``awa_fast.NO_FAILURE_CONSEQUENCE``.
 
         Raises:
+            ValidationError: ``args_type_or_kind`` is neither a class nor a kind name
+                (``requests.check_name``).
             TypeError: ``fn`` is neither callable nor NO_FAILURE_CONSEQUENCE.
         """
-        if isinstance(args_type_or_kind, str):
-            self.registry.declare_consequence(args_type_or_kind, fn)
-        else:
+        if isinstance(args_type_or_kind, type):
             self.registry.declare_consequence(
                 kind_for_type(args_type_or_kind), fn, args_type_or_kind
             )
+        else:  # a kind: the name rule refuses anything else, naming "kind"
+            self.registry.declare_consequence(args_type_or_kind, fn)
 
     async def correct_to_failed(self, job_id: int, *, error: str) -> Job:
         """Correct an apparent success: a ``completed`` job becomes ``failed`` (``error``
@@ -947,15 +949,17 @@ class AsyncClient:
         A later registration for the same kind replaces the earlier one.
 
         Raises:
-            ValidationError: ``args_type`` is not a class (field ``args_type``), or an option
-                other than ``failure_consequence`` / ``verify_success`` (field: its name).
+            ValidationError: ``args_type`` is not a class (field ``args_type``), an option
+                other than ``failure_consequence`` / ``verify_success`` (field: its name), or
+                ``kind`` / ``queue`` breaks the name rule that insert and start() apply
+                (``requests.check_name``: 1-200 characters, no NUL).
         """
         check_task_options(args_type, options)
+        kind = kind_for_type(args_type) if kind is None else check_name(kind, "kind")
+        optional_name(queue, "queue")
 
         def decorate(fn: Callable) -> Callable:
-            self.registry.register(
-                args_type, fn, kind=kind or kind_for_type(args_type), queue=queue, **options
-            )
+            self.registry.register(args_type, fn, kind=kind, queue=queue, **options)
             return fn
 
         return decorate

@@ -108,7 +108,21 @@ RESTART_BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
 CRASH_LIMIT = 5
 CRASH_WINDOW_S = 60.0
-KILL_GRACE_S = 10.0  # beyond the drain timeout: finalizer flush and pool close
+# After a child's shutdown: client.close() (psycopg_pool's close waits up to 5 s for its
+# workers) and the interpreter's exit.
+CHILD_EXIT_S = 10.0
+
+
+def kill_after_s(drain_timeout_s: float) -> float:
+    """Seconds after SIGTERM before the launcher kills a child draining with
+    ``drain_timeout_s``: the child's own worst-case shutdown (``runtime.shutdown_bound_s``:
+    the drain, the finalizer's last flush, the presence row, each bounded) plus
+    ``CHILD_EXIT_S``, so a child within its bounds is never killed mid-flush."""
+    from awa_fast.worker.runtime import shutdown_bound_s
+
+    return shutdown_bound_s(drain_timeout_s) + CHILD_EXIT_S
+
+
 CHILD_REPORT_S = 0.25
 # How long the preflight tries a database that is not up (refused, starting up) before the
 # launcher gives up, once, without starting a child; and the pause between its tries.
@@ -922,8 +936,8 @@ class Supervisor:
     def drain(
         self, timeout: float | None = None, *, interrupted: Callable[[], bool] = lambda: False
     ) -> bool:
-        """SIGTERM every child and wait for them (up to the drain timeout plus a grace period for
-        the finalizer flush, then SIGKILL). Pending restarts are dropped. Returns True when every
+        """SIGTERM every child and wait for them (up to :func:`kill_after_s` of the drain
+        timeout: the child's own worst-case shutdown and exit, then SIGKILL). Pending restarts are dropped. Returns True when every
         running child exited 0."""
         for c in self.children:
             c.restart_at = None
@@ -931,8 +945,8 @@ class Supervisor:
         if running:
             self.say(f"draining {len(running)} child(ren) (timeout {self.drain_timeout:g} s)")
         self.signal_all(signal.SIGTERM)
-        deadline = (
-            time.monotonic() + (self.drain_timeout if timeout is None else timeout) + KILL_GRACE_S
+        deadline = time.monotonic() + kill_after_s(
+            self.drain_timeout if timeout is None else timeout
         )
         clean = True
         for c in running:

@@ -24,7 +24,6 @@ import orjson
 import psycopg
 
 from awa_fast import (
-    _native,
     batch_ops,
     bulk,
     descriptors,
@@ -42,6 +41,8 @@ from awa_fast.errors import (
     ValidationTypeError,
 )
 from awa_fast.job import Job
+from awa_fast.requests import check_name
+from awa_fast.retryable import Retry, classify
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
 from awa_fast.worker.cancellation import raise_if_cancelling
@@ -80,6 +81,30 @@ HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat in
 # ignores cancellation or a database that does not answer must not keep shutdown from ending.
 SHUTDOWN_GRACE_S = 10.0
 PRESENCE_GONE_S = 2.0  # removing the presence row at shutdown (it expires on its own)
+
+
+def shutdown_bound_s(timeout_s: float) -> float:
+    """The longest a shutdown with drain timeout ``timeout_s`` (seconds) can take, in seconds,
+    from the bounds of its phases (``Runtime._drain``, ``_release``): the dispatchers' claims
+    in flight (``max(timeout_s, CLAIM_HANDOVER_S)``, then a cancel), the handlers
+    (``timeout_s``), the attempts left after it (``SHUTDOWN_GRACE_S`` + 1 s), the runtime's own
+    tasks (a cancel), the finalizer's last flush (``SHUTDOWN_GRACE_S``) and the presence row
+    (``PRESENCE_GONE_S``). A cancel (``_cancel_and_wait``) gives up ``SHUTDOWN_GRACE_S`` after
+    its first round and waits 1 s per round. The launcher's kill deadline is derived from it
+    (``supervisor.kill_after_s``)."""
+    cancel = SHUTDOWN_GRACE_S + 1.0
+    return (
+        max(timeout_s, CLAIM_HANDOVER_S)
+        + cancel
+        + timeout_s
+        + SHUTDOWN_GRACE_S
+        + 1.0
+        + cancel
+        + SHUTDOWN_GRACE_S
+        + PRESENCE_GONE_S
+    )
+
+
 BATCH_RUNNER_S = 0.2  # the leader's batch-operation runner: one step (a chunk) per interval
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
@@ -481,8 +506,8 @@ def check_config(
         )
     for i, q in enumerate(queues):
         try:
-            _native.validate_insert("k", q.name, 2, 25, None)
-        except (ValidationError, TypeError) as exc:
+            check_name(q.name, "queue")
+        except ValidationError as exc:
             raise ConfigError(
                 f"queues[{i}]: queue name {q.name!r} would be rejected by insert: {exc}",
                 field="queues",
@@ -498,8 +523,9 @@ def check_config(
         )
     for kind, handler in registry.handlers.items():
         try:
-            _native.validate_insert(kind, handler.queue, 2, 25, None)
-        except (ValidationError, TypeError) as exc:
+            check_name(kind, "kind")
+            check_name(handler.queue, "queue")
+        except ValidationError as exc:
             raise ConfigError(
                 f"handler kind {kind!r} (queue {handler.queue!r}) would be rejected "
                 f"by insert: {exc}",
@@ -1387,10 +1413,20 @@ class Runtime:
                 )
             elif result is Finalized.PROMPT_FAILURE:
                 metrics.finalized(ctx.queue, ctx.kind, "prompt_failure")
-        except Exception:
-            log.exception(
-                "finalizing job %s (%s) failed; it stays running until rescue", ctx.id, ctx.kind
-            )
+        except Exception as exc:
+            if classify(exc) is Retry.CLOSED:  # (the pool closed under it: one line per job)
+                log.warning(
+                    "finalizing job %s (%s) failed: %s; it stays running until rescue",
+                    ctx.id,
+                    ctx.kind,
+                    exc,
+                )
+            else:
+                log.exception(
+                    "finalizing job %s (%s) failed; it stays running until rescue",
+                    ctx.id,
+                    ctx.kind,
+                )
         finally:
             if not released:
                 dispatcher.slot_freed()
