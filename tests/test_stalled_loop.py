@@ -257,10 +257,13 @@ async def test_an_attempt_whose_beats_stop_committing_is_ended_before_its_lease_
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("DROP TRIGGER slow_beat ON awa_fast.jobs; DROP FUNCTION slow_beat()")
-    assert runs == [(1, "start"), (1, "cancelled")]
+    # Given back, the job may be claimed again before the shutdown, and that run ends the same
+    # way: executions alternate, never two at once.
+    assert runs[:2] == [(1, "start"), (1, "cancelled")]
+    assert [w for _, w in runs] == ["start", "cancelled"] * (len(runs) // 2), runs
     lost = [r for r in caplog.records if "no heartbeat committed" in r.getMessage()]
     assert lost and f"job {job.id} (await)" in lost[0].getMessage(), caplog.text
-    assert metrics.LEASES_EXPIRED._value.get() == expired_before + 1
+    assert metrics.LEASES_EXPIRED._value.get() >= expired_before + 1
     # given back, uncounted: a worker runs it again
     with psycopg.connect(dsn) as conn:
         state, attempt = conn.execute(
