@@ -168,6 +168,7 @@ SELECT id, kind, queue, attempt, max_attempts, attempted_at, heartbeat_at, deadl
        EXTRACT(EPOCH FROM now() - heartbeat_at)::float8 AS heartbeat_age
 FROM {S}.jobs WHERE state = 'running' ORDER BY id LIMIT %(limit)s"""
 
-# Every dashboard connection: a statement that runs longer fails (milliseconds).
+# Every dashboard read, in its own transaction: a statement that runs longer fails
+# (milliseconds). SET LOCAL: safe through a transaction pooler.
 STATEMENT_TIMEOUT_MS = 5000
-SET_STATEMENT_TIMEOUT = f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}"
+SET_STATEMENT_TIMEOUT = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}"

@@ -49,10 +49,6 @@ ACTIVE_STATES = (
 )
 
 
-async def _configure(conn) -> None:
-    await conn.execute(q.SET_STATEMENT_TIMEOUT)
-
-
 def bounded(url: str, options: dict[str, Any]) -> dict[str, Any]:
     """psycopg_pool ``options`` of a pool on ``url``, made to hold a page to ``DB_WAIT_S``.
 
@@ -98,7 +94,6 @@ class Reads:
                     min_size=1,
                     max_size=max_connections,
                     kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
-                    configure=_configure,
                 ),
             ),
         )
@@ -130,7 +125,10 @@ class Reads:
         await self._pool.close()
 
     async def _all(self, query: str, params: dict | None = None) -> list[dict]:
-        async with self._pool.connection() as conn:
+        # The timeout is the transaction's own (SET LOCAL), never the session's: through a
+        # transaction pooler a session SET stays on a server connection workers get next.
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(q.SET_STATEMENT_TIMEOUT)
             cur = await conn.execute(query, params)
             return await cur.fetchall()
 
