@@ -25,7 +25,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import callbacks, schema, sql
+from awa_fast import callbacks, db_errors, schema, sql
 from awa_fast import pooler as pooler_mode
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
@@ -44,12 +44,7 @@ from awa_fast.batch_ops import (
 )
 from awa_fast.connections import Connections, Pool
 from awa_fast.database_url import resolve_database_url, url_source
-from awa_fast.errors import (
-    AwaError,
-    ConfigError,
-    DatabaseError,
-    ValidationError,
-)
+from awa_fast.errors import AwaError, ConfigError, DatabaseUnavailable, ValidationError
 from awa_fast.job import Job
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import kind_for_type
@@ -100,12 +95,15 @@ def deferred_reachability_check() -> Iterator[None]:
 
 
 def _check_reachable(url: str) -> None:
-    """Connect once and close (awa-pg connects at construction). Raises DatabaseError."""
+    """Connect once and close (awa-pg connects at construction). Raises DatabaseUnavailable."""
     try:
         psycopg.connect(url, connect_timeout=10, autocommit=True).close()
     except psycopg.Error as exc:
-        raise DatabaseError(
-            f"could not connect to the database (the URL given to the client): {exc}"
+        raise DatabaseUnavailable(
+            "could not connect to the database (the URL given to the client): "
+            + " ".join(str(exc).split()),
+            operation="AsyncClient()",
+            sqlstate=exc.sqlstate,
         ) from exc
 
 
@@ -144,6 +142,7 @@ def check_task_options(args_type: Any, options: dict) -> None:
         )
 
 
+@db_errors.boundary()
 class AsyncClient:
     """Async client: insert jobs, administer them, and run workers.
 
@@ -174,8 +173,14 @@ class AsyncClient:
     database): the worker children connect with the URL they use.
     Use as ``async with AsyncClient(url) as client``.
 
+    Every coroutine method raises driver errors as the awa-fast error tree, never psycopg's
+    (``awa_fast.db_errors``): ``UniqueConflict``, ``SchemaNotMigrated``, ``DeadlockError``,
+    ``ReadOnlyDatabase`` (the database refuses writes), ``DatabaseUnavailable`` (no connection,
+    or it was lost), else ``DatabaseError``; each names the call (``"insert: ..."``,
+    ``.operation``) and is chained to the driver's exception (``__cause__``).
+
     Raises:
-        DatabaseError: the given database cannot be reached (awa-pg's eager connect).
+        DatabaseUnavailable: the given database cannot be reached (awa-pg's eager connect).
         ValidationError: ``max_connections`` < 1.
         ConfigError: ``pooler`` not one of ``None``, ``"session"``, ``"transaction"``;
             ``listen_url`` given without ``pooler="transaction"``. At the pool's first open
@@ -219,7 +224,6 @@ class AsyncClient:
         self.settler = Settler(self.consequences, self.specs)
         self._runtime: Runtime | None = None
         self._starting: asyncio.Event | None = None  # set when a start() in progress ends
-        self._installing = False  # an install_queue_storage() is in progress (awa's guard)
         self._stopping: asyncio.Event | None = None  # set when a shutdown() in progress ends
         self._releasing: asyncio.Future | None = None  # the last runtime's release step
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
@@ -247,7 +251,11 @@ class AsyncClient:
             lambda job_id: self.get_job(job_id),
         )
         self._dlq = DlqAdmin(self._connections, staleness)
-        self._storage = StorageAdmin(self._connections, lambda: self.migrate())
+        self._storage = StorageAdmin(
+            self._connections,
+            lambda: self.migrate(),
+            running=lambda: self._runtime is not None or self._starting is not None,
+        )
         self._batches = BatchAdmin(self._connections)
         if self.explicit_database_url is not None and not _defer_reachability_check:
             _check_reachable(self.explicit_database_url)
@@ -281,7 +289,7 @@ class AsyncClient:
         for the session at all (``SET LOCAL`` inside a transaction only).
 
         Raises:
-            DatabaseError: the database could not be reached within 30 seconds.
+            DatabaseUnavailable: the database could not be reached within 30 seconds.
             ConfigError: the connection does not match ``pooler``
                 (:func:`awa_fast.pooler.check_connection`); the pool is closed again.
         """
@@ -298,8 +306,9 @@ class AsyncClient:
                 except PoolTimeout as exc:
                     await pool.close()
                     where = url_source(self.explicit_database_url)
-                    raise DatabaseError(
-                        f"could not connect to the database (the URL {where}): {exc}"
+                    raise DatabaseUnavailable(
+                        f"could not connect to the database (the URL {where}): {exc}",
+                        operation="pool",
                     ) from exc
                 try:  # the mode matches the connection, before anything is written
                     async with pool.connection() as conn:
@@ -859,20 +868,12 @@ class AsyncClient:
             Unsupported: a ``schema`` other than awa's default ``"awa"``.
             ConfigError: a slot count that is not an int > 0, ``reset`` not a bool.
         """
-        if self._runtime is not None or self._starting is not None:
-            raise AwaError("cannot install queue storage while the worker runtime is running")
-        if self._installing:
-            raise AwaError("queue storage installation is already in progress")
-        self._installing = True
-        try:
-            return await self._storage.install_queue_storage(
-                schema=schema,
-                queue_slot_count=queue_slot_count,
-                lease_slot_count=lease_slot_count,
-                reset=reset,
-            )
-        finally:
-            self._installing = False
+        return await self._storage.install_queue_storage(
+            schema=schema,
+            queue_slot_count=queue_slot_count,
+            lease_slot_count=lease_slot_count,
+            reset=reset,
+        )
 
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
@@ -1180,7 +1181,7 @@ class AsyncClient:
         """
         if self._runtime is not None or self._starting is not None:
             raise RuntimeError("runtime already started")
-        if self._installing:  # awa's rule
+        if self._storage.installing:  # awa's rule
             raise AwaError(
                 "cannot start the worker runtime while queue storage installation is in progress"
             )
