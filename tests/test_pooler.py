@@ -466,6 +466,21 @@ async def test_a_killed_pooled_leader_is_replaced_once_its_lease_expires(dsn, bo
             await heir._step_down()
 
 
+async def test_a_pooled_leader_renews_while_handlers_hold_every_pool_connection(dsn, bouncer):
+    """The lease is renewed on the election's own connection: a leader whose pool is all in
+    use (handlers holding connections, ``max_connections`` below the slots) keeps leading."""
+    await truncate(dsn)
+    url = bouncer.url(dsn)
+    async with awa.AsyncClient(url, max_connections=1, pooler="transaction") as c:
+        m = _maintenance(c, url)
+        try:
+            assert await m.acquire()
+            async with (await c.pool()).connection():  # the pool's only connection, held
+                assert await asyncio.wait_for(m._renew(), 10)
+        finally:
+            await m._step_down()
+
+
 async def test_a_direct_process_and_a_pooled_one_never_lead_together(dsn, bouncer):
     """One deployment, two modes: the lock-holding direct process takes the lease too, so a
     process behind the pooler waits for it; and a lease held by the pooled process keeps the

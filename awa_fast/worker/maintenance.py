@@ -1,14 +1,19 @@
 """Leader-only maintenance: promote due jobs, rescue dead or overdue attempts, prune by retention.
 
-One leader per database: the process whose dedicated connection holds the session advisory lock
-``sql.LEADER_LOCK_KEY``. If that connection dies the lock is released and another process takes
-over at its next election tick. A frozen leader (SIGSTOPped, its event loop blocked) keeps the
-connection open: a holder whose lock connection stayed idle past ``heartbeat_staleness_ms`` is
-displaced (``sql.DISPLACE_FROZEN_LEADER``), since a live leader uses it every staleness / 3.
+One leader per database: the process holding the lease row ``awa_fast.leader_lease``
+(migration 027, ADR 028), claimed when it has expired and renewed at every election tick on the
+election's own connection. A process connected directly first takes the session advisory lock
+``sql.LEADER_LOCK_KEY`` on that connection, and holding it may take over a lease taken the same
+way (its holder is gone): if the lock connection dies the lock is released and another process
+takes over at its next election tick. A frozen direct leader keeps the connection open: a holder
+whose lock connection stayed idle past ``heartbeat_staleness_ms`` is displaced
+(``sql.DISPLACE_FROZEN_LEADER``), since a live leader uses it every staleness / 3. Through a
+transaction pooler (``pooler="transaction"``) there is no lock (session state): a dead or
+frozen leader's lease expires.
 
-The fencing rule (docs/architecture.md): taking the lock is followed by bumping
-``awa_fast.leader.epoch`` on the lock connection; every write transaction of a leader pass starts
-with :meth:`Maintenance.fenced`, which locks that row ``FOR SHARE`` at this process's epoch. The
+The fencing rule (docs/architecture.md): taking the lease is followed, in the same transaction,
+by bumping ``awa_fast.leader.epoch``; every write transaction of a leader pass starts with
+:meth:`Maintenance.fenced`, which locks that row ``FOR SHARE`` at this process's epoch. The
 bump waits for the old epoch's open transactions, and a pass of a deposed leader finds no row and
 raises :class:`Deposed` (its transaction writes nothing). So leader writes of two epochs never
 overlap, and a deposed process steps down at its first fenced pass.
@@ -267,7 +272,8 @@ class Maintenance:
     (their beats stalled; a passed deadline still does). ``extra_tasks`` are
     ``(interval_s, fn)``; ``fn(fenced)`` gets :meth:`fenced` for its write transactions.
     ``pooler`` is the client's connection mode: ``"transaction"`` elects by the lease row
-    alone (no lock connection); otherwise the advisory lock comes first (ADR 028).
+    alone (on a connection of its own without session state); otherwise the advisory lock on
+    the lock connection comes first (ADR 028).
     """
 
     def __init__(
@@ -285,7 +291,7 @@ class Maintenance:
         check_retention(config)
         self.database_url = database_url
         # the connection mode (awa_fast.pooler): through a transaction pooler no advisory lock
-        # (session state): leadership by the lease alone, on pool connections
+        # (session state): leadership by the lease alone
         self.pooler = pooler
         self.via_lock = pooler_mode.session_state_allowed(pooler)
         self._pool_getter = pool_getter
@@ -378,8 +384,7 @@ class Maintenance:
         if self.is_leader:
             return True
         if not self.via_lock:
-            async with (await self._pool_getter()).connection() as conn:
-                epoch = await self._bump_epoch(conn)
+            epoch = await self._bump_epoch(await self._own_conn())
         else:
             if not await self._lock():
                 return False
@@ -399,11 +404,7 @@ class Maintenance:
     async def _lock(self) -> bool:
         """Take the advisory lock on the lock connection (opened if needed), displacing a
         frozen holder (docs/architecture.md, "the leader's fencing rule", 4)."""
-        conn = self._lock_conn
-        if conn is None or conn.closed:
-            conn = self._lock_conn = await pg_connection.Connection.connect(
-                self.database_url, autocommit=True
-            )
+        conn = await self._own_conn()
         cur = await conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
         if not (await one_row(cur))[0]:
             cur = await conn.execute(
@@ -463,16 +464,25 @@ class Maintenance:
                 log.warning("terminated a frozen pass of the previous maintenance leader")
         raise AssertionError("unreachable")
 
+    async def _own_conn(self) -> psycopg.AsyncConnection:
+        """The election's own connection (opened if needed): the lock connection, or through a
+        transaction pooler one without session state (a client connection the pooler gives a
+        server connection per transaction). Its own, not the pool's: handlers holding every
+        pool connection must not keep the leader from renewing its lease."""
+        conn = self._lock_conn
+        if conn is None or conn.closed:
+            conn = self._lock_conn = await pg_connection.Connection.connect(
+                self.database_url, autocommit=True, **pooler_mode.connect_options(self.pooler)
+            )
+        return conn
+
     @contextlib.asynccontextmanager
     async def _lease_conn(self) -> AsyncIterator[psycopg.AsyncConnection]:
-        """Where the lease is renewed and released: the lock connection, else a pool one."""
-        if self.via_lock:
-            if self._lock_conn is None or self._lock_conn.closed:
-                raise psycopg.OperationalError("the leader's lock connection is closed")
-            yield self._lock_conn
-            return
-        async with (await self._pool_getter()).connection() as conn:
-            yield conn
+        """Where the leader renews and frees its lease: the connection it was elected on (a
+        lost one fails the renewal: the leader steps down)."""
+        if self._lock_conn is None or self._lock_conn.closed:
+            raise psycopg.OperationalError("the leader's own connection is closed")
+        yield self._lock_conn
 
     async def _renew(self) -> bool:
         """Renew the lease at this process's epoch; False when the epoch moved on (deposed).
