@@ -481,6 +481,28 @@ async def test_a_pooled_leader_renews_while_handlers_hold_every_pool_connection(
             await m._step_down()
 
 
+async def test_the_dashboard_reads_through_the_pooler_and_shows_the_pooled_leader(dsn, bouncer):
+    """The dashboard's reads set their timeout per transaction (SET LOCAL), so they run
+    through the pooler; a pooled leader holds no advisory lock, so its lease is what shows."""
+    from awa_fast.web.reads import Reads
+
+    await truncate(dsn)
+    url = bouncer.url(dsn)
+    async with awa.AsyncClient(url, pooler="transaction") as c:
+        m = _maintenance(c, url)
+        reads = Reads(url)
+        try:
+            assert await m.acquire()
+            await reads.open()
+            workers = await reads.workers()
+            assert workers["leader"] is None
+            lease = workers["lease"]
+            assert lease["live"] and lease["epoch"] == m.epoch and not lease["via_lock"]
+        finally:
+            await reads.close()
+            await m._step_down()
+
+
 async def test_a_direct_process_and_a_pooled_one_never_lead_together(dsn, bouncer):
     """One deployment, two modes: the lock-holding direct process takes the lease too, so a
     process behind the pooler waits for it; and a lease held by the pooled process keeps the

@@ -262,11 +262,12 @@ class Reads:
         }
 
     async def workers(self) -> dict:
-        """The maintenance leader's backend, the live processes' presence rows (at most
+        """The maintenance leader's backend and lease, the live processes' presence rows (at most
         ``PRESENCE_ROWS``), client connections to this database and the running attempts (at
         most ``RUNNING_ROWS``)."""
         return {
             "leader": await self._one(q.LEADER, {"key": sql.LEADER_LOCK_KEY}),
+            "lease": await self._one(q.LEADER_LEASE),
             "processes": await self._all(q.PRESENCE, {"limit": q.PRESENCE_ROWS}),
             "connections": await self._all(q.CONNECTIONS),
             "running_count": (await self._aggregate(q.RUNNING_COUNT))["count"],
