@@ -3,7 +3,7 @@
  * ADR 028). models/README.md maps every variable and step to the code and the SQL.
  *
  * Two processes elect a maintenance leader by the lease row (awa_fast.leader_lease, migration
- * 027). Process 0 connects directly: it first takes a session advisory lock on a dedicated lock
+ * 028). Process 0 connects directly: it first takes a session advisory lock on a dedicated lock
  * connection, and holding it may take over a lease its previous holder took the same way
  * (via_lock). Process 1 runs behind a transaction pooler: no lock, the lease only, taken when it
  * has expired. The lock connection can be terminated at any time (the lock is released; its

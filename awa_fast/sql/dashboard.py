@@ -147,7 +147,7 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.classid = (%(key)s::bigint >> 32)::oid
   AND l.objid = (%(key)s::bigint & 4294967295)::oid"""
 
-# The leader's lease (migration 027, ADR 028): the only trace of a leader behind a transaction
+# The leader's lease (migration 028, ADR 028): the only trace of a leader behind a transaction
 # pooler (no advisory lock); live while expires_at is ahead.
 LEADER_LEASE = f"""
 SELECT holder, epoch, via_lock, expires_at > now() AS live FROM {S}.leader_lease"""

@@ -47,7 +47,7 @@ SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM ({_FROZEN_PA
 LEADER_BUMP = f"""
 UPDATE {S}.leader SET epoch = epoch + 1, holder = %s, since = now() RETURNING epoch"""
 
-# The lease (migration 027, ADR 028): claimed in the transaction that bumps the epoch, when it
+# The lease (migration 028, ADR 028): claimed in the transaction that bumps the epoch, when it
 # has expired or (via_lock) its holder took it with the advisory lock this process now holds.
 # SKIP LOCKED: a row another process is claiming or renewing right now is not takeable.
 LEASE_TAKE = f"""

@@ -14,6 +14,7 @@ import psycopg
 
 from awa_fast import bulk, pg_connection, sql
 from awa_fast import pooler as pooler_mode
+from awa_fast.retryable import Retry, classify
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.observe import Signal
@@ -201,8 +202,9 @@ class Heartbeat:
                     await self._conn.execute(sql.SESSION_READ_COMMITTED)
             try:
                 yield self._conn
-            except psycopg.OperationalError:
-                await self.close()  # reconnect at the next beat
+            except Exception as exc:
+                if classify(exc) is Retry.TRANSIENT:  # maybe the connection: reconnect
+                    await self.close()
                 raise
 
     async def close(self) -> None:

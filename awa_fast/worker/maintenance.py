@@ -1,7 +1,7 @@
 """Leader-only maintenance: promote due jobs, rescue dead or overdue attempts, prune by retention.
 
 One leader per database: the process holding the lease row ``awa_fast.leader_lease``
-(migration 027, ADR 028), claimed when it has expired and renewed at every election tick on the
+(migration 028, ADR 028), claimed when it has expired and renewed at every election tick on the
 election's own connection. A process connected directly first takes the session advisory lock
 ``sql.LEADER_LOCK_KEY`` on that connection, and holding it may take over a lease taken the same
 way (its holder is gone): if the lock connection dies the lock is released and another process
@@ -39,6 +39,7 @@ import psycopg
 from awa_fast import bulk, metrics, pg_connection, sql
 from awa_fast import pooler as pooler_mode
 from awa_fast.errors import ConfigError
+from awa_fast.retryable import Retry, classify
 from awa_fast.rows import one_row
 from awa_fast.worker.observe import Signal
 
@@ -83,6 +84,8 @@ _PASSES_OF = {
     "callback_rescue": ("callback rescue",),
     "prune": ("stale mark settle", "DLQ prune", "queue retention"),
 }
+# The loops that report stuck rows (metrics.MAINTENANCE_STUCK_ROWS's ``loop`` label).
+STUCK_LOOPS = tuple(_PASSES_OF)
 
 
 class Deposed(Exception):
@@ -643,6 +646,12 @@ class Maintenance:
                 self._deposed.set()
                 return
             except Exception as exc:  # every loop survives every error, logged and backed off
+                if classify(exc) is Retry.CLOSED:  # ... but a closed pool: no pass can run
+                    log.info("maintenance %s stops: %s", name, exc)
+                    health.alive = False
+                    health.last_error = f"{type(exc).__name__}: {exc}"
+                    self.passed.fire((name, exc))
+                    return
                 health.failures += 1
                 health.last_error = f"{type(exc).__name__}: {exc}"
                 health.alive = health.failures < DEAD_AFTER_FAILURES
@@ -666,7 +675,9 @@ class Maintenance:
         """Move due scheduled / retryable jobs to available and wake their queues. A row whose
         key another job holds is cancelled as a duplicate; any other row that fails alone is
         left due (logged); the rest are promoted (``bulk.run_isolated``). A row whose previous
-        attempt still runs (a fresh "still running" mark) waits until it ends."""
+        attempt still runs (a fresh "still running" mark) waits until it ends. Due twins that
+        share a unique key (``sql.PROMOTE``): the first is promoted, the others are cancelled as
+        duplicates in the same statement (logged at INFO). Returns the rows promoted."""
         limit = {
             "limit": self.config.promote_batch_size,
             "stale_ms": self.config.heartbeat_staleness_ms,
@@ -684,7 +695,15 @@ class Maintenance:
                 recurring=self._recurring["promote"],
                 batch=self.config.promote_batch_size,
             )
-        queues = sorted({queue for _id, queue in done.rows})
+        twins = [job_id for job_id, _queue, cancelled in done.rows if cancelled]
+        if twins:
+            log.info(
+                "%d due job(s) cancelled as duplicates of a due twin with their unique key: %s",
+                len(twins),
+                twins[:20],
+            )
+        promoted = [(job_id, queue) for job_id, queue, cancelled in done.rows if not cancelled]
+        queues = sorted({queue for _id, queue in promoted})
         if queues:  # after the commit: a NOTIFY inside would hold the notify lock (ADR 018)
             try:
                 pool = await self._pool_getter()
@@ -692,8 +711,8 @@ class Maintenance:
                     await conn.execute(sql.WAKE_QUEUES, (queues,))
             except psycopg.Error as exc:  # the promotion committed; dispatchers poll
                 log.warning("wake-up NOTIFY for promoted queues %s failed: %s", queues, exc)
-        self.counts["promoted"] += len(done.rows)
-        return len(done.rows)
+        self.counts["promoted"] += len(promoted)
+        return len(promoted)
 
     async def _cancel_duplicate(self, conn, query: str, params: dict) -> None:
         cur = await conn.execute(query, params)

@@ -1,4 +1,4 @@
--- 027: the maintenance leader's lease, which works through a transaction pooler (ADR 028).
+-- 028: the maintenance leader's lease, which works through a transaction pooler (ADR 028).
 --
 -- A session advisory lock is session state: through PgBouncer in transaction mode it is taken
 -- on whichever server connection ran the statement and stays there, held for whoever gets that
