@@ -610,43 +610,34 @@ async def test_bad_pooler_settings_are_refused_at_construction(dsn):
     assert err.value.field == "listen_url"
 
 
-async def test_a_transaction_pooler_needs_read_committed_by_default(dsn, bouncer, pg_base_dsn):
+async def test_a_transaction_pooler_needs_read_committed_by_default(dsn, pg_base_dsn):
     """A session SET cannot reach the server connections a transaction pooler hands out: a
-    database whose default isolation is another level is refused at start, naming the fix."""
+    database whose default isolation is another level is refused at start, naming the fix.
+    (A PgBouncer of its own: its server connections all open under the altered default.)"""
     await truncate(dsn)
     name = conninfo_to_dict(dsn)["dbname"]
-    async with await psycopg.AsyncConnection.connect(pg_base_dsn, autocommit=True) as admin:
-        await admin.execute(
-            psycopg.sql.SQL(
-                "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'"
-            ).format(psycopg.sql.Identifier(name))
+
+    async def set_default(level: str | None) -> None:
+        statement = (
+            "ALTER DATABASE {} RESET default_transaction_isolation"
+            if level is None
+            else f"ALTER DATABASE {{}} SET default_transaction_isolation = '{level}'"
         )
-        # PgBouncer's idle server connections still have the old default: drop them
-        await admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
-        )
-    try:
-        c = awa.AsyncClient(bouncer.url(dsn), pooler="transaction")
-        try:
-            with pytest.raises(ConfigError) as err:
-                await c.insert(Item(1))
-            assert err.value.field == "pooler" and "read committed" in str(err.value)
-        finally:
-            await c.close()
-    finally:
         async with await psycopg.AsyncConnection.connect(pg_base_dsn, autocommit=True) as admin:
-            await admin.execute(
-                psycopg.sql.SQL("ALTER DATABASE {} RESET default_transaction_isolation").format(
-                    psycopg.sql.Identifier(name)
-                )
-            )
-            await admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = %s AND pid <> pg_backend_pid()",
-                (name,),
-            )
+            await admin.execute(psycopg.sql.SQL(statement).format(psycopg.sql.Identifier(name)))
+
+    await set_default("repeatable read")
+    try:
+        with _running_bouncer(pg_base_dsn, "transaction") as own:
+            c = awa.AsyncClient(own.url(dsn), pooler="transaction")
+            try:
+                with pytest.raises(ConfigError) as err:
+                    await c.insert(Item(1))
+                assert err.value.field == "pooler" and "read committed" in str(err.value)
+            finally:
+                await c.close()
+    finally:
+        await set_default(None)
 
 
 def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
