@@ -8,9 +8,9 @@ task) then scans it (freezing the eligible job ids as items and ``total_matched`
 ``running``) and applies it in chunks, each chunk one transaction that changes the jobs still
 eligible and accounts every item exactly once as processed, skipped (no longer eligible:
 claimed, cancelled, moved) or errored (say a unique key taken in the destination queue;
-``last_error`` names the job). Cancellation is cooperative: a ``pending`` operation is
-cancelled at once, an active one becomes ``cancelling`` and the runner stops at the next chunk
-(changed rows stay changed). Finalized operations are kept ``BATCH_RETENTION_DAYS`` (awa's 90)
+``last_error`` names the job). Cancellation is cooperative, as awa's: a cancel makes a ``pending`` or active
+operation ``cancelling`` and the runner finalizes it ``cancelled`` at its next step, before
+another chunk (changed rows stay changed). Finalized operations are kept ``BATCH_RETENTION_DAYS`` (awa's 90)
 and then deleted by the leader; :func:`purge` deletes them earlier.
 """
 
@@ -271,8 +271,9 @@ async def list_all(conn: Any, state: str | None = None, limit: int = 100) -> lis
 
 
 async def cancel(conn: Any, operation_id: Any) -> dict | None:
-    """Cancel a pending operation, or ask the runner to stop an active one; ``None`` when no
-    active operation has that id."""
+    """Ask the runner to stop an operation (``cancelling``; the runner finalizes it
+    ``cancelled`` at its next step, as awa's does); ``None`` when no unfinished operation has
+    that id."""
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(
         sql.BATCH_CANCEL, {"id": parse_id(operation_id), "retention_s": _retention_s()}

@@ -149,7 +149,10 @@ async def test_cancel_and_purge(dsn, client):
     for i in range(3):
         await client.insert(Item(i), queue="cq")
     pending = await client.set_priority(4, filter={"queue": "cq"})
-    cancelled = await client.cancel_batch_operation(pending["id"])
+    # awa's lifecycle: a cancel asks (cancelling); the runner's next step finalizes it
+    cancelling = await client.cancel_batch_operation(pending["id"])
+    assert cancelling["state"] == "cancelling" and cancelling["finalized_at"] is None
+    cancelled = await _run_to_end(dsn, pending["id"])
     assert cancelled["state"] == "cancelled" and cancelled["finalized_at"] is not None
     with pytest.raises(awa.JobNotFound):
         await client.cancel_batch_operation(pending["id"])  # finished already
@@ -241,7 +244,8 @@ async def test_cli_batch_ops(dsn, client):
     )
     assert op["state"] == "pending" and op["submitted_by"] == "cli-test"
     assert [o["id"] for o in ok_json("batch-ops", "list", dsn=dsn)] == [op["id"]]
-    assert ok_json("batch-ops", "cancel", op["id"], dsn=dsn)["state"] == "cancelled"
+    assert ok_json("batch-ops", "cancel", op["id"], dsn=dsn)["state"] == "cancelling"
+    await _run_to_end(dsn, op["id"])  # the leader's runner finalizes it
     assert ok_json("batch-ops", "get", op["id"], dsn=dsn)["state"] == "cancelled"
     assert ok_json("batch-ops", "purge", "--before", "2999-01-01T00:00:00Z", dsn=dsn) == {
         "purged": 1
