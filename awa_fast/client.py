@@ -26,6 +26,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from awa_fast import callbacks, db_errors, schema, sql
+from awa_fast import pooler as pooler_mode
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
 from awa_fast.admin.consequences import ConsequenceAdmin
@@ -43,7 +44,7 @@ from awa_fast.batch_ops import (
 )
 from awa_fast.connections import Connections, Pool
 from awa_fast.database_url import resolve_database_url, url_source
-from awa_fast.errors import AwaError, DatabaseUnavailable, ValidationError
+from awa_fast.errors import AwaError, ConfigError, DatabaseUnavailable, ValidationError
 from awa_fast.job import Job
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import check_name, kind_for_type, optional_name
@@ -60,6 +61,12 @@ if TYPE_CHECKING:
 async def _configure(conn: psycopg.AsyncConnection) -> None:
     set_json_loads(orjson.loads, conn)
     await conn.execute(sql.SESSION_READ_COMMITTED)
+
+
+async def _configure_pooled(conn: psycopg.AsyncConnection) -> None:
+    # through a transaction pooler a session SET would stay on whichever server connection
+    # ran it: the database's own default must be READ COMMITTED (pooler.check_connection)
+    set_json_loads(orjson.loads, conn)
 
 
 # close(): the longest wait for a cancelled shutdown's release step (the finalizer's last flush
@@ -145,7 +152,17 @@ class AsyncClient:
             ``$AWA_FAST_DATABASE_URL``, ``$DATABASE_URL``, else the embedded server), on first use.
         max_connections: the pool size (connections, not processes). The runtime also opens
             one dedicated LISTEN connection, one heartbeat connection and one leader-lock
-            connection.
+            connection (docs/deployment.md, "Connection budget").
+        pooler: which connection mode ``database_url`` is in (ADR 028,
+            :mod:`awa_fast.pooler`): ``None`` (default) ``$AWA_FAST_POOLER`` if set (how the
+            CLI and the dashboard are told), else direct to PostgreSQL; ``"session"``
+            a pooler in session mode, ``"transaction"`` a pooler in transaction mode (no
+            session state on its connections: no prepared statements, no ``SET``, no
+            ``LISTEN``; leadership by a lease row).
+        listen_url: with ``pooler="transaction"``, an optional direct URL for the runtime's
+            one LISTEN connection (wake-ups within milliseconds, cancel requests to running
+            handlers); without it the runtime polls every ``poll_interval_ms``. Rejected
+            (``ConfigError``) with any other ``pooler``.
 
     Like awa-pg, a client given a URL connects once at construction to check that the
     database is reachable (one short-lived connection, closed at once, so a client built at
@@ -165,13 +182,36 @@ class AsyncClient:
     Raises:
         DatabaseUnavailable: the given database cannot be reached (awa-pg's eager connect).
         ValidationError: ``max_connections`` < 1.
+        ConfigError: ``pooler`` not one of ``None``, ``"session"``, ``"transaction"``;
+            ``listen_url`` given without ``pooler="transaction"``. At the pool's first open
+            (and so at ``start()``): a pooler found behind ``database_url`` with ``pooler``
+            unset, or under ``"transaction"`` a database default isolation other than READ
+            COMMITTED (:func:`awa_fast.pooler.check_connection`).
     """
 
-    def __init__(self, database_url: str | None = None, max_connections: int = 10):
+    def __init__(
+        self,
+        database_url: str | None = None,
+        max_connections: int = 10,
+        *,
+        pooler: str | None = None,
+        listen_url: str | None = None,
+    ):
         if not isinstance(max_connections, int) or max_connections < 1:
             raise ValidationError(
                 "max_connections must be an int >= 1", field="max_connections", limit=">= 1"
             )
+        if pooler is None:
+            pooler = pooler_mode.from_env()
+        self.pooler = pooler_mode.check_setting(pooler, listen_url)
+        if listen_url is not None and pooler != "transaction":
+            raise ConfigError(
+                f"listen_url is for pooler='transaction' (pooler={pooler!r}: the runtime "
+                "listens on its own connection to database_url)",
+                field="listen_url",
+                limit="only with pooler='transaction'",
+            )
+        self.listen_url = listen_url
         self.explicit_database_url = database_url or None
         self._database_url: str | None = database_url or None
         self.max_connections = max_connections
@@ -243,13 +283,17 @@ class AsyncClient:
 
     async def pool(self) -> AsyncConnectionPool:
         """The open connection pool (opened on first call). Its sessions run their
-        transactions at READ COMMITTED (``sql.SESSION_READ_COMMITTED``, migration 024); SQL of
-        your own on them must not undo that (``RESET ALL``, ``DISCARD ALL``, ``SET SESSION
+        transactions at READ COMMITTED (``sql.SESSION_READ_COMMITTED``, migration 024; under
+        ``pooler="transaction"`` the database's default, checked at open); SQL of your own on
+        them must not undo that (``RESET ALL``, ``DISCARD ALL``, ``SET SESSION
         CHARACTERISTICS``) where the database's default is another level, or that connection's
-        inserts of keyed jobs are refused.
+        inserts of keyed jobs are refused. Under ``pooler="transaction"`` it must set nothing
+        for the session at all (``SET LOCAL`` inside a transaction only).
 
         Raises:
             DatabaseUnavailable: the database could not be reached within 30 seconds.
+            ConfigError: the connection does not match ``pooler``
+                (:func:`awa_fast.pooler.check_connection`); the pool is closed again.
         """
         if self._pool is not None:
             return self._pool
@@ -268,6 +312,12 @@ class AsyncClient:
                         f"could not connect to the database (the URL {where}): {exc}",
                         operation="pool",
                     ) from exc
+                try:  # the mode matches the connection, before anything is written
+                    async with pool.connection() as conn:
+                        await pooler_mode.check_connection(conn, self.pooler)
+                except BaseException:
+                    await pool.close()
+                    raise
                 self._pool = pool
                 self._pool_guard = asyncio.get_running_loop().create_task(
                     _close_pool_on_cancel(pool), name="awa-fast-pool-guard"
@@ -280,8 +330,10 @@ class AsyncClient:
         return dict(
             min_size=1,
             max_size=self.max_connections,
-            kwargs={"autocommit": True},
-            configure=_configure,
+            kwargs={"autocommit": True, **pooler_mode.connect_options(self.pooler)},
+            configure=(
+                _configure if pooler_mode.session_state_allowed(self.pooler) else _configure_pooled
+            ),
             timeout=30,
         )
 
@@ -1221,6 +1273,8 @@ class AsyncClient:
         return Services(
             pool=self.pool,
             database_url=lambda: self.database_url,
+            pooler=self.pooler,
+            listen_url=self.listen_url,
             registry=self.registry,
             specs=self.specs,
             settler=self.settler,

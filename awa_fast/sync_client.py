@@ -64,16 +64,28 @@ def _close_open_clients() -> None:
 
 
 class Client:
-    """Blocking client: ``Client(database_url=None, max_connections=10)``, usable as ``with``
-    (``database_url`` as for :class:`AsyncClient`, ``None`` resolved as the CLI does). One not
-    closed is closed at interpreter exit (within 5 s).
+    """Blocking client: ``Client(database_url=None, max_connections=10, *, pooler=None,
+    listen_url=None)``, usable as ``with`` (the arguments as for :class:`AsyncClient`,
+    ``None`` resolved as the CLI does). One not closed is closed at interpreter exit (within
+    5 s).
 
     Raises (construction):
         DatabaseError: the database cannot be reached (awa-pg connects eagerly too).
+        ConfigError: ``pooler`` / ``listen_url`` as :class:`AsyncClient` refuses them, or the
+            connection does not match ``pooler`` (its pool opens here).
     """
 
-    def __init__(self, database_url: str | None = None, max_connections: int = 10):
-        self._async = AsyncClient(database_url, max_connections)
+    def __init__(
+        self,
+        database_url: str | None = None,
+        max_connections: int = 10,
+        *,
+        pooler: str | None = None,
+        listen_url: str | None = None,
+    ):
+        self._async = AsyncClient(
+            database_url, max_connections, pooler=pooler, listen_url=listen_url
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="awa-fast-client", daemon=True

@@ -115,6 +115,7 @@ def cases(newest: int) -> dict[str, tuple[str, dict | None]]:
         "running count": (dq.RUNNING_COUNT, None),
         "running": (dq.RUNNING, {"limit": dq.RUNNING_ROWS}),
         "leader": (dq.LEADER, {"key": sql.LEADER_LOCK_KEY}),
+        "leader lease": (dq.LEADER_LEASE, None),
         "connections": (dq.CONNECTIONS, None),
         "presence": (dq.PRESENCE, {"limit": dq.PRESENCE_ROWS}),
     }

@@ -44,6 +44,8 @@ CASES = [
     ("settlement.pml", ["NEG_CANCEL_OWED"], "nothing_owed_is_lost"),
     ("settlement.pml", ["NEG_EFFECT_FIRST"], "effect_repeats_only_as_repeat"),
     ("leader_fencing.pml", [], None),
+    ("leader_fencing.pml", ["BOTH_DIRECT"], None),
+    ("leader_fencing.pml", ["BOTH_POOLED"], None),
     ("leader_fencing.pml", ["NEG_NO_FENCE"], "no_interleaved_leader_writes"),
     ("leader_fencing.pml", ["NEG_FENCE_NO_SHARE"], "no_interleaved_leader_writes"),
     ("leader_fencing.pml", ["NEG_CHECK_LOCK_CONN"], "no_interleaved_leader_writes"),

@@ -127,10 +127,12 @@ def migrate_sync(database_url: str) -> list[int]:
         DatabaseError: as :func:`migrate`.
     """
     applied_now = []
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    # No prepared statements, no session SET: works through a transaction pooler too.
+    with psycopg.connect(database_url, autocommit=True, prepare_threshold=None) as conn:
         # The lock, then a fresh look at what is applied: READ COMMITTED whatever the
-        # database's default (at REPEATABLE READ two migrators both saw a version missing).
-        conn.execute(statements.SESSION_READ_COMMITTED)
+        # database's default (at REPEATABLE READ two migrators both saw a version missing);
+        # each transaction's own BEGIN says so.
+        conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         for version, description, sql in migrations():
             with conn.transaction():
                 conn.execute(statements.MIGRATE_LOCK, (MIGRATE_LOCK_KEY,))

@@ -147,6 +147,11 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
   AND l.classid = (%(key)s::bigint >> 32)::oid
   AND l.objid = (%(key)s::bigint & 4294967295)::oid"""
 
+# The leader's lease (migration 028, ADR 028): the only trace of a leader behind a transaction
+# pooler (no advisory lock); live while expires_at is ahead.
+LEADER_LEASE = f"""
+SELECT holder, epoch, via_lock, expires_at > now() AS live FROM {S}.leader_lease"""
+
 # The live processes' presence rows (one per process; migration 005), newest first.
 PRESENCE_ROWS = 200
 PRESENCE = f"""
@@ -168,6 +173,7 @@ SELECT id, kind, queue, attempt, max_attempts, attempted_at, heartbeat_at, deadl
        EXTRACT(EPOCH FROM now() - heartbeat_at)::float8 AS heartbeat_age
 FROM {S}.jobs WHERE state = 'running' ORDER BY id LIMIT %(limit)s"""
 
-# Every dashboard connection: a statement that runs longer fails (milliseconds).
+# Every dashboard read, in its own transaction: a statement that runs longer fails
+# (milliseconds). SET LOCAL: safe through a transaction pooler.
 STATEMENT_TIMEOUT_MS = 5000
-SET_STATEMENT_TIMEOUT = f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}"
+SET_STATEMENT_TIMEOUT = f"SET LOCAL statement_timeout = {STATEMENT_TIMEOUT_MS}"

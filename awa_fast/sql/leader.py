@@ -1,4 +1,4 @@
-"""The maintenance leader: its advisory lock, the epoch fencing (docs/architecture.md, "the
+"""The maintenance leader: its lease and advisory lock, the epoch fencing (docs/architecture.md, "the
 leader's fencing rule") and the displacement of a frozen leader and its frozen passes.
 """
 
@@ -46,6 +46,29 @@ SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) FROM ({_FROZEN_PA
 # old epoch FOR SHARE (an old leader's pass in flight); afterwards any such pass finds no row.
 LEADER_BUMP = f"""
 UPDATE {S}.leader SET epoch = epoch + 1, holder = %s, since = now() RETURNING epoch"""
+
+# The lease (migration 028, ADR 028): claimed in the transaction that bumps the epoch, when it
+# has expired or (via_lock) its holder took it with the advisory lock this process now holds.
+# SKIP LOCKED: a row another process is claiming or renewing right now is not takeable.
+LEASE_TAKE = f"""
+UPDATE {S}.leader_lease l SET holder = %(holder)s, via_lock = %(via_lock)s,
+    expires_at = now() + {_STALENESS}
+WHERE l.singleton IN (SELECT singleton FROM {S}.leader_lease
+                      WHERE expires_at < now() OR (via_lock AND %(via_lock)s)
+                      FOR UPDATE SKIP LOCKED)
+RETURNING l.singleton"""
+
+LEASE_EPOCH = f"UPDATE {S}.leader_lease SET epoch = %s"
+
+# The leader's hold, at each election tick (at most staleness / 3 apart): the lease is renewed
+# only while it and the leader row are still at this process's epoch. No row: deposed.
+LEASE_RENEW = f"""
+UPDATE {S}.leader_lease l SET expires_at = now() + {_STALENESS}
+WHERE l.epoch = %(epoch)s AND (SELECT epoch FROM {S}.leader) = %(epoch)s
+RETURNING l.epoch"""
+
+# A leader stepping down frees the lease at once (the next process takes it at its next tick).
+LEASE_RELEASE = f"UPDATE {S}.leader_lease SET expires_at = '-infinity' WHERE epoch = %s"
 
 # First statement of every leader write transaction.
 LEADER_FENCE = f"SELECT epoch FROM {S}.leader WHERE epoch = %s FOR SHARE"

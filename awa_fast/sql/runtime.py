@@ -88,6 +88,11 @@ SCHEMA_VERSION = f"SELECT max(version) FROM {S}.schema_version"
 # that reads one snapshot throughout (migration 024).
 SESSION_READ_COMMITTED = "SET default_transaction_isolation TO 'read committed'"
 
+# The pooler checks (awa_fast/pooler.py): the server's pid of this connection, and the level a
+# transaction gets without a SET (through a transaction pooler it must be READ COMMITTED).
+BACKEND_PID = "SELECT pg_backend_pid()"
+DEFAULT_ISOLATION = "SELECT current_setting('default_transaction_isolation')"
+
 # The runtime's LISTEN connection: new jobs per queue, and cancel requests.
 LISTEN_QUEUE = f'LISTEN "{CHANNEL_QUEUE}"'
 LISTEN_CANCEL = f'LISTEN "{CHANNEL_CANCEL}"'

@@ -49,10 +49,6 @@ ACTIVE_STATES = (
 )
 
 
-async def _configure(conn) -> None:
-    await conn.execute(q.SET_STATEMENT_TIMEOUT)
-
-
 def bounded(url: str, options: dict[str, Any]) -> dict[str, Any]:
     """psycopg_pool ``options`` of a pool on ``url``, made to hold a page to ``DB_WAIT_S``.
 
@@ -98,7 +94,6 @@ class Reads:
                     min_size=1,
                     max_size=max_connections,
                     kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
-                    configure=_configure,
                 ),
             ),
         )
@@ -130,7 +125,10 @@ class Reads:
         await self._pool.close()
 
     async def _all(self, query: str, params: dict | None = None) -> list[dict]:
-        async with self._pool.connection() as conn:
+        # The timeout is the transaction's own (SET LOCAL), never the session's: through a
+        # transaction pooler a session SET stays on a server connection workers get next.
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute(q.SET_STATEMENT_TIMEOUT)
             cur = await conn.execute(query, params)
             return await cur.fetchall()
 
@@ -264,11 +262,12 @@ class Reads:
         }
 
     async def workers(self) -> dict:
-        """The maintenance leader's backend, the live processes' presence rows (at most
+        """The maintenance leader's backend and lease, the live processes' presence rows (at most
         ``PRESENCE_ROWS``), client connections to this database and the running attempts (at
         most ``RUNNING_ROWS``)."""
         return {
             "leader": await self._one(q.LEADER, {"key": sql.LEADER_LOCK_KEY}),
+            "lease": await self._one(q.LEADER_LEASE),
             "processes": await self._all(q.PRESENCE, {"limit": q.PRESENCE_ROWS}),
             "connections": await self._all(q.CONNECTIONS),
             "running_count": (await self._aggregate(q.RUNNING_COUNT))["count"],

@@ -23,6 +23,12 @@ class ConnectionSource(Protocol):
     @property
     def database_url(self) -> str: ...
 
+    @property
+    def pooler(self) -> str | None:
+        """The connection mode (``awa_fast.pooler``): ``None``, ``"session"`` or
+        ``"transaction"`` (then no session state on a dedicated connection either)."""
+        ...
+
     async def pool(self) -> AsyncConnectionPool: ...
 
 

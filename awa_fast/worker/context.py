@@ -13,6 +13,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from awa_fast import db_errors, sql
+from awa_fast import pooler as pooler_mode
 from awa_fast.callback_expressions import compile_expressions
 from awa_fast.callback_token import CallbackToken, check_timeout
 from awa_fast.errors import AwaError, ValidationError
@@ -259,7 +260,10 @@ class JobContext:
         snap = self.progress_snapshot()
         if snap is None:
             return
-        with psycopg.connect(self.runtime.services.database_url, autocommit=True) as conn:
+        services = self.runtime.services
+        with psycopg.connect(
+            services.database_url, autocommit=True, **pooler_mode.connect_options(services.pooler)
+        ) as conn:
             conn.execute(sql.FLUSH_PROGRESS, (snap[1], self.id, self.run_lease))
         self.progress_acked(snap[0])
 

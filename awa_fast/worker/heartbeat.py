@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from awa_fast import bulk, pg_connection, sql
+from awa_fast import pooler as pooler_mode
 from awa_fast.retryable import Retry, classify
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
@@ -53,6 +54,8 @@ class Heartbeat:
     loop. ``presence`` (optional) is awaited with the beat connection after each full round
     (the process's presence row is liveness too). Each attempt the statement beat gets the
     round's ``time.monotonic()`` send time as ``beaten_mono``: its lease runs from there.
+    ``pooler`` is the client's connection mode: under ``"transaction"`` the own connection
+    carries no session state (no ``SET``, no prepared statements).
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class Heartbeat:
         *,
         database_url: str | None = None,
         presence: Callable[[Any], Awaitable[None]] | None = None,
+        pooler: str | None = None,
     ):
         self._pool_getter = pool_getter
         self._presence = presence
@@ -71,6 +75,7 @@ class Heartbeat:
         self._home: asyncio.AbstractEventLoop | None = None  # where the beat loops run
 
         self._database_url = database_url
+        self._pooler = pooler  # the connection mode (awa_fast.pooler): no session SET behind one
         # an attempt whose beat a trigger refuses meets every beat: warned about once
         self._recurring = bulk.Recurring()
         self._conn: psycopg.AsyncConnection | None = None
@@ -186,9 +191,15 @@ class Heartbeat:
         async with self._conn_lock:  # the beat and progress loops share the connection
             if self._conn is None or self._conn.closed:
                 self._conn = await pg_connection.Connection.connect(
-                    self._database_url, autocommit=True, connect_timeout=10
+                    self._database_url,
+                    autocommit=True,
+                    connect_timeout=10,
+                    **pooler_mode.connect_options(self._pooler),
                 )
-                await self._conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows
+                if pooler_mode.session_state_allowed(self._pooler):
+                    # it moves finished rows (through a transaction pooler the database's
+                    # default is READ COMMITTED: pooler.check_connection)
+                    await self._conn.execute(sql.SESSION_READ_COMMITTED)
             try:
                 yield self._conn
             except Exception as exc:

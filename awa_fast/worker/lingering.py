@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from awa_fast import pooler as pooler_mode
 from awa_fast import sql
 
 log = logging.getLogger("awa_fast.lingering")
@@ -49,8 +50,9 @@ class Lingering:
         interval_s: seconds between beats.
     """
 
-    def __init__(self, database_url: str, interval_s: float):
+    def __init__(self, database_url: str, interval_s: float, pooler: str | None = None):
         self.database_url = database_url
+        self.pooler = pooler  # the connection mode (awa_fast.pooler): no session SET behind one
         self.interval_s = interval_s
         self.ended = 0  # attempts whose thread finished and whose last statements committed
         self._attempts: dict[tuple[int, int], _Attempt] = {}
@@ -129,9 +131,13 @@ class Lingering:
                 try:
                     if conn is None or conn.closed:
                         conn = psycopg.connect(
-                            self.database_url, autocommit=True, connect_timeout=10
+                            self.database_url,
+                            autocommit=True,
+                            connect_timeout=10,
+                            **pooler_mode.connect_options(self.pooler),
                         )
-                        conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows
+                        if pooler_mode.session_state_allowed(self.pooler):
+                            conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows
                     self._beat(conn, [a for a in attempts if not a.future.done()])
                     for a in attempts:
                         if a.future.done():
@@ -168,7 +174,12 @@ class Lingering:
             if conn is not None and not conn.closed:
                 conn.execute(sql.WORKER_GONE, (instance,))
                 return
-            with psycopg.connect(self.database_url, autocommit=True, connect_timeout=10) as own:
+            with psycopg.connect(
+                self.database_url,
+                autocommit=True,
+                connect_timeout=10,
+                **pooler_mode.connect_options(self.pooler),
+            ) as own:
                 own.execute(sql.WORKER_GONE, (instance,))
         except Exception as exc:  # the row expires on its own
             log.warning("could not remove the presence row: %s: %s", type(exc).__name__, exc)

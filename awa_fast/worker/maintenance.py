@@ -1,14 +1,19 @@
 """Leader-only maintenance: promote due jobs, rescue dead or overdue attempts, prune by retention.
 
-One leader per database: the process whose dedicated connection holds the session advisory lock
-``sql.LEADER_LOCK_KEY``. If that connection dies the lock is released and another process takes
-over at its next election tick. A frozen leader (SIGSTOPped, its event loop blocked) keeps the
-connection open: a holder whose lock connection stayed idle past ``heartbeat_staleness_ms`` is
-displaced (``sql.DISPLACE_FROZEN_LEADER``), since a live leader uses it every staleness / 3.
+One leader per database: the process holding the lease row ``awa_fast.leader_lease``
+(migration 028, ADR 028), claimed when it has expired and renewed at every election tick on the
+election's own connection. A process connected directly first takes the session advisory lock
+``sql.LEADER_LOCK_KEY`` on that connection, and holding it may take over a lease taken the same
+way (its holder is gone): if the lock connection dies the lock is released and another process
+takes over at its next election tick. A frozen direct leader keeps the connection open: a holder
+whose lock connection stayed idle past ``heartbeat_staleness_ms`` is displaced
+(``sql.DISPLACE_FROZEN_LEADER``), since a live leader uses it every staleness / 3. Through a
+transaction pooler (``pooler="transaction"``) there is no lock (session state): a dead or
+frozen leader's lease expires.
 
-The fencing rule (docs/architecture.md): taking the lock is followed by bumping
-``awa_fast.leader.epoch`` on the lock connection; every write transaction of a leader pass starts
-with :meth:`Maintenance.fenced`, which locks that row ``FOR SHARE`` at this process's epoch. The
+The fencing rule (docs/architecture.md): taking the lease is followed, in the same transaction,
+by bumping ``awa_fast.leader.epoch``; every write transaction of a leader pass starts with
+:meth:`Maintenance.fenced`, which locks that row ``FOR SHARE`` at this process's epoch. The
 bump waits for the old epoch's open transactions, and a pass of a deposed leader finds no row and
 raises :class:`Deposed` (its transaction writes nothing). So leader writes of two epochs never
 overlap, and a deposed process steps down at its first fenced pass.
@@ -32,6 +37,7 @@ from typing import Any
 import psycopg
 
 from awa_fast import bulk, metrics, pg_connection, sql
+from awa_fast import pooler as pooler_mode
 from awa_fast.errors import ConfigError
 from awa_fast.retryable import Retry, classify
 from awa_fast.rows import one_row
@@ -42,6 +48,7 @@ Fenced = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection]]
 
 log = logging.getLogger("awa_fast.maintenance")
 
+RELEASE_S = 2.0  # a stepping-down leader's wait to free its lease (else it expires on its own)
 MAX_BACKOFF_S = 30.0  # a failing loop retries after interval * 2^(failures-1), at most this
 DEAD_AFTER_FAILURES = 3  # a loop that failed this many passes in a row is reported dead
 # A prune pass deletes expired DLQ rows in batches of cleanup_batch_size, each its own
@@ -267,6 +274,9 @@ class Maintenance:
     the job ids of the attempts this process still runs: a stale heartbeat never rescues them
     (their beats stalled; a passed deadline still does). ``extra_tasks`` are
     ``(interval_s, fn)``; ``fn(fenced)`` gets :meth:`fenced` for its write transactions.
+    ``pooler`` is the client's connection mode: ``"transaction"`` elects by the lease row
+    alone (on a connection of its own without session state); otherwise the advisory lock on
+    the lock connection comes first (ADR 028).
     """
 
     def __init__(
@@ -279,9 +289,14 @@ class Maintenance:
         consequence_kinds: Callable[[], list[str]] = list,
         known_kinds: Callable[[], list[str]] = list,
         own_attempts: Callable[[], list[int]] = list,
+        pooler: str | None = None,
     ):
         check_retention(config)
         self.database_url = database_url
+        # the connection mode (awa_fast.pooler): through a transaction pooler no advisory lock
+        # (session state): leadership by the lease alone
+        self.pooler = pooler
+        self.via_lock = pooler_mode.session_state_allowed(pooler)
         self._pool_getter = pool_getter
         self.config = config
         self.on_rescued = on_rescued
@@ -349,10 +364,9 @@ class Maintenance:
             if self._deposed.is_set():
                 await self._step_down()
             else:
-                # still connected and still our epoch means still leader
-                assert self._lock_conn is not None  # a leader holds its lock connection
-                cur = await self._lock_conn.execute(sql.LEADER_EPOCH)
-                if (await one_row(cur))[0] == self.epoch:
+                # the lease renewed at our epoch (on the lock connection, if any: still
+                # connected) means still leader
+                if await self._renew():
                     return
                 log.warning("maintenance leadership lost: the epoch moved past %s", self.epoch)
                 await self._step_down()
@@ -361,21 +375,39 @@ class Maintenance:
             self._start_loops()
 
     async def acquire(self) -> bool:
-        """Try to take leadership now: the advisory lock on the lock connection, then the
-        epoch bump that fences off the previous leader (waiting up to
-        ``max(leader_election_interval_ms, 1 s)`` for its open passes). Starts no loops
-        (:meth:`run` does); passes may be run by hand afterwards. Returns ``is_leader``.
+        """Try to take leadership now: the advisory lock on the lock connection (not through a
+        transaction pooler), then the lease and the epoch bump that fences off the previous
+        leader, in one transaction (waiting up to ``max(leader_election_interval_ms, 1 s)`` for
+        its open passes). Starts no loops (:meth:`run` does); passes may be run by hand
+        afterwards. Returns ``is_leader``.
 
         Raises:
             psycopg.Error: the database failed (the caller steps down).
         """
         if self.is_leader:
             return True
-        conn = self._lock_conn
-        if conn is None or conn.closed:
-            conn = self._lock_conn = await pg_connection.Connection.connect(
-                self.database_url, autocommit=True
-            )
+        if not self.via_lock:
+            epoch = await self._bump_epoch(await self._own_conn())
+        else:
+            if not await self._lock():
+                return False
+            assert self._lock_conn is not None  # _lock() opened it
+            epoch = await self._bump_epoch(self._lock_conn)
+            if epoch is None:  # a lease-only leader (through a pooler) holds the lease
+                await self._close_lock_conn()
+        if epoch is None:
+            return False
+        self.epoch = epoch
+        self.is_leader = True
+        metrics.LEADER.set(1)
+        self.leadership.fire(True)
+        log.info("became maintenance leader (epoch %s)", self.epoch)
+        return True
+
+    async def _lock(self) -> bool:
+        """Take the advisory lock on the lock connection (opened if needed), displacing a
+        frozen holder (docs/architecture.md, "the leader's fencing rule", 4)."""
+        conn = await self._own_conn()
         cur = await conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
         if not (await one_row(cur))[0]:
             cur = await conn.execute(
@@ -392,30 +424,38 @@ class Maintenance:
             cur = await conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
             if not (await one_row(cur))[0]:
                 return False
-        self.epoch = await self._bump_epoch(conn)
-        self.is_leader = True
-        metrics.LEADER.set(1)
-        self.leadership.fire(True)
-        log.info("became maintenance leader (epoch %s)", self.epoch)
         return True
 
-    async def _bump_epoch(self, conn: psycopg.AsyncConnection) -> int:
-        """Bump the leader row (fencing off the previous leader), waiting up to
-        ``max(leader_election_interval_ms, 1 s)`` for its open passes. If the wait times out, the
-        passes idle in transaction past the staleness are frozen: terminate them and try once more.
+    async def _bump_epoch(self, conn: psycopg.AsyncConnection) -> int | None:
+        """Claim the lease and bump the leader row (fencing off the previous leader) in one
+        transaction, waiting up to ``max(leader_election_interval_ms, 1 s)`` for its open
+        passes. ``None``: the lease is held (another process leads). If the wait times out, the
+        passes idle in transaction past the staleness are frozen: terminate them and try once
+        more.
 
         Raises:
             psycopg.errors.LockNotAvailable: a previous leader's pass still holds the row.
         """
         wait_ms = max(self.config.leader_election_interval_ms, 1000)
+        holder = f"{socket.gethostname()} pid {os.getpid()}"
         for last in (False, True):
             try:
                 async with conn.transaction():
                     await conn.execute(sql.LOCK_TIMEOUT_LOCAL.format(ms=int(wait_ms)))
                     cur = await conn.execute(
-                        sql.LEADER_BUMP, (f"{socket.gethostname()} pid {os.getpid()}",)
+                        sql.LEASE_TAKE,
+                        {
+                            "holder": holder,
+                            "via_lock": self.via_lock,
+                            "stale_ms": self.config.heartbeat_staleness_ms,
+                        },
                     )
-                    return (await one_row(cur))[0]
+                    if await cur.fetchone() is None:
+                        return None
+                    cur = await conn.execute(sql.LEADER_BUMP, (holder,))
+                    epoch = (await one_row(cur))[0]
+                    await conn.execute(sql.LEASE_EPOCH, (epoch,))
+                    return epoch
             except psycopg.errors.LockNotAvailable:
                 if last:
                     raise
@@ -426,6 +466,61 @@ class Maintenance:
                     raise
                 log.warning("terminated a frozen pass of the previous maintenance leader")
         raise AssertionError("unreachable")
+
+    async def _own_conn(self) -> psycopg.AsyncConnection:
+        """The election's own connection (opened if needed): the lock connection, or through a
+        transaction pooler one without session state (a client connection the pooler gives a
+        server connection per transaction). Its own, not the pool's: handlers holding every
+        pool connection must not keep the leader from renewing its lease."""
+        conn = self._lock_conn
+        if conn is None or conn.closed:
+            conn = self._lock_conn = await pg_connection.Connection.connect(
+                self.database_url, autocommit=True, **pooler_mode.connect_options(self.pooler)
+            )
+        return conn
+
+    @contextlib.asynccontextmanager
+    async def _lease_conn(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        """Where the leader renews and frees its lease: the connection it was elected on (a
+        lost one fails the renewal: the leader steps down)."""
+        if self._lock_conn is None or self._lock_conn.closed:
+            raise psycopg.OperationalError("the leader's own connection is closed")
+        yield self._lock_conn
+
+    async def _renew(self) -> bool:
+        """Renew the lease at this process's epoch; False when the epoch moved on (deposed).
+
+        Raises:
+            psycopg.Error: the database failed, or the lease row stayed locked (a process
+                taking the expired lease) for ``max(leader_election_interval_ms, 1 s)``.
+        """
+        wait_ms = max(self.config.leader_election_interval_ms, 1000)
+        async with self._lease_conn() as conn:
+            async with conn.transaction():
+                await conn.execute(sql.LOCK_TIMEOUT_LOCAL.format(ms=int(wait_ms)))
+                cur = await conn.execute(
+                    sql.LEASE_RENEW,
+                    {"epoch": self.epoch, "stale_ms": self.config.heartbeat_staleness_ms},
+                )
+                return await cur.fetchone() is not None
+
+    async def _release(self) -> None:
+        """Free the lease held at this process's epoch (a stepping-down leader), bounded: the
+        lease expires on its own."""
+        try:
+            async with asyncio.timeout(RELEASE_S):
+                async with self._lease_conn() as conn:
+                    await conn.execute(sql.LEASE_RELEASE, (self.epoch,))
+        except (Exception, TimeoutError) as exc:
+            log.info("maintenance lease left to expire: %s: %s", type(exc).__name__, exc)
+
+    async def _close_lock_conn(self) -> None:
+        if self._lock_conn is not None:
+            try:
+                await self._lock_conn.close()
+            except Exception:  # closing a dead connection may fail; it is gone either way
+                pass
+            self._lock_conn = None
 
     def _start_loops(self) -> None:
         c = self.config
@@ -464,12 +559,9 @@ class Maintenance:
         self._refused_slices = {}
         for loop in _PASSES_OF:  # what a leader's passes remembered is no longer this process's
             metrics.MAINTENANCE_STUCK_ROWS.labels(loop).set(0)
-        if self._lock_conn is not None:
-            try:
-                await self._lock_conn.close()
-            except Exception:  # closing a dead connection may fail; it is gone either way
-                pass
-            self._lock_conn = None
+        if was_leader:
+            await self._release()
+        await self._close_lock_conn()
         if self._vacuum_conn is not None:
             with contextlib.suppress(Exception):  # as the lock connection: gone either way
                 await self._vacuum_conn.close()
@@ -933,7 +1025,7 @@ class Maintenance:
         """
         if self._vacuum_conn is None or self._vacuum_conn.closed or self._vacuum_conn.broken:
             self._vacuum_conn = await pg_connection.Connection.connect(
-                self.database_url, autocommit=True
+                self.database_url, autocommit=True, **pooler_mode.connect_options(self.pooler)
             )
         conn = self._vacuum_conn
         loop = asyncio.get_running_loop()

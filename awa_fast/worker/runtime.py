@@ -33,6 +33,7 @@ from awa_fast import (
     sql,
     storage_options,
 )
+from awa_fast import pooler as pooler_mode
 from awa_fast.errors import (
     ConfigError,
     QueueMismatchWarning,
@@ -1012,7 +1013,10 @@ class Runtime:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         pool_getter = self.services.pool
-        pool = await pool_getter()
+        pool = await pool_getter()  # ConfigError: a pooler the client's pooler= does not say
+        listen_url = self.services.listen_url
+        if listen_url is not None and not pooler_mode.session_state_allowed(self.services.pooler):
+            await pooler_mode.check_listen_url(listen_url)  # ConfigError: not direct
         async with pool.connection() as conn:
             await schema.check_current(conn)
             await self._seen(conn)
@@ -1064,6 +1068,7 @@ class Runtime:
             self.heartbeat_interval_s,
             database_url=self.services.database_url,
             presence=self._beat_presence,
+            pooler=self.services.pooler,
         )
         loop = asyncio.get_running_loop()
         self.stall_watch = StallWatch(
@@ -1081,9 +1086,12 @@ class Runtime:
             live_attempts=self._live_attempts,
             oldest_lease=self._oldest_lease,
         )
-        self.lingering = Lingering(self.services.database_url, self.heartbeat_interval_s)
+        self.lingering = Lingering(
+            self.services.database_url, self.heartbeat_interval_s, self.services.pooler
+        )
         try:
-            await self._listen_connect()
+            if self._listen_url() is not None:
+                await self._listen_connect()
         except BaseException:
             if self.metrics_exporter is not None:
                 self.metrics_exporter.close()
@@ -1094,7 +1102,15 @@ class Runtime:
         ]
         self._tasks.append(asyncio.create_task(self.idle_poll.run(), name="awa-idle-poll"))
         self._tasks.append(asyncio.create_task(self._sweep_deadlines(), name="awa-deadlines"))
-        self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
+        if self._listen_url() is not None:
+            self._tasks.append(asyncio.create_task(self._listen_loop(), name="awa-listen"))
+        else:
+            log.info(
+                "pooler='transaction' without listen_url: no LISTEN; idle queues are polled "
+                "every poll_interval_ms=%d ms (a new job waits at most that long), and a "
+                "cancel request reaches a running handler only at its finalize",
+                round(self.poll_interval_s * 1000),
+            )
         self._tasks += [
             asyncio.create_task(
                 run_aging(pool_getter, q.name, q.priority_aging_interval_ms),
@@ -1116,6 +1132,7 @@ class Runtime:
                 consequence_kinds=self._settled_by_reconciler,
                 known_kinds=self.services.settler.applier.known_kinds,
                 own_attempts=self._own_attempts,
+                pooler=self.services.pooler,
                 extra_tasks=[
                     (self.cron_interval_s, self._evaluate_cron),
                     (mc.reconcile_interval_ms / 1000, self.reconcile),
@@ -1670,10 +1687,17 @@ class Runtime:
 
     # -- notifications --------------------------------------------------------------------------
 
+    def _listen_url(self) -> str | None:
+        """Where the LISTEN connection goes: ``database_url``, unless that is a transaction
+        pooler (LISTEN there hears nothing): then ``listen_url``, or none (polling)."""
+        if pooler_mode.session_state_allowed(self.services.pooler):
+            return self.services.database_url
+        return self.services.listen_url
+
     async def _listen_connect(self) -> psycopg.AsyncConnection:
-        conn = await pg_connection.Connection.connect(
-            self.services.database_url, autocommit=True, connect_timeout=10
-        )
+        url = self._listen_url()
+        assert url is not None  # the listen loop runs only with a URL
+        conn = await pg_connection.Connection.connect(url, autocommit=True, connect_timeout=10)
         await conn.execute(sql.LISTEN_QUEUE)
         await conn.execute(sql.LISTEN_CANCEL)
         self._listen_conn = conn

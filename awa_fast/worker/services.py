@@ -43,6 +43,10 @@ class Services:
         database_url: ``() -> str``, the URL in use (resolved on first call: it may start the
             embedded server, so it is not read before the runtime starts).
         registry: handlers by kind, consequence declarations, ``verify_success`` hooks.
+        pooler: the client's connection mode (``awa_fast.pooler``: ``None``, ``"session"``,
+            ``"transaction"``): what session state the worker's connections may carry.
+        listen_url: the direct URL of the LISTEN connection under ``pooler="transaction"``
+            (``None``: no LISTEN there, the dispatchers poll).
         specs: registered follow-up specs (frozen by ``start()``).
         settler: settles failing jobs and corrections; its applier carries the consequence
             configuration (effect timeout, retry backoff) ``start()`` was given.
@@ -59,6 +63,8 @@ class Services:
         pool: Callable[[], Awaitable[AsyncConnectionPool]],
         database_url: Callable[[], str],
         registry: Registry,
+        pooler: str | None = None,
+        listen_url: str | None = None,
         specs: SpecRunner,
         settler: Settler,
         periodic_jobs: dict[str, PeriodicJob] | None = None,
@@ -69,6 +75,8 @@ class Services:
         self.off_queue = off_queue
         self._pool = pool
         self._database_url = database_url
+        self.pooler = pooler
+        self.listen_url = listen_url
         self.registry = registry
         self.specs = specs
         self.settler = settler
