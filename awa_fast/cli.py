@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from awa_fast import sql
 from awa_fast.app_loader import DEBUG_ENV, debug_requested, one_line
 from awa_fast.database_url import resolve_database_url, url_source
+from awa_fast.requests import check_name
 
 if TYPE_CHECKING:
     from awa_fast.client import AsyncClient
@@ -496,6 +497,7 @@ async def _known_queue(client, queue: str, *, create_flag: str | None = None) ->
     closest known names as a hint; ``create_flag`` names the option that allows a new name.
     The library's calls stay permissive, as awa-pg's (docs/adr/026)."""
     queue.encode()  # not UTF-8 (a lone surrogate from argv): the UnicodeEncodeError's message
+    check_name(queue, "queue")  # a name no queue can have: the rule, not a "did you mean"
     names = [row[0] for row in await _fetch(client, sql.KNOWN_QUEUES)]
     if queue not in names:
         by = "no job, worker, schedule or setting names it"
@@ -507,6 +509,7 @@ async def _known_kind(client, kind: str) -> None:
     """Raise :class:`CliError` unless some job (live, finished or dead-lettered), worker,
     schedule or descriptor has ``kind``, with the closest known kinds as a hint."""
     kind.encode()  # as _known_queue
+    check_name(kind, "kind")
     names = [row[0] for row in await _fetch(client, sql.KNOWN_KINDS)]
     if kind not in names and not (await _fetch(client, sql.KIND_FINISHED, (kind,)))[0][0]:
         raise _unknown_name("kind", kind, names, "no job, worker or schedule has it")
