@@ -124,3 +124,47 @@ async def test_an_attempt_claimed_while_the_loop_is_blocked_and_rescued_meanwhil
             conn.execute("DROP TRIGGER slow_claim ON awa_fast.jobs; DROP FUNCTION slow_claim()")
     assert [r[0] for r in rescued] == [job.id]
     assert runs == [], runs  # the rescued attempt's handler never started
+
+
+async def test_a_heartbeat_backend_that_stops_answering_does_not_end_every_later_attempt(dsn):
+    import os
+    import signal
+
+    client = awa.AsyncClient(dsn)
+    runs: list[tuple[int, int, str]] = []
+
+    @client.task(Victim, queue=VICTIM_QUEUE)
+    async def victim(job):
+        runs.append((job.id, job.attempt, "start"))
+        try:
+            await asyncio.sleep(job.args.seconds)
+        except asyncio.CancelledError:
+            runs.append((job.id, job.attempt, "cancelled"))
+            raise
+        runs.append((job.id, job.attempt, "end"))
+
+    await client.start([(VICTIM_QUEUE, 2)], **{**stall_app.START_OPTIONS, "maintenance": False})
+    rt = client.runtime
+    frozen = None
+    try:
+        first = await client.insert(Victim(60.0), queue=VICTIM_QUEUE)
+        await until(lambda: (first.id, 1, "start") in runs, client, what="first started")
+        await until(lambda: rt.heartbeat.beats >= 2, rt.heartbeat.beaten, what="beats")
+        frozen = rt.heartbeat._conn.pgconn.backend_pid  # the liveness thread's own connection
+        os.kill(frozen, signal.SIGSTOP)  # the heartbeat's backend stops answering
+        await until(
+            lambda: (first.id, 1, "cancelled") in runs, client, timeout=20, what="lease expired"
+        )
+        later = await client.insert(Victim(4.0), queue=VICTIM_QUEUE)
+        await until(
+            lambda: any(r[0] == later.id and r[2] != "start" for r in runs),
+            client,
+            timeout=30,
+            what="the later job ended or was cancelled",
+        )
+    finally:
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+        await client.shutdown(timeout_ms=5000)
+        await client.close()
+    assert [r for r in runs if r[0] == later.id] == [(later.id, 1, "start"), (later.id, 1, "end")]

@@ -63,8 +63,11 @@ class Heartbeat:
         *,
         database_url: str | None = None,
         presence: Callable[[Any], Awaitable[None]] | None = None,
+        round_timeout_s: float | None = None,
     ):
         self._pool_getter = pool_getter
+        self.round_timeout_s = round_timeout_s
+        self.rounds_abandoned = 0
         self._presence = presence
         self._post: Callable[[Callable[[], Any]], Any] = _call
         self._home: asyncio.AbstractEventLoop | None = None  # where the beat loops run
@@ -74,6 +77,8 @@ class Heartbeat:
         self._recurring = bulk.Recurring()
         self._conn: psycopg.AsyncConnection | None = None
         self._conn_lock = asyncio.Lock()
+        self._holder: asyncio.Task | None = None  # the round using the connection
+        self._abandoned: set[asyncio.Future] = set()  # rounds given up on, still ending
         self._in_flight = in_flight
         self.interval_s = interval_s
         self.progress_interval_s = progress_interval_s
@@ -100,8 +105,8 @@ class Heartbeat:
             await asyncio.sleep(delay)
             delay = interval_s
             try:
-                await self._beat(progress_only)
-            except (psycopg.Error, OSError) as exc:
+                await self._bounded_round(progress_only)
+            except (psycopg.Error, OSError, TimeoutError) as exc:
                 log.warning("%s failed: %s", what, exc)
                 delay = self._retry_after(interval_s)
             except Exception:  # never let one beat end the loop
@@ -112,6 +117,36 @@ class Heartbeat:
             raise_if_cancelling()  # see worker/cancellation.py
 
     _failures = 0
+
+    async def _bounded_round(self, progress_only: bool) -> None:
+        # A round that has not ended within ``round_timeout_s`` (its connection's backend
+        # stopped answering, a half-open TCP connection) is left to end on its own: its
+        # connection is dropped, so the next round beats over a new one before the lease runs
+        # out. Waiting for it (or cancelling it: psycopg then waits up to 10 s for the backend)
+        # would hold every later round, and cost every later attempt its lease.
+        if self.round_timeout_s is None or self._database_url is None:
+            await self._beat(progress_only)
+            return
+        task = asyncio.ensure_future(self._beat(progress_only))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.round_timeout_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if done:
+            task.result()
+            return
+        task.add_done_callback(_retrieve)
+        task.cancel()  # it ends (closing its connection) when psycopg's cancel gives up
+        self._abandoned.add(task)
+        task.add_done_callback(self._abandoned.discard)
+        if self._holder is task:  # (not when it only waited for the connection's lock)
+            self.rounds_abandoned += 1
+            self._conn, self._conn_lock = None, asyncio.Lock()  # the next round connects afresh
+            self._holder = None
+        raise TimeoutError(
+            f"no answer within {self.round_timeout_s:g} s; beating over a new connection"
+        )
 
     def _retry_after(self, interval_s: float) -> float:
         self._failures += 1
@@ -183,23 +218,44 @@ class Heartbeat:
                 yield conn
             return
         async with self._conn_lock:  # the beat and progress loops share the connection
-            if self._conn is None or self._conn.closed:
-                self._conn = await pg_connection.Connection.connect(
+            self._holder = asyncio.current_task()
+            conn = self._conn
+            if conn is None or conn.closed:
+                conn = await pg_connection.Connection.connect(
                     self._database_url, autocommit=True, connect_timeout=10
                 )
-                await self._conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows
+                try:
+                    await conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows
+                except BaseException:
+                    await _close(conn)
+                    raise
+                self._conn = conn
             try:
-                yield self._conn
-            except psycopg.OperationalError:
-                await self.close()  # reconnect at the next beat
+                yield conn
+            except BaseException as exc:
+                # A lost connection is replaced at the next beat; so is one a round was
+                # abandoned on (_bounded_round), which this round may no longer use.
+                if isinstance(exc, psycopg.OperationalError) or self._conn is not conn:
+                    if self._conn is conn:
+                        self._conn = None
+                    await _close(conn)
                 raise
+            else:
+                if self._conn is not conn:  # abandoned as it ended: nobody else has it
+                    await _close(conn)
+            finally:
+                if self._holder is asyncio.current_task():
+                    self._holder = None
 
     async def close(self) -> None:
         """Close the heartbeat's own connection (if any), on the loop the beats run on."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(Exception):  # closing a dead connection may fail
-                await conn.close()
+            await _close(conn)
+        if self._abandoned:  # cancelled again, psycopg closes their connections at once
+            for task in self._abandoned:
+                task.cancel()
+            await asyncio.wait(set(self._abandoned), timeout=1.0)
 
     async def _beat_chunk(self, conn, chunk: list[JobContext], snaps: list) -> set[tuple]:
         # One statement per chunk (bulk.run_isolated): a row that makes it fail is beaten
@@ -254,3 +310,14 @@ class Heartbeat:
 
 def _call(fn: Callable[[], Any]) -> None:
     fn()
+
+
+async def _close(conn: psycopg.AsyncConnection) -> None:
+    with contextlib.suppress(Exception):  # closing a dead connection may fail
+        await conn.close()
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    # An abandoned round's end (an error, a cancel) was reported when it was abandoned.
+    if not task.cancelled():
+        task.exception()

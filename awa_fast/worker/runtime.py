@@ -979,6 +979,12 @@ class Runtime:
             self.heartbeat_interval_s,
             database_url=self.services.database_url,
             presence=self._beat_presence,
+            # a round that has not committed within half the lease is given up on (a backend
+            # that stopped answering): the next beats over a new connection, in time
+            round_timeout_s=self.maintenance_config.heartbeat_staleness_ms
+            / 1000
+            * (1 - LEASE_MARGIN)
+            / 2,
         )
         loop = asyncio.get_running_loop()
         self.stall_watch = StallWatch(
