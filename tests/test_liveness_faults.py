@@ -168,3 +168,43 @@ async def test_a_heartbeat_backend_that_stops_answering_does_not_end_every_later
         await client.shutdown(timeout_ms=5000)
         await client.close()
     assert [r for r in runs if r[0] == later.id] == [(later.id, 1, "start"), (later.id, 1, "end")]
+
+
+async def test_beats_slower_than_a_rescuer_tolerates_never_end_a_healthy_attempt(dsn, caplog):
+    # Every beat takes 0.25 s in the server (a real trigger): commits come 0.75 s apart, well
+    # within the 1 s staleness a rescuer judges by, so nobody may take the attempt; its own
+    # lease check must not end it either.
+    client = awa.AsyncClient(dsn)
+    runs: list[tuple[int, str]] = []
+
+    @client.task(Victim, queue=VICTIM_QUEUE)
+    async def victim(job):
+        runs.append((job.attempt, "start"))
+        try:
+            await asyncio.sleep(job.args.seconds)
+        except asyncio.CancelledError:
+            runs.append((job.attempt, "cancelled"))
+            raise
+        runs.append((job.attempt, "end"))
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            """CREATE FUNCTION slow_beat() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN PERFORM pg_sleep(0.25); RETURN NEW; END $$;
+               CREATE TRIGGER slow_beat BEFORE UPDATE ON awa_fast.jobs FOR EACH ROW
+               WHEN (OLD.state = 'running' AND NEW.state = 'running'
+                     AND NEW.heartbeat_at IS DISTINCT FROM OLD.heartbeat_at)
+               EXECUTE FUNCTION slow_beat()"""
+        )
+    try:
+        await client.insert(Victim(4.0), queue=VICTIM_QUEUE)
+        await client.start([(VICTIM_QUEUE, 1)], **{**stall_app.START_OPTIONS, "maintenance": False})
+        try:
+            await until(lambda: len(runs) >= 2, client, timeout=30, what="the attempt ended")
+        finally:
+            await client.shutdown(timeout_ms=5000)
+            await client.close()
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER slow_beat ON awa_fast.jobs; DROP FUNCTION slow_beat()")
+    assert runs == [(1, "start"), (1, "end")], (runs, caplog.text)

@@ -103,6 +103,11 @@ class Heartbeat:
         delay = interval_s
         while True:
             await asyncio.sleep(delay)
+            # Rounds are sent every interval_s, however long each takes: a lease runs from a
+            # round's send (worker/liveness.py), and sleeping a full interval after a slow
+            # round would let two slow rounds cost a healthy attempt its lease, where a
+            # rescuer (commit to commit) would still leave it alone.
+            started = time.monotonic()
             delay = interval_s
             try:
                 await self._bounded_round(progress_only)
@@ -114,6 +119,7 @@ class Heartbeat:
                 delay = self._retry_after(interval_s)
             else:
                 self._failures = 0
+                delay = max(0.0, interval_s - (time.monotonic() - started))
             raise_if_cancelling()  # see worker/cancellation.py
 
     _failures = 0
