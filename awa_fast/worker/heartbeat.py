@@ -45,6 +45,11 @@ class Heartbeat:
     handlers that hold every pool connection (``max_connections`` below the slots) would have
     their live attempts rescued as stale and run again. Without it, beats use the pool.
 
+    Given ``round_timeout_s`` too (the runtime gives half the lease), a round over that
+    connection that makes no progress for that many seconds is given up on and the connection
+    dropped: the next round beats over a new one (a backend that stopped answering holds only
+    the round it was given).
+
     The runtime runs :meth:`run` and :meth:`run_progress` on the liveness thread's own event loop
     (``worker/liveness.py``), so a handler that blocks the process's loop cannot stop them;
     ``post`` then hands :attr:`beaten` and :attr:`progress_written` notifications to the
@@ -68,6 +73,7 @@ class Heartbeat:
         self._pool_getter = pool_getter
         self.round_timeout_s = round_timeout_s
         self.rounds_abandoned = 0
+        self._stepped = 0.0  # time.monotonic() the current round last made progress
         self._presence = presence
         self._post: Callable[[Callable[[], Any]], Any] = _call
         self._home: asyncio.AbstractEventLoop | None = None  # where the beat loops run
@@ -103,45 +109,52 @@ class Heartbeat:
         delay = interval_s
         while True:
             await asyncio.sleep(delay)
-            # Rounds are sent every interval_s, however long each takes: a lease runs from a
-            # round's send (worker/liveness.py), and sleeping a full interval after a slow
-            # round would let two slow rounds cost a healthy attempt its lease, where a
-            # rescuer (commit to commit) would still leave it alone.
+            # Rounds are sent every interval_s (a failed one retried sooner), counted from the
+            # previous round's send however long it took: a lease runs from a beat's send
+            # (worker/liveness.py), and sleeping a full interval after a slow or given-up round
+            # would let two slow rounds cost a healthy attempt its lease, where a rescuer
+            # (commit to commit) would still leave it alone.
             started = time.monotonic()
-            delay = interval_s
             try:
                 await self._bounded_round(progress_only)
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 log.warning("%s failed: %s", what, exc)
-                delay = self._retry_after(interval_s)
+                period = self._retry_after(interval_s)
             except Exception:  # never let one beat end the loop
                 log.exception("%s failed", what)
-                delay = self._retry_after(interval_s)
+                period = self._retry_after(interval_s)
             else:
                 self._failures = 0
-                delay = max(0.0, interval_s - (time.monotonic() - started))
+                period = interval_s
+            delay = max(0.0, period - (time.monotonic() - started))
             raise_if_cancelling()  # see worker/cancellation.py
 
     _failures = 0
 
     async def _bounded_round(self, progress_only: bool) -> None:
-        # A round that has not ended within ``round_timeout_s`` (its connection's backend
-        # stopped answering, a half-open TCP connection) is left to end on its own: its
+        # A round that has made no progress (connected, or a statement ended) for
+        # ``round_timeout_s`` (its connection's backend stopped answering, a half-open TCP
+        # connection) is left to end on its own: its
         # connection is dropped, so the next round beats over a new one before the lease runs
         # out. Waiting for it (or cancelling it: psycopg then waits up to 10 s for the backend)
         # would hold every later round, and cost every later attempt its lease.
         if self.round_timeout_s is None or self._database_url is None:
             await self._beat(progress_only)
             return
+        self._stepped = time.monotonic()
         task = asyncio.ensure_future(self._beat(progress_only))
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.round_timeout_s)
+            while True:  # a round of many chunks may take long: given up on without progress
+                left = self.round_timeout_s - (time.monotonic() - self._stepped)
+                if left <= 0:
+                    break
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if done:
+                    task.result()
+                    return
         except asyncio.CancelledError:
             task.cancel()
             raise
-        if done:
-            task.result()
-            return
         task.add_done_callback(_retrieve)
         task.cancel()  # it ends (closing its connection) when psycopg's cancel gives up
         self._abandoned.add(task)
@@ -172,7 +185,6 @@ class Heartbeat:
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._beat(progress_only), home))
 
     async def _beat(self, progress_only: bool) -> None:
-        sent = time.monotonic()
         ctxs = sorted(self._in_flight(), key=lambda c: (c.id, c.run_lease))
         if progress_only:
             ctxs = [c for c in ctxs if c.progress_snapshot() is not None]
@@ -187,10 +199,13 @@ class Heartbeat:
             for start in range(0, len(ctxs), CHUNK):
                 chunk = ctxs[start : start + CHUNK]
                 snaps = [c.progress_snapshot() for c in chunk]
+                sent = time.monotonic()
                 beaten = await self._beat_chunk(conn, chunk, snaps)
+                self._stepped = time.monotonic()
                 for c, s in zip(chunk, snaps):
                     if (c.id, c.run_lease) in beaten:
-                        c.beaten_mono = sent  # its lease runs from this send (worker/liveness.py)
+                        # its lease runs from its chunk's send (worker/liveness.py)
+                        c.beaten_mono = sent
                         if s is not None:
                             c.progress_acked(s[0])
                             wrote_progress = True
@@ -236,6 +251,7 @@ class Heartbeat:
                     await _close(conn)
                     raise
                 self._conn = conn
+                self._stepped = time.monotonic()
             try:
                 yield conn
             except BaseException as exc:
