@@ -8,9 +8,9 @@ task) then scans it (freezing the eligible job ids as items and ``total_matched`
 ``running``) and applies it in chunks, each chunk one transaction that changes the jobs still
 eligible and accounts every item exactly once as processed, skipped (no longer eligible:
 claimed, cancelled, moved) or errored (say a unique key taken in the destination queue;
-``last_error`` names the job). Cancellation is cooperative: a ``pending`` operation is
-cancelled at once, an active one becomes ``cancelling`` and the runner stops at the next chunk
-(changed rows stay changed). Finalized operations are kept ``BATCH_RETENTION_DAYS`` (awa's 90)
+``last_error`` names the job). Cancellation is cooperative, as awa's: a cancel makes a ``pending`` or active
+operation ``cancelling`` and the runner finalizes it ``cancelled`` at its next step, before
+another chunk (changed rows stay changed). Finalized operations are kept ``BATCH_RETENTION_DAYS`` (awa's 90)
 and then deleted by the leader; :func:`purge` deletes them earlier.
 """
 
@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 from awa_fast import bulk, sql
 from awa_fast.errors import ValidationError
 from awa_fast.job import JobState
+from awa_fast.requests import check_name
 
 KINDS = ("set_priority", "move_queue")
 STATES = ("pending", "scanning", "running", "cancelling", "completed", "cancelled", "failed")
@@ -111,13 +112,7 @@ def check_spec(op_kind: Any, spec: Any) -> dict:
                 f"priority must be an int 1-4, got {p!r}", field="priority", limit="1-4"
             )
     if op_kind == "move_queue":
-        q = spec.get("queue")
-        if not isinstance(q, str) or not 1 <= len(q) <= 200 or "\x00" in q:
-            raise ValidationError(
-                f"queue must be a str of 1-200 characters, got {q!r}",
-                field="queue",
-                limit="1-200 characters",
-            )
+        check_name(spec.get("queue"), "queue")
     return dict(spec)
 
 
@@ -226,7 +221,8 @@ async def submit(
     f = check_filter(filter)
     if not f and not allow_all:
         raise ValidationError(
-            f"{op_kind} without a filter affects every queued job: pass allow_all=True",
+            f"{op_kind} requires a filter or allow_all=True (without a filter it affects "
+            "every queued job)",
             field="filter",
         )
     if submitted_by is not None and not isinstance(submitted_by, str):
@@ -275,8 +271,9 @@ async def list_all(conn: Any, state: str | None = None, limit: int = 100) -> lis
 
 
 async def cancel(conn: Any, operation_id: Any) -> dict | None:
-    """Cancel a pending operation, or ask the runner to stop an active one; ``None`` when no
-    active operation has that id."""
+    """Ask the runner to stop an operation (``cancelling``; the runner finalizes it
+    ``cancelled`` at its next step, as awa's does); ``None`` when no unfinished operation has
+    that id."""
     cur = conn.cursor(row_factory=dict_row)
     await cur.execute(
         sql.BATCH_CANCEL, {"id": parse_id(operation_id), "retention_s": _retention_s()}

@@ -25,7 +25,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import callbacks, schema, sql
+from awa_fast import callbacks, db_errors, schema, sql
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
 from awa_fast.admin.consequences import ConsequenceAdmin
@@ -43,14 +43,10 @@ from awa_fast.batch_ops import (
 )
 from awa_fast.connections import Connections, Pool
 from awa_fast.database_url import resolve_database_url, url_source
-from awa_fast.errors import (
-    AwaError,
-    DatabaseError,
-    ValidationError,
-)
+from awa_fast.errors import AwaError, DatabaseUnavailable, ValidationError
 from awa_fast.job import Job
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
-from awa_fast.requests import kind_for_type
+from awa_fast.requests import check_name, kind_for_type, optional_name
 from awa_fast.transaction import Transaction
 from awa_fast.worker.consequences import ConsequenceApplier, ConsequenceConfig, Settler
 from awa_fast.worker.registry import Registry
@@ -92,12 +88,15 @@ def deferred_reachability_check() -> Iterator[None]:
 
 
 def _check_reachable(url: str) -> None:
-    """Connect once and close (awa-pg connects at construction). Raises DatabaseError."""
+    """Connect once and close (awa-pg connects at construction). Raises DatabaseUnavailable."""
     try:
         psycopg.connect(url, connect_timeout=10, autocommit=True).close()
     except psycopg.Error as exc:
-        raise DatabaseError(
-            f"could not connect to the database (the URL given to the client): {exc}"
+        raise DatabaseUnavailable(
+            "could not connect to the database (the URL given to the client): "
+            + " ".join(str(exc).split()),
+            operation="AsyncClient()",
+            sqlstate=exc.sqlstate,
         ) from exc
 
 
@@ -136,6 +135,7 @@ def check_task_options(args_type: Any, options: dict) -> None:
         )
 
 
+@db_errors.boundary()
 class AsyncClient:
     """Async client: insert jobs, administer them, and run workers.
 
@@ -156,8 +156,14 @@ class AsyncClient:
     database): the worker children connect with the URL they use.
     Use as ``async with AsyncClient(url) as client``.
 
+    Every coroutine method raises driver errors as the awa-fast error tree, never psycopg's
+    (``awa_fast.db_errors``): ``UniqueConflict``, ``SchemaNotMigrated``, ``DeadlockError``,
+    ``ReadOnlyDatabase`` (the database refuses writes), ``DatabaseUnavailable`` (no connection,
+    or it was lost), else ``DatabaseError``; each names the call (``"insert: ..."``,
+    ``.operation``) and is chained to the driver's exception (``__cause__``).
+
     Raises:
-        DatabaseError: the given database cannot be reached (awa-pg's eager connect).
+        DatabaseUnavailable: the given database cannot be reached (awa-pg's eager connect).
         ValidationError: ``max_connections`` < 1.
     """
 
@@ -178,10 +184,10 @@ class AsyncClient:
         self.settler = Settler(self.consequences, self.specs)
         self._runtime: Runtime | None = None
         self._starting: asyncio.Event | None = None  # set when a start() in progress ends
-        self._installing = False  # an install_queue_storage() is in progress (awa's guard)
         self._stopping: asyncio.Event | None = None  # set when a shutdown() in progress ends
         self._releasing: asyncio.Future | None = None  # the last runtime's release step
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
+        self._implicit_cron_queue: set[str] = set()  # schedules registered without queue=
         self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
         self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
         # Admin, one object per area (awa_fast/admin/), each given only what it uses. The
@@ -206,8 +212,13 @@ class AsyncClient:
             lambda job_id: self.get_job(job_id),
         )
         self._dlq = DlqAdmin(self._connections, staleness)
-        self._storage = StorageAdmin(self._connections, lambda: self.migrate())
+        self._storage = StorageAdmin(
+            self._connections,
+            lambda: self.migrate(),
+            running=lambda: self._runtime is not None or self._starting is not None,
+        )
         self._batches = BatchAdmin(self._connections)
+        self._sync_twins: Any = None  # awa_fast.raw_client.SyncTwins, made by ``_raw``
         if self.explicit_database_url is not None and not _defer_reachability_check:
             _check_reachable(self.explicit_database_url)
 
@@ -238,7 +249,7 @@ class AsyncClient:
         inserts of keyed jobs are refused.
 
         Raises:
-            DatabaseError: the database could not be reached within 30 seconds.
+            DatabaseUnavailable: the database could not be reached within 30 seconds.
         """
         if self._pool is not None:
             return self._pool
@@ -253,8 +264,9 @@ class AsyncClient:
                 except PoolTimeout as exc:
                     await pool.close()
                     where = url_source(self.explicit_database_url)
-                    raise DatabaseError(
-                        f"could not connect to the database (the URL {where}): {exc}"
+                    raise DatabaseUnavailable(
+                        f"could not connect to the database (the URL {where}): {exc}",
+                        operation="pool",
                     ) from exc
                 self._pool = pool
                 self._pool_guard = asyncio.get_running_loop().create_task(
@@ -290,6 +302,18 @@ class AsyncClient:
         if self._pool_guard is not None:
             self._pool_guard.cancel()
             self._pool_guard = None
+        if self._sync_twins is not None:
+            await asyncio.to_thread(self._sync_twins.close)
+
+    @property
+    def _raw(self) -> Any:
+        """The blocking ``<method>_sync`` twins (:class:`awa_fast.raw_client.SyncTwins`), under
+        the attribute awa-pg's wrapper gives its native client; opened on first use."""
+        if self._sync_twins is None:
+            from awa_fast.raw_client import SyncTwins  # raw_client imports this module
+
+            self._sync_twins = SyncTwins(self)
+        return self._sync_twins
 
     async def __aenter__(self) -> AsyncClient:
         await self.pool()
@@ -620,14 +644,16 @@ class AsyncClient:
         use ``failure.idempotency_key``. Or pass ``awa_fast.NO_FAILURE_CONSEQUENCE``.
 
         Raises:
+            ValidationError: ``args_type_or_kind`` is neither a class nor a kind name
+                (``requests.check_name``).
             TypeError: ``fn`` is neither callable nor NO_FAILURE_CONSEQUENCE.
         """
-        if isinstance(args_type_or_kind, str):
-            self.registry.declare_consequence(args_type_or_kind, fn)
-        else:
+        if isinstance(args_type_or_kind, type):
             self.registry.declare_consequence(
                 kind_for_type(args_type_or_kind), fn, args_type_or_kind
             )
+        else:  # a kind: the name rule refuses anything else, naming "kind"
+            self.registry.declare_consequence(args_type_or_kind, fn)
 
     async def correct_to_failed(self, job_id: int, *, error: str) -> Job:
         """Correct an apparent success: a ``completed`` job becomes ``failed`` (``error``
@@ -806,20 +832,12 @@ class AsyncClient:
             Unsupported: a ``schema`` other than awa's default ``"awa"``.
             ConfigError: a slot count that is not an int > 0, ``reset`` not a bool.
         """
-        if self._runtime is not None or self._starting is not None:
-            raise AwaError("cannot install queue storage while the worker runtime is running")
-        if self._installing:
-            raise AwaError("queue storage installation is already in progress")
-        self._installing = True
-        try:
-            return await self._storage.install_queue_storage(
-                schema=schema,
-                queue_slot_count=queue_slot_count,
-                lease_slot_count=lease_slot_count,
-                reset=reset,
-            )
-        finally:
-            self._installing = False
+        return await self._storage.install_queue_storage(
+            schema=schema,
+            queue_slot_count=queue_slot_count,
+            lease_slot_count=lease_slot_count,
+            reset=reset,
+        )
 
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
@@ -931,15 +949,17 @@ class AsyncClient:
         A later registration for the same kind replaces the earlier one.
 
         Raises:
-            ValidationError: ``args_type`` is not a class (field ``args_type``), or an option
-                other than ``failure_consequence`` / ``verify_success`` (field: its name).
+            ValidationError: ``args_type`` is not a class (field ``args_type``), an option
+                other than ``failure_consequence`` / ``verify_success`` (field: its name), or
+                ``kind`` / ``queue`` breaks the name rule that insert and start() apply
+                (``requests.check_name``: 1-200 characters, no NUL).
         """
         check_task_options(args_type, options)
+        kind = kind_for_type(args_type) if kind is None else check_name(kind, "kind")
+        optional_name(queue, "queue")
 
         def decorate(fn: Callable) -> Callable:
-            self.registry.register(
-                args_type, fn, kind=kind or kind_for_type(args_type), queue=queue, **options
-            )
+            self.registry.register(args_type, fn, kind=kind, queue=queue, **options)
             return fn
 
         return decorate
@@ -1008,7 +1028,7 @@ class AsyncClient:
         args: Any,
         *,
         timezone: str = "UTC",
-        queue: str = "default",
+        queue: str = DEFAULT_QUEUE,
         priority: int = 2,
         max_attempts: int = 25,
         tags: list[str] | None = None,
@@ -1034,13 +1054,14 @@ class AsyncClient:
 
         if self._runtime is not None:
             raise RuntimeError("periodic() must be called before start()")
+        implicit = queue is DEFAULT_QUEUE
         job = periodic.build(
             name,
             cron_expr,
             args_type,
             args,
             timezone=timezone,
-            queue=queue,
+            queue="default" if implicit else queue,
             priority=priority,
             max_attempts=max_attempts,
             tags=tags,
@@ -1048,6 +1069,10 @@ class AsyncClient:
             missed_fire_policy=missed_fire_policy,
         )
         self.periodic_jobs[job.name] = job
+        if implicit:  # start() warns if its kind is registered for another queue
+            self._implicit_cron_queue.add(job.name)
+        else:
+            self._implicit_cron_queue.discard(job.name)
 
     def queue_descriptor(
         self,
@@ -1127,7 +1152,7 @@ class AsyncClient:
         """
         if self._runtime is not None or self._starting is not None:
             raise RuntimeError("runtime already started")
-        if self._installing:  # awa's rule
+        if self._storage.installing:  # awa's rule
             raise AwaError(
                 "cannot start the worker runtime while queue storage installation is in progress"
             )
@@ -1167,7 +1192,29 @@ class AsyncClient:
             options.pop("consequence_backoff_ms", None),
             self.consequences.config,
         )
-        return Runtime(self._services(), queues, **options), consequences
+        runtime = Runtime(self._services(), queues, **options)
+        self._warn_cron_off_queue()
+        return runtime, consequences
+
+    def _warn_cron_off_queue(self) -> None:
+        """``QueueMismatchWarning`` for each schedule registered without ``queue=`` whose kind
+        this client registered for another queue: its fires go to ``default`` (awa-pg's
+        ``periodic(queue="default")``), where that kind's workers do not look."""
+        from awa_fast.errors import QueueMismatchWarning
+
+        for name in sorted(self._implicit_cron_queue):
+            job = self.periodic_jobs.get(name)
+            queue = self.registry.off_default.get(job.kind) if job is not None else None
+            if job is not None and queue is not None:
+                warnings.warn(
+                    QueueMismatchWarning(
+                        f"periodic job {name!r} of kind {job.kind!r} was registered without "
+                        f"queue=, so it fires into 'default' (awa-pg semantics), but the kind "
+                        f"is registered for queue {queue!r} on this client; pass "
+                        f"queue={queue!r} to periodic() or work 'default' too"
+                    ),
+                    stacklevel=5,  # start() (its db_errors wrapper), _runtime_for, this
+                )
 
     def _services(self) -> Services:
         """What the worker layer may use of this client (``worker/services.py``)."""

@@ -98,7 +98,8 @@ async def test_a_blocked_loop_in_one_process_never_runs_its_own_attempts_again(
     assert metrics.LOOP_STALL_SECONDS._value.get() >= 2.5
 
 
-def test_a_blocked_loop_in_one_of_two_processes_is_not_taken_over_by_the_other(dsn, stall_log):
+def _two_processes(dsn: str, stall_log: str) -> Launcher:
+    """``awa-fast worker tests.stall_app:client`` with two worker processes, both ready."""
     launcher = Launcher(
         dsn,
         "--processes",
@@ -110,6 +111,15 @@ def test_a_blocked_loop_in_one_of_two_processes_is_not_taken_over_by_the_other(d
     )
     try:
         launcher.ready_pids(2)
+    except BaseException:
+        launcher.stop()
+        raise
+    return launcher
+
+
+def test_a_blocked_loop_in_one_of_two_processes_is_not_taken_over_by_the_other(dsn, stall_log):
+    launcher = _two_processes(dsn, stall_log)
+    try:
         with awa.Client(dsn) as c:
             ids = [j.id for j in c.insert_many(_jobs(), queue=stall_app.QUEUE)]
         query, params = _finished_sql(ids)
@@ -264,17 +274,8 @@ def test_a_stopped_process_resumed_after_its_rescue_does_no_more_work_for_it(dsn
     # dead and the other process runs the job again; once resumed (SIGCONT), the stopped one's
     # lease check cancels its handler at the next await, so it never ends its work or
     # finalizes (docs/architecture.md, "Which executions can overlap").
-    launcher = Launcher(
-        dsn,
-        "--processes",
-        "2",
-        "--queues",
-        f"{stall_app.QUEUE}:10",
-        app="tests.stall_app:client",
-        env={"AWA_FAST_STALL_LOG": stall_log},
-    )
+    launcher = _two_processes(dsn, stall_log)
     try:
-        launcher.ready_pids(2)
         with awa.Client(dsn) as c:
             job = c.insert(Await(4.0), queue=stall_app.QUEUE)
 

@@ -11,7 +11,7 @@ from typing import Any
 from awa_fast import sql
 from awa_fast.admin.jobs import pretty_json
 from awa_fast.connections import Connections
-from awa_fast.errors import ConfigError, Unsupported
+from awa_fast.errors import AwaError, ConfigError, Unsupported
 from awa_fast.schema import MIGRATE_LOCK_KEY, current_migration_version
 
 log = logging.getLogger("awa_fast.storage")
@@ -54,11 +54,20 @@ class StorageAdmin:
     Args:
         db: the connection source.
         migrate: applies the schema's migrations (``AsyncClient.migrate``).
+        running: whether the client's worker runtime is running or starting (awa refuses an
+            install then).
     """
 
-    def __init__(self, db: Connections, migrate: Callable[[], Awaitable[list[int]]]) -> None:
+    def __init__(
+        self,
+        db: Connections,
+        migrate: Callable[[], Awaitable[list[int]]],
+        running: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._db = db
         self._migrate = migrate
+        self._running = running
+        self.installing = False  # an install is in progress: start() is refused (awa's rule)
 
     async def flush_admin_metadata(self) -> None:
         """Nothing is cached to flush; opens the pool (raises as it does)."""
@@ -80,11 +89,26 @@ class StorageAdmin:
         are never reused.
 
         Raises:
+            AwaError: the client's worker runtime is running or starting (awa's rule), or
+                another install of this client is in progress.
             Unsupported: ``schema`` other than awa's default ``"awa"``.
             ConfigError: a slot count that is not an int > 0 (any other is accepted and has
                 no effect: logged at INFO).
             ValidationError: ``reset`` not a bool.
         """
+        if self._running():
+            raise AwaError("cannot install queue storage while the worker runtime is running")
+        if self.installing:
+            raise AwaError("queue storage installation is already in progress")
+        self.installing = True
+        try:
+            await self._install(schema, queue_slot_count, lease_slot_count, reset)
+        finally:
+            self.installing = False
+
+    async def _install(
+        self, schema: str, queue_slot_count: int, lease_slot_count: int, reset: bool
+    ) -> None:
         _storage_arguments(
             schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
         )

@@ -13,6 +13,7 @@ from importlib import resources
 
 import psycopg
 
+from awa_fast import db_errors
 from awa_fast import sql as statements
 
 SCHEMA = "awa_fast"
@@ -104,22 +105,26 @@ async def check_current(conn: psycopg.AsyncConnection) -> None:
         )
 
 
+@db_errors.maps("migrate")
 async def migrate(database_url: str) -> list[int]:
     """Apply every missing migration to ``database_url``; returns the versions applied now.
 
     Runs :func:`migrate_sync` in a thread (migrations are rare and short).
 
     Raises:
-        psycopg.Error: the database rejected a migration (that migration is rolled back).
+        ReadOnlyDatabase, DatabaseUnavailable, DatabaseError: the database could not be
+            reached or rejected a migration (that migration is rolled back); chained to the
+            driver's error (``awa_fast.db_errors``).
     """
     return await asyncio.to_thread(migrate_sync, database_url)
 
 
+@db_errors.maps("migrate")
 def migrate_sync(database_url: str) -> list[int]:
     """Apply every missing migration to ``database_url``; returns the versions applied now.
 
     Raises:
-        psycopg.Error: the database rejected a migration (that migration is rolled back).
+        DatabaseError: as :func:`migrate`.
     """
     applied_now = []
     with psycopg.connect(database_url, autocommit=True) as conn:

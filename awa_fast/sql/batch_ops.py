@@ -42,12 +42,7 @@ WHERE (%(state)s::text IS NULL OR state = %(state)s) ORDER BY submitted_at DESC,
 
 # Cancellation is cooperative: an active operation is marked, the runner finalizes it.
 BATCH_CANCEL = f"""
-UPDATE {S}.batch_operations
-SET state = CASE WHEN state = 'pending' THEN 'cancelled' ELSE 'cancelling' END,
-    finalized_at = CASE WHEN state = 'pending' THEN clock_timestamp() END,
-    retention_until = CASE WHEN state = 'pending'
-                      THEN clock_timestamp() + %(retention_s)s * interval '1 second' END,
-    updated_at = clock_timestamp()
+UPDATE {S}.batch_operations SET state = 'cancelling', updated_at = clock_timestamp()
 WHERE id = %(id)s AND state IN ('pending', 'scanning', 'running')
 RETURNING {BATCH_OPERATION_COLUMNS}"""
 

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from awa_fast import bulk, pg_connection, sql
+from awa_fast.retryable import Retry, classify
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.observe import Signal
@@ -255,9 +256,10 @@ class Heartbeat:
             try:
                 yield conn
             except BaseException as exc:
-                # A lost connection is replaced at the next beat; so is one a round was
-                # abandoned on (_bounded_round), which this round may no longer use.
-                if isinstance(exc, psycopg.OperationalError) or self._conn is not conn:
+                # A connection that may be lost is replaced at the next beat; so is one a round
+                # was abandoned on (_bounded_round), which this round may no longer use.
+                lost = isinstance(exc, Exception) and classify(exc) is Retry.TRANSIENT
+                if lost or self._conn is not conn:
                     if self._conn is conn:
                         self._conn = None
                     await _close(conn)

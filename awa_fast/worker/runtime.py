@@ -24,7 +24,6 @@ import orjson
 import psycopg
 
 from awa_fast import (
-    _native,
     batch_ops,
     bulk,
     descriptors,
@@ -39,8 +38,11 @@ from awa_fast.errors import (
     QueueMismatchWarning,
     Unsupported,
     ValidationError,
+    ValidationTypeError,
 )
 from awa_fast.job import Job
+from awa_fast.requests import check_name
+from awa_fast.retryable import Retry, classify
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
 from awa_fast.worker.cancellation import raise_if_cancelling
@@ -54,6 +56,7 @@ from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.liveness import LEASE_MARGIN, Liveness
 from awa_fast.worker.maintenance import (
     MAX_BACKOFF_S,
+    STUCK_LOOPS,
     Maintenance,
     MaintenanceConfig,
     check_retention,
@@ -78,6 +81,30 @@ HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat in
 # ignores cancellation or a database that does not answer must not keep shutdown from ending.
 SHUTDOWN_GRACE_S = 10.0
 PRESENCE_GONE_S = 2.0  # removing the presence row at shutdown (it expires on its own)
+
+
+def shutdown_bound_s(timeout_s: float) -> float:
+    """The longest a shutdown with drain timeout ``timeout_s`` (seconds) can take, in seconds,
+    from the bounds of its phases (``Runtime._drain``, ``_release``): the dispatchers' claims
+    in flight (``max(timeout_s, CLAIM_HANDOVER_S)``, then a cancel), the handlers
+    (``timeout_s``), the attempts left after it (``SHUTDOWN_GRACE_S`` + 1 s), the runtime's own
+    tasks (a cancel), the finalizer's last flush (``SHUTDOWN_GRACE_S``) and the presence row
+    (``PRESENCE_GONE_S``). A cancel (``_cancel_and_wait``) gives up ``SHUTDOWN_GRACE_S`` after
+    its first round and waits 1 s per round. The launcher's kill deadline is derived from it
+    (``supervisor.kill_after_s``)."""
+    cancel = SHUTDOWN_GRACE_S + 1.0
+    return (
+        max(timeout_s, CLAIM_HANDOVER_S)
+        + cancel
+        + timeout_s
+        + SHUTDOWN_GRACE_S
+        + 1.0
+        + cancel
+        + SHUTDOWN_GRACE_S
+        + PRESENCE_GONE_S
+    )
+
+
 BATCH_RUNNER_S = 0.2  # the leader's batch-operation runner: one step (a chunk) per interval
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
@@ -196,6 +223,19 @@ def parse_queues(
             )
         claimers = cfg.pop("claimers", 1)
         retention = _queue_retention(name, cfg.pop("retention", None))
+        # the values first, valid in no mode when wrong (awa: "weight must be > 0" either way)
+        if "weight" in cfg and (
+            isinstance(cfg["weight"], bool)
+            or not isinstance(cfg["weight"], int)
+            or cfg["weight"] < 1
+        ):
+            raise ValidationError(
+                f"queue {name!r}: weight must be > 0 (an integer), got {cfg['weight']!r}",
+                field="weight",
+                limit=">= 1",
+            )
+        if "min_workers" in cfg:
+            _count(cfg["min_workers"], f"queue {name!r}: min_workers", 0)
         if not weighted and ("min_workers" in cfg or "weight" in cfg):
             key = "min_workers" if "min_workers" in cfg else "weight"
             raise ValidationError(
@@ -246,8 +286,8 @@ def parse_queues(
 def _queue_retention(queue: str, value: Any) -> tuple[float, float] | None:
     """A queue dict's ``retention`` (awa's per-queue override): ``None``, or a dict with
     ``completed_hours`` and/or ``failed_hours`` (finite numbers >= 0, hours). A key left out
-    takes awa's default (``AWA_QUEUE_RETENTION_DEFAULT_HOURS``). The ring's limits (30 and 90
-    hours) are checked with the global ones (``maintenance.check_retention``).
+    takes awa's default (``AWA_QUEUE_RETENTION_DEFAULT_HOURS``). awa's upper limit (2**64
+    seconds) is checked with the global ones (``maintenance.check_retention``).
 
     Raises:
         ConfigError: not a dict, another key, or a value that is not a finite number >= 0,
@@ -319,30 +359,40 @@ def parse_rate_limit(queue: str, value: Any) -> tuple[float, int] | None:
     """``(max_rate, burst)``: ``max_rate`` > 0 claims per second, ``burst`` >= 1 claims.
 
     Raises:
-        ValidationError: any other shape or value, naming the queue.
+        ValidationTypeError: not a pair, or a member of the wrong type (a ``TypeError`` too, as
+            in awa), naming the queue.
+        ValidationError: a value out of range, naming the queue.
     """
     if value is None:
         return None
     try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError  # a 2-character string unpacks
         rate, burst = value
     except (TypeError, ValueError):
-        raise ValidationError(
-            f"queue {queue!r}: rate_limit must be (max_rate, burst), got {value!r}",
+        raise ValidationTypeError(
+            f"queue {queue!r}: rate_limit must be a (max_rate, burst) pair or None, got {value!r}",
             field="rate_limit",
         ) from None
-    if (
-        isinstance(rate, bool)
-        or not isinstance(rate, (int, float))
-        or not rate > 0
-        or rate == float("inf")
-    ):
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+        raise ValidationTypeError(
+            f"queue {queue!r}: rate_limit max_rate must be a number (claims per second), "
+            f"got {rate!r}",
+            field="rate_limit",
+        )
+    if isinstance(burst, bool) or not isinstance(burst, int):
+        raise ValidationTypeError(
+            f"queue {queue!r}: rate_limit burst must be an int >= 1, got {burst!r}",
+            field="rate_limit",
+        )
+    if not rate > 0 or rate == float("inf"):
         raise ValidationError(
             f"queue {queue!r}: rate_limit max_rate must be a finite number "
             f"> 0 (claims per second), got {rate!r}",
             field="rate_limit",
             limit="> 0",
         )
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+    if burst < 1:
         raise ValidationError(
             f"queue {queue!r}: rate_limit burst must be an int >= 1, got {burst!r}",
             field="rate_limit",
@@ -448,16 +498,16 @@ def check_config(
         # Without handlers a process is useful only to register periodic schedules or as a
         # maintenance process that knows the consequences or specs of kinds handled elsewhere.
         raise ConfigError(
-            "no handlers registered: register at least one with @client.task "
-            "before start() (a maintenance-only process declares failure "
-            "consequences with client.failure_consequence)",
+            "no handlers registered: register at least one worker before starting the "
+            "runtime, with @client.task before start() (a maintenance-only process declares "
+            "failure consequences with client.failure_consequence)",
             field="handlers",
             limit=">= 1 handler",
         )
     for i, q in enumerate(queues):
         try:
-            _native.validate_insert("k", q.name, 2, 25, None)
-        except (ValidationError, TypeError) as exc:
+            check_name(q.name, "queue")
+        except ValidationError as exc:
             raise ConfigError(
                 f"queues[{i}]: queue name {q.name!r} would be rejected by insert: {exc}",
                 field="queues",
@@ -473,8 +523,9 @@ def check_config(
         )
     for kind, handler in registry.handlers.items():
         try:
-            _native.validate_insert(kind, handler.queue, 2, 25, None)
-        except (ValidationError, TypeError) as exc:
+            check_name(kind, "kind")
+            check_name(handler.queue, "queue")
+        except ValidationError as exc:
             raise ConfigError(
                 f"handler kind {kind!r} (queue {handler.queue!r}) would be rejected "
                 f"by insert: {exc}",
@@ -501,7 +552,8 @@ def check_config(
             "without queue= go (their handlers were registered without queue=): those jobs "
             "wait for a worker of 'default'. A misspelt queue name?",
             QueueMismatchWarning,
-            stacklevel=5,  # the application's start() call (start -> _runtime_for -> here)
+            # the application's start() call (db_errors' wrapper -> start -> _runtime_for -> here)
+            stacklevel=6,
         )
     if warn_unserved_default and registry.handlers and not implicit:
         # Every handler names its queue: a started queue none of them names runs nothing.
@@ -515,7 +567,7 @@ def check_config(
                 )
                 + "): no job there can run. A misspelt queue name?",
                 QueueMismatchWarning,
-                stacklevel=5,
+                stacklevel=6,
             )
     if heartbeat_interval_ms * HEARTBEAT_SAFETY > heartbeat_staleness_ms:
         raise ConfigError(
@@ -560,11 +612,25 @@ MAX_SETTING_S = 100 * 365 * 86_400
 _UNIT_S = {"_ms": 0.001, "_hours": 3600, "_days": 86_400}
 
 
-def _setting(value: Any, field: str, *, integer: bool = False, zero: bool = False) -> float:
+# awa's retentions: any length below awa's own limit is kept (maintenance.check_retention,
+# ADR 029), not capped at MAX_SETTING_S.
+_AWA_RETENTIONS = {"completed_retention_hours", "failed_retention_hours"}
+
+
+def _setting(
+    value: Any,
+    field: str,
+    *,
+    integer: bool = False,
+    zero: bool = False,
+    awa_retention: bool = False,
+) -> float:
     """A maintenance interval, retention or size given to ``start()``: a finite number > 0
     (``>= 0`` with ``zero``; an int for ``integer``). In milliseconds (a name ending ``_ms``) at
     least 1 and at most ``MAX_SETTING_INT`` (about 24.8 days: PostgreSQL's ``lock_timeout``);
-    a count at most ``MAX_SETTING_INT``; in hours or days at most ``MAX_SETTING_S``.
+    a count at most ``MAX_SETTING_INT``; in hours or days at most ``MAX_SETTING_S``, except
+    awa's retentions (``awa_retention``), which ``maintenance.check_retention`` bounds by awa's
+    own limit.
 
     Raises:
         ConfigError: naming ``field`` and the limit.
@@ -597,7 +663,7 @@ def _setting(value: Any, field: str, *, integer: bool = False, zero: bool = Fals
             limit=f"<= {MAX_SETTING_INT}",
         )
     unit = next((u for suffix, u in _UNIT_S.items() if field.endswith(suffix)), None)
-    if unit is not None and value * unit > MAX_SETTING_S:
+    if unit is not None and not awa_retention and value * unit > MAX_SETTING_S:
         raise ConfigError(
             f"{field}={value!r} is longer than 100 years (PostgreSQL's interval "
             "arithmetic would overflow)",
@@ -810,10 +876,23 @@ class Runtime:
             "terminal_count_rollup_interval_ms": honoured.get("terminal_count_rollup_interval_ms"),
         }.items():
             if value is not None:
-                setattr(mconf, key, _setting(value, key, integer=key == "cleanup_batch_size"))
+                setattr(
+                    mconf,
+                    key,
+                    _setting(
+                        value,
+                        key,
+                        integer=key == "cleanup_batch_size",
+                        zero=key in _AWA_RETENTIONS,  # awa: >= 0 (0 prunes at once)
+                        awa_retention=key in _AWA_RETENTIONS,
+                    ),
+                )
         if descriptor_retention_days is not None:  # awa: 0 keeps descriptors forever
             mconf.descriptor_retention_days = _setting(
-                descriptor_retention_days, "descriptor_retention_days", zero=True
+                descriptor_retention_days,
+                "descriptor_retention_days",
+                zero=True,
+                awa_retention=True,
             )
         mconf.queue_retention = {
             q.name: q.retention for q in self.queues if q.retention is not None
@@ -945,6 +1024,13 @@ class Runtime:
                 if dlq is not None:
                     await conn.execute(sql.SET_QUEUE_DLQ, (q.name, bool(dlq)))
         await self._sync_periodic()
+        registry = self.services.registry
+        metrics.prepare(  # every series at 0 from the start, not only once first counted
+            [q.name for q in self.queues],
+            {kind: h.queue for kind, h in registry.handlers.items()},
+            sorted(registry.consequence_kinds()),
+            list(STUCK_LOOPS),
+        )
         if self.metrics_port is not None:  # ConfigError when the port cannot be bound
             self.metrics_exporter = metrics.Exporter(self.metrics_port, self.metrics_host)
         self.finalizer = Finalizer.batching(
@@ -1399,10 +1485,20 @@ class Runtime:
                 )
             elif result is Finalized.PROMPT_FAILURE:
                 metrics.finalized(ctx.queue, ctx.kind, "prompt_failure")
-        except Exception:
-            log.exception(
-                "finalizing job %s (%s) failed; it stays running until rescue", ctx.id, ctx.kind
-            )
+        except Exception as exc:
+            if classify(exc) is Retry.CLOSED:  # (the pool closed under it: one line per job)
+                log.warning(
+                    "finalizing job %s (%s) failed: %s; it stays running until rescue",
+                    ctx.id,
+                    ctx.kind,
+                    exc,
+                )
+            else:
+                log.exception(
+                    "finalizing job %s (%s) failed; it stays running until rescue",
+                    ctx.id,
+                    ctx.kind,
+                )
         finally:
             if not released:
                 dispatcher.slot_freed()

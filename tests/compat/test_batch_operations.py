@@ -62,6 +62,14 @@ async def test_bad_operations_are_validation_errors(client, call, field):
     assert await client.list_batch_operations() == []
 
 
+async def test_a_submit_without_filter_says_it_requires_a_filter_or_allow_all(client):
+    # awa's words: "requires a filter or allow_all"; nothing is submitted
+    for call in (lambda: client.set_priority(1), lambda: client.move_queue("elsewhere")):
+        with pytest.raises(awa.ValidationError, match="requires a filter or allow_all=True"):
+            await call()
+    assert await client.list_batch_operations() == []
+
+
 async def test_preview_submit_run_set_priority(dsn, client):
     queued = [await client.insert(Item(i), queue="bq", priority=3) for i in range(5)]
     later = await client.insert(
@@ -141,7 +149,10 @@ async def test_cancel_and_purge(dsn, client):
     for i in range(3):
         await client.insert(Item(i), queue="cq")
     pending = await client.set_priority(4, filter={"queue": "cq"})
-    cancelled = await client.cancel_batch_operation(pending["id"])
+    # awa's lifecycle: a cancel asks (cancelling); the runner's next step finalizes it
+    cancelling = await client.cancel_batch_operation(pending["id"])
+    assert cancelling["state"] == "cancelling" and cancelling["finalized_at"] is None
+    cancelled = await _run_to_end(dsn, pending["id"])
     assert cancelled["state"] == "cancelled" and cancelled["finalized_at"] is not None
     with pytest.raises(awa.JobNotFound):
         await client.cancel_batch_operation(pending["id"])  # finished already
@@ -233,7 +244,8 @@ async def test_cli_batch_ops(dsn, client):
     )
     assert op["state"] == "pending" and op["submitted_by"] == "cli-test"
     assert [o["id"] for o in ok_json("batch-ops", "list", dsn=dsn)] == [op["id"]]
-    assert ok_json("batch-ops", "cancel", op["id"], dsn=dsn)["state"] == "cancelled"
+    assert ok_json("batch-ops", "cancel", op["id"], dsn=dsn)["state"] == "cancelling"
+    await _run_to_end(dsn, op["id"])  # the leader's runner finalizes it
     assert ok_json("batch-ops", "get", op["id"], dsn=dsn)["state"] == "cancelled"
     assert ok_json("batch-ops", "purge", "--before", "2999-01-01T00:00:00Z", dsn=dsn) == {
         "purged": 1
