@@ -255,7 +255,7 @@ async def test_class2_progress_and_metadata_are_validated_at_the_call(client):
     assert seen["nul-message"][0] == "progress.message"
     assert seen["surrogate-message"] == ("progress.message", "JSON")
     assert seen["nul-metadata"][0] == seen["nul-key"][0] == "metadata"
-    assert seen["object"] == ("metadata", "JSON")
+    assert seen["object"] == ("metadata.o", "JSON")  # the field path (ADR 030)
     assert seen["huge"] == ("metadata", f"<= {storable.MAX_PROGRESS_BYTES} bytes")
     assert row["state"] == "completed"
 

@@ -173,7 +173,7 @@ def _dispatcher(client) -> Dispatcher:
     return Dispatcher(
         "default",
         pool_getter=client.pool,
-        spawn=lambda row: None,
+        spawn=lambda row, sent: None,
         max_workers=4,
         deadline_ms=0,
         claim_batch_size=4,

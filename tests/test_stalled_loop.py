@@ -187,13 +187,14 @@ async def test_a_process_never_rescues_an_attempt_it_still_runs(dsn):
         await release.wait()
 
     job = await client.insert(Await(0), queue=stall_app.QUEUE)
-    # Beats every hour: nothing refreshes the heartbeat but the claim.
+    # Beats every minute: no beat refreshes the heartbeat between the test's backdating and
+    # the two rescue passes (a rescuer takes it after 2 minutes, min_stale_ms: ADR 020).
     await client.start(
         [(stall_app.QUEUE, 1)],
         **{
             **stall_app.START_OPTIONS,
-            "heartbeat_interval_ms": 1_000,
-            "heartbeat_staleness_ms": 2_000,
+            "heartbeat_interval_ms": 60_000,
+            "heartbeat_staleness_ms": 120_000,
         },
     )
     try:
@@ -205,7 +206,7 @@ async def test_a_process_never_rescues_an_attempt_it_still_runs(dsn):
             )
         assert await client.runtime.maintenance.rescue() == []  # its own live attempt
         # ... which another process (a maintenance of its own) does rescue
-        other = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=2_000))
+        other = Maintenance(dsn, client.pool, MaintenanceConfig(heartbeat_staleness_ms=120_000))
         assert [r[0] for r in await other.rescue()] == [job.id]
     finally:
         release.set()

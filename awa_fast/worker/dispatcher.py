@@ -29,7 +29,9 @@ log = logging.getLogger("awa_fast.dispatcher")
 
 
 class Dispatcher:
-    """Claims for one queue and hands each claimed row to ``spawn(row)``.
+    """Claims for one queue and hands each claimed row to ``spawn(row, sent)``, ``sent`` the
+    ``time.monotonic()`` at which its claim statement was sent (the attempt's lease runs from
+    there: the rows may wait on a blocked event loop after their claim committed).
 
     Args:
         queue: the queue name.
@@ -55,7 +57,7 @@ class Dispatcher:
         queue: str,
         *,
         pool_getter: Callable,
-        spawn: Callable[[tuple], None],
+        spawn: Callable[[tuple, float], None],
         max_workers: int,
         deadline_ms: int,
         claim_batch_size: int,
@@ -177,6 +179,7 @@ class Dispatcher:
             self.free -= local
             try:
                 started = time.perf_counter()
+                sent = time.monotonic()  # the claimed attempts' leases run from here
                 rows = await self._claim(limit)
                 metrics.claimed(self.queue, time.perf_counter() - started)
             except Exception as exc:  # the claim loop must survive every error
@@ -212,7 +215,7 @@ class Dispatcher:
                 self.bucket.refund(limit - len(rows))
             self.claimed += len(rows)
             for row in rows:
-                self._spawn(row)
+                self._spawn(row, sent)
             self.claim_ran.fire(len(rows))
             raise_if_cancelling()  # after spawning: claimed rows always get their handler
 

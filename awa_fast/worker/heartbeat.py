@@ -47,6 +47,11 @@ class Heartbeat:
     handlers that hold every pool connection (``max_connections`` below the slots) would have
     their live attempts rescued as stale and run again. Without it, beats use the pool.
 
+    Given ``round_timeout_s`` too (the runtime gives half the lease), a round over that
+    connection that makes no progress for that many seconds is given up on and the connection
+    dropped: the next round beats over a new one (a backend that stopped answering holds only
+    the round it was given).
+
     The runtime runs :meth:`run` and :meth:`run_progress` on the liveness thread's own event loop
     (``worker/liveness.py``), so a handler that blocks the process's loop cannot stop them;
     ``post`` then hands :attr:`beaten` and :attr:`progress_written` notifications to the
@@ -68,8 +73,12 @@ class Heartbeat:
         database_url: str | None = None,
         presence: Callable[[Any], Awaitable[None]] | None = None,
         pooler: str | None = None,
+        round_timeout_s: float | None = None,
     ):
         self._pool_getter = pool_getter
+        self.round_timeout_s = round_timeout_s
+        self.rounds_abandoned = 0
+        self._stepped = 0.0  # time.monotonic() the current round last made progress
         self._presence = presence
         self._post: Callable[[Callable[[], Any]], Any] = _call
         self._home: asyncio.AbstractEventLoop | None = None  # where the beat loops run
@@ -80,6 +89,8 @@ class Heartbeat:
         self._recurring = bulk.Recurring()
         self._conn: psycopg.AsyncConnection | None = None
         self._conn_lock = asyncio.Lock()
+        self._holder: asyncio.Task | None = None  # the round using the connection
+        self._abandoned: set[asyncio.Future] = set()  # rounds given up on, still ending
         self._in_flight = in_flight
         self.interval_s = interval_s
         self.progress_interval_s = progress_interval_s
@@ -104,20 +115,63 @@ class Heartbeat:
         delay = interval_s
         while True:
             await asyncio.sleep(delay)
-            delay = interval_s
+            # Rounds are sent every interval_s (a failed one retried sooner), counted from the
+            # previous round's send however long it took: a lease runs from a beat's send
+            # (worker/liveness.py), and sleeping a full interval after a slow or given-up round
+            # would let two slow rounds cost a healthy attempt its lease, where a rescuer
+            # (commit to commit) would still leave it alone.
+            started = time.monotonic()
             try:
-                await self._beat(progress_only)
-            except (psycopg.Error, OSError) as exc:
+                await self._bounded_round(progress_only)
+            except (psycopg.Error, OSError, TimeoutError) as exc:
                 log.warning("%s failed: %s", what, exc)
-                delay = self._retry_after(interval_s)
+                period = self._retry_after(interval_s)
             except Exception:  # never let one beat end the loop
                 log.exception("%s failed", what)
-                delay = self._retry_after(interval_s)
+                period = self._retry_after(interval_s)
             else:
                 self._failures = 0
+                period = interval_s
+            delay = max(0.0, period - (time.monotonic() - started))
             raise_if_cancelling()  # see worker/cancellation.py
 
     _failures = 0
+
+    async def _bounded_round(self, progress_only: bool) -> None:
+        # A round that has made no progress (connected, or a statement ended) for
+        # ``round_timeout_s`` (its connection's backend stopped answering, a half-open TCP
+        # connection) is left to end on its own: its
+        # connection is dropped, so the next round beats over a new one before the lease runs
+        # out. Waiting for it (or cancelling it: psycopg then waits up to 10 s for the backend)
+        # would hold every later round, and cost every later attempt its lease.
+        if self.round_timeout_s is None or self._database_url is None:
+            await self._beat(progress_only)
+            return
+        self._stepped = time.monotonic()
+        task = asyncio.ensure_future(self._beat(progress_only))
+        try:
+            while True:  # a round of many chunks may take long: given up on without progress
+                left = self.round_timeout_s - (time.monotonic() - self._stepped)
+                if left <= 0:
+                    break
+                done, _ = await asyncio.wait({task}, timeout=left)
+                if done:
+                    task.result()
+                    return
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        task.add_done_callback(_retrieve)
+        task.cancel()  # it ends (closing its connection) when psycopg's cancel gives up
+        self._abandoned.add(task)
+        task.add_done_callback(self._abandoned.discard)
+        if self._holder is task:  # (not when it only waited for the connection's lock)
+            self.rounds_abandoned += 1
+            self._conn, self._conn_lock = None, asyncio.Lock()  # the next round connects afresh
+            self._holder = None
+        raise TimeoutError(
+            f"no answer within {self.round_timeout_s:g} s; beating over a new connection"
+        )
 
     def _retry_after(self, interval_s: float) -> float:
         self._failures += 1
@@ -137,7 +191,6 @@ class Heartbeat:
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._beat(progress_only), home))
 
     async def _beat(self, progress_only: bool) -> None:
-        sent = time.monotonic()
         ctxs = sorted(self._in_flight(), key=lambda c: (c.id, c.run_lease))
         if progress_only:
             ctxs = [c for c in ctxs if c.progress_snapshot() is not None]
@@ -152,10 +205,13 @@ class Heartbeat:
             for start in range(0, len(ctxs), CHUNK):
                 chunk = ctxs[start : start + CHUNK]
                 snaps = [c.progress_snapshot() for c in chunk]
+                sent = time.monotonic()
                 beaten = await self._beat_chunk(conn, chunk, snaps)
+                self._stepped = time.monotonic()
                 for c, s in zip(chunk, snaps):
                     if (c.id, c.run_lease) in beaten:
-                        c.beaten_mono = sent  # its lease runs from this send (worker/liveness.py)
+                        # its lease runs from its chunk's send (worker/liveness.py)
+                        c.beaten_mono = sent
                         if s is not None:
                             c.progress_acked(s[0])
                             wrote_progress = True
@@ -189,8 +245,10 @@ class Heartbeat:
                 yield conn
             return
         async with self._conn_lock:  # the beat and progress loops share the connection
-            if self._conn is None or self._conn.closed:
-                self._conn = await pg_connection.Connection.connect(
+            self._holder = asyncio.current_task()
+            conn = self._conn
+            if conn is None or conn.closed:
+                conn = await pg_connection.Connection.connect(
                     self._database_url,
                     autocommit=True,
                     connect_timeout=10,
@@ -199,20 +257,40 @@ class Heartbeat:
                 if pooler_mode.session_state_allowed(self._pooler):
                     # it moves finished rows (through a transaction pooler the database's
                     # default is READ COMMITTED: pooler.check_connection)
-                    await self._conn.execute(sql.SESSION_READ_COMMITTED)
+                    try:
+                        await conn.execute(sql.SESSION_READ_COMMITTED)
+                    except BaseException:
+                        await _close(conn)
+                        raise
+                self._conn = conn
+                self._stepped = time.monotonic()
             try:
-                yield self._conn
-            except Exception as exc:
-                if classify(exc) is Retry.TRANSIENT:  # maybe the connection: reconnect
-                    await self.close()
+                yield conn
+            except BaseException as exc:
+                # A connection that may be lost is replaced at the next beat; so is one a round
+                # was abandoned on (_bounded_round), which this round may no longer use.
+                lost = isinstance(exc, Exception) and classify(exc) is Retry.TRANSIENT
+                if lost or self._conn is not conn:
+                    if self._conn is conn:
+                        self._conn = None
+                    await _close(conn)
                 raise
+            else:
+                if self._conn is not conn:  # abandoned as it ended: nobody else has it
+                    await _close(conn)
+            finally:
+                if self._holder is asyncio.current_task():
+                    self._holder = None
 
     async def close(self) -> None:
         """Close the heartbeat's own connection (if any), on the loop the beats run on."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(Exception):  # closing a dead connection may fail
-                await conn.close()
+            await _close(conn)
+        if self._abandoned:  # cancelled again, psycopg closes their connections at once
+            for task in self._abandoned:
+                task.cancel()
+            await asyncio.wait(set(self._abandoned), timeout=1.0)
 
     async def _beat_chunk(self, conn, chunk: list[JobContext], snaps: list) -> set[tuple]:
         # One statement per chunk (bulk.run_isolated): a row that makes it fail is beaten
@@ -267,3 +345,14 @@ class Heartbeat:
 
 def _call(fn: Callable[[], Any]) -> None:
     fn()
+
+
+async def _close(conn: psycopg.AsyncConnection) -> None:
+    with contextlib.suppress(Exception):  # closing a dead connection may fail
+        await conn.close()
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    # An abandoned round's end (an error, a cancel) was reported when it was abandoned.
+    if not task.cancelled():
+        task.exception()

@@ -989,6 +989,7 @@ class Runtime:
         self.attempts_ended = 0  # attempts whose task ended (finalized, released, abandoned)
         self._attempt_ended = asyncio.Event()
         self._handler_tasks: dict[tuple[int, int], asyncio.Task] = {}
+        self._giving_back: set[asyncio.Future] = set()  # see _never_started
         self.dispatchers: dict[str, Dispatcher] = {}
         self.idle_poll: IdlePoll | None = None
         self._stopped = False  # shutdown() returned: attempts ending later are left to rescue
@@ -1069,6 +1070,12 @@ class Runtime:
             database_url=self.services.database_url,
             presence=self._beat_presence,
             pooler=self.services.pooler,
+            # a round that has not committed within half the lease is given up on (a backend
+            # that stopped answering): the next beats over a new connection, in time
+            round_timeout_s=self.maintenance_config.heartbeat_staleness_ms
+            / 1000
+            * (1 - LEASE_MARGIN)
+            / 2,
         )
         loop = asyncio.get_running_loop()
         self.stall_watch = StallWatch(
@@ -1277,14 +1284,61 @@ class Runtime:
 
     # -- handler tasks --------------------------------------------------------------------------
 
-    def _spawn(self, row: tuple) -> None:
+    def _spawn(self, row: tuple, claim_sent: float) -> None:
         ctx = JobContext(row, self)
         # Keyed by attempt: a superseded attempt of a re-claimed job stays supervised (deadline,
         # shutdown cancel flag, cancel NOTIFY, heartbeat) until its own task ends.
         key = (ctx.id, ctx.run_lease)
-        ctx.claimed_mono = time.monotonic()
+        # The lease runs from the claim's send, not from now: its rows may have waited on a
+        # blocked loop, unbeaten, while a rescuer's clock ran from the claim's commit.
+        ctx.claimed_mono = claim_sent
         self.in_flight[key] = ctx
-        self._handler_tasks[key] = asyncio.get_running_loop().create_task(self._run(ctx))
+        task = asyncio.get_running_loop().create_task(self._run(ctx))
+        self._handler_tasks[key] = task
+        task.add_done_callback(lambda _t: self._never_started(ctx))
+
+    def _never_started(self, ctx: JobContext) -> None:
+        # A task cancelled before its first step (a lease expiry, a deadline sweep or a
+        # shutdown in the loop iteration that spawned it) never runs _run's ``finally``: its
+        # attempt would stay in flight (and this process's own, never rescued by it) forever.
+        key = (ctx.id, ctx.run_lease)
+        if self.in_flight.get(key) is not ctx:
+            return  # _run ran and cleaned up
+        self.in_flight.pop(key, None)
+        self._handler_tasks.pop(key, None)
+        self.dispatchers[ctx.queue].slot_freed()
+        log.warning(
+            "job %s (%s) was cancelled before its handler started; its attempt is given back",
+            ctx.id,
+            ctx.kind,
+        )
+        if not self._stopped and self.finalizer is not None:
+            giving = asyncio.ensure_future(self._give_back(ctx))
+            self._giving_back.add(giving)  # held until done (the loop keeps weak references)
+            giving.add_done_callback(self._giving_back.discard)
+        else:
+            self._attempt_done()
+
+    async def _give_back(self, ctx: JobContext) -> None:
+        try:
+            assert self.finalizer is not None
+            await self.finalizer.submit(FinalizeRequest.release(ctx))
+        except Exception as exc:  # it stays running until rescue
+            log.warning("giving back job %s's attempt failed: %s", ctx.id, exc)
+        finally:
+            self._attempt_done()
+
+    def _attempt_done(self) -> None:
+        self.attempts_ended += 1
+        self._attempt_ended.set()
+        self.progress.fire("attempt ended")
+
+    def _lease_ran_out(self, ctx: JobContext) -> bool:
+        """No beat has beaten ``ctx`` (nor its claim been sent) for nearly this process's
+        ``heartbeat_staleness_ms``: a rescuer may take it any moment."""
+        lease_s = self.maintenance_config.heartbeat_staleness_ms / 1000
+        since = max(ctx.claimed_mono, ctx.beaten_mono)
+        return time.monotonic() - since >= lease_s * (1 - LEASE_MARGIN)
 
     def _heartbeat_targets(self):
         return list(self.in_flight.values())  # one C-level copy: safe from the liveness thread
@@ -1352,6 +1406,24 @@ class Runtime:
         applied: bool | None = None
         try:
             handler = self.services.registry.get(ctx.kind)
+            if self._lease_ran_out(ctx):
+                # Claimed while the loop was blocked (or by a claim that took nearly the
+                # staleness): a rescuer may already run it again, so its handler never starts.
+                ctx.lease_lost = True
+                metrics.leases_expired(1)
+                log.warning(
+                    "job %s (%s) waited %.1f s after its claim was sent, nearly the heartbeat "
+                    "staleness: given back without running its handler (it may be rescued "
+                    "already)",
+                    ctx.id,
+                    ctx.kind,
+                    time.monotonic() - ctx.claimed_mono,
+                    extra={"lease_lost_job_ids": [ctx.id]},
+                )
+                dispatcher.slot_freed()
+                released = True
+                await finalizer.submit(FinalizeRequest.release(ctx))
+                return
             if handler is None:
                 # The claim takes only kinds with a handler here; a job claimed anyway (its
                 # handler dropped after start) is never failed for it: hand it back uncounted.
@@ -1456,9 +1528,7 @@ class Runtime:
                     # mark.
                     await self._ack_ended(ctx)
             finally:
-                self.attempts_ended += 1
-                self._attempt_ended.set()
-                self.progress.fire("attempt ended")
+                self._attempt_done()
 
     def _claimed(self, rows: int) -> None:
         if rows:
