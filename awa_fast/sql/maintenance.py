@@ -65,10 +65,12 @@ RETURNING j.id, j.queue, false"""
 # Rescue guards (bulk, candidates, row by row and the duplicate cancel share them): a running
 # attempt whose heartbeat is stale or whose deadline passed; a parked job whose callback timed out.
 # A stale heartbeat never rescues an attempt the rescuing process itself still runs
-# (%(own)s: its live attempts' job ids): its beats only stalled (issue 28, docs/architecture.md
+# (%(own)s: its live attempts as 'id:run_lease' text, so an older attempt it still runs never
+# shields a newer one of the same job): its beats only stalled (issue 28, docs/architecture.md
 # "Which executions can overlap").
 _STALE = f"""j.state = 'running'
-      AND ((j.heartbeat_at < now() - {_STALENESS} AND j.id <> ALL(%(own)s::bigint[]))
+      AND ((j.heartbeat_at < now() - {_STALENESS}
+            AND j.id || ':' || j.run_lease <> ALL(%(own)s::text[]))
            OR (j.deadline_at IS NOT NULL AND j.deadline_at < now()))"""
 
 _CALLBACK_EXPIRED = "j.state = 'waiting_external' AND j.callback_timeout_at < now()"

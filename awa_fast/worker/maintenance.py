@@ -271,8 +271,8 @@ class Maintenance:
     (registered Rescued specs). ``consequence_kinds()`` lists the kinds whose final-attempt
     rescue goes to ``consequence_pending`` instead of ``failed`` (the settler then settles them
     in the reconciler: the failure consequence and exhausted specs). ``own_attempts()`` lists
-    the job ids of the attempts this process still runs: a stale heartbeat never rescues them
-    (their beats stalled; a passed deadline still does). ``extra_tasks`` are
+    the attempts this process still runs (``"id:run_lease"``): a stale heartbeat never rescues
+    them (their beats stalled; a passed deadline still does). ``extra_tasks`` are
     ``(interval_s, fn)``; ``fn(fenced)`` gets :meth:`fenced` for its write transactions.
     ``pooler`` is the client's connection mode: ``"transaction"`` elects by the lease row
     alone (on a connection of its own without session state); otherwise the advisory lock on
@@ -288,7 +288,7 @@ class Maintenance:
         extra_tasks: list[tuple[float, Callable[[Fenced], Awaitable[Any]]]] | None = None,
         consequence_kinds: Callable[[], list[str]] = list,
         known_kinds: Callable[[], list[str]] = list,
-        own_attempts: Callable[[], list[int]] = list,
+        own_attempts: Callable[[], list[str]] = list,
         pooler: str | None = None,
     ):
         check_retention(config)

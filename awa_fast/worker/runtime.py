@@ -1354,8 +1354,9 @@ class Runtime:
         ]
         return min(live) if live else None
 
-    def _own_attempts(self) -> list[int]:
-        return sorted({key[0] for key in list(self.in_flight)})
+    def _own_attempts(self) -> list[str]:
+        # 'id:run_lease' of every attempt this process still runs (sql.RESCUE's %(own)s)
+        return [f"{job_id}:{lease}" for job_id, lease in list(self.in_flight)]
 
     def _handler_on_stack(self, frame: Any) -> tuple[str, int] | None:
         # Called from the liveness thread during a stall: is ``frame`` an attempt's task frame?
