@@ -25,7 +25,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import callbacks, schema, sql
+from awa_fast import callbacks, pg_connection, schema, schema_binding, sql, storage_options
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
 from awa_fast.admin.consequences import ConsequenceAdmin
@@ -146,6 +146,11 @@ class AsyncClient:
         max_connections: the pool size (connections, not processes). The runtime also opens
             one dedicated LISTEN connection, one heartbeat connection and one leader-lock
             connection.
+        schema: the PostgreSQL schema every awa-fast object of this client lives in (its jobs,
+            workers, maintenance leader, wake-ups; ADR 027); ``None`` (the default):
+            ``$AWA_FAST_SCHEMA`` if set, else ``"awa_fast"``. Lowercase letters, digits and
+            ``_``, at most 56 characters. Clients of different schemas share a database and
+            nothing else.
 
     Like awa-pg, a client given a URL connects once at construction to check that the
     database is reachable (one short-lived connection, closed at once, so a client built at
@@ -158,14 +163,22 @@ class AsyncClient:
 
     Raises:
         DatabaseError: the given database cannot be reached (awa-pg's eager connect).
-        ValidationError: ``max_connections`` < 1.
+        ValidationError: ``max_connections`` < 1; a ``schema`` (or ``$AWA_FAST_SCHEMA``) that
+            breaks the schema-name rule (naming the field).
     """
 
-    def __init__(self, database_url: str | None = None, max_connections: int = 10):
+    def __init__(
+        self,
+        database_url: str | None = None,
+        max_connections: int = 10,
+        *,
+        schema: str | None = None,
+    ):
         if not isinstance(max_connections, int) or max_connections < 1:
             raise ValidationError(
                 "max_connections must be an int >= 1", field="max_connections", limit=">= 1"
             )
+        self._binding = schema_binding.resolve(schema)
         self.explicit_database_url = database_url or None
         self._database_url: str | None = database_url or None
         self.max_connections = max_connections
@@ -206,7 +219,12 @@ class AsyncClient:
             lambda job_id: self.get_job(job_id),
         )
         self._dlq = DlqAdmin(self._connections, staleness)
-        self._storage = StorageAdmin(self._connections, lambda: self.migrate())
+        self._storage = StorageAdmin(
+            self._connections,
+            self._migrate_schema,
+            schema=lambda: self._binding,
+            use_schema=self._use_schema,
+        )
         self._batches = BatchAdmin(self._connections)
         if self.explicit_database_url is not None and not _defer_reachability_check:
             _check_reachable(self.explicit_database_url)
@@ -224,6 +242,26 @@ class AsyncClient:
     @database_url.setter
     def database_url(self, value: str) -> None:
         self._database_url = self.explicit_database_url = value
+
+    @property
+    def schema(self) -> str:
+        """The schema this client's objects live in (``"awa_fast"`` by default)."""
+        return self._binding.name
+
+    async def _use_schema(self, binding: schema_binding.SchemaBinding) -> None:
+        """Move this client to ``binding``'s schema (awa's ``install_queue_storage(schema=)``
+        and ``start(queue_storage_schema=)``): a pool bound to the previous one is closed, the
+        next use opens one bound to the new one."""
+        if binding is self._binding:
+            return
+        await self._producer.waker.flush()  # wake-ups owed in the previous schema
+        self._binding = binding
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+        if self._pool_guard is not None:
+            self._pool_guard.cancel()
+            self._pool_guard = None
 
     async def _resolved_url(self) -> str:
         if self._database_url is None:  # may start the embedded server: off the loop
@@ -271,6 +309,8 @@ class AsyncClient:
             kwargs={"autocommit": True},
             configure=_configure,
             timeout=30,
+            # every statement on it in this client's schema (ADR 027)
+            connection_class=pg_connection.connection_class(self._binding),
         )
 
     async def close(self) -> None:
@@ -299,8 +339,12 @@ class AsyncClient:
         await self.close()
 
     async def migrate(self) -> list[int]:
-        """Create or upgrade the ``awa_fast`` schema (idempotent, safe concurrently)."""
-        return await schema.migrate(await self._resolved_url())
+        """Create or upgrade this client's schema (``awa_fast`` by default; idempotent, safe
+        concurrently); returns the versions applied now."""
+        return await self._migrate_schema(self._binding)
+
+    async def _migrate_schema(self, binding: schema_binding.SchemaBinding) -> list[int]:
+        return await schema.migrate(await self._resolved_url(), binding)
 
     # -- producers ------------------------------------------------------------------------------
 
@@ -795,15 +839,17 @@ class AsyncClient:
         reset: bool = False,
     ) -> None:
         """awa installs and activates its queue-storage engine here. awa-fast has one engine,
-        the ``awa_fast`` schema, always active: this applies its migrations (idempotent), and
+        always active, in this client's schema: this applies its migrations (idempotent), and
         with ``reset=True`` then deletes every job and what belongs to jobs, as awa's reset
-        (``StorageAdmin.install_queue_storage``; docs/compat.md). The slot counts size awa's
-        partition rings: accepted (> 0), without effect here (logged at INFO).
+        (``StorageAdmin.install_queue_storage``; docs/compat.md). ``schema``: awa's default
+        ``"awa"`` is this client's schema; another name creates (or upgrades) that schema and
+        moves this client to it (ADR 027). The slot counts size awa's partition rings:
+        accepted (> 0), without effect here (logged at INFO).
 
         Raises:
             AwaError: this client's worker runtime is running or starting (awa's rule), or
                 another install of this client is in progress.
-            Unsupported: a ``schema`` other than awa's default ``"awa"``.
+            ValidationError: a ``schema`` that breaks the schema-name rule.
             ConfigError: a slot count that is not an int > 0, ``reset`` not a bool.
         """
         if self._runtime is not None or self._starting is not None:
@@ -825,11 +871,12 @@ class AsyncClient:
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
     ) -> None:
         """As :meth:`install_queue_storage` without ``reset``: awa materializes its
-        queue-storage schema here without activating it; awa-fast's one engine is always
-        active, so this applies the migrations (awa-fast has no separate prepare step).
+        queue-storage schema here without activating it; so does this: the migrations of
+        ``schema`` (``"awa"``: this client's) are applied, and the client stays where it is
+        (``start(queue_storage_schema=...)`` or ``install_queue_storage`` moves it).
 
         Raises:
-            Unsupported, ConfigError: as :meth:`install_queue_storage`.
+            ValidationError, ConfigError: as :meth:`install_queue_storage`.
         """
         return await self._storage.prepare_queue_storage_schema(
             schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
@@ -1132,6 +1179,7 @@ class AsyncClient:
                 "cannot start the worker runtime while queue storage installation is in progress"
             )
         runtime, consequences = self._runtime_for(queues, options)
+        await self._use_schema(runtime.services.schema)
         # The client's own settings, set here: the runtime reads them, never changes them.
         self.consequences.config = consequences
         self.specs.frozen = True
@@ -1167,9 +1215,17 @@ class AsyncClient:
             options.pop("consequence_backoff_ms", None),
             self.consequences.config,
         )
-        return Runtime(self._services(), queues, **options), consequences
+        # awa's queue_storage_schema: the schema this start runs in ("awa", awa's default, is
+        # this client's own); start() moves the client there (ADR 027)
+        binding = None
+        name = options.pop("queue_storage_schema", None)
+        if name is not None:
+            storage_options.check_value("queue_storage_schema", name)
+            if name != storage_options.AWA_DEFAULT_SCHEMA:
+                binding = schema_binding.bind(name, "queue_storage_schema")
+        return Runtime(self._services(binding), queues, **options), consequences
 
-    def _services(self) -> Services:
+    def _services(self, binding: schema_binding.SchemaBinding | None = None) -> Services:
         """What the worker layer may use of this client (``worker/services.py``)."""
         return Services(
             pool=self.pool,
@@ -1181,6 +1237,7 @@ class AsyncClient:
             queue_descriptors=self.queue_descriptors,
             kind_descriptors=self.kind_descriptors,
             off_queue=self._off_queue,
+            schema=self._binding if binding is None else binding,
         )
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:

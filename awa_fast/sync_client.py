@@ -64,16 +64,23 @@ def _close_open_clients() -> None:
 
 
 class Client:
-    """Blocking client: ``Client(database_url=None, max_connections=10)``, usable as ``with``
-    (``database_url`` as for :class:`AsyncClient`, ``None`` resolved as the CLI does). One not
-    closed is closed at interpreter exit (within 5 s).
+    """Blocking client: ``Client(database_url=None, max_connections=10, *, schema=None)``,
+    usable as ``with`` (``database_url`` and ``schema`` as for :class:`AsyncClient`, ``None``
+    resolved as the CLI does). One not closed is closed at interpreter exit (within 5 s).
 
     Raises (construction):
         DatabaseError: the database cannot be reached (awa-pg connects eagerly too).
+        ValidationError: as :class:`AsyncClient`.
     """
 
-    def __init__(self, database_url: str | None = None, max_connections: int = 10):
-        self._async = AsyncClient(database_url, max_connections)
+    def __init__(
+        self,
+        database_url: str | None = None,
+        max_connections: int = 10,
+        *,
+        schema: str | None = None,
+    ):
+        self._async = AsyncClient(database_url, max_connections, schema=schema)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="awa-fast-client", daemon=True
@@ -86,6 +93,11 @@ class Client:
             raise
         self._pid = os.getpid()
         _OPEN.add(self)
+
+    @property
+    def schema(self) -> str:
+        """The schema this client's objects live in (``AsyncClient.schema``)."""
+        return self._async.schema
 
     @property
     def async_client(self) -> AsyncClient:

@@ -16,8 +16,9 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import PoolTimeout
 
-from awa_fast import sql
 from awa_fast.connections import Pool
+from awa_fast.pg_connection import connection_class
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.sql import dashboard as q
 
 STATEMENT_TIMEOUT_MS = q.STATEMENT_TIMEOUT_MS
@@ -86,9 +87,17 @@ class Page:
 
 
 class Reads:
-    """The dashboard's read model over ``database_url`` (open with :meth:`open`)."""
+    """The dashboard's read model over ``database_url`` (open with :meth:`open`), of the schema
+    ``binding`` (default ``awa_fast``; ADR 027)."""
 
-    def __init__(self, database_url: str, max_connections: int = READ_CONNECTIONS):
+    def __init__(
+        self,
+        database_url: str,
+        max_connections: int = READ_CONNECTIONS,
+        *,
+        binding: SchemaBinding = DEFAULT,
+    ):
+        self.binding = binding
         self._pool = Pool(
             database_url,
             open=False,
@@ -99,6 +108,7 @@ class Reads:
                     max_size=max_connections,
                     kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
                     configure=_configure,
+                    connection_class=connection_class(binding),
                 ),
             ),
         )
@@ -268,7 +278,7 @@ class Reads:
         ``PRESENCE_ROWS``), client connections to this database and the running attempts (at
         most ``RUNNING_ROWS``)."""
         return {
-            "leader": await self._one(q.LEADER, {"key": sql.LEADER_LOCK_KEY}),
+            "leader": await self._one(q.LEADER, {"key": self.binding.leader_lock_key}),
             "processes": await self._all(q.PRESENCE, {"limit": q.PRESENCE_ROWS}),
             "connections": await self._all(q.CONNECTIONS),
             "running_count": (await self._aggregate(q.RUNNING_COUNT))["count"],

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
     from awa_fast.producer import OffQueueWarner
+    from awa_fast.schema_binding import SchemaBinding
 
 
 class ConnectionSource(Protocol):
@@ -22,6 +23,11 @@ class ConnectionSource(Protocol):
 
     @property
     def database_url(self) -> str: ...
+
+    @property
+    def schema(self) -> SchemaBinding:
+        """The schema the dedicated connections are bound to (``pg_connection``)."""
+        ...
 
     async def pool(self) -> AsyncConnectionPool: ...
 

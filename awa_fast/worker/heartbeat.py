@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from awa_fast import bulk, pg_connection, sql
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.observe import Signal
@@ -63,8 +64,10 @@ class Heartbeat:
         *,
         database_url: str | None = None,
         presence: Callable[[Any], Awaitable[None]] | None = None,
+        binding: SchemaBinding = DEFAULT,
     ):
         self._pool_getter = pool_getter
+        self._connection_class = pg_connection.connection_class(binding)
         self._presence = presence
         self._post: Callable[[Callable[[], Any]], Any] = _call
         self._home: asyncio.AbstractEventLoop | None = None  # where the beat loops run
@@ -184,7 +187,7 @@ class Heartbeat:
             return
         async with self._conn_lock:  # the beat and progress loops share the connection
             if self._conn is None or self._conn.closed:
-                self._conn = await pg_connection.Connection.connect(
+                self._conn = await self._connection_class.connect(
                     self._database_url, autocommit=True, connect_timeout=10
                 )
                 await self._conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows

@@ -21,6 +21,8 @@ from typing import Any
 import psycopg
 
 from awa_fast import sql
+from awa_fast.pg_connection import sync_connection_class
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 
 log = logging.getLogger("awa_fast.lingering")
 
@@ -49,8 +51,9 @@ class Lingering:
         interval_s: seconds between beats.
     """
 
-    def __init__(self, database_url: str, interval_s: float):
+    def __init__(self, database_url: str, interval_s: float, binding: SchemaBinding = DEFAULT):
         self.database_url = database_url
+        self._connect = sync_connection_class(binding).connect  # its schema (ADR 027)
         self.interval_s = interval_s
         self.ended = 0  # attempts whose thread finished and whose last statements committed
         self._attempts: dict[tuple[int, int], _Attempt] = {}
@@ -128,9 +131,7 @@ class Lingering:
                     attempts = list(self._attempts.values())
                 try:
                     if conn is None or conn.closed:
-                        conn = psycopg.connect(
-                            self.database_url, autocommit=True, connect_timeout=10
-                        )
+                        conn = self._connect(self.database_url, autocommit=True, connect_timeout=10)
                         conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows
                     self._beat(conn, [a for a in attempts if not a.future.done()])
                     for a in attempts:
@@ -168,7 +169,7 @@ class Lingering:
             if conn is not None and not conn.closed:
                 conn.execute(sql.WORKER_GONE, (instance,))
                 return
-            with psycopg.connect(self.database_url, autocommit=True, connect_timeout=10) as own:
+            with self._connect(self.database_url, autocommit=True, connect_timeout=10) as own:
                 own.execute(sql.WORKER_GONE, (instance,))
         except Exception as exc:  # the row expires on its own
             log.warning("could not remove the presence row: %s: %s", type(exc).__name__, exc)

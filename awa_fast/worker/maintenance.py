@@ -33,6 +33,7 @@ import psycopg
 from awa_fast import bulk, metrics, pg_connection, sql
 from awa_fast.errors import ConfigError
 from awa_fast.rows import one_row
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.worker.observe import Signal
 
 # Maintenance.fenced, as handed to an extra task: a pool connection in a fenced transaction.
@@ -231,9 +232,13 @@ class Maintenance:
         consequence_kinds: Callable[[], list[str]] = list,
         known_kinds: Callable[[], list[str]] = list,
         own_attempts: Callable[[], list[int]] = list,
+        binding: SchemaBinding = DEFAULT,
     ):
         check_retention(config)
         self.database_url = database_url
+        # the schema it maintains: its own lock connection and leader key (ADR 027)
+        self.binding = binding
+        self._connection_class = pg_connection.connection_class(binding)
         self._pool_getter = pool_getter
         self.config = config
         self.on_rescued = on_rescued
@@ -325,14 +330,17 @@ class Maintenance:
             return True
         conn = self._lock_conn
         if conn is None or conn.closed:
-            conn = self._lock_conn = await pg_connection.Connection.connect(
+            conn = self._lock_conn = await self._connection_class.connect(
                 self.database_url, autocommit=True
             )
-        cur = await conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
+        cur = await conn.execute(sql.TRY_LEADER, (self.binding.leader_lock_key,))
         if not (await one_row(cur))[0]:
             cur = await conn.execute(
                 sql.DISPLACE_FROZEN_LEADER,
-                {"key": sql.LEADER_LOCK_KEY, "stale_ms": self.config.heartbeat_staleness_ms},
+                {
+                    "key": self.binding.leader_lock_key,
+                    "stale_ms": self.config.heartbeat_staleness_ms,
+                },
             )
             if not (await one_row(cur))[0]:
                 return False
@@ -341,7 +349,7 @@ class Maintenance:
                 "more than heartbeat_staleness_ms=%s)",
                 self.config.heartbeat_staleness_ms,
             )
-            cur = await conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
+            cur = await conn.execute(sql.TRY_LEADER, (self.binding.leader_lock_key,))
             if not (await one_row(cur))[0]:
                 return False
         self.epoch = await self._bump_epoch(conn)
@@ -863,7 +871,7 @@ class Maintenance:
             psycopg.Error: the statistics or the VACUUM failed (the loop retries).
         """
         if self._vacuum_conn is None or self._vacuum_conn.closed or self._vacuum_conn.broken:
-            self._vacuum_conn = await pg_connection.Connection.connect(
+            self._vacuum_conn = await self._connection_class.connect(
                 self.database_url, autocommit=True
             )
         conn = self._vacuum_conn

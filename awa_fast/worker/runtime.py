@@ -782,6 +782,16 @@ class Runtime:
         # inapplicable ones logged once, the honoured ones applied below
         honoured = storage_options.accept(storage)
         self.services = services
+        # awa's queue_storage_schema names the schema of the services' connections (the client
+        # binds them, ADR 027); given to a runtime bound elsewhere, it is refused, not ignored
+        named = honoured.get("queue_storage_schema")
+        if named not in (None, storage_options.AWA_DEFAULT_SCHEMA, services.schema.name):
+            raise ConfigError(
+                f"queue_storage_schema {named!r} is not this runtime's schema "
+                f"{services.schema.name!r} (start it from a client of that schema)",
+                field="queue_storage_schema",
+                limit=services.schema.name,
+            )
         self.queues = parse_queues(queues, services.registry.queues(), global_max_workers)
         self.overflow = None
         if global_max_workers is not None:  # awa's weighted mode (worker/weighted.py)
@@ -927,6 +937,9 @@ class Runtime:
         # cancel NOTIFY that flagged an attempt, a maintenance pass that did work. Tests wait
         # on it (``Signal.wait_until``) instead of polling the database.
         self.progress = Signal("runtime progress")
+        # Fired for each notification the LISTEN connection receives (value: (channel,
+        # payload)), before it is acted on: what this runtime hears, its schema's only.
+        self.notifications = Signal("notification")
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -978,6 +991,7 @@ class Runtime:
             self.heartbeat_interval_s,
             database_url=self.services.database_url,
             presence=self._beat_presence,
+            binding=self.services.schema,
         )
         loop = asyncio.get_running_loop()
         self.stall_watch = StallWatch(
@@ -995,7 +1009,9 @@ class Runtime:
             live_attempts=self._live_attempts,
             oldest_lease=self._oldest_lease,
         )
-        self.lingering = Lingering(self.services.database_url, self.heartbeat_interval_s)
+        self.lingering = Lingering(
+            self.services.database_url, self.heartbeat_interval_s, self.services.schema
+        )
         try:
             await self._listen_connect()
         except BaseException:
@@ -1035,6 +1051,7 @@ class Runtime:
                     (mc.reconcile_interval_ms / 1000, self.reconcile),
                     (BATCH_RUNNER_S, self._run_batch_operations),
                 ],
+                binding=self.services.schema,
             )
             self.maintenance.passed.subscribe(self._maintenance_passed)
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
@@ -1575,7 +1592,7 @@ class Runtime:
     # -- notifications --------------------------------------------------------------------------
 
     async def _listen_connect(self) -> psycopg.AsyncConnection:
-        conn = await pg_connection.Connection.connect(
+        conn = await pg_connection.connection_class(self.services.schema).connect(
             self.services.database_url, autocommit=True, connect_timeout=10
         )
         await conn.execute(sql.LISTEN_QUEUE)
@@ -1612,11 +1629,12 @@ class Runtime:
                 await asyncio.sleep(delay)
 
     def _on_notify(self, channel: str, payload: str) -> None:
-        if channel == sql.CHANNEL_QUEUE:
+        self.notifications.fire((channel, payload))
+        if channel == self.services.schema.channel_queue:
             d = self.dispatchers.get(payload)
             if d is not None:
                 d.notify()
-        elif channel == sql.CHANNEL_CANCEL:
+        elif channel == self.services.schema.channel_cancel:
             try:
                 msg = orjson.loads(payload)
             except orjson.JSONDecodeError:
