@@ -342,3 +342,89 @@ async def test_cli_schema_reads_and_migrates_the_schema_it_names(pair, dsn):
     r = _cli(dsn, "--schema", "Bad-Name", "job", "list")
     assert r.returncode == 1
     assert "--schema 'Bad-Name'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+async def test_a_cancel_in_one_schema_never_flags_the_same_job_id_of_the_other(pair, dsn):
+    a, b = pair
+    # ids are per schema: make both next ids equal, so both running attempts are (id, lease 1)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for name in ("awa_fast", "tenant_b"):
+            await conn.execute(
+                "SELECT setval(pg_get_serial_sequence(%s, 'id'), 1000000)", (f"{name}.jobs",)
+            )
+    running: dict[str, object] = {}
+    release = asyncio.Event()
+    for client in (a, b):
+
+        async def handler(job, schema=client.schema):
+            running[schema] = job
+            await release.wait()
+
+        client.task(Mail, kind="mail", queue="q")(handler)
+    ja = await a.insert(Mail(1, "awa_fast"), queue="q")
+    jb = await b.insert(Mail(1, "tenant_b"), queue="q")
+    assert ja.id == jb.id
+    await asyncio.gather(a.start([("q", 1)], **FAST), b.start([("q", 1)], **FAST))
+    try:
+        for client in (a, b):
+            await support.until(lambda c=client: c.schema in running, client, TIMEOUT_S, "run")
+        heard: list = []
+        a.runtime.notifications.subscribe(heard.append)
+        await b.cancel(jb.id)
+        await support.until(lambda: running["tenant_b"].is_cancelled(), b, TIMEOUT_S, "flag")
+        # a marker on a's cancel channel, after b's cancel NOTIFY committed
+        marker = json.dumps({"job_id": -1, "run_lease": 0})
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("SELECT pg_notify('awa_fast_cancel', %s)", (marker,))
+        await a.runtime.notifications.wait_until(lambda: heard, TIMEOUT_S)
+        assert heard == [("awa_fast_cancel", marker)]
+        assert not running["awa_fast"].is_cancelled()
+        assert (await a.get_job(ja.id)).state == "running"
+    finally:
+        release.set()
+
+
+# -- the dashboard --------------------------------------------------------------------------------
+
+
+def test_the_dashboard_of_a_schema_lists_its_jobs_only(dsn):
+    from starlette.testclient import TestClient
+
+    from awa_fast.web import create_app
+
+    asyncio.run(_empty(dsn, "awa_fast", "tenant_b"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        a = bridge.insert_job_sync(conn, {"n": 1}, kind="only_in_a")
+        b = bridge.insert_job_sync(conn, {"n": 1}, kind="only_in_b", schema="tenant_b")
+    base = "http://127.0.0.1"
+    with TestClient(create_app(dsn, schema="tenant_b"), base_url=base) as web:
+        page = web.get("/jobs").text
+        assert "only_in_b" in page and "only_in_a" not in page
+        assert web.get(f"/jobs/{b['id']}").status_code == 200
+    with TestClient(create_app(dsn), base_url=base) as web:
+        page = web.get("/jobs").text
+        assert "only_in_a" in page and "only_in_b" not in page
+        assert a["id"] != b["id"] or web.get(f"/jobs/{a['id']}").status_code == 200
+
+
+async def test_the_dashboard_of_each_schema_shows_its_own_leader(pair, dsn):
+    from awa_fast.web.reads import Reads
+
+    a, b = pair
+    for client in (a, b):
+        client.task(Mail, kind="mail", queue="q")(lambda job: None)
+    fast = {**support.FAST, "maintenance": True}
+    await asyncio.gather(a.start([("q", 1)], **fast), b.start([("q", 1)], **fast))
+    for client in (a, b):
+        m = client.runtime.maintenance
+        await m.leadership.wait_until(lambda m=m: m.is_leader, TIMEOUT_S)
+    leaders = []
+    for binding in (DEFAULT, bind("tenant_b")):
+        reads = Reads(dsn, binding=binding)
+        await reads.open()
+        try:
+            leaders.append((await reads.workers())["leader"])
+        finally:
+            await reads.close()
+    assert all(leader is not None for leader in leaders)
+    assert leaders[0]["pid"] != leaders[1]["pid"]
