@@ -428,3 +428,31 @@ async def test_the_dashboard_of_each_schema_shows_its_own_leader(pair, dsn):
             await reads.close()
     assert all(leader is not None for leader in leaders)
     assert leaders[0]["pid"] != leaders[1]["pid"]
+
+
+# -- the launcher -------------------------------------------------------------------------------
+
+
+def test_the_worker_launchers_schema_reaches_its_children(dsn):
+    import signal
+
+    from tests.launcher_app import Nap
+    from tests.test_launcher import QUEUE, Launcher, poll
+
+    asyncio.run(_empty(dsn, "awa_fast", "tenant_w"))
+    with awa.Client(dsn, schema="tenant_w") as c:
+        c.insert_many([Nap(0) for _ in range(3)], queue=QUEUE)
+    with awa.Client(dsn) as c:  # the default schema's: the launcher must leave it alone
+        kept = c.insert(Nap(0), queue=QUEUE)
+    launcher = Launcher(dsn, "--processes", "1", global_args=("--schema", "tenant_w"))
+    try:
+        launcher.ready_pids(1)
+        with awa.Client(dsn, schema="tenant_w") as c:
+            # across processes no signal reaches this test: polled, as tests/test_launcher.py
+            poll(lambda: len(c.list_jobs(state="completed")) == 3, 60, "tenant_w's jobs run")
+        launcher.proc.send_signal(signal.SIGTERM)
+        assert launcher.wait(60) == 0, launcher.transcript()
+    finally:
+        launcher.stop()
+    with awa.Client(dsn) as c:
+        assert c.get_job(kept.id).state == "available"
