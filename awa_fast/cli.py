@@ -1027,7 +1027,7 @@ def cmd_demo(s: Session) -> int:
 
 def cmd_worker(s: Session) -> int:
     from awa_fast.errors import ConfigError
-    from awa_fast.supervisor import Supervisor, parse_queues_arg
+    from awa_fast.supervisor import CHILD_SCHEMA_ENV, Supervisor, parse_queues_arg
 
     a = s.args
     if s.json:  # it prints status and log lines, no data
@@ -1052,6 +1052,8 @@ def cmd_worker(s: Session) -> int:
             log_format=a.log_format,
             metrics_port=a.metrics_port,
             metrics_host=a.metrics_host,
+            # --schema overrides the client's schema in the children too
+            extra_env=({CHILD_SCHEMA_ENV: a.schema} if getattr(a, "schema", None) else None),
         )
     except ConfigError as exc:  # a bad --metrics-* value: a usage error, as argparse's
         a.parser.error(str(exc))

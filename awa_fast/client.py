@@ -245,8 +245,28 @@ class AsyncClient:
 
     @property
     def schema(self) -> str:
-        """The schema this client's objects live in (``"awa_fast"`` by default)."""
+        """The schema this client's objects live in (``"awa_fast"`` by default). Set it before
+        the client's first use to move it (``awa-fast --schema s worker`` does, as
+        ``--database-url`` sets :attr:`database_url`).
+
+        Raises (on set):
+            ValidationError: the name breaks the schema-name rule.
+            AwaError: the pool is open or the runtime started (use
+                ``install_queue_storage(schema=...)``, which moves an open client).
+        """
         return self._binding.name
+
+    @schema.setter
+    def schema(self, name: str) -> None:
+        binding = schema_binding.bind(name)
+        if binding is self._binding:
+            return
+        if self._pool is not None or self._runtime is not None or self._starting is not None:
+            raise AwaError(
+                f"cannot move to schema {name!r}: this client is in use "
+                "(install_queue_storage(schema=...) moves a client in use)"
+            )
+        self._binding = binding
 
     async def _use_schema(self, binding: schema_binding.SchemaBinding) -> None:
         """Move this client to ``binding``'s schema (awa's ``install_queue_storage(schema=)``

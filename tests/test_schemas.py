@@ -433,18 +433,23 @@ async def test_the_dashboard_of_each_schema_shows_its_own_leader(pair, dsn):
 # -- the launcher -------------------------------------------------------------------------------
 
 
-def test_the_worker_launchers_schema_reaches_its_children(dsn):
+@pytest.mark.parametrize("app", ["tests.launcher_app:client", "tests.schema_app:client"])
+def test_the_worker_launchers_schema_reaches_its_children(dsn, app):
+    # launcher_app's client names no schema; schema_app's names tenant_app: --schema wins, as
+    # --database-url does
     import signal
 
     from tests.launcher_app import Nap
     from tests.test_launcher import QUEUE, Launcher, poll
 
-    asyncio.run(_empty(dsn, "awa_fast", "tenant_w"))
+    asyncio.run(_empty(dsn, "awa_fast", "tenant_w", "tenant_app"))
     with awa.Client(dsn, schema="tenant_w") as c:
         c.insert_many([Nap(0) for _ in range(3)], queue=QUEUE)
     with awa.Client(dsn) as c:  # the default schema's: the launcher must leave it alone
         kept = c.insert(Nap(0), queue=QUEUE)
-    launcher = Launcher(dsn, "--processes", "1", global_args=("--schema", "tenant_w"))
+    with awa.Client(dsn, schema="tenant_app") as c:
+        kept_app = c.insert(Nap(0), queue=QUEUE)
+    launcher = Launcher(dsn, "--processes", "1", app=app, global_args=("--schema", "tenant_w"))
     try:
         launcher.ready_pids(1)
         with awa.Client(dsn, schema="tenant_w") as c:
@@ -456,3 +461,25 @@ def test_the_worker_launchers_schema_reaches_its_children(dsn):
         launcher.stop()
     with awa.Client(dsn) as c:
         assert c.get_job(kept.id).state == "available"
+    with awa.Client(dsn, schema="tenant_app") as c:
+        assert c.get_job(kept_app.id).state == "available"
+
+
+async def test_a_clients_schema_set_before_use_moves_it_and_is_refused_after(dsn):
+    await _empty(dsn, "tenant_set")
+    async with awa.AsyncClient(dsn) as c:  # opened: in use
+        with pytest.raises(awa.AwaError, match="in use"):
+            c.schema = "tenant_set"
+        assert c.schema == "awa_fast"
+    c = awa.AsyncClient(dsn)
+    c.schema = "tenant_set"
+    try:
+        job = await c.insert(Mail(1, "set"), queue="q")
+        n = await support.scalar(
+            dsn, "SELECT count(*) FROM tenant_set.jobs WHERE id = %s", (job.id,)
+        )
+        assert n == 1
+    finally:
+        await c.close()
+    with pytest.raises(awa.ValidationError):
+        c.schema = "Nope"
