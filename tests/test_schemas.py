@@ -185,7 +185,7 @@ async def test_jobs_inserted_in_one_schema_are_run_only_by_its_workers(pair):
         client.task(Mail, kind="mail", queue="q")(handler)
     # same kind, same queue, same args in both
     await a.insert_many([Mail(n, "awa_fast") for n in range(20)], queue="q")
-    await b.insert_many([Mail(n, "tenant_b") for n in range(20)], queue="q")
+    await b.insert_many_copy([Mail(n, "tenant_b") for n in range(20)], queue="q")  # COPY too
     await asyncio.gather(a.start([("q", 4)], **FAST), b.start([("q", 4)], **FAST))
     for client in (a, b):
         await support.until(
