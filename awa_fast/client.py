@@ -1199,14 +1199,16 @@ class AsyncClient:
                 "cannot start the worker runtime while queue storage installation is in progress"
             )
         runtime, consequences = self._runtime_for(queues, options)
-        await self._use_schema(runtime.services.schema)
         # The client's own settings, set here: the runtime reads them, never changes them.
         self.consequences.config = consequences
         self.specs.frozen = True
         # Marked before the first await: a second start() meanwhile is refused, and a
         # shutdown() meanwhile waits for this one to end, then stops what it started.
         self._starting = asyncio.Event()
+        previous = self._binding
         try:
+            # queue_storage_schema: the client moves with its runtime (ADR 027)
+            await self._use_schema(runtime.services.schema)
             await runtime.start()
             self._runtime = runtime
         except asyncio.CancelledError:
@@ -1216,6 +1218,9 @@ class AsyncClient:
                 await runtime.shutdown(0)
             raise
         finally:
+            if self._runtime is not runtime:  # not started: the client stays where it was
+                with contextlib.suppress(Exception):
+                    await self._use_schema(previous)
             starting, self._starting = self._starting, None
             starting.set()
 

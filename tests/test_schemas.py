@@ -312,6 +312,15 @@ async def test_a_schema_not_migrated_is_named_when_starting(dsn):
             await c.start([("q", 1)], **FAST)
 
 
+async def test_a_start_into_a_schema_not_migrated_leaves_the_client_where_it_was(client):
+    client.task(Mail, kind="mail", queue="q")(lambda job: None)
+    with pytest.raises(awa.SchemaNotMigrated, match="never_migrated"):
+        await client.start([("q", 1)], queue_storage_schema="never_migrated", **FAST)
+    assert client.runtime is None and client.schema == "awa_fast"
+    job = await client.insert(Mail(1, "stay"), queue="q")
+    assert (await client.get_job(job.id)).state == "available"
+
+
 # -- the CLI ------------------------------------------------------------------------------------
 
 
