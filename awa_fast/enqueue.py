@@ -131,7 +131,9 @@ async def insert_one(
         # The caller's connection may have any row factory (bridge): read tuples.
         cur = conn.cursor(row_factory=tuple_row)
         statement = sql.INSERT_ONE_DEFERRING_NOTIFY if defer_notify else sql.INSERT_ONE
-        await cur.execute(binding.rewrite(statement), one_params(p))
+        if binding is not DEFAULT:  # (awa-fast's own connections are bound already)
+            statement = binding.rewrite(statement)
+        await cur.execute(statement, one_params(p))
         return Job.from_row(await one_row(cur))
 
 
