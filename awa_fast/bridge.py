@@ -13,9 +13,10 @@ and errors as ``AsyncClient.insert`` (awa-fast also accepts ``unique_opts`` here
 not); the result is the job as a dict (``Job.to_dict()``: timestamps as RFC 3339 strings,
 ``unique_key`` as hex). A job that holds a unique key needs the caller's transaction at READ
 COMMITTED: at REPEATABLE READ or SERIALIZABLE its insert is refused (migration 024) with
-``psycopg.errors.FeatureNotSupported`` on a psycopg connection, ``DatabaseError`` on the others.
-``schema=`` names the schema the job goes to (default: ``$AWA_FAST_SCHEMA``, else ``awa_fast``;
-ADR 027): the statement is rewritten for it, the caller's connection is used as it is.
+``DatabaseError`` (SQLSTATE 0A000). Driver errors are mapped by ``awa_fast.db_errors``, as for
+the client's calls. ``schema=`` names the schema the job goes to (default: ``$AWA_FAST_SCHEMA``,
+else ``awa_fast``; ADR 027): the statement is rewritten for it, the caller's connection is used
+as it is.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from awa_fast import enqueue, sql
-from awa_fast.errors import DatabaseError, SchemaNotMigrated, UniqueConflict, ValidationError
+from awa_fast import db_errors, enqueue, sql
 from awa_fast.job import JOB_FIELDS
 from awa_fast.requests import prepare
 from awa_fast.schema_binding import resolve
@@ -58,38 +58,6 @@ def _driver(conn: Any) -> str:
     )
 
 
-def _sqlstate(exc: BaseException) -> tuple[str | None, BaseException]:
-    """The SQLSTATE of a driver error, looking through SQLAlchemy's ``.orig`` and Django's
-    ``__cause__`` wrappers."""
-    seen = exc
-    for _ in range(4):
-        code = getattr(seen, "sqlstate", None) or getattr(seen, "pgcode", None)
-        if isinstance(code, str):
-            return code, seen
-        nxt = getattr(seen, "orig", None) or seen.__cause__
-        if nxt is None:
-            break
-        seen = nxt
-    return None, exc
-
-
-def _mapped(exc: BaseException) -> BaseException:
-    code, orig = _sqlstate(exc)
-    if code == "23505":
-        name = getattr(orig, "constraint_name", None) or getattr(
-            getattr(orig, "diag", None), "constraint_name", None
-        )
-        return UniqueConflict(
-            f"unique key already held by another job ({name or enqueue.UNIQUE_INDEX})",
-            constraint=name,
-        )
-    if code == "23514":
-        return ValidationError(str(orig))
-    if code == "42P01":
-        return SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`")
-    return DatabaseError(f"database error: {orig}")
-
-
 def _job_dict(text: str) -> dict:
     row = orjson.loads(text)
     out = {name: row.get(name) for name in JOB_FIELDS}
@@ -108,10 +76,7 @@ def _sqlalchemy_query(conn: Any) -> str:
     raise TypeError(f"SQLAlchemy paramstyle {style!r} is not supported by awa_fast.bridge")
 
 
-def _is_driver_error(exc: BaseException) -> bool:
-    return _sqlstate(exc)[0] is not None
-
-
+@db_errors.maps("insert_job")
 async def insert_job(
     conn: Any, args: Any, *, kind: str | None = None, schema: str | None = None, **opts: Any
 ) -> dict:
@@ -120,9 +85,11 @@ async def insert_job(
     (see the module docstring); returns the job.
 
     Raises:
-        ValidationError: bad input, a bad ``schema`` name (nothing is written).
+        ValidationError: bad input or ``schema`` name, checked before anything is sent (nothing
+            is written).
         UniqueConflict: ``unique_opts`` given and the key is held.
-        DatabaseError: the driver reported another database error.
+        ReadOnlyDatabase, DatabaseUnavailable, DatabaseError: the driver reported another
+            database error, mapped by SQLSTATE (``awa_fast.db_errors``; chained).
         TypeError: not an async connection of a supported driver (use insert_job_sync).
     """
     driver = _driver(conn)
@@ -136,24 +103,20 @@ async def insert_job(
     if driver == "psycopg_async":
         return (await enqueue.insert_one(conn, p, binding=binding)).to_dict()
     params = enqueue.one_params(p)
-    try:
-        if driver == "asyncpg":
-            text = await conn.fetchval(binding.rewrite(sql.BRIDGE_INSERT_DOLLAR), *params)
-        else:
-            if hasattr(conn, "exec_driver_sql"):
-                target = conn
-            else:  # AsyncSession: its connection, inside the session's transaction
-                target = await conn.connection()
-            query = binding.rewrite(_sqlalchemy_query(target))
-            result = await target.exec_driver_sql(query, params)
-            text = result.scalar_one()
-    except Exception as exc:
-        if _is_driver_error(exc):
-            raise _mapped(exc) from exc
-        raise
+    if driver == "asyncpg":
+        text = await conn.fetchval(binding.rewrite(sql.BRIDGE_INSERT_DOLLAR), *params)
+    else:
+        if hasattr(conn, "exec_driver_sql"):
+            target = conn
+        else:  # AsyncSession: its connection, inside the session's transaction
+            target = await conn.connection()
+        query = binding.rewrite(_sqlalchemy_query(target))
+        result = await target.exec_driver_sql(query, params)
+        text = result.scalar_one()
     return _job_dict(text)
 
 
+@db_errors.maps("insert_job_sync")
 def insert_job_sync(
     conn: Any, args: Any, *, kind: str | None = None, schema: str | None = None, **opts: Any
 ) -> dict:
@@ -170,17 +133,12 @@ def insert_job_sync(
     if driver == "psycopg_sync":
         return enqueue.insert_one_sync(conn, p, binding=binding).to_dict()
     params = enqueue.one_params(p)
-    try:
-        if driver == "django":
-            with conn.cursor() as cur:
-                cur.execute(binding.rewrite(sql.BRIDGE_INSERT), params)
-                text = cur.fetchone()[0]
-        else:
-            target = conn if hasattr(conn, "exec_driver_sql") else conn.connection()
-            query = binding.rewrite(_sqlalchemy_query(target))
-            text = target.exec_driver_sql(query, params).scalar_one()
-    except Exception as exc:
-        if _is_driver_error(exc):
-            raise _mapped(exc) from exc
-        raise
+    if driver == "django":
+        with conn.cursor() as cur:
+            cur.execute(binding.rewrite(sql.BRIDGE_INSERT), params)
+            text = cur.fetchone()[0]
+    else:
+        target = conn if hasattr(conn, "exec_driver_sql") else conn.connection()
+        query = binding.rewrite(_sqlalchemy_query(target))
+        text = target.exec_driver_sql(query, params).scalar_one()
     return _job_dict(text)

@@ -19,7 +19,7 @@ from awa_fast import callback_expressions, enqueue, sql
 from awa_fast.callback_token import check_timeout, parse_callback_id
 from awa_fast.errors import AttemptStillRunning, CallbackNotFound, ValidationError
 from awa_fast.job import Job
-from awa_fast.requests import to_json
+from awa_fast.requests import MAX_PAYLOAD_BYTES, check_size, to_json
 from awa_fast.worker import storable
 
 if TYPE_CHECKING:
@@ -183,11 +183,14 @@ async def resume_external(deps: CallbackDeps, callback_id: Any, payload: Any = N
 
     Raises:
         CallbackNotFound: no job parked on that callback.
-        ValidationError: ``payload`` is not JSON-serializable or holds a NUL character
-            (``field="payload"``): PostgreSQL could not store it.
+        ValidationError: ``payload`` is not JSON-serializable, holds a NUL character
+            (PostgreSQL could not store it) or takes more than ``MAX_PAYLOAD_BYTES`` (1 MiB)
+            of JSON, as args may (``field="payload"``); checked before anything is sent.
     """
     cid = parse_callback_id(callback_id)
-    data = to_json({"_awa_callback_result": payload}, "payload").decode()
+    encoded = to_json({"_awa_callback_result": payload}, "payload")
+    check_size("payload", len(encoded), MAX_PAYLOAD_BYTES)
+    data = encoded.decode()
     pool = await deps.pool()
     async with pool.connection() as conn:
         cur = await conn.execute(sql.RESUME_EXTERNAL, (data, cid))

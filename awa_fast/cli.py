@@ -2002,6 +2002,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     import psycopg
 
+    from awa_fast import db_errors
     from awa_fast.embedded import EmbeddedPostgresError
     from awa_fast.errors import AwaError
 
@@ -2049,15 +2050,21 @@ def _main(argv: list[str]) -> int:
         # A byte that is not UTF-8 in an argument (argv keeps it as a lone surrogate) or a
         # "\ud800" in JSON: no text the database can store.
         return error(f"an argument is not valid UTF-8 text: {exc.object[:60]!r}", exc)
-    except psycopg.Error as exc:
-        msg = str(exc).strip() or type(exc).__name__
+    except psycopg.Error as exc:  # a statement of the CLI's own: one line, as the client's
+        msg = " ".join(str(exc).split()) or type(exc).__name__
         if isinstance(exc, psycopg.OperationalError) and msg.startswith("connection failed"):
             return error(f"could not connect to the database: {msg}", exc)
-        return error(f"database error: {msg}", exc)
+        typed = db_errors.translate(exc, _command_name(func))
+        return error(str(typed), typed)
     except BrokenPipeError:
         # stdout closed early (e.g. `| head`): exit quietly
         _drop_stdout()
         return 1
+
+
+def _command_name(func: Any) -> str:
+    """The command a handler runs, as typed (``cmd_queue_pause`` -> ``"queue pause"``)."""
+    return getattr(func, "__name__", "command").removeprefix("cmd_").replace("_", " ")
 
 
 def _drop_stdout() -> None:

@@ -25,7 +25,15 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import callbacks, pg_connection, schema, schema_binding, sql, storage_options
+from awa_fast import (
+    callbacks,
+    db_errors,
+    pg_connection,
+    schema,
+    schema_binding,
+    sql,
+    storage_options,
+)
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
 from awa_fast.admin.consequences import ConsequenceAdmin
@@ -43,11 +51,7 @@ from awa_fast.batch_ops import (
 )
 from awa_fast.connections import Connections, Pool
 from awa_fast.database_url import resolve_database_url, url_source
-from awa_fast.errors import (
-    AwaError,
-    DatabaseError,
-    ValidationError,
-)
+from awa_fast.errors import AwaError, DatabaseUnavailable, ValidationError
 from awa_fast.job import Job
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import kind_for_type
@@ -92,12 +96,15 @@ def deferred_reachability_check() -> Iterator[None]:
 
 
 def _check_reachable(url: str) -> None:
-    """Connect once and close (awa-pg connects at construction). Raises DatabaseError."""
+    """Connect once and close (awa-pg connects at construction). Raises DatabaseUnavailable."""
     try:
         psycopg.connect(url, connect_timeout=10, autocommit=True).close()
     except psycopg.Error as exc:
-        raise DatabaseError(
-            f"could not connect to the database (the URL given to the client): {exc}"
+        raise DatabaseUnavailable(
+            "could not connect to the database (the URL given to the client): "
+            + " ".join(str(exc).split()),
+            operation="AsyncClient()",
+            sqlstate=exc.sqlstate,
         ) from exc
 
 
@@ -136,6 +143,7 @@ def check_task_options(args_type: Any, options: dict) -> None:
         )
 
 
+@db_errors.boundary()
 class AsyncClient:
     """Async client: insert jobs, administer them, and run workers.
 
@@ -161,8 +169,14 @@ class AsyncClient:
     database): the worker children connect with the URL they use.
     Use as ``async with AsyncClient(url) as client``.
 
+    Every coroutine method raises driver errors as the awa-fast error tree, never psycopg's
+    (``awa_fast.db_errors``): ``UniqueConflict``, ``SchemaNotMigrated``, ``DeadlockError``,
+    ``ReadOnlyDatabase`` (the database refuses writes), ``DatabaseUnavailable`` (no connection,
+    or it was lost), else ``DatabaseError``; each names the call (``"insert: ..."``,
+    ``.operation``) and is chained to the driver's exception (``__cause__``).
+
     Raises:
-        DatabaseError: the given database cannot be reached (awa-pg's eager connect).
+        DatabaseUnavailable: the given database cannot be reached (awa-pg's eager connect).
         ValidationError: ``max_connections`` < 1; a ``schema`` (or ``$AWA_FAST_SCHEMA``) that
             breaks the schema-name rule (naming the field).
     """
@@ -191,7 +205,6 @@ class AsyncClient:
         self.settler = Settler(self.consequences, self.specs)
         self._runtime: Runtime | None = None
         self._starting: asyncio.Event | None = None  # set when a start() in progress ends
-        self._installing = False  # an install_queue_storage() is in progress (awa's guard)
         self._stopping: asyncio.Event | None = None  # set when a shutdown() in progress ends
         self._releasing: asyncio.Future | None = None  # the last runtime's release step
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
@@ -224,6 +237,7 @@ class AsyncClient:
             self._migrate_schema,
             schema=lambda: self._binding,
             use_schema=self._use_schema,
+            running=lambda: self._runtime is not None or self._starting is not None,
         )
         self._batches = BatchAdmin(self._connections)
         if self.explicit_database_url is not None and not _defer_reachability_check:
@@ -296,7 +310,7 @@ class AsyncClient:
         inserts of keyed jobs are refused.
 
         Raises:
-            DatabaseError: the database could not be reached within 30 seconds.
+            DatabaseUnavailable: the database could not be reached within 30 seconds.
         """
         if self._pool is not None:
             return self._pool
@@ -311,8 +325,9 @@ class AsyncClient:
                 except PoolTimeout as exc:
                     await pool.close()
                     where = url_source(self.explicit_database_url)
-                    raise DatabaseError(
-                        f"could not connect to the database (the URL {where}): {exc}"
+                    raise DatabaseUnavailable(
+                        f"could not connect to the database (the URL {where}): {exc}",
+                        operation="pool",
                     ) from exc
                 self._pool = pool
                 self._pool_guard = asyncio.get_running_loop().create_task(
@@ -872,20 +887,12 @@ class AsyncClient:
             ValidationError: a ``schema`` that breaks the schema-name rule.
             ConfigError: a slot count that is not an int > 0, ``reset`` not a bool.
         """
-        if self._runtime is not None or self._starting is not None:
-            raise AwaError("cannot install queue storage while the worker runtime is running")
-        if self._installing:
-            raise AwaError("queue storage installation is already in progress")
-        self._installing = True
-        try:
-            return await self._storage.install_queue_storage(
-                schema=schema,
-                queue_slot_count=queue_slot_count,
-                lease_slot_count=lease_slot_count,
-                reset=reset,
-            )
-        finally:
-            self._installing = False
+        return await self._storage.install_queue_storage(
+            schema=schema,
+            queue_slot_count=queue_slot_count,
+            lease_slot_count=lease_slot_count,
+            reset=reset,
+        )
 
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
@@ -1194,7 +1201,7 @@ class AsyncClient:
         """
         if self._runtime is not None or self._starting is not None:
             raise RuntimeError("runtime already started")
-        if self._installing:  # awa's rule
+        if self._storage.installing:  # awa's rule
             raise AwaError(
                 "cannot start the worker runtime while queue storage installation is in progress"
             )

@@ -14,7 +14,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from awa_fast import bulk, enqueue, sql
-from awa_fast.errors import DatabaseError
+from awa_fast.errors import DatabaseUnavailable
 from awa_fast.pg_connection import Connection
 
 log = logging.getLogger("awa_fast.admin")
@@ -88,6 +88,9 @@ class PoolBusy(PoolTimeout):
     """No connection within the wait because every connection of the pool was in use (a
     ``PoolTimeout``: callers that catch that one catch this)."""
 
+    # the database answered: a DatabaseError, not DatabaseUnavailable (awa_fast.db_errors)
+    database_reachable = True
+
 
 async def _alive(conn: psycopg.AsyncConnection[Any]) -> bool:
     """False when the server closed ``conn`` (closing it here if it still looked open)."""
@@ -112,7 +115,8 @@ class Connections:
 
     Args:
         pool: an async callable returning the open pool (``AsyncClient.pool``: opens it on first
-            call; raises ``DatabaseError`` if the database is unreachable within 30 seconds).
+            call; raises ``DatabaseUnavailable`` if the database is unreachable within 30
+            seconds).
     """
 
     def __init__(self, pool: Callable[[], Awaitable[AsyncConnectionPool]]) -> None:
@@ -153,8 +157,8 @@ class Connections:
         """:meth:`fetch` waiting at most ``ADMIN_POOL_WAIT_S`` seconds for a connection.
 
         Raises:
-            DatabaseError: the database refused or did not answer the pool's connects within
-                that wait.
+            DatabaseUnavailable: the database refused or did not answer the pool's connects
+                within that wait.
             PoolBusy: every connection of the pool stayed in use for that wait.
         """
         try:
@@ -162,7 +166,7 @@ class Connections:
         except PoolBusy:
             raise
         except PoolTimeout as exc:
-            raise DatabaseError(
+            raise DatabaseUnavailable(
                 f"database unreachable: no connection within {ADMIN_POOL_WAIT_S:g} s: {exc}"
             ) from exc
 

@@ -18,34 +18,32 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 
-from awa_fast import _native, sql
-from awa_fast.errors import DatabaseError, UniqueConflict, ValidationError
+from awa_fast import _native, db_errors, sql
+from awa_fast.db_errors import UNIQUE_INDEX
+from awa_fast.errors import UniqueConflict
 from awa_fast.job import Job, JobState
 from awa_fast.requests import Prepared, UniformBatch
 from awa_fast.rows import one_row, one_row_sync
 from awa_fast.schema_binding import DEFAULT, SchemaBinding
 
-UNIQUE_INDEX = "idx_awa_fast_jobs_unique"
 log = logging.getLogger("awa_fast.enqueue")
 
 
+# The refusals of an insert's own rules the insert path maps where it runs (its callers inside
+# awa-fast catch the typed errors); every other driver error propagates as is, for the callers
+# that decide retries on it, and is mapped where the public call leaves awa-fast (db_errors).
+_INSERT_REFUSALS = (pg_errors.UniqueViolation, pg_errors.CheckViolation, pg_errors.UndefinedTable)
+
+
 @contextlib.contextmanager
-def mapped_errors() -> Iterator[None]:
-    """Map database errors raised inside the block to awa-fast errors."""
+def mapped_errors(operation: str = "insert") -> Iterator[None]:
+    """Map the block's unique violations (:class:`UniqueConflict`), check violations
+    (:class:`ValidationError`) and a missing table (:class:`SchemaNotMigrated`) as
+    :func:`awa_fast.db_errors.translate` does, chained; other errors pass unchanged."""
     try:
         yield
-    except pg_errors.UniqueViolation as exc:
-        constraint = getattr(exc.diag, "constraint_name", None)
-        raise UniqueConflict(
-            f"unique key already held by another job ({constraint or UNIQUE_INDEX})",
-            constraint=constraint,
-        ) from exc
-    except pg_errors.CheckViolation as exc:
-        raise ValidationError(str(exc), field=getattr(exc.diag, "constraint_name", None)) from exc
-    except psycopg.errors.UndefinedTable as exc:
-        from awa_fast.errors import SchemaNotMigrated
-
-        raise SchemaNotMigrated("the awa_fast schema is missing: run `awa-fast migrate`") from exc
+    except _INSERT_REFUSALS as exc:
+        raise db_errors.translate(exc, operation) from exc
 
 
 async def holder_conflict(
@@ -370,10 +368,6 @@ async def copy_uniform(
         )
         for job_id, args, key in zip(ids, batch.args, keys)
     ]
-
-
-def wrap_db_error(exc: Exception) -> DatabaseError:
-    return DatabaseError(f"database error: {exc}")
 
 
 async def insert_follow_ups(

@@ -16,12 +16,22 @@ class ValidationError(AwaError, ValueError):
     Attributes:
         field: the offending field name (``"priority"``, ``"args"``, ``"tags[3]"``, ...).
         limit: the rule that was broken, as text (``"1..4"``, ``"<= 20 tags"``), or ``None``.
+        size: for a size rule (``awa_fast.requests.MAX_FIELD_BYTES``), the offending size in
+            bytes, else ``None``.
     """
 
-    def __init__(self, message: str, *, field: str | None = None, limit: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        limit: str | None = None,
+        size: int | None = None,
+    ):
         super().__init__(message)
         self.field = field
         self.limit = limit
+        self.size = size
 
 
 class SerializationError(ValidationError):
@@ -61,7 +71,33 @@ class UnknownJobKind(AwaError):
 
 
 class DatabaseError(AwaError):
-    """A database operation failed for a reason awa-fast does not map to a narrower error."""
+    """A database operation failed for a reason awa-fast does not map to a narrower error.
+
+    Raised by every public call in place of the driver's exception (``awa_fast.db_errors``),
+    chained to it (``__cause__``).
+
+    Attributes:
+        operation: the call that failed (``"insert"``, ``"transaction.commit"``, ...), or
+            ``None`` where none was named.
+        sqlstate: the server's SQLSTATE (``"25006"``, ...), or ``None`` (no answer from the
+            server: a connection that failed or was lost, a pool timeout).
+    """
+
+    def __init__(self, message: str, *, operation: str | None = None, sqlstate: str | None = None):
+        super().__init__(message)
+        self.operation = operation
+        self.sqlstate = sqlstate
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database could not be reached, or the connection to it was lost mid-call (a
+    refused or timed-out connect, a restart, a terminated backend, the network, a closed
+    pool). A write cut off this way may or may not have committed."""
+
+
+class ReadOnlyDatabase(DatabaseError):
+    """The database refused a write because it is read-only (``default_transaction_read_only``,
+    a hot standby, a read-only transaction; SQLSTATE 25006). Nothing was written."""
 
 
 class DeadlockError(DatabaseError):
@@ -101,7 +137,9 @@ class StagingError(TerminalError):
         reason: ``"invalid"``, ``"too_many"``, ``"too_large"`` or ``"sealed"``.
         limit: 16 for ``too_many``, 65536 (bytes) for ``too_large``, else ``None``.
         field: for ``invalid``, the offending field as the original ``ValidationError``
-            named it (``"priority"``, ``"args.value"``), else ``None``.
+            named it (``"priority"``, ``"args.value"``); for ``too_large``, the field past its
+            own insert bound (``"args"``: ``awa_fast.requests.MAX_ARGS_BYTES``, ...) when that
+            was the cause, else ``None``.
 
     Raised chained (``__cause__``) from the original error where there is one.
     """

@@ -13,7 +13,7 @@ from awa_fast import bulk, enqueue, sql, storage_options
 from awa_fast.connections import Connections
 from awa_fast.errors import QueueMismatchWarning, ValidationError
 from awa_fast.job import Job, JobState
-from awa_fast.requests import prepare, prepare_uniform
+from awa_fast.requests import check_statement_size, prepare, prepare_uniform
 from awa_fast.transaction import Transaction
 from awa_fast.wake import Waker
 
@@ -111,7 +111,7 @@ class Producer:
             ordering_key=ordering_key,
         )
         if implicit:
-            self._warn_off_queue((p,), stacklevel=4)
+            self._warn_off_queue((p,), stacklevel=5)  # + the client's db_errors wrapper
         async with (await self._db.pool()).connection() as conn:
             job = await enqueue.insert_one(conn, p, defer_notify=True)  # autocommit: committed
         if job.state is JobState.Available:
@@ -125,8 +125,11 @@ class Producer:
             ValidationError, UniqueConflict, DeadlockError: no row is written.
         """
         rows = _prepare_all(jobs, opts)
+        check_statement_size(
+            rows, "insert them with insert_many_copy (COPY streams them) or in smaller batches"
+        )
         if "queue" not in opts:
-            self._warn_off_queue(rows, stacklevel=4)
+            self._warn_off_queue(rows, stacklevel=5)
 
         async def once() -> list[Job]:
             async with (await self._db.pool()).connection() as conn:
@@ -172,7 +175,7 @@ class Producer:
             batch = prepare_uniform(jobs, **opts)
             rows = None if batch is not None else _prepare_all(jobs, opts)
             if "queue" not in opts:
-                self._warn_off_queue((batch,) if batch is not None else rows, stacklevel=5)
+                self._warn_off_queue((batch,) if batch is not None else rows, stacklevel=6)
 
         async def once() -> Any:
             async with (await self._db.pool()).connection() as conn:

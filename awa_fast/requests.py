@@ -25,6 +25,21 @@ from awa_fast.typed_args import check_round_trip, needs_check
 _SORT = orjson.OPT_SORT_KEYS
 DEFAULT_UNIQUE_STATES = 31
 
+# The size bounds of one job, in bytes of what is sent and stored: the canonical JSON of args
+# and metadata, the UTF-8 of all tags together, the ordering key's bytes. awa-pg has no such
+# bound (PostgreSQL's is 255 MiB per JSON string, 1 GiB per value): a job this large is refused
+# before anything is sent, instead of failing in the server after seconds of work, or being
+# read back whole by every claim, page and dump of it (ADR 025).
+MAX_ARGS_BYTES = 1 << 20  # 1 MiB
+MAX_METADATA_BYTES = 1 << 16  # 64 KiB
+MAX_TAGS_BYTES = 1 << 16
+MAX_ORDERING_KEY_BYTES = 1 << 16
+# A payload resume_external hands a waiting handler: its input, as args are.
+MAX_PAYLOAD_BYTES = MAX_ARGS_BYTES
+# What one insert_many statement may carry (the sum of its jobs' Prepared.size): the server
+# takes at most 1 GiB per message and closes the connection past it; COPY streams, unbounded.
+MAX_STATEMENT_BYTES = 1 << 28  # 256 MiB
+
 
 class UniqueOpts(msgspec.Struct, frozen=True, kw_only=True):
     """Unique-job options (awa's defaults). ``states`` is the bitmask of states that hold the key:
@@ -53,6 +68,47 @@ class InsertOpts(msgspec.Struct, frozen=True, kw_only=True):
     run_at: datetime | str | None = None
     unique_opts: dict | UniqueOpts | None = None
     ordering_key: bytes | str | None = None
+
+
+def _too_large(field: str, size: int, limit: int, where: str = "") -> ValidationError:
+    return ValidationError(
+        f"{field} is {size:,} bytes{where}, over the limit of {limit:,} bytes "
+        f"(awa_fast.requests.MAX_{field.upper()}_BYTES)",
+        field=field,
+        limit=f"<= {limit} bytes",
+        size=size,
+    )
+
+
+def check_size(field: str, size: int, limit: int) -> None:
+    """Raise :class:`ValidationError` (``field``, ``size``, ``limit`` as ``"<= N bytes"``)
+    when ``size`` bytes of ``field`` exceed ``limit``."""
+    if size > limit:
+        raise _too_large(field, size, limit)
+
+
+def _tags_bytes(tags: list[str]) -> int:
+    n = 0
+    for tag in tags:
+        n += len(tag)
+    if 4 * n <= MAX_TAGS_BYTES:  # UTF-8 takes at most 4 bytes a character
+        return n
+    return sum(len(tag.encode()) for tag in tags)
+
+
+def check_statement_size(rows: list[Prepared], alternative: str) -> None:
+    """Raise :class:`ValidationError` (field ``jobs``) when the jobs of one statement take
+    more than ``MAX_STATEMENT_BYTES`` together; ``alternative`` says what to do instead."""
+    total = sum(p.size for p in rows)
+    if total > MAX_STATEMENT_BYTES:
+        raise ValidationError(
+            f"jobs: {len(rows):,} jobs of {total:,} bytes together, over the limit of "
+            f"{MAX_STATEMENT_BYTES:,} bytes for one statement "
+            f"(awa_fast.requests.MAX_STATEMENT_BYTES); {alternative}",
+            field="jobs",
+            limit=f"<= {MAX_STATEMENT_BYTES} bytes",
+            size=total,
+        )
 
 
 class Prepared(msgspec.Struct, array_like=True, gc=False):
@@ -249,18 +305,24 @@ def _shared_options(
     """Validate everything but the args: ``(tags, metadata_json, run_at, ordering_key,
     unique tuple or None)``. Raises ValidationError."""
     tags = _native.validate_insert(kind, queue, priority, max_attempts, tags)
+    if tags:
+        check_size("tags", _tags_bytes(tags), MAX_TAGS_BYTES)
     metadata = telemetry.inject(metadata)  # the producer's trace context (awa:traceparent)
     if metadata is None:
         meta_json = b"{}"
     elif isinstance(metadata, dict):
         meta_json = to_json(metadata, "metadata")
+        check_size("metadata", len(meta_json), MAX_METADATA_BYTES)
     else:
         raise ValidationError("metadata must be a dict or None", field="metadata", limit="dict")
+    okey = _ordering_key(ordering_key)
+    if okey is not None:
+        check_size("ordering_key", len(okey), MAX_ORDERING_KEY_BYTES)
     return (
         tags,
         meta_json,
         _native.normalize_run_at(run_at),
-        _ordering_key(ordering_key),
+        okey,
         _unique_tuple(unique_opts),
     )
 
@@ -282,10 +344,14 @@ def prepare(
 
     Rules (checked in ``_ext``): priority 1-4, max_attempts 1-1000, kind and queue 1-200
     characters, at most 20 tags, no NUL character in kind, queue, tags, args or metadata (any
-    depth), run_at within years 1-9999, args/metadata JSON-serializable.
+    depth), run_at within years 1-9999, args/metadata JSON-serializable. Sizes, in bytes of
+    what is stored: args at most ``MAX_ARGS_BYTES`` (1 MiB of JSON), metadata
+    ``MAX_METADATA_BYTES`` (64 KiB of JSON), all tags together ``MAX_TAGS_BYTES`` (64 KiB of
+    UTF-8), the ordering key ``MAX_ORDERING_KEY_BYTES`` (64 KiB).
 
     Raises:
-        ValidationError: a rule is broken; ``.field`` names the field and ``.limit`` the rule.
+        ValidationError: a rule is broken; ``.field`` names the field and ``.limit`` the rule
+            (a size rule also gives ``.size``, the bytes found).
     """
     if kind is None:
         if isinstance(args, dict):
@@ -297,6 +363,7 @@ def prepare(
         kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key
     )
     args_json = to_json(args_to_builtins(args), "args")
+    check_size("args", len(args_json), MAX_ARGS_BYTES)
     if unique is None:
         ukey = ustates = None
     else:
@@ -389,6 +456,9 @@ def prepare_uniform(
     else:
         builtins = [args_to_builtins(x) for x in items]
     jsons = _native.encode_many(builtins, "args")
+    if max(map(len, jsons)) > MAX_ARGS_BYTES:
+        i, data = next((i, d) for i, d in enumerate(jsons) if len(d) > MAX_ARGS_BYTES)
+        raise _too_large("args", len(data), MAX_ARGS_BYTES, f" (jobs[{i}])")
     for i, data in enumerate(jsons):
         if b"null" in data:  # (the hot loop skips the call for rows without one)
             _check_finite(data, builtins[i], f"args[{i}]")

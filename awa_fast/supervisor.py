@@ -74,7 +74,13 @@ from awa_fast.app_loader import (
     start_config_error,
     start_options,
 )
-from awa_fast.errors import ConfigError, QueueMismatchWarning, SchemaNotMigrated
+from awa_fast.errors import (
+    ConfigError,
+    DatabaseError,
+    QueueMismatchWarning,
+    ReadOnlyDatabase,
+    SchemaNotMigrated,
+)
 
 if TYPE_CHECKING:
     from awa_fast.client import AsyncClient
@@ -235,10 +241,15 @@ async def _child_main(
         reporter.send(event="error", error=f"cannot start: {exc}")
         await client.close()
         return EXIT_BAD_CONFIG
-    except (psycopg.ProgrammingError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+    except DatabaseError as exc:
         # The role may not write (or lacks an object, or the server is a read-only standby):
         # a restart would fail the same way, so it is the configuration, not a crash.
-        why = f"cannot start: the database refused it: {str(exc).strip()}"
+        if not (
+            isinstance(exc, ReadOnlyDatabase) or isinstance(exc.__cause__, psycopg.ProgrammingError)
+        ):
+            raise
+        said = " ".join(str(exc.__cause__ or exc).split())  # the server's own words
+        why = f"cannot start: the database refused it: {said}"
         log.error("%s", why)
         reporter.send(event="error", error=why)
         await client.close()

@@ -543,4 +543,4 @@ class SyncTransaction:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._client._call(self._tx._finish(exc_type is None))
+        self._client._call(self._tx.__aexit__(exc_type, exc, tb))

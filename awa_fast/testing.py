@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from psycopg.rows import dict_row
 
-from awa_fast import sql
+from awa_fast import db_errors, sql
 from awa_fast.job import Job
 from awa_fast.worker import executor as ex
 from awa_fast.worker.context import JobContext
@@ -111,8 +111,10 @@ class WorkResult:
         return self.outcome == "no_job"
 
 
+@db_errors.boundary("testing.")
 class AwaTestClient:
-    """Drives jobs one at a time with the runtime's semantics, for tests.
+    """Drives jobs one at a time with the runtime's semantics, for tests. Its methods raise
+    driver errors as the awa-fast error tree (``awa_fast.db_errors``), as the client's do.
 
     Args:
         client: an :class:`~awa_fast.AsyncClient`.

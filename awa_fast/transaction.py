@@ -6,9 +6,13 @@ placeholders; rows come back as dicts.
 
 The transaction runs at READ COMMITTED (the pool's sessions set it, whatever the database's
 default). A job that holds a unique key cannot be inserted after ``SET TRANSACTION ISOLATION
-LEVEL REPEATABLE READ`` or ``SERIALIZABLE``: the insert raises
-``psycopg.errors.FeatureNotSupported`` (migration 024: the key is checked against finished jobs
-with a snapshot taken after its lock, which those levels do not take).
+LEVEL REPEATABLE READ`` or ``SERIALIZABLE``: the insert raises ``DatabaseError`` (SQLSTATE
+0A000, chained to ``psycopg.errors.FeatureNotSupported``; migration 024: the key is checked
+against finished jobs with a snapshot taken after its lock, which those levels do not take).
+
+Every method raises driver errors (also of the caller's own SQL) as the awa-fast error tree
+(``awa_fast.db_errors``): ``UniqueConflict``, ``ReadOnlyDatabase``, ``DatabaseUnavailable``,
+``DatabaseError``..., naming the operation (``transaction.execute``), chained to the driver's.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from awa_fast import bulk, enqueue, sql
-from awa_fast.errors import AwaError
+from awa_fast import bulk, db_errors, enqueue, sql
+from awa_fast.errors import AwaError, DatabaseUnavailable
 from awa_fast.job import Job
-from awa_fast.requests import prepare
+from awa_fast.requests import check_statement_size, prepare
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 
@@ -34,6 +38,7 @@ def to_psycopg(query: str, args: tuple) -> tuple[str, dict]:
     return query, {f"p{i}": v for i, v in enumerate(args, 1)}
 
 
+@db_errors.boundary("transaction.")
 class Transaction:
     """One database transaction on a connection borrowed from the client's pool.
 
@@ -77,6 +82,7 @@ class Transaction:
         savepoint; a deadlock rolls back only the savepoint and is retried a bounded number of
         times, then raises ``DeadlockError``)."""
         rows = [prepare(a, **opts) for a in jobs]
+        check_statement_size(rows, "insert them in smaller batches")
         conn = self._check()
 
         async def once() -> list[Job]:
@@ -91,31 +97,47 @@ class Transaction:
         return cur.rowcount
 
     async def fetch_all(self, query: str, *args: Any) -> list[dict]:
-        cur = self._check().cursor(row_factory=dict_row)
-        await cur.execute(*to_psycopg(query, args))
-        return await cur.fetchall()
+        return await self._rows(query, args)
 
     async def fetch_optional(self, query: str, *args: Any) -> dict | None:
-        rows = await self.fetch_all(query, *args)
+        rows = await self._rows(query, args)
         return rows[0] if rows else None
 
     async def fetch_one(self, query: str, *args: Any) -> dict:
         """Like :meth:`fetch_optional` but raises :class:`AwaError` on zero rows."""
-        row = await self.fetch_optional(query, *args)
-        if row is None:
+        rows = await self._rows(query, args)
+        if not rows:
             raise AwaError("query returned no rows")
-        return row
+        return rows[0]
+
+    async def _rows(self, query: str, args: tuple) -> list[dict]:
+        cur = self._check().cursor(row_factory=dict_row)
+        await cur.execute(*to_psycopg(query, args))
+        return await cur.fetchall()
 
     async def _finish(self, commit: bool) -> None:
         if not self._open:
             return
         self._open = False
-        failed = self._conn.info.transaction_status == TransactionStatus.INERROR
+        # A lost connection's transaction ended with it on the server: nothing to roll back,
+        # and a ROLLBACK sent there would only hide the error that lost it.
+        lost = self._conn.broken or self._conn.closed
+        failed = lost or self._conn.info.transaction_status == TransactionStatus.INERROR
         try:
-            # Pooled connections are in autocommit mode; the client opened this one with BEGIN.
-            await self._conn.execute(sql.TX_COMMIT if commit and not failed else sql.TX_ROLLBACK)
+            if not lost:
+                # Pooled connections are in autocommit mode; the client opened this one with
+                # BEGIN.
+                await self._conn.execute(
+                    sql.TX_COMMIT if commit and not failed else sql.TX_ROLLBACK
+                )
         finally:
             await self._pool.putconn(self._conn)
+        if commit and lost:
+            raise DatabaseUnavailable(
+                "transaction.commit: the connection to the database was lost before the "
+                "commit: nothing in the transaction was committed",
+                operation="transaction.commit",
+            )
         if commit and failed:
             raise AwaError(
                 "the transaction was aborted by an earlier error and has been rolled "
@@ -132,4 +154,7 @@ class Transaction:
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
-        await self._finish(exc_type is None)
+        if exc_type is None:
+            await self.commit()
+        else:
+            await self.rollback()

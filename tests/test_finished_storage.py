@@ -636,8 +636,9 @@ async def test_a_keyed_insert_in_a_snapshot_transaction_is_refused(client, level
     async with await client.transaction() as tx:
         await tx.connection.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
         await tx.insert(Item(1))
-        with pytest.raises(psycopg.errors.FeatureNotSupported, match=f"not {level}"):
+        with pytest.raises(awa.DatabaseError, match=f"not {level}") as info:
             await tx.insert(Item(2), unique_opts={})
+        assert isinstance(info.value.__cause__, psycopg.errors.FeatureNotSupported)
     async with await client.transaction() as tx:  # the pool's sessions are READ COMMITTED
         await tx.insert(Item(3), unique_opts={})
     kept = await client.list_jobs()  # the refused insert left its transaction usable
@@ -1279,3 +1280,25 @@ async def test_a_prune_skips_a_dlq_row_another_session_holds(client, dsn):
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("DROP TRIGGER refuse_one ON awa_fast.dlq")
             conn.execute("DROP FUNCTION public.refuse_one()")
+
+
+def test_a_row_by_row_retention_batch_reads_its_class_and_probes_by_id(dsn):
+    """A batch of the row-by-row retention (a queue's shorter retention, or any past the
+    ring's span: ADR 029) reads only its class's slices and deletes its rows by id: it had
+    joined them against every finished row, a scan of the whole history each batch."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"""
+            INSERT INTO awa_fast.jobs_done (id, kind, queue, state, attempt, run_at, created_at,
+                                            finalized_at)
+            SELECT nextval('awa_fast.jobs_id_seq'), 'k', 'q',
+                   (CASE WHEN g % 2 = 0 THEN 'failed' ELSE 'completed' END)::awa_fast.job_state,
+                   1, now() - interval '5 days', now() - interval '5 days',
+                   now() - (g % 100) * interval '1 hour'
+            FROM generate_series(1, {HISTORY}) g""")
+        conn.execute("ANALYZE awa_fast.jobs_done")
+    config = MaintenanceConfig(completed_retention_hours=72, failed_retention_hours=168)
+    for params in config.queue_retention_params():
+        other = "jobs_done_f" if params["states"] == ["completed"] else "jobs_done_c"
+        plan = plan_of(dsn, sql.PRUNE_QUEUE_RETENTION, {**params, "limit": 1000})
+        assert other not in plan, plan
+        assert "Hash" not in plan and "Index Cond: (id = ANY" in plan, plan

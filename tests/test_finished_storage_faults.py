@@ -153,20 +153,103 @@ async def test_a_stale_mark_whose_move_fails_does_not_wedge_the_prune(client, ds
 # -- retention and the ring ---------------------------------------------------------------------
 
 
+async def finished(client, dsn: str, specs: list[tuple[str, str]], unique: bool = False):
+    """Jobs finished as an admin statement finishes them, ``finalized_at`` moved back by each
+    spec's age (the move trigger puts each row in the slice of that time); returns the ids."""
+    ids = []
+    for i, (state, age) in enumerate(specs):
+        opts = {"unique_opts": {"states": 0b1111111}} if unique else {}
+        job = await client.insert({"r": i, "age": age}, kind="ring", **opts)
+        execute(
+            dsn,
+            "UPDATE awa_fast.jobs SET state = %s::awa_fast.job_state, "
+            "finalized_at = now() - %s::interval WHERE id = %s",
+            (state, age, job.id),
+        )
+        ids.append(job.id)
+    return ids
+
+
+def kept(dsn: str, ids: list[int]) -> list[int]:
+    found = rows(dsn, "SELECT id FROM awa_fast.jobs_done WHERE id = ANY(%s)", (ids,))
+    return sorted(r["id"] for r in found)
+
+
+async def test_a_retention_longer_than_the_ring_keeps_rows_until_it_passes(client, dsn):
+    """awa's own suite runs a week of failed retention (issue 29). A slice is written again
+    32 periods later (32 h completed, 96 h failed), so a retention beyond the ring shares a
+    slice between rows past it and rows inside it: the expired ones go row by row, the young
+    ones stay, and the counters and holds follow."""
+    specs = [
+        ("completed", "80 hours"),  # past 72 h
+        ("completed", "48 hours"),  # the same slice (32 h later), inside 72 h
+        ("completed", "70 hours"),
+        ("failed", "170 hours"),  # past 168 h
+        ("failed", "74 hours"),  # the same slice (96 h later), inside 168 h
+        ("failed", "160 hours"),
+        ("cancelled", "169 hours"),  # past 168 h
+    ]
+    ids = await finished(client, dsn, specs, unique=True)
+    slot = {
+        r["id"]: r["slot"]
+        for r in rows(
+            dsn,
+            "SELECT id, awa_fast.done_slot(state, finalized_at) AS slot FROM awa_fast.jobs_done",
+        )
+    }
+    assert slot[ids[0]] == slot[ids[1]] and slot[ids[3]] == slot[ids[4]]
+    m = maintenance(client, completed_retention_hours=72, failed_retention_hours=168)
+    assert await m.prune() == 3
+    assert kept(dsn, ids) == sorted([ids[1], ids[2], ids[4], ids[5]])
+    assert_bookkeeping(dsn)  # counts and holds of the deleted rows released, the others kept
+    assert len(rows(dsn, "SELECT 1 FROM awa_fast.unique_holds")) == 4
+    stats = {s.queue: s for s in await client.queue_stats()}
+    assert stats["default"].failed == 2
+    assert await m.prune() == 0  # the young ones stay until their own retention passes
+    assert kept(dsn, ids) == sorted([ids[1], ids[2], ids[4], ids[5]])
+
+
+@pytest.mark.parametrize(
+    "hours, gone",
+    [
+        (10 * 8766, True),  # ten years: the 11-year-old rows go, row by row
+        (1e9, False),  # 114,000 years: now() minus it precedes PostgreSQL's timestamps
+        (5e15, False),  # just under awa's limit (2**64 s): beyond PostgreSQL's intervals
+    ],
+)
+async def test_retention_up_to_awas_limit_is_kept_without_overflow(client, dsn, hours, gone):
+    """Every retention awa accepts is accepted and kept; no pass overflows PostgreSQL's
+    interval or timestamp arithmetic (a step that failed would raise PassIncomplete)."""
+    ages = ["11 years", "11 years", "9 years", "9 years"]
+    ids = await finished(client, dsn, list(zip(["completed", "failed"] * 2, ages)))
+    m = maintenance(
+        client,
+        completed_retention_hours=hours,
+        failed_retention_hours=hours,
+        descriptor_retention_days=hours / 24,
+        queue_retention={"other": (hours, hours)},
+    )
+    assert await m.prune() == (2 if gone else 0)
+    assert kept(dsn, ids) == sorted(ids[2:] if gone else ids)
+    assert_bookkeeping(dsn)
+
+
 @pytest.mark.parametrize(
     "options, field",
     [
-        ({"completed_retention_hours": 31.5}, "completed_retention_hours"),
-        ({"failed_retention_hours": 24 * 7}, "failed_retention_hours"),
+        ({"completed_retention_hours": 2**64 / 3600}, "completed_retention_hours"),
+        ({"failed_retention_hours": 1e16}, "failed_retention_hours"),
+        ({"descriptor_retention_days": 1e15}, "descriptor_retention_days"),
     ],
 )
-async def test_retention_the_ring_cannot_keep_is_rejected(client, options, field):
-    """A slice is reused 32 periods after it was written: a retention that does not expire it
-    before then would keep its rows for as long as new ones keep arriving (never pruned)."""
+async def test_a_retention_beyond_awas_limit_is_rejected(client, options, field):
+    """awa turns a retention into a Rust Duration (at most 2**64 s) and panics past it: that,
+    and only that, is refused, with the field and the limit."""
     client.task(dict, kind="noop")(lambda job: None)
     with pytest.raises(ConfigError) as err:
         await client.start([("default", 1)], **{**FAST, **options})
     assert err.value.field == field
+    assert "longer than awa accepts" in str(err.value)
     assert client.runtime is None
     with pytest.raises(ConfigError):
         maintenance(client, **options)

@@ -125,8 +125,9 @@ async def test_a_caught_unique_conflict_in_a_transaction_keeps_its_other_writes(
 async def test_a_commit_after_an_aborting_error_raises_instead_of_rolling_back_silently(client):
     with pytest.raises(awa.AwaError, match="rolled back"):
         async with await client.transaction() as tx:
-            with pytest.raises(psycopg.Error):
+            with pytest.raises(awa.DatabaseError) as info:  # typed, the driver's chained
                 await tx.execute("SELECT 1/0")
+            assert isinstance(info.value.__cause__, psycopg.errors.DivisionByZero)
 
 
 async def test_cancelled_error_from_handler_code_counts_the_attempt(dsn, client):

@@ -11,7 +11,7 @@ from typing import Any
 from awa_fast import sql
 from awa_fast.admin.jobs import pretty_json
 from awa_fast.connections import Connections
-from awa_fast.errors import ConfigError
+from awa_fast.errors import AwaError, ConfigError
 from awa_fast.schema import current_migration_version
 from awa_fast.schema_binding import SchemaBinding, bind
 
@@ -58,6 +58,8 @@ class StorageAdmin:
         migrate: applies a schema's migrations (``AsyncClient._migrate_schema``).
         schema: ``() -> SchemaBinding``, the client's schema now.
         use_schema: moves the client to a schema (its pool rebound).
+        running: whether the client's worker runtime is running or starting (awa refuses an
+            install then).
     """
 
     def __init__(
@@ -67,11 +69,14 @@ class StorageAdmin:
         *,
         schema: Callable[[], SchemaBinding],
         use_schema: Callable[[SchemaBinding], Awaitable[None]],
+        running: Callable[[], bool] = lambda: False,
     ) -> None:
         self._db = db
         self._migrate = migrate
         self._schema = schema
         self._use_schema = use_schema
+        self._running = running
+        self.installing = False  # an install is in progress: start() is refused (awa's rule)
 
     async def flush_admin_metadata(self) -> None:
         """Nothing is cached to flush; opens the pool (raises as it does)."""
@@ -94,11 +99,26 @@ class StorageAdmin:
         are never reused.
 
         Raises:
+            AwaError: the client's worker runtime is running or starting (awa's rule), or
+                another install of this client is in progress.
             ValidationError: ``schema`` breaks the schema-name rule.
             ConfigError: a slot count that is not an int > 0 (any other is accepted and has
                 no effect: logged at INFO).
             ValidationError: ``reset`` not a bool.
         """
+        if self._running():
+            raise AwaError("cannot install queue storage while the worker runtime is running")
+        if self.installing:
+            raise AwaError("queue storage installation is already in progress")
+        self.installing = True
+        try:
+            await self._install(schema, queue_slot_count, lease_slot_count, reset)
+        finally:
+            self.installing = False
+
+    async def _install(
+        self, schema: str, queue_slot_count: int, lease_slot_count: int, reset: bool
+    ) -> None:
         binding = _storage_arguments(
             schema,
             self._schema(),

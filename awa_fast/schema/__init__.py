@@ -15,6 +15,7 @@ from importlib import resources
 
 import psycopg
 
+from awa_fast import db_errors
 from awa_fast import sql as statements
 from awa_fast.pg_connection import sync_connection_class
 from awa_fast.schema_binding import DEFAULT, SchemaBinding
@@ -114,24 +115,28 @@ async def check_current(conn: psycopg.AsyncConnection) -> None:
         )
 
 
+@db_errors.maps("migrate")
 async def migrate(database_url: str, binding: SchemaBinding = DEFAULT) -> list[int]:
     """Apply every missing migration to ``database_url``; returns the versions applied now.
 
     Runs :func:`migrate_sync` in a thread (migrations are rare and short).
 
     Raises:
-        psycopg.Error: the database rejected a migration (that migration is rolled back).
+        ReadOnlyDatabase, DatabaseUnavailable, DatabaseError: the database could not be
+            reached or rejected a migration (that migration is rolled back); chained to the
+            driver's error (``awa_fast.db_errors``).
     """
     return await asyncio.to_thread(migrate_sync, database_url, binding)
 
 
+@db_errors.maps("migrate")
 def migrate_sync(database_url: str, binding: SchemaBinding = DEFAULT) -> list[int]:
     """Apply every missing migration of ``binding``'s schema (default ``awa_fast``, created if
     missing) to ``database_url``; returns the versions applied now. Each schema has its own
     version table and lock: migrating one never waits for or touches another.
 
     Raises:
-        psycopg.Error: the database rejected a migration (that migration is rolled back).
+        DatabaseError: as :func:`migrate`.
     """
     applied_now = []
     with sync_connection_class(binding).connect(database_url, autocommit=True) as conn:

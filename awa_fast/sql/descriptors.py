@@ -22,12 +22,15 @@ QUEUE_DESCRIPTOR_UPSERT = _descriptor_upsert("queue_descriptors", "queue")
 
 KIND_DESCRIPTOR_UPSERT = _descriptor_upsert("job_kind_descriptors", "kind")
 
-# Rows no runtime has refreshed for %(retention_s)s seconds (descriptor_retention_days).
+# Rows no runtime has refreshed for %(retention_s)s seconds (descriptor_retention_days; NULL:
+# kept forever).
 DESCRIPTORS_PRUNE = f"""
 WITH q AS (DELETE FROM {S}.queue_descriptors
-           WHERE last_seen_at < now() - %(retention_s)s * interval '1 second' RETURNING 1),
+           WHERE last_seen_at < now() - %(retention_s)s::float8 * interval '1 second'
+           RETURNING 1),
      k AS (DELETE FROM {S}.job_kind_descriptors
-           WHERE last_seen_at < now() - %(retention_s)s * interval '1 second' RETURNING 1)
+           WHERE last_seen_at < now() - %(retention_s)s::float8 * interval '1 second'
+           RETURNING 1)
 SELECT (SELECT count(*) FROM q) + (SELECT count(*) FROM k)"""
 
 DESCRIPTOR_COLUMNS = (

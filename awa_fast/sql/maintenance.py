@@ -107,8 +107,8 @@ UPDATE {S}.jobs j SET {_rescue_set(_KEEP_FRESH_MARK)},
 FROM r WHERE {by_ids("r")} AND j.id = r.id
 RETURNING j.id, j.kind, j.state::text, r.rescue_reason, r.exhausted_reason"""
 
-# Finished jobs are not pruned row by row: retention truncates whole slices of jobs_done
-# (sql/finished.py, ADR 016). A row whose failure consequence is still owed stays in the hot
+# Finished jobs are pruned by truncating whole slices of jobs_done (sql/finished.py, ADR 016),
+# row by row only past a queue's shorter retention or the ring's span (ADR 029). A row whose failure consequence is still owed stays in the hot
 # table, so no slice ever holds a debt (models/settlement.pml, nothing_owed_is_lost).
 
 # Maintenance: DLQ retention (independent of the jobs' retention).

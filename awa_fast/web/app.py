@@ -4,8 +4,9 @@ Admin actions are POST-only, CSRF-checked and refused with 403 under ``read_only
 same :class:`~awa_fast.client.AsyncClient` methods as the CLI. Bad input (an id that is not a
 positive bigint, an unknown state, an over-long filter) gets a 400 page, an unknown id a 404 page,
 an action on a job in the wrong state a 409 page, a database that cannot be reached (no
-connection within ``reads.DB_WAIT_S``, or the connection lost) a 503 page, and so does a pool
-whose every connection stayed busy (saying so); no page ever shows a traceback.
+connection within ``reads.DB_WAIT_S``, or the connection lost) a 503 page, and so do a pool
+whose every connection stayed busy and an action a read-only database refuses (saying so);
+no page ever shows a traceback.
 """
 
 from __future__ import annotations
@@ -36,7 +37,14 @@ from starlette.templating import Jinja2Templates
 from awa_fast import schema_binding
 from awa_fast.client import AsyncClient
 from awa_fast.connections import PoolBusy
-from awa_fast.errors import AttemptStillRunning, DatabaseError, UniqueConflict
+from awa_fast.db_errors import SERVER_GONE
+from awa_fast.errors import (
+    AttemptStillRunning,
+    DatabaseError,
+    DatabaseUnavailable,
+    ReadOnlyDatabase,
+    UniqueConflict,
+)
 from awa_fast.job import JobState
 from awa_fast.sql import dashboard as bounds
 from awa_fast.web import reads as _reads
@@ -52,8 +60,6 @@ MAX_ID = 2**63 - 1
 _DIGITS = re.compile(r"[0-9]{1,19}")  # MAX_ID has 19 digits
 RETRYABLE_STATES = ("failed", "cancelled", "waiting_external")
 FINISHED_STATES = ("completed", "failed", "cancelled")
-# The server shutting down, crashed, or starting up: its connections are gone (SQLSTATE 57P0x).
-_SERVER_GONE = {"57P01", "57P02", "57P03"}
 
 
 class _Client(AsyncClient):
@@ -63,7 +69,7 @@ class _Client(AsyncClient):
         return bounded(url, super()._pool_options(url))
 
 
-class StartupError(DatabaseError):
+class StartupError(DatabaseUnavailable):
     """The dashboard's pools found no database connection within its startup bound
     (``reads.STARTUP_S``): the application does not start."""
 
@@ -133,7 +139,7 @@ def _lost(exc: psycopg.OperationalError) -> bool | None:
     if isinstance(exc, PoolTimeout):
         return False
     state = exc.sqlstate
-    if state is None or state.startswith("08") or state in _SERVER_GONE:
+    if state is None or state.startswith("08") or state in SERVER_GONE:
         return True  # no SQLSTATE: libpq's own (the connection lost)
     return None
 
@@ -521,6 +527,34 @@ def create_app(
             message += " An action cut off this way may or may not have been applied."
         return error_page(request, 503, message)
 
+    async def db_error(request: Request, exc: Exception) -> Response:
+        # An action's client call: the driver's error is its cause (awa_fast.db_errors).
+        assert isinstance(exc, DatabaseError)
+        cause = exc.__cause__
+        if isinstance(exc, ReadOnlyDatabase):
+            log.warning("dashboard: the database refused a write on %s: %s", request.url.path, exc)
+            return error_page(
+                request,
+                503,
+                "The database is read-only (a standby, or default_transaction_read_only): "
+                "the action was refused and nothing changed.",
+            )
+        if isinstance(cause, psycopg.errors.QueryCanceled):
+            return await db_timeout(request, cause)
+        if isinstance(cause, psycopg.OperationalError) and (
+            isinstance(cause, PoolBusy) or _lost(cause) is not None
+        ):
+            return await db_unreachable(request, cause)
+        if isinstance(exc, DatabaseUnavailable):
+            log.warning("dashboard: the database is unreachable on %s: %s", request.url.path, exc)
+            return error_page(
+                request,
+                503,
+                "The database is unreachable. The dashboard reconnects by itself "
+                "once it is back: try again.",
+            )
+        return await server_error(request, exc)
+
     async def server_error(request: Request, exc: Exception) -> Response:
         log.exception("dashboard error on %s %s", request.method, request.url.path)
         return Response(
@@ -598,6 +632,7 @@ def create_app(
             AttemptStillRunning: conflict,
             psycopg.errors.QueryCanceled: db_timeout,
             psycopg.OperationalError: db_unreachable,  # PoolTimeout is one
+            DatabaseError: db_error,
             Exception: server_error,
         },
     )

@@ -12,7 +12,7 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
-from awa_fast import sql
+from awa_fast import db_errors, sql
 from awa_fast.callback_expressions import compile_expressions
 from awa_fast.callback_token import CallbackToken, check_timeout
 from awa_fast.errors import AwaError, ValidationError
@@ -219,6 +219,7 @@ class JobContext:
     def progress_acked(self, generation: int) -> None:
         self._progress_acked = max(self._progress_acked, generation)
 
+    @db_errors.maps("job.flush_progress")
     async def flush_progress(self) -> None:
         """Write pending progress now, guarded by this attempt's run lease (a rescued or
         cancelled attempt is silently ignored).
@@ -235,6 +236,7 @@ class JobContext:
             await conn.execute(sql.FLUSH_PROGRESS, (snap[1], self.id, self.run_lease))
         self.progress_acked(snap[0])
 
+    @db_errors.maps("job.flush_progress_sync")
     def flush_progress_sync(self) -> None:
         """Blocking :meth:`flush_progress`: for ``def`` handlers in the thread pool, and also
         safe from an ``async def`` handler (awa-pg allows both).
@@ -283,6 +285,7 @@ class JobContext:
 
     # -- external waits (ADR-021) ---------------------------------------------------------------
 
+    @db_errors.maps("job.register_callback")
     async def register_callback(
         self,
         timeout_seconds: float = 3600,
@@ -318,6 +321,7 @@ class JobContext:
         self.callback_id = str(row[0])
         return CallbackToken(self.callback_id, row[1].isoformat())
 
+    @db_errors.maps("job.wait_for_callback")
     async def wait_for_callback(self, token: Any) -> Any:
         """Park the job in ``waiting_external`` and wait (this handler stays alive, its staged
         follow-ups too) until ``resume_external`` delivers a payload, which is returned.

@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from awa_fast import _native, metrics
-from awa_fast.errors import AwaError, StagingError
+from awa_fast.errors import AwaError, StagingError, ValidationError
 from awa_fast.requests import EnqueueRequest, InsertOpts, Prepared, prepare
 from awa_fast.telemetry import TRACE_KEY
 
@@ -127,11 +127,22 @@ class FollowUps:
             self.poison = self.poison or exc
             raise
         except (AwaError, TypeError, ValueError, OverflowError) as exc:
-            err = StagingError(
-                f"follow-up could not be staged: {exc}",
-                reason="invalid",
-                field=getattr(exc, "field", None),
-            )
+            if isinstance(exc, ValidationError) and exc.size is not None:
+                # a field past its insert bound (awa_fast.requests.MAX_*_BYTES, all above the
+                # attempt's budget): too large, as a request past the budget is
+                err = StagingError(
+                    f"ADR-046: at most {self._budget.max_bytes} bytes of staged follow-ups per "
+                    f"attempt; follow-up could not be staged: {exc}",
+                    reason="too_large",
+                    limit=self._budget.max_bytes,
+                    field=exc.field,
+                )
+            else:
+                err = StagingError(
+                    f"follow-up could not be staged: {exc}",
+                    reason="invalid",
+                    field=getattr(exc, "field", None),
+                )
             self.poison = self.poison or err
             raise err from exc
         self._staged.append(prepared)

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -51,6 +52,22 @@ DLQ_PRUNE_BATCHES = 100
 # its own transaction, until a batch comes back short or this many ran.
 RESCUE_BATCH = 500
 RESCUE_BATCHES = 20
+# awa turns a retention into a Rust Duration (Duration::from_secs_f64, awa-python client.rs):
+# less than 2**64 seconds, its limit (check_retention).
+AWA_MAX_RETENTION_S = float(2**64)
+# A retention of 5,000 years or more keeps rows forever (retention_s gives None): now() minus a
+# longer one leaves PostgreSQL's range (timestamps from 4713 BC; intervals about 292,000 years),
+# and a finished row's finalized_at is its finishing statement's now() (an edit is refused,
+# migration 022), so no row written since 2974 BC is that old.
+KEEP_FOREVER_S = 5000 * 365.25 * 86400
+# Hours of retention the slices expire by truncation alone, per class (completed; failed and
+# cancelled): a slice is written again RING_SLOTS periods after it was first written and must
+# expire before then, with a period to spare (the one written now). Beyond it, rows are deleted
+# row by row (MaintenanceConfig.queue_retention_params; ADR 029).
+RING_KEEPS_HOURS = (
+    (sql.RING_SLOTS - 2) * sql.COMPLETED_SLICE_S / 3600,
+    (sql.RING_SLOTS - 2) * sql.FAILED_SLICE_S / 3600,
+)
 
 
 # The bulk.Recurring (by ``what``) of each leader loop's passes that redo rows (stuck_rows).
@@ -136,11 +153,16 @@ class MaintenanceConfig:
 
     def queue_retention_params(self) -> list[dict[str, Any]]:
         """The parameters of ``sql.PRUNE_QUEUE_RETENTION``, one dict per class that has rows
-        to delete one by one (a queue whose retention is shorter than the class's horizon);
-        empty without ``queue_retention``."""
-        if not self.queue_retention:
-            return []
+        to delete one by one; empty when the slices alone expire every queue's rows.
+
+        A queue's retention is left to the slices (``None`` in ``ages``, or ``default_s`` for
+        every queue without one) when it is the class's horizon and the ring keeps that long
+        (``RING_KEEPS_HOURS``: 30 h completed, 90 h failed and cancelled). A shorter one is
+        deleted row by row; so is every retention of a class whose horizon the ring does not
+        keep (ADR 029: a slice is written again before its rows expire). A retention of
+        ``KEEP_FOREVER_S`` or more is ``None`` too: nothing deletes its rows."""
         horizons = self.retention_horizons()
+        queues = sorted(self.queue_retention)
         out = []
         for i, (states, default_h) in enumerate(
             (
@@ -148,23 +170,27 @@ class MaintenanceConfig:
                 (["failed", "cancelled"], self.failed_retention_hours),
             )
         ):
+            first_slot = i * sql.RING_SLOTS  # the class's slices (sql.slice_table)
             horizon = horizons[i]
-            queues = sorted(self.queue_retention)
-            ages = [self.queue_retention[q][i] * 3600 for q in queues]
-            ages_or_none = [None if a >= horizon * 3600 else a for a in ages]
-            default_s = None if default_h >= horizon else default_h * 3600
-            shorter = [a for a in ages_or_none if a is not None]
-            if default_s is not None:
-                shorter.append(default_s)
-            if not shorter:
+            by_slices = horizon <= RING_KEEPS_HOURS[i]
+
+            def row_age_s(hours: float, horizon: float = horizon, by_slices: bool = by_slices):
+                return None if by_slices and hours >= horizon else retention_s(hours)
+
+            ages = [row_age_s(self.queue_retention[q][i]) for q in queues]
+            default_s = row_age_s(default_h)
+            finite = [a for a in [*ages, default_s] if a is not None]
+            if not finite:
                 continue
             out.append(
                 {
                     "states": states,
                     "queues": queues,
-                    "ages": ages_or_none,
+                    "ages": ages,
                     "default_s": default_s,
-                    "min_s": min(shorter),
+                    "min_s": min(finite),
+                    "first_slot": first_slot,
+                    "last_slot": first_slot + sql.RING_SLOTS - 1,
                 }
             )
         return out
@@ -177,36 +203,55 @@ class MaintenanceConfig:
         return min(self.leader_election_interval_ms, self.heartbeat_staleness_ms / 3)
 
 
+def retention_s(hours: float) -> float | None:
+    """``hours`` of retention in seconds, or ``None`` from ``KEEP_FOREVER_S`` on (kept forever:
+    the statements compare with ``now() - NULL``, which no row passes)."""
+    seconds = hours * 3600
+    return None if seconds >= KEEP_FOREVER_S else seconds
+
+
 def check_retention(config: MaintenanceConfig) -> None:
-    """Reject a finished-job retention the slice ring cannot keep (ADR 016). A slice is written
-    again ``RING_SLOTS`` periods after it was first written; it must expire (newest row plus the
-    retention) before then, with one period to spare for the prune's interval and a leader
-    change. A longer retention would keep the slice's rows for as long as new ones arrive.
+    """Reject a retention awa itself does not accept (ADR 029). awa takes any finite number of
+    hours (days for ``descriptor_retention_days``) >= 0 and turns it into a Rust ``Duration``
+    (``Duration::from_secs_f64``, awa-python's client.rs), which holds less than 2**64 seconds
+    (about 5.1e15 hours); above that awa panics. Every retention below it is kept: up to what
+    the slice ring keeps (``RING_KEEPS_HOURS``) by whole-slice truncation, beyond it row by
+    row, and from ``KEEP_FOREVER_S`` (5,000 years) on forever.
 
     Raises:
-        ConfigError: ``completed_retention_hours`` above 30 or ``failed_retention_hours``
-            above 90, or a queue's ``retention`` ``completed_hours`` / ``failed_hours`` above
-            them, naming the field (and the queue).
+        ConfigError: ``completed_retention_hours``, ``failed_retention_hours``,
+            ``descriptor_retention_days`` or a queue's ``retention`` ``completed_hours`` /
+            ``failed_hours`` that is not a finite number >= 0, or is 2**64 seconds or longer,
+            naming the field (and the queue) and the limit.
     """
     given = [
-        ("completed_retention_hours", sql.COMPLETED_SLICE_S, config.completed_retention_hours),
-        ("failed_retention_hours", sql.FAILED_SLICE_S, config.failed_retention_hours),
+        ("completed_retention_hours", 3600, config.completed_retention_hours),
+        ("failed_retention_hours", 3600, config.failed_retention_hours),
+        ("descriptor_retention_days", 86400, config.descriptor_retention_days),
     ]
     for queue, (completed_h, failed_h) in sorted(config.queue_retention.items()):
-        given.append(
-            (f"queue {queue!r}: retention completed_hours", sql.COMPLETED_SLICE_S, completed_h)
-        )
-        given.append((f"queue {queue!r}: retention failed_hours", sql.FAILED_SLICE_S, failed_h))
-    for field, period_s, value in given:
-        limit_h = (sql.RING_SLOTS - 2) * period_s / 3600
-        if value > limit_h:
+        given.append((f"queue {queue!r}: retention completed_hours", 3600, completed_h))
+        given.append((f"queue {queue!r}: retention failed_hours", 3600, failed_h))
+    for field, unit_s, value in given:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
             raise ConfigError(
-                f"{field}={value!r} is longer than the finished-job slices keep "
-                f"({limit_h:g} hours: {sql.RING_SLOTS} slices of {period_s // 3600} h, "
-                "one written now and one to spare); a longer retention needs a migration "
-                "that repartitions awa_fast.jobs_done",
+                f"{field} must be a non-negative finite number, got {value!r}",
                 field=field,
-                limit=f"<= {limit_h:g}",
+                limit=">= 0",
+            )
+        if value * unit_s >= AWA_MAX_RETENTION_S:
+            limit = AWA_MAX_RETENTION_S / unit_s
+            raise ConfigError(
+                f"{field}={value!r} is longer than awa accepts (less than {limit:.4g} "
+                f"{'hours' if unit_s == 3600 else 'days'}: 2**64 seconds, the longest Rust "
+                "Duration awa converts a retention to)",
+                field=field,
+                limit=f"< {limit:.4g}",
             )
 
 
@@ -679,10 +724,12 @@ class Maintenance:
         ``cleanup_batch_size`` rows until a batch comes up short (none left) or
         ``DLQ_PRUNE_BATCHES`` (100) batches ran (a row whose delete fails alone, say a trigger
         refuses it, is kept and logged). A finished row the hot table kept for a stale "still
-        running" mark moves to the finished storage. With per-queue retention
-        (``queue_retention``), the finished rows of a queue whose retention is shorter than its
-        class's horizon (the longest of any queue, which the slices keep) are deleted row by
-        row first, in batches as the DLQ's (``sql.PRUNE_QUEUE_RETENTION``).
+        running" mark moves to the finished storage. The finished rows of a queue whose
+        retention is shorter than its class's horizon (the longest of any queue, which the
+        slices keep: ``queue_retention``), and every finished row past its retention in a class
+        whose horizon is longer than the ring keeps (``RING_KEEPS_HOURS``, ADR 029), are
+        deleted row by row first, in batches as the DLQ's (``sql.PRUNE_QUEUE_RETENTION``): at
+        most ``DLQ_PRUNE_BATCHES * cleanup_batch_size`` rows per class a pass.
 
         Each step (presence, callback expressions, batch operations, stale marks, the counter
         fold, descriptors, each DLQ batch, the slices) runs in its own transaction; a step
@@ -755,7 +802,8 @@ class Maintenance:
             await step(
                 "descriptors",
                 execute(
-                    sql.DESCRIPTORS_PRUNE, {"retention_s": c.descriptor_retention_days * 86400}
+                    sql.DESCRIPTORS_PRUNE,
+                    {"retention_s": retention_s(c.descriptor_retention_days * 24)},
                 ),
             )
         pruned = 0
@@ -802,8 +850,9 @@ class Maintenance:
     async def expire_slices(self) -> int:
         """TRUNCATE every finished slice whose newest row is past its class's horizon
         (``completed_retention_hours``; ``failed_retention_hours`` for failed and cancelled; a
-        longer per-queue retention raises it: ``MaintenanceConfig.retention_horizons``),
-        releasing the unique keys its jobs held. Returns the rows removed.
+        longer per-queue retention raises it: ``MaintenanceConfig.retention_horizons``; one of
+        ``KEEP_FOREVER_S`` or more expires none), releasing the unique keys its jobs held.
+        Returns the rows removed.
 
         Each slice is its own fenced transaction: its partition is locked ACCESS EXCLUSIVE
         (waiting at most 200 ms: readers and writers queue behind it), its expiry checked again under the lock, then
@@ -817,7 +866,8 @@ class Maintenance:
         """
         # the longest retention of any queue: a queue's shorter one is pruned row by row
         completed_h, failed_h = self.config.retention_horizons()
-        ages = {"completed_s": completed_h * 3600, "failed_s": failed_h * 3600}
+        # None (kept forever) expires no slice
+        ages = {"completed_s": retention_s(completed_h), "failed_s": retention_s(failed_h)}
         pool = await self._pool_getter()
         async with pool.connection() as conn:
             expired = [r[0] for r in await _fetch(conn, sql.EXPIRED_SLICES, ages)]

@@ -246,8 +246,8 @@ def parse_queues(
 def _queue_retention(queue: str, value: Any) -> tuple[float, float] | None:
     """A queue dict's ``retention`` (awa's per-queue override): ``None``, or a dict with
     ``completed_hours`` and/or ``failed_hours`` (finite numbers >= 0, hours). A key left out
-    takes awa's default (``AWA_QUEUE_RETENTION_DEFAULT_HOURS``). The ring's limits (30 and 90
-    hours) are checked with the global ones (``maintenance.check_retention``).
+    takes awa's default (``AWA_QUEUE_RETENTION_DEFAULT_HOURS``). awa's upper limit (2**64
+    seconds) is checked with the global ones (``maintenance.check_retention``).
 
     Raises:
         ConfigError: not a dict, another key, or a value that is not a finite number >= 0,
@@ -501,7 +501,8 @@ def check_config(
             "without queue= go (their handlers were registered without queue=): those jobs "
             "wait for a worker of 'default'. A misspelt queue name?",
             QueueMismatchWarning,
-            stacklevel=5,  # the application's start() call (start -> _runtime_for -> here)
+            # the application's start() call (db_errors' wrapper -> start -> _runtime_for -> here)
+            stacklevel=6,
         )
     if warn_unserved_default and registry.handlers and not implicit:
         # Every handler names its queue: a started queue none of them names runs nothing.
@@ -515,7 +516,7 @@ def check_config(
                 )
                 + "): no job there can run. A misspelt queue name?",
                 QueueMismatchWarning,
-                stacklevel=5,
+                stacklevel=6,
             )
     if heartbeat_interval_ms * HEARTBEAT_SAFETY > heartbeat_staleness_ms:
         raise ConfigError(
@@ -560,11 +561,25 @@ MAX_SETTING_S = 100 * 365 * 86_400
 _UNIT_S = {"_ms": 0.001, "_hours": 3600, "_days": 86_400}
 
 
-def _setting(value: Any, field: str, *, integer: bool = False, zero: bool = False) -> float:
+# awa's retentions: any length below awa's own limit is kept (maintenance.check_retention,
+# ADR 029), not capped at MAX_SETTING_S.
+_AWA_RETENTIONS = {"completed_retention_hours", "failed_retention_hours"}
+
+
+def _setting(
+    value: Any,
+    field: str,
+    *,
+    integer: bool = False,
+    zero: bool = False,
+    awa_retention: bool = False,
+) -> float:
     """A maintenance interval, retention or size given to ``start()``: a finite number > 0
     (``>= 0`` with ``zero``; an int for ``integer``). In milliseconds (a name ending ``_ms``) at
     least 1 and at most ``MAX_SETTING_INT`` (about 24.8 days: PostgreSQL's ``lock_timeout``);
-    a count at most ``MAX_SETTING_INT``; in hours or days at most ``MAX_SETTING_S``.
+    a count at most ``MAX_SETTING_INT``; in hours or days at most ``MAX_SETTING_S``, except
+    awa's retentions (``awa_retention``), which ``maintenance.check_retention`` bounds by awa's
+    own limit.
 
     Raises:
         ConfigError: naming ``field`` and the limit.
@@ -597,7 +612,7 @@ def _setting(value: Any, field: str, *, integer: bool = False, zero: bool = Fals
             limit=f"<= {MAX_SETTING_INT}",
         )
     unit = next((u for suffix, u in _UNIT_S.items() if field.endswith(suffix)), None)
-    if unit is not None and value * unit > MAX_SETTING_S:
+    if unit is not None and not awa_retention and value * unit > MAX_SETTING_S:
         raise ConfigError(
             f"{field}={value!r} is longer than 100 years (PostgreSQL's interval "
             "arithmetic would overflow)",
@@ -820,10 +835,23 @@ class Runtime:
             "terminal_count_rollup_interval_ms": honoured.get("terminal_count_rollup_interval_ms"),
         }.items():
             if value is not None:
-                setattr(mconf, key, _setting(value, key, integer=key == "cleanup_batch_size"))
+                setattr(
+                    mconf,
+                    key,
+                    _setting(
+                        value,
+                        key,
+                        integer=key == "cleanup_batch_size",
+                        zero=key in _AWA_RETENTIONS,  # awa: >= 0 (0 prunes at once)
+                        awa_retention=key in _AWA_RETENTIONS,
+                    ),
+                )
         if descriptor_retention_days is not None:  # awa: 0 keeps descriptors forever
             mconf.descriptor_retention_days = _setting(
-                descriptor_retention_days, "descriptor_retention_days", zero=True
+                descriptor_retention_days,
+                "descriptor_retention_days",
+                zero=True,
+                awa_retention=True,
             )
         mconf.queue_retention = {
             q.name: q.retention for q in self.queues if q.retention is not None

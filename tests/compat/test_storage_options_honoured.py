@@ -119,6 +119,80 @@ async def test_start_takes_awa_retention_dicts_with_awa_defaults_for_missing_key
         await client.shutdown()
 
 
+async def test_start_takes_awas_week_of_failed_retention_and_long_queue_retention(client):
+    """awa's own suite starts with failed_retention_hours=168 and per-queue dicts of the same
+    (test_start_config.py): longer than the finished slices' ring, kept row by row (ADR 029)."""
+    for queue in "abc":
+        client.task(Tick, kind=f"tick_{queue}", queue=queue)(lambda job: None)
+    await client.start(
+        [
+            {"name": "a", "max_workers": 1},
+            {"name": "b", "max_workers": 1, "retention": {"completed_hours": 720}},
+            {"name": "c", "max_workers": 1, "retention": {"failed_hours": 24 * 365 * 10}},
+        ],
+        completed_retention_hours=72,
+        failed_retention_hours=168,
+        **FAST,
+    )
+    try:
+        config = client.runtime.maintenance_config
+        assert (config.completed_retention_hours, config.failed_retention_hours) == (72, 168)
+        assert config.queue_retention == {"b": (720.0, 72.0), "c": (24.0, 87600.0)}
+    finally:
+        await client.shutdown()
+
+
+async def test_a_queue_kept_for_ages_keeps_its_rows_and_the_others_are_pruned(client, dsn):
+    """A retention past PostgreSQL's timestamps (here 10**12 hours) keeps that queue's rows
+    forever, without an overflow in any pass; the other queues keep their own retention."""
+    ids = await finished_jobs(
+        client,
+        dsn,
+        {
+            "keep": [("completed", "26 hours"), ("failed", "100 hours")],
+            "other": [("completed", "26 hours"), ("failed", "100 hours")],
+        },
+    )
+    m = maintenance(client, queue_retention={"keep": (1e12, 1e12)})
+    assert await m.prune() == 2  # a failed step would raise PassIncomplete
+    assert sorted(present(dsn, ids["keep"])) == sorted(ids["keep"])
+    assert present(dsn, ids["other"]) == []
+
+
+async def test_start_takes_a_zero_retention_as_awa_does(client):
+    """awa takes any retention >= 0 ("a non-negative finite number"); 0 prunes at once."""
+    client.task(Tick, queue="a")(lambda job: None)
+    await client.start([("a", 1)], completed_retention_hours=0, failed_retention_hours=0.0, **FAST)
+    try:
+        config = client.runtime.maintenance_config
+        assert (config.completed_retention_hours, config.failed_retention_hours) == (0, 0)
+    finally:
+        await client.shutdown()
+
+
+async def test_a_long_queue_retention_keeps_that_queue_past_the_ring(client, dsn):
+    ids = await finished_jobs(
+        client,
+        dsn,
+        {
+            "long": [
+                ("completed", "50 hours"),
+                ("completed", "80 hours"),
+                ("failed", "100 hours"),
+                ("failed", "170 hours"),
+            ],
+            "other": [("completed", "26 hours"), ("failed", "80 hours"), ("failed", "1 hour")],
+        },
+    )
+    m = maintenance(client, queue_retention={"long": (72.0, 168.0)})
+    assert await m.prune() == 4
+    # long: its own 72 h / 168 h, beyond the ring (30 h / 90 h); other: the global 24 h / 72 h
+    assert sorted(present(dsn, ids["long"])) == sorted(ids["long"][0:3:2])
+    assert present(dsn, ids["other"]) == [ids["other"][2]]
+    stats = {s.queue: s for s in await client.queue_stats()}
+    assert (stats["long"].failed, stats["other"].failed) == (1, 1)
+
+
 @pytest.mark.parametrize(
     "retention, message",
     [
@@ -126,7 +200,10 @@ async def test_start_takes_awa_retention_dicts_with_awa_defaults_for_missing_key
         ({"completed_hours": -1}, "retention completed_hours must be a non-negative finite number"),
         ({"failed_hours": float("nan")}, "retention failed_hours must be a non-negative finite"),
         ({"completed": 1}, "retention takes 'completed_hours' and 'failed_hours'"),
-        ({"completed_hours": 31}, "queue 'q': retention completed_hours=31.0 is longer than"),
+        (
+            {"completed_hours": 1e16},
+            "queue 'q': retention completed_hours=1e\\+16 is longer than awa",
+        ),
     ],
 )
 async def test_a_bad_queue_retention_is_refused_naming_the_queue(client, retention, message):
