@@ -52,7 +52,8 @@ _CACHE_LIMIT = 4096
 def check_name(name: object, field: str = "schema") -> str:
     """``name`` if it may name an awa-fast schema; the rule: lowercase letters, digits and
     ``_``, not starting with a digit, at most :data:`MAX_LENGTH` (56) characters, not ``pg_*``
-    nor ``information_schema`` (PostgreSQL's own).
+    nor ``information_schema`` (PostgreSQL's own) nor ``plpgsql`` (a reserved prefix of custom
+    settings, which the schema's ``<name>.defer_notify`` is).
 
     Raises:
         ValidationError: naming ``field`` and the rule broken.
@@ -75,7 +76,7 @@ def check_name(name: object, field: str = "schema") -> str:
             field=field,
             limit=f"<= {MAX_LENGTH} characters",
         )
-    if name.startswith("pg_") or name == "information_schema":
+    if name.startswith("pg_") or name in ("information_schema", "plpgsql"):
         raise ValidationError(
             f"{field} {name!r} is reserved by PostgreSQL", field=field, limit="not pg_*"
         )

@@ -74,6 +74,7 @@ async def pair(dsn):
         ("t" * 57, "at most 56"),
         ("pg_tenant", "reserved"),
         ("information_schema", "reserved"),
+        ("plpgsql", "reserved"),
     ],
 )
 def test_a_schema_name_breaking_the_rule_is_refused_naming_the_field(name, rule):
