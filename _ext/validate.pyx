@@ -92,6 +92,30 @@ cdef _check_int(object value, str field, long lo, long hi):
         )
 
 
+def check_name(value, str field not None):
+    """Validate one name: a job kind or a queue name, wherever one enters awa-fast (insert,
+    ``task()``, ``start()`` queues, periodic schedules, follow-ups, admin calls, the CLI).
+
+    Args:
+        value: any object; a name is a ``str`` of 1..200 characters (code points), without
+            U+0000 and without lone surrogates.
+        field: ``str``, the field to name in the error (``"kind"``, ``"queue"``,
+            ``"queues[2]"``).
+
+    Returns:
+        ``str``: ``value``.
+
+    Raises:
+        awa_fast.errors.ValidationError(field=field, limit="1..200 characters" |
+            "no NUL bytes" | "valid UTF-8 (no lone surrogates)").
+
+    Rule source: the jobs table's ``length(kind) <= 200`` / ``length(queue) <= 200`` (awa's
+    limits); a name is never empty; Postgres text cannot hold NUL.
+    """
+    _check_name(value, field, KIND_MAX_CHARS)
+    return value
+
+
 def validate_insert(kind, queue, priority, max_attempts, tags):
     """Validate the scalar fields of one insert request and return its tags.
 

@@ -38,9 +38,11 @@ from awa_fast.errors import (
     UnknownJobKind,
     Unsupported,
     ValidationError,
+    ValidationTypeError,
 )
 from awa_fast.job import Job, JobState
 from awa_fast.partitioned import PartitionedQueue
+from awa_fast.raw_client import RawClient
 from awa_fast.requests import EnqueueRequest, InsertOpts, UniqueOpts, derive_kind
 from awa_fast.results import Cancel, RetryAfter, Snooze, WaitForCallback
 from awa_fast.schema import current_migration_version, migrate, migrations, migrations_range
@@ -49,8 +51,6 @@ from awa_fast.telemetry import init_telemetry, shutdown_telemetry
 from awa_fast.transaction import Transaction
 from awa_fast.worker.consequences import JobFailure
 from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE
-
-RawClient = AsyncClient
 
 __all__ = [
     "AsyncClient",
@@ -88,6 +88,7 @@ __all__ = [
     "UniqueOpts",
     "UnknownJobKind",
     "ValidationError",
+    "ValidationTypeError",
     "WaitForCallback",
     "current_migration_version",
     "derive_kind",

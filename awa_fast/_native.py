@@ -66,6 +66,7 @@ except ImportError as exc:  # pragma: no cover - only on a broken install
     ) from exc
 
 validate_insert = _validate.validate_insert
+check_name = _validate.check_name
 check_json_nul = _validate.check_json_nul
 normalize_run_at = _validate.normalize_run_at
 derive_kind = _validate.derive_kind

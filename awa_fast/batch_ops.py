@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 from awa_fast import bulk, sql
 from awa_fast.errors import ValidationError
 from awa_fast.job import JobState
+from awa_fast.requests import check_name
 
 KINDS = ("set_priority", "move_queue")
 STATES = ("pending", "scanning", "running", "cancelling", "completed", "cancelled", "failed")
@@ -111,13 +112,7 @@ def check_spec(op_kind: Any, spec: Any) -> dict:
                 f"priority must be an int 1-4, got {p!r}", field="priority", limit="1-4"
             )
     if op_kind == "move_queue":
-        q = spec.get("queue")
-        if not isinstance(q, str) or not 1 <= len(q) <= 200 or "\x00" in q:
-            raise ValidationError(
-                f"queue must be a str of 1-200 characters, got {q!r}",
-                field="queue",
-                limit="1-200 characters",
-            )
+        check_name(spec.get("queue"), "queue")
     return dict(spec)
 
 
@@ -226,7 +221,8 @@ async def submit(
     f = check_filter(filter)
     if not f and not allow_all:
         raise ValidationError(
-            f"{op_kind} without a filter affects every queued job: pass allow_all=True",
+            f"{op_kind} requires a filter or allow_all=True (without a filter it affects "
+            "every queued job)",
             field="filter",
         )
     if submitted_by is not None and not isinstance(submitted_by, str):

@@ -52,7 +52,7 @@ def _driver(conn: Any) -> str:
     if module.startswith("django") and getattr(conn, "vendor", None) == "postgresql":
         return "django"
     raise TypeError(
-        f"unsupported connection type {type(conn).__qualname__} ({module}): "
+        f"Unsupported connection type {type(conn).__qualname__} ({module}): "
         "awa_fast.bridge takes psycopg 3, asyncpg, SQLAlchemy (Connection, Session, "
         "async or not) and Django PostgreSQL connections"
     )

@@ -28,6 +28,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
 from awa_fast.errors import DeadlockError
+from awa_fast.retryable import Retry, classify
 
 log = logging.getLogger("awa_fast.bulk")
 
@@ -37,14 +38,13 @@ REMEMBERED = 10_000  # rows a maintenance pass remembers as left unchanged (Recu
 
 def is_row_error(exc: BaseException) -> bool:
     """True for a database error caused by the data of a statement (constraint, trigger, data
-    error), False for one about the session or the server: connection, deadlock, cancel
-    (``OperationalError``), an unsupported feature (SQLSTATE class 0A) and the transaction's
-    state (25, e.g. a read-only transaction), which every row would meet the same way. (A
-    privilege or a missing object, class 42, is about the role or the schema too, but a
-    trigger may raise such a code for one row: see :func:`run_isolated`.)"""
-    if not isinstance(exc, psycopg.DatabaseError) or isinstance(exc, psycopg.OperationalError):
-        return False
-    return not _sqlstate(exc).startswith(("0A", "25"))
+    error, a value past a program limit): ``retryable.classify`` calls it ``ROW``. False for one
+    about the session or the server -- connection, deadlock, cancel, an unsupported feature
+    (SQLSTATE class 0A), the transaction's state (25, e.g. a read-only transaction) -- which
+    every row would meet the same way. (A privilege or a missing object, class 42, is about the
+    role or the schema too, but a trigger may raise such a code for one row: see
+    :func:`run_isolated`.)"""
+    return isinstance(exc, psycopg.DatabaseError) and classify(exc) is Retry.ROW
 
 
 def _sqlstate(exc: BaseException) -> str:

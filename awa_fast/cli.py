@@ -10,7 +10,9 @@ connection within 30 s of its startup), 2 on a command-line usage error (argpars
 stop gracefully on Ctrl-C or SIGTERM and exit 0; 143 / 129 when SIGTERM / SIGHUP interrupts
 ``demo``; 142 when a stop of ``serve`` outlasts ``STOP_LIMIT_S``). With
 ``--json`` an error is one JSON object on one line of stderr, ``{"error": <message>, "type":
-<error class>}``, with the same exit status.
+<error class>}``, with the same exit status. Without it an error is one line (``awa-fast: error:
+<message>``); ``--traceback`` or ``AWA_FAST_DEBUG=1`` adds its whole traceback (for ``worker`` and
+``check`` also of an application's own error at import).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from datetime import time as dtime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from awa_fast import sql
+from awa_fast.app_loader import DEBUG_ENV, debug_requested, one_line
 from awa_fast.database_url import resolve_database_url, url_source
 
 if TYPE_CHECKING:
@@ -209,7 +212,7 @@ async def _probe(url: str, *, need_schema: bool, source: str = "", wait_s: float
         if "connect_timeout" not in conninfo_to_dict(url):
             kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
     except psycopg.ProgrammingError as exc:
-        raise CliError(f"invalid database URL: {str(exc).strip()}") from exc
+        raise CliError(f"invalid database URL: {one_line(str(exc))}") from exc
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -225,7 +228,7 @@ async def _probe(url: str, *, need_schema: bool, source: str = "", wait_s: float
             tried = wait_s - max(0.0, deadline - time.monotonic())
             waited = f" (tried for {tried:.0f} s)" if wait_s and tried >= 1 else ""
             raise CliError(
-                f"could not connect to the database{where}{waited}: {str(exc).strip()}"
+                f"could not connect to the database{where}{waited}: {one_line(str(exc))}"
             ) from exc
     async with conn:
         if need_schema:  # missing, or older than this package (its reads would fail raw)
@@ -245,6 +248,8 @@ class Session:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.json: bool = bool(getattr(args, "json", False))
+        # --traceback or $AWA_FAST_DEBUG: an error's whole traceback after its one line
+        self.debug: bool = debug_requested(bool(getattr(args, "traceback", False)))
         self._url: str | None = None
         self._client: AsyncClient | None = None
 
@@ -471,8 +476,48 @@ async def cmd_queue_stats(s: Session) -> int:
     return 0
 
 
+def _unknown_name(what: str, name: str, names: list[str], by: str, suffix: str = "") -> CliError:
+    """The error for a ``what`` (``"queue"``, ``"kind"``) named ``name`` that nothing knows
+    of (``by`` says what was looked at), with the closest of ``names`` (difflib) or the known
+    ones as a hint."""
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    if close:
+        hint = f"; did you mean {' or '.join(repr(n) for n in close)}?"
+    elif names:
+        hint = f"; known {what}s: {', '.join(names[:10])}{', ...' if len(names) > 10 else ''}"
+    else:
+        hint = f"; no {what} is known yet"
+    return CliError(f"no {what} named {name!r} ({by}){hint}{suffix}")
+
+
+async def _known_queue(client, queue: str, *, create_flag: str | None = None) -> None:
+    """Raise :class:`CliError` unless ``queue`` is a queue something knows of
+    (``sql.KNOWN_QUEUES``: jobs, its settings row, a worker, a schedule, a descriptor), with the
+    closest known names as a hint; ``create_flag`` names the option that allows a new name.
+    The library's calls stay permissive, as awa-pg's (docs/adr/026)."""
+    queue.encode()  # not UTF-8 (a lone surrogate from argv): the UnicodeEncodeError's message
+    names = [row[0] for row in await _fetch(client, sql.KNOWN_QUEUES)]
+    if queue not in names:
+        by = "no job, worker, schedule or setting names it"
+        create = f" ({create_flag} uses a new name)" if create_flag else ""
+        raise _unknown_name("queue", queue, names, by, create)
+
+
+async def _known_kind(client, kind: str) -> None:
+    """Raise :class:`CliError` unless some job (live, finished or dead-lettered), worker,
+    schedule or descriptor has ``kind``, with the closest known kinds as a hint."""
+    kind.encode()  # as _known_queue
+    names = [row[0] for row in await _fetch(client, sql.KNOWN_KINDS)]
+    if kind not in names and not (await _fetch(client, sql.KIND_FINISHED, (kind,)))[0][0]:
+        raise _unknown_name("kind", kind, names, "no job, worker or schedule has it")
+
+
 async def cmd_queue_pause(s: Session) -> int:
     client = await s.client()
+    if not s.args.create:  # a typo would be stored, and listed from then on
+        await _known_queue(client, s.args.queue, create_flag="--create")
     await client.pause_queue(s.args.queue, s.args.by)
     if s.json:
         _print_json({"queue": s.args.queue, "paused": True, "paused_by": s.args.by})
@@ -484,6 +529,7 @@ async def cmd_queue_pause(s: Session) -> int:
 
 async def cmd_queue_resume(s: Session) -> int:
     client = await s.client()
+    await _known_queue(client, s.args.queue)
     await client.resume_queue(s.args.queue)
     return _report(s, {"queue": s.args.queue, "paused": False}, f"queue {s.args.queue} resumed")
 
@@ -507,6 +553,10 @@ async def cmd_job_retry_failed(s: Session) -> int:
         message = "Specify exactly one of --kind or --queue"
         return s.fail(message, text=message)
     client = await s.client()
+    if s.args.queue is not None:
+        await _known_queue(client, s.args.queue)
+    else:
+        await _known_kind(client, s.args.kind)
     result = await client.retry_failed(kind=s.args.kind, queue=s.args.queue)
     jobs = result.jobs
     what = f"kind {s.args.kind}" if s.args.kind else f"queue {s.args.queue}"
@@ -537,6 +587,7 @@ async def cmd_job_retry_failed(s: Session) -> int:
 
 async def cmd_job_discard(s: Session) -> int:
     client = await s.client()
+    await _known_kind(client, s.args.kind)  # a typo would discard nothing, silently
     n = await client.discard_failed(s.args.kind)
     return _report(
         s,
@@ -547,6 +598,7 @@ async def cmd_job_discard(s: Session) -> int:
 
 async def cmd_queue_drain(s: Session) -> int:
     client = await s.client()
+    await _known_queue(client, s.args.queue)
     n = await client.drain_queue(s.args.queue)
     return _report(
         s,
@@ -651,6 +703,10 @@ async def cmd_dlq_retry_all(s: Session) -> int:
     filters = _dlq_filters(s.args)
     _check_all_or_filter(s, filters)
     client = await s.client()
+    if filters["queue"] is not None:  # a typo would match nothing, silently
+        await _known_queue(client, filters["queue"])
+    if filters["kind"] is not None:
+        await _known_kind(client, filters["kind"])
     n = await client.bulk_retry_from_dlq(**filters, allow_all=s.args.all)
     return _report(s, {"retried": n}, f"retried {n} job(s) from the DLQ")
 
@@ -659,6 +715,10 @@ async def cmd_dlq_purge(s: Session) -> int:
     filters = _dlq_filters(s.args)
     _check_all_or_filter(s, filters)
     client = await s.client()
+    if filters["queue"] is not None:  # a typo would match nothing, silently
+        await _known_queue(client, filters["queue"])
+    if filters["kind"] is not None:
+        await _known_kind(client, filters["kind"])
     n = await client.purge_dlq(**filters, allow_all=s.args.all)
     return _report(s, {"purged": n}, f"purged {n} DLQ entr{'y' if n == 1 else 'ies'}")
 
@@ -677,6 +737,17 @@ CRON_COLUMNS = (
     ("LAST_FIRE", "last_fire_at"),
     ("NEXT_FIRE", "next_fire_at"),
 )
+
+
+async def cmd_storage_status(s: Session) -> int:
+    # awa's `storage status`: the report of AsyncClient.storage_status(), a JSON object
+    client = await s.client()
+    report = json.loads(await client.storage_status())
+    if s.json:
+        _print_json(report)
+    else:
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+    return 0
 
 
 async def cmd_cron_list(s: Session) -> int:
@@ -858,6 +929,8 @@ def cmd_check(s: Session) -> int:
     from awa_fast.app_loader import (
         AppSpecError,
         exits_at_import,
+        format_traceback,
+        import_failure,
         load_client,
         start_config_error,
         start_options,
@@ -874,19 +947,30 @@ def cmd_check(s: Session) -> int:
         message = exits_at_import(s.args.app, exc)
         return s.fail(message, kind="SystemExit", text=f"{PROG} check: error: {message}")
     except Exception as exc:  # the application's own import raised
-        import traceback
-
-        message = f"importing {s.args.app} failed"
-        trace = traceback.format_exc().rstrip()
+        # One line (what, where, how to see more); the traceback only when asked for.
+        message = import_failure(s.args.app, exc)
+        trace = format_traceback(exc)
+        text = f"{PROG} check: error: {message}"
         return s.fail(
-            f"{message}: {type(exc).__name__}: {exc}",
+            import_failure(s.args.app, exc, traceback_hint=False),  # --json: "traceback" has it
             kind=type(exc).__name__,
-            text=f"{PROG} check: error: {message}:\n{trace}",
+            text=f"{text}\n{trace}" if s.debug else text,
             traceback=trace,
         )
     kinds = client.registry.undeclared_kinds()
     off_default = dict(sorted(client.registry.off_default.items()))
-    config_error = start_config_error(client, module)
+    import warnings
+
+    from awa_fast.errors import QueueMismatchWarning
+
+    # What start() would warn about, as lines of the report (Python's warning display points
+    # at this module's line, two lines each); the warning filters apply.
+    with warnings.catch_warnings(record=True) as caught:
+        config_error = start_config_error(client, module)
+    mismatches = [str(w.message) for w in caught if issubclass(w.category, QueueMismatchWarning)]
+    for w in caught:
+        if not issubclass(w.category, QueueMismatchWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     try:
         given = start_options(module)
     except ValueError:  # already reported as the config error
@@ -903,10 +987,13 @@ def cmd_check(s: Session) -> int:
                 "registered": sorted(client.registry.handlers),
                 "registered_off_default": off_default,
                 "config_error": config_error,
+                "warnings": mismatches,
                 "no_effect_options": no_effect,
             }
         )
         return 1 if kinds or config_error else 0
+    for message in mismatches:
+        print(f"warning: {message}")
     n = len(client.registry.handlers)
     if config_error:
         print(f"start() would reject this configuration: {config_error}")
@@ -1054,6 +1141,7 @@ def cmd_worker(s: Session) -> int:
             metrics_host=a.metrics_host,
             # --schema overrides the client's schema in the children too
             extra_env=({CHILD_SCHEMA_ENV: a.schema} if getattr(a, "schema", None) else None),
+            debug=s.debug,
         )
     except ConfigError as exc:  # a bad --metrics-* value: a usage error, as argparse's
         a.parser.error(str(exc))
@@ -1102,6 +1190,10 @@ def _iso_time(text: str) -> datetime:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+TRACEBACK_HELP = (
+    f"after an error's one line, print its whole traceback (also: {DEBUG_ENV}=1); for "
+    "worker and check also of the application's own errors (an import that raises)"
+)
 LOG_FORMATS = ("text", "json")  # awa_fast.log_format.FORMATS (not imported: --help stays light)
 LOG_FORMAT_HELP = (
     "logs as text lines (default) or one JSON object per line (ts, level, logger, "
@@ -1140,11 +1232,14 @@ def _common(with_db: bool = True, db_help: str = DB_HELP, with_json: bool = True
     if with_db:
         g.add_argument("--database-url", metavar="URL", default=argparse.SUPPRESS, help=db_help)
         g.add_argument("--schema", metavar="NAME", default=argparse.SUPPRESS, help=SCHEMA_HELP)
+    g.add_argument(
+        "--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP
+    )
     return p
 
 
 DESCRIPTION = """\
-awa-fast: administer an awa-fast job queue stored in PostgreSQL.
+awa-fast: the Awa job queue CLI for awa-fast, administering a job queue stored in PostgreSQL.
 
 Database: --database-url URL, else $AWA_FAST_DATABASE_URL, else $DATABASE_URL, else a
 persistent embedded PostgreSQL (started on first use; see `awa-fast embedded`)."""
@@ -1155,7 +1250,8 @@ exit status: 0 success, 1 error (database/connection error, unknown job, wrong s
 demo: 143 after SIGTERM, 129 after SIGHUP; serve: 3 when the web server cannot start, 142 when a
 stop outlasts its 20 s limit). With --json an error is
 one JSON object on stderr: {"error": MESSAGE, "type": ERROR_CLASS} (usage errors: type
-UsageError, and "usage").
+UsageError, and "usage"); else one line, and with --traceback (or AWA_FAST_DEBUG=1) the whole
+traceback after it.
 
 examples:
   awa-fast migrate
@@ -1254,6 +1350,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         help="print machine-readable JSON instead of tables/text",
     )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="text", help=LOG_FORMAT_HELP)
+    parser.add_argument("--traceback", action="store_true", default=False, help=TRACEBACK_HELP)
     parser.add_argument(
         "--version",
         action=_VersionAction,
@@ -1423,16 +1520,24 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "pause",
         parents=[common],
         help="stop workers claiming from a queue",
-        description="Pause a queue: workers stop claiming its jobs (running jobs finish).",
+        description="Pause a queue: workers stop claiming its jobs (running jobs finish). "
+        "A name no job, worker, schedule or setting knows of is an error (exit 1, with the "
+        "closest known names) unless --create is given.",
     )
     p.add_argument("queue", metavar="QUEUE", help="queue name")
     p.add_argument("--by", metavar="WHO", help="who paused it (recorded in queue_meta.paused_by)")
+    p.add_argument(
+        "--create",
+        action="store_true",
+        help="pause a queue nothing knows of yet (else an unknown name is an error)",
+    )
     p.set_defaults(func=cmd_queue_pause)
     p = qsub.add_parser(
         "resume",
         parents=[common],
         help="let workers claim from a queue again",
-        description="Resume a paused queue and wake its workers.",
+        description="Resume a paused queue and wake its workers (exit 1 for a queue nothing "
+        "knows of).",
     )
     p.add_argument("queue", metavar="QUEUE", help="queue name")
     p.set_defaults(func=cmd_queue_resume)
@@ -1442,7 +1547,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         help="cancel every waiting job of a queue",
         description="Drain a queue: cancel every job waiting to run (available, "
         "scheduled, retryable). Running and waiting_external jobs "
-        "are left alone. Prints how many were cancelled.",
+        "are left alone. Prints how many were cancelled. Exit 1 for a queue nothing knows of.",
     )
     p.add_argument("queue", metavar="QUEUE", help="queue name")
     p.set_defaults(func=cmd_queue_drain)
@@ -1564,6 +1669,25 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NAME", help="schedule name")
     p.set_defaults(func=cmd_cron_remove)
 
+    # storage (awa's storage-transition admin: one engine here, so status only)
+    storage = sub.add_parser(
+        "storage",
+        help="storage engine status (status)",
+        description="The storage engine's state, in awa's storage-transition report shape.",
+    )
+    ssub = storage.add_subparsers(
+        dest="storage_command", metavar="SUBCOMMAND", required=True, title="subcommands"
+    )
+    p = ssub.add_parser(
+        "status",
+        parents=[common],
+        help="print the storage status report (JSON)",
+        description="Print AsyncClient.storage_status() as JSON: current_engine and "
+        "active_engine are awa_fast, state active; awa-fast has one engine, so no "
+        "transition is possible (see docs/compat.md).",
+    )
+    p.set_defaults(func=cmd_storage_status)
+
     # batch operations
     batch = sub.add_parser(
         "batch-ops",
@@ -1675,7 +1799,8 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "client.start(**START_OPTIONS) would raise (a ConfigError: no "
         "handlers, a handler's queue not started, heartbeat settings, a "
         "name insert would reject; a TypeError: an unknown option); and, as a note, the "
-        "kinds registered for a queue other than 'default' (an insert "
+        "kinds registered for a queue other than 'default' and what start() would warn "
+        "about (QueueMismatchWarning: 'warning:' lines; --json: \"warnings\") (an insert "
         "without queue= puts them in 'default', which the registered "
         "queues' workers do not work). Exit 0 when all is well, 1 when "
         "a kind is undeclared, start() would fail or importing APP "
@@ -1754,7 +1879,9 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "before\nany child starts, in a running event loop as in the children: "
         "exit 2 if its module\ncannot be found or it names no "
         "AsyncClient, 1 if importing it raises or start() would reject\n"
-        "its START_OPTIONS (ConfigError, as `awa-fast check` reports);\na child "
+        "its START_OPTIONS (ConfigError, as `awa-fast check` reports), or if the database "
+        "cannot be\nreached (tried for 5 s) or is not migrated: one line each, the "
+        "traceback with --traceback;\na child "
         "whose import raises all the same stops the launcher (exit 1, "
         "no restart).\nDatabase: --database-url, else "
         "the URL the client was built with, else\n"
@@ -2028,7 +2155,12 @@ def _main(argv: list[str]) -> int:
     session = Session(args)
 
     def error(message: str, exc: BaseException) -> int:
-        return session.fail(message, kind=type(exc).__name__, log_format=args.log_format)
+        status = session.fail(message, kind=type(exc).__name__, log_format=args.log_format)
+        if session.debug and not session.json:
+            from awa_fast.app_loader import format_traceback
+
+            print(format_traceback(exc), file=sys.stderr)
+        return status
 
     func = args.func
     try:

@@ -54,7 +54,7 @@ from awa_fast.database_url import resolve_database_url, url_source
 from awa_fast.errors import AwaError, DatabaseUnavailable, ValidationError
 from awa_fast.job import Job
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
-from awa_fast.requests import kind_for_type
+from awa_fast.requests import check_name, kind_for_type, optional_name
 from awa_fast.transaction import Transaction
 from awa_fast.worker.consequences import ConsequenceApplier, ConsequenceConfig, Settler
 from awa_fast.worker.registry import Registry
@@ -208,6 +208,7 @@ class AsyncClient:
         self._stopping: asyncio.Event | None = None  # set when a shutdown() in progress ends
         self._releasing: asyncio.Future | None = None  # the last runtime's release step
         self.periodic_jobs: dict = {}  # name -> awa_fast.periodic.PeriodicJob
+        self._implicit_cron_queue: set[str] = set()  # schedules registered without queue=
         self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
         self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
         # Admin, one object per area (awa_fast/admin/), each given only what it uses. The
@@ -240,6 +241,7 @@ class AsyncClient:
             running=lambda: self._runtime is not None or self._starting is not None,
         )
         self._batches = BatchAdmin(self._connections)
+        self._sync_twins: Any = None  # awa_fast.raw_client.SyncTwins, made by ``_raw``
         if self.explicit_database_url is not None and not _defer_reachability_check:
             _check_reachable(self.explicit_database_url)
 
@@ -365,6 +367,18 @@ class AsyncClient:
         if self._pool_guard is not None:
             self._pool_guard.cancel()
             self._pool_guard = None
+        if self._sync_twins is not None:
+            await asyncio.to_thread(self._sync_twins.close)
+
+    @property
+    def _raw(self) -> Any:
+        """The blocking ``<method>_sync`` twins (:class:`awa_fast.raw_client.SyncTwins`), under
+        the attribute awa-pg's wrapper gives its native client; opened on first use."""
+        if self._sync_twins is None:
+            from awa_fast.raw_client import SyncTwins  # raw_client imports this module
+
+            self._sync_twins = SyncTwins(self)
+        return self._sync_twins
 
     async def __aenter__(self) -> AsyncClient:
         await self.pool()
@@ -699,14 +713,16 @@ class AsyncClient:
         use ``failure.idempotency_key``. Or pass ``awa_fast.NO_FAILURE_CONSEQUENCE``.
 
         Raises:
+            ValidationError: ``args_type_or_kind`` is neither a class nor a kind name
+                (``requests.check_name``).
             TypeError: ``fn`` is neither callable nor NO_FAILURE_CONSEQUENCE.
         """
-        if isinstance(args_type_or_kind, str):
-            self.registry.declare_consequence(args_type_or_kind, fn)
-        else:
+        if isinstance(args_type_or_kind, type):
             self.registry.declare_consequence(
                 kind_for_type(args_type_or_kind), fn, args_type_or_kind
             )
+        else:  # a kind: the name rule refuses anything else, naming "kind"
+            self.registry.declare_consequence(args_type_or_kind, fn)
 
     async def correct_to_failed(self, job_id: int, *, error: str) -> Job:
         """Correct an apparent success: a ``completed`` job becomes ``failed`` (``error``
@@ -1005,15 +1021,17 @@ class AsyncClient:
         A later registration for the same kind replaces the earlier one.
 
         Raises:
-            ValidationError: ``args_type`` is not a class (field ``args_type``), or an option
-                other than ``failure_consequence`` / ``verify_success`` (field: its name).
+            ValidationError: ``args_type`` is not a class (field ``args_type``), an option
+                other than ``failure_consequence`` / ``verify_success`` (field: its name), or
+                ``kind`` / ``queue`` breaks the name rule that insert and start() apply
+                (``requests.check_name``: 1-200 characters, no NUL).
         """
         check_task_options(args_type, options)
+        kind = kind_for_type(args_type) if kind is None else check_name(kind, "kind")
+        optional_name(queue, "queue")
 
         def decorate(fn: Callable) -> Callable:
-            self.registry.register(
-                args_type, fn, kind=kind or kind_for_type(args_type), queue=queue, **options
-            )
+            self.registry.register(args_type, fn, kind=kind, queue=queue, **options)
             return fn
 
         return decorate
@@ -1082,7 +1100,7 @@ class AsyncClient:
         args: Any,
         *,
         timezone: str = "UTC",
-        queue: str = "default",
+        queue: str = DEFAULT_QUEUE,
         priority: int = 2,
         max_attempts: int = 25,
         tags: list[str] | None = None,
@@ -1108,13 +1126,14 @@ class AsyncClient:
 
         if self._runtime is not None:
             raise RuntimeError("periodic() must be called before start()")
+        implicit = queue is DEFAULT_QUEUE
         job = periodic.build(
             name,
             cron_expr,
             args_type,
             args,
             timezone=timezone,
-            queue=queue,
+            queue="default" if implicit else queue,
             priority=priority,
             max_attempts=max_attempts,
             tags=tags,
@@ -1122,6 +1141,10 @@ class AsyncClient:
             missed_fire_policy=missed_fire_policy,
         )
         self.periodic_jobs[job.name] = job
+        if implicit:  # start() warns if its kind is registered for another queue
+            self._implicit_cron_queue.add(job.name)
+        else:
+            self._implicit_cron_queue.discard(job.name)
 
     def queue_descriptor(
         self,
@@ -1255,7 +1278,29 @@ class AsyncClient:
             storage_options.check_value("queue_storage_schema", name)
             if name != storage_options.AWA_DEFAULT_SCHEMA:
                 binding = schema_binding.bind(name, "queue_storage_schema")
-        return Runtime(self._services(binding), queues, **options), consequences
+        runtime = Runtime(self._services(binding), queues, **options)
+        self._warn_cron_off_queue()
+        return runtime, consequences
+
+    def _warn_cron_off_queue(self) -> None:
+        """``QueueMismatchWarning`` for each schedule registered without ``queue=`` whose kind
+        this client registered for another queue: its fires go to ``default`` (awa-pg's
+        ``periodic(queue="default")``), where that kind's workers do not look."""
+        from awa_fast.errors import QueueMismatchWarning
+
+        for name in sorted(self._implicit_cron_queue):
+            job = self.periodic_jobs.get(name)
+            queue = self.registry.off_default.get(job.kind) if job is not None else None
+            if job is not None and queue is not None:
+                warnings.warn(
+                    QueueMismatchWarning(
+                        f"periodic job {name!r} of kind {job.kind!r} was registered without "
+                        f"queue=, so it fires into 'default' (awa-pg semantics), but the kind "
+                        f"is registered for queue {queue!r} on this client; pass "
+                        f"queue={queue!r} to periodic() or work 'default' too"
+                    ),
+                    stacklevel=5,  # start() (its db_errors wrapper), _runtime_for, this
+                )
 
     def _services(self, binding: schema_binding.SchemaBinding | None = None) -> Services:
         """What the worker layer may use of this client (``worker/services.py``)."""

@@ -147,6 +147,16 @@ def translate(exc: BaseException, operation: str) -> AwaError:
             operation=operation,
             sqlstate=code,
         )
+    if code == "53200" and "shared memory" in text:
+        return DatabaseError(
+            f"{where}: the database's shared lock table is full (out of shared memory): too "
+            "many transactions hold locks at once; nothing was written, retry it. Unique keys "
+            "take at most max_locks_per_transaction / 2 one-by-one locks per transaction "
+            "(migration 027); raise max_locks_per_transaction, or hold fewer or shorter "
+            "transactions open",
+            operation=operation,
+            sqlstate=code,
+        )
     if _unavailable(exc, code):
         return DatabaseUnavailable(
             f"{where}: the database is unreachable or the connection was lost: {text}",

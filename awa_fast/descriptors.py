@@ -17,12 +17,11 @@ import orjson
 
 from awa_fast import sql
 from awa_fast.errors import ValidationError
-from awa_fast.requests import to_json
+from awa_fast.requests import check_name, to_json
 
 # awa's limits (v009 descriptor tables), characters.
 _LIMITS = {"display_name": 200, "description": 2000, "owner": 200, "docs_url": 2048}
 MAX_TAGS = 20
-MAX_NAME = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,17 +66,13 @@ def build(
     """Validate one declaration; ``what`` is ``"queue"`` or ``"kind"`` (the name's field).
 
     Raises:
-        ValidationError: ``field`` names the argument: a name that is not 1-200 characters,
+        ValidationError: ``field`` names the argument: a name that breaks the name rule
+            (``requests.check_name``: 1-200 characters, no NUL),
             a text field that is not a str or is past awa's limit (display_name and owner 200,
             description 2000, docs_url 2048 characters), more than 20 tags or a non-str tag,
             ``extra`` not a JSON-serializable dict.
     """
-    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
-        raise ValidationError(
-            f"{what} must be a str of 1-{MAX_NAME} characters, got {name!r}",
-            field=what,
-            limit=f"1-{MAX_NAME} characters",
-        )
+    check_name(name, what)
     texts = {
         "display_name": display_name,
         "description": description,

@@ -882,15 +882,64 @@ def footprint() -> dict:
     }
 
 
+# After `pg_ctl stop -w` (which returns once postmaster.pid is gone): how long to wait for the
+# postmaster's process itself to be gone, and between looks (a process not our child signals
+# nothing we can wait on portably).
+STOP_REAP_S = 10.0
+_STOP_POLL_S = 0.02
+
+
+def _postmaster_pid(datadir: Path) -> int | None:
+    """The postmaster's pid from ``postmaster.pid`` (its first line), or None."""
+    try:
+        return int((datadir / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+
+
+def _process_state(pid: int) -> str | None:
+    """``"running"``, ``"exited"`` (a zombie: ended, its parent has not reaped it) or None
+    (gone). Without /proc (not Linux) a process that exists counts as running."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "running"
+    # "pid (comm) S ...": the state follows the last ')' (comm may contain one)
+    return "exited" if stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X") else "running"
+
+
+def _wait_gone(pid: int, timeout: float) -> str | None:
+    """Wait up to ``timeout`` s for process ``pid`` to be gone; returns its last state."""
+    deadline = time.monotonic() + timeout
+    state = _process_state(pid)
+    while state is not None and time.monotonic() < deadline:
+        time.sleep(_STOP_POLL_S)
+        state = _process_state(pid)
+    return state
+
+
 def stop_persistent() -> bool:
-    """Stop the persistent cluster of :func:`ensure_running` (``pg_ctl stop -m fast``).
+    """Stop the persistent cluster of :func:`ensure_running` (``pg_ctl stop -m fast -w``) and
+    wait until its postmaster process is gone: ``pg_ctl`` returns once ``postmaster.pid`` is
+    removed, while the process still exists (it ends a moment later; its parent, init, reaps it
+    when it gets to it: about 2 s in some containers). Waits up to :data:`STOP_REAP_S`; a
+    postmaster that has ended but is still not reaped then counts as stopped.
 
     Returns:
         True if it was running (and is now stopped), False if it was not running or the data
         directory does not exist.
 
     Raises:
-        EmbeddedPostgresError: ``pg_ctl stop`` failed.
+        EmbeddedPostgresError: ``pg_ctl stop`` failed, or the postmaster still runs
+            :data:`STOP_REAP_S` seconds after it.
     """
     datadir = default_data_dir()
     if not (datadir / "PG_VERSION").exists():
@@ -899,10 +948,16 @@ def stop_persistent() -> bool:
     acct = _server_account()
     if not _pg_ctl_running(bindir, datadir, acct):
         return False
+    pid = _postmaster_pid(datadir)
     _run_tool(
         [bindir / "pg_ctl", "-D", datadir, "stop", "-m", "fast", "-w", "-t", "60"],
         acct,
         f"pg_ctl stop -D {datadir}",
         log=datadir / "server.log",
     )
+    if pid is not None and _wait_gone(pid, STOP_REAP_S) == "running":
+        raise EmbeddedPostgresError(
+            f"pg_ctl stop -D {datadir} returned but the postmaster (pid {pid}) still runs "
+            f"after {STOP_REAP_S:g} s" + _log_tail(datadir / "server.log")
+        )
     return True

@@ -34,6 +34,11 @@ class ValidationError(AwaError, ValueError):
         self.size = size
 
 
+class ValidationTypeError(ValidationError, TypeError):
+    """A :class:`ValidationError` for a value of the wrong type (not a wrong value of the right
+    type): also a ``TypeError``, the class awa raises for it (e.g. ``rate_limit="fast"``)."""
+
+
 class SerializationError(ValidationError):
     """Args or metadata could not be converted to JSON."""
 

@@ -155,6 +155,20 @@ _RESCUE_CAUSES = {
     "deadline_exceeded": "deadline",
     "expired_callback": "callback",
 }
+# The label values the runtime counts with (awa_fast.worker.executor's outcome names), so that
+# :func:`prepare` exports each series at 0 before its first count: a dashboard's rate() or an
+# alert on a series that does not exist yet sees nothing rather than 0.
+FINALIZE_OUTCOMES = (
+    "completed",
+    "failed",
+    "retryable",
+    "cancelled",
+    "snoozed",
+    "waiting_external",
+    "prompt_failure",
+)
+# What discards an attempt's staged follow-ups: any outcome but completed, or a deadline.
+DISCARD_OUTCOMES = ("failed", "retryable", "cancelled", "snoozed", "waiting_external", "abandoned")
 _DEPTH_STATES = (
     "available",
     "scheduled",
@@ -230,6 +244,43 @@ class LegacyCounters(Mapping):
 
     def __len__(self) -> int:
         return len(self._KEYS)
+
+
+def prepare(
+    queues: list[str],
+    kinds_by_queue: Mapping[str, str],
+    consequence_kinds: list[str],
+    loops: list[str],
+) -> None:
+    """Create every series a runtime may count, at 0, before its first count (a counter that
+    does not exist yet is absent from the scrape until then).
+
+    Args:
+        queues: the started queues (claim and finalize histograms, queue depth).
+        kinds_by_queue: ``{kind: queue}`` of the registered handlers; a kind whose queue is
+            started gets its finalized series per :data:`FINALIZE_OUTCOMES`.
+        consequence_kinds: kinds with a failure consequence (``consequences_applied``).
+        loops: the maintenance loops that report stuck rows (``maintenance_stuck_rows``).
+    """
+    started = set(queues)
+    for cause in _RESCUE_CAUSES.values():
+        RESCUES.labels(cause)
+    for outcome in DISCARD_OUTCOMES:
+        FOLLOW_UPS_DISCARDED.labels(outcome)
+    for queue in queues:
+        if queue not in _claims:
+            _claims[queue] = CLAIM_SECONDS.labels(queue)
+        FINALIZE_SECONDS.labels(queue)
+        for state in _DEPTH_STATES:
+            QUEUE_DEPTH.labels(queue, state)
+    for kind, queue in kinds_by_queue.items():
+        if queue in started:
+            for outcome in FINALIZE_OUTCOMES:
+                JOBS_FINALIZED.labels(queue, kind, outcome)
+    for kind in consequence_kinds:
+        CONSEQUENCES_APPLIED.labels(kind)
+    for loop in loops:
+        MAINTENANCE_STUCK_ROWS.labels(loop)
 
 
 # -- gauges read from the database ------------------------------------------------------------

@@ -52,7 +52,7 @@ from croniter import CroniterBadDateError, croniter
 from awa_fast import bulk, enqueue, sql
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import Job
-from awa_fast.requests import kind_for_type, prepare
+from awa_fast.requests import check_name, kind_for_type, prepare
 from awa_fast.rows import one_row
 
 log = logging.getLogger("awa_fast.periodic")
@@ -162,9 +162,10 @@ def build(
         ValidationError (a ValueError): bad name, cron expression, timezone, policy, args or
             insert option.
     """
-    if not isinstance(name, str) or not name.strip():
+    check_name(name, "name")  # the one name rule (stored text, shown as awa:cron_name)
+    if not name.strip():
         raise ValidationError(
-            f"periodic job name must be a non-empty str, got {name!r}", field="name"
+            f"periodic job name must not be blank, got {name!r}", field="name", limit="not blank"
         )
     expr = check_cron(cron_expr)
     check_timezone(timezone)

@@ -205,19 +205,34 @@ class Producer:
         except BaseException:
             await pool.putconn(conn)
             raise
-        return Transaction(pool, conn)
+        return Transaction(pool, conn, self._off_queue)
 
 
 def _prepare_all(jobs: list, opts: dict) -> list:
     from awa_fast.requests import EnqueueRequest
 
     out = []
-    for item in jobs:
-        if isinstance(item, EnqueueRequest):
-            out.append(prepare(item.args, **{**opts, **item.options}))
-        else:
-            out.append(prepare(item, **opts))
+    for i, item in enumerate(jobs):
+        try:
+            if isinstance(item, EnqueueRequest):
+                out.append(prepare(item.args, **{**opts, **item.options}))
+            else:
+                out.append(prepare(item, **opts))
+        except ValidationError as exc:
+            _name_the_row(exc, i)
+            raise
     return out
+
+
+def _name_the_row(exc: ValidationError, i: int) -> None:
+    """A path inside one job's args (``args.when``) as the path in the list (``args[3].when``);
+    the bare field ``args`` (its type, its size) stays, as the uniform path reports it."""
+    field = exc.field or ""
+    if field.startswith(("args.", "args[", "args ")):
+        row = f"args[{i}]{field[4:]}"
+        exc.field = row
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (exc.args[0].replace(field, row, 1), *exc.args[1:])
 
 
 _PER_JOB_KEYS = ("queue", "ordering_key")

@@ -137,6 +137,21 @@ def derive_kind(name: str) -> str:
     return _native.derive_kind(name)
 
 
+def check_name(value: Any, field: str) -> str:
+    """``value`` as a job kind or queue name: a ``str`` of 1..200 characters without NUL (the
+    one rule of every name, checked in ``_ext``; :func:`awa_fast._native.check_name`).
+
+    Raises:
+        ValidationError: ``field`` names the argument, ``limit`` the rule.
+    """
+    return _native.check_name(value, field)
+
+
+def optional_name(value: Any, field: str) -> str | None:
+    """``None`` (no filter), else :func:`check_name`."""
+    return None if value is None else _native.check_name(value, field)
+
+
 def kind_for_type(args_type: type) -> str:
     """The default kind of an args type: ``derive_kind(args_type.__name__)`` (cached)."""
     kind = _kind_cache.get(args_type)
@@ -189,25 +204,99 @@ def args_to_builtins(args: Any) -> dict:
     )
 
 
-def to_json(value: Any, field: str) -> bytes:
+def to_json(value: Any, field: str, *, exact: bool = False) -> bytes:
     """Canonical JSON (sorted keys, compact, UTF-8) of ``value``; no NUL character at any depth.
 
+    ``exact`` (untyped args and metadata: what the handler gets back is the stored JSON, with no
+    type to decode it into): ``value`` must come back from the JSON equal, so it may hold only
+    JSON values -- ``None``, ``bool``, ``int`` (64 bits), finite ``float``, ``str``, ``list``
+    and ``dict`` with ``str`` keys (subclasses such as a ``str`` enum come back as their base
+    type, equal). orjson would write a ``datetime``, ``date``, ``time``, ``UUID``, ``tuple``,
+    ``Enum`` or dataclass as a string, list, value or dict, so the handler would see another
+    type than was inserted; awa-pg refuses tuples, datetimes and sets (``TypeError``), and
+    neither writes a ``Decimal`` exactly. ADR 030.
+
     Raises:
-        SerializationError: ``value`` does not serialize (non-str keys, ints beyond 64 bits, ...).
+        SerializationError: ``value`` does not serialize (a ``Decimal``, ``set``, ``bytes``,
+            a non-str key, an int beyond 64 bits, ...), naming its path when it can be found.
         ValidationError: the JSON would contain a NUL character, or ``value`` holds a NaN or
             infinite float (JSON has none; orjson writes ``null``, which would reach the
-            handler as ``None`` and share a unique key with it), naming its path
-            (``args.value``, ``metadata.m[2]``).
+            handler as ``None`` and share a unique key with it), or (``exact``) a value that
+            would not come back equal, naming its path (``args.value``, ``metadata.m[2]``).
     """
     try:
         data = orjson.dumps(value, option=_SORT)
     except TypeError as exc:
+        found = _first_inexact(value, field, unencodable=True)
+        where = field if found is None else found[0]
         raise SerializationError(
-            f"{field} is not JSON-serializable: {exc}", field=field, limit="JSON"
+            f"{where} is not JSON-serializable: {exc}", field=where, limit="JSON"
         ) from exc
     _native.check_json_nul(data, field)
     _check_finite(data, value, field)
+    if exact and orjson.loads(data) != value:
+        _refuse_inexact(value, field)
     return data
+
+
+def check_exact_many(jsons: list, values: list, field: str) -> None:
+    """:func:`to_json`'s ``exact`` check for many rows at once (``jsons[i]`` encodes
+    ``values[i]``; one parse of them all). Raises as :func:`to_json`."""
+    if jsons and orjson.loads(b"[" + b",".join(jsons) + b"]") != values:
+        for i, value in enumerate(values):
+            if orjson.loads(jsons[i]) != value:
+                _refuse_inexact(value, f"{field}[{i}]")
+
+
+_JSON_LEAVES = (str, bool, type(None))
+
+
+def _first_inexact(value: Any, path: str, *, unencodable: bool = False) -> tuple[str, Any] | None:
+    """``(path, value)`` of the first value in ``value`` that is not a JSON value (see
+    :func:`to_json`), depth first; ``None`` if there is none. ``unencodable``: only a value
+    orjson cannot write at all counts (the cause of its ``TypeError``); tuples are walked."""
+    if isinstance(value, _JSON_LEAVES):
+        return None
+    if isinstance(value, int):
+        return None if -(2**63) <= value < 2**64 else (path, value)
+    if isinstance(value, float):
+        return None if unencodable or math.isfinite(value) else (path, value)
+    if isinstance(value, list) or (unencodable and isinstance(value, tuple)):
+        for i, item in enumerate(value):
+            found = _first_inexact(item, f"{path}[{i}]", unencodable=unencodable)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return (f"{path} key {key!r}", key)
+            found = _first_inexact(item, f"{path}.{key}", unencodable=unencodable)
+            if found is not None:
+                return found
+        return None
+    if unencodable:
+        try:
+            orjson.dumps(value)
+        except TypeError:
+            return (path, value)
+        return None
+    return (path, value)
+
+
+def _refuse_inexact(value: Any, field: str) -> None:
+    found = _first_inexact(value, field)
+    where, bad = found if found is not None else (field, value)
+    shown = repr(bad)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise ValidationError(
+        f"{where}: {type(bad).__name__} {shown} would not reach the handler as it was "
+        "inserted (untyped args and metadata hold JSON values only: None, bool, int, float, "
+        "str, list, dict with str keys); convert it (e.g. .isoformat(), str(), list()) or "
+        "declare a typed args class",
+        field=where,
+        limit="a JSON value",
+    )
 
 
 def _check_finite(data: bytes, value: Any, path: str) -> None:
@@ -311,7 +400,7 @@ def _shared_options(
     if metadata is None:
         meta_json = b"{}"
     elif isinstance(metadata, dict):
-        meta_json = to_json(metadata, "metadata")
+        meta_json = to_json(metadata, "metadata", exact=True)
         check_size("metadata", len(meta_json), MAX_METADATA_BYTES)
     else:
         raise ValidationError("metadata must be a dict or None", field="metadata", limit="dict")
@@ -362,7 +451,7 @@ def prepare(
     tags, meta_json, run_at, okey, unique = _shared_options(
         kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key
     )
-    args_json = to_json(args_to_builtins(args), "args")
+    args_json = to_json(args_to_builtins(args), "args", exact=isinstance(args, dict))
     check_size("args", len(args_json), MAX_ARGS_BYTES)
     if unique is None:
         ukey = ustates = None
@@ -455,13 +544,26 @@ def prepare_uniform(
                 check_round_trip(item, out)
     else:
         builtins = [args_to_builtins(x) for x in items]
-    jsons = _native.encode_many(builtins, "args")
+    try:
+        jsons = _native.encode_many(builtins, "args")
+    except SerializationError as exc:  # name the value in the row (field "args[i]")
+        row = exc.field or ""
+        found = None
+        if row.startswith("args[") and row.endswith("]"):
+            found = _first_inexact(builtins[int(row[5:-1])], row, unencodable=True)
+        if found is None:
+            raise
+        raise SerializationError(
+            f"{found[0]} is not JSON-serializable: {exc}", field=found[0], limit="JSON"
+        ) from exc
     if max(map(len, jsons)) > MAX_ARGS_BYTES:
         i, data = next((i, d) for i, d in enumerate(jsons) if len(d) > MAX_ARGS_BYTES)
         raise _too_large("args", len(data), MAX_ARGS_BYTES, f" (jobs[{i}])")
     for i, data in enumerate(jsons):
         if b"null" in data:  # (the hot loop skips the call for rows without one)
             _check_finite(data, builtins[i], f"args[{i}]")
+    if issubclass(first, dict):
+        check_exact_many(jsons, builtins, "args")
     keys = None
     if unique is not None:
         by_queue, by_args, by_period, _ = unique

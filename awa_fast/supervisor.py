@@ -29,14 +29,20 @@ The parent prints one status line per child event on its output, e.g.::
 
 plus a status line per child every ``status_interval`` seconds. A crashed child is restarted
 after a backoff (0.5 s doubling to 10 s, reset once a child has run for 30 s); a child that dies
-more than 5 times within 60 s makes the parent drain the others and exit 1. A child that cannot
-reach the database within ``CONNECT_TIMEOUT_S`` (10 s) exits ``EXIT_NO_DATABASE``; after 3 such
-exits with no child ready the parent gives up (exit 1, "cannot reach the database at host:port").
-The launcher's preflight imports the application once, in a running event loop as the children
-do, and checks ``START_OPTIONS`` as ``awa-fast check`` does: a bad spec exits 2, an import that
-raises or a configuration ``start()`` would reject exits 1, before any child starts. A child whose
-import raises anyway exits ``EXIT_IMPORT_FAILED`` and the parent gives up at once (it would fail
-the same way again). A child whose ``start()`` rejects the configuration (``ConfigError``) or the schema
+more than 5 times within 60 s makes the parent drain the others and exit 1. The launcher's
+preflight imports the application once, in a running event loop as the children do, checks
+``START_OPTIONS`` as ``awa-fast check`` does, and reaches the database (trying for up to
+``PREFLIGHT_DATABASE_WAIT_S``, 5 s, while it is not up) and its schema: a bad spec exits 2; an
+import that raises, a configuration ``start()`` would reject, a database that cannot be reached
+or is not migrated exit 1, each reported in one line (an import's traceback only with
+``--traceback`` / ``AWA_FAST_DEBUG=1``), before any child starts. A child that cannot reach the
+database all the same (it went away since) within ``CONNECT_TIMEOUT_S`` (10 s) exits
+``EXIT_NO_DATABASE`` and is restarted; after 3 such exits with no child ready the parent gives up
+(exit 1, "cannot reach the database at host:port"). A child whose import raises anyway exits
+``EXIT_IMPORT_FAILED`` and the parent gives up at once (it would fail the same way again). A
+child reports such a fatal-at-start error to the parent, which prints it once (the child logs
+it only when no parent reads its report). A child whose ``start()`` rejects the configuration (a ``ValidationError`` such as
+``ConfigError``) or the schema
 (``SchemaNotMigrated``: "run `awa-fast migrate`") exits ``EXIT_BAD_CONFIG`` and the parent gives
 up at once with that message. SIGTERM/SIGINT are
 forwarded as SIGTERM for a graceful drain (a second signal kills the children); the parent exits
@@ -67,10 +73,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 from awa_fast import log_format as log_format_mod
 from awa_fast import metrics
 from awa_fast.app_loader import (
-    MAIN_GUARD_HINT,
+    DEBUG_ENV,
     AppSpecError,
+    debug_requested,
     exits_at_import,
+    format_traceback,
+    import_failure,
     load_client,
+    one_line,
     start_config_error,
     start_options,
 )
@@ -80,6 +90,7 @@ from awa_fast.errors import (
     QueueMismatchWarning,
     ReadOnlyDatabase,
     SchemaNotMigrated,
+    ValidationError,
 )
 
 if TYPE_CHECKING:
@@ -97,8 +108,28 @@ RESTART_BACKOFF_MAX_S = 10.0
 STABLE_AFTER_S = 30.0
 CRASH_LIMIT = 5
 CRASH_WINDOW_S = 60.0
-KILL_GRACE_S = 10.0  # beyond the drain timeout: finalizer flush and pool close
+# After a child's shutdown: client.close() (psycopg_pool's close waits up to 5 s for its
+# workers) and the interpreter's exit.
+CHILD_EXIT_S = 10.0
+
+
+def kill_after_s(drain_timeout_s: float) -> float:
+    """Seconds after SIGTERM before the launcher kills a child draining with
+    ``drain_timeout_s``: the child's own worst-case shutdown (``runtime.shutdown_bound_s``:
+    the drain, the finalizer's last flush, the presence row, each bounded) plus
+    ``CHILD_EXIT_S``, so a child within its bounds is never killed mid-flush."""
+    from awa_fast.worker.runtime import shutdown_bound_s
+
+    return shutdown_bound_s(drain_timeout_s) + CHILD_EXIT_S
+
+
 CHILD_REPORT_S = 0.25
+# How long the preflight tries a database that is not up (refused, starting up) before the
+# launcher gives up, once, without starting a child; and the pause between its tries.
+PREFLIGHT_DATABASE_WAIT_S = 5.0
+PROBE_RETRY_S = 0.5
+# libpq's texts of a server that answered but takes no connection yet (no SQLSTATE on connect)
+_NOT_YET = ("starting up", "shutting down", "in recovery", "too many clients")
 # The database URL a child gets from the launcher: in its environment, not its argv, where
 # `ps` would show any local user the password.
 CHILD_DATABASE_URL_ENV = "AWA_FAST_CHILD_DATABASE_URL"
@@ -158,13 +189,27 @@ class _Reporter:
     def __init__(self, fd: int | None):
         self._file = os.fdopen(fd, "w", buffering=1) if fd is not None else None
 
-    def send(self, **msg: Any) -> None:
+    def send(self, **msg: Any) -> bool:
+        """Send ``msg`` to the launcher; False when there is none to read it (any more)."""
         if self._file is None:
-            return
+            return False
         try:
             self._file.write(json.dumps(msg) + "\n")
         except (OSError, ValueError):  # parent gone: keep working, stop reporting
             self._file = None
+            return False
+        return True
+
+
+def _fatal(log: logging.Logger, reporter: _Reporter, message: str, exc: BaseException) -> None:
+    """Report a fatal-at-start error (the child exits with a code the launcher does not
+    restart) to the launcher, which prints it once; this child logs it only when no launcher
+    reads its report, and logs the traceback with ``$AWA_FAST_DEBUG`` (``--traceback``)."""
+    message = one_line(message)
+    if not reporter.send(event="error", error=message):
+        log.error("%s", message)
+    if debug_requested():
+        log.error("traceback of the error above:\n%s", format_traceback(exc))
 
 
 def _runtime_status(client: AsyncClient) -> dict:
@@ -198,18 +243,12 @@ async def _child_main(
     try:
         client, module = load_client(args.app)
     except AppSpecError as exc:
-        log.error("%s", exc)
-        reporter.send(event="error", error=str(exc))
+        _fatal(log, reporter, str(exc), exc)
         return EXIT_BAD_APP
     except Exception as exc:
         # The preflight imported it in a running loop too, so this fails the same way each
         # time (or is flaky at import): restarting would only repeat it.
-        log.exception("importing %s failed", args.app)
-        reporter.send(
-            event="error",
-            error=f"importing {args.app} failed: "
-            f"{type(exc).__name__}: {exc}{_import_hint(str(exc))}",
-        )
+        _fatal(log, reporter, import_failure(args.app, exc), exc)
         return EXIT_IMPORT_FAILED
     if database_url:
         client.database_url = database_url
@@ -226,19 +265,22 @@ async def _child_main(
     try:
         await _reach_database(await client._resolved_url())
     except OSError as exc:
-        log.error("%s", exc)
-        reporter.send(event="error", error=str(exc))
+        # The preflight reached it: it went away since (restarted, as a crash is)
+        _fatal(log, reporter, str(exc), exc)
         return EXIT_NO_DATABASE
-    # The launcher's preflight showed start()'s QueueMismatchWarning once: not once per child.
-    warnings.filterwarnings("ignore", message=r"start\(\) serves ", category=QueueMismatchWarning)
+    # The launcher's preflight showed start()'s QueueMismatchWarnings once: not once per child.
+    warnings.filterwarnings(
+        "ignore", message=r"start\(\) serves |periodic job ", category=QueueMismatchWarning
+    )
     try:
         options = start_options(module)
         if queues is not None:  # --queues: this child deliberately works a subset of the queues
             options.setdefault("queue_subset", True)
         await client.start(queues, **options)
-    except (ConfigError, SchemaNotMigrated) as exc:
-        log.error("cannot start: %s", exc)
-        reporter.send(event="error", error=f"cannot start: {exc}")
+    except (ValidationError, SchemaNotMigrated) as exc:
+        # ConfigError, or another of awa's ValidationErrors (a bad name, a schedule): the same
+        # each time, so not restarted
+        _fatal(log, reporter, f"cannot start: {exc}", exc)
         await client.close()
         return EXIT_BAD_CONFIG
     except DatabaseError as exc:
@@ -248,10 +290,8 @@ async def _child_main(
             isinstance(exc, ReadOnlyDatabase) or isinstance(exc.__cause__, psycopg.ProgrammingError)
         ):
             raise
-        said = " ".join(str(exc.__cause__ or exc).split())  # the server's own words
-        why = f"cannot start: the database refused it: {said}"
-        log.error("%s", why)
-        reporter.send(event="error", error=why)
+        said = str(exc.__cause__ or exc)  # the server's own words
+        _fatal(log, reporter, f"cannot start: the database refused it: {said}", exc)
         await client.close()
         return EXIT_BAD_CONFIG
     names = ",".join(f"{q.name}:{q.max_workers}" for q in client.runtime.queues)
@@ -309,46 +349,69 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-async def _reach_database(url: str) -> None:
+async def _reach_database(url: str, *, wait_s: float = 0.0, need_schema: bool = False) -> None:
     """One connection within ``CONNECT_TIMEOUT_S`` (unless the URL sets ``connect_timeout``),
     so an unreachable database makes the child exit at once instead of waiting in the pool.
+    With ``wait_s``, a server that cannot be reached or is not up yet is tried again every
+    ``PROBE_RETRY_S`` for up to that many seconds (one that refuses the login fails at once);
+    with ``need_schema``, the ``awa_fast`` schema must be there and current.
 
     Raises:
-        OSError: the database cannot be reached (the message says where and why).
+        OSError: the database cannot be reached (one line: where and why).
+        SchemaNotMigrated: ``need_schema`` and the schema is missing or older.
     """
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
+    from awa_fast import schema
     from awa_fast.pg_connection import Connection
 
     kwargs: dict[str, Any] = {}
     try:
         info = conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise OSError(f"invalid database URL: {str(exc).strip()}") from None
+        raise OSError(f"invalid database URL: {one_line(str(exc))}") from None
     if "connect_timeout" not in info:
         kwargs["connect_timeout"] = CONNECT_TIMEOUT_S
-    try:
-        conn = await Connection.connect(url, **kwargs)
-    except psycopg.OperationalError as exc:
-        where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}"
-        raise OSError(f"cannot reach the database at {where}: {str(exc).strip()}") from None
-    await conn.close()
-
-
-def _import_hint(error: str) -> str:
-    if "cannot be called from a running event loop" in error:
-        return f"; does the module run its program at import? {MAIN_GUARD_HINT}"
-    return ""
+    started = time.monotonic()
+    while True:
+        try:
+            conn = await Connection.connect(url, **kwargs)
+            break
+        except psycopg.OperationalError as exc:
+            text = str(exc)
+            # the server answered and refuses this login (no such role or database, a wrong
+            # password, pg_hba): waiting does not help; "starting up" and the like may
+            refused = "FATAL:" in text and not any(r in text for r in _NOT_YET)
+            tried = time.monotonic() - started
+            if not refused and tried + PROBE_RETRY_S < wait_s:
+                await asyncio.sleep(PROBE_RETRY_S)  # nothing signals a database coming up
+                continue
+            where = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}"
+            waited = f" (tried for {tried:.0f} s)" if wait_s and tried >= 1 else ""
+            raise OSError(
+                f"cannot reach the database at {where}{waited}: {one_line(text)}"
+            ) from None
+    async with conn:
+        if need_schema:
+            await schema.check_current(conn)
 
 
 def _check_app(app: str, queues: str | None) -> int:
     """The launcher's preflight (``--check``): import the application once, inside a running
     event loop as the children do (a module that calls ``asyncio.run`` at import fails here, not
     in every child), check that ``start()`` would accept its ``START_OPTIONS`` and ``queues``,
-    and print ``{"explicit_url": bool}``. A bad spec prints its message on stderr and exits
-    EXIT_BAD_APP; an import that raises prints its traceback and exits 1; a configuration
-    ``start()`` would reject prints why and exits EXIT_BAD_CONFIG."""
+    reach the database when a URL is known here (the launcher's ``--database-url``, the
+    client's, the environment's; the embedded server is the launcher's to start), and print
+    ``{"explicit_url": bool}``. A bad spec prints its message on stderr and exits
+    EXIT_BAD_APP; an import that raises prints one line (the traceback too with
+    ``$AWA_FAST_DEBUG``) and exits 1; a configuration ``start()`` would reject, or a schema
+    that is missing or old, prints why and exits EXIT_BAD_CONFIG; a database that cannot be
+    reached within ``PREFLIGHT_DATABASE_WAIT_S`` prints why and exits EXIT_NO_DATABASE."""
+    from awa_fast.database_url import from_environment
+
+    # Taken before the application imports, as in a child.
+    launcher_url = os.environ.pop(CHILD_DATABASE_URL_ENV, None)
 
     async def load() -> tuple[Any, Any]:
         return load_client(app)
@@ -362,11 +425,9 @@ def _check_app(app: str, queues: str | None) -> int:
         print(exits_at_import(app, exc), file=sys.stderr)
         return 1
     except Exception as exc:
-        import traceback
-
-        traceback.print_exc()
-        if hint := _import_hint(str(exc)):
-            print(hint.removeprefix("; "), file=sys.stderr)
+        print(import_failure(app, exc), file=sys.stderr)
+        if debug_requested():
+            print(format_traceback(exc), file=sys.stderr)
         return 1
     # What start() would warn about (QueueMismatchWarning), recorded here and shown once by the
     # launcher; the children do not repeat it (_child_main). The warning filters apply
@@ -376,6 +437,20 @@ def _check_app(app: str, queues: str | None) -> int:
     if error is not None:
         print(f"start() would reject this configuration: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    # Once here rather than in every child, each restarted: a database that cannot be reached
+    # is reported once and no child starts.
+    url = launcher_url or client.explicit_database_url or from_environment()
+    if url:
+        try:
+            _event_loop_runner()(
+                _reach_database(url, wait_s=PREFLIGHT_DATABASE_WAIT_S, need_schema=True)
+            )
+        except OSError as exc:
+            print(exc, file=sys.stderr)
+            return EXIT_NO_DATABASE
+        except SchemaNotMigrated as exc:
+            print(f"cannot start: {exc}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
     shown = [
         f"{w.category.__name__}: {w.message}"
         for w in caught
@@ -528,6 +603,8 @@ class Supervisor:
             multiprocess mode, a fresh directory per run), on this port (0 = any free port;
             ``metrics_exporter.port`` says which) while :meth:`start` .. :meth:`close`.
         metrics_host: the address that endpoint binds (default 127.0.0.1).
+        debug: the preflight and the children log an application error's whole traceback
+            after its one line (``--traceback``: ``$AWA_FAST_DEBUG`` in their environment).
 
     Raises:
         ConfigError: ``metrics_port`` / ``metrics_host`` is not a valid port / address, or
@@ -549,8 +626,10 @@ class Supervisor:
         log_format: str = "text",
         metrics_port: int | None = None,
         metrics_host: str | None = None,
+        debug: bool = False,
     ):
         self.app = app
+        self.debug = debug
         self.processes = processes or os.cpu_count() or 1
         self.queues = queues
         self.drain_timeout = drain_timeout
@@ -638,6 +717,8 @@ class Supervisor:
         env = self._env()
         if self.metrics_port is not None:  # as the children will: metrics_refresh_ms applies
             env[metrics.LAUNCHER_ENV] = "refresh"
+        if self.database_url:  # the preflight reaches the database the children will use
+            env[CHILD_DATABASE_URL_ENV] = self.database_url
         r = subprocess.run(
             argv,
             env=env,
@@ -650,8 +731,10 @@ class Supervisor:
             raise AppLoadError(r.stderr.strip(), usage=True)
         if r.returncode == EXIT_BAD_CONFIG:
             raise AppLoadError(f"{self.app}: {r.stderr.strip()}", usage=False)
-        if r.returncode != 0:
-            raise AppLoadError(f"importing {self.app} failed:\n{r.stderr.rstrip()}", usage=False)
+        if r.returncode == EXIT_NO_DATABASE:
+            raise AppLoadError(f"{r.stderr.strip()}; no worker process started", usage=False)
+        if r.returncode != 0:  # its one line (and the traceback with --traceback)
+            raise AppLoadError(r.stderr.strip() or f"importing {self.app} failed", usage=False)
         result = _preflight_result(r.stdout)
         if result is None:
             raise AppLoadError(
@@ -677,6 +760,8 @@ class Supervisor:
         path = env.get("PYTHONPATH")
         env["PYTHONPATH"] = cwd + (os.pathsep + path if path else "")
         env.update(self.extra_env)
+        if self.debug:
+            env[DEBUG_ENV] = "1"
         env.pop(metrics.LAUNCHER_ENV, None)  # only this launcher's own exporter sets it
         env.pop(CHILD_DATABASE_URL_ENV, None)
         if index is not None and self.database_url:
@@ -757,9 +842,8 @@ class Supervisor:
                         self.say(f"{who} became maintenance leader")
                 elif event == "draining":
                     self.say(f"{who} draining")
-                elif event == "error":
+                elif event == "error":  # printed with the child's exit, once
                     c.error = msg.get("error")
-                    self.say(f"{who} error: {c.error}")
 
     def start(self) -> None:
         """Start every child (and the metrics endpoint first, when ``metrics_port`` is set).
@@ -787,15 +871,16 @@ class Supervisor:
                 code = c.proc.returncode
                 c.exit_code = code
                 self._metrics_child_exited(c)
-                if code == EXIT_BAD_APP:
-                    self.failed = f"{self._describe(c)} cannot load {self.app}; giving up"
-                    self.say(f"{self._describe(c)} exited with code {code}")
-                    return False
                 if (
-                    code in (EXIT_BAD_CONFIG, EXIT_NO_DATABASE, EXIT_IMPORT_FAILED)
+                    code in (EXIT_BAD_APP, EXIT_BAD_CONFIG, EXIT_NO_DATABASE, EXIT_IMPORT_FAILED)
                     and c.reader is not None
                 ):
                     c.reader.join(timeout=1.0)  # its last words (the error event) first
+                if code == EXIT_BAD_APP:
+                    why = f": {c.error}" if c.error else ""
+                    self.failed = f"{self._describe(c)} cannot load {self.app}{why}; giving up"
+                    self.say(f"{self._describe(c)} exited with code {code}")
+                    return False
                 if code == EXIT_IMPORT_FAILED:
                     why = c.error or f"importing {self.app} failed"
                     self.failed = f"{self._describe(c)}: {why}; giving up"
@@ -832,8 +917,10 @@ class Supervisor:
                     )
                     return False
                 c.restart_at = now + c.backoff
+                why = f" ({c.error})" if c.error else ""  # what it reported before exiting
                 self.say(
-                    f"{self._describe(c)} exited with code {code}; restarting in {c.backoff:g} s"
+                    f"{self._describe(c)} exited with code {code}{why}; restarting in "
+                    f"{c.backoff:g} s"
                 )
                 c.backoff = min(c.backoff * 2, RESTART_BACKOFF_MAX_S)
             elif c.restart_at is not None and now >= c.restart_at:
@@ -855,8 +942,8 @@ class Supervisor:
     def drain(
         self, timeout: float | None = None, *, interrupted: Callable[[], bool] = lambda: False
     ) -> bool:
-        """SIGTERM every child and wait for them (up to the drain timeout plus a grace period for
-        the finalizer flush, then SIGKILL). Pending restarts are dropped. Returns True when every
+        """SIGTERM every child and wait for them (up to :func:`kill_after_s` of the drain
+        timeout: the child's own worst-case shutdown and exit, then SIGKILL). Pending restarts are dropped. Returns True when every
         running child exited 0."""
         for c in self.children:
             c.restart_at = None
@@ -864,8 +951,8 @@ class Supervisor:
         if running:
             self.say(f"draining {len(running)} child(ren) (timeout {self.drain_timeout:g} s)")
         self.signal_all(signal.SIGTERM)
-        deadline = (
-            time.monotonic() + (self.drain_timeout if timeout is None else timeout) + KILL_GRACE_S
+        deadline = time.monotonic() + kill_after_s(
+            self.drain_timeout if timeout is None else timeout
         )
         clean = True
         for c in running:

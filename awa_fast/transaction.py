@@ -46,10 +46,14 @@ class Transaction:
     the transaction is closed and further calls raise :class:`AwaError`.
     """
 
-    def __init__(self, pool, conn: psycopg.AsyncConnection):
+    def __init__(self, pool, conn: psycopg.AsyncConnection, off_queue: Any = None):
+        """``off_queue``: the client's ``OffQueueWarner`` (``awa_fast.producer``), which warns
+        about jobs inserted without ``queue=`` of a kind registered for another queue (None:
+        no warning)."""
         self._pool = pool
         self._conn = conn
         self._open = True
+        self._off_queue = off_queue
 
     @property
     def connection(self) -> psycopg.AsyncConnection:
@@ -62,7 +66,9 @@ class Transaction:
         return self._conn
 
     async def insert(self, args: Any, **opts: Any) -> Job:
-        """Insert a job inside this transaction (keywords as ``AsyncClient.insert``).
+        """Insert a job inside this transaction (keywords as ``AsyncClient.insert``; without
+        ``queue=`` a kind this client registered for another queue warns
+        ``QueueMismatchWarning``, as there).
 
         Runs under a savepoint: a caught ``UniqueConflict`` leaves the transaction usable; a
         deadlock rolls back only the savepoint and is retried a bounded number of times, then
@@ -70,6 +76,8 @@ class Transaction:
         """
         p = prepare(args, **opts)
         conn = self._check()
+        if "queue" not in opts and self._off_queue is not None:  # as AsyncClient.insert
+            self._off_queue.warn((p,), stacklevel=3)  # + the db_errors wrapper
 
         async def once() -> Job:
             async with conn.transaction():
@@ -84,6 +92,8 @@ class Transaction:
         rows = [prepare(a, **opts) for a in jobs]
         check_statement_size(rows, "insert them in smaller batches")
         conn = self._check()
+        if "queue" not in opts and self._off_queue is not None:
+            self._off_queue.warn(rows, stacklevel=3)
 
         async def once() -> list[Job]:
             async with conn.transaction():

@@ -65,6 +65,11 @@ def _check_int(value, field, lo, hi):
         )
 
 
+def check_name(value, field):
+    _check_name(value, field, 200)
+    return value
+
+
 def validate_insert(kind, queue, priority, max_attempts, tags):
     _check_name(kind, "kind", 200)
     _check_name(queue, "queue", 200)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import psycopg
 import pytest
@@ -460,3 +461,40 @@ def test_check_command_lists_undeclared_kinds(dsn, tmp_path):
         "start() would accept this configuration (2 registered kinds)",
         "all 2 registered kinds declare a failure consequence",
     ]
+
+
+async def test_a_def_effect_runs_off_the_loop_and_its_writes_settle_with_the_job(dsn, client):
+    # A plain def effect ran on the event loop: while it waited, nothing else of the process
+    # ran (here: the task that sets the event it waits for). Now it runs in a thread with a
+    # synchronous view of the settlement connection; its write commits with the settlement,
+    # and the write of an effect that then raises is undone with it.
+    loop_ran = threading.Event()
+    seen: list = []
+
+    def release(failure: awa.JobFailure) -> None:
+        asyncio.run_coroutine_threadsafe(_set_soon(loop_ran), loop)
+        seen.append(loop_ran.wait(10))  # the loop must be free to set it
+        cur = failure.conn.execute(
+            "INSERT INTO public.released (job_id, reason) VALUES (%s, %s) RETURNING job_id",
+            (failure.id, failure.reason),
+        )
+        assert cur.fetchone() == (failure.id,)
+        if failure.job.args.mode == "flaky" and len(seen) == 1:
+            raise RuntimeError("inventory service unavailable")
+
+    loop = asyncio.get_running_loop()
+
+    @client.task(Order, failure_consequence=release)
+    async def order(job):
+        raise awa.TerminalError("declined")
+
+    job = await client.insert(Order("flaky"))
+    await client.start([("default", 1)], **FAST)
+    row = await wait_state(client, job.id, "failed")
+    assert seen == [True, True]  # the second run is the reconciler's retry
+    assert row["consequence_state"] == "applied"
+    assert await released(dsn) == {job.id: "terminal_error"}  # the first run's write undone
+
+
+async def _set_soon(event: threading.Event) -> None:
+    event.set()

@@ -29,3 +29,23 @@ def test_reserve_stock_releases_the_reservation_and_settles_the_job(fresh_db):
         "release attempts: 3; consequence: ('applied', 'terminal_error', 'failure'); "
         "widget stock: 10"
     ), r.stdout
+
+
+def test_an_awa_07_application_starts_unchanged_but_for_the_import(fresh_db):
+    # examples/awa07_app.py is configured as awa 0.7 documents an application: the dict queue
+    # form with per-queue retention and awa's queue-storage options at start().
+    example = (EXAMPLES / "awa07_app.py").read_text()
+    assert "import awa_fast as awa" in example and "\nimport awa\n" not in example
+    env = {k: v for k, v in os.environ.items() if k != "AWA_FAST_DATABASE_URL"}
+    env["DATABASE_URL"] = fresh_db
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLES / "awa07_app.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split(" state = ")[1] for ln in lines[:3]] == ["completed"] * 3, r.stdout
+    assert lines[-1] == "sent: alice@example.com, bob@example.com", r.stdout

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from awa_fast import sql
-from awa_fast.supervisor import KILL_GRACE_S, parse_queues_arg
+from awa_fast.supervisor import kill_after_s, parse_queues_arg
 from tests.launcher_app import DefNap, Nap
 from tests.support import sigint_as_at_a_terminal
 
@@ -277,7 +277,7 @@ def test_a_def_handler_past_the_drain_timeout_leaves_its_attempt_for_rescue(dsn,
     t0 = time.monotonic()
     launcher.proc.send_signal(signal.SIGTERM)
     assert launcher.wait(30) == 0, launcher.transcript()
-    assert time.monotonic() - t0 < 1 + KILL_GRACE_S, launcher.transcript()
+    assert time.monotonic() - t0 < kill_after_s(1), launcher.transcript()
     launcher.wait_line(r"child 0 pid \d+ exited with code 0", 5)
     launcher.wait_line(r"all children stopped", 5)
     transcript = launcher.transcript()
@@ -401,13 +401,16 @@ def test_bad_application_spec_is_a_usage_error_reported_once(spec, message):
 
 
 def test_failing_application_import_is_reported_once(dsn):
+    # one line: what failed, the application's line that raised it, how to see the traceback
     env = {**os.environ, "AWA_FAST_LAUNCHER_FAIL": "import", "AWA_FAST_LAUNCHER_DSN": dsn}
     r = _worker("tests.launcher_app:client", env=env)
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert r.stderr.startswith(
-        "awa-fast worker: error: importing tests.launcher_app:client failed:\nTraceback"
-    )
-    assert r.stderr.count("RuntimeError: launcher_app: failing at import on purpose") == 1
+    assert re.fullmatch(
+        r"awa-fast worker: error: importing tests.launcher_app:client failed: RuntimeError: "
+        r"launcher_app: failing at import on purpose \(at .*/tests/launcher_app\.py:\d+\); run "
+        r"with --traceback \(or AWA_FAST_DEBUG=1\) for the whole traceback\n",
+        r.stderr,
+    ), r.stderr
     assert r.stdout == ""
 
 
@@ -464,8 +467,9 @@ def test_a_module_running_its_program_at_import_fails_the_preflight(dsn, tmp_pat
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert r.returncode == 1, (r.stdout, r.stderr)
-    assert r.stderr.startswith("awa-fast worker: error: importing unguarded:client failed:\n")
+    assert r.stderr.startswith("awa-fast worker: error: importing unguarded:client failed: ")
     assert "asyncio.run() cannot be called from a running event loop" in r.stderr
+    assert "Traceback" not in r.stderr
     assert 'Put it under `if __name__ == "__main__":`' in r.stderr
     assert r.stdout == ""  # no child was started
 
@@ -478,10 +482,14 @@ def test_a_child_whose_import_raises_is_fatal_at_once(dsn, launchers):
     assert re.search(r"child 0 pid \d+ exited with code 76\n", out), out
     assert re.search(
         r"child 0 pid \d+: importing tests.launcher_app:client failed: "
-        r"RuntimeError: launcher_app: failing at import on purpose; giving up",
+        r"RuntimeError: launcher_app: failing at import on purpose \(at [^)]*\); "
+        r"run with --traceback \(or AWA_FAST_DEBUG=1\) for the whole traceback; giving up",
         out,
     )
     assert "restarting" not in out and out.count(" started\n") == 1, out
+    # once, by the launcher: the child reported it and did not log it again
+    assert out.count("failing at import on purpose") == 1, out
+    assert "Traceback" not in out, out
 
 
 # A SIGINT at the first import orjson's extension init makes (sent by an import hook, so it
@@ -686,3 +694,23 @@ def test_a_drain_timeout_that_is_not_finite_is_rejected_at_once():
         timeout=60,
     )
     assert r.returncode == 2 and "must be a finite number > 0, got inf" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("drain_timeout", [0, 1, 30])
+def test_the_launchers_kill_deadline_covers_the_childs_own_drain_bounds(drain_timeout):
+    # KILL_GRACE_S (10 s after the drain timeout) was shorter than the child's own bounds after
+    # it (the finalizer's last flush alone may take 10 s, the cancel of its tasks 11 s more):
+    # a child within its bounds was killed mid-flush and its completions were lost to rescue.
+    from awa_fast.client import RELEASE_WAIT_S
+    from awa_fast.worker import runtime
+
+    after_timeout = kill_after_s(drain_timeout) - drain_timeout
+    bounded = (
+        runtime.SHUTDOWN_GRACE_S  # the finalizer's last flush
+        + runtime.SHUTDOWN_GRACE_S  # the attempts left after the drain
+        + runtime.PRESENCE_GONE_S
+    )
+    assert after_timeout > bounded
+    assert kill_after_s(drain_timeout) >= runtime.shutdown_bound_s(drain_timeout)
+    assert kill_after_s(drain_timeout) - runtime.shutdown_bound_s(drain_timeout) >= 5  # close()
+    assert RELEASE_WAIT_S <= kill_after_s(0)

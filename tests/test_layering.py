@@ -18,6 +18,7 @@ ABOVE = (
     "awa_fast.client",
     "awa_fast.admin",
     "awa_fast.sync_client",
+    "awa_fast.raw_client",
     "awa_fast.testing",
     "awa_fast.cli",
     "awa_fast.app_loader",
@@ -100,7 +101,7 @@ ENTRY = (
     "awa_fast.demo",
     "awa_fast.testing",
 )
-FACADE = ("awa_fast.client", "awa_fast.sync_client")
+FACADE = ("awa_fast.client", "awa_fast.sync_client", "awa_fast.raw_client")
 
 
 def _module_name(path: Path) -> str:

@@ -20,6 +20,7 @@ from awa_fast.admin import paging
 from awa_fast.connections import Connections
 from awa_fast.errors import AttemptStillRunning, UniqueConflict
 from awa_fast.job import JOB_FIELDS, Job
+from awa_fast.requests import optional_name
 
 _N = len(JOB_FIELDS)
 
@@ -68,12 +69,26 @@ def when(value: Any, name: str) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
+def names_only(filters: dict) -> None:
+    """Check the ``kind`` / ``queue`` filters among ``filters`` (``None`` = no filter) with the
+    one name rule: a name no job can have is a mistake, not an empty match.
+
+    Raises:
+        ValidationError: naming the filter.
+    """
+    for field in ("kind", "queue"):
+        optional_name(filters.get(field), field)
+
+
 def require_filter(op: str, allow_all: bool, **filters: Any) -> None:
     """Refuse a bulk operation over every row unless ``allow_all``.
 
     Raises:
+        ValidationError (a ValueError): a ``kind`` or ``queue`` filter breaks the name rule
+            (``requests.check_name``).
         ValueError: every filter is ``None`` and ``allow_all`` is false.
     """
+    names_only(filters)
     if not allow_all and all(v is None for v in filters.values()):
         names = ", ".join(filters)
         raise ValueError(f"{op} without a filter ({names}) affects every row: pass allow_all=True")
@@ -110,6 +125,7 @@ class DlqAdmin:
         """
         limit = paging.positive(limit, "limit")
         before_id = paging.positive_or_none(before_id, "before_id")
+        names_only({"kind": kind, "queue": queue})
         rows = await self._db.fetch(
             sql.DLQ_LIST,
             {
@@ -129,7 +145,12 @@ class DlqAdmin:
         return DlqEntry.from_row(rows[0]) if rows else None
 
     async def dlq_depth(self, *, queue: str | None = None) -> int:
-        """Number of dead-lettered jobs (of ``queue``, or in all)."""
+        """Number of dead-lettered jobs (of ``queue``, or in all).
+
+        Raises:
+            ValidationError: ``queue`` breaks the name rule (``requests.check_name``).
+        """
+        optional_name(queue, "queue")
         return (await self._db.fetch(sql.DLQ_DEPTH, {"queue": queue}))[0][0]
 
     async def dlq_depth_by_queue(self) -> dict[str, int]:
@@ -151,13 +172,8 @@ class DlqAdmin:
                 ``AsyncClient.retry_from_dlq`` (nothing changes).
         """
         # Overrides obey the insert rules (validated in _ext, with placeholders for the rest).
-        _native.validate_insert(
-            "kind",
-            "default" if queue is None else queue,
-            2 if priority is None else priority,
-            1,
-            None,
-        )
+        optional_name(queue, "queue")
+        _native.validate_insert("kind", "default", 2 if priority is None else priority, 1, None)
         params = {
             "id": job_id,
             "run_at": when(run_at, "run_at"),

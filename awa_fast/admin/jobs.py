@@ -16,6 +16,7 @@ from awa_fast.admin import paging
 from awa_fast.connections import Connections
 from awa_fast.errors import AttemptStillRunning, AwaError, JobNotFound, UniqueConflict
 from awa_fast.job import Job
+from awa_fast.requests import check_name, optional_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,11 +164,22 @@ class JobAdmin:
         args: Any = None,
         period_bucket: int | None = None,
     ) -> Job | None:
-        """Cancel the oldest non-terminal job whose unique key matches; it, or ``None``."""
+        """Cancel the oldest non-terminal job whose unique key matches; it, or ``None``.
+
+        Raises:
+            ValidationError: ``kind`` or ``queue`` breaks the name rule
+                (``requests.check_name``), or ``args`` do not serialize.
+        """
         from awa_fast import _native
         from awa_fast.requests import args_to_builtins, to_json
 
-        args_json = None if args is None else to_json(args_to_builtins(args), "args")
+        check_name(kind, "kind")
+        optional_name(queue, "queue")
+        args_json = (
+            None
+            if args is None
+            else to_json(args_to_builtins(args), "args", exact=isinstance(args, dict))
+        )
         key = _native.unique_key(
             kind, queue or "", args_json or b"", queue is not None, args is not None, period_bucket
         )
@@ -184,6 +196,8 @@ class JobAdmin:
         """
         if (kind is None) == (queue is None):
             raise ValueError("Specify exactly one of kind or queue")
+        optional_name(kind, "kind")
+        optional_name(queue, "queue")
         params = {"kind": kind, "queue": queue, "stale_ms": self._staleness_ms()}
         matched = (await self._db.fetch(sql.FAILED_MATCHING, params))[0][0]
         rows = await self._db.run_isolated(
@@ -200,8 +214,10 @@ class JobAdmin:
         """Delete the settled ``failed`` jobs of ``kind``; returns how many.
 
         Raises:
+            ValidationError: ``kind`` breaks the name rule (``requests.check_name``).
             DeadlockError: nothing changed.
         """
+        check_name(kind, "kind")
         rows = await self._db.run_isolated(
             "discard_failed",
             sql.DISCARD_FAILED,

@@ -7,24 +7,16 @@ import dataclasses
 
 from awa_fast import sql
 from awa_fast.connections import Connections
-from awa_fast.descriptors import MAX_NAME
-from awa_fast.errors import ValidationError
+from awa_fast.requests import check_name
 
 
 def _queue(queue: object) -> str:
-    """``queue`` as a queue name (the jobs table's rule: 1-200 characters, no NUL).
+    """``queue`` as a queue name (``requests.check_name``).
 
     Raises:
         ValidationError: ``field="queue"``; nothing is written.
     """
-    if not isinstance(queue, str) or not 1 <= len(queue) <= MAX_NAME or "\x00" in queue:
-        shown = queue[:40] if isinstance(queue, str) else queue
-        raise ValidationError(
-            f"queue must be a str of 1-{MAX_NAME} characters without NUL, got {shown!r}",
-            field="queue",
-            limit=f"1-{MAX_NAME} characters",
-        )
-    return queue
+    return check_name(queue, "queue")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -125,6 +125,32 @@ FROM qd q FULL JOIN {S}.queue_meta m ON m.queue = q.queue
 LEFT JOIN u ON u.queue = COALESCE(q.queue, m.queue)
 ORDER BY 1"""
 
+# Every queue name something knows of: jobs in it (live, counted finished, dead-lettered),
+# its settings row, a worker process that claims from it (live or recent), a schedule or a
+# descriptor naming it. The CLI's queue commands refuse any other name (a typo).
+KNOWN_QUEUES = f"""
+SELECT queue FROM {S}.jobs
+UNION SELECT queue FROM {S}.done_counts
+UNION SELECT queue FROM {S}.dlq
+UNION SELECT queue FROM {S}.queue_meta
+UNION SELECT unnest(queues) FROM {S}.workers
+UNION SELECT queue FROM {S}.cron_jobs
+UNION SELECT queue FROM {S}.queue_descriptors
+ORDER BY 1"""
+
+# Every kind something knows of, cheaply: live jobs of it, dead-lettered ones, a worker with its
+# handler, a schedule, a descriptor (finished jobs: KIND_FINISHED, for one name).
+KNOWN_KINDS = f"""
+SELECT kind FROM {S}.jobs
+UNION SELECT kind FROM {S}.dlq
+UNION SELECT unnest(kinds) FROM {S}.workers
+UNION SELECT kind FROM {S}.cron_jobs
+UNION SELECT kind FROM {S}.job_kind_descriptors
+ORDER BY 1"""
+
+# Whether a finished job of one kind exists (no index on kind: read until the first one).
+KIND_FINISHED = f"SELECT EXISTS (SELECT 1 FROM {S}.jobs_done WHERE kind = %s)"
+
 PAUSE_QUEUE = f"""
 INSERT INTO {S}.queue_meta (queue, paused, paused_at, paused_by) VALUES (%s, true, now(), %s)
 ON CONFLICT (queue) DO UPDATE SET paused = true, paused_at = now(), paused_by = EXCLUDED.paused_by"""

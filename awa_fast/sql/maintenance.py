@@ -25,13 +25,34 @@ _DUE = f"""j.state IN ('scheduled', 'retryable') AND j.run_at <= now()
       AND NOT (j.heartbeat_at IS NOT NULL
                AND j.heartbeat_at > now() - {_STALENESS})"""
 
+# Due twins (rows locked here that share a unique key their masks hold in 'available'): the
+# first by (run_at, id) is promoted, the others would collide with it, an expected case and
+# not a reason to redo the pass row by row -- they are cancelled as duplicates in the same
+# statement, as the row-by-row redo would. Rows: (id, queue, cancelled).
+_HOLDS_AVAILABLE = f"(%s.unique_states & (1 << {S}.state_bit('available'))) <> 0"
+
 PROMOTE = f"""
 WITH d AS (
-    SELECT j.id FROM {S}.jobs j WHERE {_DUE}
+    SELECT j.id, j.run_at, j.unique_key, j.unique_states FROM {S}.jobs j WHERE {_DUE}
     ORDER BY j.run_at, j.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), twin AS (
+    SELECT d.id FROM d
+    WHERE d.unique_key IS NOT NULL AND {_HOLDS_AVAILABLE % "d"}
+      AND EXISTS (SELECT 1 FROM d e
+                  WHERE e.unique_key = d.unique_key AND {_HOLDS_AVAILABLE % "e"}
+                    AND (e.run_at, e.id) < (d.run_at, d.id))
+), due AS (
+    SELECT d.id FROM d WHERE d.id NOT IN (SELECT twin.id FROM twin)
+), promoted AS (
+    UPDATE {S}.jobs j SET state = 'available' WHERE {by_ids("due")}
+    RETURNING j.id, j.queue
+), cancelled AS (
+    {_cancel_duplicate("NULL").strip()}
+    WHERE {by_ids("twin")}
+    RETURNING j.id, j.queue
 )
-UPDATE {S}.jobs j SET state = 'available' WHERE {by_ids("d")}
-RETURNING j.id, j.queue"""
+SELECT id, queue, false FROM promoted
+UNION ALL SELECT id, queue, true FROM cancelled"""
 
 DUE_IDS = f"""
 SELECT j.id FROM {S}.jobs j WHERE {_DUE} AND {skipping("j")}
@@ -39,7 +60,7 @@ ORDER BY j.run_at, j.id LIMIT %(limit)s"""
 
 PROMOTE_ONE = f"""
 UPDATE {S}.jobs j SET state = 'available' WHERE j.id = %(id)s AND {_DUE}
-RETURNING j.id, j.queue"""
+RETURNING j.id, j.queue, false"""
 
 # Rescue guards (bulk, candidates, row by row and the duplicate cancel share them): a running
 # attempt whose heartbeat is stale or whose deadline passed; a parked job whose callback timed out.

@@ -44,8 +44,10 @@ from awa_fast.errors import (
     DatabaseUnavailable,
     ReadOnlyDatabase,
     UniqueConflict,
+    ValidationError,
 )
 from awa_fast.job import JobState
+from awa_fast.requests import check_name
 from awa_fast.sql import dashboard as bounds
 from awa_fast.web import reads as _reads
 from awa_fast.web import security
@@ -55,7 +57,6 @@ log = logging.getLogger("awa_fast.web")
 
 HERE = Path(__file__).parent
 STATES = tuple(str(s) for s in JobState)
-MAX_NAME = 200  # jobs_kind_length / jobs_queue_length in 001_init.sql
 MAX_ID = 2**63 - 1
 _DIGITS = re.compile(r"[0-9]{1,19}")  # MAX_ID has 19 digits
 RETRYABLE_STATES = ("failed", "cancelled", "waiting_external")
@@ -234,9 +235,10 @@ def _name(value: object, field: str) -> str | None:
         return None
     if not isinstance(value, str):  # a multipart form may carry a file in any field
         raise _bad(f"{field} must be text, not a file upload")
-    if len(value) > MAX_NAME or "\x00" in value:
-        raise _bad(f"{field} must be 1..{MAX_NAME} characters without NUL")
-    return value
+    try:
+        return check_name(value, field)
+    except ValidationError as exc:
+        raise _bad(str(exc)) from None
 
 
 def _queue_field(form) -> str:

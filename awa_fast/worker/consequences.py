@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -35,6 +36,7 @@ from awa_fast import enqueue, metrics, sql
 from awa_fast.job import JOB_FIELDS, Job
 from awa_fast.rows import one_row
 from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE, UNDECLARED, Registry
+from awa_fast.worker.sync_effect import LoopConnection
 
 log = logging.getLogger("awa_fast.consequences")
 
@@ -64,7 +66,10 @@ class JobFailure:
             callback_failed, callback_timeout, corrected``.
         error: the failure's error text.
         conn: a psycopg ``AsyncConnection`` inside the settlement transaction: writes made on it
-            commit if and only if the consequence is recorded as applied.
+            commit if and only if the consequence is recorded as applied. A plain ``def``
+            effect runs in a thread and gets a synchronous view of it instead
+            (``sync_effect.LoopConnection``: ``execute`` / ``executemany`` returning a cursor
+            with ``fetchone`` / ``fetchall``), each call run in the same transaction (ADR 031).
         idempotency_key: stable per job and failure (the same on every retry of the effect).
     """
 
@@ -72,7 +77,7 @@ class JobFailure:
     path: str
     reason: str
     error: str
-    conn: psycopg.AsyncConnection
+    conn: psycopg.AsyncConnection | LoopConnection
     idempotency_key: str
 
     @property
@@ -86,6 +91,13 @@ class JobFailure:
     @property
     def args(self) -> Any:
         return self.job.args
+
+
+def _is_async(fn: Any) -> bool:
+    """An ``async def`` (or an object whose ``__call__`` is one): runs on the loop."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the bound __call__ itself
+    )
 
 
 def idempotency_key(job_id: int, run_lease: int, reason: str) -> str:
@@ -183,13 +195,22 @@ class ConsequenceApplier:
     ) -> str | None:
         """Run ``fn`` under a savepoint on ``conn``; returns ``None`` on success or the error
         text (the savepoint is rolled back: the effect's writes are undone)."""
-        failure = JobFailure(
-            job, path, reason, error, conn, idempotency_key(job.id, job.run_lease, reason)
-        )
+        key = idempotency_key(job.id, job.run_lease, reason)
+        in_thread = not _is_async(fn)
+        # A plain def runs in a thread with a synchronous view of ``conn`` (sync_effect.py):
+        # it cannot block the loop, and its writes stay in the settlement (ADR 031).
+        view = LoopConnection(conn, asyncio.get_running_loop()) if in_thread else None
+        failure = JobFailure(job, path, reason, error, view or conn, key)
         await conn.execute(sql.EFFECT_SAVEPOINT)
         try:
             async with asyncio.timeout(self.timeout_s):
-                result = fn(failure)
+                if view is not None:
+                    try:
+                        result = await asyncio.to_thread(fn, failure)
+                    finally:
+                        view.close()  # a thread past its timeout can send nothing more
+                else:
+                    result = fn(failure)
                 if asyncio.iscoroutine(result):
                     await result
             if conn.info.transaction_status == TransactionStatus.INERROR:

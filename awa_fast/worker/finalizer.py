@@ -20,15 +20,18 @@ outcome and its sealed staged follow-ups); the finalizer picks the path:
   failure) and their specs' inserts.
 * A batched completion that fails is redone alone on the per-job path (one bad row must not
   fail the others).
-* Retries (loop in ``_finalize_requests`` / ``_may_retry``): a deadlock re-runs the whole
-  transaction with the same sealed follow-ups, at most 3 more times, a lost connection at most
-  6 more times; each retry waits a jittered, doubling pause, and after a connection error the
+* Retries (loop in ``_finalize_requests`` / ``_may_retry``), only of errors
+  ``retryable.classify`` calls transient: a deadlock re-runs the whole transaction with the
+  same sealed follow-ups, at most 3 more times, a lost connection (or another transient
+  error) at most 6 more times; each retry waits a jittered, doubling pause, and after a connection error the
   pool's idle connections are checked first (after a server restart they are all dead). A
   commit whose acknowledgement was lost replays as stale (the guard no longer matches) and
   inserts nothing.
 * Prompt failure (ADR-046's open extension, ``_fail_promptly``): an attempt whose finalize
   failed for good is failed at once, guarded by its lease, with the error -- it does not wait
   ``running`` for heartbeat rescue. A release (shutdown) is never failed: it stays for rescue.
+  Neither a redo alone nor a prompt failure is tried after an error no statement can get past
+  (a closed pool, a read-only database: ``Retry.CLOSED`` / ``BLOCKED``): ``submit`` raises it.
 
 Two named constructors: :meth:`Finalizer.batching` (the runtime: background flushers) and
 :meth:`Finalizer.inline` (``testing.AwaTestClient``: no background task, a batch of one is
@@ -55,6 +58,7 @@ from psycopg import errors as pg_errors
 
 from awa_fast import bulk, enqueue, metrics, sql
 from awa_fast.requests import Prepared
+from awa_fast.retryable import Retry, classify, retryable
 from awa_fast.wake import Waker
 from awa_fast.worker import executor as ex
 from awa_fast.worker import storable
@@ -88,7 +92,16 @@ _TRANSITIONS = {
     RELEASED: ("available", -1),
 }
 
-_RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, psycopg.OperationalError)
+# A deadlock or serialization failure gets MAX_FINALIZE_RETRIES, any other transient error
+# (``retryable.classify``) MAX_CONNECTION_RETRIES.
+_CONFLICTS = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+
+
+def _hopeless(exc: BaseException) -> bool:
+    """No other statement can do better (a closed pool, a read-only database): no job is
+    redone alone and no prompt failure is tried; the attempt stays running until rescue."""
+    return classify(exc) in (Retry.BLOCKED, Retry.CLOSED)
+
 
 # A fault-injection hook: ``await hook(conn, statement, requests)`` with the connection, the SQL
 # constant (from ``awa_fast.sql``) whose commit it surrounds and the requests it finalizes.
@@ -297,6 +310,8 @@ class Finalizer:
                 try:
                     applied = await fut
                 except Exception as exc:
+                    if _hopeless(exc):
+                        raise
                     log.warning(
                         "batched completion of job %s failed (%s); finalizing it alone",
                         request.attempt.id,
@@ -306,8 +321,8 @@ class Finalizer:
             else:
                 applied = await self._route(request)
         except Exception as exc:
-            if request.outcome.kind == RELEASED:
-                raise
+            if request.outcome.kind == RELEASED or _hopeless(exc):
+                raise  # (nothing else could be written either)
             ctx = request.attempt
             log.warning(
                 "finalize of job %s (%s) failed (%s: %s); recording a prompt failure",
@@ -335,6 +350,8 @@ class Finalizer:
                     return await self._buffered(self._pending, self._flush, (request,))
                 return await self._buffered(self._staged, self._flush_staged, (request, inserts))
             except Exception as exc:
+                if _hopeless(exc):
+                    raise
                 log.warning(
                     "batched completion of job %s failed (%s); finalizing it alone", ctx.id, exc
                 )
@@ -399,15 +416,19 @@ class Finalizer:
                     done = await self._complete_isolated(conn, attempts)
                     await self._commit_point(self._after_commit, conn, sql.COMPLETE_MANY, requests)
                 break
-            except _RETRYABLE as exc:
-                if not await self._may_retry(attempt, exc):
-                    break
-                attempt += 1
-                log.warning(
-                    "completion batch of %d failed (%s); retry %d", len(batch), exc, attempt
-                )
             except Exception as exc:  # never leave waiters hanging
-                log.exception("completion batch of %d failed", len(batch))
+                if retryable(exc):
+                    if not await self._may_retry(attempt, exc):
+                        break
+                    attempt += 1
+                    log.warning(
+                        "completion batch of %d failed (%s); retry %d", len(batch), exc, attempt
+                    )
+                    continue
+                if _hopeless(exc):  # each waiter learns it; nothing is redone
+                    log.warning("completion batch of %d failed: %s", len(batch), exc)
+                else:
+                    log.exception("completion batch of %d failed", len(batch))
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
@@ -484,14 +505,24 @@ class Finalizer:
                     done = set(zip(done_ids, done_leases, strict=True))
                     await self._commit_point(self._after_commit, conn, statement, requests)
                 break
-            except _RETRYABLE as exc:
-                if not await self._may_retry(attempt, exc):
-                    break
-                attempt += 1
-                log.warning(
-                    "staged completion batch of %d failed (%s); retry %d", len(batch), exc, attempt
-                )
             except Exception as exc:  # one job's follow-up failed: isolate it
+                if retryable(exc):
+                    if not await self._may_retry(attempt, exc):
+                        break
+                    attempt += 1
+                    log.warning(
+                        "staged completion batch of %d failed (%s); retry %d",
+                        len(batch),
+                        exc,
+                        attempt,
+                    )
+                    continue
+                if _hopeless(exc):  # no job alone can do better: each waiter learns it
+                    log.warning("staged completion batch of %d failed: %s", len(batch), exc)
+                    for _, _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    return
                 log.warning(
                     "staged completion batch of %d failed (%s); completing job by job",
                     len(batch),
@@ -540,11 +571,7 @@ class Finalizer:
         """After failed try number ``attempt`` (0-based) with the retryable ``exc``: False
         when its retries are spent, else pause (jittered, doubling) and return True. The retry
         takes no dead connection: the pool passes those (``connections.Pool``)."""
-        limit = (
-            MAX_CONNECTION_RETRIES
-            if isinstance(exc, psycopg.OperationalError)
-            else MAX_FINALIZE_RETRIES
-        )
+        limit = MAX_FINALIZE_RETRIES if isinstance(exc, _CONFLICTS) else MAX_CONNECTION_RETRIES
         if attempt >= limit:
             return False
         self.stats["retries"] += 1
@@ -607,7 +634,9 @@ class Finalizer:
                 async with pool.connection() as conn:
                     await self._cancel_duplicate(conn, ctx.id, ctx.run_lease)
                 return False
-            except _RETRYABLE as exc:
+            except Exception as exc:
+                if not retryable(exc):
+                    raise
                 if not await self._may_retry(attempt, exc):
                     log.error(
                         "finalize of job %s gave up after %d retries: %s", ctx.id, attempt, exc

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from awa_fast import bulk, pg_connection, sql
+from awa_fast.retryable import Retry, classify
 from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
@@ -193,8 +194,9 @@ class Heartbeat:
                 await self._conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows
             try:
                 yield self._conn
-            except psycopg.OperationalError:
-                await self.close()  # reconnect at the next beat
+            except Exception as exc:
+                if classify(exc) is Retry.TRANSIENT:  # maybe the connection: reconnect
+                    await self.close()
                 raise
 
     async def close(self) -> None:

@@ -33,6 +33,7 @@ import psycopg
 
 from awa_fast import bulk, metrics, pg_connection, sql
 from awa_fast.errors import ConfigError
+from awa_fast.retryable import Retry, classify
 from awa_fast.rows import one_row
 from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.worker.observe import Signal
@@ -77,6 +78,8 @@ _PASSES_OF = {
     "callback_rescue": ("callback rescue",),
     "prune": ("stale mark settle", "DLQ prune", "queue retention"),
 }
+# The loops that report stuck rows (metrics.MAINTENANCE_STUCK_ROWS's ``loop`` label).
+STUCK_LOOPS = tuple(_PASSES_OF)
 
 
 class Deposed(Exception):
@@ -559,6 +562,12 @@ class Maintenance:
                 self._deposed.set()
                 return
             except Exception as exc:  # every loop survives every error, logged and backed off
+                if classify(exc) is Retry.CLOSED:  # ... but a closed pool: no pass can run
+                    log.info("maintenance %s stops: %s", name, exc)
+                    health.alive = False
+                    health.last_error = f"{type(exc).__name__}: {exc}"
+                    self.passed.fire((name, exc))
+                    return
                 health.failures += 1
                 health.last_error = f"{type(exc).__name__}: {exc}"
                 health.alive = health.failures < DEAD_AFTER_FAILURES
@@ -582,7 +591,9 @@ class Maintenance:
         """Move due scheduled / retryable jobs to available and wake their queues. A row whose
         key another job holds is cancelled as a duplicate; any other row that fails alone is
         left due (logged); the rest are promoted (``bulk.run_isolated``). A row whose previous
-        attempt still runs (a fresh "still running" mark) waits until it ends."""
+        attempt still runs (a fresh "still running" mark) waits until it ends. Due twins that
+        share a unique key (``sql.PROMOTE``): the first is promoted, the others are cancelled as
+        duplicates in the same statement (logged at INFO). Returns the rows promoted."""
         limit = {
             "limit": self.config.promote_batch_size,
             "stale_ms": self.config.heartbeat_staleness_ms,
@@ -600,7 +611,15 @@ class Maintenance:
                 recurring=self._recurring["promote"],
                 batch=self.config.promote_batch_size,
             )
-        queues = sorted({queue for _id, queue in done.rows})
+        twins = [job_id for job_id, _queue, cancelled in done.rows if cancelled]
+        if twins:
+            log.info(
+                "%d due job(s) cancelled as duplicates of a due twin with their unique key: %s",
+                len(twins),
+                twins[:20],
+            )
+        promoted = [(job_id, queue) for job_id, queue, cancelled in done.rows if not cancelled]
+        queues = sorted({queue for _id, queue in promoted})
         if queues:  # after the commit: a NOTIFY inside would hold the notify lock (ADR 018)
             try:
                 pool = await self._pool_getter()
@@ -608,8 +627,8 @@ class Maintenance:
                     await conn.execute(sql.WAKE_QUEUES, (queues,))
             except psycopg.Error as exc:  # the promotion committed; dispatchers poll
                 log.warning("wake-up NOTIFY for promoted queues %s failed: %s", queues, exc)
-        self.counts["promoted"] += len(done.rows)
-        return len(done.rows)
+        self.counts["promoted"] += len(promoted)
+        return len(promoted)
 
     async def _cancel_duplicate(self, conn, query: str, params: dict) -> None:
         cur = await conn.execute(query, params)

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import msgspec
 
+from awa_fast.requests import check_name, optional_name
 from awa_fast.typed_args import dataclass_decoder
 
 # Marker for "declared with no business effect on failure" (issue: failure consequences).
@@ -80,11 +81,15 @@ class Registry:
         failure_consequence: Any = UNDECLARED,
         verify_success: Callable | None = None,
     ) -> Handler:
-        """Register ``fn`` for ``kind``.
+        """Register ``fn`` for ``kind`` (on ``queue``, ``None`` = ``"default"``).
 
         Raises:
+            ValidationError: ``kind`` or ``queue`` breaks the name rule
+                (``requests.check_name``), before anything is registered.
             TypeError: ``fn`` is not callable.
         """
+        check_name(kind, "kind")
+        optional_name(queue, "queue")
         if not callable(fn):
             raise TypeError(f"handler for {kind!r} must be callable")
         is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
@@ -97,7 +102,7 @@ class Registry:
             kind,
             args_type,
             fn,
-            queue or "default",
+            "default" if queue is None else queue,
             is_async,
             args_decoder(args_type),
             failure_consequence,
@@ -115,7 +120,13 @@ class Registry:
 
     def declare_consequence(self, kind: str, consequence: Any, args_type: Any = None) -> None:
         """Declare ``kind``'s failure consequence without registering a handler here
-        (``args_type``, when given, types the args the consequence sees)."""
+        (``args_type``, when given, types the args the consequence sees).
+
+        Raises:
+            ValidationError: ``kind`` breaks the name rule (``requests.check_name``).
+            TypeError: ``consequence`` is neither an async callable nor NO_FAILURE_CONSEQUENCE.
+        """
+        check_name(kind, "kind")
         if consequence is UNDECLARED:
             raise TypeError("declare a callable or NO_FAILURE_CONSEQUENCE")
         check_consequence(kind, consequence)
@@ -133,6 +144,15 @@ class Registry:
             for k, h in self.handlers.items()
             if h.failure_consequence is UNDECLARED and k not in self.consequences
         )
+
+    def consequence_kinds(self) -> set[str]:
+        """Kinds with a failure consequence to apply (a callable; not ``NO_FAILURE_CONSEQUENCE``),
+        whether their handler is registered here or only the consequence is declared."""
+        found = {
+            **{k: h.failure_consequence for k, h in self.handlers.items()},
+            **self.consequences,
+        }
+        return {k for k, c in found.items() if c is not NO_FAILURE_CONSEQUENCE and callable(c)}
 
     def decoder(self, kind: str) -> Callable[[dict], Any] | None:
         """How to type ``kind``'s args: its handler's args type, else a declared one."""

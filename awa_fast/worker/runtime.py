@@ -24,7 +24,6 @@ import orjson
 import psycopg
 
 from awa_fast import (
-    _native,
     batch_ops,
     bulk,
     descriptors,
@@ -39,8 +38,11 @@ from awa_fast.errors import (
     QueueMismatchWarning,
     Unsupported,
     ValidationError,
+    ValidationTypeError,
 )
 from awa_fast.job import Job
+from awa_fast.requests import check_name
+from awa_fast.retryable import Retry, classify
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
 from awa_fast.worker.cancellation import raise_if_cancelling
@@ -54,6 +56,7 @@ from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.liveness import LEASE_MARGIN, Liveness
 from awa_fast.worker.maintenance import (
     MAX_BACKOFF_S,
+    STUCK_LOOPS,
     Maintenance,
     MaintenanceConfig,
     check_retention,
@@ -78,6 +81,30 @@ HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat in
 # ignores cancellation or a database that does not answer must not keep shutdown from ending.
 SHUTDOWN_GRACE_S = 10.0
 PRESENCE_GONE_S = 2.0  # removing the presence row at shutdown (it expires on its own)
+
+
+def shutdown_bound_s(timeout_s: float) -> float:
+    """The longest a shutdown with drain timeout ``timeout_s`` (seconds) can take, in seconds,
+    from the bounds of its phases (``Runtime._drain``, ``_release``): the dispatchers' claims
+    in flight (``max(timeout_s, CLAIM_HANDOVER_S)``, then a cancel), the handlers
+    (``timeout_s``), the attempts left after it (``SHUTDOWN_GRACE_S`` + 1 s), the runtime's own
+    tasks (a cancel), the finalizer's last flush (``SHUTDOWN_GRACE_S``) and the presence row
+    (``PRESENCE_GONE_S``). A cancel (``_cancel_and_wait``) gives up ``SHUTDOWN_GRACE_S`` after
+    its first round and waits 1 s per round. The launcher's kill deadline is derived from it
+    (``supervisor.kill_after_s``)."""
+    cancel = SHUTDOWN_GRACE_S + 1.0
+    return (
+        max(timeout_s, CLAIM_HANDOVER_S)
+        + cancel
+        + timeout_s
+        + SHUTDOWN_GRACE_S
+        + 1.0
+        + cancel
+        + SHUTDOWN_GRACE_S
+        + PRESENCE_GONE_S
+    )
+
+
 BATCH_RUNNER_S = 0.2  # the leader's batch-operation runner: one step (a chunk) per interval
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
 
@@ -196,6 +223,19 @@ def parse_queues(
             )
         claimers = cfg.pop("claimers", 1)
         retention = _queue_retention(name, cfg.pop("retention", None))
+        # the values first, valid in no mode when wrong (awa: "weight must be > 0" either way)
+        if "weight" in cfg and (
+            isinstance(cfg["weight"], bool)
+            or not isinstance(cfg["weight"], int)
+            or cfg["weight"] < 1
+        ):
+            raise ValidationError(
+                f"queue {name!r}: weight must be > 0 (an integer), got {cfg['weight']!r}",
+                field="weight",
+                limit=">= 1",
+            )
+        if "min_workers" in cfg:
+            _count(cfg["min_workers"], f"queue {name!r}: min_workers", 0)
         if not weighted and ("min_workers" in cfg or "weight" in cfg):
             key = "min_workers" if "min_workers" in cfg else "weight"
             raise ValidationError(
@@ -319,30 +359,40 @@ def parse_rate_limit(queue: str, value: Any) -> tuple[float, int] | None:
     """``(max_rate, burst)``: ``max_rate`` > 0 claims per second, ``burst`` >= 1 claims.
 
     Raises:
-        ValidationError: any other shape or value, naming the queue.
+        ValidationTypeError: not a pair, or a member of the wrong type (a ``TypeError`` too, as
+            in awa), naming the queue.
+        ValidationError: a value out of range, naming the queue.
     """
     if value is None:
         return None
     try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError  # a 2-character string unpacks
         rate, burst = value
     except (TypeError, ValueError):
-        raise ValidationError(
-            f"queue {queue!r}: rate_limit must be (max_rate, burst), got {value!r}",
+        raise ValidationTypeError(
+            f"queue {queue!r}: rate_limit must be a (max_rate, burst) pair or None, got {value!r}",
             field="rate_limit",
         ) from None
-    if (
-        isinstance(rate, bool)
-        or not isinstance(rate, (int, float))
-        or not rate > 0
-        or rate == float("inf")
-    ):
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+        raise ValidationTypeError(
+            f"queue {queue!r}: rate_limit max_rate must be a number (claims per second), "
+            f"got {rate!r}",
+            field="rate_limit",
+        )
+    if isinstance(burst, bool) or not isinstance(burst, int):
+        raise ValidationTypeError(
+            f"queue {queue!r}: rate_limit burst must be an int >= 1, got {burst!r}",
+            field="rate_limit",
+        )
+    if not rate > 0 or rate == float("inf"):
         raise ValidationError(
             f"queue {queue!r}: rate_limit max_rate must be a finite number "
             f"> 0 (claims per second), got {rate!r}",
             field="rate_limit",
             limit="> 0",
         )
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+    if burst < 1:
         raise ValidationError(
             f"queue {queue!r}: rate_limit burst must be an int >= 1, got {burst!r}",
             field="rate_limit",
@@ -448,16 +498,16 @@ def check_config(
         # Without handlers a process is useful only to register periodic schedules or as a
         # maintenance process that knows the consequences or specs of kinds handled elsewhere.
         raise ConfigError(
-            "no handlers registered: register at least one with @client.task "
-            "before start() (a maintenance-only process declares failure "
-            "consequences with client.failure_consequence)",
+            "no handlers registered: register at least one worker before starting the "
+            "runtime, with @client.task before start() (a maintenance-only process declares "
+            "failure consequences with client.failure_consequence)",
             field="handlers",
             limit=">= 1 handler",
         )
     for i, q in enumerate(queues):
         try:
-            _native.validate_insert("k", q.name, 2, 25, None)
-        except (ValidationError, TypeError) as exc:
+            check_name(q.name, "queue")
+        except ValidationError as exc:
             raise ConfigError(
                 f"queues[{i}]: queue name {q.name!r} would be rejected by insert: {exc}",
                 field="queues",
@@ -473,8 +523,9 @@ def check_config(
         )
     for kind, handler in registry.handlers.items():
         try:
-            _native.validate_insert(kind, handler.queue, 2, 25, None)
-        except (ValidationError, TypeError) as exc:
+            check_name(kind, "kind")
+            check_name(handler.queue, "queue")
+        except ValidationError as exc:
             raise ConfigError(
                 f"handler kind {kind!r} (queue {handler.queue!r}) would be rejected "
                 f"by insert: {exc}",
@@ -985,6 +1036,13 @@ class Runtime:
                 if dlq is not None:
                     await conn.execute(sql.SET_QUEUE_DLQ, (q.name, bool(dlq)))
         await self._sync_periodic()
+        registry = self.services.registry
+        metrics.prepare(  # every series at 0 from the start, not only once first counted
+            [q.name for q in self.queues],
+            {kind: h.queue for kind, h in registry.handlers.items()},
+            sorted(registry.consequence_kinds()),
+            list(STUCK_LOOPS),
+        )
         if self.metrics_port is not None:  # ConfigError when the port cannot be bound
             self.metrics_exporter = metrics.Exporter(self.metrics_port, self.metrics_host)
         self.finalizer = Finalizer.batching(
@@ -1372,10 +1430,20 @@ class Runtime:
                 )
             elif result is Finalized.PROMPT_FAILURE:
                 metrics.finalized(ctx.queue, ctx.kind, "prompt_failure")
-        except Exception:
-            log.exception(
-                "finalizing job %s (%s) failed; it stays running until rescue", ctx.id, ctx.kind
-            )
+        except Exception as exc:
+            if classify(exc) is Retry.CLOSED:  # (the pool closed under it: one line per job)
+                log.warning(
+                    "finalizing job %s (%s) failed: %s; it stays running until rescue",
+                    ctx.id,
+                    ctx.kind,
+                    exc,
+                )
+            else:
+                log.exception(
+                    "finalizing job %s (%s) failed; it stays running until rescue",
+                    ctx.id,
+                    ctx.kind,
+                )
         finally:
             if not released:
                 dispatcher.slot_freed()

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from awa_fast.requests import Prepared, kind_for_type
+from awa_fast.requests import Prepared, check_name, kind_for_type
 from awa_fast.worker import executor as ex
 from awa_fast.worker.follow_ups import build_request, trace_context
 from awa_fast.worker.registry import args_decoder
@@ -63,7 +63,8 @@ class SpecRunner:
         """Add a spec.
 
         Raises:
-            ValueError: unknown ``outcome``.
+            ValueError: unknown ``outcome``; ``ValidationError`` (a ValueError): ``kind``
+                breaks the name rule (``requests.check_name``).
             RuntimeError: the runtime already started (specs are fixed at ``start()``).
             TypeError: ``fn`` is not callable.
         """
@@ -73,7 +74,7 @@ class SpecRunner:
             raise RuntimeError("follow-up specs must be registered before start()")
         if not callable(fn):
             raise TypeError("a follow-up spec must be callable")
-        kind = kind or kind_for_type(trigger_args_type)
+        kind = kind_for_type(trigger_args_type) if kind is None else check_name(kind, "kind")
         self._specs.setdefault((kind, outcome), []).append((args_decoder(trigger_args_type), fn))
 
     def has(self, kind: str, outcome: str) -> bool:

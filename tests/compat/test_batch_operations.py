@@ -62,6 +62,14 @@ async def test_bad_operations_are_validation_errors(client, call, field):
     assert await client.list_batch_operations() == []
 
 
+async def test_a_submit_without_filter_says_it_requires_a_filter_or_allow_all(client):
+    # awa's words: "requires a filter or allow_all"; nothing is submitted
+    for call in (lambda: client.set_priority(1), lambda: client.move_queue("elsewhere")):
+        with pytest.raises(awa.ValidationError, match="requires a filter or allow_all=True"):
+            await call()
+    assert await client.list_batch_operations() == []
+
+
 async def test_preview_submit_run_set_priority(dsn, client):
     queued = [await client.insert(Item(i), queue="bq", priority=3) for i in range(5)]
     later = await client.insert(

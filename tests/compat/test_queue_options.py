@@ -50,6 +50,30 @@ async def test_bad_rate_limit_is_a_validation_error(client, rate_limit):
     assert e.value.field == "rate_limit"
 
 
+@pytest.mark.parametrize("rate_limit", ["fast", "ab", 5, ("x", 1), (1.0, "2"), (1.0, 2, 3)])
+async def test_a_rate_limit_of_the_wrong_type_is_also_a_type_error(client, rate_limit):
+    # awa raises TypeError for a rate_limit that is not a (max_rate, burst) pair
+    with pytest.raises(TypeError, match="rate_limit") as e:
+        await client.start([{"name": "q", "max_workers": 1, "rate_limit": rate_limit}])
+    assert isinstance(e.value, awa.ValidationError) and e.value.field == "rate_limit"
+    assert client.runtime is None
+
+
+async def test_a_rate_limit_out_of_range_is_not_a_type_error(client):
+    with pytest.raises(awa.ValidationError) as e:
+        await client.start([{"name": "q", "max_workers": 1, "rate_limit": (0, 1)}])
+    assert not isinstance(e.value, TypeError)
+
+
+@pytest.mark.parametrize("options", [{}, {"global_max_workers": 4}])
+async def test_zero_weight_is_refused_for_its_value_in_either_mode(client, options):
+    # awa: "weight must be > 0" whether or not weighted mode is on
+    with pytest.raises(awa.ValidationError, match="weight must be > 0") as e:
+        await client.start([{"name": "q", "max_workers": 2, "weight": 0}], **options)
+    assert e.value.field == "weight"
+    assert client.runtime is None
+
+
 async def test_bad_aging_interval_is_a_validation_error(client):
     with pytest.raises(awa.ValidationError, match="priority_aging_interval_ms"):
         await client.start([{"name": "q", "max_workers": 1, "priority_aging_interval_ms": -5}])
@@ -148,3 +172,13 @@ async def test_aging_pass_is_idempotent_and_bounded_by_wait(dsn, client):
     assert await age_once(pool, "age2", 10_000) == 0  # a repeated pass changes nothing
     assert (await job_row(dsn, waited.id))["priority"] == 2  # 2 whole intervals waited
     assert (await job_row(dsn, fresh.id))["priority"] == 3
+
+
+async def test_start_without_handlers_says_to_register_a_worker(client):
+    # awa: an AwaError saying "register at least one worker before starting the runtime"
+    with pytest.raises(
+        awa.AwaError, match="register at least one worker before starting the runtime"
+    ) as e:
+        await client.start([("nobody_handles", 1)])
+    assert isinstance(e.value, awa.ConfigError) and e.value.field == "handlers"
+    assert client.runtime is None
