@@ -14,7 +14,9 @@ not); the result is the job as a dict (``Job.to_dict()``: timestamps as RFC 3339
 ``unique_key`` as hex). A job that holds a unique key needs the caller's transaction at READ
 COMMITTED: at REPEATABLE READ or SERIALIZABLE its insert is refused (migration 024) with
 ``DatabaseError`` (SQLSTATE 0A000). Driver errors are mapped by ``awa_fast.db_errors``, as for
-the client's calls.
+the client's calls. ``schema=`` names the schema the job goes to (default: ``$AWA_FAST_SCHEMA``,
+else ``awa_fast``; ADR 027): the statement is rewritten for it, the caller's connection is used
+as it is.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import psycopg
 from awa_fast import db_errors, enqueue, sql
 from awa_fast.job import JOB_FIELDS
 from awa_fast.requests import prepare
+from awa_fast.schema_binding import resolve
 
 
 def _kind_from_dict(args: Any, kind: str | None) -> str | None:
@@ -74,12 +77,16 @@ def _sqlalchemy_query(conn: Any) -> str:
 
 
 @db_errors.maps("insert_job")
-async def insert_job(conn: Any, args: Any, *, kind: str | None = None, **opts: Any) -> dict:
+async def insert_job(
+    conn: Any, args: Any, *, kind: str | None = None, schema: str | None = None, **opts: Any
+) -> dict:
     """Insert on an async connection (psycopg ``AsyncConnection``, asyncpg, SQLAlchemy
-    ``AsyncConnection``/``AsyncSession``) inside its current transaction; returns the job.
+    ``AsyncConnection``/``AsyncSession``) inside its current transaction, into ``schema``
+    (see the module docstring); returns the job.
 
     Raises:
-        ValidationError: bad input, checked before anything is sent (nothing is written).
+        ValidationError: bad input or ``schema`` name, checked before anything is sent (nothing
+            is written).
         UniqueConflict: ``unique_opts`` given and the key is held.
         ReadOnlyDatabase, DatabaseUnavailable, DatabaseError: the driver reported another
             database error, mapped by SQLSTATE (``awa_fast.db_errors``; chained).
@@ -91,24 +98,28 @@ async def insert_job(conn: Any, args: Any, *, kind: str | None = None, **opts: A
             f"insert_job needs an async connection; use insert_job_sync for "
             f"{type(conn).__qualname__}"
         )
+    binding = resolve(schema)
     p = prepare(args, kind=_kind_from_dict(args, kind), **opts)
     if driver == "psycopg_async":
-        return (await enqueue.insert_one(conn, p)).to_dict()
+        return (await enqueue.insert_one(conn, p, binding=binding)).to_dict()
     params = enqueue.one_params(p)
     if driver == "asyncpg":
-        text = await conn.fetchval(sql.BRIDGE_INSERT_DOLLAR, *params)
+        text = await conn.fetchval(binding.rewrite(sql.BRIDGE_INSERT_DOLLAR), *params)
     else:
         if hasattr(conn, "exec_driver_sql"):
             target = conn
         else:  # AsyncSession: its connection, inside the session's transaction
             target = await conn.connection()
-        result = await target.exec_driver_sql(_sqlalchemy_query(target), params)
+        query = binding.rewrite(_sqlalchemy_query(target))
+        result = await target.exec_driver_sql(query, params)
         text = result.scalar_one()
     return _job_dict(text)
 
 
 @db_errors.maps("insert_job_sync")
-def insert_job_sync(conn: Any, args: Any, *, kind: str | None = None, **opts: Any) -> dict:
+def insert_job_sync(
+    conn: Any, args: Any, *, kind: str | None = None, schema: str | None = None, **opts: Any
+) -> dict:
     """Blocking twin of :func:`insert_job` for psycopg ``Connection``, SQLAlchemy
     ``Connection``/``Session`` and Django connections. Raises as :func:`insert_job`
     (TypeError for an async connection)."""
@@ -117,15 +128,17 @@ def insert_job_sync(conn: Any, args: Any, *, kind: str | None = None, **opts: An
         raise TypeError(
             f"insert_job_sync needs a sync connection; use insert_job for {type(conn).__qualname__}"
         )
+    binding = resolve(schema)
     p = prepare(args, kind=_kind_from_dict(args, kind), **opts)
     if driver == "psycopg_sync":
-        return enqueue.insert_one_sync(conn, p).to_dict()
+        return enqueue.insert_one_sync(conn, p, binding=binding).to_dict()
     params = enqueue.one_params(p)
     if driver == "django":
         with conn.cursor() as cur:
-            cur.execute(sql.BRIDGE_INSERT, params)
+            cur.execute(binding.rewrite(sql.BRIDGE_INSERT), params)
             text = cur.fetchone()[0]
     else:
         target = conn if hasattr(conn, "exec_driver_sql") else conn.connection()
-        text = target.exec_driver_sql(_sqlalchemy_query(target), params).scalar_one()
+        query = binding.rewrite(_sqlalchemy_query(target))
+        text = target.exec_driver_sql(query, params).scalar_one()
     return _job_dict(text)

@@ -204,8 +204,10 @@ async def _probe(url: str, *, need_schema: bool, source: str = "", wait_s: float
     from psycopg.conninfo import conninfo_to_dict
 
     from awa_fast import schema
-    from awa_fast.pg_connection import Connection
+    from awa_fast.pg_connection import connection_class
+    from awa_fast.schema_binding import resolve
 
+    bound = connection_class(resolve())  # --schema's (or $AWA_FAST_SCHEMA's)
     kwargs: dict[str, Any] = {"autocommit": True}
     try:
         if "connect_timeout" not in conninfo_to_dict(url):
@@ -215,7 +217,7 @@ async def _probe(url: str, *, need_schema: bool, source: str = "", wait_s: float
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            conn = await Connection.connect(url, **kwargs)
+            conn = await bound.connect(url, **kwargs)
             break
         except psycopg.OperationalError as exc:
             if time.monotonic() + PROBE_RETRY_S < deadline and not _refused_for_good(exc):
@@ -1115,7 +1117,7 @@ def cmd_demo(s: Session) -> int:
 
 def cmd_worker(s: Session) -> int:
     from awa_fast.errors import ConfigError
-    from awa_fast.supervisor import Supervisor, parse_queues_arg
+    from awa_fast.supervisor import CHILD_SCHEMA_ENV, Supervisor, parse_queues_arg
 
     a = s.args
     if s.json:  # it prints status and log lines, no data
@@ -1140,6 +1142,8 @@ def cmd_worker(s: Session) -> int:
             log_format=a.log_format,
             metrics_port=a.metrics_port,
             metrics_host=a.metrics_host,
+            # --schema overrides the client's schema in the children too
+            extra_env=({CHILD_SCHEMA_ENV: a.schema} if getattr(a, "schema", None) else None),
             debug=s.debug,
         )
     except ConfigError as exc:  # a bad --metrics-* value: a usage error, as argparse's
@@ -1202,6 +1206,10 @@ LOG_FORMAT_HELP = (
 DB_HELP = (
     "PostgreSQL URL (default: $AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server)"
 )
+SCHEMA_HELP = (
+    "the schema of the awa-fast objects to use (default: $AWA_FAST_SCHEMA, else awa_fast); "
+    "each schema of a database is its own queue system"
+)
 WORKER_DB_HELP = (
     "PostgreSQL URL, overriding the client's (default: the URL the client was built "
     "with, else $AWA_FAST_DATABASE_URL, $DATABASE_URL, else the embedded server)"
@@ -1226,6 +1234,7 @@ def _common(with_db: bool = True, db_help: str = DB_HELP, with_json: bool = True
     )
     if with_db:
         g.add_argument("--database-url", metavar="URL", default=argparse.SUPPRESS, help=db_help)
+        g.add_argument("--schema", metavar="NAME", default=argparse.SUPPRESS, help=SCHEMA_HELP)
     g.add_argument(
         "--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP
     )
@@ -1289,7 +1298,8 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-_GLOBAL_VALUED = ("--database-url", "--log-format")  # global options that take a value
+# global options that take a value
+_GLOBAL_VALUED = ("--database-url", "--log-format", "--schema")
 
 
 def _bench_at(argv: Sequence[str]) -> int | None:
@@ -1335,6 +1345,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG, formatter_class=raw)
     parser.add_argument("--database-url", metavar="URL", default=None, help=DB_HELP)
+    parser.add_argument("--schema", metavar="NAME", default=None, help=SCHEMA_HELP)
     parser.add_argument(
         "--json",
         action="store_true",
@@ -1356,7 +1367,7 @@ def build_parser(*, json_output: bool = False) -> argparse.ArgumentParser:
         "migrate",
         parents=[common],
         formatter_class=raw,
-        help="create or upgrade the awa_fast schema",
+        help="create or upgrade the awa_fast schema (or --schema's)",
         description="Apply every missing awa_fast schema migration (idempotent, "
         "safe to run concurrently).\nPrints the versions applied, or "
         "'schema up to date (version N)';\n"
@@ -2074,7 +2085,9 @@ def _print_migrations(s: Session, after: int, upto: int) -> int:
 
     # Each migration as a transaction that also keeps the runner's bookkeeping (its lock, the
     # schema_version table, the version's record), so the printed SQL can be applied by hand.
-    found = schema.migration_scripts(after, upto)
+    from awa_fast.schema_binding import resolve
+
+    found = schema.migration_scripts(after, upto, resolve())
     if s.json:
         _print_json(
             {
@@ -2154,6 +2167,13 @@ def _main(argv: list[str]) -> int:
 
     func = args.func
     try:
+        if getattr(args, "schema", None) is not None:
+            # --schema: every client, connection, dashboard and worker child this command
+            # makes uses that schema (schema_binding.resolve reads the variable)
+            from awa_fast import schema_binding
+
+            schema_binding.check_name(args.schema, "--schema")
+            os.environ[schema_binding.ENV] = args.schema
         if asyncio.iscoroutinefunction(func):
             return _run_async(func, session)
         return func(session)

@@ -25,7 +25,15 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import callbacks, db_errors, schema, sql
+from awa_fast import (
+    callbacks,
+    db_errors,
+    pg_connection,
+    schema,
+    schema_binding,
+    sql,
+    storage_options,
+)
 from awa_fast import pooler as pooler_mode
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
@@ -163,6 +171,11 @@ class AsyncClient:
             one LISTEN connection (wake-ups within milliseconds, cancel requests to running
             handlers); without it the runtime polls every ``poll_interval_ms``. Rejected
             (``ConfigError``) with any other ``pooler``.
+        schema: the PostgreSQL schema every awa-fast object of this client lives in (its jobs,
+            workers, maintenance leader, wake-ups; ADR 027); ``None`` (the default):
+            ``$AWA_FAST_SCHEMA`` if set, else ``"awa_fast"``. Lowercase letters, digits and
+            ``_``, at most 56 characters. Clients of different schemas share a database and
+            nothing else.
 
     Like awa-pg, a client given a URL connects once at construction to check that the
     database is reachable (one short-lived connection, closed at once, so a client built at
@@ -181,7 +194,8 @@ class AsyncClient:
 
     Raises:
         DatabaseUnavailable: the given database cannot be reached (awa-pg's eager connect).
-        ValidationError: ``max_connections`` < 1.
+        ValidationError: ``max_connections`` < 1; a ``schema`` (or ``$AWA_FAST_SCHEMA``) that
+            breaks the schema-name rule (naming the field).
         ConfigError: ``pooler`` not one of ``None``, ``"session"``, ``"transaction"``;
             ``listen_url`` given without ``pooler="transaction"``. At the pool's first open
             (and so at ``start()``): a pooler found behind ``database_url`` with ``pooler``
@@ -196,6 +210,7 @@ class AsyncClient:
         *,
         pooler: str | None = None,
         listen_url: str | None = None,
+        schema: str | None = None,
     ):
         if not isinstance(max_connections, int) or max_connections < 1:
             raise ValidationError(
@@ -212,6 +227,7 @@ class AsyncClient:
                 limit="only with pooler='transaction'",
             )
         self.listen_url = listen_url
+        self._binding = schema_binding.resolve(schema)
         self.explicit_database_url = database_url or None
         self._database_url: str | None = database_url or None
         self.max_connections = max_connections
@@ -254,7 +270,9 @@ class AsyncClient:
         self._dlq = DlqAdmin(self._connections, staleness)
         self._storage = StorageAdmin(
             self._connections,
-            lambda: self.migrate(),
+            self._migrate_schema,
+            schema=lambda: self._binding,
+            use_schema=self._use_schema,
             running=lambda: self._runtime is not None or self._starting is not None,
         )
         self._batches = BatchAdmin(self._connections)
@@ -275,6 +293,46 @@ class AsyncClient:
     @database_url.setter
     def database_url(self, value: str) -> None:
         self._database_url = self.explicit_database_url = value
+
+    @property
+    def schema(self) -> str:
+        """The schema this client's objects live in (``"awa_fast"`` by default). Set it before
+        the client's first use to move it (``awa-fast --schema s worker`` does, as
+        ``--database-url`` sets :attr:`database_url`).
+
+        Raises (on set):
+            ValidationError: the name breaks the schema-name rule.
+            AwaError: the pool is open or the runtime started (use
+                ``install_queue_storage(schema=...)``, which moves an open client).
+        """
+        return self._binding.name
+
+    @schema.setter
+    def schema(self, name: str) -> None:
+        binding = schema_binding.bind(name)
+        if binding is self._binding:
+            return
+        if self._pool is not None or self._runtime is not None or self._starting is not None:
+            raise AwaError(
+                f"cannot move to schema {name!r}: this client is in use "
+                "(install_queue_storage(schema=...) moves a client in use)"
+            )
+        self._binding = binding
+
+    async def _use_schema(self, binding: schema_binding.SchemaBinding) -> None:
+        """Move this client to ``binding``'s schema (awa's ``install_queue_storage(schema=)``
+        and ``start(queue_storage_schema=)``): a pool bound to the previous one is closed, the
+        next use opens one bound to the new one."""
+        if binding is self._binding:
+            return
+        await self._producer.waker.flush()  # wake-ups owed in the previous schema
+        self._binding = binding
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+        if self._pool_guard is not None:
+            self._pool_guard.cancel()
+            self._pool_guard = None
 
     async def _resolved_url(self) -> str:
         if self._database_url is None:  # may start the embedded server: off the loop
@@ -335,6 +393,8 @@ class AsyncClient:
                 _configure if pooler_mode.session_state_allowed(self.pooler) else _configure_pooled
             ),
             timeout=30,
+            # every statement on it in this client's schema (ADR 027)
+            connection_class=pg_connection.connection_class(self._binding),
         )
 
     async def close(self) -> None:
@@ -375,8 +435,12 @@ class AsyncClient:
         await self.close()
 
     async def migrate(self) -> list[int]:
-        """Create or upgrade the ``awa_fast`` schema (idempotent, safe concurrently)."""
-        return await schema.migrate(await self._resolved_url())
+        """Create or upgrade this client's schema (``awa_fast`` by default; idempotent, safe
+        concurrently); returns the versions applied now."""
+        return await self._migrate_schema(self._binding)
+
+    async def _migrate_schema(self, binding: schema_binding.SchemaBinding) -> list[int]:
+        return await schema.migrate(await self._resolved_url(), binding)
 
     # -- producers ------------------------------------------------------------------------------
 
@@ -873,15 +937,17 @@ class AsyncClient:
         reset: bool = False,
     ) -> None:
         """awa installs and activates its queue-storage engine here. awa-fast has one engine,
-        the ``awa_fast`` schema, always active: this applies its migrations (idempotent), and
+        always active, in this client's schema: this applies its migrations (idempotent), and
         with ``reset=True`` then deletes every job and what belongs to jobs, as awa's reset
-        (``StorageAdmin.install_queue_storage``; docs/compat.md). The slot counts size awa's
-        partition rings: accepted (> 0), without effect here (logged at INFO).
+        (``StorageAdmin.install_queue_storage``; docs/compat.md). ``schema``: awa's default
+        ``"awa"`` is this client's schema; another name creates (or upgrades) that schema and
+        moves this client to it (ADR 027). The slot counts size awa's partition rings:
+        accepted (> 0), without effect here (logged at INFO).
 
         Raises:
             AwaError: this client's worker runtime is running or starting (awa's rule), or
                 another install of this client is in progress.
-            Unsupported: a ``schema`` other than awa's default ``"awa"``.
+            ValidationError: a ``schema`` that breaks the schema-name rule.
             ConfigError: a slot count that is not an int > 0, ``reset`` not a bool.
         """
         return await self._storage.install_queue_storage(
@@ -895,11 +961,12 @@ class AsyncClient:
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
     ) -> None:
         """As :meth:`install_queue_storage` without ``reset``: awa materializes its
-        queue-storage schema here without activating it; awa-fast's one engine is always
-        active, so this applies the migrations (awa-fast has no separate prepare step).
+        queue-storage schema here without activating it; so does this: the migrations of
+        ``schema`` (``"awa"``: this client's) are applied, and the client stays where it is
+        (``start(queue_storage_schema=...)`` or ``install_queue_storage`` moves it).
 
         Raises:
-            Unsupported, ConfigError: as :meth:`install_queue_storage`.
+            ValidationError, ConfigError: as :meth:`install_queue_storage`.
         """
         return await self._storage.prepare_queue_storage_schema(
             schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
@@ -1215,7 +1282,10 @@ class AsyncClient:
         # Marked before the first await: a second start() meanwhile is refused, and a
         # shutdown() meanwhile waits for this one to end, then stops what it started.
         self._starting = asyncio.Event()
+        previous = self._binding
         try:
+            # queue_storage_schema: the client moves with its runtime (ADR 027)
+            await self._use_schema(runtime.services.schema)
             await runtime.start()
             self._runtime = runtime
         except asyncio.CancelledError:
@@ -1225,6 +1295,9 @@ class AsyncClient:
                 await runtime.shutdown(0)
             raise
         finally:
+            if self._runtime is not runtime:  # not started: the client stays where it was
+                with contextlib.suppress(Exception):
+                    await self._use_schema(previous)
             starting, self._starting = self._starting, None
             starting.set()
 
@@ -1244,7 +1317,15 @@ class AsyncClient:
             options.pop("consequence_backoff_ms", None),
             self.consequences.config,
         )
-        runtime = Runtime(self._services(), queues, **options)
+        # awa's queue_storage_schema: the schema this start runs in ("awa", awa's default, is
+        # this client's own); start() moves the client there (ADR 027)
+        binding = None
+        name = options.pop("queue_storage_schema", None)
+        if name is not None:
+            storage_options.check_value("queue_storage_schema", name)
+            if name != storage_options.AWA_DEFAULT_SCHEMA:
+                binding = schema_binding.bind(name, "queue_storage_schema")
+        runtime = Runtime(self._services(binding), queues, **options)
         self._warn_cron_off_queue()
         return runtime, consequences
 
@@ -1268,7 +1349,7 @@ class AsyncClient:
                     stacklevel=5,  # start() (its db_errors wrapper), _runtime_for, this
                 )
 
-    def _services(self) -> Services:
+    def _services(self, binding: schema_binding.SchemaBinding | None = None) -> Services:
         """What the worker layer may use of this client (``worker/services.py``)."""
         return Services(
             pool=self.pool,
@@ -1282,6 +1363,7 @@ class AsyncClient:
             queue_descriptors=self.queue_descriptors,
             kind_descriptors=self.kind_descriptors,
             off_queue=self._off_queue,
+            schema=self._binding if binding is None else binding,
         )
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:

@@ -24,6 +24,7 @@ from awa_fast.errors import UniqueConflict
 from awa_fast.job import Job, JobState
 from awa_fast.requests import Prepared, UniformBatch
 from awa_fast.rows import one_row, one_row_sync
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 
 log = logging.getLogger("awa_fast.enqueue")
 
@@ -115,23 +116,33 @@ def many_params(rows: list[Prepared]) -> tuple:
 
 
 async def insert_one(
-    conn: psycopg.AsyncConnection, p: Prepared, *, defer_notify: bool = False
+    conn: psycopg.AsyncConnection,
+    p: Prepared,
+    *,
+    defer_notify: bool = False,
+    binding: SchemaBinding = DEFAULT,
 ) -> Job:
     """Insert one prepared job; returns the stored row. ``defer_notify``: its transaction sends
-    no NOTIFY (the caller wakes the queue after the commit, ADR 018)."""
+    no NOTIFY (the caller wakes the queue after the commit, ADR 018). ``binding``: the schema,
+    for a caller's own connection (the bridge; awa-fast's own are bound already)."""
     with mapped_errors():
         # The caller's connection may have any row factory (bridge): read tuples.
         cur = conn.cursor(row_factory=tuple_row)
         statement = sql.INSERT_ONE_DEFERRING_NOTIFY if defer_notify else sql.INSERT_ONE
+        if binding is not DEFAULT:  # (awa-fast's own connections are bound already)
+            statement = binding.rewrite(statement)
         await cur.execute(statement, one_params(p))
         return Job.from_row(await one_row(cur))
 
 
-def insert_one_sync(conn: psycopg.Connection, p: Prepared) -> Job:
+def insert_one_sync(
+    conn: psycopg.Connection, p: Prepared, *, binding: SchemaBinding = DEFAULT
+) -> Job:
     """Blocking twin of :func:`insert_one`."""
     with mapped_errors():
         cur = conn.cursor(row_factory=tuple_row)
-        return Job.from_row(one_row_sync(cur.execute(sql.INSERT_ONE, one_params(p))))
+        statement = binding.rewrite(sql.INSERT_ONE)
+        return Job.from_row(one_row_sync(cur.execute(statement, one_params(p))))
 
 
 async def insert_many(conn: psycopg.AsyncConnection, rows: list[Prepared]) -> list[Job]:

@@ -20,12 +20,15 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import threading
 from typing import Any
 
 import psycopg
 from psycopg import capabilities
+
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 
 _LIBPQ: ctypes.CDLL | None = None
 
@@ -108,3 +111,87 @@ class Connection(psycopg.AsyncConnection[Any]):
             ) from None
         if error is not None:
             raise psycopg.OperationalError(f"cancel request failed: {error}")
+
+
+# -- the schema a connection's statements are bound to (schema_binding, ADR 027) ----------------
+
+
+def _bound_cursor(base: type, binding: SchemaBinding) -> type:
+    """A subclass of the cursor class ``base`` whose statements are rewritten for ``binding``
+    (one dict lookup per statement once a text has been seen)."""
+    rewrite = binding.rewrite
+
+    def text(query: Any) -> Any:
+        return rewrite(query) if isinstance(query, str) else query
+
+    if issubclass(base, psycopg.AsyncCursor):
+
+        class AsyncBound(base):
+            async def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
+                return await super().execute(text(query), params, **kw)
+
+            async def executemany(self, query: Any, params_seq: Any, **kw: Any) -> None:
+                await super().executemany(text(query), params_seq, **kw)
+
+            def copy(self, statement: Any, params: Any = None, **kw: Any) -> Any:
+                return super().copy(text(statement), params, **kw)
+
+            def stream(self, query: Any, params: Any = None, **kw: Any) -> Any:
+                return super().stream(text(query), params, **kw)
+
+        return AsyncBound
+
+    class Bound(base):
+        def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
+            return super().execute(text(query), params, **kw)
+
+        def executemany(self, query: Any, params_seq: Any, **kw: Any) -> None:
+            super().executemany(text(query), params_seq, **kw)
+
+        def copy(self, statement: Any, params: Any = None, **kw: Any) -> Any:
+            return super().copy(text(statement), params, **kw)
+
+        def stream(self, query: Any, params: Any = None, **kw: Any) -> Any:
+            return super().stream(text(query), params, **kw)
+
+    return Bound
+
+
+@functools.cache
+def connection_class(binding: SchemaBinding = DEFAULT) -> type[Connection]:
+    """The async connection class of ``binding``'s schema: :class:`Connection` itself for the
+    default schema (nothing rewritten, no cost), else a subclass whose cursors rewrite each
+    statement for the schema (``binding.rewrite``). Open it as :class:`Connection`, or pass it
+    as a pool's ``connection_class``."""
+    if binding.is_default:
+        return Connection
+    cursor = _bound_cursor(psycopg.AsyncCursor, binding)
+
+    class BoundConnection(Connection):
+        schema = binding
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.cursor_factory = cursor
+
+    BoundConnection.__name__ = f"Connection[{binding.name}]"
+    return BoundConnection
+
+
+@functools.cache
+def sync_connection_class(binding: SchemaBinding = DEFAULT) -> type[psycopg.Connection[Any]]:
+    """As :func:`connection_class`, for ``psycopg.Connection`` (the blocking connections:
+    migrations, the lingering-attempt thread, a progress flush from the loop's own thread)."""
+    if binding.is_default:
+        return psycopg.Connection
+    cursor = _bound_cursor(psycopg.Cursor, binding)
+
+    class BoundSyncConnection(psycopg.Connection[Any]):
+        schema = binding
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.cursor_factory = cursor
+
+    BoundSyncConnection.__name__ = f"SyncConnection[{binding.name}]"
+    return BoundSyncConnection

@@ -7,7 +7,8 @@ keywords. awa-fast has one storage engine (the hot table and its finished slices
 Each option is either:
 
 - ``honoured``: it has a counterpart here and is applied with awa's meaning and unit
-  (``terminal_count_rollup_interval_ms``: awa-fast's counter fold, ``Maintenance.fold_counts``);
+  (``terminal_count_rollup_interval_ms``: awa-fast's counter fold, ``Maintenance.fold_counts``;
+  ``queue_storage_schema``: the schema the client and its runtime use, ADR 027);
 - ``inapplicable``: it tunes a mechanism awa-fast does not have. It is accepted with awa's own
   validation, logged once at INFO naming it and why it has no effect, and listed by
   ``awa-fast check``. Never silently: docs/compat.md has the table.
@@ -22,7 +23,8 @@ import dataclasses
 import logging
 from typing import Any
 
-from awa_fast.errors import ConfigError, Unsupported
+from awa_fast.errors import ConfigError
+from awa_fast.schema_binding import check_name
 
 log = logging.getLogger("awa_fast.storage_options")
 
@@ -30,7 +32,7 @@ HONOURED = "honoured"
 INAPPLICABLE = "inapplicable"
 
 # awa 0.7's default queue-storage schema: ``queue_storage_schema`` equal to it (or omitted)
-# places nothing elsewhere, so it needs no configurable schema.
+# is the client's own schema (``awa_fast`` unless the client was given another).
 AWA_DEFAULT_SCHEMA = "awa"
 TRANSITION_ROLES = ("auto", "canonical_drain", "queue_storage_target")
 
@@ -77,10 +79,11 @@ OPTIONS: dict[str, StorageOption] = {
         ),
         StorageOption(
             "queue_storage_schema",
-            INAPPLICABLE,
+            HONOURED,
             "the schema of the queue-storage tables (default 'awa')",
-            "awa-fast keeps every object in its awa_fast schema; awa's default 'awa' (or "
-            "omitted) is accepted, another schema is not implemented yet (Unsupported)",
+            "the schema every awa-fast object of the client lives in: start() moves the client "
+            "and its runtime there (migrate it first: install_queue_storage(schema=...) or "
+            "awa-fast migrate --schema); awa's default 'awa' is the client's own schema",
             None,
             "schema",
         ),
@@ -154,7 +157,8 @@ def check_value(name: str, value: Any) -> None:
         ConfigError: a non-int or an int < 1 for a count or interval; a
             ``storage_transition_role`` not among :data:`TRANSITION_ROLES`; a
             ``queue_storage_schema`` that is not a string.
-        Unsupported: a ``queue_storage_schema`` other than awa's default ``"awa"``.
+        ValidationError: a ``queue_storage_schema`` that breaks the schema-name rule
+            (``schema_binding.check_name``).
     """
     option = OPTIONS[name]
     if option.check == "positive_int":
@@ -174,11 +178,7 @@ def check_value(name: str, value: Any) -> None:
         if not isinstance(value, str):
             raise ConfigError(f"{name} must be a str, got {value!r}", field=name, limit="str")
         if value != AWA_DEFAULT_SCHEMA:
-            raise Unsupported(
-                name,
-                f"awa-fast keeps its objects in the awa_fast schema; only awa's default "
-                f"{AWA_DEFAULT_SCHEMA!r} is accepted",
-            )
+            check_name(value, name)
 
 
 def inapplicable_given(options: dict[str, Any]) -> list[StorageOption]:
@@ -195,7 +195,7 @@ def accept(options: dict[str, Any], where: str = "start()") -> dict[str, Any]:
     <why>"), and return the honoured ones given, by name.
 
     Raises:
-        ConfigError, Unsupported: as :func:`check_value`, before anything is logged.
+        ConfigError, ValidationError: as :func:`check_value`, before anything is logged.
     """
     given = {k: v for k, v in options.items() if k in OPTIONS and v is not None}
     for name, value in given.items():

@@ -133,6 +133,9 @@ _NOT_YET = ("starting up", "shutting down", "in recovery", "too many clients")
 # The database URL a child gets from the launcher: in its environment, not its argv, where
 # `ps` would show any local user the password.
 CHILD_DATABASE_URL_ENV = "AWA_FAST_CHILD_DATABASE_URL"
+# `awa-fast --schema s worker`: a child moves the application's client to schema s, whatever
+# the client was built with (as --database-url overrides its URL).
+CHILD_SCHEMA_ENV = "AWA_FAST_CHILD_SCHEMA"
 # Prefixes the preflight's one result line on its stdout, which the application may write to.
 PREFLIGHT_MARK = "awa-fast-preflight: "
 # Signals that stop the launcher (a drain); SIGHUP is a closed terminal.
@@ -236,6 +239,7 @@ async def _child_main(
     liveness.EXIT_ON_BLOCKED_EXPIRY = True
     # Taken before the application imports: not for processes it starts.
     database_url = os.environ.pop(CHILD_DATABASE_URL_ENV, None)
+    schema = os.environ.pop(CHILD_SCHEMA_ENV, None)
     try:
         client, module = load_client(args.app)
     except AppSpecError as exc:
@@ -248,6 +252,8 @@ async def _child_main(
         return EXIT_IMPORT_FAILED
     if database_url:
         client.database_url = database_url
+    if schema:
+        client.schema = schema
     queues = parse_queues_arg(args.queues)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -65,14 +65,15 @@ def _close_open_clients() -> None:
 
 class Client:
     """Blocking client: ``Client(database_url=None, max_connections=10, *, pooler=None,
-    listen_url=None)``, usable as ``with`` (the arguments as for :class:`AsyncClient`,
-    ``None`` resolved as the CLI does). One not closed is closed at interpreter exit (within
-    5 s).
+    listen_url=None, schema=None)``, usable as ``with`` (the arguments as for
+    :class:`AsyncClient`, ``None`` resolved as the CLI does). One not closed is closed at
+    interpreter exit (within 5 s).
 
     Raises (construction):
         DatabaseError: the database cannot be reached (awa-pg connects eagerly too).
         ConfigError: ``pooler`` / ``listen_url`` as :class:`AsyncClient` refuses them, or the
             connection does not match ``pooler`` (its pool opens here).
+        ValidationError: as :class:`AsyncClient`.
     """
 
     def __init__(
@@ -82,9 +83,10 @@ class Client:
         *,
         pooler: str | None = None,
         listen_url: str | None = None,
+        schema: str | None = None,
     ):
         self._async = AsyncClient(
-            database_url, max_connections, pooler=pooler, listen_url=listen_url
+            database_url, max_connections, pooler=pooler, listen_url=listen_url, schema=schema
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -98,6 +100,11 @@ class Client:
             raise
         self._pid = os.getpid()
         _OPEN.add(self)
+
+    @property
+    def schema(self) -> str:
+        """The schema this client's objects live in (``AsyncClient.schema``)."""
+        return self._async.schema
 
     @property
     def async_client(self) -> AsyncClient:

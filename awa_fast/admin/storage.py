@@ -1,6 +1,6 @@
 """Storage admin: :class:`StorageAdmin`, awa-pg's storage calls (install / prepare queue
-storage, status, admin-metadata flush) answered for awa-fast's one engine, the ``awa_fast``
-schema."""
+storage, status, admin-metadata flush) answered for awa-fast's one engine, in the client's
+schema (``awa_fast`` by default; ADR 027)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 from awa_fast import sql
 from awa_fast.admin.jobs import pretty_json
 from awa_fast.connections import Connections
-from awa_fast.errors import AwaError, ConfigError, Unsupported
-from awa_fast.schema import MIGRATE_LOCK_KEY, current_migration_version
+from awa_fast.errors import AwaError, ConfigError
+from awa_fast.schema import current_migration_version
+from awa_fast.schema_binding import SchemaBinding, bind
 
 log = logging.getLogger("awa_fast.storage")
 
@@ -21,20 +22,20 @@ _DEFAULT_SCHEMA = "awa"
 _SLOT_COUNTS = {"queue_slot_count": 16, "lease_slot_count": 8}
 
 
-def _storage_arguments(schema_name: Any, **slot_counts: Any) -> None:
-    """awa's arguments of install / prepare: ``schema`` must be awa's default (awa-fast's objects
-    live in ``awa_fast``; another schema is not implemented yet); the slot counts size awa's
-    partition rings, which awa-fast does not have: validated as awa does (> 0), logged at INFO
-    when not awa's default, otherwise without effect (docs/compat.md).
+def _storage_arguments(
+    schema_name: Any, current: SchemaBinding, **slot_counts: Any
+) -> SchemaBinding:
+    """awa's arguments of install / prepare, checked before anything changes; returns the
+    schema they name: awa's default ``"awa"`` is the client's own (``current``), another name
+    that schema. The slot counts size awa's partition rings, which awa-fast does not have:
+    validated as awa does (> 0), logged at INFO when not awa's default, otherwise without
+    effect (docs/compat.md).
 
     Raises:
-        Unsupported: ``schema`` other than ``"awa"``.
+        ValidationError: ``schema`` breaks the schema-name rule (``schema_binding``).
         ConfigError: a slot count that is not an int > 0.
     """
-    if schema_name != _DEFAULT_SCHEMA:
-        raise Unsupported(
-            "schema", "awa-fast has one storage engine with a fixed schema (awa_fast) and layout"
-        )
+    binding = current if schema_name == _DEFAULT_SCHEMA else bind(schema_name, "schema")
     for key, value in slot_counts.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key} must be > 0, got {value!r}", field=key, limit="> 0")
@@ -46,14 +47,17 @@ def _storage_arguments(schema_name: Any, **slot_counts: Any) -> None:
                 key,
                 value,
             )
+    return binding
 
 
 class StorageAdmin:
     """The storage calls behind ``AsyncClient``'s (their docstrings are the reference).
 
     Args:
-        db: the connection source.
-        migrate: applies the schema's migrations (``AsyncClient.migrate``).
+        db: the connection source (bound to the client's schema).
+        migrate: applies a schema's migrations (``AsyncClient._migrate_schema``).
+        schema: ``() -> SchemaBinding``, the client's schema now.
+        use_schema: moves the client to a schema (its pool rebound).
         running: whether the client's worker runtime is running or starting (awa refuses an
             install then).
     """
@@ -61,11 +65,16 @@ class StorageAdmin:
     def __init__(
         self,
         db: Connections,
-        migrate: Callable[[], Awaitable[list[int]]],
+        migrate: Callable[[SchemaBinding], Awaitable[list[int]]],
+        *,
+        schema: Callable[[], SchemaBinding],
+        use_schema: Callable[[SchemaBinding], Awaitable[None]],
         running: Callable[[], bool] = lambda: False,
     ) -> None:
         self._db = db
         self._migrate = migrate
+        self._schema = schema
+        self._use_schema = use_schema
         self._running = running
         self.installing = False  # an install is in progress: start() is refused (awa's rule)
 
@@ -81,7 +90,8 @@ class StorageAdmin:
         lease_slot_count: int = 8,
         reset: bool = False,
     ) -> None:
-        """Apply the migrations (idempotent); with ``reset=True`` then empty the storage, as
+        """Move the client to ``schema`` (``"awa"``: stay), apply that schema's migrations
+        (idempotent); with ``reset=True`` then empty its storage, as
         awa's reset (which drops and recreates its queue-storage schema) does: every job,
         finished or not, DLQ entry, schedule, queue setting, descriptor and batch operation is
         deleted, in one transaction under the migration lock (``sql.RESET_TABLES``). The
@@ -91,7 +101,7 @@ class StorageAdmin:
         Raises:
             AwaError: the client's worker runtime is running or starting (awa's rule), or
                 another install of this client is in progress.
-            Unsupported: ``schema`` other than awa's default ``"awa"``.
+            ValidationError: ``schema`` breaks the schema-name rule.
             ConfigError: a slot count that is not an int > 0 (any other is accepted and has
                 no effect: logged at INFO).
             ValidationError: ``reset`` not a bool.
@@ -109,16 +119,20 @@ class StorageAdmin:
     async def _install(
         self, schema: str, queue_slot_count: int, lease_slot_count: int, reset: bool
     ) -> None:
-        _storage_arguments(
-            schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
+        binding = _storage_arguments(
+            schema,
+            self._schema(),
+            queue_slot_count=queue_slot_count,
+            lease_slot_count=lease_slot_count,
         )
         if not isinstance(reset, bool):
             raise ConfigError(f"reset must be a bool, got {reset!r}", field="reset", limit="bool")
-        await self._migrate()
+        await self._migrate(binding)
+        await self._use_schema(binding)
         if reset:
             pool = await self._db.pool()
             async with pool.connection() as conn, conn.transaction():
-                await conn.execute(sql.MIGRATE_LOCK, (MIGRATE_LOCK_KEY,))
+                await conn.execute(sql.MIGRATE_LOCK, (binding.migrate_lock_key,))
                 tables = [r[0] for r in await (await conn.execute(sql.RESET_TABLES)).fetchall()]
                 for statement in sql.reset_truncate(tables):
                     await conn.execute(statement)
@@ -126,18 +140,22 @@ class StorageAdmin:
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
     ) -> None:
-        """As :meth:`install_queue_storage` without ``reset``."""
-        _storage_arguments(
-            schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
+        """Apply ``schema``'s migrations (``"awa"``: the client's); the client stays where it is."""
+        binding = _storage_arguments(
+            schema,
+            self._schema(),
+            queue_slot_count=queue_slot_count,
+            lease_slot_count=lease_slot_count,
         )
-        await self._migrate()
+        await self._migrate(binding)
 
     async def storage_status(self) -> str:
         """awa's storage-status report (pretty JSON) for the one engine."""
         rows = await self._db.fetch(sql.STORAGE_HISTORY)
         first, last, applied = rows[0] if rows else (None, None, None)
         first, last = (None if t is None else t.isoformat() for t in (first, last))
-        why = ["awa-fast has one storage engine (awa_fast schema); there is no transition"]
+        name = self._schema().name
+        why = [f"awa-fast has one storage engine ({name} schema); there is no transition"]
 
         report = {
             "current_engine": "awa_fast",
@@ -146,7 +164,7 @@ class StorageAdmin:
             "state": "active" if applied else "not_migrated",
             "transition_epoch": 0,
             "details": {
-                "schema": "awa_fast",
+                "schema": name,
                 "migration_version": applied,
                 "package_migration_version": current_migration_version(),
             },

@@ -1,8 +1,10 @@
-"""Versioned SQL migrations for the ``awa_fast`` schema.
+"""Versioned SQL migrations for the ``awa_fast`` schema (or another, ADR 027).
 
 Migrations are the numbered ``NNN_name.sql`` files beside this module. :func:`migrate` applies the
 missing ones in order, each in its own transaction, under a transaction-level advisory lock, so it is
-idempotent and safe to run from many processes at once.
+idempotent and safe to run from many processes at once. The files are written for ``awa_fast``;
+for another schema each is rendered with the rule every statement follows
+(:meth:`awa_fast.schema_binding.SchemaBinding.rewrite`), on a connection bound to that schema.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ import psycopg
 
 from awa_fast import db_errors
 from awa_fast import sql as statements
+from awa_fast.pg_connection import sync_connection_class
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 
 SCHEMA = "awa_fast"
-# Arbitrary constant: the advisory-lock key that serialises concurrent migrate() calls.
-MIGRATE_LOCK_KEY = 0x6177615F6D6967  # "awa_mig"
+# The advisory-lock key that serialises concurrent migrate() calls of the default schema
+# (another schema's: SchemaBinding.migrate_lock_key).
+MIGRATE_LOCK_KEY = DEFAULT.migrate_lock_key
 
 _NAME = re.compile(r"^(\d{3})_(\w+)\.sql$")
 
@@ -48,14 +53,17 @@ def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str,
     return [m for m in migrations() if from_version < m[0] <= to_version]
 
 
-def migration_scripts(from_version: int, to_version: int) -> list[tuple[int, str, str]]:
+def migration_scripts(
+    from_version: int, to_version: int, binding: SchemaBinding = DEFAULT
+) -> list[tuple[int, str, str]]:
     """The migrations with ``from_version < version <= to_version`` as ``(version, description,
     script)``, in order, each script a transaction that applies the migration by hand (psql, or
     any client that runs several statements) as :func:`migrate` does: under its lock, creating
     the ``schema_version`` table if missing and recording the version. A script whose migration
     is already recorded, or whose predecessor is not, fails and is rolled back before the
     migration runs (``psql -v ON_ERROR_STOP=1`` stops there). ``awa-fast migrate --sql`` prints
-    these; :func:`migrations` is the bare SQL."""
+    these; :func:`migrations` is the bare SQL. ``binding``: the schema the scripts create or
+    upgrade (the default ``awa_fast``'s scripts are the files as written)."""
     from psycopg.sql import Literal
 
     everything = migrations()
@@ -65,14 +73,15 @@ def migration_scripts(from_version: int, to_version: int) -> list[tuple[int, str
         if not from_version < version <= to_version:
             continue
         opening = statements.MIGRATION_SCRIPT_OPEN % {
-            "lock_key": MIGRATE_LOCK_KEY,
+            "lock_key": binding.migrate_lock_key,
             "bootstrap": "\n    ".join(statements.MIGRATION_BOOTSTRAP.strip().splitlines()),
             "version": version,
             "previous": previous[version],
         }
         record = statements.MIGRATION_RECORD % (version, Literal(description).as_string())
         closing = statements.MIGRATION_SCRIPT_CLOSE % {"record": record}
-        scripts.append((version, description, f"{opening}\n{text.strip()}\n\n{closing}"))
+        script = binding.rewrite(f"{opening}\n{text.strip()}\n\n{closing}")
+        scripts.append((version, description, script))
     return scripts
 
 
@@ -83,30 +92,31 @@ def current_migration_version() -> int:
 
 async def check_current(conn: psycopg.AsyncConnection) -> None:
     """Fail fast on a database this package cannot work with (the worker's ``start()`` and
-    every CLI command that reads jobs).
+    every CLI command that reads jobs), for the schema ``conn`` is bound to
+    (``pg_connection.connection_class``).
 
     Raises:
-        SchemaNotMigrated: the ``awa_fast`` schema is missing or older than this package.
+        SchemaNotMigrated: that schema is missing or older than this package.
     """
     from awa_fast.errors import SchemaNotMigrated
+
+    name = getattr(conn, "schema", DEFAULT).name
+    hint = "awa-fast migrate" + ("" if name == SCHEMA else f" --schema {name}")
 
     version = None
     if (await (await conn.execute(statements.SCHEMA_PRESENT)).fetchone() or (None,))[0]:
         version = (await (await conn.execute(statements.SCHEMA_VERSION)).fetchone() or (None,))[0]
     need = current_migration_version()
     if version is None:
-        raise SchemaNotMigrated(
-            "the awa_fast schema is missing from this database: run `awa-fast migrate`"
-        )
+        raise SchemaNotMigrated(f"the {name} schema is missing from this database: run `{hint}`")
     if version < need:
         raise SchemaNotMigrated(
-            f"the awa_fast schema is at version {version}, this package "
-            f"needs {need}: run `awa-fast migrate`"
+            f"the {name} schema is at version {version}, this package needs {need}: run `{hint}`"
         )
 
 
 @db_errors.maps("migrate")
-async def migrate(database_url: str) -> list[int]:
+async def migrate(database_url: str, binding: SchemaBinding = DEFAULT) -> list[int]:
     """Apply every missing migration to ``database_url``; returns the versions applied now.
 
     Runs :func:`migrate_sync` in a thread (migrations are rare and short).
@@ -116,26 +126,30 @@ async def migrate(database_url: str) -> list[int]:
             reached or rejected a migration (that migration is rolled back); chained to the
             driver's error (``awa_fast.db_errors``).
     """
-    return await asyncio.to_thread(migrate_sync, database_url)
+    return await asyncio.to_thread(migrate_sync, database_url, binding)
 
 
 @db_errors.maps("migrate")
-def migrate_sync(database_url: str) -> list[int]:
-    """Apply every missing migration to ``database_url``; returns the versions applied now.
+def migrate_sync(database_url: str, binding: SchemaBinding = DEFAULT) -> list[int]:
+    """Apply every missing migration of ``binding``'s schema (default ``awa_fast``, created if
+    missing) to ``database_url``; returns the versions applied now. Each schema has its own
+    version table and lock: migrating one never waits for or touches another.
 
     Raises:
         DatabaseError: as :func:`migrate`.
     """
     applied_now = []
     # No prepared statements, no session SET: works through a transaction pooler too.
-    with psycopg.connect(database_url, autocommit=True, prepare_threshold=None) as conn:
+    with sync_connection_class(binding).connect(
+        database_url, autocommit=True, prepare_threshold=None
+    ) as conn:
         # The lock, then a fresh look at what is applied: READ COMMITTED whatever the
         # database's default (at REPEATABLE READ two migrators both saw a version missing);
         # each transaction's own BEGIN says so.
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         for version, description, sql in migrations():
             with conn.transaction():
-                conn.execute(statements.MIGRATE_LOCK, (MIGRATE_LOCK_KEY,))
+                conn.execute(statements.MIGRATE_LOCK, (binding.migrate_lock_key,))
                 conn.execute(statements.MIGRATION_BOOTSTRAP)
                 if conn.execute(statements.MIGRATION_APPLIED, (version,)).fetchone():
                     continue

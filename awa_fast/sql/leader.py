@@ -4,7 +4,8 @@ leader's fencing rule") and the displacement of a frozen leader and its frozen p
 
 from awa_fast.sql.fragments import _STALENESS, S
 
-# Arbitrary constant: the advisory-lock key of the maintenance leader.
+# Arbitrary constant: the advisory-lock key of the default schema's maintenance leader (another
+# schema's: schema_binding.SchemaBinding.leader_lock_key, which callers pass).
 LEADER_LOCK_KEY = 0x6177615F6C6561  # "awa_lea"
 
 TRY_LEADER = "SELECT pg_try_advisory_lock(%s)"

@@ -36,9 +36,9 @@ SELECT min(applied_at), max(applied_at), max(version) FROM {S}.schema_version"""
 # the live processes' presence and verifier registrations stay. Sequences go on (ids are not
 # reused: an attempt still running elsewhere cannot finalize a new job of the same id).
 # The tables to empty: every table of the schema but those, partitions left to their parent
-# (run without parameters).
+# (run without parameters), by name within the schema.
 RESET_TABLES = f"""
-SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c
+SELECT c.relname FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = '{S}' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
   AND c.relname <> ALL(ARRAY['schema_version', 'leader', 'workers', 'verifier_kinds'])
@@ -46,11 +46,11 @@ ORDER BY 1"""
 
 
 def reset_truncate(tables: list[str]) -> list[str]:
-    """The ``TRUNCATE`` statements of ``tables`` (names as ``RESET_TABLES`` quotes them),
-    sequences kept: the hot table alone and last, since its truncate trigger (migration 010)
-    truncates the finished storage again, which the same statement may not."""
+    """The ``TRUNCATE`` statements of ``tables`` (names within the schema, as ``RESET_TABLES``
+    returns them), sequences kept: the hot table alone and last, since its truncate trigger
+    (migration 010) truncates the finished storage again, which the same statement may not."""
     hot = f"{S}.jobs"
-    rest = [t for t in tables if t != hot]
+    rest = [f'{S}."{t}"' for t in tables if t != "jobs"]
     return [f"TRUNCATE {', '.join(rest)}", f"TRUNCATE {hot}"] if rest else [f"TRUNCATE {hot}"]
 
 

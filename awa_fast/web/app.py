@@ -34,6 +34,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from awa_fast import schema_binding
 from awa_fast.client import AsyncClient
 from awa_fast.connections import PoolBusy
 from awa_fast.db_errors import SERVER_GONE
@@ -264,6 +265,7 @@ def create_app(
     read_only: bool = False,
     token: str | None = None,
     startup_s: float | None = None,
+    schema: str | None = None,
 ) -> Starlette:
     """The dashboard for the awa-fast database at ``database_url`` (a libpq URL/DSN).
 
@@ -275,12 +277,18 @@ def create_app(
         startup_s: how long the application's startup waits for the database to accept
             connections (default ``reads.STARTUP_S``, 30 s); then the startup fails with
             :class:`StartupError` (also kept as ``app.state.startup_error``).
+        schema: the awa-fast schema it shows and acts on (default: ``$AWA_FAST_SCHEMA``, else
+            ``awa_fast``; ADR 027).
+
+    Raises:
+        ValidationError: ``schema`` breaks the schema-name rule.
 
     The bind rule (a token off loopback) is enforced by the caller, see
     :func:`awa_fast.web.security.check_bind`. Connections open on application startup.
     """
     templates = _templates()
     state: dict[str, Any] = {}
+    binding = schema_binding.resolve(schema)
 
     def client() -> AsyncClient:
         return state["client"]
@@ -557,7 +565,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        state["reads"] = Reads(database_url)
+        state["reads"] = Reads(database_url, binding=binding)
         state["client"] = None
         try:
             # the client's pool now: a first open failing later (database down) closes the
@@ -566,7 +574,9 @@ def create_app(
             try:
                 state["client"] = await _open(
                     state["reads"],
-                    lambda: _Client(database_url, max_connections=CLIENT_CONNECTIONS),
+                    lambda: _Client(
+                        database_url, max_connections=CLIENT_CONNECTIONS, schema=binding.name
+                    ),
                     wait_s,
                 )
             except StartupError as exc:

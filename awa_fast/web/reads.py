@@ -16,8 +16,9 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import PoolTimeout
 
-from awa_fast import sql
 from awa_fast.connections import Pool
+from awa_fast.pg_connection import connection_class
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.sql import dashboard as q
 
 STATEMENT_TIMEOUT_MS = q.STATEMENT_TIMEOUT_MS
@@ -82,9 +83,17 @@ class Page:
 
 
 class Reads:
-    """The dashboard's read model over ``database_url`` (open with :meth:`open`)."""
+    """The dashboard's read model over ``database_url`` (open with :meth:`open`), of the schema
+    ``binding`` (default ``awa_fast``; ADR 027)."""
 
-    def __init__(self, database_url: str, max_connections: int = READ_CONNECTIONS):
+    def __init__(
+        self,
+        database_url: str,
+        max_connections: int = READ_CONNECTIONS,
+        *,
+        binding: SchemaBinding = DEFAULT,
+    ):
+        self.binding = binding
         self._pool = Pool(
             database_url,
             open=False,
@@ -94,6 +103,7 @@ class Reads:
                     min_size=1,
                     max_size=max_connections,
                     kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+                    connection_class=connection_class(binding),
                 ),
             ),
         )
@@ -266,7 +276,7 @@ class Reads:
         ``PRESENCE_ROWS``), client connections to this database and the running attempts (at
         most ``RUNNING_ROWS``)."""
         return {
-            "leader": await self._one(q.LEADER, {"key": sql.LEADER_LOCK_KEY}),
+            "leader": await self._one(q.LEADER, {"key": self.binding.leader_lock_key}),
             "lease": await self._one(q.LEADER_LEASE),
             "processes": await self._all(q.PRESENCE, {"limit": q.PRESENCE_ROWS}),
             "connections": await self._all(q.CONNECTIONS),

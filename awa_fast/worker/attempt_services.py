@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
     from awa_fast.producer import OffQueueWarner
+    from awa_fast.schema_binding import SchemaBinding
 
 
 class ConnectionSource(Protocol):
@@ -27,6 +28,11 @@ class ConnectionSource(Protocol):
     def pooler(self) -> str | None:
         """The connection mode (``awa_fast.pooler``): ``None``, ``"session"`` or
         ``"transaction"`` (then no session state on a dedicated connection either)."""
+        ...
+
+    @property
+    def schema(self) -> SchemaBinding:
+        """The schema the dedicated connections are bound to (``pg_connection``)."""
         ...
 
     async def pool(self) -> AsyncConnectionPool: ...

@@ -18,6 +18,7 @@ from awa_fast.callback_expressions import compile_expressions
 from awa_fast.callback_token import CallbackToken, check_timeout
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import JobState
+from awa_fast.pg_connection import sync_connection_class
 from awa_fast.worker import storable
 from awa_fast.worker.attempt_services import AttemptRuntime
 from awa_fast.worker.follow_ups import FollowUps
@@ -261,7 +262,8 @@ class JobContext:
         if snap is None:
             return
         services = self.runtime.services
-        with psycopg.connect(
+        connect = sync_connection_class(services.schema).connect
+        with connect(
             services.database_url, autocommit=True, **pooler_mode.connect_options(services.pooler)
         ) as conn:
             conn.execute(sql.FLUSH_PROGRESS, (snap[1], self.id, self.run_lease))

@@ -15,6 +15,7 @@ import psycopg
 from awa_fast import bulk, pg_connection, sql
 from awa_fast import pooler as pooler_mode
 from awa_fast.retryable import Retry, classify
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.observe import Signal
@@ -74,8 +75,10 @@ class Heartbeat:
         presence: Callable[[Any], Awaitable[None]] | None = None,
         pooler: str | None = None,
         round_timeout_s: float | None = None,
+        binding: SchemaBinding = DEFAULT,
     ):
         self._pool_getter = pool_getter
+        self._connection_class = pg_connection.connection_class(binding)
         self.round_timeout_s = round_timeout_s
         self.rounds_abandoned = 0
         self._stepped = 0.0  # time.monotonic() the current round last made progress
@@ -248,7 +251,7 @@ class Heartbeat:
             self._holder = asyncio.current_task()
             conn = self._conn
             if conn is None or conn.closed:
-                conn = await pg_connection.Connection.connect(
+                conn = await self._connection_class.connect(
                     self._database_url,
                     autocommit=True,
                     connect_timeout=10,

@@ -22,6 +22,8 @@ import psycopg
 
 from awa_fast import pooler as pooler_mode
 from awa_fast import sql
+from awa_fast.pg_connection import sync_connection_class
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 
 log = logging.getLogger("awa_fast.lingering")
 
@@ -50,9 +52,16 @@ class Lingering:
         interval_s: seconds between beats.
     """
 
-    def __init__(self, database_url: str, interval_s: float, pooler: str | None = None):
+    def __init__(
+        self,
+        database_url: str,
+        interval_s: float,
+        pooler: str | None = None,
+        binding: SchemaBinding = DEFAULT,
+    ):
         self.database_url = database_url
         self.pooler = pooler  # the connection mode (awa_fast.pooler): no session SET behind one
+        self._connect = sync_connection_class(binding).connect  # its schema (ADR 027)
         self.interval_s = interval_s
         self.ended = 0  # attempts whose thread finished and whose last statements committed
         self._attempts: dict[tuple[int, int], _Attempt] = {}
@@ -130,7 +139,7 @@ class Lingering:
                     attempts = list(self._attempts.values())
                 try:
                     if conn is None or conn.closed:
-                        conn = psycopg.connect(
+                        conn = self._connect(
                             self.database_url,
                             autocommit=True,
                             connect_timeout=10,
@@ -174,7 +183,7 @@ class Lingering:
             if conn is not None and not conn.closed:
                 conn.execute(sql.WORKER_GONE, (instance,))
                 return
-            with psycopg.connect(
+            with self._connect(
                 self.database_url,
                 autocommit=True,
                 connect_timeout=10,

@@ -41,6 +41,7 @@ from awa_fast import pooler as pooler_mode
 from awa_fast.errors import ConfigError
 from awa_fast.retryable import Retry, classify
 from awa_fast.rows import one_row
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.worker.observe import Signal
 
 # Maintenance.fenced, as handed to an extra task: a pool connection in a fenced transaction.
@@ -290,6 +291,7 @@ class Maintenance:
         known_kinds: Callable[[], list[str]] = list,
         own_attempts: Callable[[], list[str]] = list,
         pooler: str | None = None,
+        binding: SchemaBinding = DEFAULT,
     ):
         check_retention(config)
         self.database_url = database_url
@@ -297,6 +299,9 @@ class Maintenance:
         # (session state): leadership by the lease alone
         self.pooler = pooler
         self.via_lock = pooler_mode.session_state_allowed(pooler)
+        # the schema it maintains: its own lock connection and leader key (ADR 027)
+        self.binding = binding
+        self._connection_class = pg_connection.connection_class(binding)
         self._pool_getter = pool_getter
         self.config = config
         self.on_rescued = on_rescued
@@ -408,11 +413,14 @@ class Maintenance:
         """Take the advisory lock on the lock connection (opened if needed), displacing a
         frozen holder (docs/architecture.md, "the leader's fencing rule", 4)."""
         conn = await self._own_conn()
-        cur = await conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
+        cur = await conn.execute(sql.TRY_LEADER, (self.binding.leader_lock_key,))
         if not (await one_row(cur))[0]:
             cur = await conn.execute(
                 sql.DISPLACE_FROZEN_LEADER,
-                {"key": sql.LEADER_LOCK_KEY, "stale_ms": self.config.heartbeat_staleness_ms},
+                {
+                    "key": self.binding.leader_lock_key,
+                    "stale_ms": self.config.heartbeat_staleness_ms,
+                },
             )
             if not (await one_row(cur))[0]:
                 return False
@@ -421,7 +429,7 @@ class Maintenance:
                 "more than heartbeat_staleness_ms=%s)",
                 self.config.heartbeat_staleness_ms,
             )
-            cur = await conn.execute(sql.TRY_LEADER, (sql.LEADER_LOCK_KEY,))
+            cur = await conn.execute(sql.TRY_LEADER, (self.binding.leader_lock_key,))
             if not (await one_row(cur))[0]:
                 return False
         return True
@@ -474,7 +482,7 @@ class Maintenance:
         pool connection must not keep the leader from renewing its lease."""
         conn = self._lock_conn
         if conn is None or conn.closed:
-            conn = self._lock_conn = await pg_connection.Connection.connect(
+            conn = self._lock_conn = await self._connection_class.connect(
                 self.database_url, autocommit=True, **pooler_mode.connect_options(self.pooler)
             )
         return conn
@@ -1024,7 +1032,7 @@ class Maintenance:
             psycopg.Error: the statistics or the VACUUM failed (the loop retries).
         """
         if self._vacuum_conn is None or self._vacuum_conn.closed or self._vacuum_conn.broken:
-            self._vacuum_conn = await pg_connection.Connection.connect(
+            self._vacuum_conn = await self._connection_class.connect(
                 self.database_url, autocommit=True, **pooler_mode.connect_options(self.pooler)
             )
         conn = self._vacuum_conn

@@ -849,6 +849,16 @@ class Runtime:
         # inapplicable ones logged once, the honoured ones applied below
         honoured = storage_options.accept(storage)
         self.services = services
+        # awa's queue_storage_schema names the schema of the services' connections (the client
+        # binds them, ADR 027); given to a runtime bound elsewhere, it is refused, not ignored
+        named = honoured.get("queue_storage_schema")
+        if named not in (None, storage_options.AWA_DEFAULT_SCHEMA, services.schema.name):
+            raise ConfigError(
+                f"queue_storage_schema {named!r} is not this runtime's schema "
+                f"{services.schema.name!r} (start it from a client of that schema)",
+                field="queue_storage_schema",
+                limit=services.schema.name,
+            )
         self.queues = parse_queues(queues, services.registry.queues(), global_max_workers)
         self.overflow = None
         if global_max_workers is not None:  # awa's weighted mode (worker/weighted.py)
@@ -1008,6 +1018,9 @@ class Runtime:
         # cancel NOTIFY that flagged an attempt, a maintenance pass that did work. Tests wait
         # on it (``Signal.wait_until``) instead of polling the database.
         self.progress = Signal("runtime progress")
+        # Fired for each notification the LISTEN connection receives (value: (channel,
+        # payload)), before it is acted on: what this runtime hears, its schema's only.
+        self.notifications = Signal("notification")
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -1076,6 +1089,7 @@ class Runtime:
             / 1000
             * (1 - LEASE_MARGIN)
             / 2,
+            binding=self.services.schema,
         )
         loop = asyncio.get_running_loop()
         self.stall_watch = StallWatch(
@@ -1094,7 +1108,10 @@ class Runtime:
             oldest_lease=self._oldest_lease,
         )
         self.lingering = Lingering(
-            self.services.database_url, self.heartbeat_interval_s, self.services.pooler
+            self.services.database_url,
+            self.heartbeat_interval_s,
+            self.services.pooler,
+            self.services.schema,
         )
         try:
             if self._listen_url() is not None:
@@ -1145,6 +1162,7 @@ class Runtime:
                     (mc.reconcile_interval_ms / 1000, self.reconcile),
                     (BATCH_RUNNER_S, self._run_batch_operations),
                 ],
+                binding=self.services.schema,
             )
             self.maintenance.passed.subscribe(self._maintenance_passed)
             self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
@@ -1768,7 +1786,9 @@ class Runtime:
     async def _listen_connect(self) -> psycopg.AsyncConnection:
         url = self._listen_url()
         assert url is not None  # the listen loop runs only with a URL
-        conn = await pg_connection.Connection.connect(url, autocommit=True, connect_timeout=10)
+        conn = await pg_connection.connection_class(self.services.schema).connect(
+            url, autocommit=True, connect_timeout=10
+        )
         await conn.execute(sql.LISTEN_QUEUE)
         await conn.execute(sql.LISTEN_CANCEL)
         self._listen_conn = conn
@@ -1803,11 +1823,12 @@ class Runtime:
                 await asyncio.sleep(delay)
 
     def _on_notify(self, channel: str, payload: str) -> None:
-        if channel == sql.CHANNEL_QUEUE:
+        self.notifications.fire((channel, payload))
+        if channel == self.services.schema.channel_queue:
             d = self.dispatchers.get(payload)
             if d is not None:
                 d.notify()
-        elif channel == sql.CHANNEL_CANCEL:
+        elif channel == self.services.schema.channel_cancel:
             try:
                 msg = orjson.loads(payload)
             except orjson.JSONDecodeError:

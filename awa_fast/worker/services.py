@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from awa_fast.schema_binding import DEFAULT, SchemaBinding
+
 __all__ = ["AttemptRuntime", "AttemptServices", "ConnectionSource", "ReconcileServices", "Services"]
 
 from awa_fast.worker.attempt_services import AttemptRuntime, AttemptServices, ConnectionSource
@@ -55,6 +57,9 @@ class Services:
             start and refreshed with presence.
         off_queue: the client's ``QueueMismatchWarning`` for jobs given no queue, shared by its
             inserts and the follow-ups its handlers stage.
+        schema: the schema every connection of the process is bound to (ADR 027): its
+            connections come from ``pg_connection.connection_class(schema)``, its channels and
+            leader key from the binding.
     """
 
     def __init__(
@@ -71,8 +76,10 @@ class Services:
         queue_descriptors: dict[str, Descriptor] | None = None,
         kind_descriptors: dict[str, Descriptor] | None = None,
         off_queue: OffQueueWarner | None = None,
+        schema: SchemaBinding = DEFAULT,
     ):
         self.off_queue = off_queue
+        self.schema = schema
         self._pool = pool
         self._database_url = database_url
         self.pooler = pooler

@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 # One value of each, other than awa's default where awa's default is "not given".
 INAPPLICABLE = {
-    "queue_storage_schema": "awa",
     "queue_storage_queue_slot_count": 32,
     "queue_storage_lease_slot_count": 4,
     "queue_storage_claim_slot_count": 16,
@@ -55,10 +54,9 @@ def no_effect_lines(caplog, option: str) -> list[logging.LogRecord]:
 
 def test_the_table_names_every_storage_keyword_of_awa_start():
     # awa 0.7's start() storage keywords (awa-python/python/awa/client.py)
-    assert set(storage_options.OPTIONS) == {*INAPPLICABLE, "terminal_count_rollup_interval_ms"}
-    assert {o.name for o in storage_options.OPTIONS.values() if o.kind == "honoured"} == {
-        "terminal_count_rollup_interval_ms"
-    }
+    honoured = {"terminal_count_rollup_interval_ms", "queue_storage_schema"}
+    assert set(storage_options.OPTIONS) == {*INAPPLICABLE, *honoured}
+    assert {o.name for o in storage_options.OPTIONS.values() if o.kind == "honoured"} == honoured
 
 
 @pytest.mark.parametrize("option", sorted(INAPPLICABLE))
@@ -116,12 +114,17 @@ async def test_an_unknown_transition_role_is_refused_naming_the_roles(client):
     assert client.runtime is None
 
 
-async def test_another_queue_storage_schema_is_not_implemented_yet(client):
+async def test_awas_default_queue_storage_schema_is_the_clients_own(client, caplog):
+    # honoured, not inapplicable: "awa" names the client's schema; another name moves the
+    # client (tests/test_schemas.py)
+    caplog.set_level(logging.INFO, logger="awa_fast.storage_options")
     client.task(Tick, queue="q")(lambda job: None)
-    with pytest.raises(awa.Unsupported, match="queue_storage_schema") as e:
-        await client.start([("q", 1)], queue_storage_schema="tenant_a")
-    assert e.value.field == "queue_storage_schema"
-    assert client.runtime is None
+    await client.start([("q", 1)], queue_storage_schema="awa", **FAST)
+    try:
+        assert client.runtime.services.schema.name == client.schema == "awa_fast"
+    finally:
+        await client.shutdown()
+    assert not no_effect_lines(caplog, "queue_storage_schema")
 
 
 async def test_enqueue_many_copy_stripes_log_once_per_client(client, caplog):

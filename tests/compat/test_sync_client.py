@@ -163,9 +163,12 @@ def test_storage_calls_answer_for_awa_fast(sync_client):
         "live_runtime_capability_counts",
     ):
         assert key in status
-    # another schema is not implemented yet (configurable schema: issue 29)
-    with pytest.raises(awa.Unsupported, match="schema"):
-        c.install_queue_storage(schema="awa_exp")
+    # another schema: created, and the client moves there (ADR 027)
+    c.install_queue_storage(schema="awa_exp")
+    assert c.schema == "awa_exp"
+    assert json.loads(c.storage_status())["details"]["schema"] == "awa_exp"
+    job = c.insert({"n": 1}, kind="in_exp")
+    assert [j.id for j in c.list_jobs(kind="in_exp")] == [job.id]
 
 
 def test_insert_many_copy_per_job_opts(sync_client):
