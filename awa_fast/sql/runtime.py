@@ -41,7 +41,7 @@ RESET_TABLES = f"""
 SELECT c.relname FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = '{S}' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
-  AND c.relname <> ALL(ARRAY['schema_version', 'leader', 'workers', 'verifier_kinds'])
+  AND c.relname <> ALL(ARRAY['schema_version', 'leader', 'leader_lease', 'workers', 'verifier_kinds'])
 ORDER BY 1"""
 
 

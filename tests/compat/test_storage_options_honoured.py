@@ -337,6 +337,19 @@ async def test_reset_empties_the_storage_and_never_reuses_ids(client, dsn):
     assert sql_rows(dsn, "SELECT count(*) FROM awa_fast.leader")[0][0] == 1  # fencing kept
 
 
+async def test_a_runtime_started_after_a_reset_becomes_the_leader(client):
+    # The reset had emptied the leader lease (ADR 028), so no process ever led again: no
+    # promotion, rescue or cron after awa's test fixture's install_queue_storage(reset=True).
+    await client.install_queue_storage(reset=True)
+    client.task(Tick, queue="q")(lambda job: None)
+    await client.start([("q", 1)], **{**FAST, "maintenance": True})
+    try:
+        maintenance = client.runtime.maintenance
+        await maintenance.elections.wait_until(lambda: maintenance.is_leader, timeout=15)
+    finally:
+        await client.shutdown()
+
+
 async def test_install_queue_storage_is_refused_while_the_runtime_runs(client):
     client.task(Tick, queue="q")(lambda job: None)
     await client.start([("q", 1)], **FAST)
