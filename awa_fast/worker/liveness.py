@@ -114,8 +114,19 @@ class Liveness:
             self.loop.run_until_complete(self._serve())
         finally:
             with contextlib.suppress(Exception):
+                self.loop.run_until_complete(self._end_leftovers())
                 self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
+
+    async def _end_leftovers(self) -> None:
+        # What the beats left running (a round given up on, still cancelling): cancelled and
+        # awaited here, bounded, so no pending task of a closed loop is destroyed later by the
+        # garbage collector in whatever thread it runs ("Task was destroyed but it is pending").
+        left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=CLOSE_S)
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
