@@ -51,6 +51,10 @@ UPDATE {S}.leader SET epoch = epoch + 1, holder = %s, since = now() RETURNING ep
 # The lease (migration 028, ADR 028): claimed in the transaction that bumps the epoch, when it
 # has expired or (via_lock) its holder took it with the advisory lock this process now holds.
 # SKIP LOCKED: a row another process is claiming or renewing right now is not takeable.
+# The lease row, put back if something emptied the table (a reset before it kept the row):
+# without it no process could ever lead.
+LEASE_ENSURE = f"INSERT INTO {S}.leader_lease DEFAULT VALUES ON CONFLICT DO NOTHING"
+
 LEASE_TAKE = f"""
 UPDATE {S}.leader_lease l SET holder = %(holder)s, via_lock = %(via_lock)s,
     expires_at = now() + {_STALENESS}

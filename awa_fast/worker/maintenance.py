@@ -450,6 +450,7 @@ class Maintenance:
             try:
                 async with conn.transaction():
                     await conn.execute(sql.LOCK_TIMEOUT_LOCAL.format(ms=int(wait_ms)))
+                    await conn.execute(sql.LEASE_ENSURE)
                     cur = await conn.execute(
                         sql.LEASE_TAKE,
                         {
