@@ -13,9 +13,12 @@ per line, so processes never interleave inside a line). Kinds, all in queue ``st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import time
+
+import psycopg
 
 import awa_fast as awa
 
@@ -79,6 +82,44 @@ def work(job):
     record(job, "start")
     time.sleep(job.args.seconds)
     record(job, "end")
+
+
+def recording(on: awa.AsyncClient, args_type: type, queue: str) -> list[tuple[int, str]]:
+    """Register on ``on`` an ``async def`` handler of ``args_type`` (a ``seconds`` field) that
+    awaits that long; returns the list it appends ``(attempt, "start"|"cancelled"|"end")`` to."""
+    runs: list[tuple[int, str]] = []
+
+    @on.task(args_type, queue=queue)
+    async def run(job):
+        runs.append((job.attempt, "start"))
+        try:
+            await asyncio.sleep(job.args.seconds)
+        except asyncio.CancelledError:
+            runs.append((job.attempt, "cancelled"))
+            raise
+        runs.append((job.attempt, "end"))
+
+    return runs
+
+
+@contextlib.contextmanager
+def slow_beats(dsn: str, seconds: float):
+    """A real trigger that makes every heartbeat of a running row take ``seconds`` in the
+    server, while the block lasts."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"""CREATE FUNCTION slow_beat() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN PERFORM pg_sleep({float(seconds)}); RETURN NEW; END $$;
+               CREATE TRIGGER slow_beat BEFORE UPDATE ON awa_fast.jobs FOR EACH ROW
+               WHEN (OLD.state = 'running' AND NEW.state = 'running'
+                     AND NEW.heartbeat_at IS DISTINCT FROM OLD.heartbeat_at)
+               EXECUTE FUNCTION slow_beat()"""
+        )
+    try:
+        yield
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER slow_beat ON awa_fast.jobs; DROP FUNCTION slow_beat()")
 
 
 def register(on: awa.AsyncClient) -> None:

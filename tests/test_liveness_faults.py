@@ -64,18 +64,9 @@ async def test_an_attempt_claimed_while_the_loop_is_blocked_and_rescued_meanwhil
     # time, as a rescuer should (their heartbeat is stale); the blocked process must then not
     # start their handlers: the rescued attempt runs again elsewhere.
     client = awa.AsyncClient(dsn)
-    runs: list[tuple[int, str]] = []
     rescued: list[tuple] = []
 
-    @client.task(Victim, queue=VICTIM_QUEUE)
-    async def victim(job):
-        runs.append((job.attempt, "start"))
-        try:
-            await asyncio.sleep(job.args.seconds)
-        except asyncio.CancelledError:
-            runs.append((job.attempt, "cancelled"))
-            raise
-        runs.append((job.attempt, "end"))
+    runs = stall_app.recording(client, Victim, VICTIM_QUEUE)
 
     @client.task(Blocker, queue=stall_app.QUEUE)
     async def blocker(job):
@@ -177,28 +168,10 @@ async def test_beats_slower_than_a_rescuer_tolerates_never_end_a_healthy_attempt
     # within the 1 s staleness a rescuer judges by, so nobody may take the attempt; its own
     # lease check must not end it either.
     client = awa.AsyncClient(dsn)
-    runs: list[tuple[int, str]] = []
 
-    @client.task(Victim, queue=VICTIM_QUEUE)
-    async def victim(job):
-        runs.append((job.attempt, "start"))
-        try:
-            await asyncio.sleep(job.args.seconds)
-        except asyncio.CancelledError:
-            runs.append((job.attempt, "cancelled"))
-            raise
-        runs.append((job.attempt, "end"))
+    runs = stall_app.recording(client, Victim, VICTIM_QUEUE)
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            """CREATE FUNCTION slow_beat() RETURNS trigger LANGUAGE plpgsql AS $$
-               BEGIN PERFORM pg_sleep(0.25); RETURN NEW; END $$;
-               CREATE TRIGGER slow_beat BEFORE UPDATE ON awa_fast.jobs FOR EACH ROW
-               WHEN (OLD.state = 'running' AND NEW.state = 'running'
-                     AND NEW.heartbeat_at IS DISTINCT FROM OLD.heartbeat_at)
-               EXECUTE FUNCTION slow_beat()"""
-        )
-    try:
+    with stall_app.slow_beats(dsn, 0.25):
         await client.insert(Victim(4.0), queue=VICTIM_QUEUE)
         await client.start([(VICTIM_QUEUE, 1)], **{**stall_app.START_OPTIONS, "maintenance": False})
         try:
@@ -206,7 +179,4 @@ async def test_beats_slower_than_a_rescuer_tolerates_never_end_a_healthy_attempt
         finally:
             await client.shutdown(timeout_ms=5000)
             await client.close()
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("DROP TRIGGER slow_beat ON awa_fast.jobs; DROP FUNCTION slow_beat()")
     assert runs == [(1, "start"), (1, "end")], (runs, caplog.text)

@@ -220,30 +220,11 @@ async def test_an_attempt_whose_beats_stop_committing_is_ended_before_its_lease_
     caplog.set_level(logging.WARNING, logger="awa_fast")
     expired_before = metrics.LEASES_EXPIRED._value.get()
     client = awa.AsyncClient(dsn)
-    runs: list[tuple[int, str]] = []
-
-    @client.task(Await, queue=stall_app.QUEUE)
-    async def wait(job):
-        runs.append((job.attempt, "start"))
-        try:
-            await asyncio.sleep(job.args.seconds)
-        except asyncio.CancelledError:
-            runs.append((job.attempt, "cancelled"))
-            raise
-        runs.append((job.attempt, "end"))
+    runs = stall_app.recording(client, Await, stall_app.QUEUE)
 
     # A slow heartbeat statement (a real trigger, sleeping 5 s per beaten row) holds every beat
     # for longer than the 1 s staleness.
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            """CREATE FUNCTION slow_beat() RETURNS trigger LANGUAGE plpgsql AS $$
-               BEGIN PERFORM pg_sleep(5); RETURN NEW; END $$;
-               CREATE TRIGGER slow_beat BEFORE UPDATE ON awa_fast.jobs FOR EACH ROW
-               WHEN (OLD.state = 'running' AND NEW.state = 'running'
-                     AND NEW.heartbeat_at IS DISTINCT FROM OLD.heartbeat_at)
-               EXECUTE FUNCTION slow_beat()"""
-        )
-    try:
+    with stall_app.slow_beats(dsn, 5):
         job = await client.insert(Await(30.0), queue=stall_app.QUEUE)
         await client.start(
             [(stall_app.QUEUE, 1)], **{**stall_app.START_OPTIONS, "maintenance": False}
@@ -255,9 +236,6 @@ async def test_an_attempt_whose_beats_stop_committing_is_ended_before_its_lease_
         finally:
             await client.shutdown(timeout_ms=5000)
             await client.close()
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("DROP TRIGGER slow_beat ON awa_fast.jobs; DROP FUNCTION slow_beat()")
     # Given back, the job may be claimed again before the shutdown, and that run ends the same
     # way: executions alternate, never two at once.
     assert runs[:2] == [(1, "start"), (1, "cancelled")]
