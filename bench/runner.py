@@ -16,6 +16,9 @@ Scenarios (``--scenarios``, comma separated; default all but soak):
   ``--processes`` workers; every ``--sample-every`` s: completion rate, backlog, pickup latency
   p50/p95/p99, dead/live tuples, size and autovacuum runs of every table of the system, CPU
   per job. Samples in ``<stem>-soak-<system>.csv/.json``; only when named (it runs for minutes).
+* ``capacity`` the highest offered rate each system holds (bench/capacity.py: one soak per step,
+  ``--capacity-*`` options; held = kept up and p99 pickup <= ``--capacity-p99-ms``), with the CPU
+  per job at it; only when named.
 
 Every system runs in its own fresh database on the same server. Results (one JSONL record per
 row, with the environment) go to ``--out``, default ``$AWA_FAST_BENCH_DIR``, else
@@ -39,12 +42,12 @@ from pathlib import Path
 
 import psycopg
 
+from bench import capacity, soak
 from bench import server as srv
-from bench import soak
 from bench.systems import NAMES, NotSupported, dist_version, load
 
-SCENARIOS = ("enqueue", "drain", "pipeline", "failures", "latency", "soak")
-DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s != "soak")
+SCENARIOS = ("enqueue", "drain", "pipeline", "failures", "latency", "soak", "capacity")
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("soak", "capacity"))
 ENQUEUE_MODES = ("single", "many", "copy", "unique")
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,7 +98,7 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
     p.add_argument(
         "--scenarios",
         default=",".join(DEFAULT_SCENARIOS),
-        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all but soak)",
+        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all but soak and capacity)",
     )
     p.add_argument(
         "--jobs",
@@ -220,7 +223,45 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
         help="diagnosis only, awa_fast only: keep completed jobs this many seconds "
         "(completed_retention_hours); default: the engine's",
     )
+    cap = p.add_argument_group(
+        "capacity scenario (--scenarios capacity; bench/capacity.py)",
+        "One soak per step (the soak options apply to each step); held = kept up and the worst "
+        "window's p99 pickup <= --capacity-p99-ms.",
+    )
+    cap.add_argument("--capacity-start", type=float, default=1000.0, help="first rate (jobs/s)")
+    cap.add_argument(
+        "--capacity-step",
+        type=float,
+        default=1000.0,
+        help="linear: the increment; bisect: the resolution (jobs/s, default 1000)",
+    )
+    cap.add_argument(
+        "--capacity-step-s", type=float, default=60.0, help="seconds per step (default 60)"
+    )
+    cap.add_argument(
+        "--capacity-max", type=float, default=64000.0, help="highest rate tried (jobs/s)"
+    )
+    cap.add_argument(
+        "--capacity-p99-ms",
+        type=float,
+        default=100.0,
+        help="p99 pickup a held step stays within (ms, default 100)",
+    )
+    cap.add_argument(
+        "--capacity-search",
+        choices=("bisect", "linear"),
+        default="bisect",
+        help="bisect (double, then halve the interval; default) or linear (+step per step)",
+    )
     args = p.parse_args(argv)
+    for flag in ("capacity_start", "capacity_step", "capacity_step_s", "capacity_max"):
+        value = getattr(args, flag)
+        if not (math.isfinite(value) and value > 0):
+            p.error(
+                f"--{flag.replace('_', '-')} out of range: {value!r} (must be a finite number > 0)"
+            )
+    if args.capacity_max < args.capacity_start:
+        p.error("--capacity-max must be at least --capacity-start")
     args.single_jobs = args.single_jobs or max(1, args.jobs // 10)
     args.failure_jobs = args.failure_jobs or max(3, args.jobs // 2)
     if args.rounds < 1:
@@ -258,7 +299,7 @@ SOAK_DEFAULTS = {
 def _soak_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Soak options are rejected without the soak scenario, the diagnosis ones with a peer."""
     given = [k for k in SOAK_DEFAULTS if getattr(args, k) is not None]
-    if given and "soak" not in args.scenarios:
+    if given and "soak" not in args.scenarios and "capacity" not in args.scenarios:
         p.error(
             "--" + given[0].replace("_", "-") + " applies to the soak scenario: add "
             "--scenarios soak"
@@ -409,6 +450,15 @@ def _details(rec: dict) -> str:
         return "ERROR: " + str(rec["error"])[:60]
     if rec.get("scenario") == "soak":
         return soak.details(rec)
+    if rec.get("scenario") in ("capacity", "capacity_step"):
+        cpu, p99 = rec.get("cpu_ms_per_job"), rec.get("p99_ms_max")
+        held = (
+            "" if rec["scenario"] == "capacity" else ("held; " if rec.get("held") else "NOT held; ")
+        )
+        return (
+            f"{held}p99 worst {'n/a' if p99 is None else f'{p99:.1f} ms'}, CPU/job "
+            f"{'n/a' if cpu is None else f'{cpu:.3f} ms'}"
+        )
     parts = []
     if "p50_ms" in rec:
         parts.append(f"p50 {rec['p50_ms']:.1f} p95 {rec['p95_ms']:.1f} p99 {rec['p99_ms']:.1f} ms")
@@ -424,6 +474,10 @@ def _details(rec: dict) -> str:
         )
     if "vs_plain_drain" in rec:
         parts.append(f"{rec['vs_plain_drain']:.2f}x plain drain")
+    if "vs_floor" in rec:
+        parts.append(f"stage-A {rec['stage_a_rate']:,.0f}/s = {rec['vs_floor']:.2f}x its floor")
+    if "backend_cpu_us" in rec:
+        parts.append(f"backend CPU {rec['backend_cpu_us']:.0f} us per completion")
     if rec.get("alternatives_per_s"):
         parts.append(
             "alt/s: "
@@ -748,22 +802,52 @@ def scenario_drain(
 
 
 def scenario_pipeline(adapter, dbs, args, rec: Recorder, rates: dict) -> None:
+    """Stage-A jobs each leading to one stage-B job (every B value from two A's). awa-fast
+    stages B (ADR-046: inserted iff A's completion commits); a peer's handler enqueues B itself,
+    the nearest thing it has. For awa-fast, the per-job floor follows in the same run."""
     base = {
         "scenario": f"pipeline_{args.processes}p",
         "system": adapter.name,
         "version": adapter.version,
     }
     if not adapter.supports("pipeline"):
-        rec.add({**base, "rate": None, "method": "not supported (no handler-staged follow-ups)"})
+        rec.add({**base, "rate": None, "method": "not supported"})
         return
+    method = getattr(
+        adapter, "pipeline_method", "A stages B via enqueue_on_completion(unique_opts={})"
+    )
     try:
         r = drain(adapter, dbs, args, "pipeline", args.processes, "pipeline")
         plain = rates.get((adapter.name, args.processes))
         if plain:
             r["vs_plain_drain"] = r["rate"] / plain
-        rec.add({**base, **r, "method": "A stages B via enqueue_on_completion(unique_opts={})"})
+        # stage-A completions a second: the per-job transactions (n of the 1.5 n jobs)
+        r["stage_a_rate"] = r["rate"] * args.jobs / r["target"]
+        if adapter.name == "awa_fast":
+            floor = pipeline_floor(dbs, args)
+            rec.add(floor)
+            if floor.get("rate"):
+                r["vs_floor"] = r["stage_a_rate"] / floor["rate"]
+        rec.add({**base, **r, "method": method})
     except Exception as exc:
         rec.add({**base, "rate": None, "error": repr(exc)})
+
+
+def pipeline_floor(dbs, args) -> dict:
+    """The per-job staged completion statement alone (bench/staged_statement.py): ``args.jobs``
+    stage-A completions on as many connections as the pipeline's workers hold (10 per process),
+    triggers on, on the same durable server; the pipeline's stage-A rate is compared to it."""
+    from bench import staged_statement
+
+    connections = args.processes * int(os.environ.get("BENCH_AWA_FAST_CONNECTIONS", "10"))
+    base = {"scenario": "pipeline_floor", "system": "awa_fast", "n": args.jobs}
+    method = f"COMPLETE_WITH_FOLLOW_UPS alone, {connections} connections, triggers on"
+    name = f"bench_{dbs.run_id}_pipeline_floor"
+    try:
+        rate, cpu_us = staged_statement.measure(dbs.admin, name, args.jobs, connections, False, 0)
+    except Exception as exc:
+        return {**base, "rate": None, "method": method, "error": repr(exc)}
+    return {**base, "rate": rate, "backend_cpu_us": cpu_us, "method": method}
 
 
 def scenario_failures(adapter, dbs, args, rec: Recorder) -> None:
@@ -841,6 +925,72 @@ def scenario_soak(adapter, dbs: Databases, args, rec: Recorder, out: Path, runs:
     )
 
 
+SUSTAINED = ("soak", "capacity", "capacity_step")
+
+
+def scenario_capacity(adapter, dbs: Databases, args, rec: Recorder, runs: dict) -> None:
+    base = {"scenario": "capacity", "system": adapter.name, "version": adapter.version}
+    method = (
+        f"{args.capacity_search} from {args.capacity_start:,.0f}/s, resolution "
+        f"{args.capacity_step:,.0f}/s, {args.capacity_step_s:.0f} s per step, "
+        f"{args.processes} process(es); held: kept up, p99 <= {args.capacity_p99_ms:.0f} ms"
+    )
+    if not adapter.supports("soak"):
+        rec.add({**base, "rate": None, "method": "not supported"})
+        return
+    try:
+        r = capacity.run(adapter, dbs, args, log)
+    except Exception as exc:
+        rec.add({**base, "rate": None, "method": method, "error": repr(exc)})
+        return
+    runs[adapter.name] = r
+    for step in r["steps"]:
+        rec.add(
+            {
+                "scenario": "capacity_step",
+                "system": adapter.name,
+                "version": adapter.version,
+                "rate": step["completion_rate"],
+                "method": f"{step['offered']:,.0f}/s offered for {args.capacity_step_s:.0f} s",
+                **step,
+            }
+        )
+    at = r["at_capacity"] or {}
+    rec.add(
+        {
+            **base,
+            "n": len(r["steps"]),
+            "rate": r["held"],
+            "method": method,
+            "cpu_ms_per_job": at.get("cpu_ms_per_job"),
+            "p99_ms_max": at.get("p99_ms_max"),
+        }
+    )
+
+
+def capacity_lines(runs: dict[str, dict], args) -> list[str]:
+    """The capacity table and the issue's target (>= 3x the best peer's highest held rate)."""
+    out = [f"capacity (highest offered rate held; {args.capacity_step_s:.0f} s per step):"]
+    for system, r in runs.items():
+        at = r["at_capacity"] or {}
+        cpu = at.get("cpu_ms_per_job")
+        bound = " (the highest tried: a lower bound)" if r["held"] == args.capacity_max else ""
+        steps = ", ".join(f"{s['offered']:,.0f}{'' if s['held'] else ' x'}" for s in r["steps"])
+        out.append(
+            f"  {system:<14} held {('%s/s' % format(r['held'], ',.0f')) if r['held'] else 'none':>12}"
+            f"  CPU/job at it {('%.3f ms' % cpu) if cpu else 'n/a':>10}  steps: {steps}{bound}"
+        )
+    mine = (runs.get("awa_fast") or {}).get("held")
+    peers = [r["held"] or 0 for s, r in runs.items() if s != "awa_fast"]
+    if mine and peers:
+        best = max(peers)
+        value = mine / best if best else float("inf")
+        out.append(
+            f"  awa_fast / best peer {value:.2f}x  goal >= 3.00x  {'MET' if value >= 3 else 'NOT MET'}"
+        )
+    return out
+
+
 # -- summary ----------------------------------------------------------------------------------------
 
 
@@ -899,8 +1049,9 @@ def targets(records: list[dict], processes: int) -> list[str]:
         return a / b if a and b else None
 
     d = f"drain_{processes}p"
-    check(f"no-op drain {processes} processes vs awa-pg", ratio(d, "awa_pg"), 3.0)
-    check(f"no-op drain {processes} processes vs pgqueuer", ratio(d, "pgqueuer"), 1.2)
+    # issue 32's burst goals
+    check(f"no-op drain {processes} processes vs awa-pg", ratio(d, "awa_pg"), 5.0)
+    check(f"no-op drain {processes} processes vs pgqueuer", ratio(d, "pgqueuer"), 2.5)
     check("COPY enqueue vs awa-pg insert_many_copy", ratio("enqueue_copy", "awa_pg"), 1.0)
     alt = (idx.get(("enqueue_copy", "awa_pg")) or {}).get("alternatives_per_s") or {}
     me = rate("enqueue_copy", "awa_fast")
@@ -917,7 +1068,15 @@ def targets(records: list[dict], processes: int) -> list[str]:
         lower_is_better=True,
     )
     pipe = idx.get((f"pipeline_{processes}p", "awa_fast"))
-    check("stage-A/stage-B vs plain drain", pipe and pipe.get("vs_plain_drain"), 0.5)
+    # issue 32: the staged path against its own floor, and against the peers' nearest thing
+    check("staged pipeline vs its per-job floor (stage-A rate)", pipe and pipe.get("vs_floor"), 0.8)
+    for peer in ("awa_pg", "pgqueuer", "procrastinate"):
+        if (f"pipeline_{processes}p", peer) in idx:
+            check(
+                f"staged pipeline vs {peer}'s non-atomic pipeline",
+                ratio(pipe["scenario"] if pipe else "", peer),
+                1.0,
+            )
     walr = idx.get(("drain_1p", "awa_fast"))
     check(
         "WAL per completed no-op job, 1 process (B)",
@@ -1047,6 +1206,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         dbs = Databases(admin, stamp.replace("-", ""))
         rates: dict = {}
         soak_runs: dict[str, dict] = {}
+        capacity_runs: dict[str, dict] = {}
         t_all = time.perf_counter()
         for scen in SCENARIOS:
             if scen not in args.scenarios:
@@ -1081,18 +1241,25 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
                     scenario_latency(a, dbs, args, rec)
                 elif scen == "soak":
                     scenario_soak(a, dbs, args, rec, out, soak_runs)
+                elif scen == "capacity":
+                    scenario_capacity(a, dbs, args, rec, capacity_runs)
         rec.close()
         print()
         print(HEAD)
         for r in rec.records:
             print(format_row(r))
         lines = ratios(
-            [r for r in rec.records if r["scenario"] != "soak"], [a.name for a in adapters]
+            [
+                r
+                for r in rec.records
+                if r["scenario"] not in ("soak", "capacity_step", "pipeline_floor")
+            ],
+            [a.name for a in adapters],
         )
         if lines:
             print()
             print("\n".join(lines))
-        burst = [r for r in rec.records if r["scenario"] != "soak"]
+        burst = [r for r in rec.records if r["scenario"] not in SUSTAINED]
         if burst:
             print()
             print("targets (the project's benchmark goals, docs/benchmarking.md):")
@@ -1104,6 +1271,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
             )
             for system, r in soak_runs.items():
                 print("\n".join(soak.goal_lines(system, r["summary"])))
+        if capacity_runs:
+            print()
+            print("\n".join(capacity_lines(capacity_runs, args)))
         print(
             f"\nresults: {out} ({time.perf_counter() - t_main:.0f} s in all, "
             f"{time.perf_counter() - t_all:.0f} s of scenarios)"
@@ -1115,6 +1285,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
             if soak_runs:
                 soak_chart = chart.with_name(chart.stem + "-soak.png") if burst else chart
                 soak.plot(soak_runs, soak_chart, args.rate)
+            if capacity_runs:
+                capacity.plot(
+                    capacity_runs,
+                    chart.with_name(chart.stem + "-capacity.png"),
+                    args.capacity_p99_ms,
+                )
         return 0
     finally:
         if server is not None:

@@ -74,9 +74,12 @@ def _run_pipelined(conn, share: list[int], staged: dict, window: int) -> None:
     pg.exit_pipeline_mode()
 
 
-def _round(
+def measure(
     admin_dsn: str, name: str, jobs: int, connections: int, async_commit: bool, window: int
-) -> tuple:
+) -> tuple[float, float]:
+    """One round in a fresh database ``name`` on ``admin_dsn``'s server: ``jobs`` stage-A
+    completions, each staging one stage-B, over ``connections`` connections. Returns
+    (completions a second, backend CPU per completion in microseconds)."""
     dsn = server.create_database(admin_dsn, name)
     try:
         asyncio.run(awa.migrate(dsn))
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         admin = owned.dsn
     try:
         for r in range(args.rounds):
-            rate, cpu_us = _round(
+            rate, cpu_us = measure(
                 admin,
                 f"bench_staged_statement_{r}",
                 args.jobs,

@@ -5,6 +5,10 @@ the first ``start()`` on an empty database switches to queue storage (reference 
 adapter's ``setup`` does exactly that (migrate, start a runtime once on the empty database, shut
 it down), so every scenario runs on queue storage, awa-pg's default and fastest engine. The
 engine actually in use is recorded in each JSONL record.
+
+Pipeline: awa-pg 0.6.9 has no handler-staged follow-ups, so the stage-A handler inserts its
+stage-B job itself (``insert(..., unique_opts={})`` through the worker's client, not atomic
+with A's completion; a conflict means the other A of the pair was first).
 """
 
 from __future__ import annotations
@@ -30,6 +34,16 @@ class Noop:
 class FailMix:
     n: int
     mode: int
+
+
+@dataclasses.dataclass
+class StageA:
+    n: int
+
+
+@dataclasses.dataclass
+class StageB:
+    v: int
 
 
 @dataclasses.dataclass
@@ -158,6 +172,8 @@ class Adapter:
             jobs = [Noop(i) for i in range(n)]
         elif workload == "failmix":
             jobs = [FailMix(i, i % 3) for i in range(n)]
+        elif workload == "pipeline":
+            jobs = [StageA(i) for i in range(n)]
         else:
             raise NotSupported(workload)
         client = self._client(dsn, 2)
@@ -169,11 +185,15 @@ class Adapter:
                 await method(jobs[k : k + 10_000], queue=QUEUE)
         finally:
             await client.close()
-        return n
+        return n + n // 2 if workload == "pipeline" else n
+
+    pipeline_method = (
+        "A's handler inserts B itself (unique_opts={}; not atomic with A's completion)"
+    )
 
     def supports(self, workload: str) -> bool:
-        # no handler-staged follow-ups in awa-pg 0.6.9
-        return workload in ("noop", "failmix", "soak")
+        # no handler-staged follow-ups in awa-pg 0.6.9: the pipeline inserts from the handler
+        return workload in ("noop", "failmix", "soak", "pipeline")
 
     # -- soak (bench/soak.py) -----------------------------------------------------------------
 
@@ -226,6 +246,17 @@ class Adapter:
         @client.task(SoakJob, queue=QUEUE)
         async def soak(job):
             pickup(job.args.t)
+
+        @client.task(StageA, queue=QUEUE)
+        async def stage_a(job):
+            try:
+                await client.insert(StageB(job.args.n // 2), queue=QUEUE, unique_opts={})
+            except awa.UniqueConflict:
+                pass
+
+        @client.task(StageB, queue=QUEUE)
+        async def stage_b(job):
+            return None
 
         ready()
         await go.wait()

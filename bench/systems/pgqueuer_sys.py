@@ -8,6 +8,12 @@ logged in ``pgqueuer_log``); finalized = seeded - rows left in ``pgqueuer``. pgq
 path: its bulk path is ``Queries.enqueue`` with lists (one statement). It has no snooze: the
 failure mix uses ``RetryRequested(0)`` for both "retry once" and "snooze once"; terminal =
 an exception with the default ``on_failure="delete"``.
+
+Pipeline (the nearest thing to awa-fast's staged follow-ups, not atomic): the stage-A handler
+enqueues its stage-B job itself through a pool of 10 asyncpg connections (awa-fast's per-process
+pool size), with ``dedupe_key`` (pgqueuer dedupes only while a job is queued or picked, so a B
+value whose first job already finished is enqueued again: more work, never less). The pipeline
+is done when the queue table is empty: every A ran, so every B was enqueued.
 """
 
 from __future__ import annotations
@@ -118,6 +124,8 @@ class Adapter:
             eps = ["noop"] * n
         elif workload == "failmix":
             eps = [("fm_retry", "fm_terminal", "fm_snooze")[i % 3] for i in range(n)]
+        elif workload == "pipeline":
+            eps = ["stage_a"] * n
         else:
             raise NotSupported(workload)
         conn, q = await self._queries(dsn)
@@ -130,10 +138,13 @@ class Adapter:
         finally:
             await conn.close()
         self._seeded = n
-        return n
+        # the pipeline stages one B per pair of A's (values n // 2): 1.5 n jobs finish
+        return n + n // 2 if workload == "pipeline" else n
+
+    pipeline_method = "A's handler enqueues B itself (dedupe_key; not atomic with A's completion)"
 
     def supports(self, workload: str) -> bool:
-        return workload in ("noop", "failmix", "soak")
+        return workload in ("noop", "failmix", "soak", "pipeline")
 
     # -- soak (bench/soak.py) -----------------------------------------------------------------
 
@@ -152,6 +163,8 @@ class Adapter:
 
     def count_query(self, workload: str) -> str:
         # Finalized = seeded - rows still in the queue table (callers pass the seeded count).
+        if workload == "pipeline":  # reaches 1.5 n exactly when the table is empty
+            return "SELECT %(seeded)s + %(seeded)s / 2 - (SELECT count(*) FROM pgqueuer)"
         return "SELECT %(seeded)s - (SELECT count(*) FROM pgqueuer)"
 
     async def run_worker(self, dsn, workload, max_workers, go, stop, ready, options=None) -> dict:
@@ -163,8 +176,25 @@ class Adapter:
 
         if options:
             raise NotSupported(f"start options {sorted(options)} (awa-fast only)")
+        from pgqueuer.db import AsyncpgPoolDriver
+        from pgqueuer.errors import DuplicateJobError
+
         conn = await asyncpg.connect(dsn)
         qm = QueueManager(Queries(AsyncpgDriver(conn)))
+        pool = await asyncpg.create_pool(dsn, min_size=1, max_size=10)
+        staging = Queries(AsyncpgPoolDriver(pool))
+
+        @qm.entrypoint("stage_a")
+        async def stage_a(job):
+            v = int(job.payload) // 2
+            try:
+                await staging.enqueue("stage_b", str(v).encode(), 0, dedupe_key=f"b{v}")
+            except DuplicateJobError:
+                pass
+
+        @qm.entrypoint("stage_b")
+        async def stage_b(job):
+            return None
 
         @qm.entrypoint("soak")
         async def soak(job):
@@ -204,6 +234,7 @@ class Adapter:
         except Exception:
             task.cancel()
         await conn.close()
+        await pool.close()
         return {}
 
     async def pickup_latency(self, dsn: str, iterations: int, poll_ms: int) -> list[float]:

@@ -6,6 +6,11 @@ Configuration from procrastinate's docs: ``PsycopgConnector`` (psycopg 3 pool), 
 ``queueing_lock`` option, which ``configure()`` applies to a whole batch, so unique enqueue
 defers one job per call. No snooze: the failure mix retries once (``RetryStrategy``) for both
 "retry" and "snooze", and fails terminally with a non-retried exception.
+
+Pipeline (the nearest thing to awa-fast's staged follow-ups, not atomic): the stage-A task
+defers its stage-B job itself with ``queueing_lock`` (one todo job per B value; a B value whose
+first job already started is deferred again). Counted: stage-A jobs succeeded plus distinct B
+values succeeded.
 """
 
 from __future__ import annotations
@@ -52,8 +57,21 @@ def _make_app(dsn: str, max_size: int = 20):
     async def soak(t):
         pickup(t)
 
+    @app.task(name="stage_b", queue=QUEUE)
+    async def stage_b(v):
+        return None
+
+    @app.task(name="stage_a", queue=QUEUE)
+    async def stage_a(n):
+        v = n // 2
+        try:
+            await stage_b.configure(queueing_lock=f"b{v}").defer_async(v=v)
+        except procrastinate.exceptions.AlreadyEnqueued:
+            pass
+
     _ = procrastinate
-    return app, {"noop": noop, "failmix": failmix, "ping": ping, "soak": soak}, state
+    tasks = {"noop": noop, "failmix": failmix, "ping": ping, "soak": soak, "stage_a": stage_a}
+    return app, tasks, state
 
 
 class SoakProducer:
@@ -125,12 +143,16 @@ class Adapter:
                     await tasks["failmix"].batch_defer_async(
                         *({"n": i, "mode": i % 3} for i in idx)
                     )
+                elif workload == "pipeline":
+                    await tasks["stage_a"].batch_defer_async(*({"n": i} for i in idx))
                 else:
                     raise NotSupported(workload)
-        return n
+        return n + n // 2 if workload == "pipeline" else n
+
+    pipeline_method = "A's task defers B itself (queueing_lock; not atomic with A's completion)"
 
     def supports(self, workload: str) -> bool:
-        return workload in ("noop", "failmix", "soak")
+        return workload in ("noop", "failmix", "soak", "pipeline")
 
     # -- soak (bench/soak.py) -----------------------------------------------------------------
 
@@ -146,6 +168,12 @@ class Adapter:
         return SoakProducer(app, tasks["soak"], opened)
 
     def count_query(self, workload: str) -> str:
+        if workload == "pipeline":
+            return (
+                "SELECT count(*) FILTER (WHERE task_name = 'stage_a')"
+                " + count(DISTINCT args->>'v') FILTER (WHERE task_name = 'stage_b')"
+                " FROM procrastinate_jobs WHERE status::text = 'succeeded'"
+            )
         states = "('succeeded', 'failed')" if workload == "failmix" else "('succeeded')"
         return f"SELECT count(*) FROM procrastinate_jobs WHERE status::text IN {states}"
 
