@@ -151,9 +151,12 @@ class Adapter:
         return n + n // 2 if workload == "pipeline" else n
 
     def count_query(self, workload: str) -> str:
-        if workload == "failmix":
-            return "SELECT count(*) FROM awa_fast.jobs_all WHERE state IN ('completed', 'failed')"
-        return "SELECT count(*) FROM awa_fast.jobs_all WHERE state = 'completed'"
+        # The finished-row counters (done_counts: written in the statement that moves the rows,
+        # so exact for what committed) instead of a count over jobs_all: that count read every
+        # finished row at each poll, 12-16 ms of server CPU per poll at 40,000 rows, taken from
+        # the drain it timed (pg_stat_statements, 2026-12-04).
+        states = "('completed', 'failed')" if workload == "failmix" else "('completed')"
+        return f"SELECT COALESCE(sum(n), 0) FROM awa_fast.done_counts WHERE state IN {states}"
 
     def supports(self, workload: str) -> bool:
         return True
