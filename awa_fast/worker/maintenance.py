@@ -757,7 +757,6 @@ class Maintenance:
             "limit": RESCUE_BATCH,
             "consequence_kinds": self.consequence_kinds(),
             "known_kinds": self.known_kinds(),
-            "own": self.own_attempts(),
             "only": None,
         }
         rows: list[tuple] = []
@@ -765,6 +764,9 @@ class Maintenance:
         # pass (500 every 30 s) took minutes to rescue what a crashed launcher left running.
         for _ in range(RESCUE_BATCHES):
             async with self.fenced(bounded=True) as conn:
+                # Read once the connection is held, with no await before the statement: an
+                # attempt claimed while the pass waited for its connection is in it.
+                params["own"] = self.own_attempts()
                 found: list[tuple] = []
                 if running:
                     found += await self._rescue_with(
