@@ -335,16 +335,10 @@ async def test_a_start_that_fails_leaves_the_client_where_it_was(dsn, client):
     # the schema exists, but the runtime's first write there fails (a trigger): the client's
     # own schema is still the one it uses
     await _migrated(dsn, "failed_start")
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute(
-            "CREATE OR REPLACE FUNCTION failed_start.refuse() RETURNS trigger LANGUAGE plpgsql "
-            "AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$; "
-            "CREATE OR REPLACE TRIGGER refuse BEFORE INSERT ON failed_start.workers "
-            "FOR EACH ROW EXECUTE FUNCTION failed_start.refuse()"
-        )
     client.task(Mail, kind="mail", queue="q")(lambda job: None)
-    with pytest.raises(awa.DatabaseError, match="refused by the test"):
-        await client.start([("q", 1)], queue_storage_schema="failed_start", **FAST)
+    async with support.failing_rows(dsn, "true", table="failed_start.workers"):
+        with pytest.raises(awa.DatabaseError, match="trigger added outside awa-fast"):
+            await client.start([("q", 1)], queue_storage_schema="failed_start", **FAST)
     assert client.runtime is None and client.schema == "awa_fast"
     job = await client.insert(Mail(1, "stay"), queue="q")
     assert (await client.get_job(job.id)).state == "available"
