@@ -516,9 +516,8 @@ class AsyncClient:
         """Like :meth:`insert_many_copy` but returns only the number of jobs written (awa-pg's
         ``enqueue_many_copy``): no Job objects are built.
 
-        Raises:
-            Unsupported: ``queue_storage_queue_stripe_count`` other than awa's default 1
-                (awa-fast has no queue-storage stripes).
+        ``queue_storage_queue_stripe_count`` (awa's stripes) is validated as awa does and
+        logged once per client at INFO as having no effect (docs/compat.md).
         """
         return await self._producer.enqueue_many_copy(jobs, **opts)
 
