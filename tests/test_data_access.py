@@ -1,4 +1,4 @@
-"""The data-access boundary (ADR 033): statements run in the repositories of ``awa_fast/repo/``,
+"""The data-access boundary (ADR 034): statements run in the repositories of ``awa_fast/repo/``,
 which return named rows; a converted module neither calls ``.execute`` nor reads a row by
 position, and no new module starts talking to the database directly.
 

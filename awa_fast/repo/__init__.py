@@ -1,4 +1,4 @@
-"""The data-access boundary (ADR 033): one repository per concern over ``awa_fast/sql/``.
+"""The data-access boundary (ADR 034): one repository per concern over ``awa_fast/sql/``.
 
 A repository is bound to one connection, and so to the caller's transaction: it runs named
 statements and returns named rows (a ``NamedTuple`` per statement shape, or a :class:`Job` for
