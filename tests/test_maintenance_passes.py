@@ -1,4 +1,4 @@
-"""The maintenance pass scheduler (ADR 034): one pass run directly (``Maintenance.run_pass``)
+"""The maintenance pass scheduler (ADR 036): one pass run directly (``Maintenance.run_pass``)
 goes through what its loop runs it with: its health recorded (failures in a row, dead after
 ``DEAD_AFTER_FAILURES``, reset by a good pass), its failure logged with the next try, the
 ``passed`` signal fired; a pass that finds its leader deposed is no failure and wakes the

@@ -1,7 +1,7 @@
 """Leader-only maintenance: promote due jobs, rescue dead or overdue attempts, prune by
 retention, vacuum the hot table, as passes of one scheduler while this process leads.
 
-The modules, one concern each (docs/architecture.md, ADR 034):
+The modules, one concern each (docs/architecture.md, ADR 036):
 
 - ``config``: :class:`MaintenanceConfig` and the retention rules (:func:`check_retention`).
 - ``leader``: the election's lease, lock and epoch, and ``fenced``, the transaction every
