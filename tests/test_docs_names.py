@@ -82,9 +82,11 @@ def _code_text() -> str:
 
 @cache
 def _modules() -> dict[str, str]:
-    """Short module name -> dotted name, for awa_fast's modules (top level and worker/)."""
+    """Short module name -> dotted name, for awa_fast's modules; a top-level module wins over
+    a same-named one in a subpackage (``embedded`` is awa_fast/embedded.py, not cli/'s)."""
     mods = {}
-    for p in sorted((ROOT / "awa_fast").rglob("*.py")):
+    paths = (ROOT / "awa_fast").rglob("*.py")
+    for p in sorted(paths, key=lambda p: (len(p.relative_to(ROOT).parts), p)):
         rel = p.relative_to(ROOT).with_suffix("")
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
         mods.setdefault(parts[-1], ".".join(parts))

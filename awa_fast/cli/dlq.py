@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from awa_fast.cli.errors import CliError
-from awa_fast.cli.names import known_kind, known_queue
+from awa_fast.cli.names import known_kind, known_queue, note_unknown_filter
 from awa_fast.cli.options import iso_time, positive_int
 from awa_fast.cli.output import format_table, print_json, short_time
 from awa_fast.cli.session import Session
@@ -58,6 +58,7 @@ async def cmd_dlq_list(s: Session) -> int:
         print(
             "DLQ is empty" if not any(_dlq_filters(s.args).values()) else "no matching DLQ entries"
         )
+        await note_unknown_filter(s, client, queue=s.args.queue, kind=s.args.kind)
     return 0
 
 
@@ -69,6 +70,8 @@ async def cmd_dlq_depth(s: Session) -> int:
             print_json({"queue": s.args.queue, "depth": n})
         else:
             print(n)
+        if n == 0:
+            await note_unknown_filter(s, client, queue=s.args.queue)
         return 0
     by_queue = await client.dlq_depth_by_queue()
     total = sum(by_queue.values())

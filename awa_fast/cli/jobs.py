@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from awa_fast.cli.errors import CliError
-from awa_fast.cli.names import known_kind, known_queue
+from awa_fast.cli.names import known_kind, known_queue, note_unknown_filter
 from awa_fast.cli.options import positive_int
 from awa_fast.cli.output import format_table, print_json, short_time
 from awa_fast.cli.session import Session
@@ -70,6 +70,7 @@ async def cmd_job_list(s: Session) -> int:
         print(format_table(JOB_COLUMNS, [_job_row(j) for j in jobs]))
     else:
         print("no jobs")
+        await note_unknown_filter(s, client, queue=a.queue, kind=a.kind)
     return 0
 
 

@@ -3,11 +3,14 @@ gets the closest known names ("did you mean"), not an empty answer or a new stor
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from awa_fast import sql
 from awa_fast.cli.errors import CliError
-from awa_fast.cli.session import fetch
+from awa_fast.cli.output import PROG
+from awa_fast.cli.session import Session, fetch
+from awa_fast.errors import ValidationError
 from awa_fast.requests import check_name
 
 
@@ -49,3 +52,23 @@ async def known_kind(client: Any, kind: str) -> None:
     names = [row[0] for row in await fetch(client, sql.KNOWN_KINDS)]
     if kind not in names and not (await fetch(client, sql.KIND_FINISHED, (kind,)))[0][0]:
         raise unknown_name("kind", kind, names, "no job, worker or schedule has it")
+
+
+async def note_unknown_filter(
+    s: Session, client: Any, *, queue: str | None = None, kind: str | None = None
+) -> None:
+    """For a listing that came back empty: when its ``queue`` or ``kind`` filter names nothing
+    known, say so on stderr with the closest known names (``awa-fast: note: ...``). The listing
+    stays an empty answer with exit status 0; with ``--json`` stderr carries error objects
+    only, so nothing is printed."""
+    if s.json:
+        return
+    try:
+        if queue is not None:
+            await known_queue(client, queue)
+        if kind is not None:
+            await known_kind(client, kind)
+    except ValidationError:  # a name nothing can have: the empty listing says it all
+        return
+    except CliError as exc:
+        print(f"{PROG}: note: {exc}", file=sys.stderr)
