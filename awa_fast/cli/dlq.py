@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from awa_fast.cli.errors import CliError
 from awa_fast.cli.names import known_kind, known_queue, note_unknown_filter
@@ -95,34 +96,31 @@ async def cmd_dlq_retry(s: Session) -> int:
     )
 
 
-def _check_all_or_filter(s: Session, filters: dict) -> None:
+async def _matching(s: Session) -> tuple[Any, dict]:
+    """The client and the filters of ``retry-all`` / ``purge``: at least one filter or
+    ``--all`` (a usage error otherwise), each queue or kind one something knows of."""
+    filters = _dlq_filters(s.args)
     given = any(v is not None for v in filters.values())
     if s.args.all and given:
         s.args.parser.error("--all cannot be combined with a filter")
     if not s.args.all and not given:
         s.args.parser.error("give at least one filter, or --all for every DLQ entry")
-
-
-async def cmd_dlq_retry_all(s: Session) -> int:
-    filters = _dlq_filters(s.args)
-    _check_all_or_filter(s, filters)
     client = await s.client()
     if filters["queue"] is not None:  # a typo would match nothing, silently
         await known_queue(client, filters["queue"])
     if filters["kind"] is not None:
         await known_kind(client, filters["kind"])
+    return client, filters
+
+
+async def cmd_dlq_retry_all(s: Session) -> int:
+    client, filters = await _matching(s)
     n = await client.bulk_retry_from_dlq(**filters, allow_all=s.args.all)
     return s.report({"retried": n}, f"retried {n} job(s) from the DLQ")
 
 
 async def cmd_dlq_purge(s: Session) -> int:
-    filters = _dlq_filters(s.args)
-    _check_all_or_filter(s, filters)
-    client = await s.client()
-    if filters["queue"] is not None:  # a typo would match nothing, silently
-        await known_queue(client, filters["queue"])
-    if filters["kind"] is not None:
-        await known_kind(client, filters["kind"])
+    client, filters = await _matching(s)
     n = await client.purge_dlq(**filters, allow_all=s.args.all)
     return s.report({"purged": n}, f"purged {n} DLQ entr{'y' if n == 1 else 'ies'}")
 

@@ -9,26 +9,24 @@ from datetime import UTC, datetime
 from awa_fast.app_loader import DEBUG_ENV
 
 
-def positive_int(text: str) -> int:
-    """An id or a limit: an integer in 1..2**63-1 (bigint in the database)."""
+def _int_in(text: str, low: int, high: int, noun: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid integer: {text!r}") from None
-    if not 1 <= value <= 2**63 - 1:  # ids and limits are bigint in the database
-        raise argparse.ArgumentTypeError(f"must be in 1..{2**63 - 1}, got {text}")
+        raise argparse.ArgumentTypeError(f"invalid {noun}: {text!r}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {text}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An id or a limit: an integer in 1..2**63-1 (bigint in the database)."""
+    return _int_in(text, 1, 2**63 - 1, "integer")
 
 
 def port(text: str) -> int:
     """A TCP port, 0..65535 (0: any free one)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {text}")
-    return value
+    return _int_in(text, 0, 65535, "port")
 
 
 def positive_float(text: str) -> float:
