@@ -63,7 +63,9 @@ class BatchAdmin:
         submitted_by: str | None = None,
         allow_all: bool = False,
     ) -> BatchOperation:
-        """Store an operation (``pending``) for the maintenance leader; returns it."""
+        """Submit an operation for the maintenance leader to run; returns it (``pending``).
+        ``submitted_by`` defaults to the database session user.
+        """
         return cast(
             BatchOperation,
             await self._on_connection(
@@ -104,7 +106,7 @@ class BatchAdmin:
         submitted_by: str | None = None,
         allow_all: bool = False,
     ) -> dict:
-        """:meth:`submit_batch_operation` of ``set_priority`` to ``priority`` (1-4)."""
+        """Submit ``set_priority`` (1-4) over the matched available / scheduled jobs."""
         return await self._submit(
             "set_priority",
             spec={"priority": priority},
@@ -131,7 +133,7 @@ class BatchAdmin:
         submitted_by: str | None = None,
         allow_all: bool = False,
     ) -> dict:
-        """:meth:`submit_batch_operation` of ``move_queue`` to ``queue`` (and ``priority``)."""
+        """Submit ``move_queue`` (optionally with a new priority) over the matched jobs."""
         return await self._submit(
             "move_queue",
             spec=_move_spec(queue, priority),
@@ -143,10 +145,10 @@ class BatchAdmin:
     async def list_batch_operations(
         self, *, state: str | None = None, limit: int = 100
     ) -> list[dict]:
-        """Operations, newest first (``state`` filters; at most ``limit``, 1-2**63-1).
+        """Operations, newest first (``state`` filters).
 
         Raises:
-            ValidationError: ``limit`` is out of range.
+            ValidationError: ``limit`` is out of range (1..2**63-1).
         """
         limit = paging.positive(limit, "limit")
         return await self._on_connection(batch_ops.list_all, state, limit)
@@ -174,10 +176,11 @@ class BatchAdmin:
         return found
 
     async def purge_batch_operations(self, before: datetime, *, limit: int = 1000) -> int:
-        """Delete operations finalized before ``before`` (at most ``limit``, 1-2**63-1); how many.
+        """Delete finalized operations finalized before ``before``; returns how many.
 
         Raises:
-            ValidationError: ``limit`` is out of range (nothing is deleted).
+            ValidationError: ``limit`` is out of range (1..2**63-1; nothing is
+                deleted).
         """
         limit = paging.positive(limit, "limit")
         return await self._on_connection(batch_ops.purge, before, limit)
