@@ -1,7 +1,7 @@
 """Producers: :class:`Producer` prepares and inserts jobs (one row, one statement for many,
 COPY) on the client's pool, and begins transactions; :data:`DEFAULT_QUEUE` tells an insert
-without ``queue=`` apart. ``AsyncClient``'s insert methods call it (their docstrings are the
-reference for arguments and errors); the statements are in :mod:`awa_fast.enqueue`."""
+without ``queue=`` apart. ``AsyncClient`` exposes its methods as its own (ADR 033); the statements are in
+:mod:`awa_fast.enqueue`."""
 
 from __future__ import annotations
 

@@ -27,8 +27,8 @@ _OWED_KEYS = (
 
 
 class ConsequenceAdmin:
-    """The operations behind ``AsyncClient.correct_to_failed`` and
-    ``AsyncClient.consequences_owed`` (their docstrings are the reference).
+    """``correct_to_failed`` and ``consequences_owed``, exposed as ``AsyncClient``'s methods
+    of the same names (ADR 033).
 
     Args:
         db: the connection source.

@@ -7,7 +7,7 @@ from awa_fast.connections import Connections
 
 
 class CronAdmin:
-    """List and delete stored schedules (``AsyncClient``'s docstrings are the reference).
+    """List and delete stored schedules (exposed on ``AsyncClient``, ADR 033).
 
     Args:
         db: the connection source.

@@ -95,14 +95,8 @@ def require_filter(op: str, allow_all: bool, **filters: Any) -> None:
 
 
 class DlqAdmin:
-    """The DLQ operations behind ``AsyncClient``'s DLQ methods (their docstrings are the
-    reference for arguments and errors).
-
-    Args:
-        db: the connection source.
-        staleness_ms: how old (ms) a heartbeat must be for its attempt to count as ended
-            (``AsyncClient.staleness_ms``); a retry waits for the last attempt to end.
-    """
+    """The dead-letter queue's operations (ADR-020), exposed as ``AsyncClient``'s methods of
+    the same names (ADR 033). Arguments as :class:`~awa_fast.admin.jobs.JobAdmin`'s."""
 
     def __init__(self, db: Connections, staleness_ms: Callable[[], int]) -> None:
         self._db = db

@@ -57,8 +57,7 @@ def _max_error_attempt(errors: list) -> int:
 
 
 class JobAdmin:
-    """The job operations behind ``AsyncClient``'s job methods (their docstrings are the
-    reference for arguments and errors).
+    """The job operations, exposed as ``AsyncClient``'s methods of the same names (ADR 033).
 
     Args:
         db: the connection source.

@@ -44,8 +44,7 @@ class QueueStat:
 
 
 class QueueAdmin:
-    """The queue operations behind ``AsyncClient``'s queue methods (their docstrings are the
-    reference for arguments and errors).
+    """The queue operations, exposed as ``AsyncClient``'s methods of the same names (ADR 033).
 
     Args:
         db: the connection source.

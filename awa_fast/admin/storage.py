@@ -51,7 +51,7 @@ def _storage_arguments(
 
 
 class StorageAdmin:
-    """The storage calls behind ``AsyncClient``'s (their docstrings are the reference).
+    """awa-pg's storage calls, exposed as ``AsyncClient``'s methods of the same names (ADR 033).
 
     Args:
         db: the connection source (bound to the client's schema).
