@@ -1,7 +1,7 @@
 """Producers: :class:`Producer` prepares and inserts jobs (one row, one statement for many,
 COPY) on the client's pool, and begins transactions; :data:`DEFAULT_QUEUE` tells an insert
-without ``queue=`` apart. ``AsyncClient`` exposes its methods as its own (ADR 033); the statements are in
-:mod:`awa_fast.enqueue`."""
+without ``queue=`` apart. ``AsyncClient`` exposes its methods as its own (ADR 039); the
+statements are in :mod:`awa_fast.enqueue`."""
 
 from __future__ import annotations
 
@@ -99,9 +99,9 @@ class Producer:
 
         ``args`` is a dict (then ``kind`` is required), a dataclass, a ``msgspec.Struct`` or a
         pydantic model. A future ``run_at`` (datetime, naive = UTC, or ISO 8601 str) makes the job
-        ``scheduled``. ``unique_opts`` is ``{by_queue, by_args, by_period, states}`` ({} = defaults).
-        Without ``queue=`` the job goes to ``"default"``, as in awa-pg, even for a kind
-        registered here with ``task(..., queue=X)``; that case warns once per kind
+        ``scheduled``. ``unique_opts`` is ``{by_queue, by_args, by_period, states}``
+        ({} = defaults). Without ``queue=`` the job goes to ``"default"``, as in awa-pg, even
+        for a kind registered here with ``task(..., queue=X)``; that case warns once per kind
         (:class:`QueueMismatchWarning`). The job is committed when this returns; the NOTIFY
         that wakes its queue's dispatchers follows from a background task (ADR 018, as for
         every insert method here; ``close()`` waits for it).

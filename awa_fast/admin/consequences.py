@@ -28,7 +28,7 @@ _OWED_KEYS = (
 
 class ConsequenceAdmin:
     """``correct_to_failed`` and ``consequences_owed``, exposed as ``AsyncClient``'s methods
-    of the same names (ADR 033).
+    of the same names (ADR 039).
 
     Args:
         db: the connection source.

@@ -96,7 +96,7 @@ def require_filter(op: str, allow_all: bool, **filters: Any) -> None:
 
 class DlqAdmin:
     """The dead-letter queue's operations (ADR-020), exposed as ``AsyncClient``'s methods of
-    the same names (ADR 033). Arguments as :class:`~awa_fast.admin.jobs.JobAdmin`'s."""
+    the same names (ADR 039). Arguments as :class:`~awa_fast.admin.jobs.JobAdmin`'s."""
 
     def __init__(self, db: Connections, staleness_ms: Callable[[], int]) -> None:
         self._db = db
@@ -161,9 +161,9 @@ class DlqAdmin:
         queue: str | None = None,
     ) -> Job | None:
         """Move a dead-lettered job back to ``awa_fast.jobs`` under the same id: attempt 0,
-        run lease kept (never reused, so a zombie attempt stays stale), errors kept, ``available`` (``scheduled`` for a future ``run_at``), with
-        optional ``priority`` / ``queue`` overrides. Returns the job, or ``None`` if job
-        ``job_id`` is not in the DLQ.
+        run lease kept (never reused, so a zombie attempt stays stale), errors kept,
+        ``available`` (``scheduled`` for a future ``run_at``), with optional ``priority`` /
+        ``queue`` overrides. Returns the job, or ``None`` if job ``job_id`` is not in the DLQ.
 
         Raises:
             UniqueConflict: a live job holds its unique key; nothing changes (the DLQ row stays).
