@@ -1,0 +1,385 @@
+"""Failover (issue 31): a primary with a streaming standby (``pg_basebackup``), workers of
+``awa-fast worker tests.failover_app:client --processes 2`` on the multi-host URL
+``host=127.0.0.1,127.0.0.1 port=P,S target_session_attrs=read-write``; the primary is stopped
+(``-m immediate``) while they run and the standby promoted (``pg_ctl promote``). The worker
+processes are never restarted: each one's pool, heartbeat, listener, election and finalizer
+move to the promoted server by themselves.
+
+- synchronous replication: nothing acknowledged before the failover is lost (inserts,
+  completions, staged follow-ups, failure consequences), follow-ups stay exactly one per
+  completed parent, and the workers drain the rest on the new primary;
+- asynchronous replication, with the standby cut off from the primary for a while first (the
+  replication lag a failover meets, made certain): exactly what was acknowledged after the
+  standby's last replayed WAL is lost (inserts, completions), the completed jobs whose
+  completion was lost run again (at-least-once) and nothing stays ``running``.
+
+Each test starts two servers of its own (ports and directories of their own: parallel-safe)
+and stops them in a finalizer. The tests wait on rows and on the launcher's lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+import awa_fast as awa
+from awa_fast.embedded import TempServer, start_temp
+from awa_fast.schema import migrate_sync
+from tests.failover_app import FoParent, FoPay, FoSlow
+from tests.support import poll_until
+from tests.test_launcher import Launcher
+
+pytestmark = pytest.mark.integration
+
+STANDBY = "failover_standby"
+APP = "tests.failover_app:client"
+UNSETTLED = ("available", "running", "retryable", "scheduled")
+
+
+class Pair:
+    """A primary (its ``awa`` database migrated) and its streaming standby."""
+
+    def __init__(self) -> None:
+        self.servers: list[TempServer] = []
+        self.primary = self._keep(start_temp())
+        with psycopg.connect(self.primary.dsn, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE awa")
+        self.primary_dsn = self._dsn(self.primary)
+        migrate_sync(self.primary_dsn)
+        with psycopg.connect(self.primary_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE public.failover_effects (n int PRIMARY KEY)")
+        self.standby = self._keep(self.primary.start_standby(application_name=STANDBY))
+        self.standby_dsn = self._dsn(self.standby)
+        self.url = (
+            f"host=127.0.0.1,127.0.0.1 port={self.primary.port},{self.standby.port} "
+            "user=postgres dbname=awa target_session_attrs=read-write connect_timeout=5"
+        )
+
+    def _keep(self, server: TempServer) -> TempServer:
+        self.servers.append(server)
+        return server
+
+    @staticmethod
+    def _dsn(server: TempServer) -> str:
+        return f"host=127.0.0.1 port={server.port} user=postgres dbname=awa"
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+@pytest.fixture
+def pair():
+    made = Pair()
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+@pytest.fixture
+def launchers():
+    started: list[Launcher] = []
+    yield started
+    for launcher in started:
+        launcher.stop()
+
+
+async def rows(dsn: str, query: str, params=None) -> list[tuple]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(query, params)
+        return await cur.fetchall()
+
+
+async def scalar(dsn: str, query: str, params=None):
+    return (await rows(dsn, query, params))[0][0]
+
+
+async def replication_state(pair: Pair) -> tuple[str, str] | None:
+    """The standby's (state, sync_state) on the primary, or None when it is not connected."""
+    found = await rows(
+        pair.primary_dsn,
+        "SELECT state, sync_state FROM pg_stat_replication WHERE application_name = %s",
+        (STANDBY,),
+    )
+    return found[0] if found else None
+
+
+async def finished(dsn: str) -> dict[int, tuple[str, str, int]]:
+    """``{job id: (kind, state, n)}`` of the finished jobs."""
+    found = await rows(
+        dsn,
+        "SELECT id, kind, state::text, (args->>'n')::int FROM awa_fast.jobs_all "
+        "WHERE state IN ('completed', 'failed')",
+    )
+    return {r[0]: (r[1], r[2], r[3]) for r in found}
+
+
+def runs(directory: Path) -> list[tuple[int, str, int, int, int]]:
+    """Every handler run the processes logged: ``(pid, kind, n, job id, attempt)``."""
+    found = []
+    for path in directory.glob("runs.*"):
+        pid = int(path.name.split(".")[1])
+        for line in path.read_text().splitlines():
+            kind, n, job_id, attempt = line.split()
+            found.append((pid, kind, int(n), int(job_id), int(attempt)))
+    return found
+
+
+def start_workers(pair: Pair, launchers: list, runs_dir: Path) -> tuple[Launcher, dict]:
+    launcher = Launcher(
+        pair.url,
+        "--processes",
+        "2",
+        "--queues",
+        "default:8",
+        app=APP,
+        env={
+            "AWA_FAST_FAILOVER_URL": pair.url,
+            "AWA_FAST_FAILOVER_RUNS": str(runs_dir),
+            "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        },
+    )
+    launchers.append(launcher)
+    return launcher, launcher.ready_pids(2)
+
+
+def sockets_to(pids, port: int) -> list:
+    """The TCP sockets the processes ``pids`` still hold to ``port`` (any state: one in
+    CLOSE_WAIT is a connection the server closed and the process never let go of)."""
+    return [
+        (pid, c.status)
+        for pid in pids
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.raddr and c.raddr.port == port
+    ]
+
+
+async def drained(dsn: str, expected: int) -> bool:
+    """At least ``expected`` jobs finished (completed or failed) and none left to settle."""
+    found = await rows(
+        dsn,
+        "SELECT count(*) FILTER (WHERE state IN ('completed', 'failed')), "
+        "count(*) FILTER (WHERE state::text = ANY(%s)) FROM awa_fast.jobs_all",
+        (list(UNSETTLED),),
+    )
+    done, left = found[0]
+    return done >= expected and left == 0
+
+
+async def on_new_primary(pair: Pair, pids) -> bool:
+    """Every process listens on the promoted server, and one of them leads there (its election
+    connection holds the leader's advisory lock)."""
+    names = {f"failover_{pid}" for pid in pids}
+    listening = await rows(
+        pair.standby_dsn,
+        "SELECT DISTINCT application_name FROM pg_stat_activity WHERE query LIKE 'LISTEN%%'",
+    )
+    leading = await rows(
+        pair.standby_dsn,
+        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+        "WHERE l.locktype = 'advisory' AND l.granted",
+    )
+    return names <= {r[0] for r in listening} and any(r[0] in names for r in leading)
+
+
+def assert_follow_ups_exact(after: dict[int, tuple[str, str, int]]) -> None:
+    """One ``FoChild(n)`` per completed ``FoParent(n)``, none for any other n."""
+    parents = {
+        n for kind, state, n in after.values() if kind == "fo_parent" and state == "completed"
+    }
+    children = Counter(n for kind, _s, n in after.values() if kind == "fo_child")
+    assert set(children) == parents, set(children) ^ parents
+    assert all(c == 1 for c in children.values()), {n: c for n, c in children.items() if c > 1}
+
+
+async def test_synchronous_failover_loses_nothing_acknowledged(pair, launchers, tmp_path):
+    await asyncio.to_thread(
+        _run_sql,
+        pair.primary_dsn,
+        f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY}'",
+        "SELECT pg_reload_conf()",
+    )
+    # the standby's WAL receiver is confirmed synchronous by the primary (a row)
+    await poll_until(
+        lambda: _is(replication_state(pair), ("streaming", "sync")), 30, "a synchronous standby"
+    )
+    launcher, pids = start_workers(pair, launchers, tmp_path)
+    client = awa.AsyncClient(pair.url)
+    acked: dict[int, str] = {}  # job id -> phase of its acknowledged insert
+    phase = ["before"]
+    stop = asyncio.Event()
+
+    async def insert_forever() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            try:
+                args = FoPay(n) if n % 5 == 0 else FoParent(n)
+                acked[(await client.insert(args)).id] = phase[0]
+            except awa.DatabaseError:
+                pass  # not acknowledged: during the failover (either outcome is allowed)
+
+    inserting = asyncio.create_task(insert_forever())
+    try:
+        # workers and inserts run: 60 parents and pays finished on the primary (rows)
+        await poll_until(
+            lambda: _at_least(scalar(pair.primary_dsn, _COUNT_FINISHED), 60), 60, "work done"
+        )
+        # Everything visible on a synchronous primary has been flushed by the standby (a
+        # commit waits for it before it becomes visible): a subset of what was acknowledged.
+        seen_before = await finished(pair.primary_dsn)
+        effects_before = {
+            r[0] for r in await rows(pair.primary_dsn, "SELECT n FROM public.failover_effects")
+        }
+        await asyncio.to_thread(pair.primary.halt, "immediate")
+        phase[0] = "during"
+        await asyncio.to_thread(pair.standby.promote)
+        phase[0] = "after"
+        # the inserter's own client reaches the promoted primary: 30 inserts acknowledged there
+        await poll_until(lambda: _count_after(acked), 60, "inserts on the promoted primary")
+        slow = [await client.insert(FoSlow(n)) for n in range(2)]
+    finally:
+        stop.set()
+        await inserting
+        await client.close()
+
+    # every job the workers saw drains on the promoted server (rows)
+    await poll_until(lambda: drained(pair.standby_dsn, len(acked)), 90, "the queue drained")
+    after = await finished(pair.standby_dsn)
+    present = {r[0] for r in await rows(pair.standby_dsn, "SELECT id FROM awa_fast.jobs_all")}
+    assert set(acked) <= present, sorted(set(acked) - present)  # no acknowledged insert lost
+    for job_id, (kind, state, _n) in seen_before.items():  # no finalization lost
+        assert after.get(job_id, (kind, None, _n))[1] == state, (job_id, kind, state)
+    effects = {r[0] for r in await rows(pair.standby_dsn, "SELECT n FROM public.failover_effects")}
+    assert effects_before <= effects  # no applied failure consequence lost
+    failed_pays = {n for kind, state, n in after.values() if kind == "fo_pay" and state == "failed"}
+    assert failed_pays <= effects  # and every failed pay's consequence is applied
+    assert_follow_ups_exact(after)
+    ran = runs(tmp_path)
+    again = Counter(job_id for _pid, kind, _n, job_id, _a in ran if kind == "parent")
+    # a completion acknowledged before the failover never runs again
+    assert not [j for j, (k, _s, _n) in seen_before.items() if k == "fo_parent" and again[j] > 1]
+    # the workers that ran before the failover ran the rest: no process was restarted
+    assert {pid for pid, *_ in ran} <= set(pids.values())
+    assert all(psutil.pid_exists(pid) for pid in pids.values())
+    assert "exited" not in launcher.transcript()
+    # 3 s handlers on the promoted primary ran once: their heartbeats reached it
+    slow_runs = Counter(job_id for _p, kind, _n, job_id, _a in ran if kind == "slow")
+    assert [slow_runs[j.id] for j in slow] == [1, 1]
+    # each process's listener and election moved too; nothing holds the old primary
+    await poll_until(lambda: on_new_primary(pair, pids.values()), 30, "listeners, leader")
+    assert sockets_to(pids.values(), pair.primary.port) == []
+
+
+async def test_asynchronous_failover_loses_only_the_lag_and_leaves_nothing_running(
+    pair, launchers, tmp_path
+):
+    # the standby streams asynchronously (the default: no synchronous_standby_names)
+    await poll_until(
+        lambda: _is(replication_state(pair), ("streaming", "async")), 30, "a streaming standby"
+    )
+    launcher, pids = start_workers(pair, launchers, tmp_path)
+    client = awa.AsyncClient(pair.url)
+    try:
+        await client.insert_many([FoParent(n) for n in range(150)])
+        await client.insert_many([FoPay(n) for n in range(150, 170)])
+        # 30 finished on the primary (rows)
+        await poll_until(
+            lambda: _at_least(scalar(pair.primary_dsn, _COUNT_FINISHED), 30), 60, "work done"
+        )
+        # Replication lag, made certain: the standby stops receiving WAL (its WAL receiver
+        # ends when primary_conninfo is emptied) and replays what it received; that is all the
+        # promoted server will have.
+        await asyncio.to_thread(
+            _run_sql,
+            pair.standby_dsn,
+            "ALTER SYSTEM SET primary_conninfo = ''",
+            "SELECT pg_reload_conf()",
+        )
+        await poll_until(lambda: _is(replication_state(pair), None), 30, "the standby cut off")
+        await poll_until(lambda: _replayed_all(pair.standby_dsn), 30, "the standby replayed")
+        kept = await finished(pair.standby_dsn)
+        kept_lsn = await scalar(pair.standby_dsn, "SELECT pg_last_wal_replay_lsn()")
+        # acknowledged by the primary after the cut
+        await client.insert_many([FoParent(n) for n in range(1000, 1010)])
+        await poll_until(
+            lambda: _at_least(scalar(pair.primary_dsn, _COUNT_FINISHED), len(kept) + 30),
+            60,
+            "30 more jobs finished on the primary after the cut",
+        )
+        seen_before = await finished(pair.primary_dsn)
+        lag = await scalar(
+            pair.primary_dsn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", (kept_lsn,)
+        )
+        await asyncio.to_thread(pair.primary.halt, "immediate")
+    finally:
+        await client.close()
+    await asyncio.to_thread(pair.standby.promote)
+    assert lag > 0  # bytes of WAL the primary acknowledged and the standby never had
+
+    # Lost: the inserts acknowledged after the cut (by identity: the promoted server's ids go
+    # on from what it replayed, so it hands out some of the lost ids again) ...
+    assert await scalar(pair.standby_dsn, _COUNT_LAGGING) == 0
+    # ... and every finalization made after it: those jobs are back as they were at the cut
+    # (claimed, running or available); the new primary's rescue settles every one and the
+    # workers drain the queue: nothing stays running.
+    await poll_until(lambda: drained(pair.standby_dsn, 170), 90, "the queue drained")
+    after = await finished(pair.standby_dsn)
+    assert await scalar(pair.standby_dsn, _COUNT_LAGGING) == 0
+    originals = {j for j, (k, _s, n) in after.items() if k != "fo_child"}
+    assert len(originals) == 170  # every job inserted before the cut, finished once
+    assert_follow_ups_exact(after)
+    relost = {
+        j
+        for j, (k, _s, n) in seen_before.items()
+        if k in ("fo_parent", "fo_pay") and n < 1000 and j not in kept
+    }
+    assert relost  # finalizations lost with the lag
+    ran = runs(tmp_path)
+    runs_of = Counter(job_id for _p, kind, n, job_id, _a in ran if kind in ("parent", "pay"))
+    # at-least-once: a job whose finalization was lost ran again, on the new primary
+    assert all(runs_of[j] >= 2 for j in relost), {j: runs_of[j] for j in relost}
+    effects = {r[0] for r in await rows(pair.standby_dsn, "SELECT n FROM public.failover_effects")}
+    assert set(range(150, 170)) <= effects  # a lost consequence was applied again
+    assert {pid for pid, *_ in ran} <= set(pids.values())
+    assert all(psutil.pid_exists(pid) for pid in pids.values())
+    assert "exited" not in launcher.transcript()
+    await poll_until(lambda: on_new_primary(pair, pids.values()), 30, "listeners, leader")
+    assert sockets_to(pids.values(), pair.primary.port) == []
+
+
+_COUNT_LAGGING = (
+    "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'fo_parent' AND (args->>'n')::int >= 1000"
+)
+_COUNT_FINISHED = "SELECT count(*) FROM awa_fast.jobs_all WHERE state IN ('completed', 'failed')"
+
+
+def _run_sql(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+async def _is(awaitable, value) -> bool:
+    return (await awaitable) == value
+
+
+async def _at_least(awaitable, value) -> bool:
+    return (await awaitable) >= value
+
+
+async def _count_after(acked: dict[int, str]) -> bool:
+    return sum(1 for phase in acked.values() if phase == "after") >= 30
+
+
+async def _replayed_all(dsn: str) -> bool:
+    # what the WAL receiver wrote is replayed (NULL before anything was received)
+    return bool(
+        await scalar(dsn, "SELECT pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()")
+    )
