@@ -25,6 +25,8 @@ log = logging.getLogger("awa_fast.admin")
 ADMIN_POOL_WAIT_S = 3.0
 # Seconds of failed connects after which the pool starts its pauses again from 1 s (Pool).
 RECONNECT_S = 5.0
+# Seconds between two drains of the pool off a read-only server, at least (Pool).
+READ_ONLY_DRAIN_S = 1.0
 
 
 class Pool(AsyncConnectionPool[Any]):
@@ -104,14 +106,13 @@ class Pool(AsyncConnectionPool[Any]):
                     ) from None
                 raise
             try:
-                if self.wants_primary and primary.server_read_only(conn):
+                alive = await _alive(conn)  # (reads what the server sent: its reports too)
+                if alive and self.wants_primary and primary.server_read_only(conn):
                     await self._leave_read_only(conn)
                     await super().putconn(conn)
                     continue
-                if await _alive(conn):
+                if alive:
                     self.in_use += 1
-                    if not hasattr(conn, "_awa_out_at"):
-                        conn._awa_out_at = time.monotonic()
                     return conn
             except BaseException:
                 await super().putconn(conn)
@@ -133,16 +134,17 @@ class Pool(AsyncConnectionPool[Any]):
         await super().putconn(conn)
 
     async def _leave_read_only(self, conn: Any) -> None:
-        # First handed out before the last drain (which closed the idle ones and marked the
-        # busy ones): the others of its time may be on that server too.
-        stale = getattr(conn, "_awa_out_at", 0.0) <= self._left_at
         self.left_read_only += 1
         with contextlib.suppress(Exception):  # closed: the pool discards it and opens another
             await conn.close()
-        if not stale:
+        # The others may be on that server too: replace them all, once a READ_ONLY_DRAIN_S at
+        # most (a server that stays read-only -- one host, no other to go to -- would make every
+        # refused write reconnect the whole pool).
+        now = time.monotonic()
+        if self.read_only_drains and now - self._left_at < READ_ONLY_DRAIN_S:
             return
         self.read_only_drains += 1
-        self._left_at = time.monotonic()
+        self._left_at = now
         log.warning(
             "a connection's server takes no writes (read-only, or a standby): every connection "
             "of the pool opened before now is replaced (a failover or switchover; the new ones "

@@ -8,6 +8,10 @@ move to the promoted server by themselves.
 - synchronous replication: nothing acknowledged before the failover is lost (inserts,
   completions, staged follow-ups, failure consequences), follow-ups stay exactly one per
   completed parent, and the workers drain the rest on the new primary;
+- a switchover: the primary fenced read-only (``default_transaction_read_only``) and left
+  running, the standby promoted once it replayed everything: the workers leave the fenced
+  server on their own (its answers say it takes no writes), lose nothing, and a caller's own
+  transaction there gets ``ReadOnlyDatabase``;
 - asynchronous replication, with the standby cut off from the primary for a while first (the
   replication lag a failover meets, made certain): exactly what was acknowledged after the
   standby's last replayed WAL is lost (inserts, completions), the completed jobs whose
@@ -20,6 +24,8 @@ and stops them in a finalizer. The tests wait on rows and on the launcher's line
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -86,7 +92,13 @@ def pair():
 def launchers():
     started: list[Launcher] = []
     yield started
-    for launcher in started:
+    for launcher in started:  # a graceful stop: its children close their connections
+        if launcher.proc.poll() is None:
+            launcher.proc.send_signal(signal.SIGTERM)
+            try:
+                launcher.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
         launcher.stop()
 
 
@@ -315,7 +327,9 @@ async def test_asynchronous_failover_loses_only_the_lag_and_leaves_nothing_runni
         )
         seen_before = await finished(pair.primary_dsn)
         lag = await scalar(
-            pair.primary_dsn, "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", (kept_lsn,)
+            pair.primary_dsn,
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)",
+            (kept_lsn,),
         )
         await asyncio.to_thread(pair.primary.halt, "immediate")
     finally:
@@ -354,6 +368,83 @@ async def test_asynchronous_failover_loses_only_the_lag_and_leaves_nothing_runni
     assert sockets_to(pids.values(), pair.primary.port) == []
 
 
+async def test_a_switchover_leaves_the_fenced_primary_running_and_loses_nothing(
+    pair, launchers, tmp_path
+):
+    await poll_until(
+        lambda: _is(replication_state(pair), ("streaming", "async")), 30, "a streaming standby"
+    )
+    launcher, pids = start_workers(pair, launchers, tmp_path)
+    # two callers whose pools hold a connection to the primary
+    in_tx, inserting = awa.AsyncClient(pair.url), awa.AsyncClient(pair.url)
+    try:
+        await inserting.insert_many([FoParent(n) for n in range(60)])
+        await inserting.insert_many([FoPay(n) for n in range(60, 70)])
+        await in_tx.pool()
+        # 20 finished on the primary (rows)
+        await poll_until(
+            lambda: _at_least(scalar(pair.primary_dsn, _COUNT_FINISHED), 20), 60, "work done"
+        )
+        # Fence the primary (it stays up, refusing writes), let the standby replay all it
+        # wrote, promote the standby.
+        await asyncio.to_thread(
+            _run_sql,
+            pair.primary_dsn,
+            "ALTER SYSTEM SET default_transaction_read_only = on",
+            "SELECT pg_reload_conf()",
+        )
+        fenced_at = await scalar(pair.primary_dsn, "SELECT pg_current_wal_lsn()::text")
+        await poll_until(
+            lambda: scalar(
+                pair.standby_dsn, "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (fenced_at,)
+            ),
+            30,
+            "the standby replayed up to the fence",
+        )
+        seen_before = await finished(pair.primary_dsn)
+        await asyncio.to_thread(pair.standby.promote)
+        # A caller's own transaction on its connection to the fenced server: refused, typed.
+        with pytest.raises(awa.ReadOnlyDatabase):
+            async with await in_tx.transaction() as tx:
+                await tx.insert(FoParent(500))
+        # An insert is retried on a new connection (nothing was written): the promoted server.
+        late = await inserting.insert_many([FoParent(n) for n in range(1000, 1020)])
+        assert inserting._pool.read_only_drains >= 1  # it met the fenced server, and left
+    finally:
+        await in_tx.close()
+        await inserting.close()
+
+    await poll_until(lambda: drained(pair.standby_dsn, 90), 90, "the queue drained")
+    after = await finished(pair.standby_dsn)
+    assert {j.id for j in late} <= set(after)
+    for job_id, (kind, state, _n) in seen_before.items():  # nothing finalized was lost
+        assert after.get(job_id, (kind, None, _n))[1] == state, (job_id, kind, state)
+    assert_follow_ups_exact(after)
+    assert len([j for j, (k, _s, _n) in after.items() if k != "fo_child"]) == 90
+    assert set(range(60, 70)) <= {
+        r[0] for r in await rows(pair.standby_dsn, "SELECT n FROM public.failover_effects")
+    }
+    ran = runs(tmp_path)
+    assert {pid for pid, *_ in ran} <= set(pids.values())
+    assert "exited" not in launcher.transcript()
+    # Every process left the fenced server, which is still up: its listener, heartbeat,
+    # election and pool connections are on the promoted one, none on the fenced one.
+    await poll_until(lambda: on_new_primary(pair, pids.values()), 30, "listeners, leader")
+    names = [f"failover_{pid}" for pid in pids.values()]
+    await poll_until(
+        lambda: _is(
+            scalar(
+                pair.primary_dsn,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY(%s)",
+                (names,),
+            ),
+            0,
+        ),
+        30,
+        "no connection of the workers left on the fenced server",
+    )
+
+
 _COUNT_LAGGING = (
     "SELECT count(*) FROM awa_fast.jobs_all WHERE kind = 'fo_parent' AND (args->>'n')::int >= 1000"
 )
@@ -380,6 +471,4 @@ async def _count_after(acked: dict[int, str]) -> bool:
 
 async def _replayed_all(dsn: str) -> bool:
     # what the WAL receiver wrote is replayed (NULL before anything was received)
-    return bool(
-        await scalar(dsn, "SELECT pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()")
-    )
+    return bool(await scalar(dsn, "SELECT pg_last_wal_replay_lsn() >= pg_last_wal_receive_lsn()"))
