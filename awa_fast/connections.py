@@ -50,6 +50,8 @@ class Pool(AsyncConnectionPool[Any]):
     # every other connection that followed
     left_read_only = 0
     read_only_drains = 0
+    # times reconnect_timeout passed with no connect succeeding (the pool then started over)
+    reconnects_failed = 0
 
     def __init__(self, conninfo: str = "", *args: Any, **kwargs: Any) -> None:
         # a statement cancelled mid-way never freezes the process (pg_connection)
@@ -69,6 +71,7 @@ class Pool(AsyncConnectionPool[Any]):
     async def reconnect_failed(self) -> None:
         """psycopg_pool's hook after ``reconnect_timeout`` seconds of failed connects: try
         again at once, with fresh pauses (``check()`` grows a pool that has no connection)."""
+        self.reconnects_failed += 1
         if not self.closed:
             await self.check()
 

@@ -34,13 +34,13 @@ import psycopg
 import pytest
 
 import awa_fast as awa
+from awa_fast.connections import Pool
 from awa_fast.embedded import TempServer, start_temp
+from awa_fast.errors import ConfigError
 from awa_fast.schema import migrate_sync
 from tests.failover_app import FoParent, FoPay, FoSlow
 from tests.support import poll_until
 from tests.test_launcher import Launcher
-
-pytestmark = pytest.mark.integration
 
 STANDBY = "failover_standby"
 APP = "tests.failover_app:client"
@@ -210,6 +210,7 @@ def assert_follow_ups_exact(after: dict[int, tuple[str, str, int]]) -> None:
     assert all(c == 1 for c in children.values()), {n: c for n, c in children.items() if c > 1}
 
 
+@pytest.mark.integration
 async def test_synchronous_failover_loses_nothing_acknowledged(pair, launchers, tmp_path):
     await asyncio.to_thread(
         _run_sql,
@@ -289,6 +290,7 @@ async def test_synchronous_failover_loses_nothing_acknowledged(pair, launchers, 
     assert sockets_to(pids.values(), pair.primary.port) == []
 
 
+@pytest.mark.integration
 async def test_asynchronous_failover_loses_only_the_lag_and_leaves_nothing_running(
     pair, launchers, tmp_path
 ):
@@ -368,6 +370,7 @@ async def test_asynchronous_failover_loses_only_the_lag_and_leaves_nothing_runni
     assert sockets_to(pids.values(), pair.primary.port) == []
 
 
+@pytest.mark.integration
 async def test_a_switchover_leaves_the_fenced_primary_running_and_loses_nothing(
     pair, launchers, tmp_path
 ):
@@ -443,6 +446,67 @@ async def test_a_switchover_leaves_the_fenced_primary_running_and_loses_nothing(
         30,
         "no connection of the workers left on the fenced server",
     )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "host=a,b port=5432,5433 dbname=app",
+        "postgresql://a:5432,b:5433/app",
+        "postgresql://a,b/app?target_session_attrs=any",
+        "host=a,b dbname=app target_session_attrs=prefer-standby",
+    ],
+)
+def test_several_hosts_without_a_writable_target_are_refused(url):
+    with pytest.raises(ConfigError) as info:
+        awa.AsyncClient(url)
+    assert info.value.field == "database_url" and "target_session_attrs" in str(info.value)
+
+
+def test_several_hosts_asking_for_the_writable_one_are_accepted():
+    from awa_fast import primary
+
+    for url in (
+        "host=a,b port=1,2 dbname=app target_session_attrs=read-write",
+        "postgresql://a:1,b:2/app?target_session_attrs=primary",
+        "host=a dbname=app",
+    ):
+        primary.check_url(url, "database_url")  # no error
+    assert primary.wants_primary("postgresql://a,b/app?target_session_attrs=read-write")
+    assert not primary.wants_primary("host=a dbname=app")
+
+
+@pytest.mark.integration
+async def test_the_pool_keeps_reconnecting_after_its_reconnect_timeout():
+    # psycopg_pool doubles its pauses until reconnect_timeout, then stops trying until a
+    # caller asks; awa-fast's pool starts over at once (reconnect_failed), so it is connected
+    # again soon after the server is back, however long it was down (ADR 032).
+    server = start_temp()
+    pool = Pool(server.dsn, min_size=1, max_size=2, reconnect_timeout=1.0, open=False)
+    try:
+        await pool.open(wait=True)
+        async with pool.connection() as conn:  # the server's goodbye marks it closed
+            await server_halted(server)
+            with pytest.raises(psycopg.OperationalError):
+                await conn.execute("SELECT 1")
+        # the pool gave up twice and started over (an in-process counter)
+        await poll_until(lambda: _true(pool.reconnects_failed >= 2), 30, "two give-ups")
+        await asyncio.to_thread(server.restart)
+        # an idle connection again, with no caller asking for one (the pool's own stats)
+        await poll_until(
+            lambda: _true(pool.get_stats().get("pool_available", 0) >= 1), 30, "reconnected"
+        )
+    finally:
+        await pool.close()
+        server.stop()
+
+
+async def server_halted(server: TempServer) -> None:
+    await asyncio.to_thread(server.halt, "immediate")
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 _COUNT_LAGGING = (
