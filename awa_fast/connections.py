@@ -78,12 +78,12 @@ class Pool(AsyncConnectionPool[Any]):
     @contextlib.asynccontextmanager
     async def connection(self, timeout: float | None = None) -> AsyncIterator[Any]:
         """``AsyncConnectionPool.connection``; a connection whose statement was refused as
-        read-only (SQLSTATE 25006) is closed when given back (:meth:`putconn`)."""
+        read-only (SQLSTATE 25006) is left when given back (:meth:`putconn`)."""
         async with super().connection(timeout) as conn:
             try:
                 yield conn
             except Exception as exc:
-                if primary.read_only_error(exc):
+                if self.wants_primary and primary.read_only_error(exc):
                     conn._awa_read_only = True
                 raise
 
@@ -124,14 +124,16 @@ class Pool(AsyncConnectionPool[Any]):
             await super().putconn(conn)  # closed: the pool discards it and opens another
 
     async def putconn(self, conn: Any) -> None:
-        """Give back a connection :meth:`getconn` handed out. One whose server takes no writes
-        (a statement refused as read-only; or, with a URL that asks libpq for a writable
-        server, the server's own report) is closed, and so is every other connection the pool
-        had opened before (``drain``): the pool's new connections are chosen by libpq again,
-        the promoted primary's after a failover."""
+        """Give back a connection :meth:`getconn` handed out. With a URL that asks libpq for a
+        writable server (``target_session_attrs=read-write``), one whose server takes no
+        writes (a statement refused as read-only, or the server's own report) is closed, and
+        so is every other connection the pool had opened before (``drain``): the pool's new
+        connections are chosen by libpq again, the promoted primary's after a failover. (With
+        any other URL a new connection would reach the same server: the connection stays, and
+        its writes fail with ``ReadOnlyDatabase``.)"""
         self.in_use -= 1
-        if getattr(conn, "_awa_read_only", False) or (
-            self.wants_primary and primary.server_read_only(conn)
+        if self.wants_primary and (
+            getattr(conn, "_awa_read_only", False) or primary.server_read_only(conn)
         ):
             await self._leave_read_only(conn)
         await super().putconn(conn)

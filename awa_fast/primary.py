@@ -10,8 +10,9 @@ the election's own each reconnect); when that server stays up but refuses writes
 reached without the attribute, a primary fenced read-only for a switchover), only its answers
 tell: a statement refused with SQLSTATE 25006 (``read_only_sql_transaction``), or the
 ``in_hot_standby`` / ``default_transaction_read_only`` values the server reports on every
-connection (PostgreSQL 14 and later; no query). Such a connection is closed, so the next one is
-chosen by libpq again.
+connection (PostgreSQL 14 and later; no query). Where the URL asks libpq for a writable server
+(:func:`wants_primary`; also with a single host name an HA manager moves), such a connection
+is closed, so the next one is chosen by libpq again.
 """
 
 from __future__ import annotations

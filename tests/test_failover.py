@@ -200,6 +200,26 @@ async def on_new_primary(pair: Pair, pids) -> bool:
     return names <= {r[0] for r in listening} and any(r[0] in names for r in leading)
 
 
+async def assert_the_same_processes_moved(pair: Pair, launcher: Launcher, pids, ran) -> None:
+    """The processes that ran before the failover ran the rest (none was restarted), and each
+    one's listener and election are on the promoted server, none left on the old one."""
+    assert {pid for pid, *_ in ran} <= set(pids.values())
+    assert all(psutil.pid_exists(pid) for pid in pids.values())
+    assert "exited" not in launcher.transcript()
+    await poll_until(lambda: on_new_primary(pair, pids.values()), 30, "listeners, leader")
+    # (the processes' sockets, read from the kernel)
+    await poll_until(
+        lambda: _true(not sockets_to(pids.values(), pair.primary.port)), 30, "old sockets closed"
+    )
+
+
+async def streaming(pair: Pair, sync_state: str) -> None:
+    # the primary reports its standby streaming, synchronously or not (a row)
+    await poll_until(
+        lambda: _is(replication_state(pair), ("streaming", sync_state)), 30, "a streaming standby"
+    )
+
+
 def assert_follow_ups_exact(after: dict[int, tuple[str, str, int]]) -> None:
     """One ``FoChild(n)`` per completed ``FoParent(n)``, none for any other n."""
     parents = {
@@ -218,10 +238,7 @@ async def test_synchronous_failover_loses_nothing_acknowledged(pair, launchers, 
         f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY}'",
         "SELECT pg_reload_conf()",
     )
-    # the standby's WAL receiver is confirmed synchronous by the primary (a row)
-    await poll_until(
-        lambda: _is(replication_state(pair), ("streaming", "sync")), 30, "a synchronous standby"
-    )
+    await streaming(pair, "sync")
     launcher, pids = start_workers(pair, launchers, tmp_path)
     client = awa.AsyncClient(pair.url)
     acked: dict[int, str] = {}  # job id -> phase of its acknowledged insert
@@ -278,26 +295,17 @@ async def test_synchronous_failover_loses_nothing_acknowledged(pair, launchers, 
     again = Counter(job_id for _pid, kind, _n, job_id, _a in ran if kind == "parent")
     # a completion acknowledged before the failover never runs again
     assert not [j for j, (k, _s, _n) in seen_before.items() if k == "fo_parent" and again[j] > 1]
-    # the workers that ran before the failover ran the rest: no process was restarted
-    assert {pid for pid, *_ in ran} <= set(pids.values())
-    assert all(psutil.pid_exists(pid) for pid in pids.values())
-    assert "exited" not in launcher.transcript()
     # 3 s handlers on the promoted primary ran once: their heartbeats reached it
     slow_runs = Counter(job_id for _p, kind, _n, job_id, _a in ran if kind == "slow")
     assert [slow_runs[j.id] for j in slow] == [1, 1]
-    # each process's listener and election moved too; nothing holds the old primary
-    await poll_until(lambda: on_new_primary(pair, pids.values()), 30, "listeners, leader")
-    assert sockets_to(pids.values(), pair.primary.port) == []
+    await assert_the_same_processes_moved(pair, launcher, pids, ran)
 
 
 @pytest.mark.integration
 async def test_asynchronous_failover_loses_only_the_lag_and_leaves_nothing_running(
     pair, launchers, tmp_path
 ):
-    # the standby streams asynchronously (the default: no synchronous_standby_names)
-    await poll_until(
-        lambda: _is(replication_state(pair), ("streaming", "async")), 30, "a streaming standby"
-    )
+    await streaming(pair, "async")  # (the default: no synchronous_standby_names)
     launcher, pids = start_workers(pair, launchers, tmp_path)
     client = awa.AsyncClient(pair.url)
     try:
@@ -363,20 +371,14 @@ async def test_asynchronous_failover_loses_only_the_lag_and_leaves_nothing_runni
     assert all(runs_of[j] >= 2 for j in relost), {j: runs_of[j] for j in relost}
     effects = {r[0] for r in await rows(pair.standby_dsn, "SELECT n FROM public.failover_effects")}
     assert set(range(150, 170)) <= effects  # a lost consequence was applied again
-    assert {pid for pid, *_ in ran} <= set(pids.values())
-    assert all(psutil.pid_exists(pid) for pid in pids.values())
-    assert "exited" not in launcher.transcript()
-    await poll_until(lambda: on_new_primary(pair, pids.values()), 30, "listeners, leader")
-    assert sockets_to(pids.values(), pair.primary.port) == []
+    await assert_the_same_processes_moved(pair, launcher, pids, ran)
 
 
 @pytest.mark.integration
 async def test_a_switchover_leaves_the_fenced_primary_running_and_loses_nothing(
     pair, launchers, tmp_path
 ):
-    await poll_until(
-        lambda: _is(replication_state(pair), ("streaming", "async")), 30, "a streaming standby"
-    )
+    await streaming(pair, "async")
     launcher, pids = start_workers(pair, launchers, tmp_path)
     # two callers whose pools hold a connection to the primary
     in_tx, inserting = awa.AsyncClient(pair.url), awa.AsyncClient(pair.url)
@@ -427,12 +429,9 @@ async def test_a_switchover_leaves_the_fenced_primary_running_and_loses_nothing(
     assert set(range(60, 70)) <= {
         r[0] for r in await rows(pair.standby_dsn, "SELECT n FROM public.failover_effects")
     }
-    ran = runs(tmp_path)
-    assert {pid for pid, *_ in ran} <= set(pids.values())
-    assert "exited" not in launcher.transcript()
     # Every process left the fenced server, which is still up: its listener, heartbeat,
     # election and pool connections are on the promoted one, none on the fenced one.
-    await poll_until(lambda: on_new_primary(pair, pids.values()), 30, "listeners, leader")
+    await assert_the_same_processes_moved(pair, launcher, pids, runs(tmp_path))
     names = [f"failover_{pid}" for pid in pids.values()]
     await poll_until(
         lambda: _is(
