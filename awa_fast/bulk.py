@@ -198,8 +198,7 @@ async def run_isolated(
     or no longer matches is forgotten; one that fails again goes to the back). Each pass runs
     at most ``2 * batch`` row statements and one candidate statement.
 
-    ``most``: the redo stops once that many rows went through (a claim takes no more rows than
-    it has free slots).
+    ``most``: the redo stops after that many rows (a claim takes no more than its free slots).
 
     Raises:
         psycopg.OperationalError: connection lost, deadlock, ... (the caller retries the call).
