@@ -45,6 +45,7 @@ from tests.test_launcher import Launcher
 STANDBY = "failover_standby"
 APP = "tests.failover_app:client"
 UNSETTLED = ("available", "running", "retryable", "scheduled")
+INSERT_PACE_S = 0.01  # the synchronous test's producer: one insert, then this pause
 
 
 class Pair:
@@ -254,6 +255,7 @@ async def test_synchronous_failover_loses_nothing_acknowledged(pair, launchers, 
                 acked[(await client.insert(args)).id] = phase[0]
             except awa.DatabaseError:
                 pass  # not acknowledged: during the failover (either outcome is allowed)
+            await asyncio.sleep(INSERT_PACE_S)  # a steady producer, not a flood to drain
 
     inserting = asyncio.create_task(insert_forever())
     try:
