@@ -1,6 +1,6 @@
 """Which server writes: a multi-host URL's rule, and how a connection learns that the server it
 reached no longer takes writes (a failover or a switchover; docs/deployment.md, "Failover";
-ADR 034).
+ADR 035).
 
 libpq picks the server of each new connection: with several hosts (``host=a,b port=x,y``) and
 ``target_session_attrs=read-write`` (or ``primary``) it tries them in order and keeps the first

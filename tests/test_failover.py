@@ -481,7 +481,7 @@ def test_several_hosts_asking_for_the_writable_one_are_accepted():
 async def test_the_pool_keeps_reconnecting_after_its_reconnect_timeout():
     # psycopg_pool doubles its pauses until reconnect_timeout, then stops trying until a
     # caller asks; awa-fast's pool starts over at once (reconnect_failed), so it is connected
-    # again soon after the server is back, however long it was down (ADR 034).
+    # again soon after the server is back, however long it was down (ADR 035).
     server = start_temp()
     pool = Pool(server.dsn, min_size=1, max_size=2, reconnect_timeout=1.0, open=False)
     try:

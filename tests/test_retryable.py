@@ -60,7 +60,7 @@ async def test_a_refused_row_and_a_value_too_large_are_row_errors(dsn):
 
 async def test_a_write_refused_as_read_only_is_retried_on_a_new_connection(dsn):
     # (a standby, or a primary fenced for a switchover: the next connection libpq opens on a
-    # multi-host URL reaches the writable server; ADR 034)
+    # multi-host URL reaches the writable server; ADR 035)
     exc = await _error(
         dsn,
         "CREATE TABLE retry_read_only (x int)",
