@@ -1,7 +1,7 @@
 """Producers: :class:`Producer` prepares and inserts jobs (one row, one statement for many,
 COPY) on the client's pool, and begins transactions; :data:`DEFAULT_QUEUE` tells an insert
-without ``queue=`` apart. ``AsyncClient``'s insert methods call it (their docstrings are the
-reference for arguments and errors); the statements are in :mod:`awa_fast.enqueue`."""
+without ``queue=`` apart. ``AsyncClient`` exposes its methods as its own (ADR 039); the
+statements are in :mod:`awa_fast.enqueue`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from awa_fast import bulk, enqueue, sql, storage_options
+from awa_fast import bulk, enqueue, primary, sql, storage_options
 from awa_fast.connections import Connections
 from awa_fast.errors import QueueMismatchWarning, ValidationError
 from awa_fast.job import Job, JobState
@@ -95,8 +95,21 @@ class Producer:
         unique_opts: dict | None = None,
         ordering_key: bytes | str | None = None,
     ) -> Job:
-        """Insert one job; ``queue`` left at :data:`DEFAULT_QUEUE` may warn (see
-        ``AsyncClient.insert``, the reference for arguments and errors)."""
+        """Insert one job and return it.
+
+        ``args`` is a dict (then ``kind`` is required), a dataclass, a ``msgspec.Struct`` or a
+        pydantic model. A future ``run_at`` (datetime, naive = UTC, or ISO 8601 str) makes the job
+        ``scheduled``. ``unique_opts`` is ``{by_queue, by_args, by_period, states}``
+        ({} = defaults). Without ``queue=`` the job goes to ``"default"``, as in awa-pg, even
+        for a kind registered here with ``task(..., queue=X)``; that case warns once per kind
+        (:class:`QueueMismatchWarning`). The job is committed when this returns; the NOTIFY
+        that wakes its queue's dispatchers follows from a background task (ADR 018, as for
+        every insert method here; ``close()`` waits for it).
+
+        Raises:
+            ValidationError: a field breaks an insert rule (nothing is written).
+            UniqueConflict: another job holds the same unique key.
+        """
         implicit = queue is DEFAULT_QUEUE
         p = prepare(
             args,
@@ -112,17 +125,27 @@ class Producer:
         )
         if implicit:
             self._warn_off_queue((p,), stacklevel=5)  # + the client's db_errors wrapper
-        async with (await self._db.pool()).connection() as conn:
-            job = await enqueue.insert_one(conn, p, defer_notify=True)  # autocommit: committed
+
+        async def once() -> Job:
+            async with (await self._db.pool()).connection() as conn:
+                return await enqueue.insert_one(conn, p, defer_notify=True)  # autocommit
+
+        job = await primary.retry_read_only(once, what="insert")
         if job.state is JobState.Available:
             await self.waker.wake((job.queue,))
         return job
 
     async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
-        """Insert many jobs in one statement, all or none (``AsyncClient.insert_many``).
+        """Insert many jobs in one statement with shared keyword options (all or none).
+
+        Each element of ``jobs`` is args (as for :meth:`insert`) or an ``EnqueueRequest``.
 
         Raises:
-            ValidationError, UniqueConflict, DeadlockError: no row is written.
+            ValidationError: any element breaks a rule (no row of the batch is written).
+            UniqueConflict: any element's unique key is held (no row is written).
+            DeadlockError: kept deadlocking with concurrent writers after bounded retries
+                (unique keys are taken in one global order, so only writers outside
+                awa-fast's order can cause one; no row is written).
         """
         rows = _prepare_all(jobs, opts)
         check_statement_size(
@@ -137,23 +160,34 @@ class Producer:
                     await conn.execute(sql.DEFER_NOTIFY)
                     return await enqueue.insert_many(conn, rows)
 
-        jobs = await bulk.retry_deadlocks(once, what="insert_many")
+        jobs = await primary.retry_read_only(
+            lambda: bulk.retry_deadlocks(once, what="insert_many"), what="insert_many"
+        )
         await self.waker.wake(j.queue for j in jobs if j.state is JobState.Available)
         return jobs
 
     async def insert_many_copy(self, jobs: list, **opts: Any) -> list[Job]:
-        """COPY insert returning the jobs, with awa's per-job ``opts``
-        (``AsyncClient.insert_many_copy``)."""
+        """Bulk insert with COPY (for 10k+ rows); same arguments and errors as :meth:`insert_many`,
+        plus awa's ``opts``: a list (one entry per job, ``None`` or a dict with ``queue`` and/or
+        ``ordering_key``; an explicit ``ordering_key: None`` clears the batch's key) overriding
+        those two options per job.
+
+        Raises:
+            ValidationError: also for an ``opts`` list of the wrong length, a non-dict entry or
+                another key (awa's messages).
+        """
         return await self._copy(jobs, opts, want_jobs=True)
 
     async def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
-        """COPY insert returning the count (``AsyncClient.enqueue_many_copy``).
+        """Like :meth:`insert_many_copy` but returns only the number of jobs written (awa-pg's
+        ``enqueue_many_copy``): no Job objects are built.
 
         awa's ``queue_storage_queue_stripe_count`` (an int > 0) is accepted and has no effect:
         awa-fast has no stripes (logged at INFO, once per client, when not awa's default 1;
         storage_options.py).
 
         Raises:
+            ValidationError, UniqueConflict, DeadlockError: as :meth:`insert_many_copy`.
             ConfigError: ``queue_storage_queue_stripe_count`` not an int > 0.
         """
         stripes = opts.pop("queue_storage_queue_stripe_count", 1)
@@ -185,7 +219,9 @@ class Producer:
                     assert rows is not None  # prepared when there is no uniform batch
                     return await enqueue.copy_many(conn, rows)
 
-        copied = await bulk.retry_deadlocks(once, what="COPY insert")
+        copied = await primary.retry_read_only(
+            lambda: bulk.retry_deadlocks(once, what="COPY insert"), what="COPY insert"
+        )
         if batch is not None:  # one queue; available unless it has a run_at (awa's rule)
             if batch.run_at is None and batch.jsons:
                 await self.waker.wake((batch.queue,))
@@ -197,7 +233,7 @@ class Producer:
         self._off_queue.warn(rows, stacklevel=stacklevel)
 
     async def transaction(self) -> Transaction:
-        """Begin a transaction on a pooled connection (``AsyncClient.transaction``)."""
+        """Begin a transaction: ``async with await client.transaction() as tx``."""
         pool = await self._db.pool()
         conn = await pool.getconn()
         try:

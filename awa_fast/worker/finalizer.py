@@ -56,7 +56,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from awa_fast import bulk, enqueue, metrics, sql
+from awa_fast import bulk, enqueue, metrics, primary, sql
+from awa_fast.repo.consequences import ConsequenceRepo
 from awa_fast.requests import Prepared
 from awa_fast.retryable import Retry, classify, retryable
 from awa_fast.wake import Waker
@@ -98,9 +99,10 @@ _CONFLICTS = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 
 
 def _hopeless(exc: BaseException) -> bool:
-    """No other statement can do better (a closed pool, a read-only database): no job is
-    redone alone and no prompt failure is tried; the attempt stays running until rescue."""
-    return classify(exc) in (Retry.BLOCKED, Retry.CLOSED)
+    """No other statement can do better (a closed pool, a read-only database -- still
+    read-only after the retries, which took new connections): no job is redone alone and no
+    prompt failure is tried; the attempt stays running until rescue."""
+    return classify(exc) in (Retry.BLOCKED, Retry.CLOSED) or primary.read_only_error(exc)
 
 
 # A fault-injection hook: ``await hook(conn, statement, requests)`` with the connection, the SQL
@@ -755,8 +757,7 @@ class Finalizer:
 
         async def body(conn) -> None:
             nonlocal owed
-            cur = await conn.execute(sql.LOCK_RUNNING, (ctx.id, ctx.run_lease))
-            row = await cur.fetchone()
+            row = await ConsequenceRepo(conn).lock_running(ctx.id, ctx.run_lease)
             if row is None:
                 raise Stale()
             owed = await settler.owe_or_settle(

@@ -56,7 +56,6 @@ from awa_fast.worker.idle_poll import IdlePoll
 from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.liveness import LEASE_MARGIN, Liveness
 from awa_fast.worker.maintenance import (
-    MAX_BACKOFF_S,
     STUCK_LOOPS,
     Maintenance,
     MaintenanceConfig,
@@ -69,6 +68,10 @@ from awa_fast.worker.stall_watch import StallWatch
 from awa_fast.worker.weighted import OverflowPool
 
 log = logging.getLogger("awa_fast.runtime")
+# The LISTEN loop's longest pause between reconnects (the other loops': MAX_BACKOFF_S, 30 s):
+# after a failover it is back within seconds of the promotion however long the outage was
+# (docs/deployment.md, "Failover"); meanwhile the dispatchers poll.
+LISTEN_BACKOFF_MAX_S = 5.0
 
 DEFAULT_MAX_WORKERS = 10
 DEFAULT_DEADLINE_MS = 300_000
@@ -1028,6 +1031,9 @@ class Runtime:
         self.loop = asyncio.get_running_loop()
         pool_getter = self.services.pool
         pool = await pool_getter()  # ConfigError: a pooler the client's pooler= does not say
+        # The pool left a server that takes no writes (a switchover): the LISTEN connection,
+        # which never writes, is on it too and would hear nothing again (awa_fast/primary.py).
+        getattr(pool, "on_read_only", []).append(self._leave_listen_server)
         listen_url = self.services.listen_url
         if listen_url is not None and not pooler_mode.session_state_allowed(self.services.pooler):
             await pooler_mode.check_listen_url(listen_url)  # ConfigError: not direct
@@ -1810,7 +1816,7 @@ class Runtime:
                 # Backed off like every loop (a database down for minutes must not log a
                 # line per poll interval); the dispatchers poll meanwhile.
                 failures += 1
-                delay = min(self.poll_interval_s * 2 ** (failures - 1), MAX_BACKOFF_S)
+                delay = min(self.poll_interval_s * 2 ** (failures - 1), LISTEN_BACKOFF_MAX_S)
                 log.warning(
                     "LISTEN connection lost (%s: %s); polling until it is back "
                     "(reconnecting in %.2f s)",
@@ -1821,6 +1827,16 @@ class Runtime:
                 self._listen_conn = None
                 raise_if_cancelling()  # see worker/cancellation.py
                 await asyncio.sleep(delay)
+
+    def _leave_listen_server(self) -> None:
+        conn = self._listen_conn
+        if conn is None or conn.closed or self.services.pooler == "transaction":
+            return  # (through a transaction pooler it listens on listen_url: its own server)
+        self._listen_conn = None
+        log.warning("the LISTEN connection's server takes no writes; reconnecting")
+        # closing it ends the listen loop's wait, which then reconnects (libpq chooses again)
+        task = asyncio.get_running_loop().create_task(conn.close())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def _on_notify(self, channel: str, payload: str) -> None:
         self.notifications.fire((channel, payload))
