@@ -53,7 +53,7 @@ class PgBouncer:
         default_pool_size: int = 8,
         max_client_conn: int = 200,
     ):
-        from awa_fast.embedded import _server_account  # the account the test server runs as
+        from awa_fast.embedded.cluster import _server_account  # the test server's account
 
         if PGBOUNCER is None:
             raise PgBouncerError("pgbouncer is not installed: apt-get install -y pgbouncer")
