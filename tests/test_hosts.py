@@ -5,7 +5,7 @@ addresses, directly or through a real PgBouncer in transaction mode (Debian's pa
 here, listening on the same addresses).
 
 - Leadership moves between hosts: the leader's host is cut off (``ip link set <veth> down``)
-  and the other takes over; the cut host comes back, the new leader stops, and the first leads
+  in the middle of a lease renewal and the other takes over; the cut host comes back, the new leader stops, and the first leads
   again. The leader does the leader's work (promotes a scheduled job) each time.
 - A host's link is cut mid-run: its attempts are rescued and run by the other host; when the
   link returns, its zombie attempts finalize nothing. Counted per job, exactly: finalizations
@@ -42,7 +42,7 @@ from awa_fast.schema import migrate_sync
 from bench.netns import Host, Hosts, NetnsError
 from bench.server import TEST_SETTINGS, start_for_hosts
 from tests.hosts_app import HOLD_KEY, SETUP_SQL
-from tests.support import poll_until, running_bouncer, scalar, truncate
+from tests.support import poll_until, running_bouncer, scalar, truncate, wait_lock_waiter
 
 pytestmark = pytest.mark.integration  # starts servers of its own (no shared-server fixture)
 
@@ -259,7 +259,27 @@ async def led_by(d: Deployment, host: Host, above: int = 0, timeout: float = 60)
         epoch, holder, live = await lease(d)
         return epoch if live and holder == host and epoch > above else None
 
-    return await poll_until(check, timeout, f"{host.netns} leading above epoch {above}")
+    try:
+        return await poll_until(check, timeout, f"{host.netns} leading above epoch {above}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{await diagnosis(d)}") from None
+
+
+async def diagnosis(d: Deployment) -> str:
+    """What a failed wait shows: the lease, the server's sessions, the launchers' logs."""
+    sessions = await rows(
+        d.dsn,
+        "SELECT pid, host(client_addr), state, wait_event, round(extract(epoch FROM "
+        "now() - state_change)::numeric, 1), left(query, 70) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid() ORDER BY 2, 1",
+    )
+    return "\n".join(
+        [
+            f"lease: {await rows(d.dsn, 'SELECT * FROM awa_fast.leader_lease')}",
+            *map(str, sessions),
+            d.logs(),
+        ]
+    )
 
 
 async def scheduled_job_runs(d: Deployment, client: awa.AsyncClient, n: int) -> None:
@@ -292,7 +312,16 @@ async def test_leadership_moves_between_hosts(hosts):
         second = b if first == a else a
         await scheduled_job_runs(d, client, 1)
 
-        d.net.cut(first)  # the leader's host drops off the network
+        # The leader's host drops off the network in the middle of a lease renewal: the test
+        # holds the lease row, so the renewal waits on it; the host is cut; the row is let go.
+        # The renewal's UPDATE completes on the server, but neither its answer nor the COMMIT
+        # ever travels: the session stays idle in a transaction that holds the row (and,
+        # directly connected, the advisory lock) until the server ends it (ADR 033).
+        async with await psycopg.AsyncConnection.connect(d.dsn) as holder:
+            async with holder.transaction():
+                await holder.execute("SELECT FROM awa_fast.leader_lease FOR UPDATE")
+                await wait_lock_waiter(d.dsn, query_like="%leader_lease l SET expires_at%")
+                d.net.cut(first)
         second_epoch = await led_by(d, second, above=first_epoch)
         await scheduled_job_runs(d, client, 2)
 
