@@ -1263,7 +1263,9 @@ class AsyncClient:
         """Start claiming and running jobs in this process (see ``worker.runtime.Runtime``
         for the keywords: awa's ``poll_interval_ms``, ``heartbeat_interval_ms``, ...;
         ``consequence_timeout_ms`` / ``consequence_backoff_ms`` configure this client's settler,
-        ``worker.runtime.consequence_config``).
+        ``worker.runtime.consequence_config``). ``queue_storage_schema="s"`` (awa's; ``"awa"``
+        is this client's own schema) creates or upgrades schema ``s``, then runs the client and
+        its runtime there (ADR 033); a start that fails leaves the client where it was.
 
         Raises:
             ValueError: an invalid queue configuration or option.
@@ -1284,7 +1286,10 @@ class AsyncClient:
         self._starting = asyncio.Event()
         previous = self._binding
         try:
-            # queue_storage_schema: the client moves with its runtime (ADR 027)
+            # queue_storage_schema: the client moves with its runtime (ADR 027), into a
+            # schema created or upgraded first, as awa's runtime prepares its storage (ADR 033)
+            if runtime.services.schema is not previous:
+                await self._migrate_schema(runtime.services.schema)
             await self._use_schema(runtime.services.schema)
             await runtime.start()
             self._runtime = runtime
