@@ -26,6 +26,8 @@ import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
 
+from awa_fast.embedded.cluster import _pid_alive
+
 IP = shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
 PREFIX = "10.200"  # the private /16 the /30s are taken from
 LOCK = "/tmp/awa-fast-netns.lock"
@@ -67,16 +69,6 @@ class Host:
         """``argv`` run inside this namespace (``ip netns exec``; the environment is kept)."""
         assert IP is not None
         return [IP, "netns", "exec", self.netns, *argv]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _used_subnets() -> set[int]:

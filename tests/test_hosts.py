@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import shutil
 import signal
@@ -41,38 +40,13 @@ import awa_fast as awa
 from awa_fast.schema import migrate_sync
 from bench.netns import Host, Hosts, NetnsError
 from bench.server import TEST_SETTINGS, start_for_hosts
-from tests.hosts_app import HOLD_KEY, SETUP_SQL
+from tests.hosts_app import HOLD_KEY, SETUP_SQL, Hold, HoldSync, Next, Part
 from tests.support import poll_until, running_bouncer, scalar, truncate, wait_lock_waiter
 
 pytestmark = pytest.mark.integration  # starts servers of its own (no shared-server fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "tests.hosts_app:client"
-
-
-# The job args the application's kinds take (tests/hosts_app.py: importing it in this process
-# would build its client here).
-@dataclasses.dataclass
-class Hold:
-    n: int
-    mode: str = "ok"
-
-
-@dataclasses.dataclass
-class HoldSync:
-    n: int
-    mode: str = "ok"
-
-
-@dataclasses.dataclass
-class Next:
-    n: int
-
-
-@dataclasses.dataclass
-class Part:
-    key: str
-    n: int
 
 
 AUDIT_SQL = """
@@ -316,7 +290,7 @@ async def test_leadership_moves_between_hosts(hosts):
         # holds the lease row, so the renewal waits on it; the host is cut; the row is let go.
         # The renewal's UPDATE completes on the server, but neither its answer nor the COMMIT
         # ever travels: the session stays idle in a transaction that holds the row (and,
-        # directly connected, the advisory lock) until the server ends it (ADR 033).
+        # directly connected, the advisory lock) until the server ends it (ADR 039).
         async with await psycopg.AsyncConnection.connect(d.dsn) as holder:
             async with holder.transaction():
                 await holder.execute("SELECT FROM awa_fast.leader_lease FOR UPDATE")
