@@ -67,7 +67,9 @@ def test_a_tiny_hosts_run_records_every_mode_and_count(tmp_path):
             assert peaks.get("pgbouncer", 0) > 0 and "host0" not in peaks, x
     drains = [x for x in results if x["scenario"] == "hosts_drain"]
     assert all(x["finalized"] == 200 and not x["timed_out"] for x in drains)
-    assert all(x["cpu_s"]["pooler"] > 0 for x in drains if x["mode"] == "pgbouncer")
+    # PgBouncer's CPU is read (/proc, 10 ms ticks: a 200-job drain may take none); direct: none
+    assert all(x["cpu_s"]["pooler"] is not None for x in drains if x["mode"] == "pgbouncer")
+    assert all(x["cpu_s"]["pooler"] == 0 for x in drains if x["mode"] == "direct")
     assert "hosts (the pooler's CPU per job over direct's" in r.stdout
     assert "ratio" in r.stdout
 
