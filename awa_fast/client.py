@@ -63,6 +63,7 @@ from awa_fast.worker.services import Services
 from awa_fast.worker.specs import SpecRunner
 
 if TYPE_CHECKING:
+    from awa_fast.worker.config import RuntimeConfig
     from awa_fast.worker.runtime import Runtime
 
 
@@ -1262,8 +1263,9 @@ class AsyncClient:
     async def start(self, queues: Any = None, **options: Any) -> None:
         """Start claiming and running jobs in this process (see ``worker.runtime.Runtime``
         for the keywords: awa's ``poll_interval_ms``, ``heartbeat_interval_ms``, ...;
-        ``consequence_timeout_ms`` / ``consequence_backoff_ms`` configure this client's settler,
-        ``worker.runtime.consequence_config``).
+        ``consequence_timeout_ms`` / ``consequence_backoff_ms`` configure this client's settler;
+        the keywords become one ``worker.config.RuntimeConfig``, validated before anything
+        starts).
 
         Raises:
             ValueError: an invalid queue configuration or option.
@@ -1275,9 +1277,10 @@ class AsyncClient:
             raise AwaError(
                 "cannot start the worker runtime while queue storage installation is in progress"
             )
-        runtime, consequences = self._runtime_for(queues, options)
+        config = self._start_config(queues, options)
+        runtime = self._runtime_of(config)
         # The client's own settings, set here: the runtime reads them, never changes them.
-        self.consequences.config = consequences
+        self.consequences.config = config.consequences
         self.specs.frozen = True
         # Marked before the first await: a second start() meanwhile is refused, and a
         # shutdown() meanwhile waits for this one to end, then stops what it started.
@@ -1303,31 +1306,41 @@ class AsyncClient:
 
     def _runtime_for(self, queues: Any, options: dict) -> tuple[Runtime, ConsequenceConfig]:
         """The runtime ``start(queues, **options)`` would run, over this client's services,
-        and the consequence configuration it gives the settler; changes nothing (also what
-        ``awa-fast check`` and the launcher's preflight validate with).
+        and the consequence configuration it gives the settler; changes nothing.
 
         Raises:
             ConfigError, ValidationError, TypeError: as :meth:`start`.
         """
-        from awa_fast.worker.runtime import Runtime, consequence_config
+        config = self._start_config(queues, options)
+        return self._runtime_of(config), config.consequences
 
-        options = dict(options)
-        consequences = consequence_config(
-            options.pop("consequence_timeout_ms", None),
-            options.pop("consequence_backoff_ms", None),
-            self.consequences.config,
+    def _start_config(self, queues: Any, options: dict) -> RuntimeConfig:
+        """``start(queues, **options)`` validated and typed (``worker.config.runtime_config``),
+        without building a runtime: also what ``awa-fast check`` and the launcher's preflight
+        validate with.
+
+        Raises:
+            ConfigError, ValidationError, TypeError: as :meth:`start`.
+        """
+        from awa_fast.worker.config import runtime_config
+
+        config = runtime_config(
+            self._services(), queues, options, consequences=self.consequences.config
         )
-        # awa's queue_storage_schema: the schema this start runs in ("awa", awa's default, is
-        # this client's own); start() moves the client there (ADR 027)
-        binding = None
-        name = options.pop("queue_storage_schema", None)
-        if name is not None:
-            storage_options.check_value("queue_storage_schema", name)
-            if name != storage_options.AWA_DEFAULT_SCHEMA:
-                binding = schema_binding.bind(name, "queue_storage_schema")
-        runtime = Runtime(self._services(binding), queues, **options)
         self._warn_cron_off_queue()
-        return runtime, consequences
+        return config
+
+    def _runtime_of(self, config: RuntimeConfig) -> Runtime:
+        """The runtime of ``config`` over this client's services, in the schema its
+        ``queue_storage_schema`` names ("awa", awa's default, is this client's own; start()
+        moves the client there, ADR 027)."""
+        from awa_fast.worker.runtime import Runtime
+
+        binding = None
+        name = config.storage.queue_storage_schema
+        if name is not None and name != storage_options.AWA_DEFAULT_SCHEMA:
+            binding = schema_binding.bind(name, "queue_storage_schema")
+        return Runtime(self._services(binding), config)
 
     def _warn_cron_off_queue(self) -> None:
         """``QueueMismatchWarning`` for each schedule registered without ``queue=`` whose kind
@@ -1346,7 +1359,7 @@ class AsyncClient:
                         f"is registered for queue {queue!r} on this client; pass "
                         f"queue={queue!r} to periodic() or work 'default' too"
                     ),
-                    stacklevel=5,  # start() (its db_errors wrapper), _runtime_for, this
+                    stacklevel=5,  # start() (its db_errors wrapper), _start_config, this
                 )
 
     def _services(self, binding: schema_binding.SchemaBinding | None = None) -> Services:
