@@ -198,8 +198,7 @@ async def run_isolated(
     or no longer matches is forgotten; one that fails again goes to the back). Each pass runs
     at most ``2 * batch`` row statements and one candidate statement.
 
-    ``most``: the redo stops once that many rows went through (a claim takes no more rows than
-    it has free slots).
+    ``most``: the redo stops after that many rows (a claim takes no more than its free slots).
 
     Raises:
         psycopg.OperationalError: connection lost, deadlock, ... (the caller retries the call).
@@ -233,54 +232,82 @@ async def run_isolated(
         candidates = await keys(remembered)
     else:
         candidates = await keys()
-    result = Isolated([], {}, by_row=True)
-    succeeded = 0
+    by_row = _RowByRow(conn, what, one, on_conflict, on_error, recurring, batch, most)
+    await by_row.run(candidates, remembered)
+    # Refused for want of a privilege or an object (a role that may not write) and no row
+    # went through: the statement could never run, and its caller must not report "0 changed".
+    if _sqlstate(bulk_error).startswith("42") and not by_row.succeeded:
+        raise bulk_error
+    if recurring is not None and ends_pass:
+        recurring.pass_done()
+    result = by_row.result
+    result.left = len(recurring.left) if batch is not None and recurring else len(result.failed)
+    return result
 
-    async def redo(key) -> None:
-        nonlocal succeeded
+
+class _RowByRow:
+    """The redo of :func:`run_isolated` after its bulk statement failed: one statement per key,
+    each under its own savepoint (or transaction), with what each refused row leads to."""
+
+    def __init__(
+        self,
+        conn: psycopg.AsyncConnection,
+        what: str,
+        one: Callable[[Any], Awaitable[list]],
+        on_conflict: Callable[[Any, Exception], Awaitable[None]] | None,
+        on_error: Callable[[Any, Exception], Awaitable[None]] | None,
+        recurring: Recurring | None,
+        batch: int | None,
+        most: int | None,
+    ):
+        self.conn, self.what, self.one = conn, what, one
+        self.on_conflict, self.on_error = on_conflict, on_error
+        self.recurring, self.batch, self.most = recurring, batch, most
+        self.result = Isolated([], {}, by_row=True)
+        self.succeeded = 0
+
+    def full(self) -> bool:
+        return self.most is not None and self.succeeded >= self.most
+
+    async def run(self, candidates: Iterable, remembered: list) -> None:
+        """Redo the fresh ``candidates``, then (a batched pass) at most ``batch`` of the rows
+        earlier passes left unchanged, oldest first."""
+        tried = set()
+        for key in candidates:
+            if self.full():
+                break
+            tried.add(key)
+            await self.redo(key)
+        if self.batch is None or self.recurring is None:
+            return
+        for i, key in enumerate(remembered):
+            if key in tried:
+                continue
+            if i < self.batch and not self.full():
+                await self.redo(key)
+            else:  # waits its turn: still left unchanged, still warned about once
+                self.recurring.keep(("row", key))
+
+    async def redo(self, key: Any) -> None:
+        recurring = self.recurring
         try:
-            async with _atomic(conn):
-                result.rows.extend(await one(key))
-            succeeded += 1
+            async with _atomic(self.conn):
+                self.result.rows.extend(await self.one(key))
+            self.succeeded += 1
             if recurring is not None:
                 recurring.left.pop(key, None)
         except psycopg.DatabaseError as exc:
             if not is_row_error(exc):
                 raise
-            result.failed[key] = exc
-            handler = on_conflict if isinstance(exc, pg_errors.UniqueViolation) else on_error
-            left = await _outcome(conn, what, key, exc, handler, recurring)
-            if recurring is not None and batch is not None:
+            self.result.failed[key] = exc
+            unique = isinstance(exc, pg_errors.UniqueViolation)
+            handler = self.on_conflict if unique else self.on_error
+            left = await _outcome(self.conn, self.what, key, exc, handler, recurring)
+            if recurring is not None and self.batch is not None:
                 if left:
                     recurring.remember(key)
                 else:  # its outcome ran (cancelled as a duplicate): not left unchanged
                     recurring.left.pop(key, None)
-
-    def full() -> bool:
-        return most is not None and succeeded >= most
-
-    tried = set()
-    for key in candidates:
-        if full():
-            break
-        tried.add(key)
-        await redo(key)
-    if batch is not None and recurring is not None:
-        for i, key in enumerate(remembered):
-            if key in tried:
-                continue
-            if i < batch and not full():
-                await redo(key)
-            else:  # waits its turn: still left unchanged, still warned about once
-                recurring.keep(("row", key))
-    # Refused for want of a privilege or an object (a role that may not write) and no row
-    # went through: the statement could never run, and its caller must not report "0 changed".
-    if _sqlstate(bulk_error).startswith("42") and not succeeded:
-        raise bulk_error
-    if recurring is not None and ends_pass:
-        recurring.pass_done()
-    result.left = len(recurring.left) if batch is not None and recurring else len(result.failed)
-    return result
 
 
 async def _outcome(

@@ -527,41 +527,8 @@ def prepare_uniform(
     tags, meta_json, run_at, okey, unique = _shared_options(
         kind, queue, priority, max_attempts, tags, metadata, run_at, unique_opts, ordering_key
     )
-    if first is dict:
-        builtins = items
-    elif issubclass(first, msgspec.Struct) or dataclasses.is_dataclass(first):
-        try:
-            # one C call for the whole list
-            builtins = msgspec.to_builtins(
-                items, order="deterministic" if needs_check(first) else None
-            )
-        except (TypeError, ValueError) as exc:
-            raise SerializationError(
-                f"args are not JSON-serializable: {exc}", field="args", limit="JSON"
-            ) from exc
-        if needs_check(first):
-            for item, out in zip(items, builtins):
-                check_round_trip(item, out)
-    else:
-        builtins = [args_to_builtins(x) for x in items]
-    try:
-        jsons = _native.encode_many(builtins, "args")
-    except SerializationError as exc:  # name the value in the row (field "args[i]")
-        row = exc.field or ""
-        found = None
-        if row.startswith("args[") and row.endswith("]"):
-            found = _first_inexact(builtins[int(row[5:-1])], row, unencodable=True)
-        if found is None:
-            raise
-        raise SerializationError(
-            f"{found[0]} is not JSON-serializable: {exc}", field=found[0], limit="JSON"
-        ) from exc
-    if max(map(len, jsons)) > MAX_ARGS_BYTES:
-        i, data = next((i, d) for i, d in enumerate(jsons) if len(d) > MAX_ARGS_BYTES)
-        raise _too_large("args", len(data), MAX_ARGS_BYTES, f" (jobs[{i}])")
-    for i, data in enumerate(jsons):
-        if b"null" in data:  # (the hot loop skips the call for rows without one)
-            _check_finite(data, builtins[i], f"args[{i}]")
+    builtins = _uniform_builtins(items, first)
+    jsons = _uniform_jsons(builtins)
     if issubclass(first, dict):
         check_exact_many(jsons, builtins, "args")
     keys = None
@@ -582,6 +549,57 @@ def prepare_uniform(
         jsons,
         keys,
     )
+
+
+def _uniform_builtins(items: list, first: type) -> list:
+    """The JSON-ready builtins of a uniform batch's args (one C call for structs and
+    dataclasses).
+
+    Raises:
+        SerializationError: an arg is not JSON-serializable or does not round-trip.
+    """
+    if first is dict:
+        return items
+    if not (issubclass(first, msgspec.Struct) or dataclasses.is_dataclass(first)):
+        return [args_to_builtins(x) for x in items]
+    try:
+        builtins = msgspec.to_builtins(items, order="deterministic" if needs_check(first) else None)
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(
+            f"args are not JSON-serializable: {exc}", field="args", limit="JSON"
+        ) from exc
+    if needs_check(first):
+        for item, out in zip(items, builtins):
+            check_round_trip(item, out)
+    return builtins
+
+
+def _uniform_jsons(builtins: list) -> list[bytes]:
+    """Each row's args as JSON, sized and checked (ADR 025: 1 MiB of args at most).
+
+    Raises:
+        SerializationError: a value cannot be encoded (named by its path in the row).
+        ValidationError: a row's args pass MAX_ARGS_BYTES.
+    """
+    try:
+        jsons = _native.encode_many(builtins, "args")
+    except SerializationError as exc:  # name the value in the row (field "args[i]")
+        row = exc.field or ""
+        found = None
+        if row.startswith("args[") and row.endswith("]"):
+            found = _first_inexact(builtins[int(row[5:-1])], row, unencodable=True)
+        if found is None:
+            raise
+        raise SerializationError(
+            f"{found[0]} is not JSON-serializable: {exc}", field=found[0], limit="JSON"
+        ) from exc
+    if max(map(len, jsons)) > MAX_ARGS_BYTES:
+        i, data = next((i, d) for i, d in enumerate(jsons) if len(d) > MAX_ARGS_BYTES)
+        raise _too_large("args", len(data), MAX_ARGS_BYTES, f" (jobs[{i}])")
+    for i, data in enumerate(jsons):
+        if b"null" in data:  # (the hot loop skips the call for rows without one)
+            _check_finite(data, builtins[i], f"args[{i}]")
+    return jsons
 
 
 class EnqueueRequest:

@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import types
 from typing import TYPE_CHECKING, Any
 
 from awa_fast.errors import ConfigError, ValidationError
@@ -244,6 +245,58 @@ def init_telemetry(
             ``span_processor`` of the wrong type, or ``span_processor`` with ``traces=False``.
     """
     global _providers, _instruments, _installed_once
+    _check_arguments(
+        endpoint, service_name, export_interval_ms, traces, metric_reader, span_processor
+    )
+    with _lock:
+        if _providers is not None:
+            return False
+        sdk = _sdk(need_otlp=metric_reader is None or bool(traces and span_processor is None))
+        for field, value, kind in (
+            ("metric_reader", metric_reader, sdk.MetricReader),
+            ("span_processor", span_processor, sdk.SpanProcessor),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise ValidationError(
+                    f"{field} must be an OpenTelemetry SDK {kind.__name__}, got {value!r}",
+                    field=field,
+                )
+        if _installed_once:
+            raise ConfigError(
+                "init_telemetry after shutdown_telemetry: OpenTelemetry sets its global "
+                "providers once per process, so a second install would export nothing; "
+                "install once and shut down at exit",
+                field="init_telemetry",
+                limit="once per process",
+            )
+        theirs = not isinstance(sdk.trace.get_tracer_provider(), sdk.trace.ProxyTracerProvider)
+        if traces is None:  # unset: the application's provider, if it has one, gets our spans
+            traces = span_processor is not None or not theirs
+        if traces and theirs:
+            raise ConfigError(
+                "an OpenTelemetry tracer provider is already installed in this process and "
+                "OpenTelemetry keeps it: leave traces unset or pass traces=False (awa-fast's "
+                "spans then go to it)",
+                field="traces",
+                limit="traces=False when a tracer provider is installed",
+            )
+        _providers = _install(
+            sdk, endpoint, service_name, export_interval_ms, traces, metric_reader, span_processor
+        )
+        _instruments = _instruments_of(_providers[0].get_meter("awa_fast"))
+        _installed_once = True
+        return True
+
+
+def _check_arguments(
+    endpoint: Any,
+    service_name: Any,
+    export_interval_ms: Any,
+    traces: Any,
+    metric_reader: Any,
+    span_processor: Any,
+) -> None:
+    """init_telemetry's argument rules, checked before anything is imported or installed."""
     if (
         not isinstance(endpoint, str)
         or not endpoint
@@ -284,79 +337,79 @@ def init_telemetry(
             field="span_processor",
             limit="only with traces=True",
         )
-    with _lock:
-        if _providers is not None:
-            return False
-        try:
-            from opentelemetry import metrics, trace
-            from opentelemetry.sdk.metrics import MeterProvider
-            from opentelemetry.sdk.metrics.export import (
-                MetricReader,
-                PeriodicExportingMetricReader,
-            )
-            from opentelemetry.sdk.resources import Resource
-            from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-            if metric_reader is None or (traces and span_processor is None):
-                from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
-                    OTLPMetricExporter,
-                )
-                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        except ImportError as exc:
-            raise ConfigError(
-                f"init_telemetry needs the OpenTelemetry SDK and OTLP exporter: "
-                f"pip install 'awa-fast[otel]' ({exc})",
-                field="endpoint",
-                limit="the awa-fast[otel] extra installed",
-            ) from exc
-        for field, value, kind in (
-            ("metric_reader", metric_reader, MetricReader),
-            ("span_processor", span_processor, SpanProcessor),
-        ):
-            if value is not None and not isinstance(value, kind):
-                raise ValidationError(
-                    f"{field} must be an OpenTelemetry SDK {kind.__name__}, got {value!r}",
-                    field=field,
-                )
-        if _installed_once:
-            raise ConfigError(
-                "init_telemetry after shutdown_telemetry: OpenTelemetry sets its global "
-                "providers once per process, so a second install would export nothing; "
-                "install once and shut down at exit",
-                field="init_telemetry",
-                limit="once per process",
+
+def _sdk(*, need_otlp: bool) -> types.SimpleNamespace:
+    """The OpenTelemetry SDK's parts init_telemetry uses (and the OTLP exporters when
+    ``need_otlp``), imported on first use: the ``otel`` extra is optional.
+
+    Raises:
+        ConfigError: the SDK or the exporter is not installed.
+    """
+    try:
+        from opentelemetry import metrics, trace
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        sdk = types.SimpleNamespace(
+            metrics=metrics,
+            trace=trace,
+            MeterProvider=MeterProvider,
+            MetricReader=MetricReader,
+            PeriodicExportingMetricReader=PeriodicExportingMetricReader,
+            Resource=Resource,
+            SpanProcessor=SpanProcessor,
+            TracerProvider=TracerProvider,
+            BatchSpanProcessor=BatchSpanProcessor,
+        )
+        if need_otlp:
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter,
             )
-        theirs = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-        if traces is None:  # unset: the application's provider, if it has one, gets our spans
-            traces = span_processor is not None or not theirs
-        if traces and theirs:
-            raise ConfigError(
-                "an OpenTelemetry tracer provider is already installed in this process and "
-                "OpenTelemetry keeps it: leave traces unset or pass traces=False (awa-fast's "
-                "spans then go to it)",
-                field="traces",
-                limit="traces=False when a tracer provider is installed",
-            )
-        resource = Resource.create({"service.name": service_name})
-        if metric_reader is None:
-            metric_reader = PeriodicExportingMetricReader(
-                OTLPMetricExporter(endpoint=endpoint),
-                export_interval_millis=5000 if export_interval_ms is None else export_interval_ms,
-            )
-        meter_provider = MeterProvider(resource=resource, metric_readers=[metric_reader])
-        tracer_provider = None
-        if traces:
-            tracer_provider = TracerProvider(resource=resource)
-            tracer_provider.add_span_processor(
-                span_processor or BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
-            )
-            trace.set_tracer_provider(tracer_provider)
-        metrics.set_meter_provider(meter_provider)
-        _instruments = _instruments_of(meter_provider.get_meter("awa_fast"))
-        _providers = (meter_provider, tracer_provider)
-        _installed_once = True
-        return True
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            sdk.OTLPMetricExporter = OTLPMetricExporter
+            sdk.OTLPSpanExporter = OTLPSpanExporter
+    except ImportError as exc:
+        raise ConfigError(
+            f"init_telemetry needs the OpenTelemetry SDK and OTLP exporter: "
+            f"pip install 'awa-fast[otel]' ({exc})",
+            field="endpoint",
+            limit="the awa-fast[otel] extra installed",
+        ) from exc
+    return sdk
+
+
+def _install(
+    sdk: types.SimpleNamespace,
+    endpoint: str,
+    service_name: str,
+    export_interval_ms: int | None,
+    traces: bool,
+    metric_reader: Any,
+    span_processor: Any,
+) -> tuple[Any, Any]:
+    """Build and set the global meter provider (and tracer provider, with ``traces``):
+    ``(meter_provider, tracer_provider or None)``."""
+    resource = sdk.Resource.create({"service.name": service_name})
+    if metric_reader is None:
+        metric_reader = sdk.PeriodicExportingMetricReader(
+            sdk.OTLPMetricExporter(endpoint=endpoint),
+            export_interval_millis=5000 if export_interval_ms is None else export_interval_ms,
+        )
+    meter_provider = sdk.MeterProvider(resource=resource, metric_readers=[metric_reader])
+    tracer_provider = None
+    if traces:
+        tracer_provider = sdk.TracerProvider(resource=resource)
+        tracer_provider.add_span_processor(
+            span_processor or sdk.BatchSpanProcessor(sdk.OTLPSpanExporter(endpoint=endpoint))
+        )
+        sdk.trace.set_tracer_provider(tracer_provider)
+    sdk.metrics.set_meter_provider(meter_provider)
+    return meter_provider, tracer_provider
 
 
 def shutdown_telemetry() -> None:

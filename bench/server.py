@@ -26,7 +26,8 @@ from pathlib import Path
 
 import psycopg
 
-from awa_fast import embedded as emb
+from awa_fast.embedded import TempServer
+from awa_fast.embedded import cluster as emb
 
 DURABLE_SETTINGS = {
     "fsync": "on",
@@ -37,7 +38,7 @@ DURABLE_SETTINGS = {
 }
 
 
-def start_durable(settings: dict[str, str] | None = None, timeout: float = 60.0) -> emb.TempServer:
+def start_durable(settings: dict[str, str] | None = None, timeout: float = 60.0) -> TempServer:
     """A throwaway server like ``start_temp()`` with durable settings (or ``settings``)."""
     settings = dict(DURABLE_SETTINGS if settings is None else settings)
     bindir = emb.find_bindir()
@@ -89,7 +90,7 @@ def start_durable(settings: dict[str, str] | None = None, timeout: float = 60.0)
             try:
                 with psycopg.connect(dsn, connect_timeout=2, autocommit=True):
                     pass
-                return emb.TempServer(proc, port, datadir)
+                return TempServer(proc, port, datadir)
             except psycopg.OperationalError:
                 pass
             if time.monotonic() > deadline:

@@ -14,7 +14,13 @@ import psycopg
 import pytest
 
 from awa_fast import embedded
-from awa_fast.embedded import EmbeddedPostgresError, ensure_running, start_temp, stop_persistent
+from awa_fast.embedded import (
+    EmbeddedPostgresError,
+    cluster,
+    ensure_running,
+    start_temp,
+    stop_persistent,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,7 +50,7 @@ def _wait_pid_gone(pid: int, timeout: float) -> bool:
             os.close(fd)
     deadline = time.monotonic() + timeout  # fallback without pidfd: bounded poll
     while time.monotonic() < deadline:
-        if not embedded._pid_alive(pid):
+        if not cluster._pid_alive(pid):
             return True
         time.sleep(0.05)
     return False
@@ -133,7 +139,7 @@ def test_killed_parent_leaves_no_running_server():
         assert line, "child did not start a server"
         port, pid, datadir = line.split(maxsplit=2)
         port, pid, datadir = int(port), int(pid), Path(datadir.strip())
-        assert embedded._pid_alive(pid)
+        assert cluster._pid_alive(pid)
         with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres") as conn:
             conn.execute("select 1")
     finally:
@@ -220,7 +226,7 @@ def test_find_bindir_default_is_usable(monkeypatch):
     for tool in ("initdb", "pg_ctl", "postgres"):
         assert os.access(bindir / tool, os.X_OK)
     if os.geteuid() == 0:
-        assert embedded._reachable_by_others(bindir / "postgres")
+        assert cluster._reachable_by_others(bindir / "postgres")
 
 
 def test_footprint_names_the_binaries_copy_the_server_runs_from(monkeypatch):
@@ -229,7 +235,7 @@ def test_footprint_names_the_binaries_copy_the_server_runs_from(monkeypatch):
     bindir = embedded.find_bindir()
     copy = embedded.footprint()["binaries_copy"]
     if copy is None:
-        assert bindir == embedded._wheel_paths()[0] / "bin"
+        assert bindir == cluster._wheel_paths()[0] / "bin"
     else:
         assert os.geteuid() == 0 and bindir.is_relative_to(copy)
     monkeypatch.setenv("AWA_PG_BINDIR", str(bindir))

@@ -41,7 +41,7 @@ class PgBouncer:
     """A PgBouncer process of this module's own in front of the test server."""
 
     def __init__(self, server_dsn: str, workdir: pathlib.Path, pool_mode: str = "transaction"):
-        from awa_fast.embedded import _server_account  # the account the test server runs as
+        from awa_fast.embedded.cluster import _server_account  # the account the test server runs as
 
         if PGBOUNCER is None:
             pytest.fail("pgbouncer is not installed: apt-get install -y pgbouncer (.ci/run)")

@@ -1,10 +1,16 @@
 """Versioned SQL migrations for the ``awa_fast`` schema (or another, ADR 027).
 
-Migrations are the numbered ``NNN_name.sql`` files beside this module. :func:`migrate` applies the
-missing ones in order, each in its own transaction, under a transaction-level advisory lock, so it is
-idempotent and safe to run from many processes at once. The files are written for ``awa_fast``;
-for another schema each is rendered with the rule every statement follows
+Migrations are the numbered ``NNN_name.sql`` files beside this module; ``baseline_NNN.sql`` is
+the schema as migrations 1..NNN leave it, in one script (ADR 032). :func:`migrate` creates a
+schema with no version recorded from the baseline in one transaction and records versions
+1..NNN; then it applies the missing migrations in order, each in its own transaction. Every
+transaction holds the schema's advisory lock, so migrating is idempotent and safe to run from
+many processes at once. The files are written for ``awa_fast``; for another schema each is
+rendered with the rule every statement follows
 (:meth:`awa_fast.schema_binding.SchemaBinding.rewrite`), on a connection bound to that schema.
+
+The baseline is kept equal to the migrations by ``tests/test_schema_baseline.py`` (catalogs
+compared) and at the newest version (docs/architecture.md, "Schema and migrations").
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ SCHEMA = "awa_fast"
 MIGRATE_LOCK_KEY = DEFAULT.migrate_lock_key
 
 _NAME = re.compile(r"^(\d{3})_(\w+)\.sql$")
+_BASELINE = re.compile(r"^baseline_(\d{3})\.sql$")
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -45,6 +52,26 @@ def migrations() -> list[tuple[int, str, str]]:
         dup = sorted({v for v in versions if versions.count(v) > 1})
         raise RuntimeError(f"two migrations share version(s) {dup}: renumber one")
     return sorted(found)
+
+
+def baseline() -> tuple[int, str]:
+    """The baseline as ``(version, sql)``: one script creating the schema as migrations
+    ``1..version`` leave it (``baseline_NNN.sql``).
+
+    Raises:
+        RuntimeError: no baseline file, more than one, or one past the newest migration.
+    """
+    found = [
+        (int(m.group(1)), entry.read_text())
+        for entry in resources.files(__package__).iterdir()
+        if (m := _BASELINE.match(entry.name))
+    ]
+    if len(found) != 1:
+        raise RuntimeError(f"expected one baseline_NNN.sql, found {len(found)}")
+    version, text = found[0]
+    if version not in {v for v, _, _ in migrations()}:
+        raise RuntimeError(f"baseline_{version:03d}.sql names no migration")
+    return version, text
 
 
 def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str, str]]:
@@ -116,29 +143,39 @@ async def check_current(conn: psycopg.AsyncConnection) -> None:
 
 
 @db_errors.maps("migrate")
-async def migrate(database_url: str, binding: SchemaBinding = DEFAULT) -> list[int]:
-    """Apply every missing migration to ``database_url``; returns the versions applied now.
-
-    Runs :func:`migrate_sync` in a thread (migrations are rare and short).
+async def migrate(
+    database_url: str, binding: SchemaBinding = DEFAULT, *, use_baseline: bool = True
+) -> list[int]:
+    """Bring ``binding``'s schema in ``database_url`` to the newest version; returns the
+    versions applied now. Runs :func:`migrate_sync` in a thread (migrations are rare and short).
 
     Raises:
         ReadOnlyDatabase, DatabaseUnavailable, DatabaseError: the database could not be
             reached or rejected a migration (that migration is rolled back); chained to the
             driver's error (``awa_fast.db_errors``).
     """
-    return await asyncio.to_thread(migrate_sync, database_url, binding)
+    return await asyncio.to_thread(migrate_sync, database_url, binding, use_baseline=use_baseline)
 
 
 @db_errors.maps("migrate")
-def migrate_sync(database_url: str, binding: SchemaBinding = DEFAULT) -> list[int]:
-    """Apply every missing migration of ``binding``'s schema (default ``awa_fast``, created if
-    missing) to ``database_url``; returns the versions applied now. Each schema has its own
-    version table and lock: migrating one never waits for or touches another.
+def migrate_sync(
+    database_url: str, binding: SchemaBinding = DEFAULT, *, use_baseline: bool = True
+) -> list[int]:
+    """Bring ``binding``'s schema (default ``awa_fast``, created if missing) in
+    ``database_url`` to the newest version; returns the versions applied now, in order. Each
+    schema has its own version table and lock: migrating one never waits for or touches another.
+
+    A schema with no version recorded is created from :func:`baseline` in one transaction,
+    which records versions ``1..baseline version`` as applied (they are returned); any later
+    migration, and every missing one of a schema that has a version recorded, is applied in
+    order, one transaction each. ``use_baseline=False`` applies every migration in order
+    instead (the result is the same schema; tests compare the two).
 
     Raises:
         DatabaseError: as :func:`migrate`.
     """
-    applied_now = []
+    applied_now: list[int] = []
+    everything = migrations()
     # No prepared statements, no session SET: works through a transaction pooler too.
     with sync_connection_class(binding).connect(
         database_url, autocommit=True, prepare_threshold=None
@@ -147,7 +184,20 @@ def migrate_sync(database_url: str, binding: SchemaBinding = DEFAULT) -> list[in
         # database's default (at REPEATABLE READ two migrators both saw a version missing);
         # each transaction's own BEGIN says so.
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-        for version, description, sql in migrations():
+        if use_baseline:
+            version, text = baseline()
+            with conn.transaction():
+                conn.execute(statements.MIGRATE_LOCK, (binding.migrate_lock_key,))
+                conn.execute(statements.MIGRATION_BOOTSTRAP)
+                if not conn.execute(statements.MIGRATION_ANY_APPLIED).fetchone():
+                    conn.execute(text)
+                    for v, description, _ in everything:
+                        if v <= version:
+                            conn.execute(statements.MIGRATION_RECORD, (v, description))
+                            applied_now.append(v)
+        for version, description, sql in everything:
+            if version in applied_now:
+                continue
             with conn.transaction():
                 conn.execute(statements.MIGRATE_LOCK, (binding.migrate_lock_key,))
                 conn.execute(statements.MIGRATION_BOOTSTRAP)

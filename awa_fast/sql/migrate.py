@@ -19,6 +19,9 @@ CREATE TABLE IF NOT EXISTS {S}.schema_version (
 
 MIGRATION_APPLIED = f"SELECT 1 FROM {S}.schema_version WHERE version = %s"
 
+# Has the schema any version recorded? If not, the runner creates it from the baseline.
+MIGRATION_ANY_APPLIED = f"SELECT 1 FROM {S}.schema_version LIMIT 1"
+
 MIGRATION_RECORD = (
     f"INSERT INTO {S}.schema_version (version, description) VALUES (%s, %s) "
     "ON CONFLICT (version) DO NOTHING"

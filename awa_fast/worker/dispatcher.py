@@ -183,19 +183,7 @@ class Dispatcher:
                 rows = await self._claim(limit)
                 metrics.claimed(self.queue, time.perf_counter() - started)
             except Exception as exc:  # the claim loop must survive every error
-                self.free += local
-                self._give_back(granted)
-                if self.bucket is not None:
-                    self.bucket.refund(limit)
-                log.warning(
-                    "claim from queue %r failed: %s: %s",
-                    self.queue,
-                    type(exc).__name__,
-                    exc,
-                    exc_info=not isinstance(exc, (psycopg.Error, OSError)),
-                )
-                raise_if_cancelling()
-                await asyncio.sleep(min(self.poll_interval_s, 1.0))
+                await self._claim_failed(exc, local, granted, limit)
                 continue
             self.claims += 1
             self._more = len(rows) == limit
@@ -218,6 +206,23 @@ class Dispatcher:
                 self._spawn(row, sent)
             self.claim_ran.fire(len(rows))
             raise_if_cancelling()  # after spawning: claimed rows always get their handler
+
+    async def _claim_failed(self, exc: Exception, local: int, granted: int, limit: int) -> None:
+        """Give back what a failed claim reserved (slots, overflow permits, rate tokens), log
+        it, and wait a little before the next try."""
+        self.free += local
+        self._give_back(granted)
+        if self.bucket is not None:
+            self.bucket.refund(limit)
+        log.warning(
+            "claim from queue %r failed: %s: %s",
+            self.queue,
+            type(exc).__name__,
+            exc,
+            exc_info=not isinstance(exc, (psycopg.Error, OSError)),
+        )
+        raise_if_cancelling()
+        await asyncio.sleep(min(self.poll_interval_s, 1.0))
 
     def _acquire_overflow(self, local: int) -> int:
         """Weighted mode: overflow permits for this claim beyond the ``local`` guaranteed slots
