@@ -1265,7 +1265,9 @@ class AsyncClient:
         for the keywords: awa's ``poll_interval_ms``, ``heartbeat_interval_ms``, ...;
         ``consequence_timeout_ms`` / ``consequence_backoff_ms`` configure this client's settler;
         the keywords become one ``worker.config.RuntimeConfig``, validated before anything
-        starts).
+        starts). ``queue_storage_schema="s"`` (awa's; ``"awa"`` is this client's own schema)
+        creates or upgrades schema ``s``, then runs the client and its runtime there (ADR 033);
+        a start that fails leaves the client where it was.
 
         Raises:
             ValueError: an invalid queue configuration or option.
@@ -1287,7 +1289,10 @@ class AsyncClient:
         self._starting = asyncio.Event()
         previous = self._binding
         try:
-            # queue_storage_schema: the client moves with its runtime (ADR 027)
+            # queue_storage_schema: the client moves with its runtime (ADR 027), into a
+            # schema created or upgraded first, as awa's runtime prepares its storage (ADR 033)
+            if runtime.services.schema is not previous:
+                await self._migrate_schema(runtime.services.schema)
             await self._use_schema(runtime.services.schema)
             await runtime.start()
             self._runtime = runtime

@@ -313,10 +313,32 @@ async def test_a_schema_not_migrated_is_named_when_starting(dsn):
             await c.start([("q", 1)], **FAST)
 
 
-async def test_a_start_into_a_schema_not_migrated_leaves_the_client_where_it_was(client):
+async def test_a_start_into_a_schema_not_migrated_creates_it_first(dsn):
+    # awa's runtime prepares its queue-storage schema when it starts (ADR 033); awa-fast's own
+    # schema= above still names the missing schema instead
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("DROP SCHEMA IF EXISTS created_at_start CASCADE")
+    async with awa.AsyncClient(dsn) as c:
+        ran = []
+        c.task(Mail, kind="mail", queue="q")(lambda job: ran.append(job.id))
+        await c.start([("q", 1)], queue_storage_schema="created_at_start", **FAST)
+        assert c.schema == "created_at_start"
+        job = await c.insert(Mail(1, "new"), queue="q")
+        await support.until(lambda: job.id in ran, c, TIMEOUT_S, "run")
+        n = await support.scalar(
+            dsn, "SELECT count(*) FROM created_at_start.jobs_all WHERE id = %s", (job.id,)
+        )
+        assert n == 1
+
+
+async def test_a_start_that_fails_leaves_the_client_where_it_was(dsn, client):
+    # the schema exists, but the runtime's first write there fails (a trigger): the client's
+    # own schema is still the one it uses
+    await _migrated(dsn, "failed_start")
     client.task(Mail, kind="mail", queue="q")(lambda job: None)
-    with pytest.raises(awa.SchemaNotMigrated, match="never_migrated"):
-        await client.start([("q", 1)], queue_storage_schema="never_migrated", **FAST)
+    async with support.failing_rows(dsn, "true", table="failed_start.workers"):
+        with pytest.raises(awa.DatabaseError, match="trigger added outside awa-fast"):
+            await client.start([("q", 1)], queue_storage_schema="failed_start", **FAST)
     assert client.runtime is None and client.schema == "awa_fast"
     job = await client.insert(Mail(1, "stay"), queue="q")
     assert (await client.get_job(job.id)).state == "available"
