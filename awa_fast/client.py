@@ -50,9 +50,10 @@ from awa_fast.batch_ops import (
     BatchOperationKind,
     BatchOperationPreview,
 )
+from awa_fast.connection_config import connection_config
 from awa_fast.connections import Connections, Pool
 from awa_fast.database_url import resolve_database_url, url_source
-from awa_fast.errors import AwaError, ConfigError, DatabaseUnavailable, ValidationError
+from awa_fast.errors import AwaError, DatabaseUnavailable, ValidationError
 from awa_fast.job import Job
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import check_name, kind_for_type, optional_name
@@ -213,25 +214,15 @@ class AsyncClient:
         listen_url: str | None = None,
         schema: str | None = None,
     ):
-        if not isinstance(max_connections, int) or max_connections < 1:
-            raise ValidationError(
-                "max_connections must be an int >= 1", field="max_connections", limit=">= 1"
-            )
-        if pooler is None:
-            pooler = pooler_mode.from_env()
-        self.pooler = pooler_mode.check_setting(pooler, listen_url)
-        if listen_url is not None and pooler != "transaction":
-            raise ConfigError(
-                f"listen_url is for pooler='transaction' (pooler={pooler!r}: the runtime "
-                "listens on its own connection to database_url)",
-                field="listen_url",
-                limit="only with pooler='transaction'",
-            )
-        self.listen_url = listen_url
-        self._binding = schema_binding.resolve(schema)
-        self.explicit_database_url = database_url or None
-        self._database_url: str | None = database_url or None
-        self.max_connections = max_connections
+        config = connection_config(
+            database_url, max_connections, pooler=pooler, listen_url=listen_url, schema=schema
+        )
+        self.pooler = config.pooler
+        self.listen_url = config.listen_url
+        self._binding = config.schema
+        self.explicit_database_url = config.database_url
+        self._database_url: str | None = config.database_url
+        self.max_connections = config.max_connections
         self._pool: AsyncConnectionPool | None = None
         self._pool_lock: asyncio.Lock | None = None
         self._pool_guard: asyncio.Task | None = None

@@ -12,6 +12,8 @@ import pytest
 
 import awa_fast as awa
 from awa_fast import storage_options
+from awa_fast.connection_config import ConnectionConfig
+from awa_fast.launcher_config import LauncherConfig
 from awa_fast.worker.config import (
     MetricsConfig,
     QueueConfig,
@@ -38,7 +40,17 @@ def client(monkeypatch):
     return client
 
 
-@pytest.mark.parametrize("cls", [RuntimeConfig, QueueConfig, MetricsConfig, StorageConfig])
+@pytest.mark.parametrize(
+    "cls",
+    [
+        RuntimeConfig,
+        QueueConfig,
+        MetricsConfig,
+        StorageConfig,
+        LauncherConfig,
+        ConnectionConfig,
+    ],
+)
 def test_every_field_states_its_unit_and_meaning(cls):
     rows = describe(cls)
     assert rows
