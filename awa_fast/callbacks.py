@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from psycopg import errors as pg_errors
 
-from awa_fast import callback_expressions, enqueue, sql
+from awa_fast import callback_expressions, enqueue
 from awa_fast.callback_token import check_timeout, parse_callback_id
 from awa_fast.errors import AttemptStillRunning, CallbackNotFound, ValidationError
 from awa_fast.job import Job
+from awa_fast.repo.callbacks import CallbackRepo
+from awa_fast.repo.consequences import LockedJob
+from awa_fast.repo.jobs import JobRepo
 from awa_fast.requests import MAX_PAYLOAD_BYTES, check_size, to_json
 from awa_fast.worker import storable
 
@@ -46,12 +49,17 @@ class CallbackDeps(Protocol):
     def staleness_ms(self) -> int: ...
 
 
-async def _locked(conn, callback_id: uuid.UUID) -> tuple:
-    cur = await conn.execute(sql.LOCK_BY_CALLBACK, (callback_id,))
-    row = await cur.fetchone()
+async def _locked(conn, callback_id: uuid.UUID) -> LockedJob:
+    row = await CallbackRepo(conn).lock(callback_id)
     if row is None:
         raise CallbackNotFound(f"no job waits on callback {callback_id}")
     return row
+
+
+def _found(job: Job | None, cid: uuid.UUID) -> Job:
+    if job is None:
+        raise CallbackNotFound(f"no job waits on callback {cid}")
+    return job
 
 
 @enqueue.maps_errors
@@ -75,19 +83,16 @@ async def complete_external(deps: CallbackDeps, callback_id: Any, payload: Any =
             return await _complete_locked(deps, conn, await _locked(conn, cid))
 
 
-async def _complete_locked(deps: CallbackDeps, conn, row: tuple) -> Job:
+async def _complete_locked(deps: CallbackDeps, conn, row: LockedJob) -> Job:
     """Complete the job of a row :func:`_locked` returned, in the caller's transaction."""
     job = Job.from_row(row)
     requests = deps.specs.requests(job.kind, "completed", job.args, job, job.id, job.metadata)
-    try:
-        async with conn.transaction():
-            cur = await conn.execute(sql.COMPLETE_EXTERNAL, (job.id,))
-    except pg_errors.UniqueViolation:
+    repo = CallbackRepo(conn)
+    done = await repo.complete(job.id)
+    if done is None:
         # Another job holds the key this completion would hold: the job is a duplicate (no
         # follow-ups), as a worker's own completion into a held key is.
-        cur = await conn.execute(sql.COMPLETE_EXTERNAL_AS_DUPLICATE, (job.id,))
-        return Job.from_row(await cur.fetchone())
-    done = Job.from_row(await cur.fetchone())
+        return await repo.complete_as_duplicate(job.id)
     if requests:
         await enqueue.insert_follow_ups(conn, requests, job.kind, job.id)
     return done
@@ -114,13 +119,17 @@ async def fail_external(deps: CallbackDeps, callback_id: Any, error: str) -> Job
 
 
 async def _fail_locked(
-    deps: CallbackDeps, conn, row: tuple, error: str, expression: str | None = None
+    deps: CallbackDeps, conn, row: LockedJob, error: str, expression: str | None = None
 ) -> bool:
     """Fail the job of a row :func:`_locked` returned, in the caller's transaction (awa's
     error entry; ``expression`` is the on_fail expression that matched, if any). Returns True
     when the failure was only recorded as owed: after COMMIT, :func:`_after_failure` applies
     it (``Settler.owe_or_settle``)."""
-    entry = {"error": storable.text(error), "attempt": row[6], "at": datetime.now(UTC).isoformat()}
+    entry = {
+        "error": storable.text(error),
+        "attempt": row.attempt,
+        "at": datetime.now(UTC).isoformat(),
+    }
     if expression is not None:
         entry["expression"] = expression
     # A running row's handler lives on (an early callback): its heartbeat stays as the "still
@@ -133,19 +142,18 @@ async def _fail_locked(
         reason="callback_failed",
         path="failure",
         error_entry=entry,
-        mark=row[9] if row[4] == "running" else None,
+        mark=row.heartbeat_at if row.state == "running" else None,
     )
 
 
-async def _after_failure(deps: CallbackDeps, conn, row: tuple, owed: bool) -> Job:
+async def _after_failure(deps: CallbackDeps, conn, row: LockedJob, owed: bool) -> Job:
     """After the failing transaction committed: apply an owed failure's effect and settle it
     (a second transaction on ``conn``; on error it stays owed for the reconciler), then
     return the job as committed (the locked row itself if it moved to the DLQ)."""
     if owed:
-        await deps.settler.apply_owed(conn, row[0])
-    cur = await conn.execute(sql.GET_JOB, (row[0],))
-    found = await cur.fetchone()
-    return Job.from_row(row if found is None else found)
+        await deps.settler.apply_owed(conn, row.id)
+    found = await JobRepo(conn).get(row.id)
+    return Job.from_row(row) if found is None else found
 
 
 @enqueue.maps_errors
@@ -159,21 +167,28 @@ async def retry_external(deps: CallbackDeps, callback_id: Any) -> Job:
             changes): cancel the job, or resume it, instead.
     """
     cid = parse_callback_id(callback_id)
-    params = {"cid": cid, "stale_ms": deps.staleness_ms()}
-    try:
-        return await _one(deps, sql.RETRY_EXTERNAL, cid, notify=True, action="retry", params=params)
-    except CallbackNotFound:
-        pool = await deps.pool()
-        async with pool.connection() as conn:
-            cur = await conn.execute(sql.ATTEMPT_STILL_RUNS_BY_CALLBACK, params)
-            live = await cur.fetchone()
-        if live is not None:
-            raise AttemptStillRunning(
-                f"job {live[0]}'s handler is still waiting for callback {cid}; cancel or "
-                "resume it instead",
-                job_id=live[0],
-            ) from None
-        raise
+    stale_ms = deps.staleness_ms()
+    pool = await deps.pool()
+    async with pool.connection() as conn:
+        repo = CallbackRepo(conn)
+        try:
+            job = await repo.retry(cid, stale_ms)
+        except pg_errors.UniqueViolation as exc:  # the new state would take a held key
+            holder = await repo.job_id(cid)
+            if holder is None:
+                raise
+            raise await enqueue.holder_conflict(conn, holder, "retry", exc) from exc
+        if job is not None:
+            await JobRepo(conn).wake(job.queue)
+            return job
+        live = await repo.still_running(cid, stale_ms)
+    if live is not None:
+        raise AttemptStillRunning(
+            f"job {live.id}'s handler is still waiting for callback {cid}; cancel or "
+            "resume it instead",
+            job_id=live.id,
+        )
+    raise CallbackNotFound(f"no job waits on callback {cid}")
 
 
 @enqueue.maps_errors
@@ -193,11 +208,7 @@ async def resume_external(deps: CallbackDeps, callback_id: Any, payload: Any = N
     data = encoded.decode()
     pool = await deps.pool()
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.RESUME_EXTERNAL, (data, cid))
-        row = await cur.fetchone()
-    if row is None:
-        raise CallbackNotFound(f"no job waits on callback {cid}")
-    return Job.from_row(row)
+        return _found(await CallbackRepo(conn).resume(cid, data), cid)
 
 
 @enqueue.maps_errors
@@ -209,36 +220,7 @@ async def heartbeat_callback(
     timeout = check_timeout(timeout_seconds)
     pool = await deps.pool()
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.HEARTBEAT_CALLBACK, (timeout, cid))
-        row = await cur.fetchone()
-    if row is None:
-        raise CallbackNotFound(f"no job waits on callback {cid}")
-    return Job.from_row(row)
-
-
-async def _one(
-    deps: CallbackDeps,
-    query: str,
-    cid: uuid.UUID,
-    notify: bool = False,
-    action: str = "update",
-    params: Any = None,
-) -> Job:
-    pool = await deps.pool()
-    async with pool.connection() as conn:
-        try:
-            cur = await conn.execute(query, (cid,) if params is None else params)
-        except pg_errors.UniqueViolation as exc:  # the new state would take a held key
-            found = await (await conn.execute(sql.JOB_BY_CALLBACK, (cid,))).fetchone()
-            if found is None:
-                raise
-            raise await enqueue.holder_conflict(conn, found[0], action, exc) from exc
-        row = await cur.fetchone()
-        if row is None:
-            raise CallbackNotFound(f"no job waits on callback {cid}")
-        if notify:
-            await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
-    return Job.from_row(row)
+        return _found(await CallbackRepo(conn).heartbeat(cid, timeout), cid)
 
 
 class ResolveResult:
@@ -292,10 +274,8 @@ async def resolve_callback(
     async with (await deps.pool()).connection() as conn:
         async with conn.transaction():
             row = await _locked(conn, cid)
-            cur = await conn.execute(sql.CALLBACK_EXPRESSIONS, (row[0], cid))
-            found = await cur.fetchone()
-            expressions = None if found is None else found[0]
-            decision = callback_expressions.decide(expressions, payload, default_action, row[0])
+            expressions = await CallbackRepo(conn).expressions(row.id, cid)
+            decision = callback_expressions.decide(expressions, payload, default_action, row.id)
             if decision.action == "complete":
                 job = await _complete_locked(deps, conn, row)
                 return ResolveResult("completed", job, decision.payload)

@@ -1,4 +1,4 @@
-"""The schema baseline (ADR 034): a fresh install runs ``baseline_NNN.sql`` in one step, and the
+"""The schema baseline (ADR 032): a fresh install runs ``baseline_NNN.sql`` in one step, and the
 schema it creates is the one the numbered migrations build, catalog entry for catalog entry.
 
 The catalog (tests/schema_catalog.py) is read from PostgreSQL's system catalogs: tables,

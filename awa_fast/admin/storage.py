@@ -23,13 +23,13 @@ _SLOT_COUNTS = {"queue_slot_count": 16, "lease_slot_count": 8}
 
 
 def _storage_arguments(
-    schema_name: Any, current: SchemaBinding, **slot_counts: Any
+    call: str, schema_name: Any, current: SchemaBinding, **slot_counts: Any
 ) -> SchemaBinding:
     """awa's arguments of install / prepare, checked before anything changes; returns the
     schema they name: awa's default ``"awa"`` is the client's own (``current``), another name
     that schema. The slot counts size awa's partition rings, which awa-fast does not have:
-    validated as awa does (> 0), logged at INFO when not awa's default, otherwise without
-    effect (docs/compat.md).
+    validated as awa does (> 0), logged at INFO (naming ``call``) when not awa's default,
+    otherwise without effect (docs/compat.md).
 
     Raises:
         ValidationError: ``schema`` breaks the schema-name rule (``schema_binding``).
@@ -41,9 +41,10 @@ def _storage_arguments(
             raise ConfigError(f"{key} must be > 0, got {value!r}", field=key, limit="> 0")
         if value != _SLOT_COUNTS[key]:
             log.info(
-                "install_queue_storage: %s=%r has no effect in awa-fast: it has no rotating "
+                "%s: %s=%r has no effect in awa-fast: it has no rotating "
                 "queue/lease partitions (live jobs are one hot table, finished jobs go to "
                 "fixed-period slices)",
+                call,
                 key,
                 value,
             )
@@ -120,6 +121,7 @@ class StorageAdmin:
         self, schema: str, queue_slot_count: int, lease_slot_count: int, reset: bool
     ) -> None:
         binding = _storage_arguments(
+            "install_queue_storage",
             schema,
             self._schema(),
             queue_slot_count=queue_slot_count,
@@ -142,6 +144,7 @@ class StorageAdmin:
     ) -> None:
         """Apply ``schema``'s migrations (``"awa"``: the client's); the client stays where it is."""
         binding = _storage_arguments(
+            "prepare_queue_storage_schema",
             schema,
             self._schema(),
             queue_slot_count=queue_slot_count,

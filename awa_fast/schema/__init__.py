@@ -1,7 +1,7 @@
 """Versioned SQL migrations for the ``awa_fast`` schema (or another, ADR 027).
 
 Migrations are the numbered ``NNN_name.sql`` files beside this module; ``baseline_NNN.sql`` is
-the schema as migrations 1..NNN leave it, in one script (ADR 034). :func:`migrate` creates a
+the schema as migrations 1..NNN leave it, in one script (ADR 032). :func:`migrate` creates a
 schema with no version recorded from the baseline in one transaction and records versions
 1..NNN; then it applies the missing migrations in order, each in its own transaction. Every
 transaction holds the schema's advisory lock, so migrating is idempotent and safe to run from

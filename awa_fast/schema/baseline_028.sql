@@ -1,5 +1,5 @@
 -- The awa_fast schema as migrations 001-028 leave it, created in one step on a fresh install
--- (ADR 034). awa_fast.schema.migrate() runs this file when the schema has no version recorded,
+-- (ADR 032). awa_fast.schema.migrate() runs this file when the schema has no version recorded,
 -- then records every version up to the one in this file's name; a schema with any version
 -- recorded is upgraded by the numbered migrations beside it, which stay as they are.
 --

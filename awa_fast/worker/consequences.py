@@ -25,16 +25,16 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
-from awa_fast import enqueue, metrics, sql
-from awa_fast.job import JOB_FIELDS, Job
-from awa_fast.rows import one_row
+from awa_fast import enqueue, metrics
+from awa_fast.job import Job
+from awa_fast.repo.consequences import ConsequenceRepo, LockedJob, Settlement
 from awa_fast.worker.registry import NO_FAILURE_CONSEQUENCE, UNDECLARED, Registry
 from awa_fast.worker.sync_effect import LoopConnection
 
@@ -174,7 +174,8 @@ class ConsequenceApplier:
         return kind in self.registry.handlers or kind in self.registry.consequences
 
     def snapshot(self, row: tuple) -> Job:
-        """A Job from a ``JOB_COLUMNS`` row, with typed args when the kind is registered."""
+        """A Job from a ``JOB_COLUMNS`` row (a :class:`LockedJob` too), with typed args when
+        the kind is registered."""
         job = Job.from_row(row)
         decode = self.registry.decoder(job.kind)
         if decode is not None:
@@ -201,7 +202,8 @@ class ConsequenceApplier:
         # it cannot block the loop, and its writes stay in the settlement (ADR 031).
         view = LoopConnection(conn, asyncio.get_running_loop()) if in_thread else None
         failure = JobFailure(job, path, reason, error, view or conn, key)
-        await conn.execute(sql.EFFECT_SAVEPOINT)
+        repo = ConsequenceRepo(conn)
+        await repo.effect_savepoint()
         try:
             async with asyncio.timeout(self.timeout_s):
                 if view is not None:
@@ -222,9 +224,9 @@ class ConsequenceApplier:
         except BaseException as exc:
             # KeyboardInterrupt raised inside it included, keeps the job owed (as for handlers)
             log.warning("failure consequence of %s job %s failed: %s", job.kind, job.id, exc)
-            await conn.execute(sql.EFFECT_ROLLBACK)
+            await repo.effect_failed()
             return f"{type(exc).__qualname__}: {exc}"
-        await conn.execute(sql.EFFECT_RELEASE)
+        await repo.effect_done()
         return None
 
 
@@ -255,7 +257,7 @@ class Settler:
     async def settle_failure(
         self,
         conn,
-        row: tuple,
+        row: LockedJob,
         *,
         reason: str,
         path: str,
@@ -266,7 +268,7 @@ class Settler:
         mark: datetime | None = None,
     ) -> str:
         """Inside the caller's transaction, with the job's row locked (``row`` from
-        ``sql.LOCK_RUNNING``-style ``JOB_COLUMNS``): run the kind's effect, then settle.
+        ``ConsequenceRepo.lock_running`` or the like): run the kind's effect, then settle.
         ``mark`` is the "still running" mark a ``running`` row keeps (its handler lives on:
         ``fail_external`` of a running attempt), carried into the DLQ entry if it moves there;
         a row that already left ``running`` keeps its own.
@@ -275,22 +277,19 @@ class Settler:
         failed, or -- with ``owe_unknown`` -- this process does not know the kind: nothing
         settled, the reconciler retries it).
         """
-        job_id = row[0]
-        await _append_error(conn, job_id, error_entry, progress)
+        repo = ConsequenceRepo(conn)
+        await repo.append_error(row.id, error_entry, progress)
         error = "" if error_entry is None else error_entry.get("error", "")
-        if owe_unknown and not self.applier.knows(row[1]):
+        if owe_unknown and not self.applier.knows(row.kind):
             # This process cannot know the kind's consequence (declared elsewhere): leave it
             # owed and visible for a reconciler that does, instead of settling without it.
-            await conn.execute(
-                sql.MARK_CONSEQUENCE_PENDING,
-                {
-                    "id": job_id,
-                    "reason": reason,
-                    "path": path,
-                    "retry_in": 0,
-                    "mark": mark,
-                    "error": "consequence not declared in the settling process",
-                },
+            await repo.mark_pending(
+                row.id,
+                reason=reason,
+                path=path,
+                error="consequence not declared in the settling process",
+                mark=mark,
+                retry_in_s=0,
             )
             self.stats["pending"] += 1
             return "consequence_pending"
@@ -299,7 +298,7 @@ class Settler:
     async def owe_or_settle(
         self,
         conn,
-        row: tuple,
+        row: LockedJob,
         *,
         reason: str,
         path: str,
@@ -317,7 +316,7 @@ class Settler:
         rescue or callback timeout retries (models/settlement.pml, ``NEG_EFFECT_FIRST``). Other
         kinds settle here (:meth:`settle_failure`) and this returns False. ``mark``: as for
         :meth:`settle_failure`."""
-        if self.applier.effect_of(row[1]) is None:
+        if self.applier.effect_of(row.kind) is None:
             await self.settle_failure(
                 conn,
                 row,
@@ -344,7 +343,7 @@ class Settler:
     async def owe_failure(
         self,
         conn,
-        row: tuple,
+        row: LockedJob,
         *,
         reason: str,
         path: str,
@@ -358,10 +357,9 @@ class Settler:
         ``running`` row gets ``mark`` as its "still running" mark (``None``: its handler
         returned); a row that already left ``running`` keeps its own, and the settlement in
         the next transaction keeps it too (the row is no longer ``running`` then)."""
-        await _append_error(conn, row[0], error_entry, progress)
-        await conn.execute(
-            sql.OWE_FAILURE, {"id": row[0], "reason": reason, "path": path, "mark": mark}
-        )
+        repo = ConsequenceRepo(conn)
+        await repo.append_error(row.id, error_entry, progress)
+        await repo.owe_failure(row.id, reason, path, mark)
         self.stats["pending"] += 1
 
     async def apply_owed(self, conn, job_id: int, exhausted: list | None = None) -> str | None:
@@ -381,49 +379,59 @@ class Settler:
             )
             return None
 
+    async def _run_or_defer(
+        self,
+        repo: ConsequenceRepo,
+        fn: Callable,
+        row: LockedJob,
+        path: str,
+        reason: str,
+        error: str,
+        mark: datetime | None,
+    ) -> bool:
+        """Run effect ``fn`` for the locked ``row``; if it fails, leave the job owed (retried
+        after the backoff) and return False."""
+        failed = await self.applier.run_effect(
+            repo.conn, fn, self.applier.snapshot(row), path, reason, error
+        )
+        if failed is None:
+            self.stats["applied"] += 1
+            metrics.CONSEQUENCES_APPLIED.labels(row.kind).inc()
+            return True
+        await repo.mark_pending(
+            row.id,
+            reason=reason,
+            path=path,
+            error=failed,
+            mark=mark,
+            retry_in_s=backoff(row.consequence_attempts + 1, self.applier.backoff_base_s),
+        )
+        return False
+
     async def _apply_and_settle(
         self,
         conn,
-        row: tuple,
+        row: LockedJob,
         reason: str,
         path: str,
         error: str,
         exhausted: list | None,
         mark: datetime | None = None,
     ) -> str:
-        job_id, kind = row[0], row[1]
+        job_id, kind = row.id, row.kind
+        repo = ConsequenceRepo(conn)
         fn = self.applier.effect_of(kind)
         consequence = self._consequence_value(kind)
         if fn is not None:
-            failed = await self.applier.run_effect(
-                conn, fn, self.applier.snapshot(row), path, reason, error
-            )
-            if failed is not None:
-                attempts = (row_consequence_attempts(row) or 0) + 1
-                await conn.execute(
-                    sql.MARK_CONSEQUENCE_PENDING,
-                    {
-                        "id": job_id,
-                        "reason": reason,
-                        "path": path,
-                        "error": failed,
-                        "mark": mark,
-                        "retry_in": backoff(attempts, self.applier.backoff_base_s),
-                    },
-                )
+            if not await self._run_or_defer(repo, fn, row, path, reason, error, mark):
                 self.stats["pending"] += 1
                 return "consequence_pending"
             consequence = "applied"
-            self.stats["applied"] += 1
-            metrics.CONSEQUENCES_APPLIED.labels(kind).inc()
-        settle = {"id": job_id, "consequence": consequence, "reason": reason, "path": path}
-        try:
-            async with conn.transaction():  # a savepoint: the effect's own writes stay
-                await conn.execute(sql.SETTLE_FAILED, {**settle, "mark": mark})
-        except psycopg.errors.UniqueViolation:
+        settle = Settlement(consequence, reason, path, mark)
+        if not await repo.settle_failed(job_id, settle):
             # Another job holds the key this failure would hold: settled once, as a duplicate,
             # instead of rolling back and running the effect again on every reconciler tick.
-            await conn.execute(sql.SETTLE_FAILED_AS_DUPLICATE, {**settle, "mark": mark})
+            await repo.settle_failed_as_duplicate(job_id, settle)
             log.info("failed job %s cancelled as a duplicate: another job holds its key", job_id)
             return "cancelled"
         if exhausted is None:
@@ -433,8 +441,7 @@ class Settler:
             )
         if exhausted:
             await enqueue.insert_follow_ups(conn, exhausted, kind, job_id)
-        cur = await conn.execute(sql.DEAD_LETTER, (job_id, reason))
-        if (await one_row(cur))[0]:
+        if await repo.dead_letter(job_id, reason):
             self.stats["dead_lettered"] += 1
             return "dead_lettered"
         return "failed"
@@ -442,14 +449,8 @@ class Settler:
     async def defer(self, conn, job_id: int, error: str) -> None:
         """Push the next reconciler try of owed job ``job_id`` out by the doubling backoff
         (``backoff_base_s`` * 2^attempts, at most ``MAX_BACKOFF_S``), recording ``error``."""
-        await conn.execute(
-            sql.DEFER_OWED,
-            {
-                "id": job_id,
-                "error": error,
-                "base_s": self.applier.backoff_base_s,
-                "cap_s": MAX_BACKOFF_S,
-            },
+        await ConsequenceRepo(conn).defer_owed(
+            job_id, error, self.applier.backoff_base_s, MAX_BACKOFF_S
         )
 
     def correction_state(self, kind: str) -> str | None:
@@ -472,23 +473,15 @@ class Settler:
             "corrected": True,
             "at": datetime.now(UTC).isoformat(),
         }
-        params = {"id": job_id, "cstate": self.correction_state(kind), "keep_key": True}
-        try:
-            async with conn.transaction():
-                cur = await conn.execute(
-                    sql.CORRECT_TO_FAILED, {**params, "error": orjson.dumps([entry]).decode()}
-                )
-                return await cur.fetchone() is not None
-        except psycopg.errors.UniqueViolation:
-            pass
-        # Failed, its mask holds 'failed', and another job holds the key: the correction (and
-        # the consequence it owes) stands; the job fails without holding the key.
-        keyless = {**entry, "error": f"{entry['error']}; {KEY_HELD_ELSEWHERE}"}
-        cur = await conn.execute(
-            sql.CORRECT_TO_FAILED,
-            {**params, "keep_key": False, "error": orjson.dumps([keyless]).decode()},
-        )
-        return await cur.fetchone() is not None
+        repo = ConsequenceRepo(conn)
+        owes = self.correction_state(kind)
+        done = await repo.correct_to_failed(job_id, owes=owes, entry=entry, keep_key=True)
+        if done == "key_held":
+            # Failed, its mask holds 'failed', and another job holds the key: the correction
+            # (and the consequence it owes) stands; the job fails without holding the key.
+            keyless = {**entry, "error": f"{entry['error']}; {KEY_HELD_ELSEWHERE}"}
+            done = await repo.correct_to_failed(job_id, owes=owes, entry=keyless, keep_key=False)
+        return done == "corrected"
 
     async def correct_to_failed(
         self, pool: AsyncConnectionPool, job_id: int, kind: str, attempt: int, error: str
@@ -517,11 +510,11 @@ class Settler:
         failed again, or ``None`` when the job was not due/lockable or its kind's consequence
         is unknown in this process (left owed and visible)."""
         async with conn.transaction():
-            cur = await conn.execute(sql.LOCK_OWED, (job_id,))
-            row = await cur.fetchone()
+            repo = ConsequenceRepo(conn)
+            row = await repo.lock_owed(job_id)
             if row is None:
                 return None
-            kind, state = row[1], row[4]
+            kind, state = row.kind, row.state
             if not self.applier.knows(kind):
                 log.warning(
                     "consequence of %s job %s is owed but %s is not declared in "
@@ -535,58 +528,21 @@ class Settler:
                     conn, job_id, f"consequence of {kind!r} not declared in the reconciling process"
                 )
                 return None
-            reason, path = row_consequence(row)
-            error = error_text(row[14])
+            # a NULL reason passes through as stored
+            reason = cast(str, row.consequence_reason)
+            path = row.consequence_path or "failure"
+            error = error_text(row.errors)
             if state == "consequence_pending":
                 return await self._apply_and_settle(conn, row, reason, path, error, exhausted)
             # A corrected (already settled) job: apply, then record it applied.
             fn = self.applier.effect_of(kind)
-            if fn is not None:
-                failed = await self.applier.run_effect(
-                    conn, fn, self.applier.snapshot(row), path, reason, error
-                )
-                if failed is not None:
-                    attempts = (row_consequence_attempts(row) or 0) + 1
-                    await conn.execute(
-                        sql.MARK_CONSEQUENCE_PENDING,
-                        {
-                            "id": job_id,
-                            "reason": reason,
-                            "path": path,
-                            "error": failed,
-                            "mark": None,
-                            "retry_in": backoff(attempts, self.applier.backoff_base_s),
-                        },
-                    )
-                    return "owed"
-                self.stats["applied"] += 1
-                metrics.CONSEQUENCES_APPLIED.labels(kind).inc()
-            await conn.execute(
-                sql.MARK_CONSEQUENCE_APPLIED,
-                {"id": job_id, "path": path, "state": "applied" if fn is not None else "none"},
-            )
-            return "applied" if fn is not None else "none"
-
-
-async def _append_error(conn, job_id: int, error_entry: dict | None, progress: str | None) -> None:
-    if error_entry is not None or progress is not None:
-        await conn.execute(
-            sql.APPEND_ERROR,
-            {
-                "id": job_id,
-                "progress": progress,
-                "error": None if error_entry is None else orjson.dumps([error_entry]).decode(),
-            },
-        )
-
-
-# Extra columns after JOB_COLUMNS in LOCK_OWED / LOCK_RUNNING rows.
-def row_consequence(row: tuple) -> tuple[str, str]:
-    return row[len(JOB_FIELDS)], row[len(JOB_FIELDS) + 1] or "failure"
-
-
-def row_consequence_attempts(row: tuple) -> int:
-    return row[len(JOB_FIELDS) + 2] if len(row) > len(JOB_FIELDS) + 2 else 0
+            if fn is not None and not await self._run_or_defer(
+                repo, fn, row, path, reason, error, None
+            ):
+                return "owed"
+            state = "applied" if fn is not None else "none"
+            await repo.mark_applied(job_id, path, state)
+            return state
 
 
 def error_text(errors: list) -> str:

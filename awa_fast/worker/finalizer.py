@@ -57,6 +57,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from awa_fast import bulk, enqueue, metrics, sql
+from awa_fast.repo.consequences import ConsequenceRepo
 from awa_fast.requests import Prepared
 from awa_fast.retryable import Retry, classify, retryable
 from awa_fast.wake import Waker
@@ -755,8 +756,7 @@ class Finalizer:
 
         async def body(conn) -> None:
             nonlocal owed
-            cur = await conn.execute(sql.LOCK_RUNNING, (ctx.id, ctx.run_lease))
-            row = await cur.fetchone()
+            row = await ConsequenceRepo(conn).lock_running(ctx.id, ctx.run_lease)
             if row is None:
                 raise Stale()
             owed = await settler.owe_or_settle(

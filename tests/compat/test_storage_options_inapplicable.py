@@ -139,13 +139,18 @@ async def test_enqueue_many_copy_stripes_log_once_per_client(client, caplog):
     assert len(await client.list_jobs(kind="tick")) == 3
 
 
-async def test_install_queue_storage_slot_counts_are_logged_not_refused(client, caplog):
+@pytest.mark.parametrize("call", ["install_queue_storage", "prepare_queue_storage_schema"])
+async def test_storage_slot_counts_are_logged_not_refused(client, caplog, call):
     caplog.set_level(logging.INFO, logger="awa_fast.storage")
-    await client.install_queue_storage(queue_slot_count=32, lease_slot_count=8)
+    await getattr(client, call)(queue_slot_count=32, lease_slot_count=8)
     lines = [r.getMessage() for r in caplog.records if r.name == "awa_fast.storage"]
-    assert len(lines) == 1 and lines[0].startswith("install_queue_storage: queue_slot_count=32")
+    assert len(lines) == 1 and lines[0].startswith(f"{call}: queue_slot_count=32 has no effect")
+    caplog.clear()
+    await getattr(client, call)(lease_slot_count=4)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "awa_fast.storage"]
+    assert line.startswith(f"{call}: lease_slot_count=4 has no effect in awa-fast")
     with pytest.raises(ValueError, match="lease_slot_count must be > 0"):
-        await client.install_queue_storage(lease_slot_count=0)
+        await getattr(client, call)(lease_slot_count=0)
 
 
 def test_check_lists_the_options_without_effect(tmp_path):
