@@ -14,8 +14,8 @@ import pytest
 
 import awa_fast as awa
 from awa_fast.admin import DlqEntry, HealthCheck, QueueHealth
-from awa_fast.worker import maintenance
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
+from awa_fast.worker.maintenance import prune as prune_pass
 from tests.support import FAST, failing_rows, job_row, scalar, until, wait_state
 
 
@@ -373,7 +373,7 @@ async def test_one_prune_pass_empties_the_expired_dlq_in_batches(dsn, client, mo
         " THEN interval '40 days' ELSE interval '1 day' END AS t) age",
     )
     m = Maintenance(dsn, client.pool, MaintenanceConfig(cleanup_batch_size=100))
-    monkeypatch.setattr(maintenance, "DLQ_PRUNE_BATCHES", 2, raising=False)
+    monkeypatch.setattr(prune_pass, "DLQ_PRUNE_BATCHES", 2)
     assert await m.prune() == 200  # the bound: the next pass takes the rest
     assert await m.prune() == 50
     assert await m.prune() == 0

@@ -55,7 +55,7 @@ NOT_YET = {
     "awa_fast/cli": "the CLI moves to a command table (issue 30)",
     "awa_fast/web/": "the dashboard's routes are being split by page (issue 30); reads.py next",
     "awa_fast/worker/runtime.py": "being split into config and wiring (issue 30)",
-    "awa_fast/worker/maintenance": "being split into worker/maintenance/ (issue 30)",
+    "awa_fast/worker/maintenance/": "split into passes over one scheduler (ADR 036): next",
     "awa_fast/worker/dispatcher.py": "the claim: its rows decode straight into JobContext "
     "(a tuple-speed hot path)",
     "awa_fast/worker/finalizer.py": "compact completions are the hot path (tuple rows kept); "

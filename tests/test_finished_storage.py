@@ -1155,15 +1155,15 @@ async def test_a_cut_whose_vacuum_raises_is_not_asked_for_again_at_once(client, 
         conn.execute("VACUUM awa_fast.jobs")
     size = heap_bytes(dsn)
     m = maintenance(client, hot_vacuum_dead_rows=0, hot_vacuum_truncate_bytes=size - 1)
-    m._vacuum_conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    await m._vacuum_conn.execute("SET statement_timeout = '1s'")
+    m.vacuum.conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    await m.vacuum.conn.execute("SET statement_timeout = '1s'")
     with psycopg.connect(dsn) as reader:
         reader.execute("SELECT count(*) FROM awa_fast.jobs")
         with pytest.raises(psycopg.errors.QueryCanceled):
             await m.vacuum_hot()
     assert await m.vacuum_hot()
     assert (m.counts["hot_truncations"], heap_bytes(dsn)) == (1, size)
-    await m._vacuum_conn.close()
+    await m.vacuum.conn.close()
 
 
 def test_the_tables_every_completion_writes_keep_their_pages(dsn):

@@ -573,7 +573,7 @@ async def due_job(dsn, client):
 
 
 async def _lock_pid(m: Maintenance) -> int:
-    return m._lock_conn.info.backend_pid
+    return m.leader.lock_conn.info.backend_pid
 
 
 async def _terminate(dsn, pid: int) -> None:
@@ -699,7 +699,7 @@ async def test_a_short_staleness_elsewhere_never_rescues_a_live_attempt_or_displ
         assert await other.rescue() == []
         row = await job_row(dsn, job.id)
         assert (row["state"], row["run_lease"]) == ("running", 1)
-        lock_pid = own._lock_conn.info.backend_pid
+        lock_pid = own.leader.lock_conn.info.backend_pid
 
         async def lock_idle_past_300ms():
             async with await psycopg.AsyncConnection.connect(dsn) as conn:
@@ -713,7 +713,7 @@ async def test_a_short_staleness_elsewhere_never_rescues_a_live_attempt_or_displ
         # polled: a leader's lock connection idle between its checks is time passing
         await poll_until(lock_idle_past_300ms, what="the leader's lock connection idle")
         assert not await other.acquire()
-        assert own.is_leader and not own._lock_conn.closed
+        assert own.is_leader and not own.leader.lock_conn.closed
     finally:
         await other._step_down()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "awa_fast"
-WORKER = sorted((PACKAGE / "worker").glob("*.py"))
+WORKER = sorted((PACKAGE / "worker").rglob("*.py"))  # its subpackages (maintenance/) too
 # The layers above awa_fast/worker/: a module there importing one of these reaches back up.
 ABOVE = (
     "awa_fast.client",
@@ -28,11 +28,19 @@ ABOVE = (
 )
 
 
+def _package_of(path: Path) -> str:
+    """The package a relative import in ``path`` resolves against (``awa_fast.worker`` for
+    ``worker/x.py``, ``awa_fast.worker.maintenance`` for ``worker/maintenance/x.py``)."""
+    if path.is_relative_to(PACKAGE):
+        return ".".join(path.parent.relative_to(PACKAGE.parent).parts)
+    return "awa_fast.worker"  # a sample module outside the tree (test_the_check_flags_...)
+
+
 def _imports(path: Path) -> list[tuple[int, str]]:
     """Every module ``path`` imports, at any depth (function-level imports included), as
     absolute names: ``from awa_fast import client`` counts as ``awa_fast.client``."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    package = "awa_fast.worker"
+    package = _package_of(path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -53,15 +61,20 @@ def _reaches_up(name: str) -> bool:
 
 def test_the_worker_modules_exist():
     assert len(WORKER) > 10 and (PACKAGE / "worker" / "services.py") in WORKER
+    assert PACKAGE / "worker" / "maintenance" / "scheduler.py" in WORKER
 
 
-@pytest.mark.parametrize("path", WORKER, ids=lambda p: p.name)
+def _worker_id(path: Path) -> str:
+    return str(path.relative_to(PACKAGE / "worker"))
+
+
+@pytest.mark.parametrize("path", WORKER, ids=_worker_id)
 def test_worker_module_imports_nothing_above_it(path):
     bad = [f"line {line}: {name}" for line, name in _imports(path) if _reaches_up(name)]
-    assert not bad, f"awa_fast/worker/{path.name} imports a layer above it: {bad}"
+    assert not bad, f"awa_fast/worker/{_worker_id(path)} imports a layer above it: {bad}"
 
 
-@pytest.mark.parametrize("path", WORKER, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", WORKER, ids=_worker_id)
 def test_worker_module_has_no_client_parameter(path):
     tree = ast.parse(path.read_text(), filename=str(path))
     bad = []
@@ -70,7 +83,7 @@ def test_worker_module_has_no_client_parameter(path):
             a = node.args
             params = a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p]
             bad += [f"line {node.lineno}" for p in params if p.arg == "client"]
-    assert not bad, f"awa_fast/worker/{path.name}: a parameter named 'client' at {bad}"
+    assert not bad, f"awa_fast/worker/{_worker_id(path)}: a parameter named 'client' at {bad}"
 
 
 def test_the_check_flags_what_it_should(tmp_path):

@@ -357,7 +357,7 @@ async def test_exactly_one_leader_and_stop_hands_over_at_once(dsn, bouncer):
             assert (await _lease(dsn))["epoch"] == leader.epoch and not (await _lease(dsn))[
                 "via_lock"
             ]
-            assert await leader._renew()
+            assert await leader.leader.renew()
             assert not await other.acquire()  # the lease is live: refused
             await leader._step_down()  # a stop frees the lease
             assert not (await _lease(dsn))["live"]
@@ -395,7 +395,7 @@ async def test_a_dead_leaders_lease_expires_and_its_late_passes_are_fenced(dsn, 
             with pytest.raises(Deposed):
                 async with dead.fenced():
                     pass
-            assert not await dead._renew()  # its hold finds the epoch moved: it steps down
+            assert not await dead.leader.renew()  # its hold finds the epoch moved: it steps down
         finally:
             await dead._step_down()
             await heir._step_down()
@@ -458,7 +458,7 @@ async def test_a_killed_pooled_leader_is_replaced_once_its_lease_expires(dsn, bo
             await poll_until(heir.acquire, timeout=15, what="the killed leader's lease expired")
             assert heir.epoch == dead_epoch + 1
             late = _maintenance(c, url)
-            late.epoch = dead_epoch  # what the killed leader's passes would still carry
+            late.leader.epoch = dead_epoch  # what the killed leader's passes would still carry
             with pytest.raises(Deposed):
                 async with late.fenced():
                     pass
@@ -476,7 +476,7 @@ async def test_a_pooled_leader_renews_while_handlers_hold_every_pool_connection(
         try:
             assert await m.acquire()
             async with (await c.pool()).connection():  # the pool's only connection, held
-                assert await asyncio.wait_for(m._renew(), 10)
+                assert await asyncio.wait_for(m.leader.renew(), 10)
         finally:
             await m._step_down()
 
@@ -522,7 +522,7 @@ async def test_a_direct_process_and_a_pooled_one_never_lead_together(dsn, bounce
             await direct._step_down()
             assert await pooled.acquire()
             assert not await direct.acquire()  # the lock is free, the lease is not
-            assert direct._lock_conn is None  # it let go of the lock again
+            assert direct.leader.lock_conn is None  # it let go of the lock again
         finally:
             await direct._step_down()
             await pooled._step_down()
@@ -539,7 +539,7 @@ async def test_a_killed_direct_leader_is_replaced_at_once_by_the_next_lock_holde
         assert await first.acquire()
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
             await admin.execute(
-                "SELECT pg_terminate_backend(%s)", (first._lock_conn.info.backend_pid,)
+                "SELECT pg_terminate_backend(%s)", (first.leader.lock_conn.info.backend_pid,)
             )
         assert (await _lease(dsn))["live"]
         assert await second.acquire()

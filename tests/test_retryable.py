@@ -133,7 +133,11 @@ async def test_maintenance_loops_stop_once_the_pool_is_closed(dsn, caplog):
     caplog.set_level(logging.INFO)
     await (await client.pool()).close()
     ended = await until(
-        lambda: [t for t in maintenance._loops if t.get_name() == "awa-maint-promote" and t.done()],
+        lambda: [
+            t
+            for t in maintenance.scheduler.tasks
+            if t.get_name() == "awa-maint-promote" and t.done()
+        ],
         promote,
         what="the promote loop to end",
     )

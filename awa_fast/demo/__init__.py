@@ -50,52 +50,9 @@ it stops the same way (drain, count, delete the unfinished jobs, summary ``timed
 ...``) and exits 1.
 """
 
-from awa_fast.demo.pipeline import (
-    DEMO_QUEUE,
-    KIND_PARSE,
-    KIND_RESOLVE,
-    KINDS,
-    MAX_STAGED,
-    START_OPTIONS,
-    ParseImports,
-    ResolveModule,
-    chunk,
-    client,
-    file_modules,
-    imported_modules,
-    stdlib_files,
-)
-from awa_fast.demo.report import (
-    TIMEOUT,
-    CheckInterrupted,
-    DemoInterrupted,
-    DemoResult,
-    embedded_notice,
-    format_interrupted,
-    format_report,
-)
+# The names the CLI, the tests and the worker children ("awa_fast.demo:client") use.
+from awa_fast.demo.pipeline import MAX_STAGED, chunk, client, imported_modules
+from awa_fast.demo.report import embedded_notice
 from awa_fast.demo.run import run_demo
 
-__all__ = [
-    "DEMO_QUEUE",
-    "KINDS",
-    "KIND_PARSE",
-    "KIND_RESOLVE",
-    "MAX_STAGED",
-    "START_OPTIONS",
-    "TIMEOUT",
-    "CheckInterrupted",
-    "DemoInterrupted",
-    "DemoResult",
-    "ParseImports",
-    "ResolveModule",
-    "chunk",
-    "client",
-    "embedded_notice",
-    "file_modules",
-    "format_interrupted",
-    "format_report",
-    "imported_modules",
-    "run_demo",
-    "stdlib_files",
-]
+__all__ = ["MAX_STAGED", "chunk", "client", "embedded_notice", "imported_modules", "run_demo"]
