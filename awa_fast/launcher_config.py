@@ -7,15 +7,13 @@ each child builds (``worker/config/``)."""
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
 
 from awa_fast import metrics
 from awa_fast.errors import ConfigError
-from awa_fast.worker.config.values import REQUIRED, doc
+from awa_fast.worker.config.values import REQUIRED, doc, setting
 
 DEFAULT_WORKERS_PER_QUEUE = 10  # a --queues entry without ":max_workers"
 LOG_FORMATS = ("text", "json")
@@ -116,8 +114,8 @@ def launcher_config(
             field="--log-format",
             limit="text | json",
         )
-    _seconds("--drain-timeout", drain_timeout, zero=False)
-    _seconds("--status-interval", status_interval, zero=True)
+    setting(drain_timeout, "--drain-timeout")  # seconds
+    setting(status_interval, "--status-interval", zero=True)
     return LauncherConfig(
         app=app,
         processes=processes or os.cpu_count() or 1,
@@ -132,20 +130,3 @@ def launcher_config(
         extra_env=MappingProxyType(dict(extra_env or {})),
         debug=debug,
     )
-
-
-def _seconds(field: str, value: Any, *, zero: bool) -> None:
-    """Raises ConfigError: ``value`` is not a finite number > 0 (>= 0 with ``zero``)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-        or (value == 0 and not zero)
-    ):
-        limit = ">= 0" if zero else "> 0"
-        raise ConfigError(
-            f"{field} must be a finite number of seconds {limit}, got {value!r}",
-            field=field,
-            limit=limit,
-        )
