@@ -21,11 +21,12 @@ from datetime import datetime
 from typing import Any, Literal, TypedDict
 
 import orjson
-from psycopg.rows import dict_row
 
-from awa_fast import bulk, sql
+from awa_fast import bulk
 from awa_fast.errors import ValidationError
 from awa_fast.job import JobState
+from awa_fast.repo.batch_ops import BatchRepo
+from awa_fast.repo.jobs import JobRepo
 from awa_fast.requests import check_name
 
 KINDS = ("set_priority", "move_queue")
@@ -195,12 +196,13 @@ async def preview(conn: Any, op_kind: Any, spec: Any, filter: Any = None) -> dic
     first :data:`SAMPLE` by id). Raises as :func:`check_spec` / :func:`check_filter`."""
     check_spec(op_kind, spec)
     f = check_filter(filter)
-    cur = await conn.execute(sql.BATCH_PREVIEW, {**_match_params(f), "sample": SAMPLE})
-    rows = await cur.fetchall()
+    rows = await BatchRepo(conn).preview(_match_params(f), SAMPLE)
     sample = [
-        {"id": r[1], "kind": r[2], "queue": r[3], "state": r[4], "priority": r[5]} for r in rows
+        {"id": r.id, "kind": r.kind, "queue": r.queue, "state": r.state, "priority": r.priority}
+        for r in rows
     ]
-    return {"total_matched": rows[0][0] if rows else 0, "sample": sample}
+    total = next((r.total_matched for r in rows), 0)  # every row carries the count
+    return {"total_matched": total, "sample": sample}
 
 
 async def submit(
@@ -227,17 +229,12 @@ async def submit(
         )
     if submitted_by is not None and not isinstance(submitted_by, str):
         raise ValidationError("submitted_by must be a str", field="submitted_by")
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(
-        sql.BATCH_SUBMIT,
-        {
-            "op_kind": op_kind,
-            "filter": orjson.dumps(f).decode(),
-            "spec": orjson.dumps(spec).decode(),
-            "submitted_by": submitted_by,
-        },
+    row = await BatchRepo(conn).submit(
+        op_kind, orjson.dumps(f).decode(), orjson.dumps(spec).decode(), submitted_by
     )
-    return _operation(await cur.fetchone())
+    if row is None:  # an INSERT ... RETURNING returns its row
+        raise LookupError("the submitted batch operation returned no row")
+    return _operation(row)
 
 
 def parse_id(operation_id: Any) -> uuid.UUID:
@@ -250,9 +247,7 @@ def parse_id(operation_id: Any) -> uuid.UUID:
 
 
 async def get(conn: Any, operation_id: Any) -> dict | None:
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(sql.BATCH_GET, (parse_id(operation_id),))
-    row = await cur.fetchone()
+    row = await BatchRepo(conn).get(parse_id(operation_id))
     return None if row is None else _operation(row)
 
 
@@ -265,20 +260,14 @@ async def list_all(conn: Any, state: str | None = None, limit: int = 100) -> lis
         raise ValidationError(
             f"limit must be an int 1-1000, got {limit!r}", field="limit", limit="1-1000"
         )
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(sql.BATCH_LIST, {"state": state, "limit": limit})
-    return [_operation(r) for r in await cur.fetchall()]
+    return [_operation(r) for r in await BatchRepo(conn).list_all(state, limit)]
 
 
 async def cancel(conn: Any, operation_id: Any) -> dict | None:
     """Ask the runner to stop an operation (``cancelling``; the runner finalizes it
     ``cancelled`` at its next step, as awa's does); ``None`` when no unfinished operation has
     that id."""
-    cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(
-        sql.BATCH_CANCEL, {"id": parse_id(operation_id), "retention_s": _retention_s()}
-    )
-    row = await cur.fetchone()
+    row = await BatchRepo(conn).cancel(parse_id(operation_id), _retention_s())
     return None if row is None else _operation(row)
 
 
@@ -286,76 +275,52 @@ async def purge(conn: Any, before: datetime, limit: int = 1000) -> int:
     """Delete up to ``limit`` finalized operations finalized before ``before``."""
     if not isinstance(before, datetime) or before.tzinfo is None:
         raise ValidationError("before must be a timezone-aware datetime", field="before")
-    cur = await conn.execute(sql.BATCH_PURGE, {"before": before, "limit": limit})
-    return cur.rowcount
+    return await BatchRepo(conn).purge(before, limit)
 
 
 async def run_once(conn: Any, runner: str) -> int:
     """One runner step of the leader, in the caller's (fenced) transaction: scan the oldest
     active operation, or apply one chunk of it, or finalize it. Returns the items accounted.
     (Expired finalized operations go in the leader's prune pass.)"""
-    row = await (await conn.execute(sql.BATCH_NEXT)).fetchone()
+    repo = BatchRepo(conn)
+    row = await repo.next()
     if row is None:
         return 0
-    op, op_kind, f, spec, state = row
-    if state == "cancelling":
-        await conn.execute(
-            sql.BATCH_FINALIZE, {"op": op, "state": "cancelled", "retention_s": _retention_s()}
-        )
+    op, f, spec = row.id, row.filter, row.spec
+    if row.state == "cancelling":
+        await repo.finalize(op, "cancelled", _retention_s())
         return 0
-    if state == "pending":
-        await conn.execute(sql.BATCH_SCAN, {**_match_params(f), "op": op, "runner": runner})
+    if row.state == "pending":
+        await repo.scan(op, _match_params(f), runner)
         return 0
-    ids = [
-        r[0]
-        for r in await (
-            await conn.execute(sql.BATCH_PENDING_ITEMS, {"op": op, "limit": CHUNK})
-        ).fetchall()
-    ]
+    ids = await repo.pending_items(op, CHUNK)
     if not ids:
-        await conn.execute(
-            sql.BATCH_FINALIZE, {"op": op, "state": "completed", "retention_s": _retention_s()}
-        )
+        await repo.finalize(op, "completed", _retention_s())
         return 0
-    params = {"priority": spec.get("priority"), "queue": spec.get("queue")}
-
-    async def apply(query: str, extra: dict) -> list:
-        return await (await conn.execute(query, {**params, **extra})).fetchall()
-
+    change = {"priority": spec.get("priority"), "queue": spec.get("queue")}
     done = await bulk.run_isolated(
         conn,
         what=f"batch operation {op}",
-        bulk=lambda: apply(sql.BATCH_APPLY, {"ids": ids}),
+        bulk=lambda: repo.apply(ids, change),
         keys=ids,
-        one=lambda job_id: apply(sql.BATCH_APPLY_ONE, {"id": job_id}),
+        one=lambda job_id: repo.apply_one(job_id, change),
     )
-    changed = [r[0] for r in done.rows]
+    changed = [r.id for r in done.rows]
     errors = {str(k): f"{type(e).__name__}: {e}".strip()[:500] for k, e in done.failed.items()}
-    await conn.execute(
-        sql.BATCH_ITEMS_DONE,
-        {
-            "op": op,
-            "ids": ids,
-            "done": changed,
-            "failed": list(done.failed),
-            "errors": orjson.dumps(errors).decode(),
-        },
-    )
+    await repo.items_done(op, ids, changed, list(done.failed), orjson.dumps(errors).decode())
     last_error = None
     if errors:
         job_id, text = next(reversed(errors.items()))
         last_error = f"job {job_id}: {text}"
-    await conn.execute(
-        sql.BATCH_COUNTS,
-        {
-            "op": op,
-            "processed": len(changed),
-            "errored": len(errors),
-            "skipped": len(ids) - len(changed) - len(errors),
-            "last_error": last_error,
-            "last_id": ids[-1],
-        },
+    await repo.count(
+        op,
+        processed=len(changed),
+        errored=len(errors),
+        skipped=len(ids) - len(changed) - len(errors),
+        last_error=last_error,
+        last_id=ids[-1],
     )
-    for queue in {r[1] for r in done.rows if r[2] == "available"}:
-        await conn.execute(sql.NOTIFY_QUEUE, (queue,))  # wake the destination's dispatchers
+    jobs = JobRepo(conn)
+    for queue in {r.queue for r in done.rows if r.state == "available"}:
+        await jobs.wake(queue)  # wake the destination's dispatchers
     return len(ids)

@@ -29,6 +29,7 @@ from awa_fast import (
     callbacks,
     db_errors,
     pg_connection,
+    primary,
     schema,
     schema_binding,
     sql,
@@ -199,7 +200,9 @@ class AsyncClient:
         ValidationError: ``max_connections`` < 1; a ``schema`` (or ``$AWA_FAST_SCHEMA``) that
             breaks the schema-name rule (naming the field).
         ConfigError: ``pooler`` not one of ``None``, ``"session"``, ``"transaction"``;
-            ``listen_url`` given without ``pooler="transaction"``. At the pool's first open
+            ``listen_url`` given without ``pooler="transaction"``; a ``database_url`` or
+            ``listen_url`` naming several hosts without ``target_session_attrs=read-write``
+            (or ``primary``; :func:`awa_fast.primary.check_url`). At the pool's first open
             (and so at ``start()``): a pooler found behind ``database_url`` with ``pooler``
             unset, or under ``"transaction"`` a database default isolation other than READ
             COMMITTED (:func:`awa_fast.pooler.check_connection`).
@@ -352,6 +355,7 @@ class AsyncClient:
             self._pool_lock = asyncio.Lock()
         async with self._pool_lock:
             if self._pool is None:
+                primary.check_url(url, "database_url")  # also one from the environment
                 pool = Pool(url, open=False, **self._pool_options(url))
                 try:
                     await pool.open(wait=True, timeout=pool.timeout)

@@ -1,7 +1,7 @@
 """How a client reaches its database: one frozen :class:`ConnectionConfig` (the URL, the pool
 size, the connection mode of ADR 028 and the schema of ADR 027), built and validated once by
 :func:`connection_config` from ``AsyncClient(...)``'s arguments and the environment
-(``$AWA_FAST_POOLER``, ``$AWA_FAST_SCHEMA``; ADR 037)."""
+(``$AWA_FAST_POOLER``, ``$AWA_FAST_SCHEMA``; ADR 039)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from awa_fast import pooler as pooler_mode
-from awa_fast import schema_binding
+from awa_fast import primary, schema_binding
 from awa_fast.errors import ConfigError, ValidationError
 from awa_fast.worker.config.values import doc
 
@@ -50,7 +50,7 @@ def connection_config(
             breaks the schema-name rule (naming the field).
         ConfigError: ``pooler`` (or ``$AWA_FAST_POOLER``) not ``None``, ``"session"`` or
             ``"transaction"``; ``listen_url`` not a non-empty str, or given without
-            ``pooler="transaction"``.
+            ``pooler="transaction"``; a URL of several hosts ``primary.check_url`` refuses.
     """
     if not isinstance(max_connections, int) or max_connections < 1:
         raise ValidationError(
@@ -66,6 +66,9 @@ def connection_config(
             field="listen_url",
             limit="only with pooler='transaction'",
         )
+    for field, given in (("database_url", database_url), ("listen_url", listen_url)):
+        if given:  # several hosts: only where libpq keeps a writable one (primary.py)
+            primary.check_url(given, field)
     return ConnectionConfig(
         database_url=database_url or None,
         max_connections=max_connections,

@@ -4,16 +4,17 @@ of :mod:`awa_fast.admin` shares (the client's pool, opened on first use)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import select
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import bulk, enqueue, sql
+from awa_fast import bulk, enqueue, primary, sql
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.pg_connection import Connection
 
@@ -22,6 +23,10 @@ log = logging.getLogger("awa_fast.admin")
 # Seconds an admin read waits for a pooled connection before reporting the database unreachable
 # (the pool's own 30 s wait would stall a probe that must answer while postgres is down).
 ADMIN_POOL_WAIT_S = 3.0
+# Seconds of failed connects after which the pool starts its pauses again from 1 s (Pool).
+RECONNECT_S = 5.0
+# Seconds between two drains of the pool off a read-only server, at least (Pool).
+READ_ONLY_DRAIN_S = 1.0
 
 
 class Pool(AsyncConnectionPool[Any]):
@@ -41,11 +46,46 @@ class Pool(AsyncConnectionPool[Any]):
     closed_by_server = 0
     # connections handed out by getconn and not yet given back by putconn
     in_use = 0
+    # connections closed because their server took no writes (primary.py), and the drains of
+    # every other connection that followed
+    left_read_only = 0
+    read_only_drains = 0
+    # times reconnect_timeout passed with no connect succeeding (the pool then started over)
+    reconnects_failed = 0
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, conninfo: str = "", *args: Any, **kwargs: Any) -> None:
         # a statement cancelled mid-way never freezes the process (pg_connection)
         kwargs.setdefault("connection_class", Connection)
-        super().__init__(*args, **kwargs)
+        # psycopg_pool doubles the pause between reconnect attempts without bound (1, 2, 4 ...
+        # s): after an outage of T seconds (a failover) the next attempt came up to T seconds
+        # after the database was back. Giving up after RECONNECT_S and starting again
+        # (reconnect_failed) keeps every pause under RECONNECT_S / 2.
+        kwargs.setdefault("reconnect_timeout", RECONNECT_S)
+        super().__init__(conninfo, *args, **kwargs)
+        # a read-only server left is acted on only where libpq will choose another one
+        self.wants_primary = primary.wants_primary(conninfo)
+        # called (no arguments, on the pool's loop) after the pool left a read-only server
+        self.on_read_only: list[Callable[[], None]] = []
+        self._left_at = 0.0  # time.monotonic() of the last drain off a read-only server
+
+    async def reconnect_failed(self) -> None:
+        """psycopg_pool's hook after ``reconnect_timeout`` seconds of failed connects: try
+        again at once, with fresh pauses (``check()`` grows a pool that has no connection)."""
+        self.reconnects_failed += 1
+        if not self.closed:
+            await self.check()
+
+    @contextlib.asynccontextmanager
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[Any]:
+        """``AsyncConnectionPool.connection``; a connection whose statement was refused as
+        read-only (SQLSTATE 25006) is left when given back (:meth:`putconn`)."""
+        async with super().connection(timeout) as conn:
+            try:
+                yield conn
+            except Exception as exc:
+                if self.wants_primary and primary.read_only_error(exc):
+                    conn._awa_read_only = True
+                raise
 
     async def getconn(self, timeout: float | None = None) -> Any:
         """A connection, as ``AsyncConnectionPool.getconn``, within ``timeout`` seconds (the
@@ -69,7 +109,12 @@ class Pool(AsyncConnectionPool[Any]):
                     ) from None
                 raise
             try:
-                if await _alive(conn):
+                alive = await _alive(conn)  # (reads what the server sent: its reports too)
+                if alive and self.wants_primary and primary.server_read_only(conn):
+                    await self._leave_read_only(conn)
+                    await super().putconn(conn)
+                    continue
+                if alive:
                     self.in_use += 1
                     return conn
             except BaseException:
@@ -79,9 +124,40 @@ class Pool(AsyncConnectionPool[Any]):
             await super().putconn(conn)  # closed: the pool discards it and opens another
 
     async def putconn(self, conn: Any) -> None:
-        """Give back a connection :meth:`getconn` handed out."""
+        """Give back a connection :meth:`getconn` handed out. With a URL that asks libpq for a
+        writable server (``target_session_attrs=read-write``), one whose server takes no
+        writes (a statement refused as read-only, or the server's own report) is closed, and
+        so is every other connection the pool had opened before (``drain``): the pool's new
+        connections are chosen by libpq again, the promoted primary's after a failover. (With
+        any other URL a new connection would reach the same server: the connection stays, and
+        its writes fail with ``ReadOnlyDatabase``.)"""
         self.in_use -= 1
+        if self.wants_primary and (
+            getattr(conn, "_awa_read_only", False) or primary.server_read_only(conn)
+        ):
+            await self._leave_read_only(conn)
         await super().putconn(conn)
+
+    async def _leave_read_only(self, conn: Any) -> None:
+        self.left_read_only += 1
+        with contextlib.suppress(Exception):  # closed: the pool discards it and opens another
+            await conn.close()
+        # The others may be on that server too: replace them all, once a READ_ONLY_DRAIN_S at
+        # most (a server that stays read-only -- one host, no other to go to -- would make every
+        # refused write reconnect the whole pool).
+        now = time.monotonic()
+        if self.read_only_drains and now - self._left_at < READ_ONLY_DRAIN_S:
+            return
+        self.read_only_drains += 1
+        self._left_at = now
+        log.warning(
+            "a connection's server takes no writes (read-only, or a standby): every connection "
+            "of the pool opened before now is replaced (a failover or switchover; the new ones "
+            "go where libpq's target_session_attrs finds a writable server)"
+        )
+        await self.drain()
+        for listener in self.on_read_only:
+            listener()
 
 
 class PoolBusy(PoolTimeout):

@@ -15,8 +15,8 @@ from typing import Any
 import blake3
 import orjson
 
-from awa_fast import sql
 from awa_fast.errors import ValidationError
+from awa_fast.repo.descriptors import DescriptorRepo
 from awa_fast.requests import check_name, to_json
 
 # awa's limits (v009 descriptor tables), characters.
@@ -120,9 +120,7 @@ async def sync(conn: Any, queues: dict[str, Descriptor], kinds: dict[str, Descri
     if not queues and not kinds:
         return
     async with conn.transaction():
-        for query, declared in (
-            (sql.QUEUE_DESCRIPTOR_UPSERT, queues),
-            (sql.KIND_DESCRIPTOR_UPSERT, kinds),
-        ):
+        repo = DescriptorRepo(conn)
+        for upsert, declared in ((repo.upsert_queue, queues), (repo.upsert_kind, kinds)):
             for name, d in sorted(declared.items()):
-                await conn.execute(query, d.params(name))
+                await upsert(d.params(name))

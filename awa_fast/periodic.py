@@ -49,11 +49,11 @@ import orjson
 import psycopg
 from croniter import CroniterBadDateError, croniter
 
-from awa_fast import bulk, enqueue, sql
+from awa_fast import bulk, enqueue
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import Job
+from awa_fast.repo.cron import CronRepo
 from awa_fast.requests import check_name, kind_for_type, prepare
-from awa_fast.rows import one_row
 
 log = logging.getLogger("awa_fast.periodic")
 
@@ -270,10 +270,11 @@ async def sync_schedules(conn: psycopg.AsyncConnection, jobs: list[PeriodicJob])
         return
     with enqueue.mapped_errors():  # a missing table -> SchemaNotMigrated
         async with conn.transaction():
-            now = (await one_row(await conn.execute(sql.CRON_NOW)))[0]
+            repo = CronRepo(conn)
+            now = await repo.now()
             for job in jobs:
                 initial = latest_fire(job.cron_expr, job.timezone, now)
-                await conn.execute(sql.CRON_UPSERT, job.params(initial))
+                await repo.upsert(job.params(initial))
 
 
 async def fire_one(conn: psycopg.AsyncConnection, name: str) -> list[Job]:
@@ -282,47 +283,33 @@ async def fire_one(conn: psycopg.AsyncConnection, name: str) -> list[Job]:
     Returns the jobs inserted (empty when nothing was due or the schedule is gone).
     """
     async with conn.transaction():
-        cur = await conn.execute(sql.CRON_LOCK, (name,))
-        row = await cur.fetchone()
-        if row is None:
+        repo = CronRepo(conn)
+        s = await repo.lock(name)
+        if s is None:
             return []
-        (
-            name,
-            cron_expr,
-            tz,
-            kind,
-            queue,
-            args,
-            priority,
-            max_attempts,
-            tags,
-            metadata,
-            policy,
-            last,
-            created,
-            _updated,
-            now,
-        ) = row
-        fires = due_fires(cron_expr, tz, policy, last, now, created)
+        fires = due_fires(
+            s.cron_expr, s.timezone, s.missed_fire_policy, s.last_fire_at, s.now, s.created_at
+        )
         if not fires:
             return []
-        args = _json(args)
-        base_meta = _json(metadata)
+        args = _json(s.args)
+        base_meta = _json(s.metadata)
         rows = [
             prepare(
                 args,
-                kind=kind,
-                queue=queue,
-                priority=priority,
-                max_attempts=max_attempts,
-                tags=list(tags or ()),
-                metadata={**base_meta, META_NAME: name, META_FIRE_AT: fire.isoformat()},
+                kind=s.kind,
+                queue=s.queue,
+                priority=s.priority,
+                max_attempts=s.max_attempts,
+                tags=list(s.tags or ()),
+                metadata={**base_meta, META_NAME: s.name, META_FIRE_AT: fire.isoformat()},
             )
             for fire in fires
         ]
         jobs = await enqueue.insert_many(conn, rows)
-        await conn.execute(sql.CRON_ADVANCE, (fires[-1], name))
-    log.debug("cron %s fired %d job(s), last fire %s", name, len(jobs), fires[-1])
+        latest = fires[-1]
+        await repo.advance(s.name, latest)
+    log.debug("cron %s fired %d job(s), last fire %s", name, len(jobs), latest)
     return jobs
 
 
@@ -340,13 +327,15 @@ async def evaluate(conn: psycopg.AsyncConnection, problems: bulk.Recurring | Non
     database error that is not about the schedule's row (a lost connection, a lock wait)
     ends the pass and is raised, as before.
     """
-    cur = await conn.execute(sql.CRON_SCAN)
     total = 0
-    for name, cron_expr, tz, last, created, now, definition in await cur.fetchall():
+    for c in await CronRepo(conn).scan():
+        name, definition = c.name, c.definition
         try:
             # first fire time after the last one, or (never fired) at/after the first window
-            after = last if last is not None else first_window(created) - timedelta(microseconds=1)
-            if next_fire(cron_expr, tz, after) > now:
+            after = c.last_fire_at
+            if after is None:
+                after = first_window(c.created_at) - timedelta(microseconds=1)
+            if next_fire(c.cron_expr, c.timezone, after) > c.now:
                 continue
             total += len(await fire_one(conn, name))
         except (ValueError, KeyError, ZoneInfoNotFoundError, AwaError) as exc:
@@ -368,12 +357,8 @@ async def evaluate(conn: psycopg.AsyncConnection, problems: bulk.Recurring | Non
 async def list_schedules(conn: psycopg.AsyncConnection) -> list[dict]:
     """Every stored schedule as a dict (timestamps as ISO 8601 strings; ``next_fire_at``
     computed; ``last_enqueued_at`` is awa's name for ``last_fire_at``)."""
-    cur = await conn.execute(sql.CRON_LIST)
-    assert cur.description is not None  # a SELECT describes its columns
-    names = [c.name for c in cur.description]
     out = []
-    for row in await cur.fetchall():
-        d = dict(zip(names, row))
+    for d in await CronRepo(conn).list_all():
         d["args"], d["metadata"], d["tags"] = (
             _json(d["args"]),
             _json(d["metadata"]),
@@ -392,8 +377,7 @@ async def list_schedules(conn: psycopg.AsyncConnection) -> list[dict]:
 
 
 async def delete_schedule(conn: psycopg.AsyncConnection, name: str) -> bool:
-    cur = await conn.execute(sql.CRON_DELETE, (name,))
-    return cur.rowcount > 0
+    return await CronRepo(conn).delete(name)
 
 
 def _json(value: Any) -> Any:

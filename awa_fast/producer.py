@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from awa_fast import bulk, enqueue, sql, storage_options
+from awa_fast import bulk, enqueue, primary, sql, storage_options
 from awa_fast.connections import Connections
 from awa_fast.errors import QueueMismatchWarning, ValidationError
 from awa_fast.job import Job, JobState
@@ -112,8 +112,12 @@ class Producer:
         )
         if implicit:
             self._warn_off_queue((p,), stacklevel=5)  # + the client's db_errors wrapper
-        async with (await self._db.pool()).connection() as conn:
-            job = await enqueue.insert_one(conn, p, defer_notify=True)  # autocommit: committed
+
+        async def once() -> Job:
+            async with (await self._db.pool()).connection() as conn:
+                return await enqueue.insert_one(conn, p, defer_notify=True)  # autocommit
+
+        job = await primary.retry_read_only(once, what="insert")
         if job.state is JobState.Available:
             await self.waker.wake((job.queue,))
         return job
@@ -137,7 +141,9 @@ class Producer:
                     await conn.execute(sql.DEFER_NOTIFY)
                     return await enqueue.insert_many(conn, rows)
 
-        jobs = await bulk.retry_deadlocks(once, what="insert_many")
+        jobs = await primary.retry_read_only(
+            lambda: bulk.retry_deadlocks(once, what="insert_many"), what="insert_many"
+        )
         await self.waker.wake(j.queue for j in jobs if j.state is JobState.Available)
         return jobs
 
@@ -185,7 +191,9 @@ class Producer:
                     assert rows is not None  # prepared when there is no uniform batch
                     return await enqueue.copy_many(conn, rows)
 
-        copied = await bulk.retry_deadlocks(once, what="COPY insert")
+        copied = await primary.retry_read_only(
+            lambda: bulk.retry_deadlocks(once, what="COPY insert"), what="COPY insert"
+        )
         if batch is not None:  # one queue; available unless it has a run_at (awa's rule)
             if batch.run_at is None and batch.jsons:
                 await self.waker.wake((batch.queue,))

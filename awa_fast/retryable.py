@@ -8,13 +8,16 @@ heartbeat and the maintenance loops (and ``bulk.run_isolated``) meet.
   in time), a deadlock or serialization failure (40001, 40P01, 40003), a lock or statement
   timeout (55, 57014), the server shutting down or starting (57P01-57P03), exhausted resources
   (53: out of memory, out of shared memory, too many connections, disk full), a session timed
-  out idle in a transaction (25P03).
+  out idle in a transaction (25P03), a write refused as read-only (25006: the connection reached
+  a standby or a primary fenced for a switchover; the connection is dropped, and the next one
+  libpq opens on a multi-host URL with ``target_session_attrs=read-write`` reaches the writable
+  server: awa_fast/primary.py).
 * ``ROW`` -- the statement's data: the same statement fails the same way, but its rows tried
   alone may succeed (constraints, triggers, data errors, program limits such as a value too
   large to store (54), class 42 -- a trigger may raise it for one row --, and any non-database
   exception: a bug meets the same input the same way).
-* ``BLOCKED`` -- every statement fails until an operator acts: a read-only database or
-  transaction state (class 25), a feature the server lacks (0A), a server-side file or I/O
+* ``BLOCKED`` -- every statement fails until an operator acts: an invalid transaction state
+  (class 25 but 25006 and 25P03), a feature the server lacks (0A), a server-side file or I/O
   error (58), a database being dropped (57P04). A loop that runs forever may try again on its
   slow clock; a bounded retry is wasted.
 * ``CLOSED`` -- this process closed what the work needs (``psycopg_pool.PoolClosed``, a closed
@@ -43,7 +46,7 @@ class Retry(enum.Enum):
 
 _TRANSIENT_STATES = (
     *("08", "40001", "40P01", "40003", "53", "55"),
-    *("57014", "57P01", "57P02", "57P03", "57000", "25P03"),
+    *("57014", "57P01", "57P02", "57P03", "57000", "25P03", "25006"),
 )
 _BLOCKED_STATES = ("25", "0A", "58", "57P04")
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from psycopg_pool import AsyncConnectionPool
 
-from awa_fast import sql
+from awa_fast.repo.jobs import JobRepo
 
 log = logging.getLogger("awa_fast.wake")
 
@@ -83,7 +83,7 @@ class Waker:
         try:
             pool = await self._pool()
             async with pool.connection() as conn:
-                await conn.execute(sql.WAKE_QUEUES, (queues,))
+                await JobRepo(conn).wake_all(queues)
             self.sent += 1
         except Exception as exc:
             log.warning(

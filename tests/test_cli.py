@@ -391,6 +391,26 @@ def test_job_list_json_and_filters(dsn, jobs):
     assert ok("job", "list", "--queue", "no_such_queue", dsn=dsn).strip() == "no jobs"
 
 
+def test_an_empty_listing_by_an_unknown_name_says_so_on_stderr(dsn, jobs):
+    # A typo in a reading command's filter: the listing stays empty (exit 0, stdout as before),
+    # and stderr names the closest known names, as the commands that change state do.
+    r = cli("job", "list", "--queue", "cli_qq", dsn=dsn)
+    assert (r.returncode, r.stdout.strip()) == (0, "no jobs"), r.stderr
+    assert r.stderr.startswith("awa-fast: note: no queue named 'cli_qq'"), r.stderr
+    assert "did you mean 'cli_q'" in r.stderr, r.stderr
+    r = cli("job", "list", "--kind", "cli_mial", dsn=dsn)
+    assert (r.returncode, r.stdout.strip()) == (0, "no jobs"), r.stderr
+    assert "no kind named 'cli_mial'" in r.stderr and "'cli_mail'" in r.stderr, r.stderr
+    r = cli("dlq", "depth", "--queue", "cli_qq", dsn=dsn)
+    assert (r.returncode, r.stdout.strip()) == (0, "0"), r.stderr
+    assert "did you mean 'cli_q'" in r.stderr, r.stderr
+    # a known name with nothing to list: no note; --json: stderr stays for error objects
+    r = cli("job", "list", "--queue", "cli_q", "--state", "failed", dsn=dsn)
+    assert (r.returncode, r.stdout.strip(), r.stderr) == (0, "no jobs", "")
+    r = cli("job", "list", "--queue", "cli_qq", "--json", dsn=dsn)
+    assert (r.returncode, json.loads(r.stdout), r.stderr) == (0, [], "")
+
+
 def test_job_dump(dsn, jobs, client):
     job = jobs[0]
     dumped = json.loads(ok("job", "dump", str(job.id), dsn=dsn))

@@ -21,8 +21,10 @@ import pytest
 from awa_fast import sql
 from awa_fast.job import JOB_FIELDS
 from awa_fast.repo import RowShapeError, named
+from awa_fast.repo.batch_ops import BatchRepo
 from awa_fast.repo.callbacks import CallbackRepo, StillRunning
 from awa_fast.repo.consequences import ConsequenceRepo, LockedJob
+from awa_fast.repo.cron import CronRepo
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "awa_fast"
@@ -44,6 +46,10 @@ LAYER = {
 CONVERTED: dict[str, dict[str, str]] = {
     "awa_fast/worker/consequences.py": {"errors[-1]": "the last error entry of a job's list"},
     "awa_fast/callbacks.py": {},
+    "awa_fast/batch_ops.py": {"ids[-1]": "the chunk's last job id (the operation's cursor)"},
+    "awa_fast/periodic.py": {"fires[-1]": "the latest of the fire times just enqueued"},
+    "awa_fast/descriptors.py": {},
+    "awa_fast/wake.py": {},
 }
 
 # Not converted yet, with the reason; path prefixes.
@@ -69,10 +75,6 @@ NOT_YET = {
     "awa_fast/enqueue.py": "the insert path (hot: one round trip per insert kept as is): next",
     "awa_fast/producer.py": "the producer's flush (hot path): next",
     "awa_fast/transaction.py": "the caller-owned transaction wrapper: next",
-    "awa_fast/batch_ops.py": "batch operations: next",
-    "awa_fast/periodic.py": "cron schedules: next",
-    "awa_fast/descriptors.py": "descriptor upserts: next",
-    "awa_fast/wake.py": "the waker's NOTIFY transaction: next",
     "awa_fast/metrics.py": "the depth gauge's read: next",
     "awa_fast/testing.py": "AwaTestClient drives one job by hand: next",
     "awa_fast/demo/": "the demo's own tables and reads",
@@ -185,3 +187,9 @@ async def test_a_named_row_checks_the_statements_columns(dsn):
         assert await CallbackRepo(conn).still_running(uuid.uuid4(), 1000) is None
         assert await ConsequenceRepo(conn).lock_running(0, 0) is None
         assert await ConsequenceRepo(conn).lock_owed(0) is None
+        assert await CronRepo(conn).lock("no such schedule") is None
+        assert await CronRepo(conn).scan() == []
+        assert await BatchRepo(conn).next() is None
+        assert await BatchRepo(conn).apply([0], {"priority": None, "queue": None}) == []
+        match = dict.fromkeys(("f_kind", "f_queue", "f_ids", "f_tag", "f_state", "f_gte", "f_lt"))
+        assert await BatchRepo(conn).preview(match, 1) == []

@@ -82,11 +82,14 @@ def _code_text() -> str:
 
 @cache
 def _modules() -> dict[str, str]:
-    """Short module name -> dotted name, for awa_fast's modules (top level and worker/)."""
+    """Short module name -> dotted name, for awa_fast's modules; a top-level module wins over
+    a same-named one in a subpackage (``embedded`` is the awa_fast.embedded package, not cli/embedded.py)."""
     mods = {}
-    for p in sorted((ROOT / "awa_fast").rglob("*.py")):
+    found = []
+    for p in (ROOT / "awa_fast").rglob("*.py"):
         rel = p.relative_to(ROOT).with_suffix("")
-        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        found.append(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+    for parts in sorted(found, key=lambda parts: (len(parts), parts)):
         mods.setdefault(parts[-1], ".".join(parts))
     return mods
 

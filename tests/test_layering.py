@@ -1,7 +1,7 @@
 """The layering rule, checked on the source (no database): nothing under ``awa_fast/worker/``
 imports the layers above it (the client, its admin and sync twin, testing, the CLI, the
 launcher and its application loader, the demo, the dashboard) or takes a ``client``
-parameter; it sees the client's services only through ``worker/services.py``. And ``cli.py``
+parameter; it sees the client's services only through ``worker/services.py``. And ``cli/``
 does not import ``awa_fast.testing``."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_the_check_flags_what_it_should(tmp_path):
 
 
 def test_cli_does_not_import_testing():
-    names = [n for _, n in _imports(PACKAGE / "cli.py")]
+    names = [n for path in sorted((PACKAGE / "cli").glob("*.py")) for _, n in _imports(path)]
     assert not [n for n in names if n == "awa_fast.testing" or n.startswith("awa_fast.testing.")]
 
 

@@ -58,15 +58,23 @@ async def test_a_refused_row_and_a_value_too_large_are_row_errors(dsn):
         assert bulk.is_row_error(exc)  # the bulk statements redo such a batch row by row
 
 
-async def test_a_read_only_database_blocks_every_statement(dsn):
+async def test_a_write_refused_as_read_only_is_retried_on_a_new_connection(dsn):
+    # (a standby, or a primary fenced for a switchover: the next connection libpq opens on a
+    # multi-host URL reaches the writable server; ADR 035)
     exc = await _error(
         dsn,
         "CREATE TABLE retry_read_only (x int)",
         "SET default_transaction_read_only = on",
     )
     assert isinstance(exc, psycopg.errors.ReadOnlySqlTransaction)
-    assert classify(exc) is Retry.BLOCKED and not retryable(exc)
+    assert classify(exc) is Retry.TRANSIENT and retryable(exc)
     assert not bulk.is_row_error(exc)
+
+
+async def test_an_invalid_transaction_state_blocks_every_statement(dsn):
+    exc = await _error(dsn, "SELECT 1; SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", "BEGIN")
+    assert isinstance(exc, psycopg.errors.ActiveSqlTransaction)  # 25001
+    assert classify(exc) is Retry.BLOCKED and not retryable(exc)
 
 
 async def test_a_closed_pool_is_closed_for_good(dsn):

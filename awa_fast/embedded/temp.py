@@ -23,6 +23,7 @@ from awa_fast.embedded.cluster import (
     _log_tail,
     _make_pdeathsig_preexec,
     _remove_stale_temp_dirs,
+    _run_tool,
     _server_account,
     _server_env,
     _shutdown,
@@ -110,6 +111,70 @@ class TempServer:
         proc = _spawn_postgres(find_bindir(), self.datadir, _server_account(), self.port)
         self._adopt(proc)
         _await_accepting(proc, self.dsn, self.log_path, self.datadir, timeout)
+
+    def start_standby(
+        self, *, application_name: str = "standby", timeout: float = START_TIMEOUT
+    ) -> TempServer:
+        """A streaming hot standby of this server: ``pg_basebackup -X stream -R`` into a fresh
+        throwaway directory, started on a port of its own; stop it with :meth:`stop` (its
+        directory goes with it). For failover tests: promote it with :meth:`promote`.
+
+        Args:
+            application_name: the name the standby's WAL receiver gives this server (what
+                ``synchronous_standby_names`` lists to make it a synchronous standby).
+            timeout: seconds to wait for the standby to accept (read-only) connections.
+
+        Raises:
+            EmbeddedPostgresError: the base backup failed (this server must allow replication
+                connections: ``start_temp``'s do), or the standby did not start.
+        """
+        bindir = find_bindir()
+        acct = _server_account()
+        datadir = Path(
+            tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=self.datadir.parent)
+        )
+        try:
+            if acct.switch:
+                os.chown(datadir, acct.uid, acct.gid)
+            conninfo = (
+                f"host=127.0.0.1 port={self.port} user=postgres application_name={application_name}"
+            )
+            _run_tool(
+                [
+                    bindir / "pg_basebackup",
+                    "-D",
+                    datadir,
+                    "-d",
+                    conninfo,
+                    "-X",
+                    "stream",
+                    "-R",
+                    "-c",
+                    "fast",
+                    "--no-sync",
+                ],  # fmt: skip
+                acct,
+                f"pg_basebackup from port {self.port}",
+            )
+            return _start_temp_postgres(bindir, datadir, acct, timeout)
+        except BaseException:
+            shutil.rmtree(datadir, ignore_errors=True)
+            raise
+
+    def promote(self, *, timeout: float = START_TIMEOUT) -> None:
+        """``pg_ctl promote -w``: end this standby's recovery and make it a primary; returns
+        once it accepts writes.
+
+        Raises:
+            EmbeddedPostgresError: it is not a standby, or was not promoted within ``timeout``
+                seconds.
+        """
+        _run_tool(
+            [find_bindir() / "pg_ctl", "promote", "-w", "-t", int(timeout), "-D", self.datadir],
+            _server_account(),
+            f"pg_ctl promote -D {self.datadir}",
+            self.log_path,
+        )
 
     def __enter__(self) -> TempServer:
         return self

@@ -25,3 +25,9 @@ class JobRepo:
     async def wake(self, queue: str) -> None:
         """NOTIFY the queue's workers now (in the caller's transaction: sent at its commit)."""
         await self.conn.execute(sql.NOTIFY_QUEUE, (queue,))
+
+    async def wake_all(self, queues: list[str]) -> None:
+        """NOTIFY each of ``queues`` (jobs committed without their own NOTIFY), with
+        ``synchronous_commit`` off for the transaction: on an autocommit connection the
+        statement is its own, which then holds the notify lock only for moments (ADR 018)."""
+        await self.conn.execute(sql.WAKE_QUEUES, (queues,))

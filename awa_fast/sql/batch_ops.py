@@ -18,7 +18,7 @@ AND (%(f_gte)s::timestamptz IS NULL OR j.created_at >= %(f_gte)s)
 AND (%(f_lt)s::timestamptz IS NULL OR j.created_at < %(f_lt)s)"""
 
 BATCH_PREVIEW = f"""
-SELECT count(*) OVER (), j.id, j.kind, j.queue, j.state::text, j.priority
+SELECT count(*) OVER () AS total_matched, j.id, j.kind, j.queue, j.state::text, j.priority
 FROM {S}.jobs j WHERE {_BATCH_MATCH} ORDER BY j.id LIMIT %(sample)s"""
 
 BATCH_COUNT = f"SELECT count(*) FROM {S}.jobs j WHERE {_BATCH_MATCH}"

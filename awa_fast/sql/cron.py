@@ -41,14 +41,14 @@ CRON_NOW = "SELECT statement_timestamp()"
 # Unlocked scan: which schedules may be due (the locked re-check decides). The definition's
 # text tells a schedule whose problem was warned about from one edited since (periodic.evaluate).
 CRON_SCAN = f"""
-SELECT name, cron_expr, timezone, last_fire_at, created_at, statement_timestamp(),
+SELECT name, cron_expr, timezone, last_fire_at, created_at, statement_timestamp() AS now,
        (cron_expr, timezone, kind, queue, args, priority, max_attempts, tags, metadata,
-        missed_fire_policy)::text
+        missed_fire_policy)::text AS definition
 FROM {S}.cron_jobs ORDER BY name"""
 
 # Inside the firing transaction: lock one schedule and read it again.
 CRON_LOCK = f"""
-SELECT {CRON_COLUMNS}, statement_timestamp()
+SELECT {CRON_COLUMNS}, statement_timestamp() AS now
 FROM {S}.cron_jobs WHERE name = %s FOR UPDATE"""
 
 CRON_ADVANCE = f"UPDATE {S}.cron_jobs SET last_fire_at = %s WHERE name = %s"

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from awa_fast import bulk, enqueue, metrics, sql
+from awa_fast import bulk, enqueue, metrics, primary, sql
 from awa_fast.repo.consequences import ConsequenceRepo
 from awa_fast.requests import Prepared
 from awa_fast.retryable import Retry, classify, retryable
@@ -99,9 +99,10 @@ _CONFLICTS = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
 
 
 def _hopeless(exc: BaseException) -> bool:
-    """No other statement can do better (a closed pool, a read-only database): no job is
-    redone alone and no prompt failure is tried; the attempt stays running until rescue."""
-    return classify(exc) in (Retry.BLOCKED, Retry.CLOSED)
+    """No other statement can do better (a closed pool, a read-only database -- still
+    read-only after the retries, which took new connections): no job is redone alone and no
+    prompt failure is tried; the attempt stays running until rescue."""
+    return classify(exc) in (Retry.BLOCKED, Retry.CLOSED) or primary.read_only_error(exc)
 
 
 # A fault-injection hook: ``await hook(conn, statement, requests)`` with the connection, the SQL

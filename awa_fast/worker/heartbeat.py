@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from awa_fast import bulk, pg_connection, sql
+from awa_fast import bulk, pg_connection, primary, sql
 from awa_fast import pooler as pooler_mode
 from awa_fast.retryable import Retry, classify
 from awa_fast.schema_binding import DEFAULT, SchemaBinding
@@ -87,6 +87,7 @@ class Heartbeat:
         self._home: asyncio.AbstractEventLoop | None = None  # where the beat loops run
 
         self._database_url = database_url
+        self._wants_primary = database_url is not None and primary.wants_primary(database_url)
         self._pooler = pooler  # the connection mode (awa_fast.pooler): no session SET behind one
         # an attempt whose beat a trigger refuses meets every beat: warned about once
         self._recurring = bulk.Recurring()
@@ -280,6 +281,11 @@ class Heartbeat:
                 raise
             else:
                 if self._conn is not conn:  # abandoned as it ended: nobody else has it
+                    await _close(conn)
+                elif conn is not None and self._wants_primary and primary.server_read_only(conn):
+                    # its server takes writes no more (a switchover): the next beat's
+                    # connection is chosen by libpq again (awa_fast/primary.py)
+                    self._conn = None
                     await _close(conn)
             finally:
                 if self._holder is asyncio.current_task():

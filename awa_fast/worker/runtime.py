@@ -259,6 +259,9 @@ class Runtime:
         self.loop = asyncio.get_running_loop()
         pool_getter = self.services.pool
         pool = await pool_getter()  # ConfigError: a pooler the client's pooler= does not say
+        # The pool left a server that takes no writes (a switchover): the LISTEN connection,
+        # which never writes, is on it too and would hear nothing again (awa_fast/primary.py).
+        getattr(pool, "on_read_only", []).append(self._leave_listen_server)
         listen_url = self.services.listen_url
         if listen_url is not None and not pooler_mode.session_state_allowed(self.services.pooler):
             await pooler_mode.check_listen_url(listen_url)  # ConfigError: not direct
@@ -1056,6 +1059,16 @@ class Runtime:
                 self._listen_conn = None
                 raise_if_cancelling()  # see worker/cancellation.py
                 await asyncio.sleep(delay)
+
+    def _leave_listen_server(self) -> None:
+        conn = self._listen_conn
+        if conn is None or conn.closed or self.services.pooler == "transaction":
+            return  # (through a transaction pooler it listens on listen_url: its own server)
+        self._listen_conn = None
+        log.warning("the LISTEN connection's server takes no writes; reconnecting")
+        # closing it ends the listen loop's wait, which then reconnects (libpq chooses again)
+        task = asyncio.get_running_loop().create_task(conn.close())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def _on_notify(self, channel: str, payload: str) -> None:
         self.notifications.fire((channel, payload))
