@@ -1,7 +1,7 @@
 """How a client reaches its database: one frozen :class:`ConnectionConfig` (the URL, the pool
 size, the connection mode of ADR 028 and the schema of ADR 027), built and validated once by
 :func:`connection_config` from ``AsyncClient(...)``'s arguments and the environment
-(``$AWA_FAST_POOLER``, ``$AWA_FAST_SCHEMA``; ADR 039)."""
+(``$AWA_FAST_POOLER``, ``$AWA_FAST_SCHEMA``; ADR 040)."""
 
 from __future__ import annotations
 

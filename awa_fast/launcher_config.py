@@ -1,6 +1,6 @@
 """What ``awa-fast worker`` configures: one frozen :class:`LauncherConfig`, built and validated
 once by :func:`launcher_config` from the CLI's flags (or a program's arguments, the demo's) and
-handed to the ``Supervisor`` (ADR 039). The children's own configuration is the application's
+handed to the ``Supervisor`` (ADR 040). The children's own configuration is the application's
 ``start()`` keywords (``START_OPTIONS``) with the queues of ``--queues``: a ``RuntimeConfig``
 each child builds (``worker/config/``)."""
 

@@ -1,5 +1,5 @@
 """`awa-fast worker`'s flags become one frozen LauncherConfig, validated before any child starts
-(ADR 039). No database, no process."""
+(ADR 040). No database, no process."""
 
 from __future__ import annotations
 

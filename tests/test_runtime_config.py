@@ -1,4 +1,4 @@
-"""start()'s keywords become one typed, frozen RuntimeConfig, validated once (ADR 039): every
+"""start()'s keywords become one typed, frozen RuntimeConfig, validated once (ADR 040): every
 field says its unit and what it is, awa's storage options are typed fields, and what start()
 was given is what the config holds. No database: the config is built from a client's
 registrations alone."""

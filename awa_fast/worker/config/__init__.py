@@ -1,4 +1,4 @@
-"""The typed configuration of a worker runtime (ADR 039): :class:`RuntimeConfig` and its parts,
+"""The typed configuration of a worker runtime (ADR 040): :class:`RuntimeConfig` and its parts,
 frozen, built and validated once by :func:`runtime_config` from ``start()``'s arguments (the
 launcher fills them from ``--queues`` and ``START_OPTIONS``). ``values`` checks one setting,
 ``queues`` the queue forms, ``checks`` the configuration against what the client registered,

@@ -1,7 +1,7 @@
 """``start()``'s keywords as one typed, frozen :class:`RuntimeConfig`, built and validated once
 by :func:`runtime_config` (from ``AsyncClient.start()``'s arguments, which the launcher fills from
 ``--queues`` and the application's ``START_OPTIONS``); the runtime is built from it and reads
-it, and never validates a setting itself (ADR 039)."""
+it, and never validates a setting itself (ADR 040)."""
 
 from __future__ import annotations
 
