@@ -697,23 +697,14 @@ class AsyncClient:
             starting.set()
 
     def _runtime_for(self, queues: Any, options: dict) -> tuple[Runtime, ConsequenceConfig]:
-        """The runtime ``start(queues, **options)`` would run, over this client's services,
-        and the consequence configuration it gives the settler; changes nothing.
-
-        Raises:
-            ConfigError, ValidationError, TypeError: as :meth:`start`.
-        """
+        """The runtime ``start(queues, **options)`` would run and its settler's consequence
+        configuration; changes nothing. Raises as :meth:`start`."""
         config = self._start_config(queues, options)
         return self._runtime_of(config), config.consequences
 
     def _start_config(self, queues: Any, options: dict) -> RuntimeConfig:
         """``start(queues, **options)`` validated and typed (``worker.config.runtime_config``),
-        without building a runtime: also what ``awa-fast check`` and the launcher's preflight
-        validate with.
-
-        Raises:
-            ConfigError, ValidationError, TypeError: as :meth:`start`.
-        """
+        no runtime built (also ``awa-fast check``'s and the preflight's). Raises as :meth:`start`."""
         from awa_fast.worker.config import runtime_config
 
         config = runtime_config(
