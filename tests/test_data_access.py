@@ -52,6 +52,8 @@ CONVERTED: dict[str, dict[str, str]] = {
     "awa_fast/descriptors.py": {},
     "awa_fast/wake.py": {},
     "awa_fast/worker/reconcile.py": {},
+    "awa_fast/worker/aging.py": {},
+    "awa_fast/worker/idle_poll.py": {},
 }
 
 # Not converted yet, with the reason; path prefixes.
@@ -71,8 +73,6 @@ NOT_YET = {
     "awa_fast/worker/context.py": "callback registration, progress flush and waits: next",
     "awa_fast/worker/heartbeat.py": "the heartbeat's own connection and batch: next",
     "awa_fast/worker/lingering.py": "the lingering-attempt thread's blocking connection: next",
-    "awa_fast/worker/idle_poll.py": "one probe statement: next",
-    "awa_fast/worker/aging.py": "one aging statement: next",
     "awa_fast/enqueue.py": "the insert path (hot: one round trip per insert kept as is): next",
     "awa_fast/producer.py": "the producer's flush (hot path): next",
     "awa_fast/transaction.py": "the caller-owned transaction wrapper: next",
