@@ -40,7 +40,13 @@ STALE_MS = 600  # the lease tests' heartbeat_staleness_ms: a dead leader's lease
 class PgBouncer:
     """A PgBouncer process of this module's own in front of the test server."""
 
-    def __init__(self, server_dsn: str, workdir: pathlib.Path, pool_mode: str = "transaction"):
+    def __init__(
+        self,
+        server_dsn: str,
+        workdir: pathlib.Path,
+        pool_mode: str = "transaction",
+        settings: dict[str, int] | None = None,
+    ):
         from awa_fast.embedded.cluster import _server_account  # the account the test server runs as
 
         if PGBOUNCER is None:
@@ -63,9 +69,15 @@ class PgBouncer:
             "auth_type = trust\n"
             f"auth_file = {workdir / 'users.txt'}\n"
             f"pool_mode = {pool_mode}\n"
-            "default_pool_size = 8\n"
-            "max_client_conn = 200\n"
-            f"logfile = {self.log}\n"
+            + "".join(
+                f"{k} = {v}\n"
+                for k, v in {
+                    "default_pool_size": 8,
+                    "max_client_conn": 200,
+                    **(settings or {}),
+                }.items()
+            )
+            + f"logfile = {self.log}\n"
             f"pidfile = {workdir / 'pgbouncer.pid'}\n"
         )
         account = _server_account()
@@ -101,12 +113,12 @@ class PgBouncer:
 
 
 @contextlib.contextmanager
-def _running_bouncer(server_dsn: str, pool_mode: str):
+def _running_bouncer(server_dsn: str, pool_mode: str, settings: dict[str, int] | None = None):
     # its own directory under /tmp: pytest's tmp_path is not reachable for the unprivileged
     # account PgBouncer runs as when the tests run as root
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="awa-pgbouncer-"))
     try:
-        b = PgBouncer(server_dsn, workdir, pool_mode)
+        b = PgBouncer(server_dsn, workdir, pool_mode, settings)
         try:
             yield b
         finally:
@@ -670,3 +682,26 @@ def test_the_cli_through_the_pooler_with_awa_fast_pooler(dsn, bouncer, fresh_db)
     assert version == (current_migration_version(),)
     bad = _cli("--database-url", url, "queue", "stats", env={"AWA_FAST_POOLER": "statement"})
     assert bad.returncode != 0 and "AWA_FAST_POOLER" in bad.stderr, bad.stderr
+
+
+async def test_a_pooler_with_no_free_server_connection_fails_the_first_use_clearly(
+    dsn, pg_base_dsn
+):
+    """PgBouncer's pool for this database is exhausted (``default_pool_size`` server
+    connections all held by other clients' transactions) and it queues clients without bound
+    (``query_wait_timeout = 0``): the client's first use fails within a bounded time, naming
+    the pooler's limit, instead of waiting for a server connection forever."""
+    await truncate(dsn)
+    with _running_bouncer(
+        pg_base_dsn, "transaction", {"default_pool_size": 1, "query_wait_timeout": 0}
+    ) as own:
+        url = own.url(dsn)
+        async with await psycopg.AsyncConnection.connect(url) as holder:
+            await holder.execute("SELECT 1")  # a transaction open: the only server connection
+            c = awa.AsyncClient(url, pooler="transaction")
+            try:
+                with pytest.raises(awa.DatabaseUnavailable) as err:
+                    await asyncio.wait_for(c.insert(Item(1)), 120)  # (the bound of a failure)
+                assert "default_pool_size" in str(err.value), err.value
+            finally:
+                await c.close()
