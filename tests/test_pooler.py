@@ -705,3 +705,68 @@ async def test_a_pooler_with_no_free_server_connection_fails_the_first_use_clear
                 assert "default_pool_size" in str(err.value), err.value
             finally:
                 await c.close()
+
+
+async def test_a_pooler_server_connection_terminated_mid_staging_stages_each_follow_up_once(
+    dsn, pooled
+):
+    """Seed 000 through PgBouncer: the server connection running a completion's transaction
+    (its follow-up being inserted: a trigger outside awa-fast holds it there) is terminated.
+    PgBouncer drops its client; the completion is settled again on another connection, and
+    each completed parent has exactly one follow-up."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        await admin.execute("""
+            DROP SEQUENCE IF EXISTS public.stall_once;
+            CREATE SEQUENCE public.stall_once;
+            CREATE OR REPLACE FUNCTION public.stall_once() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF nextval('public.stall_once') = 1 THEN PERFORM pg_sleep(60); END IF;
+                RETURN NEW;
+            END $$;
+            DROP TRIGGER IF EXISTS stall_once ON awa_fast.jobs;
+            CREATE TRIGGER stall_once BEFORE INSERT ON awa_fast.jobs FOR EACH ROW
+                WHEN (NEW.kind = 'next') EXECUTE FUNCTION public.stall_once();""")
+        try:
+
+            @pooled.task(Next)
+            async def next_job(job):
+                return None
+
+            @pooled.task(Item)
+            async def item(job):
+                job.enqueue_on_completion(Next(job.args.n))
+
+            parents = await pooled.insert_many([Item(i) for i in range(3)])
+            await pooled.start([("default", 3)], **{**FAST, "heartbeat_staleness_ms": 2000})
+
+            async def stalled() -> list:
+                cur = await admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                    "AND datname = current_database()"
+                )
+                return await cur.fetchall()
+
+            # polled: a server backend's wait has no signal in this process
+            (pid,), *_ = await poll_until(stalled, timeout=30, what="a completion mid-staging")
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            for job in parents:
+                await wait_state(pooled, job.id, "completed", timeout=30)
+
+            async def follow_ups() -> list:
+                cur = await admin.execute(
+                    "SELECT args->>'n', count(*) FROM awa_fast.jobs_all WHERE kind = 'next' "
+                    "GROUP BY 1 ORDER BY 1"
+                )
+                return await cur.fetchall()
+
+            async def three_parents_followed() -> bool:
+                return len(await follow_ups()) == 3
+
+            await until(three_parents_followed, pooled, what="every parent's follow-up")
+            assert await follow_ups() == [("0", 1), ("1", 1), ("2", 1)]
+        finally:
+            await admin.execute(
+                "DROP TRIGGER IF EXISTS stall_once ON awa_fast.jobs; "
+                "DROP FUNCTION IF EXISTS public.stall_once(); "
+                "DROP SEQUENCE IF EXISTS public.stall_once"
+            )
