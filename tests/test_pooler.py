@@ -770,3 +770,43 @@ async def test_a_pooler_server_connection_terminated_mid_staging_stages_each_fol
                 "DROP FUNCTION IF EXISTS public.stall_once(); "
                 "DROP SEQUENCE IF EXISTS public.stall_once"
             )
+
+
+async def test_a_worker_rides_out_pgbouncer_pause_reconnect_and_kill(dsn, pg_base_dsn):
+    """PgBouncer's admin console mid-run: ``PAUSE`` (every query waits) then ``RESUME``;
+    ``RECONNECT`` (server connections replaced as released); ``KILL`` (every client and server
+    connection of the database dropped: the pool's, the heartbeat's, the lease's) and its
+    ``RESUME``. After each,
+    a job inserted directly is run, and a running handler's attempt keeps being heartbeaten."""
+    await truncate(dsn)
+    name = conninfo_to_dict(dsn)["dbname"]
+    user = conninfo_to_dict(dsn).get("user", "postgres")
+    with _running_bouncer(pg_base_dsn, "transaction", {"admin_users": user}) as own:
+        console = conninfo_to_dict(own.url(dsn))
+        console["dbname"] = "pgbouncer"
+        c = awa.AsyncClient(own.url(dsn), pooler="transaction")
+        direct = awa.AsyncClient(dsn)
+        try:
+
+            @c.task(Item)
+            async def item(job):  # completes only once its attempt was heartbeaten twice
+                beaten = c.runtime.heartbeat.beaten
+                start = beaten.count
+                await beaten.wait_until(lambda: beaten.count >= start + 2, timeout=30)
+
+            await c.start([("default", 2)], **{**FAST, "heartbeat_staleness_ms": 2000})
+            with psycopg.connect(make_conninfo(**console), autocommit=True) as admin:
+                for command in ("PAUSE", "RECONNECT", f"KILL {name}"):
+                    if command == "PAUSE":
+                        admin.execute("PAUSE")
+                        job = await direct.insert(Item(1))
+                        admin.execute("RESUME")
+                    else:
+                        admin.execute(command)
+                        if command.startswith("KILL"):
+                            admin.execute(f"RESUME {name}")  # a killed database waits for it
+                        job = await direct.insert(Item(2))
+                    await wait_state(c, job.id, "completed", timeout=30)
+        finally:
+            await c.close()
+            await direct.close()
