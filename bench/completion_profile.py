@@ -1,7 +1,7 @@
 """Where the work per job goes in the claim and the compact completion, in counts a loaded
 machine does not change (issue 32; docs/benchmarking.md, "Where the work per job goes").
 
-    python -m bench.completion_profile [--jobs N] [--batch B] [--key-every K]
+    python -m bench.completion_profile [--jobs N] [--batch B] [--key-every K] [--worker]
 
 A throwaway durable server (``bench.server.start_durable``) with ``pg_stat_statements``
 (``track = all``, so the statements the triggers run are listed too), ``track_functions = all``
@@ -15,12 +15,19 @@ function calls (``pg_stat_user_functions``), tuples inserted / updated / deleted
 left per table (``pg_stat_user_tables``), index scans and entries read per table
 (``pg_stat_user_indexes``), and the server's WAL (``pg_stat_wal``). Timings are left out on
 purpose: take them on a quiet machine with ``awa-fast bench``.
+
+``--worker`` also drains ``--jobs`` no-op jobs with the bench's awa-fast worker (one process,
+``bench.systems.awa_fast_sys``) under ``cProfile`` and prints Python function calls per job,
+the most called first (call counts only). Functions called once per row count the same on any
+machine; those called once per claim or completion batch follow the batch sizes the run got.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import pstats
 import re
 
 import psycopg
@@ -151,11 +158,53 @@ def _report(dsn: str, jobs: int) -> None:
         )
 
 
+async def _worker_drain(dsn: str, jobs: int, top: int) -> None:
+    from bench.systems.awa_fast_sys import Adapter
+
+    system = Adapter()
+    await system.setup(dsn)
+    seeded = await system.seed(dsn, "noop", jobs)
+    go, stop = asyncio.Event(), asyncio.Event()
+    profile = cProfile.Profile()
+
+    async def until_drained() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            while True:
+                cur = await conn.execute(system.count_query("noop"))
+                if (await cur.fetchone())[0] >= seeded:
+                    break
+                await asyncio.sleep(0.2)
+        stop.set()
+
+    worker = asyncio.create_task(system.run_worker(dsn, "noop", 64, go, stop, lambda: None))
+    profile.enable()
+    go.set()
+    await until_drained()
+    await worker
+    profile.disable()
+    stats = pstats.Stats(profile)
+    counted = [
+        (calls, path, f"{name} ({'/'.join(path.split('/')[-2:])}:{line})")
+        for (path, line, name), (_, calls, _, _, _) in stats.stats.items()  # type: ignore[attr-defined]
+    ]
+    counted.sort(reverse=True)
+    total = sum(calls for calls, _, _ in counted)
+    print(f"\nworker (one process, 64 slots, {seeded} no-op jobs, cProfile call counts)")
+    print(f"{total / seeded:9.1f}  Python function calls per job, all functions")
+    print("most called, any module:")
+    for calls, _, name in counted[:top]:
+        print(f"{calls / seeded:9.2f}  {name}")
+    print("most called in awa_fast:")
+    for calls, _, name in [c for c in counted if "/awa_fast/" in c[1]][:top]:
+        print(f"{calls / seeded:9.2f}  {name}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.completion_profile")
     parser.add_argument("--jobs", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=100, help="rows per claim and completion")
     parser.add_argument("--key-every", type=int, default=0, help="every K-th job has a key")
+    parser.add_argument("--worker", action="store_true", help="also count the worker's calls")
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.batch < 1 or args.key_every < 0:
         parser.error("--jobs and --batch must be at least 1, --key-every at least 0")
@@ -170,6 +219,10 @@ def main(argv: list[str] | None = None) -> None:
             raise RuntimeError(f"drained {done} of {args.jobs}")
         print(f"claim and compact completion, batch {args.batch}, key every {args.key_every}")
         _report(dsn, done)
+        if args.worker:
+            asyncio.run(
+                _worker_drain(server.create_database(admin, "worker_profile"), args.jobs, 30)
+            )
     finally:
         srv.stop()
 
