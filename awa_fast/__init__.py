@@ -6,6 +6,7 @@
 from awa_fast import callback_contract
 from awa_fast._native import native_extensions
 from awa_fast.admin import DlqEntry, HealthCheck, QueueHealth, RetryFailedResult
+from awa_fast.admin.queues import QueueStat
 from awa_fast.batch_ops import (
     BatchOperation,
     BatchOperationFilter,
@@ -15,7 +16,7 @@ from awa_fast.batch_ops import (
 )
 from awa_fast.callback_token import CallbackToken
 from awa_fast.callbacks import ResolveResult
-from awa_fast.client import AsyncClient, QueueStat
+from awa_fast.client import AsyncClient
 from awa_fast.errors import (
     AttemptStillRunning,
     AwaError,

@@ -123,14 +123,15 @@ def load_client(spec: str) -> tuple[AsyncClient, ModuleType]:
     """Import ``module:attr`` (``attr`` may be dotted) and return ``(client, module)``.
 
     The module is imported with the clients' construction-time connect deferred
-    (:func:`awa_fast.client.deferred_reachability_check`): a client built at import on a URL
+    (:func:`awa_fast.connections.deferred_reachability_check`): a client built at import on a URL
     that ``--database-url`` overrides, or that ``check`` never uses, does not connect.
 
     Raises:
         AppSpecError: malformed spec, module not found, missing attribute, or not an AsyncClient.
         Exception: whatever importing the module raised (an application error).
     """
-    from awa_fast.client import AsyncClient, deferred_reachability_check
+    from awa_fast.client import AsyncClient
+    from awa_fast.connections import deferred_reachability_check
 
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:

@@ -16,23 +16,16 @@ import asyncio
 import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterator
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 
-import orjson
-import psycopg
-from psycopg.types.json import set_json_loads
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
 from awa_fast import (
-    callbacks,
     db_errors,
-    pg_connection,
     primary,
     schema,
     schema_binding,
-    sql,
     storage_options,
 )
 from awa_fast import pooler as pooler_mode
@@ -40,26 +33,26 @@ from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
 from awa_fast.admin.consequences import ConsequenceAdmin
 from awa_fast.admin.cron import CronAdmin
-from awa_fast.admin.dlq import DlqAdmin, DlqEntry
-from awa_fast.admin.health import HealthAdmin, HealthCheck
-from awa_fast.admin.jobs import JobAdmin, RetryFailedResult
-from awa_fast.admin.queues import QueueAdmin, QueueStat
+from awa_fast.admin.dlq import DlqAdmin
+from awa_fast.admin.health import HealthAdmin
+from awa_fast.admin.jobs import JobAdmin
+from awa_fast.admin.queues import QueueAdmin
 from awa_fast.admin.storage import StorageAdmin
-from awa_fast.batch_ops import (
-    BatchOperation,
-    BatchOperationFilter,
-    BatchOperationKind,
-    BatchOperationPreview,
+from awa_fast.connections import (
+    Connections,
+    check_reachable,
+    close_pool_on_cancel,
+    open_pool,
+    pool_options,
+    reachability_check_deferred,
 )
-from awa_fast.connections import Connections, Pool
-from awa_fast.database_url import resolve_database_url, url_source
-from awa_fast.errors import AwaError, ConfigError, DatabaseUnavailable, ValidationError
-from awa_fast.job import Job
+from awa_fast.database_url import resolve_database_url
+from awa_fast.errors import AwaError, ConfigError, ValidationError
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import check_name, kind_for_type, optional_name
-from awa_fast.transaction import Transaction
+from awa_fast.twins import expose, variants
 from awa_fast.worker.consequences import ConsequenceApplier, ConsequenceConfig, Settler
-from awa_fast.worker.registry import Registry
+from awa_fast.worker.registry import Registry, check_task_options
 from awa_fast.worker.services import Services
 from awa_fast.worker.specs import SpecRunner
 
@@ -67,88 +60,44 @@ if TYPE_CHECKING:
     from awa_fast.worker.runtime import Runtime
 
 
-async def _configure(conn: psycopg.AsyncConnection) -> None:
-    set_json_loads(orjson.loads, conn)
-    await conn.execute(sql.SESSION_READ_COMMITTED)
-
-
-async def _configure_pooled(conn: psycopg.AsyncConnection) -> None:
-    # through a transaction pooler a session SET would stay on whichever server connection
-    # ran it: the database's own default must be READ COMMITTED (pooler.check_connection)
-    set_json_loads(orjson.loads, conn)
-
-
 # close(): the longest wait for a cancelled shutdown's release step (the finalizer's last flush
 # is bounded by SHUTDOWN_GRACE_S, 10 s; the rest by seconds)
 RELEASE_WAIT_S = 15.0
 
 
-# Set while awa-fast's own loaders import an application (``awa-fast worker``'s preflight and
-# children, ``awa-fast check``: :func:`awa_fast.app_loader.load_client`): a client built at
-# import skips its construction-time connect, so ``--database-url`` can override its URL before
-# anything connects and ``check`` never touches the database. The launcher's children then
-# connect (and fail with one line) with the URL they use. Ordinary library use keeps the check.
-_defer_reachability_check = 0
+T = TypeVar("T")
 
 
-@contextlib.contextmanager
-def deferred_reachability_check() -> Iterator[None]:
-    """Within it, ``AsyncClient(url)`` does not connect at construction (the application
-    loaders of ``awa-fast worker`` and ``awa-fast check`` import the application in it)."""
-    global _defer_reachability_check
-    _defer_reachability_check += 1
-    try:
-        yield
-    finally:
-        _defer_reachability_check -= 1
-
-
-def _check_reachable(url: str) -> None:
-    """Connect once and close (awa-pg connects at construction). Raises DatabaseUnavailable."""
-    try:
-        psycopg.connect(url, connect_timeout=10, autocommit=True).close()
-    except psycopg.Error as exc:
-        raise DatabaseUnavailable(
-            "could not connect to the database (the URL given to the client): "
-            + " ".join(str(exc).split()),
-            operation="AsyncClient()",
-            sqlstate=exc.sqlstate,
-        ) from exc
-
-
-TASK_OPTIONS = ("kind", "queue", "failure_consequence", "verify_success")
-# Options of insert() that are per job, not per handler.
-_INSERT_ONLY = ("priority", "max_attempts", "tags", "metadata", "run_at", "unique_opts")
-
-
-def check_task_options(args_type: Any, options: dict) -> None:
-    """What ``task()`` checks before registering (a raw AttributeError / TypeError otherwise).
+def _register_follow_up(
+    client: AsyncClient,
+    outcome: str,
+    trigger_args_type: type,
+    fn: Callable[..., Any],
+    *,
+    kind: str | None = None,
+) -> None:
+    """What every ``on_<outcome>_enqueue`` method does (``SpecRunner.register``).
 
     Raises:
-        ValidationError: naming ``args_type`` or the unknown option.
+        ValidationError: ``kind`` breaks the name rule. TypeError: ``fn`` is not callable.
+        RuntimeError: the runtime already started (specs are fixed at ``start()``).
     """
-    if not isinstance(args_type, type):
-        hint = (
-            f"; to name the kind, use task(dict, kind={args_type!r})"
-            if isinstance(args_type, str)
-            else ""
-        )
-        raise ValidationError(
-            f"task() args_type must be a class (dict, a dataclass, a msgspec.Struct or a "
-            f"pydantic model), got {type(args_type).__name__} {args_type!r}{hint}",
-            field="args_type",
-            limit="a class",
-        )
-    for key in options:
-        if key in ("failure_consequence", "verify_success"):
-            continue
-        where = f"; {key} is set per job: insert(..., {key}=...)" if key in _INSERT_ONLY else ""
-        raise ValidationError(
-            f"task() got an unknown option {key!r}{where}; task() accepts "
-            f"{', '.join(TASK_OPTIONS)}",
-            field=key,
-            limit=f"one of {', '.join(TASK_OPTIONS)}",
-        )
+    client.specs.register(outcome, trigger_args_type, fn, kind=kind)
+
+
+_on_enqueue = variants(_register_follow_up, "on_{}_enqueue")
+
+
+class DescriptorFields(TypedDict, total=False):
+    """The fields of awa's queue and job-kind descriptors (``queue_descriptor``,
+    ``job_kind_descriptor``; limits in :func:`awa_fast.descriptors.build`)."""
+
+    display_name: str | None
+    description: str | None
+    owner: str | None
+    docs_url: str | None
+    tags: list[str] | None
+    extra: dict | None
 
 
 @db_errors.boundary()
@@ -252,39 +201,43 @@ class AsyncClient:
         self._implicit_cron_queue: set[str] = set()  # schedules registered without queue=
         self.queue_descriptors: dict = {}  # queue -> awa_fast.descriptors.Descriptor
         self.kind_descriptors: dict = {}  # kind -> awa_fast.descriptors.Descriptor
-        # Admin, one object per area (awa_fast/admin/), each given only what it uses. The
-        # client's methods are looked up at each call (late bound), as the mixins did.
         self._connections = Connections(lambda: self.pool())
         self._off_queue = OffQueueWarner(lambda: self.registry.off_default)
-        self._producer = Producer(self._connections, self._off_queue)
+        self._components = self._wire_components()
+        self._producer = self._component(Producer)
+        self._storage = self._component(StorageAdmin)
+        self._sync_twins: Any = None  # awa_fast.raw_client.SyncTwins, made by ``_raw``
+        if self.explicit_database_url is not None and not reachability_check_deferred():
+            check_reachable(self.explicit_database_url)
+
+    def _wire_components(self) -> dict[type, Any]:
+        """The producer and one object per admin area (awa_fast/admin/), each given only what
+        it uses, by class (:meth:`_component`). What they take of the client is looked up at
+        each call (late bound): a runtime started later, a schema moved to."""
+        db = self._connections
 
         def staleness() -> int:
             return self.staleness_ms()
 
-        self._jobs = JobAdmin(self._connections, staleness)
-        self._queues = QueueAdmin(self._connections)
-        self._health = HealthAdmin(self._connections, lambda: self._runtime)
-        self._cron = CronAdmin(self._connections)
-        self._callbacks = CallbackAdmin(
-            self._connections, lambda: self.specs, lambda: self.settler, staleness
+        parts = (
+            Producer(db, self._off_queue),
+            JobAdmin(db, staleness),
+            QueueAdmin(db),
+            HealthAdmin(db, lambda: self._runtime),
+            CronAdmin(db),
+            CallbackAdmin(db, lambda: self.specs, lambda: self.settler, staleness),
+            ConsequenceAdmin(db, lambda: self.settler, lambda job_id: self.get_job(job_id)),
+            DlqAdmin(db, staleness),
+            StorageAdmin(
+                db,
+                self._migrate_schema,
+                schema=lambda: self._binding,
+                use_schema=self._use_schema,
+                running=lambda: self._runtime is not None or self._starting is not None,
+            ),
+            BatchAdmin(db),
         )
-        self._consequences = ConsequenceAdmin(
-            self._connections,
-            lambda: self.settler,
-            lambda job_id: self.get_job(job_id),
-        )
-        self._dlq = DlqAdmin(self._connections, staleness)
-        self._storage = StorageAdmin(
-            self._connections,
-            self._migrate_schema,
-            schema=lambda: self._binding,
-            use_schema=self._use_schema,
-            running=lambda: self._runtime is not None or self._starting is not None,
-        )
-        self._batches = BatchAdmin(self._connections)
-        self._sync_twins: Any = None  # awa_fast.raw_client.SyncTwins, made by ``_raw``
-        if self.explicit_database_url is not None and not _defer_reachability_check:
-            _check_reachable(self.explicit_database_url)
+        return {type(part): part for part in parts}
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -367,42 +320,19 @@ class AsyncClient:
         async with self._pool_lock:
             if self._pool is None:
                 primary.check_url(url, "database_url")  # also one from the environment
-                pool = Pool(url, open=False, **self._pool_options(url))
-                try:
-                    await pool.open(wait=True, timeout=pool.timeout)
-                except PoolTimeout as exc:
-                    await pool.close()
-                    where = url_source(self.explicit_database_url)
-                    raise DatabaseUnavailable(
-                        f"could not connect to the database (the URL {where}): {exc}",
-                        operation="pool",
-                    ) from exc
-                try:  # the mode matches the connection, before anything is written
-                    async with pool.connection() as conn:
-                        await pooler_mode.check_connection(conn, self.pooler)
-                except BaseException:
-                    await pool.close()
-                    raise
+                pool = await open_pool(
+                    url, self._pool_options(url), self.pooler, self.explicit_database_url
+                )
                 self._pool = pool
                 self._pool_guard = asyncio.get_running_loop().create_task(
-                    _close_pool_on_cancel(pool), name="awa-fast-pool-guard"
+                    close_pool_on_cancel(pool), name="awa-fast-pool-guard"
                 )
         return self._pool
 
     def _pool_options(self, url: str) -> dict[str, Any]:
         """psycopg_pool options of the pool :meth:`pool` opens on ``url``; its ``timeout`` also
         bounds the first open. (The dashboard's client shortens the waits.)"""
-        return dict(
-            min_size=1,
-            max_size=self.max_connections,
-            kwargs={"autocommit": True, **pooler_mode.connect_options(self.pooler)},
-            configure=(
-                _configure if pooler_mode.session_state_allowed(self.pooler) else _configure_pooled
-            ),
-            timeout=30,
-            # every statement on it in this client's schema (ADR 027)
-            connection_class=pg_connection.connection_class(self._binding),
-        )
+        return pool_options(self.max_connections, self.pooler, self._binding)
 
     async def close(self) -> None:
         """Stop the runtime if it is running, send the inserts' pending wake-ups and close the
@@ -451,128 +381,97 @@ class AsyncClient:
 
     # -- producers ------------------------------------------------------------------------------
 
-    async def insert(
-        self,
-        args: Any,
-        *,
-        kind: str | None = None,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = 2,
-        max_attempts: int = 25,
-        tags: list[str] | None = None,
-        metadata: dict | None = None,
-        run_at: Any = None,
-        unique_opts: dict | None = None,
-        ordering_key: bytes | str | None = None,
-    ) -> Job:
-        """Insert one job and return it.
-
-        ``args`` is a dict (then ``kind`` is required), a dataclass, a ``msgspec.Struct`` or a
-        pydantic model. A future ``run_at`` (datetime, naive = UTC, or ISO 8601 str) makes the job
-        ``scheduled``. ``unique_opts`` is ``{by_queue, by_args, by_period, states}`` ({} = defaults).
-        Without ``queue=`` the job goes to ``"default"``, as in awa-pg, even for a kind
-        registered here with ``task(..., queue=X)``; that case warns once per kind
-        (:class:`QueueMismatchWarning`). The job is committed when this returns; the NOTIFY
-        that wakes its queue's dispatchers follows from a background task (ADR 018, as for
-        every insert method here; ``close()`` waits for it).
-
-        Raises:
-            ValidationError: a field breaks an insert rule (nothing is written).
-            UniqueConflict: another job holds the same unique key.
-        """
-        return await self._producer.insert(
-            args,
-            kind=kind,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            tags=tags,
-            metadata=metadata,
-            run_at=run_at,
-            unique_opts=unique_opts,
-            ordering_key=ordering_key,
-        )
-
-    async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
-        """Insert many jobs in one statement with shared keyword options (all or none).
-
-        Each element of ``jobs`` is args (as for :meth:`insert`) or an ``EnqueueRequest``.
-
-        Raises:
-            ValidationError: any element breaks a rule (no row of the batch is written).
-            UniqueConflict: any element's unique key is held (no row is written).
-            DeadlockError: kept deadlocking with concurrent writers after bounded retries
-                (unique keys are taken in one global order, so only writers outside
-                awa-fast's order can cause one; no row is written).
-        """
-        return await self._producer.insert_many(jobs, **opts)
-
-    async def insert_many_copy(self, jobs: list, **opts: Any) -> list[Job]:
-        """Bulk insert with COPY (for 10k+ rows); same arguments and errors as :meth:`insert_many`,
-        plus awa's ``opts``: a list (one entry per job, ``None`` or a dict with ``queue`` and/or
-        ``ordering_key``; an explicit ``ordering_key: None`` clears the batch's key) overriding
-        those two options per job.
-
-        Raises:
-            ValidationError: also for an ``opts`` list of the wrong length, a non-dict entry or
-                another key (awa's messages).
-        """
-        return await self._producer.insert_many_copy(jobs, **opts)
-
-    async def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
-        """Like :meth:`insert_many_copy` but returns only the number of jobs written (awa-pg's
-        ``enqueue_many_copy``): no Job objects are built.
-
-        Raises:
-            Unsupported: ``queue_storage_queue_stripe_count`` other than awa's default 1
-                (awa-fast has no queue-storage stripes).
-        """
-        return await self._producer.enqueue_many_copy(jobs, **opts)
-
-    async def transaction(self) -> Transaction:
-        """Begin a transaction: ``async with await client.transaction() as tx``."""
-        return await self._producer.transaction()
-
-    # -- admin: each method delegates to one area of awa_fast/admin/ ------------------------------
+    insert = expose(Producer.insert)
+    insert_many = expose(Producer.insert_many)
+    insert_many_copy = expose(Producer.insert_many_copy)
+    enqueue_many_copy = expose(Producer.enqueue_many_copy)
+    transaction = expose(Producer.transaction)
 
     async def _fetch(self, query: str, params: Any = None) -> list[tuple]:
         # One statement on a pooled connection (the CLI and the demo use it).
         return await self._connections.fetch(query, params)
 
+    def _component(self, cls: type[T]) -> T:
+        # the part behind an exposed method (awa_fast/twins.py): an admin area, the producer
+        return self._components[cls]
+
+    # -- admin: each method is the method of the same name of one area of awa_fast/admin/,
+    # exposed as is (its docstring is the reference) on this client's instance of that area --
+
     # -- jobs (admin/jobs.py) ---------------------------------------------------------------------
 
-    async def get_job(self, job_id: int) -> Job:
-        """The job with this id. Raises :class:`JobNotFound` (an ``AwaError``) if there is none."""
-        return await self._jobs.get_job(job_id)
+    get_job = expose(JobAdmin.get_job)
+    list_jobs = expose(JobAdmin.list_jobs)
+    retry = expose(JobAdmin.retry)
+    cancel = expose(JobAdmin.cancel)
+    cancel_by_unique_key = expose(JobAdmin.cancel_by_unique_key)
+    retry_failed = expose(JobAdmin.retry_failed)
+    discard_failed = expose(JobAdmin.discard_failed)
+    dump_job = expose(JobAdmin.dump_job)
+    dump_run = expose(JobAdmin.dump_run)
 
-    async def list_jobs(
-        self,
-        *,
-        state: str | None = None,
-        kind: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-    ) -> list[Job]:
-        """Jobs, newest first, filtered by state / kind / queue."""
-        return await self._jobs.list_jobs(state=state, kind=kind, queue=queue, limit=limit)
+    # -- queues (admin/queues.py) and health (admin/health.py) ------------------------------------
 
-    async def retry(self, job_id: int) -> Job | None:
-        """Make a failed, cancelled or waiting_external job available again with attempt 0.
+    queue_stats = expose(QueueAdmin.queue_stats)
+    unhandled_kinds = expose(QueueAdmin.unhandled_kinds)
+    pause_queue = expose(QueueAdmin.pause_queue)
+    resume_queue = expose(QueueAdmin.resume_queue)
+    drain_queue = expose(QueueAdmin.drain_queue)
+    health_check = expose(HealthAdmin.health_check)
 
-        Returns the job, or ``None`` if it is in another state.
+    # -- periodic (cron) jobs (admin/cron.py) -----------------------------------------------------
 
-        A job cancelled (or failed externally, or parked by a handler still in
-        ``wait_for_callback``) while its handler runs is retried only once that attempt is over
-        (the worker acknowledged it, or the worker's heartbeat went stale): two attempts of one
-        job never run at once (docs/architecture.md, "Cancel, then retry").
+    list_cron_jobs = expose(CronAdmin.list_cron_jobs)
+    delete_cron_job = expose(CronAdmin.delete_cron_job)
 
-        Raises:
-            UniqueConflict: another live job now holds its unique key (nothing changes); its
-                ``holder_id`` names that job.
-            AttemptStillRunning: the job's last attempt is still running (nothing changes);
-                retry after it ends.
-        """
-        return await self._jobs.retry(job_id)
+    # -- external callbacks, ADR-021 (admin/callbacks.py) -----------------------------------------
+
+    complete_external = expose(CallbackAdmin.complete_external)
+    fail_external = expose(CallbackAdmin.fail_external)
+    retry_external = expose(CallbackAdmin.retry_external)
+    resume_external = expose(CallbackAdmin.resume_external)
+    heartbeat_callback = expose(CallbackAdmin.heartbeat_callback)
+    resolve_callback = expose(CallbackAdmin.resolve_callback)
+
+    # -- failure consequences (admin/consequences.py) ---------------------------------------------
+
+    correct_to_failed = expose(ConsequenceAdmin.correct_to_failed)
+    consequences_owed = expose(ConsequenceAdmin.consequences_owed)
+
+    # -- dead-letter queue, ADR-020 (admin/dlq.py) ------------------------------------------------
+
+    list_dlq = expose(DlqAdmin.list_dlq)
+    get_dlq_job = expose(DlqAdmin.get_dlq_job)
+    dlq_depth = expose(DlqAdmin.dlq_depth)
+    dlq_depth_by_queue = expose(DlqAdmin.dlq_depth_by_queue)
+    retry_from_dlq = expose(DlqAdmin.retry_from_dlq)
+    bulk_retry_from_dlq = expose(DlqAdmin.bulk_retry_from_dlq)
+    move_failed_to_dlq = expose(DlqAdmin.move_failed_to_dlq)
+    bulk_move_failed_to_dlq = expose(DlqAdmin.bulk_move_failed_to_dlq)
+    purge_dlq_job = expose(DlqAdmin.purge_dlq_job)
+    purge_dlq = expose(DlqAdmin.purge_dlq)
+
+    # -- storage, awa-pg's start-up calls (admin/storage.py) --------------------------------------
+
+    flush_admin_metadata = expose(StorageAdmin.flush_admin_metadata)
+    install_queue_storage = expose(StorageAdmin.install_queue_storage)
+    prepare_queue_storage_schema = expose(StorageAdmin.prepare_queue_storage_schema)
+    storage_status = expose(StorageAdmin.storage_status)
+
+    # -- batch operations, awa's ADR-030 (admin/batches.py) ---------------------------------------
+
+    preview_batch_operation = expose(BatchAdmin.preview_batch_operation)
+    submit_batch_operation = expose(BatchAdmin.submit_batch_operation)
+    preview_set_priority = expose(BatchAdmin.preview_set_priority)
+    set_priority = expose(BatchAdmin.set_priority)
+    preview_move_queue = expose(BatchAdmin.preview_move_queue)
+    move_queue = expose(BatchAdmin.move_queue)
+    list_batch_operations = expose(BatchAdmin.list_batch_operations)
+    get_batch_operation = expose(BatchAdmin.get_batch_operation)
+    cancel_batch_operation = expose(BatchAdmin.cancel_batch_operation)
+    purge_batch_operations = expose(BatchAdmin.purge_batch_operations)
+
+    # -- workers --------------------------------------------------------------------------------
 
     def staleness_ms(self) -> int:
         """How old (milliseconds) a heartbeat must be for its attempt to count as dead: this
@@ -582,180 +481,6 @@ class AsyncClient:
         runtime = self._runtime
         conf = runtime.maintenance_config if runtime is not None else MaintenanceConfig()
         return int(conf.heartbeat_staleness_ms)
-
-    async def cancel(self, job_id: int) -> Job | None:
-        """Cancel a non-terminal job; a running attempt is told through ``job.is_cancelled()``.
-
-        Returns the cancelled job, or ``None`` if it was already terminal, is
-        ``consequence_pending`` (its failure is decided: the reconciler applies the owed
-        consequence and settles it as failed), or does not exist.
-
-        Raises:
-            UniqueConflict: its mask holds ``cancelled`` and another job holds its key there
-                (``holder_id`` names it; nothing changes).
-        """
-        return await self._jobs.cancel(job_id)
-
-    async def cancel_by_unique_key(
-        self,
-        kind: str,
-        *,
-        queue: str | None = None,
-        args: Any = None,
-        period_bucket: int | None = None,
-    ) -> Job | None:
-        """Cancel the oldest non-terminal job whose unique key matches the given components
-        (pass only those used at insert time). Returns it, or ``None``."""
-        return await self._jobs.cancel_by_unique_key(
-            kind, queue=queue, args=args, period_bucket=period_bucket
-        )
-
-    async def retry_failed(
-        self, *, kind: str | None = None, queue: str | None = None
-    ) -> RetryFailedResult:
-        """Make every ``failed`` job of ``kind`` or of ``queue`` (exactly one) available again
-        with attempt 0; returns a :class:`RetryFailedResult`. A job whose failure consequence is
-        still owed stays failed; so does a job whose unique key another live job now holds
-        (logged, naming the holder), whose update fails alone for another reason, or whose
-        last attempt's handler still runs (an early ``fail_external``).
-
-        Raises:
-            ValueError: neither or both of ``kind`` and ``queue`` (awa's message).
-            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
-        """
-        return await self._jobs.retry_failed(kind=kind, queue=queue)
-
-    async def discard_failed(self, kind: str) -> int:
-        """Delete the ``failed`` jobs of ``kind`` (not those whose failure consequence is still
-        owed); returns how many. A job whose delete fails alone is kept (logged).
-
-        Raises:
-            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
-        """
-        return await self._jobs.discard_failed(kind)
-
-    async def dump_job(self, job_id: int) -> str:
-        """Every column of the job as indented JSON (failure-consequence bookkeeping included).
-        A dead-lettered job is dumped from the DLQ, with ``"in_dlq": true`` and its
-        ``dlq_reason`` / ``dlq_at`` / ``original_run_lease``.
-
-        Raises:
-            JobNotFound: no such job in ``awa_fast.jobs_all`` nor the DLQ.
-        """
-        return await self._jobs.dump_job(job_id)
-
-    async def dump_run(self, job_id: int, attempt: int | None = None) -> str:
-        """One attempt of a job as indented JSON: the job, the attempt number, the ``errors``
-        entry recorded for it (``null`` if it did not fail), progress, run lease and timestamps.
-        ``attempt`` defaults to the latest.
-
-        Raises:
-            JobNotFound: no such job.
-            AwaError: the job has no such attempt (or has never run).
-        """
-        return await self._jobs.dump_run(job_id, attempt)
-
-    # -- queues (admin/queues.py) and health (admin/health.py) ------------------------------------
-
-    async def queue_stats(self) -> list[QueueStat]:
-        """Per-queue counts (see :class:`QueueStat`).
-
-        Raises:
-            DatabaseError: no connection to the database within ``ADMIN_POOL_WAIT_S`` seconds
-                (3; :mod:`awa_fast.connections`), e.g. postgres is down.
-        """
-        return await self._queues.queue_stats()
-
-    async def unhandled_kinds(self) -> list[dict]:
-        """Available jobs no live worker handles, per queue and kind:
-        ``[{"queue", "kind", "available"}]`` (a live worker is a started runtime whose presence
-        row in ``awa_fast.workers`` has not expired)."""
-        return await self._queues.unhandled_kinds()
-
-    async def pause_queue(self, queue: str, paused_by: str | None = None) -> None:
-        """Stop claims from ``queue`` (running jobs finish)."""
-        return await self._queues.pause_queue(queue, paused_by)
-
-    async def resume_queue(self, queue: str) -> None:
-        """Allow claims from ``queue`` again and wake its workers."""
-        return await self._queues.resume_queue(queue)
-
-    async def drain_queue(self, queue: str) -> int:
-        """Cancel every job of ``queue`` that is waiting (``available``, ``scheduled``,
-        ``retryable``, and parked in ``waiting_external``, as awa-pg does); running attempts are
-        left alone. Returns how many. A job whose
-        cancel fails alone (e.g. its mask holds ``cancelled`` and another cancelled job holds
-        its key) is left waiting (logged).
-
-        Raises:
-            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
-        """
-        return await self._queues.drain_queue(queue)
-
-    async def health_check(self) -> HealthCheck:
-        """Postgres reachability plus, when this client runs a runtime, its loops, leadership
-        and per-queue load (see :class:`HealthCheck`). With postgres down it answers
-        ``postgres_connected=False`` after at most ``ADMIN_POOL_WAIT_S`` seconds (3) waiting
-        for a connection, not the pool's 30 s."""
-        return await self._health.health_check()
-
-    # -- periodic (cron) jobs (admin/cron.py) -----------------------------------------------------
-
-    async def list_cron_jobs(self) -> list[dict]:
-        """Every stored periodic schedule as a dict: the ``awa_fast.cron_jobs`` columns
-        (``last_fire_at`` = the scheduled fire time last enqueued, also as awa's
-        ``last_enqueued_at``) plus ``next_fire_at``; timestamps are ISO 8601 strings."""
-        return await self._cron.list_cron_jobs()
-
-    async def delete_cron_job(self, name: str) -> bool:
-        """Delete a stored schedule; ``True`` if it existed. A process that still registers it
-        upserts it again at its next ``start()``."""
-        return await self._cron.delete_cron_job(name)
-
-    # -- external callbacks, ADR-021 (admin/callbacks.py) -----------------------------------------
-
-    async def complete_external(self, callback_id: Any, payload: Any = None) -> Job:
-        """Complete the job waiting on ``callback_id`` (see ``awa_fast.callbacks``).
-
-        Raises:
-            CallbackNotFound: unknown or expired callback id.
-            ValidationError: malformed callback id.
-        """
-        return await self._callbacks.complete_external(callback_id, payload)
-
-    async def fail_external(self, callback_id: Any, error: str) -> Job:
-        """Fail the job waiting on ``callback_id`` through the failure path (its failure
-        consequence first). Raises as :meth:`complete_external`."""
-        return await self._callbacks.fail_external(callback_id, error)
-
-    async def retry_external(self, callback_id: Any) -> Job:
-        """Send the parked job back to available with attempt 0. Raises as
-        :meth:`complete_external`."""
-        return await self._callbacks.retry_external(callback_id)
-
-    async def resume_external(self, callback_id: Any, payload: Any = None) -> Job:
-        """Resume a handler blocked in ``wait_for_callback`` with ``payload``. Raises as
-        :meth:`complete_external`."""
-        return await self._callbacks.resume_external(callback_id, payload)
-
-    async def heartbeat_callback(self, callback_id: Any, timeout_seconds: float = 3600.0) -> Job:
-        """Extend the callback's timeout to now + ``timeout_seconds`` seconds."""
-        return await self._callbacks.heartbeat_callback(callback_id, timeout_seconds)
-
-    async def resolve_callback(
-        self, callback_id: Any, payload: Any = None, default_action: str = "ignore"
-    ) -> callbacks.ResolveResult:
-        """Resolve the callback with the CEL expressions its handler registered (``filter``,
-        ``on_fail``, ``on_complete`` + ``transform``, in awa's order), falling back to
-        ``default_action`` (``"complete"``, ``"fail"``, ``"ignore"``); returns a
-        :class:`~awa_fast.callbacks.ResolveResult`.
-
-        Raises:
-            CallbackNotFound: unknown callback id. ValidationError: malformed id or action.
-        """
-        return await self._callbacks.resolve_callback(callback_id, payload, default_action)
-
-    # -- failure consequences (admin/consequences.py) ---------------------------------------------
 
     def failure_consequence(self, args_type_or_kind: Any, fn: Any) -> None:
         """Declare the failure consequence of a kind whose handler may live elsewhere (every
@@ -777,291 +502,6 @@ class AsyncClient:
             )
         else:  # a kind: the name rule refuses anything else, naming "kind"
             self.registry.declare_consequence(args_type_or_kind, fn)
-
-    async def correct_to_failed(self, job_id: int, *, error: str) -> Job:
-        """Correct an apparent success: a ``completed`` job becomes ``failed`` (``error``
-        appended) and, in the same transaction, its failure consequence is recorded as owed;
-        it is applied right after (when this process knows the kind's consequence) and
-        retried by the reconciler until it succeeds.
-
-        Raises:
-            JobNotFound: no job with that id.
-            AwaError: the job is not ``completed``.
-        """
-        return await self._consequences.correct_to_failed(job_id, error=error)
-
-    async def consequences_owed(self, limit: int = 100) -> list[dict]:
-        """Jobs whose failure consequence is owed (pending failures and corrections), with
-        ``overdue`` true once an application failed or it waited over 60 s."""
-        return await self._consequences.consequences_owed(limit)
-
-    # -- dead-letter queue, ADR-020 (admin/dlq.py) ------------------------------------------------
-
-    async def list_dlq(
-        self,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-        tag: str | None = None,
-        before_id: int | None = None,
-        before_dlq_at: datetime | str | None = None,
-        limit: int = 100,
-    ) -> list[DlqEntry]:
-        """Dead-lettered jobs, newest first (``dlq_at``, then id). ``before_id`` /
-        ``before_dlq_at`` page backwards (strictly older)."""
-        return await self._dlq.list_dlq(
-            kind=kind,
-            queue=queue,
-            tag=tag,
-            before_id=before_id,
-            before_dlq_at=before_dlq_at,
-            limit=limit,
-        )
-
-    async def get_dlq_job(self, job_id: int) -> DlqEntry | None:
-        """The DLQ entry of job ``job_id``, or ``None``."""
-        return await self._dlq.get_dlq_job(job_id)
-
-    async def dlq_depth(self, *, queue: str | None = None) -> int:
-        """Number of dead-lettered jobs (of ``queue``, or in all)."""
-        return await self._dlq.dlq_depth(queue=queue)
-
-    async def dlq_depth_by_queue(self) -> dict[str, int]:
-        """``{queue: dead-lettered jobs}`` for every queue with at least one."""
-        return await self._dlq.dlq_depth_by_queue()
-
-    async def retry_from_dlq(
-        self,
-        job_id: int,
-        *,
-        run_at: datetime | str | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-    ) -> Job | None:
-        """Move a dead-lettered job back to ``awa_fast.jobs`` under the same id: attempt 0,
-        run lease kept (never reused, so a zombie attempt stays stale), errors kept, ``available`` (``scheduled`` for a future ``run_at``), with
-        optional ``priority`` / ``queue`` overrides. Returns the job, or ``None`` if job
-        ``job_id`` is not in the DLQ.
-
-        Raises:
-            UniqueConflict: a live job holds its unique key; nothing changes (the DLQ row stays).
-            ValidationError: an override breaks a rule (e.g. priority outside 1..4).
-            AttemptStillRunning: the handler of the job's last attempt is still running (an
-                early ``fail_external`` dead-lettered it; docs/architecture.md, "No two
-                executions of one job overlap"); nothing changes, retry once it has ended.
-        """
-        return await self._dlq.retry_from_dlq(job_id, run_at=run_at, priority=priority, queue=queue)
-
-    async def bulk_retry_from_dlq(
-        self,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-        tag: str | None = None,
-        allow_all: bool = False,
-    ) -> int:
-        """Retry every matching DLQ entry (as :meth:`retry_from_dlq`); returns how many.
-        Entries whose unique key is held by a live job are skipped and stay in the DLQ (logged
-        with the holder); so does an entry whose re-insert fails for another reason, and one
-        whose last attempt's handler is still running (retry it once it has ended).
-
-        Raises:
-            ValueError: no filter and not ``allow_all``.
-            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
-        """
-        return await self._dlq.bulk_retry_from_dlq(
-            kind=kind, queue=queue, tag=tag, allow_all=allow_all
-        )
-
-    async def move_failed_to_dlq(self, job_id: int, reason: str = "manual") -> bool:
-        """Move a ``failed`` job to the DLQ (whatever its queue's DLQ setting). ``False`` if
-        the job is not failed (or its failure consequence is still owed)."""
-        return await self._dlq.move_failed_to_dlq(job_id, reason)
-
-    async def bulk_move_failed_to_dlq(
-        self,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-        reason: str = "manual",
-        allow_all: bool = False,
-    ) -> int:
-        """Move every matching ``failed`` job to the DLQ; returns how many.
-
-        A job whose move fails alone (say a trigger refuses it) stays failed (logged).
-
-        Raises:
-            ValueError: no filter and not ``allow_all``.
-            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
-        """
-        return await self._dlq.bulk_move_failed_to_dlq(
-            kind=kind, queue=queue, reason=reason, allow_all=allow_all
-        )
-
-    async def purge_dlq_job(self, job_id: int) -> bool:
-        """Delete one DLQ entry; ``True`` if it existed."""
-        return await self._dlq.purge_dlq_job(job_id)
-
-    async def purge_dlq(
-        self,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-        tag: str | None = None,
-        before_id: int | None = None,
-        before_dlq_at: datetime | str | None = None,
-        allow_all: bool = False,
-    ) -> int:
-        """Delete matching DLQ entries; returns how many. An entry whose delete fails alone is
-        kept (logged).
-
-        Raises:
-            ValueError: no filter and not ``allow_all``.
-            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
-        """
-        return await self._dlq.purge_dlq(
-            kind=kind,
-            queue=queue,
-            tag=tag,
-            before_id=before_id,
-            before_dlq_at=before_dlq_at,
-            allow_all=allow_all,
-        )
-
-    # -- storage, awa-pg's start-up calls (admin/storage.py) --------------------------------------
-
-    async def flush_admin_metadata(self) -> None:
-        """awa recomputes cached admin counters here; awa-fast caches none (``queue_stats()``
-        counts the jobs table when called), so there is nothing to flush."""
-        return await self._storage.flush_admin_metadata()
-
-    async def install_queue_storage(
-        self,
-        *,
-        schema: str = "awa",
-        queue_slot_count: int = 16,
-        lease_slot_count: int = 8,
-        reset: bool = False,
-    ) -> None:
-        """awa installs and activates its queue-storage engine here. awa-fast has one engine,
-        always active, in this client's schema: this applies its migrations (idempotent), and
-        with ``reset=True`` then deletes every job and what belongs to jobs, as awa's reset
-        (``StorageAdmin.install_queue_storage``; docs/compat.md). ``schema``: awa's default
-        ``"awa"`` is this client's schema; another name creates (or upgrades) that schema and
-        moves this client to it (ADR 027). The slot counts size awa's partition rings:
-        accepted (> 0), without effect here (logged at INFO).
-
-        Raises:
-            AwaError: this client's worker runtime is running or starting (awa's rule), or
-                another install of this client is in progress.
-            ValidationError: a ``schema`` that breaks the schema-name rule.
-            ConfigError: a slot count that is not an int > 0, ``reset`` not a bool.
-        """
-        return await self._storage.install_queue_storage(
-            schema=schema,
-            queue_slot_count=queue_slot_count,
-            lease_slot_count=lease_slot_count,
-            reset=reset,
-        )
-
-    async def prepare_queue_storage_schema(
-        self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
-    ) -> None:
-        """As :meth:`install_queue_storage` without ``reset``: awa materializes its
-        queue-storage schema here without activating it; so does this: the migrations of
-        ``schema`` (``"awa"``: this client's) are applied, and the client stays where it is
-        (``start(queue_storage_schema=...)`` or ``install_queue_storage`` moves it).
-
-        Raises:
-            ValidationError, ConfigError: as :meth:`install_queue_storage`.
-        """
-        return await self._storage.prepare_queue_storage_schema(
-            schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
-        )
-
-    async def storage_status(self) -> str:
-        """awa's storage-status report (pretty JSON, same keys) for awa-fast's one engine:
-        ``current_engine`` = ``active_engine`` = ``"awa_fast"``, state ``"active"``, never a
-        transition (both ``can_*`` false, with the reason as the blocker), timestamps from the
-        schema's migration history, ``details`` with the schema and migration versions."""
-        return await self._storage.storage_status()
-
-    # -- batch operations, awa's ADR-030 (admin/batches.py) ---------------------------------------
-
-    async def preview_batch_operation(
-        self, op_kind: BatchOperationKind, *, spec: dict, filter: BatchOperationFilter | None = None
-    ) -> BatchOperationPreview:
-        """Count and sample the queued jobs an operation would change (no submission)."""
-        return await self._batches.preview_batch_operation(op_kind, spec=spec, filter=filter)
-
-    async def submit_batch_operation(
-        self,
-        op_kind: BatchOperationKind,
-        *,
-        spec: dict,
-        filter: BatchOperationFilter | None = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ) -> BatchOperation:
-        """Submit an operation for the maintenance leader to run; returns it (``pending``).
-        ``submitted_by`` defaults to the database session user."""
-        return await self._batches.submit_batch_operation(
-            op_kind, spec=spec, filter=filter, submitted_by=submitted_by, allow_all=allow_all
-        )
-
-    async def preview_set_priority(self, priority: int, *, filter: dict | None = None) -> dict:
-        return await self._batches.preview_set_priority(priority, filter=filter)
-
-    async def set_priority(
-        self,
-        priority: int,
-        *,
-        filter: dict | None = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ) -> dict:
-        """Submit ``set_priority`` (1-4) over the matched available / scheduled jobs."""
-        return await self._batches.set_priority(
-            priority, filter=filter, submitted_by=submitted_by, allow_all=allow_all
-        )
-
-    async def preview_move_queue(
-        self, queue: str, *, priority: int | None = None, filter: dict | None = None
-    ) -> dict:
-        return await self._batches.preview_move_queue(queue, priority=priority, filter=filter)
-
-    async def move_queue(
-        self,
-        queue: str,
-        *,
-        priority: int | None = None,
-        filter: dict | None = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ) -> dict:
-        """Submit ``move_queue`` (optionally with a new priority) over the matched jobs."""
-        return await self._batches.move_queue(
-            queue, priority=priority, filter=filter, submitted_by=submitted_by, allow_all=allow_all
-        )
-
-    async def list_batch_operations(
-        self, *, state: str | None = None, limit: int = 100
-    ) -> list[dict]:
-        """Operations, newest first (``state`` filters)."""
-        return await self._batches.list_batch_operations(state=state, limit=limit)
-
-    async def get_batch_operation(self, operation_id: str) -> dict:
-        return await self._batches.get_batch_operation(operation_id)
-
-    async def cancel_batch_operation(self, operation_id: str) -> dict:
-        """Cancel a pending operation, or ask the runner to stop an active one."""
-        return await self._batches.cancel_batch_operation(operation_id)
-
-    async def purge_batch_operations(self, before: datetime, *, limit: int = 1000) -> int:
-        """Delete finalized operations finalized before ``before``; returns how many."""
-        return await self._batches.purge_batch_operations(before, limit=limit)
-
-    # -- workers --------------------------------------------------------------------------------
 
     def task(
         self, args_type: type, *, kind: str | None = None, queue: str | None = None, **options: Any
@@ -1107,44 +547,29 @@ class AsyncClient:
 
     # -- registered follow-up specs (ADR-029) ---------------------------------------------------
 
-    def on_completed_enqueue(
-        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
-    ) -> None:
+    on_completed_enqueue = _on_enqueue(
+        "completed",
         """On completion of ``trigger_args_type`` jobs, insert ``fn(args, job)``'s result
         (args, ``EnqueueRequest`` or ``None`` to skip) in the same transaction. Kinds with such a
-        spec complete through the per-job transaction. Register before ``start()``."""
-        self.specs.register("completed", trigger_args_type, fn, kind=kind)
-
-    def on_retried_enqueue(
-        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
-    ) -> None:
-        """Spec for a retryable failure: ``fn(args, job, error, attempt, next_run_at)``."""
-        self.specs.register("retried", trigger_args_type, fn, kind=kind)
-
-    def on_exhausted_enqueue(
-        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
-    ) -> None:
-        """Spec for a terminal failure or exhaustion: ``fn(args, job, error, attempt)``."""
-        self.specs.register("exhausted", trigger_args_type, fn, kind=kind)
-
-    def on_cancelled_enqueue(
-        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
-    ) -> None:
-        """Spec for a handler ``Cancel``: ``fn(args, job, reason)``."""
-        self.specs.register("cancelled", trigger_args_type, fn, kind=kind)
-
-    def on_waiting_for_callback_enqueue(
-        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
-    ) -> None:
-        """Spec for a returned ``WaitForCallback``: ``fn(args, job)``."""
-        self.specs.register("waiting_for_callback", trigger_args_type, fn, kind=kind)
-
-    def on_rescued_enqueue(
-        self, trigger_args_type: type, fn: Callable, *, kind: str | None = None
-    ) -> None:
+        spec complete through the per-job transaction. Register before ``start()``.""",
+    )
+    on_retried_enqueue = _on_enqueue(
+        "retried", "Spec for a retryable failure: ``fn(args, job, error, attempt, next_run_at)``."
+    )
+    on_exhausted_enqueue = _on_enqueue(
+        "exhausted", "Spec for a terminal failure or exhaustion: ``fn(args, job, error, attempt)``."
+    )
+    on_cancelled_enqueue = _on_enqueue(
+        "cancelled", "Spec for a handler ``Cancel``: ``fn(args, job, reason)``."
+    )
+    on_waiting_for_callback_enqueue = _on_enqueue(
+        "waiting_for_callback", "Spec for a returned ``WaitForCallback``: ``fn(args, job)``."
+    )
+    on_rescued_enqueue = _on_enqueue(
+        "rescued",
         """Spec for a maintenance rescue: ``fn(args, job, reason)``; inserted best effort in a
-        separate transaction *after* the rescue commits (ADR-029's atomicity matrix)."""
-        self.specs.register("rescued", trigger_args_type, fn, kind=kind)
+        separate transaction *after* the rescue commits (ADR-029's atomicity matrix).""",
+    )
 
     def periodic(
         self,
@@ -1200,71 +625,39 @@ class AsyncClient:
         else:
             self._implicit_cron_queue.discard(job.name)
 
-    def queue_descriptor(
-        self,
-        queue: str,
-        *,
-        display_name: str | None = None,
-        description: str | None = None,
-        owner: str | None = None,
-        docs_url: str | None = None,
-        tags: list[str] | None = None,
-        extra: dict | None = None,
-    ) -> None:
+    def queue_descriptor(self, queue: str, **fields: Unpack[DescriptorFields]) -> None:
         """Describe ``queue`` for operators (awa's queue descriptor; before ``start()``, which
         stores it in ``awa_fast.queue_descriptors`` and keeps it fresh while running). The
         queue must be one ``start()`` runs. A later declaration for the queue replaces it.
+        ``fields``: :class:`DescriptorFields` (keywords, each ``None`` by default).
 
         Raises:
             ValidationError: a field past awa's limits (``awa_fast.descriptors.build``).
             RuntimeError: the runtime is already started.
+            TypeError: a keyword that is not a descriptor field.
         """
-        from awa_fast import descriptors
+        self._describe("queue", queue, fields)
 
-        if self._runtime is not None:
-            raise RuntimeError("queue_descriptor() must be called before start()")
-        self.queue_descriptors[queue] = descriptors.build(
-            "queue",
-            queue,
-            display_name=display_name,
-            description=description,
-            owner=owner,
-            docs_url=docs_url,
-            tags=tags,
-            extra=extra,
-        )
-
-    def job_kind_descriptor(
-        self,
-        kind: str,
-        *,
-        display_name: str | None = None,
-        description: str | None = None,
-        owner: str | None = None,
-        docs_url: str | None = None,
-        tags: list[str] | None = None,
-        extra: dict | None = None,
-    ) -> None:
+    def job_kind_descriptor(self, kind: str, **fields: Unpack[DescriptorFields]) -> None:
         """Describe job kind ``kind`` (as :meth:`queue_descriptor`; stored in
         ``awa_fast.job_kind_descriptors``).
 
         Raises:
-            ValidationError, RuntimeError: as :meth:`queue_descriptor`.
+            ValidationError, RuntimeError, TypeError: as :meth:`queue_descriptor`.
         """
+        self._describe("kind", kind, fields)
+
+    def _describe(self, what: str, name: str, fields: DescriptorFields) -> None:
         from awa_fast import descriptors
 
+        method = "queue_descriptor" if what == "queue" else "job_kind_descriptor"
+        for key in fields:
+            if key not in DescriptorFields.__annotations__:
+                raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
         if self._runtime is not None:
-            raise RuntimeError("job_kind_descriptor() must be called before start()")
-        self.kind_descriptors[kind] = descriptors.build(
-            "kind",
-            kind,
-            display_name=display_name,
-            description=description,
-            owner=owner,
-            docs_url=docs_url,
-            tags=tags,
-            extra=extra,
-        )
+            raise RuntimeError(f"{method}() must be called before start()")
+        store = self.queue_descriptors if what == "queue" else self.kind_descriptors
+        store[name] = descriptors.build(what, name, **fields)
 
     async def start(self, queues: Any = None, **options: Any) -> None:
         """Start claiming and running jobs in this process (see ``worker.runtime.Runtime``
@@ -1342,24 +735,12 @@ class AsyncClient:
         return runtime, consequences
 
     def _warn_cron_off_queue(self) -> None:
-        """``QueueMismatchWarning`` for each schedule registered without ``queue=`` whose kind
-        this client registered for another queue: its fires go to ``default`` (awa-pg's
-        ``periodic(queue="default")``), where that kind's workers do not look."""
-        from awa_fast.errors import QueueMismatchWarning
+        from awa_fast import periodic
 
-        for name in sorted(self._implicit_cron_queue):
-            job = self.periodic_jobs.get(name)
-            queue = self.registry.off_default.get(job.kind) if job is not None else None
-            if job is not None and queue is not None:
-                warnings.warn(
-                    QueueMismatchWarning(
-                        f"periodic job {name!r} of kind {job.kind!r} was registered without "
-                        f"queue=, so it fires into 'default' (awa-pg semantics), but the kind "
-                        f"is registered for queue {queue!r} on this client; pass "
-                        f"queue={queue!r} to periodic() or work 'default' too"
-                    ),
-                    stacklevel=5,  # start() (its db_errors wrapper), _runtime_for, this
-                )
+        # stacklevel: start() (its db_errors wrapper), _runtime_for, this, warn_off_queue
+        periodic.warn_off_queue(
+            self.periodic_jobs, self._implicit_cron_queue, self.registry.off_default, 6
+        )
 
     def _services(self, binding: schema_binding.SchemaBinding | None = None) -> Services:
         """What the worker layer may use of this client (``worker/services.py``)."""
@@ -1421,24 +802,3 @@ class AsyncClient:
     def runtime(self):
         """The running worker runtime in this process, or ``None``."""
         return self._runtime
-
-
-async def _close_pool_on_cancel(pool: AsyncConnectionPool) -> None:
-    """Close ``pool`` when this task is cancelled, as ``asyncio.run()`` does to every task at exit.
-
-    psycopg_pool's async workers and scheduler catch ``CancelledError`` (a connect cancelled
-    mid-way logs "error connecting in 'pool-1': " and is retried), so a pool left open when
-    ``main()`` returns without :meth:`AsyncClient.close` keeps ``asyncio.run()`` waiting
-    forever. Closing queues a stop for each of them, which they do honour.
-    """
-    try:
-        await asyncio.Event().wait()
-    except asyncio.CancelledError:
-        try:
-            await pool.close()
-        except asyncio.CancelledError:
-            pass  # a worker that ended cancelled fails close()'s gather; its stop is queued
-        raise
-
-
-# The blocking client lives in its own module; importable from here as before.

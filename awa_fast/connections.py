@@ -1,5 +1,6 @@
-"""How an admin area reaches the database: :class:`Connections`, the one dependency every area
-of :mod:`awa_fast.admin` shares (the client's pool, opened on first use)."""
+"""How the client and its admin areas reach the database: the client's pool (:class:`Pool`,
+:func:`pool_options`, :func:`open_pool`) and :class:`Connections`, the one dependency every
+area of :mod:`awa_fast.admin` shares (the client's pool, opened on first use)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ import contextlib
 import logging
 import select
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+import orjson
 import psycopg
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import bulk, enqueue, primary, sql
+from awa_fast import bulk, enqueue, pg_connection, primary, sql
+from awa_fast import pooler as pooler_mode
+from awa_fast.database_url import url_source
 from awa_fast.errors import DatabaseUnavailable
 from awa_fast.pg_connection import Connection
 
@@ -295,3 +300,115 @@ class Connections:
                 return done.rows
 
         return await bulk.retry_deadlocks(once, what=what)
+
+
+async def _configure(conn: psycopg.AsyncConnection) -> None:
+    set_json_loads(orjson.loads, conn)
+    await conn.execute(sql.SESSION_READ_COMMITTED)
+
+
+async def _configure_pooled(conn: psycopg.AsyncConnection) -> None:
+    # through a transaction pooler a session SET would stay on whichever server connection
+    # ran it: the database's own default must be READ COMMITTED (pooler.check_connection)
+    set_json_loads(orjson.loads, conn)
+
+
+def pool_options(max_connections: int, pooler: str | None, binding: Any) -> dict[str, Any]:
+    """psycopg_pool options of a client's pool: ``max_connections`` connections at most, in
+    ``pooler`` mode (:mod:`awa_fast.pooler`), every statement in ``binding``'s schema (a
+    :class:`~awa_fast.schema_binding.SchemaBinding`, ADR 027); its ``timeout`` (30 s) also
+    bounds the first open."""
+    return dict(
+        min_size=1,
+        max_size=max_connections,
+        kwargs={"autocommit": True, **pooler_mode.connect_options(pooler)},
+        configure=(_configure if pooler_mode.session_state_allowed(pooler) else _configure_pooled),
+        timeout=30,
+        connection_class=pg_connection.connection_class(binding),
+    )
+
+
+async def open_pool(
+    url: str, options: dict[str, Any], pooler: str | None, explicit_url: str | None
+) -> Pool:
+    """A :class:`Pool` on ``url`` with ``options`` (:func:`pool_options`), open, its first
+    connection checked against ``pooler`` before anything is written.
+
+    Raises:
+        DatabaseUnavailable: no connection within the pool's ``timeout`` (the message says
+            where the URL came from: ``explicit_url`` given, or the environment).
+        ConfigError: the connection does not match ``pooler``
+            (:func:`awa_fast.pooler.check_connection`); the pool is closed again.
+    """
+    pool = Pool(url, open=False, **options)
+    try:
+        await pool.open(wait=True, timeout=pool.timeout)
+    except PoolTimeout as exc:
+        await pool.close()
+        raise DatabaseUnavailable(
+            f"could not connect to the database (the URL {url_source(explicit_url)}): {exc}",
+            operation="pool",
+        ) from exc
+    try:
+        async with pool.connection() as conn:
+            await pooler_mode.check_connection(conn, pooler)
+    except BaseException:
+        await pool.close()
+        raise
+    return pool
+
+
+async def close_pool_on_cancel(pool: AsyncConnectionPool) -> None:
+    """Close ``pool`` when this task is cancelled, as ``asyncio.run()`` does to every task at exit.
+
+    psycopg_pool's async workers and scheduler catch ``CancelledError`` (a connect cancelled
+    mid-way logs "error connecting in 'pool-1': " and is retried), so a pool left open when
+    ``main()`` returns without ``AsyncClient.close`` keeps ``asyncio.run()`` waiting
+    forever. Closing queues a stop for each of them, which they do honour.
+    """
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        try:
+            await pool.close()
+        except asyncio.CancelledError:
+            pass  # a worker that ended cancelled fails close()'s gather; its stop is queued
+        raise
+
+
+# Set while awa-fast's own loaders import an application (``awa-fast worker``'s preflight and
+# children, ``awa-fast check``: :func:`awa_fast.app_loader.load_client`): a client built at
+# import skips its construction-time connect, so ``--database-url`` can override its URL before
+# anything connects and ``check`` never touches the database. The launcher's children then
+# connect (and fail with one line) with the URL they use. Ordinary library use keeps the check.
+_deferred_checks = 0
+
+
+@contextlib.contextmanager
+def deferred_reachability_check() -> Iterator[None]:
+    """Within it, ``AsyncClient(url)`` does not connect at construction (the application
+    loaders of ``awa-fast worker`` and ``awa-fast check`` import the application in it)."""
+    global _deferred_checks
+    _deferred_checks += 1
+    try:
+        yield
+    finally:
+        _deferred_checks -= 1
+
+
+def check_reachable(url: str) -> None:
+    """Connect once and close (awa-pg connects at construction). Raises DatabaseUnavailable."""
+    try:
+        psycopg.connect(url, connect_timeout=10, autocommit=True).close()
+    except psycopg.Error as exc:
+        raise DatabaseUnavailable(
+            "could not connect to the database (the URL given to the client): "
+            + " ".join(str(exc).split()),
+            operation="AsyncClient()",
+            sqlstate=exc.sqlstate,
+        ) from exc
+
+
+def reachability_check_deferred() -> bool:
+    """Inside a :func:`deferred_reachability_check`."""
+    return _deferred_checks > 0

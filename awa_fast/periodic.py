@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -384,3 +385,27 @@ def _json(value: Any) -> Any:
     if isinstance(value, (str, bytes)):
         return orjson.loads(value)
     return value
+
+
+def warn_off_queue(
+    jobs: dict[str, PeriodicJob], implicit: set[str], off_default: dict[str, str], stacklevel: int
+) -> None:
+    """``QueueMismatchWarning`` for each schedule of ``jobs`` registered without ``queue=``
+    (named in ``implicit``) whose kind the client registered for another queue
+    (``off_default``: kind -> queue): its fires go to ``default`` (awa-pg's
+    ``periodic(queue="default")``), where that kind's workers do not look."""
+    from awa_fast.errors import QueueMismatchWarning
+
+    for name in sorted(implicit):
+        job = jobs.get(name)
+        queue = off_default.get(job.kind) if job is not None else None
+        if job is not None and queue is not None:
+            warnings.warn(
+                QueueMismatchWarning(
+                    f"periodic job {name!r} of kind {job.kind!r} was registered without "
+                    f"queue=, so it fires into 'default' (awa-pg semantics), but the kind "
+                    f"is registered for queue {queue!r} on this client; pass "
+                    f"queue={queue!r} to periodic() or work 'default' too"
+                ),
+                stacklevel=stacklevel,
+            )

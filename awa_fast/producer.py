@@ -1,7 +1,7 @@
 """Producers: :class:`Producer` prepares and inserts jobs (one row, one statement for many,
 COPY) on the client's pool, and begins transactions; :data:`DEFAULT_QUEUE` tells an insert
-without ``queue=`` apart. ``AsyncClient``'s insert methods call it (their docstrings are the
-reference for arguments and errors); the statements are in :mod:`awa_fast.enqueue`."""
+without ``queue=`` apart. ``AsyncClient`` exposes its methods as its own (ADR 039); the
+statements are in :mod:`awa_fast.enqueue`."""
 
 from __future__ import annotations
 
@@ -95,8 +95,21 @@ class Producer:
         unique_opts: dict | None = None,
         ordering_key: bytes | str | None = None,
     ) -> Job:
-        """Insert one job; ``queue`` left at :data:`DEFAULT_QUEUE` may warn (see
-        ``AsyncClient.insert``, the reference for arguments and errors)."""
+        """Insert one job and return it.
+
+        ``args`` is a dict (then ``kind`` is required), a dataclass, a ``msgspec.Struct`` or a
+        pydantic model. A future ``run_at`` (datetime, naive = UTC, or ISO 8601 str) makes the job
+        ``scheduled``. ``unique_opts`` is ``{by_queue, by_args, by_period, states}``
+        ({} = defaults). Without ``queue=`` the job goes to ``"default"``, as in awa-pg, even
+        for a kind registered here with ``task(..., queue=X)``; that case warns once per kind
+        (:class:`QueueMismatchWarning`). The job is committed when this returns; the NOTIFY
+        that wakes its queue's dispatchers follows from a background task (ADR 018, as for
+        every insert method here; ``close()`` waits for it).
+
+        Raises:
+            ValidationError: a field breaks an insert rule (nothing is written).
+            UniqueConflict: another job holds the same unique key.
+        """
         implicit = queue is DEFAULT_QUEUE
         p = prepare(
             args,
@@ -123,10 +136,16 @@ class Producer:
         return job
 
     async def insert_many(self, jobs: list, **opts: Any) -> list[Job]:
-        """Insert many jobs in one statement, all or none (``AsyncClient.insert_many``).
+        """Insert many jobs in one statement with shared keyword options (all or none).
+
+        Each element of ``jobs`` is args (as for :meth:`insert`) or an ``EnqueueRequest``.
 
         Raises:
-            ValidationError, UniqueConflict, DeadlockError: no row is written.
+            ValidationError: any element breaks a rule (no row of the batch is written).
+            UniqueConflict: any element's unique key is held (no row is written).
+            DeadlockError: kept deadlocking with concurrent writers after bounded retries
+                (unique keys are taken in one global order, so only writers outside
+                awa-fast's order can cause one; no row is written).
         """
         rows = _prepare_all(jobs, opts)
         check_statement_size(
@@ -148,18 +167,27 @@ class Producer:
         return jobs
 
     async def insert_many_copy(self, jobs: list, **opts: Any) -> list[Job]:
-        """COPY insert returning the jobs, with awa's per-job ``opts``
-        (``AsyncClient.insert_many_copy``)."""
+        """Bulk insert with COPY (for 10k+ rows); same arguments and errors as :meth:`insert_many`,
+        plus awa's ``opts``: a list (one entry per job, ``None`` or a dict with ``queue`` and/or
+        ``ordering_key``; an explicit ``ordering_key: None`` clears the batch's key) overriding
+        those two options per job.
+
+        Raises:
+            ValidationError: also for an ``opts`` list of the wrong length, a non-dict entry or
+                another key (awa's messages).
+        """
         return await self._copy(jobs, opts, want_jobs=True)
 
     async def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
-        """COPY insert returning the count (``AsyncClient.enqueue_many_copy``).
+        """Like :meth:`insert_many_copy` but returns only the number of jobs written (awa-pg's
+        ``enqueue_many_copy``): no Job objects are built.
 
         awa's ``queue_storage_queue_stripe_count`` (an int > 0) is accepted and has no effect:
         awa-fast has no stripes (logged at INFO, once per client, when not awa's default 1;
         storage_options.py).
 
         Raises:
+            ValidationError, UniqueConflict, DeadlockError: as :meth:`insert_many_copy`.
             ConfigError: ``queue_storage_queue_stripe_count`` not an int > 0.
         """
         stripes = opts.pop("queue_storage_queue_stripe_count", 1)
@@ -205,7 +233,7 @@ class Producer:
         self._off_queue.warn(rows, stacklevel=stacklevel)
 
     async def transaction(self) -> Transaction:
-        """Begin a transaction on a pooled connection (``AsyncClient.transaction``)."""
+        """Begin a transaction: ``async with await client.transaction() as tx``."""
         pool = await self._db.pool()
         conn = await pool.getconn()
         try:

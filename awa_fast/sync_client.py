@@ -1,11 +1,12 @@
 """The blocking :class:`Client` (awa-pg's sync ``awa.Client``) and :class:`SyncTransaction`.
 
 Every producer/admin method of :class:`~awa_fast.client.AsyncClient` has a twin here with the
-same name and parameters, written out (no attribute forwarding, so a missing twin is a visible
-gap, checked by ``tests/compat/test_sync_client.py``). Each twin runs the async method on a
-private event loop in a daemon thread and blocks until it returns, and carries the async
-method's docstring (arguments, errors). The methods without a twin are listed in
-:data:`ASYNC_ONLY`.
+same name, declared once as ``name = blocking(AsyncClient.name)`` (:mod:`awa_fast.twins`, ADR
+039): its static type has the async method's parameters and result, so mypy and IDEs see it, and
+a missing twin is a missing attribute (no attribute forwarding), checked by
+``tests/test_client_surface.py``. Each twin runs the async method on a private event loop in a
+daemon thread and blocks until it returns, and carries the async method's docstring
+(arguments, errors). The methods without a twin are listed in :data:`ASYNC_ONLY`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import contextlib
 import os
 import threading
 import weakref
-from datetime import datetime
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
-from awa_fast.batch_ops import BatchOperationFilter, BatchOperationKind
-from awa_fast.client import DEFAULT_QUEUE, AsyncClient
+from awa_fast.client import AsyncClient
 from awa_fast.transaction import Transaction
+from awa_fast.twins import blocking, parameters_of
+
+R = TypeVar("R")
 
 # AsyncClient methods with no blocking twin: worker lifecycle and registration (as in awa-pg,
 # whose sync Client has no task/start/shutdown/periodic), plus the pool itself (it belongs to the
@@ -76,25 +79,16 @@ class Client:
         ValidationError: as :class:`AsyncClient`.
     """
 
-    def __init__(
-        self,
-        database_url: str | None = None,
-        max_connections: int = 10,
-        *,
-        pooler: str | None = None,
-        listen_url: str | None = None,
-        schema: str | None = None,
-    ):
-        self._async = AsyncClient(
-            database_url, max_connections, pooler=pooler, listen_url=listen_url, schema=schema
-        )
+    @parameters_of(AsyncClient)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._async = AsyncClient(*args, **kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="awa-fast-client", daemon=True
         )
         self._thread.start()
         try:
-            self._call(self._async.pool())
+            self._run(self._async.pool())
         except BaseException:
             self._stop_loop()
             raise
@@ -111,7 +105,12 @@ class Client:
         """The :class:`AsyncClient` this client drives."""
         return self._async
 
-    def _call(self, coro) -> Any:
+    @property
+    def _target(self) -> AsyncClient:  # what the blocking twins call (awa_fast/twins.py)
+        return self._async
+
+    def _run(self, coro: Coroutine[Any, Any, R]) -> R:
+        """Run ``coro`` on this client's loop thread and block until it returns."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _stop_loop(self) -> None:
@@ -136,418 +135,122 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- schema and storage ------------------------------------------------------------------
+    # -- schema and storage ---------------------------------------------------------------
 
-    def migrate(self) -> list[int]:
-        return self._call(self._async.migrate())
+    migrate = blocking(AsyncClient.migrate)
+    install_queue_storage = blocking(AsyncClient.install_queue_storage)
+    prepare_queue_storage_schema = blocking(AsyncClient.prepare_queue_storage_schema)
+    storage_status = blocking(AsyncClient.storage_status)
+    flush_admin_metadata = blocking(AsyncClient.flush_admin_metadata)
 
-    def install_queue_storage(
-        self,
-        *,
-        schema: str = "awa",
-        queue_slot_count: int = 16,
-        lease_slot_count: int = 8,
-        reset: bool = False,
-    ) -> None:
-        return self._call(
-            self._async.install_queue_storage(
-                schema=schema,
-                queue_slot_count=queue_slot_count,
-                lease_slot_count=lease_slot_count,
-                reset=reset,
-            )
-        )
+    # -- producers ------------------------------------------------------------------------
 
-    def prepare_queue_storage_schema(
-        self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
-    ) -> None:
-        return self._call(
-            self._async.prepare_queue_storage_schema(
-                schema=schema, queue_slot_count=queue_slot_count, lease_slot_count=lease_slot_count
-            )
-        )
+    insert = blocking(AsyncClient.insert)
+    insert_many = blocking(AsyncClient.insert_many)
+    insert_many_copy = blocking(AsyncClient.insert_many_copy)
+    enqueue_many_copy = blocking(AsyncClient.enqueue_many_copy)
 
-    def storage_status(self) -> str:
-        return self._call(self._async.storage_status())
+    # -- jobs -----------------------------------------------------------------------------
 
-    def flush_admin_metadata(self) -> None:
-        return self._call(self._async.flush_admin_metadata())
+    get_job = blocking(AsyncClient.get_job)
+    list_jobs = blocking(AsyncClient.list_jobs)
+    retry = blocking(AsyncClient.retry)
+    cancel = blocking(AsyncClient.cancel)
+    cancel_by_unique_key = blocking(AsyncClient.cancel_by_unique_key)
+    retry_failed = blocking(AsyncClient.retry_failed)
+    discard_failed = blocking(AsyncClient.discard_failed)
+    correct_to_failed = blocking(AsyncClient.correct_to_failed)
+    consequences_owed = blocking(AsyncClient.consequences_owed)
+    dump_job = blocking(AsyncClient.dump_job)
+    dump_run = blocking(AsyncClient.dump_run)
 
-    # -- producers ---------------------------------------------------------------------------
+    # -- queues, cron, health -------------------------------------------------------------
 
-    def insert(
-        self,
-        args: Any,
-        *,
-        kind: str | None = None,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = 2,
-        max_attempts: int = 25,
-        tags: list[str] | None = None,
-        metadata: dict | None = None,
-        run_at: Any = None,
-        unique_opts: dict | None = None,
-        ordering_key: bytes | str | None = None,
-    ):
-        return self._call(
-            self._async.insert(
-                args,
-                kind=kind,
-                queue=queue,
-                priority=priority,
-                max_attempts=max_attempts,
-                tags=tags,
-                metadata=metadata,
-                run_at=run_at,
-                unique_opts=unique_opts,
-                ordering_key=ordering_key,
-            )
-        )
+    queue_stats = blocking(AsyncClient.queue_stats)
+    unhandled_kinds = blocking(AsyncClient.unhandled_kinds)
+    pause_queue = blocking(AsyncClient.pause_queue)
+    resume_queue = blocking(AsyncClient.resume_queue)
+    drain_queue = blocking(AsyncClient.drain_queue)
+    list_cron_jobs = blocking(AsyncClient.list_cron_jobs)
+    delete_cron_job = blocking(AsyncClient.delete_cron_job)
+    health_check = blocking(AsyncClient.health_check)
 
-    def insert_many(self, jobs: list, **opts: Any):
-        return self._call(self._async.insert_many(jobs, **opts))
+    # -- external callbacks ---------------------------------------------------------------
 
-    def insert_many_copy(self, jobs: list, **opts: Any):
-        return self._call(self._async.insert_many_copy(jobs, **opts))
+    complete_external = blocking(AsyncClient.complete_external)
+    fail_external = blocking(AsyncClient.fail_external)
+    retry_external = blocking(AsyncClient.retry_external)
+    resume_external = blocking(AsyncClient.resume_external)
+    heartbeat_callback = blocking(AsyncClient.heartbeat_callback)
+    resolve_callback = blocking(AsyncClient.resolve_callback)
 
-    def enqueue_many_copy(self, jobs: list, **opts: Any) -> int:
-        return self._call(self._async.enqueue_many_copy(jobs, **opts))
+    # -- batch operations -----------------------------------------------------------------
+
+    preview_batch_operation = blocking(AsyncClient.preview_batch_operation)
+    submit_batch_operation = blocking(AsyncClient.submit_batch_operation)
+    preview_set_priority = blocking(AsyncClient.preview_set_priority)
+    set_priority = blocking(AsyncClient.set_priority)
+    preview_move_queue = blocking(AsyncClient.preview_move_queue)
+    move_queue = blocking(AsyncClient.move_queue)
+    list_batch_operations = blocking(AsyncClient.list_batch_operations)
+    get_batch_operation = blocking(AsyncClient.get_batch_operation)
+    cancel_batch_operation = blocking(AsyncClient.cancel_batch_operation)
+    purge_batch_operations = blocking(AsyncClient.purge_batch_operations)
+
+    # -- dead-letter queue ----------------------------------------------------------------
+
+    list_dlq = blocking(AsyncClient.list_dlq)
+    get_dlq_job = blocking(AsyncClient.get_dlq_job)
+    dlq_depth = blocking(AsyncClient.dlq_depth)
+    dlq_depth_by_queue = blocking(AsyncClient.dlq_depth_by_queue)
+    retry_from_dlq = blocking(AsyncClient.retry_from_dlq)
+    bulk_retry_from_dlq = blocking(AsyncClient.bulk_retry_from_dlq)
+    move_failed_to_dlq = blocking(AsyncClient.move_failed_to_dlq)
+    bulk_move_failed_to_dlq = blocking(AsyncClient.bulk_move_failed_to_dlq)
+    purge_dlq_job = blocking(AsyncClient.purge_dlq_job)
+    purge_dlq = blocking(AsyncClient.purge_dlq)
+
+    def staleness_ms(self) -> int:
+        """The heartbeat age (ms) at which an attempt counts as dead: the default rescue uses
+        (this client runs no runtime; ``AsyncClient.staleness_ms``)."""
+        return self._async.staleness_ms()
 
     def transaction(self) -> SyncTransaction:
         """Begin a transaction: ``with client.transaction() as tx``."""
-        return SyncTransaction(self, self._call(self._async.transaction()))
-
-    # -- jobs --------------------------------------------------------------------------------
-
-    def get_job(self, job_id: int):
-        return self._call(self._async.get_job(job_id))
-
-    def list_jobs(
-        self,
-        *,
-        state: str | None = None,
-        kind: str | None = None,
-        queue: str | None = None,
-        limit: int = 100,
-    ):
-        return self._call(self._async.list_jobs(state=state, kind=kind, queue=queue, limit=limit))
-
-    def retry(self, job_id: int):
-        return self._call(self._async.retry(job_id))
-
-    def staleness_ms(self) -> int:
-        return self._async.staleness_ms()  # no runtime here: the default rescue threshold
-
-    def cancel(self, job_id: int):
-        return self._call(self._async.cancel(job_id))
-
-    def cancel_by_unique_key(
-        self,
-        kind: str,
-        *,
-        queue: str | None = None,
-        args: Any = None,
-        period_bucket: int | None = None,
-    ):
-        return self._call(
-            self._async.cancel_by_unique_key(
-                kind, queue=queue, args=args, period_bucket=period_bucket
-            )
-        )
-
-    def retry_failed(self, *, kind: str | None = None, queue: str | None = None):
-        return self._call(self._async.retry_failed(kind=kind, queue=queue))
-
-    def discard_failed(self, kind: str) -> int:
-        return self._call(self._async.discard_failed(kind))
-
-    def correct_to_failed(self, job_id: int, *, error: str):
-        return self._call(self._async.correct_to_failed(job_id, error=error))
-
-    def consequences_owed(self, limit: int = 100) -> list[dict]:
-        return self._call(self._async.consequences_owed(limit))
-
-    def dump_job(self, job_id: int) -> str:
-        return self._call(self._async.dump_job(job_id))
-
-    def dump_run(self, job_id: int, attempt: int | None = None) -> str:
-        return self._call(self._async.dump_run(job_id, attempt))
-
-    # -- queues, cron, health ----------------------------------------------------------------
-
-    def queue_stats(self):
-        return self._call(self._async.queue_stats())
-
-    def unhandled_kinds(self) -> list[dict]:
-        return self._call(self._async.unhandled_kinds())
-
-    def pause_queue(self, queue: str, paused_by: str | None = None) -> None:
-        return self._call(self._async.pause_queue(queue, paused_by))
-
-    def resume_queue(self, queue: str) -> None:
-        return self._call(self._async.resume_queue(queue))
-
-    def drain_queue(self, queue: str) -> int:
-        return self._call(self._async.drain_queue(queue))
-
-    def list_cron_jobs(self) -> list[dict]:
-        return self._call(self._async.list_cron_jobs())
-
-    def delete_cron_job(self, name: str) -> bool:
-        return self._call(self._async.delete_cron_job(name))
-
-    def health_check(self):
-        return self._call(self._async.health_check())
-
-    # -- external callbacks ------------------------------------------------------------------
-
-    def complete_external(self, callback_id: Any, payload: Any = None):
-        return self._call(self._async.complete_external(callback_id, payload))
-
-    def fail_external(self, callback_id: Any, error: str):
-        return self._call(self._async.fail_external(callback_id, error))
-
-    def retry_external(self, callback_id: Any):
-        return self._call(self._async.retry_external(callback_id))
-
-    def resume_external(self, callback_id: Any, payload: Any = None):
-        return self._call(self._async.resume_external(callback_id, payload))
-
-    def heartbeat_callback(self, callback_id: Any, timeout_seconds: float = 3600.0):
-        return self._call(self._async.heartbeat_callback(callback_id, timeout_seconds))
-
-    def resolve_callback(
-        self, callback_id: Any, payload: Any = None, default_action: str = "ignore"
-    ):
-        return self._call(self._async.resolve_callback(callback_id, payload, default_action))
-
-    # -- batch operations (awa_fast/batch_ops.py) --------------------------------------------
-
-    def preview_batch_operation(
-        self,
-        op_kind: BatchOperationKind,
-        *,
-        spec: dict,
-        filter: BatchOperationFilter | None = None,
-    ):
-        return self._call(self._async.preview_batch_operation(op_kind, spec=spec, filter=filter))
-
-    def submit_batch_operation(
-        self,
-        op_kind: BatchOperationKind,
-        *,
-        spec: dict,
-        filter: BatchOperationFilter | None = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ):
-        return self._call(
-            self._async.submit_batch_operation(
-                op_kind, spec=spec, filter=filter, submitted_by=submitted_by, allow_all=allow_all
-            )
-        )
-
-    def preview_set_priority(self, priority: int, *, filter: dict | None = None):
-        return self._call(self._async.preview_set_priority(priority, filter=filter))
-
-    def set_priority(
-        self,
-        priority: int,
-        *,
-        filter: dict | None = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ):
-        return self._call(
-            self._async.set_priority(
-                priority, filter=filter, submitted_by=submitted_by, allow_all=allow_all
-            )
-        )
-
-    def preview_move_queue(
-        self, queue: str, *, priority: int | None = None, filter: dict | None = None
-    ):
-        return self._call(self._async.preview_move_queue(queue, priority=priority, filter=filter))
-
-    def move_queue(
-        self,
-        queue: str,
-        *,
-        priority: int | None = None,
-        filter: dict | None = None,
-        submitted_by: str | None = None,
-        allow_all: bool = False,
-    ):
-        return self._call(
-            self._async.move_queue(
-                queue,
-                priority=priority,
-                filter=filter,
-                submitted_by=submitted_by,
-                allow_all=allow_all,
-            )
-        )
-
-    def list_batch_operations(self, *, state: str | None = None, limit: int = 100):
-        return self._call(self._async.list_batch_operations(state=state, limit=limit))
-
-    def get_batch_operation(self, operation_id: str):
-        return self._call(self._async.get_batch_operation(operation_id))
-
-    def cancel_batch_operation(self, operation_id: str):
-        return self._call(self._async.cancel_batch_operation(operation_id))
-
-    def purge_batch_operations(self, before: datetime, *, limit: int = 1000):
-        return self._call(self._async.purge_batch_operations(before, limit=limit))
-
-    # -- dead-letter queue -------------------------------------------------------------------
-
-    def list_dlq(
-        self,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-        tag: str | None = None,
-        before_id: int | None = None,
-        before_dlq_at: datetime | str | None = None,
-        limit: int = 100,
-    ):
-        return self._call(
-            self._async.list_dlq(
-                kind=kind,
-                queue=queue,
-                tag=tag,
-                before_id=before_id,
-                before_dlq_at=before_dlq_at,
-                limit=limit,
-            )
-        )
-
-    def get_dlq_job(self, job_id: int):
-        return self._call(self._async.get_dlq_job(job_id))
-
-    def dlq_depth(self, *, queue: str | None = None) -> int:
-        return self._call(self._async.dlq_depth(queue=queue))
-
-    def dlq_depth_by_queue(self) -> dict[str, int]:
-        return self._call(self._async.dlq_depth_by_queue())
-
-    def retry_from_dlq(
-        self,
-        job_id: int,
-        *,
-        run_at: datetime | str | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-    ):
-        return self._call(
-            self._async.retry_from_dlq(job_id, run_at=run_at, priority=priority, queue=queue)
-        )
-
-    def bulk_retry_from_dlq(
-        self,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-        tag: str | None = None,
-        allow_all: bool = False,
-    ) -> int:
-        return self._call(
-            self._async.bulk_retry_from_dlq(kind=kind, queue=queue, tag=tag, allow_all=allow_all)
-        )
-
-    def move_failed_to_dlq(self, job_id: int, reason: str = "manual") -> bool:
-        return self._call(self._async.move_failed_to_dlq(job_id, reason))
-
-    def bulk_move_failed_to_dlq(
-        self,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-        reason: str = "manual",
-        allow_all: bool = False,
-    ) -> int:
-        return self._call(
-            self._async.bulk_move_failed_to_dlq(
-                kind=kind, queue=queue, reason=reason, allow_all=allow_all
-            )
-        )
-
-    def purge_dlq_job(self, job_id: int) -> bool:
-        return self._call(self._async.purge_dlq_job(job_id))
-
-    def purge_dlq(
-        self,
-        *,
-        kind: str | None = None,
-        queue: str | None = None,
-        tag: str | None = None,
-        before_id: int | None = None,
-        before_dlq_at: datetime | str | None = None,
-        allow_all: bool = False,
-    ) -> int:
-        return self._call(
-            self._async.purge_dlq(
-                kind=kind,
-                queue=queue,
-                tag=tag,
-                before_id=before_id,
-                before_dlq_at=before_dlq_at,
-                allow_all=allow_all,
-            )
-        )
-
-
-def _docstrings_from_async() -> None:
-    """Give each written-out twin without a docstring of its own the async method's (the
-    behaviour, arguments and errors are the async method's)."""
-    for name, fn in vars(Client).items():
-        twin = getattr(AsyncClient, name, None)
-        if callable(fn) and not name.startswith("_") and fn.__doc__ is None and twin is not None:
-            fn.__doc__ = twin.__doc__
-
-
-_docstrings_from_async()
+        return SyncTransaction(self, self._run(self._async.transaction()))
 
 
 class SyncTransaction:
-    """Blocking twin of :class:`~awa_fast.transaction.Transaction` (same methods, written out);
-    ``with client.transaction() as tx`` commits on a clean exit and rolls back on an error."""
+    """Blocking twin of :class:`~awa_fast.transaction.Transaction` (same methods, each derived
+    by :func:`~awa_fast.twins.blocking`); ``with client.transaction() as tx`` commits on a
+    clean exit and rolls back on an error."""
 
     def __init__(self, client: Client, tx: Transaction):
         self._client = client
         self._tx = tx
 
     @property
+    def _target(self) -> Transaction:
+        return self._tx
+
+    def _run(self, coro: Coroutine[Any, Any, R]) -> R:
+        return self._client._run(coro)
+
+    @property
     def connection(self):
         return self._tx.connection
 
-    def insert(self, args: Any, **opts: Any):
-        return self._client._call(self._tx.insert(args, **opts))
-
-    def insert_many(self, jobs: list, **opts: Any):
-        return self._client._call(self._tx.insert_many(jobs, **opts))
-
-    def execute(self, query: str, *args: Any) -> int:
-        return self._client._call(self._tx.execute(query, *args))
-
-    def fetch_all(self, query: str, *args: Any) -> list[dict]:
-        return self._client._call(self._tx.fetch_all(query, *args))
-
-    def fetch_optional(self, query: str, *args: Any) -> dict | None:
-        return self._client._call(self._tx.fetch_optional(query, *args))
-
-    def fetch_one(self, query: str, *args: Any) -> dict:
-        return self._client._call(self._tx.fetch_one(query, *args))
-
-    def commit(self) -> None:
-        return self._client._call(self._tx.commit())
-
-    def rollback(self) -> None:
-        return self._client._call(self._tx.rollback())
+    insert = blocking(Transaction.insert)
+    insert_many = blocking(Transaction.insert_many)
+    execute = blocking(Transaction.execute)
+    fetch_all = blocking(Transaction.fetch_all)
+    fetch_optional = blocking(Transaction.fetch_optional)
+    fetch_one = blocking(Transaction.fetch_one)
+    commit = blocking(Transaction.commit)
+    rollback = blocking(Transaction.rollback)
 
     def __enter__(self) -> SyncTransaction:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._client._call(self._tx.__aexit__(exc_type, exc, tb))
+        self._run(self._tx.__aexit__(exc_type, exc, tb))

@@ -25,6 +25,7 @@ from awa_fast.repo.batch_ops import BatchRepo
 from awa_fast.repo.callbacks import CallbackRepo, StillRunning
 from awa_fast.repo.consequences import ConsequenceRepo, LockedJob
 from awa_fast.repo.cron import CronRepo
+from awa_fast.repo.verify import VerifyRepo
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "awa_fast"
@@ -50,6 +51,9 @@ CONVERTED: dict[str, dict[str, str]] = {
     "awa_fast/periodic.py": {"fires[-1]": "the latest of the fire times just enqueued"},
     "awa_fast/descriptors.py": {},
     "awa_fast/wake.py": {},
+    "awa_fast/worker/reconcile.py": {},
+    "awa_fast/worker/aging.py": {},
+    "awa_fast/worker/idle_poll.py": {},
 }
 
 # Not converted yet, with the reason; path prefixes.
@@ -69,9 +73,6 @@ NOT_YET = {
     "awa_fast/worker/context.py": "callback registration, progress flush and waits: next",
     "awa_fast/worker/heartbeat.py": "the heartbeat's own connection and batch: next",
     "awa_fast/worker/lingering.py": "the lingering-attempt thread's blocking connection: next",
-    "awa_fast/worker/idle_poll.py": "one probe statement: next",
-    "awa_fast/worker/aging.py": "one aging statement: next",
-    "awa_fast/worker/reconcile.py": "the verify pass and its due list: next",
     "awa_fast/enqueue.py": "the insert path (hot: one round trip per insert kept as is): next",
     "awa_fast/producer.py": "the producer's flush (hot path): next",
     "awa_fast/transaction.py": "the caller-owned transaction wrapper: next",
@@ -193,3 +194,11 @@ async def test_a_named_row_checks_the_statements_columns(dsn):
         assert await BatchRepo(conn).apply([0], {"priority": None, "queue": None}) == []
         match = dict.fromkeys(("f_kind", "f_queue", "f_ids", "f_tag", "f_state", "f_gte", "f_lt"))
         assert await BatchRepo(conn).preview(match, 1) == []
+        verify = VerifyRepo(conn)
+        async with conn.transaction(force_rollback=True):
+            changes = await verify.sync_kinds(["k"], 60.0)
+            # unsettled: read before this statement's own change
+            assert (changes.added, changes.dropped, changes.unsettled) == (["k"], [], False)
+            await verify.mark_changes()
+            assert [s.kind for s in await verify.settled_changes()] in ([], ["k"])
+        assert await verify.due(["k"], 60.0, 1) == []

@@ -1,6 +1,6 @@
 """A program that returns from ``main()`` after ``shutdown()`` without ``close()`` exits: the
 pool's own tasks swallow the one cancel ``asyncio.run()`` sends them at exit (see
-``awa_fast.client._close_pool_on_cancel``). Real subprocesses, real PostgreSQL."""
+``awa_fast.connections.close_pool_on_cancel``). Real subprocesses, real PostgreSQL."""
 
 from __future__ import annotations
 

@@ -14,118 +14,43 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import pathlib
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 import awa_fast as awa
 from awa_fast import sql
 from awa_fast.errors import ConfigError
 from awa_fast.schema import current_migration_version
 from awa_fast.worker.maintenance import Deposed, Maintenance, MaintenanceConfig
-from tests.support import FAST, job_row, poll_until, scalar, truncate, until, wait_state
+from tests.support import (
+    FAST,
+    job_row,
+    poll_until,
+    running_bouncer,
+    scalar,
+    truncate,
+    until,
+    wait_state,
+)
 
-PGBOUNCER = shutil.which("pgbouncer", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
 STALE_MS = 600  # the lease tests' heartbeat_staleness_ms: a dead leader's lease expires soon
-
-
-class PgBouncer:
-    """A PgBouncer process of this module's own in front of the test server."""
-
-    def __init__(self, server_dsn: str, workdir: pathlib.Path, pool_mode: str = "transaction"):
-        from awa_fast.embedded.cluster import _server_account  # the account the test server runs as
-
-        if PGBOUNCER is None:
-            pytest.fail("pgbouncer is not installed: apt-get install -y pgbouncer (.ci/run)")
-        params = conninfo_to_dict(server_dsn)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        user = params.get("user", "postgres")
-        (workdir / "users.txt").write_text(f'"{user}" ""\n')
-        self.log = workdir / "pgbouncer.log"
-        ini = workdir / "pgbouncer.ini"
-        ini.write_text(
-            "[databases]\n"
-            f"* = host={params.get('host', '127.0.0.1')} port={params.get('port', 5432)}\n"
-            "[pgbouncer]\n"
-            "listen_addr = 127.0.0.1\n"
-            f"listen_port = {self.port}\n"
-            "unix_socket_dir =\n"
-            "auth_type = trust\n"
-            f"auth_file = {workdir / 'users.txt'}\n"
-            f"pool_mode = {pool_mode}\n"
-            "default_pool_size = 8\n"
-            "max_client_conn = 200\n"
-            f"logfile = {self.log}\n"
-            f"pidfile = {workdir / 'pgbouncer.pid'}\n"
-        )
-        account = _server_account()
-        os.chown(workdir, account.uid, account.gid)
-        for f in workdir.iterdir():
-            os.chown(f, account.uid, account.gid)
-        self.proc = subprocess.Popen([PGBOUNCER, str(ini)], **account.popen_kwargs())
-        self.params = params
-        deadline = time.monotonic() + 15
-        while True:  # polled: a child process's listening socket has no signal of its own
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                log = self.log.read_text() if self.log.exists() else "(no log)"
-                pytest.fail(f"pgbouncer did not start:\n{log}")
-            time.sleep(0.05)
-
-    def url(self, dsn: str) -> str:
-        """``dsn``'s database through this PgBouncer."""
-        params = conninfo_to_dict(dsn)
-        params.update(host="127.0.0.1", port=str(self.port))
-        return make_conninfo(**params)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-@contextlib.contextmanager
-def _running_bouncer(server_dsn: str, pool_mode: str):
-    # its own directory under /tmp: pytest's tmp_path is not reachable for the unprivileged
-    # account PgBouncer runs as when the tests run as root
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="awa-pgbouncer-"))
-    try:
-        b = PgBouncer(server_dsn, workdir, pool_mode)
-        try:
-            yield b
-        finally:
-            b.stop()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def bouncer(pg_base_dsn):
     """PgBouncer in transaction pooling mode in front of the test server (stopped afterwards)."""
-    with _running_bouncer(pg_base_dsn, "transaction") as b:
+    with running_bouncer(pg_base_dsn, "transaction") as b:
         yield b
 
 
 @pytest.fixture(scope="module")
 def session_bouncer(pg_base_dsn):
     """PgBouncer in session pooling mode (stopped afterwards)."""
-    with _running_bouncer(pg_base_dsn, "session") as b:
+    with running_bouncer(pg_base_dsn, "session") as b:
         yield b
 
 
@@ -628,7 +553,7 @@ async def test_a_transaction_pooler_needs_read_committed_by_default(dsn, pg_base
 
     await set_default("repeatable read")
     try:
-        with _running_bouncer(pg_base_dsn, "transaction") as own:
+        with running_bouncer(pg_base_dsn, "transaction") as own:
             c = awa.AsyncClient(own.url(dsn), pooler="transaction")
             try:
                 with pytest.raises(ConfigError) as err:

@@ -1,5 +1,7 @@
-"""Admin of :class:`~awa_fast.client.AsyncClient`, one module per area; the client is a facade
-whose admin methods each call one area object.
+"""Admin of :class:`~awa_fast.client.AsyncClient`, one module per area. Each operation is
+defined once, here, with its public docstring; the client exposes it under the same name
+(``get_job = expose(JobAdmin.get_job)``, :mod:`awa_fast.twins`, ADR 039) and the blocking
+``Client`` derives its twin from that.
 
 ========================  ==============================================================
 ``admin/jobs.py``         :class:`JobAdmin`: get / list / retry / cancel / discard / dump jobs

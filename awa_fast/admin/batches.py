@@ -30,9 +30,10 @@ def _move_spec(queue: str, priority: int | None) -> dict:
 
 
 class BatchAdmin:
-    """Preview, submit, list, get, cancel and purge batch operations (``AsyncClient``'s
-    docstrings are the reference). Raises ``ValidationError`` (naming the field) for a bad op
-    kind, spec, filter or id; ``JobNotFound`` (get / cancel) for an unknown or finished one.
+    """Preview, submit, list, get, cancel and purge batch operations (exposed as
+    ``AsyncClient``'s methods of the same names, ADR 039). Raises ``ValidationError`` (naming
+    the field) for a bad op kind, spec, filter or id; ``JobNotFound`` (get / cancel) for an
+    unknown or finished one.
 
     Args:
         db: the connection source.
@@ -63,7 +64,9 @@ class BatchAdmin:
         submitted_by: str | None = None,
         allow_all: bool = False,
     ) -> BatchOperation:
-        """Store an operation (``pending``) for the maintenance leader; returns it."""
+        """Submit an operation for the maintenance leader to run; returns it (``pending``).
+        ``submitted_by`` defaults to the database session user.
+        """
         return cast(
             BatchOperation,
             await self._on_connection(
@@ -104,7 +107,7 @@ class BatchAdmin:
         submitted_by: str | None = None,
         allow_all: bool = False,
     ) -> dict:
-        """:meth:`submit_batch_operation` of ``set_priority`` to ``priority`` (1-4)."""
+        """Submit ``set_priority`` (1-4) over the matched available / scheduled jobs."""
         return await self._submit(
             "set_priority",
             spec={"priority": priority},
@@ -131,7 +134,7 @@ class BatchAdmin:
         submitted_by: str | None = None,
         allow_all: bool = False,
     ) -> dict:
-        """:meth:`submit_batch_operation` of ``move_queue`` to ``queue`` (and ``priority``)."""
+        """Submit ``move_queue`` (optionally with a new priority) over the matched jobs."""
         return await self._submit(
             "move_queue",
             spec=_move_spec(queue, priority),
@@ -143,10 +146,10 @@ class BatchAdmin:
     async def list_batch_operations(
         self, *, state: str | None = None, limit: int = 100
     ) -> list[dict]:
-        """Operations, newest first (``state`` filters; at most ``limit``, 1-2**63-1).
+        """Operations, newest first (``state`` filters).
 
         Raises:
-            ValidationError: ``limit`` is out of range.
+            ValidationError: ``limit`` is out of range (1..2**63-1).
         """
         limit = paging.positive(limit, "limit")
         return await self._on_connection(batch_ops.list_all, state, limit)
@@ -174,10 +177,11 @@ class BatchAdmin:
         return found
 
     async def purge_batch_operations(self, before: datetime, *, limit: int = 1000) -> int:
-        """Delete operations finalized before ``before`` (at most ``limit``, 1-2**63-1); how many.
+        """Delete finalized operations finalized before ``before``; returns how many.
 
         Raises:
-            ValidationError: ``limit`` is out of range (nothing is deleted).
+            ValidationError: ``limit`` is out of range (1..2**63-1; nothing is
+                deleted).
         """
         limit = paging.positive(limit, "limit")
         return await self._on_connection(batch_ops.purge, before, limit)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 class CallbackAdmin:
     """Complete, fail, retry, resume, heartbeat or resolve the job waiting on a callback id
-    (``AsyncClient``'s docstrings are the reference for arguments and errors). It is the
+    (exposed as ``AsyncClient``'s methods of the same names, ADR 039). It is the
     :class:`~awa_fast.callbacks.CallbackDeps` the operations run with.
 
     Args:
@@ -62,27 +62,45 @@ class CallbackAdmin:
         return self._staleness_ms()
 
     async def complete_external(self, callback_id: Any, payload: Any = None) -> Job:
-        """:func:`awa_fast.callbacks.complete_external`."""
+        """Complete the job waiting on ``callback_id`` (see ``awa_fast.callbacks``).
+
+        Raises:
+            CallbackNotFound: unknown or expired callback id.
+            ValidationError: malformed callback id.
+        """
         return await callbacks.complete_external(self, callback_id, payload)
 
     async def fail_external(self, callback_id: Any, error: str) -> Job:
-        """:func:`awa_fast.callbacks.fail_external`."""
+        """Fail the job waiting on ``callback_id`` through the failure path (its failure
+        consequence first). Raises as :meth:`complete_external`.
+        """
         return await callbacks.fail_external(self, callback_id, error)
 
     async def retry_external(self, callback_id: Any) -> Job:
-        """:func:`awa_fast.callbacks.retry_external`."""
+        """Send the parked job back to available with attempt 0. Raises as
+        :meth:`complete_external`.
+        """
         return await callbacks.retry_external(self, callback_id)
 
     async def resume_external(self, callback_id: Any, payload: Any = None) -> Job:
-        """:func:`awa_fast.callbacks.resume_external`."""
+        """Resume a handler blocked in ``wait_for_callback`` with ``payload``. Raises as
+        :meth:`complete_external`.
+        """
         return await callbacks.resume_external(self, callback_id, payload)
 
     async def heartbeat_callback(self, callback_id: Any, timeout_seconds: float = 3600.0) -> Job:
-        """:func:`awa_fast.callbacks.heartbeat_callback` (``timeout_seconds`` in seconds)."""
+        """Extend the callback's timeout to now + ``timeout_seconds`` seconds."""
         return await callbacks.heartbeat_callback(self, callback_id, timeout_seconds)
 
     async def resolve_callback(
         self, callback_id: Any, payload: Any = None, default_action: str = "ignore"
     ) -> callbacks.ResolveResult:
-        """:func:`awa_fast.callbacks.resolve_callback`."""
+        """Resolve the callback with the CEL expressions its handler registered (``filter``,
+        ``on_fail``, ``on_complete`` + ``transform``, in awa's order), falling back to
+        ``default_action`` (``"complete"``, ``"fail"``, ``"ignore"``); returns a
+        :class:`~awa_fast.callbacks.ResolveResult`.
+
+        Raises:
+            CallbackNotFound: unknown callback id. ValidationError: malformed id or action.
+        """
         return await callbacks.resolve_callback(self, callback_id, payload, default_action)

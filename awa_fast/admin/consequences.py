@@ -27,8 +27,8 @@ _OWED_KEYS = (
 
 
 class ConsequenceAdmin:
-    """The operations behind ``AsyncClient.correct_to_failed`` and
-    ``AsyncClient.consequences_owed`` (their docstrings are the reference).
+    """``correct_to_failed`` and ``consequences_owed``, exposed as ``AsyncClient``'s methods
+    of the same names (ADR 039).
 
     Args:
         db: the connection source.
@@ -48,11 +48,14 @@ class ConsequenceAdmin:
         self._get_job = get_job
 
     async def correct_to_failed(self, job_id: int, *, error: str) -> Job:
-        """A ``completed`` job made ``failed`` with its consequence owed (applied at once when
-        this process knows the kind's effect); returns the job as it is now.
+        """Correct an apparent success: a ``completed`` job becomes ``failed`` (``error``
+        appended) and, in the same transaction, its failure consequence is recorded as owed;
+        it is applied right after (when this process knows the kind's consequence) and
+        retried by the reconciler until it succeeds.
 
         Raises:
-            JobNotFound: no job with that id. AwaError: the job is not ``completed``.
+            JobNotFound: no job with that id.
+            AwaError: the job is not ``completed``.
         """
         job = await self._get_job(job_id)
         settler = self._settler()
@@ -62,6 +65,8 @@ class ConsequenceAdmin:
         return await self._get_job(job_id)
 
     async def consequences_owed(self, limit: int = 100) -> list[dict]:
-        """Owed consequences (at most ``limit``) as dicts with ``overdue``."""
+        """Jobs whose failure consequence is owed (pending failures and corrections), with
+        ``overdue`` true once an application failed or it waited over 60 s.
+        """
         rows = await self._db.fetch(sql.CONSEQUENCES_OWED, (limit,))
         return [dict(zip(_OWED_KEYS, r)) for r in rows]

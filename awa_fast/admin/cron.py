@@ -7,7 +7,7 @@ from awa_fast.connections import Connections
 
 
 class CronAdmin:
-    """List and delete stored schedules (``AsyncClient``'s docstrings are the reference).
+    """List and delete stored schedules (exposed on ``AsyncClient``, ADR 039).
 
     Args:
         db: the connection source.
@@ -17,14 +17,19 @@ class CronAdmin:
         self._db = db
 
     async def list_cron_jobs(self) -> list[dict]:
-        """Every stored schedule as a dict (ISO 8601 timestamps, plus ``next_fire_at``)."""
+        """Every stored periodic schedule as a dict: the ``awa_fast.cron_jobs`` columns
+        (``last_fire_at`` = the scheduled fire time last enqueued, also as awa's
+        ``last_enqueued_at``) plus ``next_fire_at``; timestamps are ISO 8601 strings.
+        """
         from awa_fast import periodic  # croniter loads only when schedules are used
 
         async with (await self._db.pool()).connection() as conn:
             return await periodic.list_schedules(conn)
 
     async def delete_cron_job(self, name: str) -> bool:
-        """Delete a stored schedule; ``True`` if it existed."""
+        """Delete a stored schedule; ``True`` if it existed. A process that still registers it
+        upserts it again at its next ``start()``.
+        """
         from awa_fast import periodic
 
         async with (await self._db.pool()).connection() as conn:

@@ -95,14 +95,8 @@ def require_filter(op: str, allow_all: bool, **filters: Any) -> None:
 
 
 class DlqAdmin:
-    """The DLQ operations behind ``AsyncClient``'s DLQ methods (their docstrings are the
-    reference for arguments and errors).
-
-    Args:
-        db: the connection source.
-        staleness_ms: how old (ms) a heartbeat must be for its attempt to count as ended
-            (``AsyncClient.staleness_ms``); a retry waits for the last attempt to end.
-    """
+    """The dead-letter queue's operations (ADR-020), exposed as ``AsyncClient``'s methods of
+    the same names (ADR 039). Arguments as :class:`~awa_fast.admin.jobs.JobAdmin`'s."""
 
     def __init__(self, db: Connections, staleness_ms: Callable[[], int]) -> None:
         self._db = db
@@ -118,7 +112,8 @@ class DlqAdmin:
         before_dlq_at: datetime | str | None = None,
         limit: int = 100,
     ) -> list[DlqEntry]:
-        """Dead-lettered jobs, newest first; ``before_*`` page backwards.
+        """Dead-lettered jobs, newest first (``dlq_at``, then id). ``before_id`` /
+        ``before_dlq_at`` page backwards (strictly older).
 
         Raises:
             ValidationError: ``limit`` or ``before_id`` is not in 1..2**63-1.
@@ -165,11 +160,17 @@ class DlqAdmin:
         priority: int | None = None,
         queue: str | None = None,
     ) -> Job | None:
-        """Move a DLQ entry back to ``awa_fast.jobs`` (same id, attempt 0); ``None`` if absent.
+        """Move a dead-lettered job back to ``awa_fast.jobs`` under the same id: attempt 0,
+        run lease kept (never reused, so a zombie attempt stays stale), errors kept,
+        ``available`` (``scheduled`` for a future ``run_at``), with optional ``priority`` /
+        ``queue`` overrides. Returns the job, or ``None`` if job ``job_id`` is not in the DLQ.
 
         Raises:
-            UniqueConflict, ValidationError, AttemptStillRunning: as
-                ``AsyncClient.retry_from_dlq`` (nothing changes).
+            UniqueConflict: a live job holds its unique key; nothing changes (the DLQ row stays).
+            ValidationError: an override breaks a rule (e.g. priority outside 1..4).
+            AttemptStillRunning: the handler of the job's last attempt is still running (an
+                early ``fail_external`` dead-lettered it; docs/architecture.md, "No two
+                executions of one job overlap"); nothing changes, retry once it has ended.
         """
         # Overrides obey the insert rules (validated in _ext, with placeholders for the rest).
         optional_name(queue, "queue")
@@ -213,10 +214,14 @@ class DlqAdmin:
         tag: str | None = None,
         allow_all: bool = False,
     ) -> int:
-        """Retry every matching DLQ entry; returns how many (the others stay, logged).
+        """Retry every matching DLQ entry (as :meth:`retry_from_dlq`); returns how many.
+        Entries whose unique key is held by a live job are skipped and stay in the DLQ (logged
+        with the holder); so does an entry whose re-insert fails for another reason, and one
+        whose last attempt's handler is still running (retry it once it has ended).
 
         Raises:
-            ValueError: no filter and not ``allow_all``. DeadlockError: nothing changed.
+            ValueError: no filter and not ``allow_all``.
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
         require_filter("bulk_retry_from_dlq", allow_all, kind=kind, queue=queue, tag=tag)
         params = {
@@ -241,8 +246,9 @@ class DlqAdmin:
         return len(rows)
 
     async def move_failed_to_dlq(self, job_id: int, reason: str = "manual") -> bool:
-        """Move a ``failed`` job to the DLQ; ``False`` if it is not failed (or still owes its
-        failure consequence)."""
+        """Move a ``failed`` job to the DLQ (whatever its queue's DLQ setting). ``False`` if
+        the job is not failed (or its failure consequence is still owed).
+        """
         async with (await self._db.pool()).connection() as conn:
             cur = await conn.execute(
                 sql.DLQ_MOVE_ONE, {"id": job_id, "reason": reason, "kind": None, "queue": None}
@@ -259,8 +265,11 @@ class DlqAdmin:
     ) -> int:
         """Move every matching ``failed`` job to the DLQ; returns how many.
 
+        A job whose move fails alone (say a trigger refuses it) stays failed (logged).
+
         Raises:
-            ValueError: no filter and not ``allow_all``. DeadlockError: nothing changed.
+            ValueError: no filter and not ``allow_all``.
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
         require_filter("bulk_move_failed_to_dlq", allow_all, kind=kind, queue=queue)
         rows = await self._db.run_isolated(
@@ -288,10 +297,12 @@ class DlqAdmin:
         before_dlq_at: datetime | str | None = None,
         allow_all: bool = False,
     ) -> int:
-        """Delete matching DLQ entries; returns how many.
+        """Delete matching DLQ entries; returns how many. An entry whose delete fails alone is
+        kept (logged).
 
         Raises:
-            ValueError: no filter and not ``allow_all``. DeadlockError: nothing changed.
+            ValueError: no filter and not ``allow_all``.
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
             ValidationError: ``before_id`` is not in 1..2**63-1 (nothing is deleted).
         """
         before_id = paging.positive_or_none(before_id, "before_id")

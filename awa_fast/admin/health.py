@@ -63,9 +63,11 @@ class HealthAdmin:
         self._runtime = runtime
 
     async def health_check(self) -> HealthCheck:
-        """Postgres reachability plus, with a runtime, its loops, leadership and per-queue load.
-        Never raises for an unreachable database: ``postgres_connected`` is then false, answered
-        within ``ADMIN_POOL_WAIT_S`` seconds (3), also while the pool is first opened."""
+        """Postgres reachability plus, when this client runs a runtime, its loops, leadership
+        and per-queue load (see :class:`HealthCheck`). Never raises for an unreachable database:
+        it answers ``postgres_connected=False`` after at most ``ADMIN_POOL_WAIT_S`` seconds (3)
+        waiting for a connection, not the pool's 30 s, also while the pool is first opened.
+        """
         available: dict[str, int] = {}
         runtime = self._runtime()
         names = list(runtime.dispatchers) if runtime is not None else []

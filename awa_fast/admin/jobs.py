@@ -57,8 +57,7 @@ def _max_error_attempt(errors: list) -> int:
 
 
 class JobAdmin:
-    """The job operations behind ``AsyncClient``'s job methods (their docstrings are the
-    reference for arguments and errors).
+    """The job operations, exposed as ``AsyncClient``'s methods of the same names (ADR 039).
 
     Args:
         db: the connection source.
@@ -71,11 +70,7 @@ class JobAdmin:
         self._staleness_ms = staleness_ms
 
     async def get_job(self, job_id: int) -> Job:
-        """The job with this id.
-
-        Raises:
-            JobNotFound: there is none.
-        """
+        """The job with this id. Raises :class:`JobNotFound` (an ``AwaError``) if there is none."""
         rows = await self._db.fetch(sql.GET_JOB, (job_id,))
         if not rows:
             raise JobNotFound(f"job not found: {job_id}")
@@ -89,10 +84,10 @@ class JobAdmin:
         queue: str | None = None,
         limit: int = 100,
     ) -> list[Job]:
-        """Jobs, newest first, filtered by state / kind / queue (at most ``limit``, 1-2**63-1).
+        """Jobs, newest first, filtered by state / kind / queue.
 
         Raises:
-            ValidationError: ``limit`` is out of range.
+            ValidationError: ``limit`` is out of range (1..2**63-1).
         """
         limit = paging.positive(limit, "limit")
         rows = await self._db.fetch(
@@ -107,11 +102,20 @@ class JobAdmin:
         return [Job.from_row(r) for r in rows]
 
     async def retry(self, job_id: int) -> Job | None:
-        """A failed, cancelled or waiting_external job made available with attempt 0; ``None``
-        for another state.
+        """Make a failed, cancelled or waiting_external job available again with attempt 0.
+
+        Returns the job, or ``None`` if it is in another state.
+
+        A job cancelled (or failed externally, or parked by a handler still in
+        ``wait_for_callback``) while its handler runs is retried only once that attempt is over
+        (the worker acknowledged it, or the worker's heartbeat went stale): two attempts of one
+        job never run at once (docs/architecture.md, "Cancel, then retry").
 
         Raises:
-            UniqueConflict, AttemptStillRunning: as ``AsyncClient.retry`` (nothing changes).
+            UniqueConflict: another live job now holds its unique key (nothing changes); its
+                ``holder_id`` names that job.
+            AttemptStillRunning: the job's last attempt is still running (nothing changes);
+                retry after it ends.
         """
         params = {"id": job_id, "stale_ms": self._staleness_ms()}
         async with (await self._db.pool()).connection() as conn:
@@ -135,11 +139,15 @@ class JobAdmin:
         return None if row is None else Job.from_row(row)
 
     async def cancel(self, job_id: int) -> Job | None:
-        """Cancel a non-terminal job (a running attempt is told by NOTIFY); ``None`` if it is
-        terminal, ``consequence_pending`` or absent.
+        """Cancel a non-terminal job; a running attempt is told through ``job.is_cancelled()``.
+
+        Returns the cancelled job, or ``None`` if it was already terminal, is
+        ``consequence_pending`` (its failure is decided: the reconciler applies the owed
+        consequence and settles it as failed), or does not exist.
 
         Raises:
-            UniqueConflict: as ``AsyncClient.cancel`` (nothing changes).
+            UniqueConflict: its mask holds ``cancelled`` and another job holds its key there
+                (``holder_id`` names it; nothing changes).
         """
         async with (await self._db.pool()).connection() as conn:
             try:
@@ -164,7 +172,8 @@ class JobAdmin:
         args: Any = None,
         period_bucket: int | None = None,
     ) -> Job | None:
-        """Cancel the oldest non-terminal job whose unique key matches; it, or ``None``.
+        """Cancel the oldest non-terminal job whose unique key matches the given components
+        (pass only those used at insert time). Returns it, or ``None``.
 
         Raises:
             ValidationError: ``kind`` or ``queue`` breaks the name rule
@@ -189,10 +198,15 @@ class JobAdmin:
     async def retry_failed(
         self, *, kind: str | None = None, queue: str | None = None
     ) -> RetryFailedResult:
-        """Every ``failed`` job of ``kind`` or of ``queue`` (exactly one) made available.
+        """Make every ``failed`` job of ``kind`` or of ``queue`` (exactly one) available again
+        with attempt 0; returns a :class:`RetryFailedResult`. A job whose failure consequence is
+        still owed stays failed; so does a job whose unique key another live job now holds
+        (logged, naming the holder), whose update fails alone for another reason, or whose
+        last attempt's handler still runs (an early ``fail_external``).
 
         Raises:
-            ValueError: neither or both of ``kind`` and ``queue``. DeadlockError: nothing changed.
+            ValueError: neither or both of ``kind`` and ``queue`` (awa's message).
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
         if (kind is None) == (queue is None):
             raise ValueError("Specify exactly one of kind or queue")
@@ -211,11 +225,12 @@ class JobAdmin:
         return RetryFailedResult([Job.from_row(r) for r in rows], matched)
 
     async def discard_failed(self, kind: str) -> int:
-        """Delete the settled ``failed`` jobs of ``kind``; returns how many.
+        """Delete the ``failed`` jobs of ``kind`` (not those whose failure consequence is still
+        owed); returns how many. A job whose delete fails alone is kept (logged).
 
         Raises:
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
             ValidationError: ``kind`` breaks the name rule (``requests.check_name``).
-            DeadlockError: nothing changed.
         """
         check_name(kind, "kind")
         rows = await self._db.run_isolated(
@@ -237,7 +252,9 @@ class JobAdmin:
         raise JobNotFound(f"job not found: {job_id}")
 
     async def dump_job(self, job_id: int) -> str:
-        """Every column of the job (or its DLQ entry) as indented JSON.
+        """Every column of the job as indented JSON (failure-consequence bookkeeping included).
+        A dead-lettered job is dumped from the DLQ, with ``"in_dlq": true`` and its
+        ``dlq_reason`` / ``dlq_at`` / ``original_run_lease``.
 
         Raises:
             JobNotFound: no such job in ``awa_fast.jobs_all`` nor the DLQ.
@@ -247,10 +264,13 @@ class JobAdmin:
         return pretty_json(row)
 
     async def dump_run(self, job_id: int, attempt: int | None = None) -> str:
-        """One attempt (default: the latest) of a job as indented JSON.
+        """One attempt of a job as indented JSON: the job, the attempt number, the ``errors``
+        entry recorded for it (``null`` if it did not fail), progress, run lease and timestamps.
+        ``attempt`` defaults to the latest.
 
         Raises:
-            JobNotFound: no such job. AwaError: no such attempt (or it has never run).
+            JobNotFound: no such job.
+            AwaError: the job has no such attempt (or has never run).
         """
         row, in_dlq = await self._row_json(job_id)
         current = row["attempt"]

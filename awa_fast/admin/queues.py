@@ -44,8 +44,7 @@ class QueueStat:
 
 
 class QueueAdmin:
-    """The queue operations behind ``AsyncClient``'s queue methods (their docstrings are the
-    reference for arguments and errors).
+    """The queue operations, exposed as ``AsyncClient``'s methods of the same names (ADR 039).
 
     Args:
         db: the connection source.
@@ -55,8 +54,12 @@ class QueueAdmin:
         self._db = db
 
     async def queue_stats(self) -> list[QueueStat]:
-        """Per-queue counts (see :class:`QueueStat`); raises ``DatabaseError`` when no
-        connection comes within ``ADMIN_POOL_WAIT_S`` seconds (postgres down)."""
+        """Per-queue counts (see :class:`QueueStat`).
+
+        Raises:
+            DatabaseError: no connection to the database within ``ADMIN_POOL_WAIT_S`` seconds
+                (3; :mod:`awa_fast.connections`), e.g. postgres is down.
+        """
         out = []
         for (
             queue,
@@ -96,7 +99,10 @@ class QueueAdmin:
         return out
 
     async def unhandled_kinds(self) -> list[dict]:
-        """``[{"queue", "kind", "available"}]``: available jobs no live worker handles."""
+        """Available jobs no live worker handles, per queue and kind:
+        ``[{"queue", "kind", "available"}]`` (a live worker is a started runtime whose presence
+        row in ``awa_fast.workers`` has not expired).
+        """
         rows = await self._db.fetch(sql.UNHANDLED_AVAILABLE_SORTED)
         return [{"queue": q, "kind": k, "available": n} for q, k, n in rows]
 
@@ -118,11 +124,15 @@ class QueueAdmin:
         await self._db.fetch(sql.NOTIFY_QUEUE, (queue,))
 
     async def drain_queue(self, queue: str) -> int:
-        """Cancel the waiting jobs of ``queue``; returns how many.
+        """Cancel every job of ``queue`` that is waiting (``available``, ``scheduled``,
+        ``retryable``, and parked in ``waiting_external``, as awa-pg does); running attempts are
+        left alone. Returns how many. A job whose
+        cancel fails alone (e.g. its mask holds ``cancelled`` and another cancelled job holds
+        its key) is left waiting (logged).
 
         Raises:
+            DeadlockError: kept deadlocking with concurrent writers (nothing changed).
             ValidationError: as :meth:`pause_queue`.
-            DeadlockError: nothing changed.
         """
         rows = await self._db.run_isolated(
             "drain_queue",

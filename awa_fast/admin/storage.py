@@ -52,7 +52,7 @@ def _storage_arguments(
 
 
 class StorageAdmin:
-    """The storage calls behind ``AsyncClient``'s (their docstrings are the reference).
+    """awa-pg's storage calls, exposed as ``AsyncClient``'s methods of the same names (ADR 039).
 
     Args:
         db: the connection source (bound to the client's schema).
@@ -80,7 +80,10 @@ class StorageAdmin:
         self.installing = False  # an install is in progress: start() is refused (awa's rule)
 
     async def flush_admin_metadata(self) -> None:
-        """Nothing is cached to flush; opens the pool (raises as it does)."""
+        """awa recomputes cached admin counters here; awa-fast caches none (``queue_stats()``
+        counts the jobs table when called), so there is nothing to flush. Opens the pool (raises as
+        it does).
+        """
         await self._db.pool()
 
     async def install_queue_storage(
@@ -91,21 +94,22 @@ class StorageAdmin:
         lease_slot_count: int = 8,
         reset: bool = False,
     ) -> None:
-        """Move the client to ``schema`` (``"awa"``: stay), apply that schema's migrations
-        (idempotent); with ``reset=True`` then empty its storage, as
-        awa's reset (which drops and recreates its queue-storage schema) does: every job,
-        finished or not, DLQ entry, schedule, queue setting, descriptor and batch operation is
-        deleted, in one transaction under the migration lock (``sql.RESET_TABLES``). The
-        migration history, the leader row and the live processes' presence rows stay, and ids
-        are never reused.
+        """awa installs and activates its queue-storage engine here. awa-fast has one engine,
+        always active, in this client's schema: this applies its migrations (idempotent), and
+        with ``reset=True`` then empties its storage, as awa's reset (which drops and recreates
+        its queue-storage schema) does: every job, finished or not, DLQ entry, schedule, queue
+        setting, descriptor and batch operation is deleted, in one transaction under the migration
+        lock (``sql.RESET_TABLES``; docs/compat.md). The migration history, the leader row and the
+        live processes' presence rows stay, and ids are never reused. ``schema``: awa's default
+        ``"awa"`` is this client's schema; another name creates (or upgrades) that schema and
+        moves this client to it (ADR 027). The slot counts size awa's partition rings:
+        accepted (> 0), without effect here (logged at INFO).
 
         Raises:
-            AwaError: the client's worker runtime is running or starting (awa's rule), or
+            AwaError: this client's worker runtime is running or starting (awa's rule), or
                 another install of this client is in progress.
-            ValidationError: ``schema`` breaks the schema-name rule.
-            ConfigError: a slot count that is not an int > 0 (any other is accepted and has
-                no effect: logged at INFO).
-            ValidationError: ``reset`` not a bool.
+            ValidationError: a ``schema`` that breaks the schema-name rule.
+            ConfigError: a slot count that is not an int > 0, ``reset`` not a bool.
         """
         if self._running():
             raise AwaError("cannot install queue storage while the worker runtime is running")
@@ -142,7 +146,14 @@ class StorageAdmin:
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
     ) -> None:
-        """Apply ``schema``'s migrations (``"awa"``: the client's); the client stays where it is."""
+        """As :meth:`install_queue_storage` without ``reset``: awa materializes its
+        queue-storage schema here without activating it; so does this: the migrations of
+        ``schema`` (``"awa"``: this client's) are applied, and the client stays where it is
+        (``start(queue_storage_schema=...)`` or ``install_queue_storage`` moves it).
+
+        Raises:
+            ValidationError, ConfigError: as :meth:`install_queue_storage`.
+        """
         binding = _storage_arguments(
             "prepare_queue_storage_schema",
             schema,
@@ -153,7 +164,11 @@ class StorageAdmin:
         await self._migrate(binding)
 
     async def storage_status(self) -> str:
-        """awa's storage-status report (pretty JSON) for the one engine."""
+        """awa's storage-status report (pretty JSON, same keys) for awa-fast's one engine:
+        ``current_engine`` = ``active_engine`` = ``"awa_fast"``, state ``"active"``, never a
+        transition (both ``can_*`` false, with the reason as the blocker), timestamps from the
+        schema's migration history, ``details`` with the schema and migration versions.
+        """
         rows = await self._db.fetch(sql.STORAGE_HISTORY)
         first, last, applied = rows[0] if rows else (None, None, None)
         first, last = (None if t is None else t.isoformat() for t in (first, last))

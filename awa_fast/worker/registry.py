@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import msgspec
 
+from awa_fast.errors import ValidationError
 from awa_fast.requests import check_name, optional_name
 from awa_fast.typed_args import dataclass_decoder
 
@@ -165,3 +166,38 @@ class Registry:
     def queues(self) -> list[str]:
         """The distinct queues of the registered handlers, in registration order."""
         return list(dict.fromkeys(h.queue for h in self.handlers.values()))
+
+
+TASK_OPTIONS = ("kind", "queue", "failure_consequence", "verify_success")
+# Options of insert() that are per job, not per handler.
+_INSERT_ONLY = ("priority", "max_attempts", "tags", "metadata", "run_at", "unique_opts")
+
+
+def check_task_options(args_type: Any, options: dict) -> None:
+    """What ``task()`` checks before registering (a raw AttributeError / TypeError otherwise).
+
+    Raises:
+        ValidationError: naming ``args_type`` or the unknown option.
+    """
+    if not isinstance(args_type, type):
+        hint = (
+            f"; to name the kind, use task(dict, kind={args_type!r})"
+            if isinstance(args_type, str)
+            else ""
+        )
+        raise ValidationError(
+            f"task() args_type must be a class (dict, a dataclass, a msgspec.Struct or a "
+            f"pydantic model), got {type(args_type).__name__} {args_type!r}{hint}",
+            field="args_type",
+            limit="a class",
+        )
+    for key in options:
+        if key in ("failure_consequence", "verify_success"):
+            continue
+        where = f"; {key} is set per job: insert(..., {key}=...)" if key in _INSERT_ONLY else ""
+        raise ValidationError(
+            f"task() got an unknown option {key!r}{where}; task() accepts "
+            f"{', '.join(TASK_OPTIONS)}",
+            field=key,
+            limit=f"one of {', '.join(TASK_OPTIONS)}",
+        )

@@ -56,7 +56,6 @@ from awa_fast.worker.idle_poll import IdlePoll
 from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.liveness import LEASE_MARGIN, Liveness
 from awa_fast.worker.maintenance import (
-    MAX_BACKOFF_S,
     STUCK_LOOPS,
     Maintenance,
     MaintenanceConfig,
@@ -69,6 +68,10 @@ from awa_fast.worker.stall_watch import StallWatch
 from awa_fast.worker.weighted import OverflowPool
 
 log = logging.getLogger("awa_fast.runtime")
+# The LISTEN loop's longest pause between reconnects (the other loops': MAX_BACKOFF_S, 30 s):
+# after a failover it is back within seconds of the promotion however long the outage was
+# (docs/deployment.md, "Failover"); meanwhile the dispatchers poll.
+LISTEN_BACKOFF_MAX_S = 5.0
 
 DEFAULT_MAX_WORKERS = 10
 DEFAULT_DEADLINE_MS = 300_000
@@ -1813,7 +1816,7 @@ class Runtime:
                 # Backed off like every loop (a database down for minutes must not log a
                 # line per poll interval); the dispatchers poll meanwhile.
                 failures += 1
-                delay = min(self.poll_interval_s * 2 ** (failures - 1), MAX_BACKOFF_S)
+                delay = min(self.poll_interval_s * 2 ** (failures - 1), LISTEN_BACKOFF_MAX_S)
                 log.warning(
                     "LISTEN connection lost (%s: %s); polling until it is back "
                     "(reconnecting in %.2f s)",

@@ -1,66 +1,16 @@
-"""The blocking Client has a written-out twin of every AsyncClient producer/admin method (same
-name, same parameters), and the external-callback twins, resolve_callback, correct_to_failed,
-storage calls and per-job COPY opts work through it on a real PostgreSQL."""
+"""The blocking Client's external-callback twins, resolve_callback, correct_to_failed, storage
+calls and per-job COPY opts work on a real PostgreSQL (that it has a twin of every AsyncClient
+producer/admin method: tests/test_client_surface.py)."""
 
 from __future__ import annotations
 
-import inspect
 import uuid
 
 import psycopg
 import pytest
 
 import awa_fast as awa
-from awa_fast.client import AsyncClient
-from awa_fast.sync_client import ASYNC_ONLY, Client, SyncTransaction
-from awa_fast.transaction import Transaction
-
-# Worker lifecycle and registration: async client only, as in awa-pg.
-WORKER_ONLY = {
-    "pool",
-    "task",
-    "worker",
-    "start",
-    "shutdown",
-    "periodic",
-    "failure_consequence",
-    "on_completed_enqueue",
-    "on_retried_enqueue",
-    "on_exhausted_enqueue",
-    "on_cancelled_enqueue",
-    "on_waiting_for_callback_enqueue",
-    "on_rescued_enqueue",
-    "queue_descriptor",
-    "job_kind_descriptor",
-}
-
-
-def _public(cls) -> dict:
-    return {n: f for n, f in inspect.getmembers(cls, callable) if not n.startswith("_")}
-
-
-def _params(fn) -> list:
-    return [
-        (p.name, p.kind, p.default) for p in list(inspect.signature(fn).parameters.values())[1:]
-    ]
-
-
-def test_every_async_method_has_a_written_out_sync_twin():
-    async_methods = {n: f for n, f in _public(AsyncClient).items() if n not in WORKER_ONLY}
-    sync_methods = _public(Client)
-    assert set(async_methods) == set(sync_methods)
-    assert "__getattr__" not in vars(Client) and "__getattr__" not in vars(SyncTransaction)
-    for name, fn in async_methods.items():
-        assert _params(fn) == _params(sync_methods[name]), name
-        if inspect.iscoroutinefunction(fn):
-            assert not inspect.iscoroutinefunction(sync_methods[name]), name
-    for name in sync_methods:  # each twin is written out in Client itself, a plain function
-        assert inspect.isfunction(vars(Client).get(name)), name
-    assert ASYNC_ONLY == WORKER_ONLY  # the documented list is the one checked here
-    assert Client.get_job.__doc__ == AsyncClient.get_job.__doc__
-    tx_async = {n for n, f in _public(Transaction).items()}
-    tx_sync = {n for n, f in _public(SyncTransaction).items()}
-    assert tx_async == tx_sync
+from awa_fast.sync_client import Client
 
 
 @pytest.fixture
