@@ -10,8 +10,8 @@ from typing import Any
 
 from awa_fast import pooler as pooler_mode
 from awa_fast import primary, schema_binding
+from awa_fast.config_fields import doc
 from awa_fast.errors import ConfigError, ValidationError
-from awa_fast.worker.config.values import doc
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from awa_fast import metrics
+from awa_fast.config_fields import REQUIRED, doc
 from awa_fast.errors import ConfigError
-from awa_fast.worker.config.values import REQUIRED, doc, setting
+from awa_fast.worker.config.values import setting
 
 DEFAULT_WORKERS_PER_QUEUE = 10  # a --queues entry without ":max_workers"
 LOG_FORMATS = ("text", "json")

@@ -49,6 +49,7 @@ def client(monkeypatch):
         StorageConfig,
         LauncherConfig,
         ConnectionConfig,
+        MaintenanceConfig,
     ],
 )
 def test_every_field_states_its_unit_and_meaning(cls):

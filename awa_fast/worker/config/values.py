@@ -4,11 +4,23 @@ refused with a ``ConfigError`` naming the field and the limit. The typed configu
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
+from awa_fast.config_fields import REQUIRED, describe, doc
 from awa_fast.errors import ConfigError
+
+__all__ = [
+    "MAX_SETTING_INT",
+    "MAX_SETTING_S",
+    "REQUIRED",
+    "describe",
+    "doc",
+    "flag",
+    "int_setting",
+    "positive",
+    "setting",
+]
 
 # The largest count or millisecond value a setting may give: PostgreSQL's int4, the type of
 # lock_timeout and of the LIMITs the passes run (beyond it every pass would fail).
@@ -17,32 +29,6 @@ MAX_SETTING_INT = 2**31 - 1
 # arithmetic overflows (a pass would fail every time).
 MAX_SETTING_S = 100 * 365 * 86_400
 _UNIT_S = {"_ms": 0.001, "_hours": 3600, "_days": 86_400}
-REQUIRED: Any = dataclasses.MISSING  # the default of a field :func:`doc` makes required
-
-
-def doc(default: Any, unit: str, text: str, *, factory: Any = None) -> Any:
-    """A dataclass field of a config class with its ``default`` (or ``factory``, called for
-    each instance), ``unit`` (``"ms"``, ``"hours"``, ``"count"``, ``"bool"``, ...) and what it
-    is (``text``), kept in the field's metadata (:func:`describe` lists them; a test checks
-    every field has both)."""
-    metadata = {"unit": unit, "doc": text}
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=metadata)
-    if default is REQUIRED:
-        return dataclasses.field(metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def describe(config_class: type) -> list[tuple[str, str, Any, str]]:
-    """``(name, unit, default, doc)`` of every field of the dataclass ``config_class``; the
-    default is ``dataclasses.MISSING`` for a required field."""
-    out = []
-    for f in dataclasses.fields(config_class):
-        default: Any = f.default
-        if f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        out.append((f.name, f.metadata.get("unit", ""), default, f.metadata.get("doc", "")))
-    return out
 
 
 def setting(
