@@ -19,6 +19,10 @@ Scenarios (``--scenarios``, comma separated; default all but soak):
 * ``capacity`` the highest offered rate each system holds (bench/capacity.py: one soak per step,
   ``--capacity-*`` options; held = kept up and p99 pickup <= ``--capacity-p99-ms``), with the CPU
   per job at it; only when named.
+* ``hosts``     awa-fast's workers on 1, 2 and 4 network-namespace hosts, direct and through
+  PgBouncer in transaction mode: a drain and a soak each, CPU per job (the pooler's over
+  direct's) and server connections per host (bench/hosts.py, ``--hosts-*`` options; needs root,
+  ``ip`` and ``pgbouncer``, and its own server: not with ``--database-url``); only when named.
 
 Every system runs in its own fresh database on the same server. Results (one JSONL record per
 row, with the environment) go to ``--out``, default ``$AWA_FAST_BENCH_DIR``, else
@@ -42,12 +46,12 @@ from pathlib import Path
 
 import psycopg
 
-from bench import capacity, soak
+from bench import capacity, hosts, netns, soak
 from bench import server as srv
 from bench.systems import NAMES, NotSupported, dist_version, load
 
-SCENARIOS = ("enqueue", "drain", "pipeline", "failures", "latency", "soak", "capacity")
-DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("soak", "capacity"))
+SCENARIOS = ("enqueue", "drain", "pipeline", "failures", "latency", "soak", "capacity", "hosts")
+DEFAULT_SCENARIOS = tuple(s for s in SCENARIOS if s not in ("soak", "capacity", "hosts"))
 ENQUEUE_MODES = ("single", "many", "copy", "unique")
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,7 +102,8 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
     p.add_argument(
         "--scenarios",
         default=",".join(DEFAULT_SCENARIOS),
-        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all but soak and capacity)",
+        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all but soak, capacity "
+        "and hosts)",
     )
     p.add_argument(
         "--jobs",
@@ -253,7 +258,32 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
         default="bisect",
         help="bisect (double, then halve the interval; default) or linear (+step per step)",
     )
+    hg = p.add_argument_group(
+        "hosts scenario (--scenarios hosts; bench/hosts.py)",
+        "Drains --jobs jobs, then soaks; --max-workers slots per host; --timeout per drain.",
+    )
+    hg.add_argument(
+        "--hosts-counts",
+        default="1,2,4",
+        help="comma-separated host counts, one worker process per host (default 1,2,4)",
+    )
+    hg.add_argument(
+        "--hosts-soak-s",
+        type=float,
+        default=120.0,
+        help="seconds of each soak (default 120; e.g. 15 for a short run)",
+    )
+    hg.add_argument(
+        "--hosts-rate", type=float, default=1000.0, help="jobs/s offered in the soaks (1000)"
+    )
+    hg.add_argument(
+        "--hosts-pool-size",
+        type=int,
+        default=10,
+        help="PgBouncer's default_pool_size: the server connections it opens (default 10)",
+    )
     args = p.parse_args(argv)
+    _hosts_args(p, args)
     for flag in ("capacity_start", "capacity_step", "capacity_step_s", "capacity_max"):
         value = getattr(args, flag)
         if not (math.isfinite(value) and value > 0):
@@ -279,6 +309,43 @@ def parse_args(argv: list[str] | None, prog: str = "python -m bench") -> argpars
         args.systems = list(NAMES) if args.compare else ["awa_fast"]
     _soak_args(p, args)
     return args
+
+
+def _hosts_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The hosts scenario's options, checked whether or not it runs (an option is honoured or
+    rejected, never ignored)."""
+    try:
+        counts = [int(c) for c in args.hosts_counts.split(",") if c.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(not 1 <= c <= 64 for c in counts):
+        p.error(
+            f"--hosts-counts out of range: {args.hosts_counts!r} (must be whole numbers 1..64, "
+            "comma separated)"
+        )
+    args.hosts_counts = sorted(set(counts))
+    for flag, value in (("hosts_soak_s", args.hosts_soak_s), ("hosts_rate", args.hosts_rate)):
+        if not (math.isfinite(value) and value > 0):
+            p.error(
+                f"--{flag.replace('_', '-')} out of range: {value!r} (must be a finite number > 0)"
+            )
+    if args.hosts_pool_size < 1:
+        p.error(f"--hosts-pool-size out of range: {args.hosts_pool_size!r} (must be >= 1)")
+    given = [
+        f
+        for f, d in (("hosts_soak_s", 120.0), ("hosts_rate", 1000.0), ("hosts_pool_size", 10))
+        if getattr(args, f) != d
+    ] + (["hosts_counts"] if args.hosts_counts != [1, 2, 4] else [])
+    scenarios = [s.strip() for s in args.scenarios.split(",")]
+    if given and "hosts" not in scenarios:
+        p.error(
+            f"--{given[0].replace('_', '-')} applies to the hosts scenario: add --scenarios hosts"
+        )
+    if "hosts" in scenarios and args.database_url:
+        p.error(
+            "--scenarios hosts starts its own server (listening on the namespaces' links): "
+            "drop --database-url"
+        )
 
 
 SOAK_RATE = 8000
@@ -450,6 +517,8 @@ def _details(rec: dict) -> str:
         return "ERROR: " + str(rec["error"])[:60]
     if rec.get("scenario") == "soak":
         return soak.details(rec)
+    if str(rec.get("scenario", "")).startswith("hosts_"):
+        return hosts.details(rec)
     if rec.get("scenario") in ("capacity", "capacity_step"):
         cpu, p99 = rec.get("cpu_ms_per_job"), rec.get("p99_ms_max")
         held = (
@@ -645,40 +714,54 @@ def scenario_enqueue(adapter, dbs: Databases, args, rec: Recorder | Rounds) -> N
 
 def _spawn_children(
     system: str,
-    dsn: str,
+    dsn: str | list[str],
     workload: str,
     processes: int,
     max_workers: int,
     options: dict | None = None,
+    *,
+    wrap=None,
+    env: dict[str, str] | None = None,
 ):
+    """Start ``processes`` worker children (bench/child.py) and wait for each one's READY.
+    ``dsn``: one URL for all, or one per child; ``wrap(i, argv)``: the argv child ``i`` runs
+    instead (bench/hosts.py: inside host ``i``'s namespace); ``env``: added to the environment."""
     children = []
-    cfg = json.dumps(
-        {
-            "system": system,
-            "dsn": dsn,
-            "workload": workload,
-            "max_workers": max_workers,
-            **({"options": options} if options else {}),
-        }
-    )
-    for _ in range(processes):
+    for i in range(processes):
+        cfg = json.dumps(
+            {
+                "system": system,
+                "dsn": dsn if isinstance(dsn, str) else dsn[i],
+                "workload": workload,
+                "max_workers": max_workers,
+                **({"options": options} if options else {}),
+            }
+        )
+        argv = [sys.executable, "-m", "bench.child", cfg]
         children.append(
             subprocess.Popen(
-                [sys.executable, "-m", "bench.child", cfg],
+                argv if wrap is None else wrap(i, argv),
                 cwd=str(REPO),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
                 bufsize=1,
+                env=None if env is None else {**os.environ, **env},
             )
         )
-    for ch in children:
-        while True:
-            line = ch.stdout.readline()
-            if not line:
-                raise RuntimeError(f"{system} worker exited before READY (status {ch.wait()})")
-            if line.strip() == "READY":
-                break
+    try:
+        for ch in children:
+            while True:
+                line = ch.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"{system} worker exited before READY (status {ch.wait()})")
+                if line.strip() == "READY":
+                    break
+    except BaseException:
+        for ch in children:  # none is left running
+            ch.kill()
+            ch.wait()
+        raise
     return children
 
 
@@ -702,6 +785,33 @@ def _stop_children(children) -> list[dict]:
     return stats
 
 
+def wait_finalized(
+    mon: psycopg.Connection, query: str, seeded: int, target: int, timeout: float, label: str
+) -> tuple[int, float, bool, int]:
+    """Count finalized jobs (``query`` on ``mon``) from now until ``target`` or ``timeout``
+    seconds; returns (finalized, elapsed seconds, timed out, counts run)."""
+    t0 = time.perf_counter()
+    last_log, timed_out, polls = t0, False, 0
+    while True:
+        done = _count(mon, query, seeded)
+        polls += 1
+        now = time.perf_counter()
+        if done >= target:
+            break
+        if now - t0 > timeout:
+            timed_out = True
+            break
+        if now - last_log > 5:
+            log(f"{label} {done}/{target} finalized after {now - t0:.1f} s")
+            last_log = now
+        # The count scans the jobs table (several ms of server CPU on this machine): a fixed
+        # 20 polls/s taxed a slow drain's server with up to a third of its CPU per job. Polling
+        # every 1 % of the elapsed time (50 ms .. 1 s) bounds the monitor's load and keeps the
+        # timing error within about 1 %.
+        time.sleep(min(1.0, max(0.05, (now - t0) / 100)))
+    return done, now - t0, timed_out, polls
+
+
 def drain(adapter, dbs: Databases, args, workload: str, processes: int, label: str) -> dict:
     """Seed ``workload``, start ``processes`` workers, time until every job is finalized."""
     name, dsn = dbs.fresh(adapter.name, label)
@@ -720,26 +830,10 @@ def drain(adapter, dbs: Databases, args, workload: str, processes: int, label: s
             for ch in children:
                 ch.stdin.write("GO\n")
                 ch.stdin.flush()
-            t0 = time.perf_counter()
-            done, last_log, timed_out = 0, t0, False
-            while True:
-                done = _count(mon, query, n)
-                own_commits += 1
-                now = time.perf_counter()
-                if done >= target:
-                    break
-                if now - t0 > args.timeout:
-                    timed_out = True
-                    break
-                if now - last_log > 5:
-                    log(f"{adapter.name}: {label} {done}/{target} finalized after {now - t0:.1f} s")
-                    last_log = now
-                # The count scans the jobs table (several ms of server CPU on this machine):
-                # a fixed 20 polls/s taxed a slow drain's server with up to a third of its CPU
-                # per job. Polling every 1 % of the elapsed time (50 ms .. 1 s) bounds the
-                # monitor's load and keeps the timing error within about 1 %.
-                time.sleep(min(1.0, max(0.05, (now - t0) / 100)))
-            elapsed = now - t0
+            done, elapsed, timed_out, polls = wait_finalized(
+                mon, query, n, target, args.timeout, f"{adapter.name}: {label}"
+            )
+            own_commits += polls
             wal1 = _wal_lsn(dsn)
             mon.close()
         finally:
@@ -1143,8 +1237,6 @@ def plot(records: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
     t_main = time.perf_counter()
     args = parse_args(argv, prog)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) if args.out else results_dir() / f"{stamp}.jsonl"
     adapters, skipped = [], {}
     for name in args.systems:
         try:
@@ -1158,6 +1250,23 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
             f"{prog}: no system to run (pip install -e '.[compare]' for the peers)", file=sys.stderr
         )
         return 1
+    net = None
+    if "hosts" in args.scenarios:
+        try:  # before the server, which listens on their links
+            net = netns.Hosts(max(args.hosts_counts))
+        except netns.NetnsError as exc:
+            print(f"{prog}: the hosts scenario cannot run: {exc}", file=sys.stderr)
+            return 1
+    try:
+        return _run(args, prog, t_main, adapters, skipped, net)
+    finally:
+        if net is not None:
+            net.close()
+
+
+def _run(args, prog: str, t_main: float, adapters, skipped, net) -> int:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else results_dir() / f"{stamp}.jsonl"
     server = None
     if args.database_url:
         admin, server_kind = args.database_url, "external (--database-url)"
@@ -1165,13 +1274,21 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         from awa_fast.embedded import start_temp
 
         log("starting a throwaway PostgreSQL (start_temp: fsync=off, full_page_writes=off)")
-        server = start_temp()
+        server = (
+            start_temp()
+            if net is None
+            else srv.start_for_hosts(net.server_ips, [h.subnet for h in net], srv.TEST_SETTINGS)
+        )
         admin, server_kind = server.dsn, "throwaway start_temp() -- fsync=off, NOT durable"
     else:
         log(
             "starting a throwaway PostgreSQL with fsync=on, full_page_writes=on, synchronous_commit=on"
         )
-        server = srv.start_durable()
+        server = (
+            srv.start_durable()
+            if net is None
+            else srv.start_for_hosts(net.server_ips, [h.subnet for h in net])
+        )
         admin, server_kind = (
             server.dsn,
             "throwaway, durable settings (bench/server.py start_durable)",
@@ -1207,6 +1324,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         rates: dict = {}
         soak_runs: dict[str, dict] = {}
         capacity_runs: dict[str, dict] = {}
+        hosts_records: list[dict] = []
         t_all = time.perf_counter()
         for scen in SCENARIOS:
             if scen not in args.scenarios:
@@ -1223,6 +1341,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
                     rec.add(merged)
                     if merged["scenario"].startswith("drain_") and merged.get("rate"):
                         rates[(merged["system"], merged["processes"])] = merged["rate"]
+                continue
+            if scen == "hosts":
+                a = next((a for a in adapters if a.name == "awa_fast"), None)
+                if a is None:
+                    log("hosts: awa_fast only; not among --systems")
+                    continue
+                assert net is not None and server is not None
+                hosts_records = hosts.run(a, dbs, args, net, server, rec, log)
                 continue
             for a in adapters:
                 if scen == "pipeline":
@@ -1259,7 +1385,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         if lines:
             print()
             print("\n".join(lines))
-        burst = [r for r in rec.records if r["scenario"] not in SUSTAINED]
+        burst = [
+            r
+            for r in rec.records
+            if r["scenario"] not in SUSTAINED and not r["scenario"].startswith("hosts_")
+        ]
         if burst:
             print()
             print("targets (the project's benchmark goals, docs/benchmarking.md):")
@@ -1274,6 +1404,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench") -> int:
         if capacity_runs:
             print()
             print("\n".join(capacity_lines(capacity_runs, args)))
+        if hosts_records:
+            print()
+            print("\n".join(hosts.summary_lines(hosts_records)))
         print(
             f"\nresults: {out} ({time.perf_counter() - t_main:.0f} s in all, "
             f"{time.perf_counter() - t_all:.0f} s of scenarios)"

@@ -104,6 +104,43 @@ def start_durable(settings: dict[str, str] | None = None, timeout: float = 60.0)
         raise
 
 
+# start_temp()'s settings (tests): fast, not durable.
+TEST_SETTINGS = {**DURABLE_SETTINGS, "fsync": "off", "full_page_writes": "off"}
+
+
+def start_for_hosts(
+    addresses: list[str], subnets: list[str], settings: dict[str, str] | None = None
+) -> TempServer:
+    """A throwaway server (``start_durable(settings)``) that also listens on ``addresses`` (the
+    root side of each worker namespace's link, bench/netns.py) and trusts connections from
+    ``subnets`` (CIDR strings) in its pg_hba.conf. Returns once a connection over the first
+    address is accepted."""
+    settings = dict(DURABLE_SETTINGS if settings is None else settings)
+    settings["listen_addresses"] = ",".join(["127.0.0.1", *addresses])
+    server = start_durable(settings)
+    try:
+        with open(server.datadir / "pg_hba.conf", "a") as hba:
+            for subnet in subnets:
+                hba.write(f"host all all {subnet} trust\n")
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+        if addresses:
+            probe = server.dsn.replace("127.0.0.1", addresses[0])
+            deadline = time.monotonic() + 10
+            while True:  # polled: the postmaster rereads pg_hba.conf on its own time
+                try:
+                    psycopg.connect(probe, connect_timeout=2).close()
+                    break
+                except psycopg.OperationalError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
 def warm_wal(admin_dsn: str) -> dict[str, float]:
     """Write about ``max_wal_size`` of WAL into a scratch table, drop it and checkpoint, so the
     segments already exist and are recycled from then on (see the module docstring). Run once

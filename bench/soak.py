@@ -16,7 +16,8 @@ tuples, size (``pg_total_relation_size``), inserts/updates/deletes and autovacuu
 runs of every table of the system, WAL bytes written by the server (enumerated from ``pg_class`` at every sample, so partitions
 created or dropped during the run show up), and CPU seconds of the worker processes, the
 producer and the PostgreSQL server (``/proc``: the postmaster's live children plus the CPU of
-its exited children), with workers + server per completed job (the producer's apart).
+its exited children), with workers + server per completed job (the producer's apart; plus a
+connection pooler's when the workers go through one, bench/hosts.py).
 
 The samples go next to the run's JSONL as ``<stem>-soak-<system>.csv`` (one row per window)
 and ``.json`` (the same plus per-relation figures and the summary); ``--plot`` draws them.
@@ -284,7 +285,7 @@ def worker_options(args) -> dict:
     return out
 
 
-def _snapshot(state: SoakState, conn, adapter, postmaster, workers, producer) -> dict:
+def _snapshot(state: SoakState, conn, adapter, postmaster, workers, producer, pooler=None) -> dict:
     with state.lock:
         produced, due, handled = state.produced, state.due, state.handled
         producer_done = state.producer_done is not None  # so `produced` is final
@@ -306,6 +307,7 @@ def _snapshot(state: SoakState, conn, adapter, postmaster, workers, producer) ->
         "rss_workers": _sum_rss(ch.pid for ch in workers),
         "cpu_producer": process_cpu_s(producer.pid),
         "cpu_postgres": server_cpu_s(postmaster),
+        "cpu_pooler": 0.0 if pooler is None else process_cpu_s(pooler),
     }
 
 
@@ -330,15 +332,21 @@ def run(adapter, dbs, args) -> dict:
         dbs.drop(name)
 
 
-def _run(adapter, dsn, args) -> dict:
+def _run(adapter, dsn, args, spawn=None, pooler: int | None = None) -> dict:
+    """``spawn(options)``: starts the worker processes (default: ``--processes`` of them here,
+    on ``dsn``); ``pooler``: the pid of a connection pooler between them and the server, whose
+    CPU counts with theirs and the server's (bench/hosts.py)."""
     from bench.runner import REPO, _spawn_children, log, run_async
 
     setup = run_async(adapter.setup(dsn))
     state = SoakState()
     options = worker_options(args) if adapter.name == "awa_fast" else {}
-    workers = _spawn_children(
-        adapter.name, dsn, "soak", args.processes, args.max_workers, options=options
-    )
+    if spawn is None:
+        workers = _spawn_children(
+            adapter.name, dsn, "soak", args.processes, args.max_workers, options=options
+        )
+    else:
+        workers = spawn(options)
     producer = None
     readers: list[Reader] = []
     snaps: list[dict] = []
@@ -363,7 +371,7 @@ def _run(adapter, dsn, args) -> dict:
         for k, offset in enumerate(sample_offsets(args.sample_every, args.duration)):
             at = t0 + offset
             time.sleep(max(0.0, at - time.time()))
-            snap = _snapshot(state, conn, adapter, postmaster, workers, producer)
+            snap = _snapshot(state, conn, adapter, postmaster, workers, producer, pooler)
             snap["k"], snap["offset"] = k, offset
             snaps.append(snap)
             if k:
@@ -488,15 +496,20 @@ def windows(snaps: list[dict], state: SoakState, t0: float, args) -> list[dict]:
                 **{c: r[c] - (prev[c] if prev else 0) for c in COUNTERS},
             }
         cpu = {}
-        for key in ("cpu_workers", "cpu_producer", "cpu_postgres"):
+        for key in ("cpu_workers", "cpu_producer", "cpu_postgres", "cpu_pooler"):
             delta = None if a[key] is None or b[key] is None else round(b[key] - a[key], 3)
             # A process reaped between two reads of one sample drops out of both the live sum
             # and its parent's reaped-children total: the window went negative. Not measured.
             cpu[key + "_s"] = None if delta is not None and delta < 0 else delta
         job_cpu = (
             None
-            if cpu["cpu_workers_s"] is None or cpu["cpu_postgres_s"] is None or completed <= 0
-            else (cpu["cpu_workers_s"] + cpu["cpu_postgres_s"]) * 1000 / completed
+            if cpu["cpu_workers_s"] is None
+            or cpu["cpu_postgres_s"] is None
+            or cpu["cpu_pooler_s"] is None
+            or completed <= 0
+            else (cpu["cpu_workers_s"] + cpu["cpu_postgres_s"] + cpu["cpu_pooler_s"])
+            * 1000
+            / completed
         )
         t_s = b["at"] - t0
         wal = b["wal"] - a["wal"]
@@ -620,7 +633,12 @@ def summarize(samples: list[dict], args, state: SoakState) -> dict:
     cpu_w = [w for w in steady if w["cpu_ms_per_job"] is not None]
     done = sum(w["completion_rate"] * w["dt_s"] for w in cpu_w)
     cpu_ms = (
-        sum((w["cpu_workers_s"] or 0) + (w["cpu_postgres_s"] or 0) for w in cpu_w) * 1000 / done
+        sum(
+            (w["cpu_workers_s"] or 0) + (w["cpu_postgres_s"] or 0) + (w["cpu_pooler_s"] or 0)
+            for w in cpu_w
+        )
+        * 1000
+        / done
         if done > 0
         else None
     )
@@ -778,6 +796,7 @@ CSV_FIELDS = (
     "cpu_workers_s",
     "cpu_producer_s",
     "cpu_postgres_s",
+    "cpu_pooler_s",
     "cpu_ms_per_job",
     "rss_workers_mb",
     "wal_bytes",

@@ -253,6 +253,22 @@ def exploding_inserts(dsn: str, kind: str = "explode"):
     return failing_rows(dsn, f"NEW.kind = '{kind}'")
 
 
+@contextlib.contextmanager
+def running_bouncer(server_dsn: str, pool_mode: str = "transaction", **options):
+    """A PgBouncer of the test's own in front of ``server_dsn``'s server (bench/pgbouncer.py,
+    ``options`` its keywords), stopped afterwards. A missing pgbouncer fails the test (never a
+    skip: ``.ci/run`` installs it)."""
+    import pytest
+
+    from bench import pgbouncer
+
+    try:
+        with pgbouncer.running(server_dsn, pool_mode, **options) as b:
+            yield b
+    except pgbouncer.PgBouncerError as exc:
+        pytest.fail(f"{exc} (.ci/run installs it)")
+
+
 def sigint_as_at_a_terminal() -> None:
     """``preexec_fn`` for a child a test interrupts with SIGINT: the default disposition, as
     under an interactive shell. A suite started in the background (``cmd &`` without job

@@ -87,6 +87,11 @@ class ConsequenceRepo:
         """The job's row, locked, while attempt ``run_lease`` still runs; else ``None``."""
         return await self._locked(sql.LOCK_RUNNING, (job_id, run_lease))
 
+    async def owed_due(self, limit: int) -> list[int]:
+        """Up to ``limit`` ids of jobs whose owed consequence is due, the longest due first."""
+        cur = await self.conn.execute(sql.OWED_DUE, (limit,))
+        return [job_id for (job_id,) in await cur.fetchall()]
+
     async def lock_owed(self, job_id: int) -> LockedJob | None:
         """The job's row, locked, when its consequence is owed and due and no other
         transaction holds it (``SKIP LOCKED``); else ``None``."""

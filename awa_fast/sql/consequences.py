@@ -152,9 +152,9 @@ WITH added AS (
     WHERE state <> 'dropping' AND kind <> ALL(%(kinds)s::text[])
     RETURNING kind
 )
-SELECT ARRAY(SELECT kind FROM added WHERE state = 'adding' ORDER BY kind),
-       ARRAY(SELECT kind FROM dropped ORDER BY kind),
-       EXISTS (SELECT 1 FROM {S}.verifier_kinds WHERE state <> 'active')"""
+SELECT ARRAY(SELECT kind FROM added WHERE state = 'adding' ORDER BY kind) AS added,
+       ARRAY(SELECT kind FROM dropped ORDER BY kind) AS dropped,
+       EXISTS (SELECT 1 FROM {S}.verifier_kinds WHERE state <> 'active') AS unsettled"""
 
 FORGET_DUE_OF_KINDS = f"DELETE FROM {S}.verify_due WHERE kind = ANY(%(kinds)s::text[])"
 

@@ -92,5 +92,10 @@ PASS_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s'"
 # ended by the server after 5 s idle in its transaction, releasing its locks: a finished slice's
 # ACCESS EXCLUSIVE lock blocked every read of finished jobs, in every process, until another
 # process displaced the frozen leader (heartbeat_staleness_ms), or for good without one.
+# The election's own transactions (the lease renewal, the take and bump) set it too: a leader
+# whose host was cut off between the renewal's statements left its lock connection idle in a
+# transaction holding the lease row, which no displacement matched (it looks for an idle
+# holder) and the lease take skipped (SKIP LOCKED), so no process led again for as long as the
+# dead TCP connection stayed open (tests/test_hosts.py; ADR 039).
 PASS_IDLE_TIMEOUT_S = 5
 PASS_IDLE_TIMEOUT = f"SET LOCAL idle_in_transaction_session_timeout = '{PASS_IDLE_TIMEOUT_S}s'"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from awa_fast import sql
+from awa_fast.repo.queues import QueueRepo
 from awa_fast.worker.cancellation import raise_if_cancelling
 
 log = logging.getLogger("awa_fast.aging")
@@ -26,10 +26,7 @@ AGE_BATCH = 1000  # rows per pass and queue (awa ages up to 1000 per pass)
 async def age_once(pool, queue: str, interval_ms: int, limit: int = AGE_BATCH) -> int:
     """One aging pass over ``queue``; returns the number of jobs whose priority was raised."""
     async with pool.connection() as conn:
-        cur = await conn.execute(
-            sql.AGE_PRIORITIES, {"queue": queue, "interval_ms": interval_ms, "limit": limit}
-        )
-        return len(await cur.fetchall())
+        return await QueueRepo(conn).age_priorities(queue, interval_ms, limit)
 
 
 async def run_aging(pool_getter: Callable, queue: str, interval_ms: int) -> None:

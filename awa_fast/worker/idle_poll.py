@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from awa_fast import sql
+from awa_fast.repo.queues import QueueRepo
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.observe import Signal
 
@@ -71,10 +71,7 @@ class IdlePoll:
         try:
             pool = await self._pool_getter()
             async with pool.connection() as conn:
-                cur = await conn.execute(
-                    sql.QUEUES_WITH_AVAILABLE, {"queues": queues, "kinds": self.kinds}
-                )
-                ready = [r[0] for r in await cur.fetchall()]
+                ready = await QueueRepo(conn).with_available(queues, self.kinds)
         except Exception as exc:  # the poll must survive every error
             log.warning(
                 "idle poll of %d queue(s) failed: %s: %s",

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager as AsyncContextManager
 from typing import TYPE_CHECKING, Any
 
-from awa_fast import sql
+from awa_fast.repo.consequences import ConsequenceRepo
+from awa_fast.repo.verify import VerifyRepo
 from awa_fast.worker.maintenance import Deposed, MaintenanceConfig
 from awa_fast.worker.services import ReconcileServices
 
@@ -64,8 +65,7 @@ async def reconcile_tick(
         fenced = _plain_transaction(pool)
     corrected = await _verify(services, pool, config, fenced)
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.OWED_DUE, (OWED_BATCH,))
-        ids = [r[0] for r in await cur.fetchall()]
+        ids = await ConsequenceRepo(conn).owed_due(OWED_BATCH)
     reconciled = {}
     for job_id in ids:
         try:
@@ -99,33 +99,33 @@ async def _keep_the_due_list(fenced: Callable, kinds: list[str], window_s: float
     completion that looked at the kinds before the change may commit after it). Then drop
     listings past the window."""
     async with fenced() as conn:
-        cur = await conn.execute(sql.SYNC_VERIFIER_KINDS, {"kinds": kinds, "window_s": window_s})
-        added, dropped, unsettled = await cur.fetchone()
-        if added:
-            await conn.execute(sql.LIST_DUE_FROM_SLICES, {"kinds": added, "window_s": window_s})
-        if dropped:
-            await conn.execute(sql.FORGET_DUE_OF_KINDS, {"kinds": dropped})
-        await conn.execute(sql.EXPIRE_DUE, {"window_s": window_s})
-    if not (added or dropped or unsettled):
+        repo = VerifyRepo(conn)
+        changes = await repo.sync_kinds(kinds, window_s)
+        if changes.added:
+            await repo.list_from_slices(changes.added, window_s)
+        if changes.dropped:
+            await repo.forget_kinds(changes.dropped)
+        await repo.expire(window_s)
+    if not (changes.added or changes.dropped or changes.unsettled):
         return  # the usual tick: nothing waits to settle
     async with fenced() as conn:  # a snapshot taken after the change above committed
-        await conn.execute(sql.MARK_KIND_CHANGES)
-        cur = await conn.execute(sql.SETTLED_KIND_CHANGES)
-        settled = await cur.fetchall()
-        adding = [kind for kind, state in settled if state == "adding"]
-        gone = [kind for kind, state in settled if state == "dropping"]
+        repo = VerifyRepo(conn)
+        await repo.mark_changes()
+        settled = await repo.settled_changes()
+        adding = [s.kind for s in settled if s.state == "adding"]
+        gone = [s.kind for s in settled if s.state == "dropping"]
         if adding:
-            await conn.execute(sql.LIST_DUE_FROM_SLICES, {"kinds": adding, "window_s": window_s})
-            await conn.execute(sql.ACTIVATE_KINDS, {"kinds": adding})
+            await repo.list_from_slices(adding, window_s)
+            await repo.activate(adding)
         if gone:
-            await conn.execute(sql.FORGET_DUE_OF_KINDS, {"kinds": gone})
-            await conn.execute(sql.DROP_KINDS, {"kinds": gone})
+            await repo.forget_kinds(gone)
+            await repo.drop(gone)
 
 
 async def _defer_due(fenced: Callable, job_id: int) -> None:
     try:
         async with fenced() as conn:
-            await conn.execute(sql.DEFER_DUE, {"id": job_id})
+            await VerifyRepo(conn).defer(job_id)
     except Deposed:
         raise
     except Exception:  # it stays due now; logged, the other jobs proceed
@@ -195,24 +195,18 @@ async def _verify(
     if not kinds:
         return []
     async with pool.connection() as conn:
-        cur = await conn.execute(
-            sql.VERIFY_DUE, {"kinds": kinds, "window_s": window_s, "limit": VERIFY_BATCH}
-        )
-        due = await cur.fetchall()
+        repo = VerifyRepo(conn)
+        due = await repo.due(kinds, window_s, VERIFY_BATCH)
         if not due:
             return []
-        cur = await conn.execute(sql.DUE_JOBS, {"ids": [d[0] for d in due]})
-        rows = await cur.fetchall()
-    found = {row[0] for row in rows}
-    gone = [(job_id, finalized) for job_id, finalized in due if job_id not in found]
+        jobs = [settler.applier.snapshot(row) for row in await repo.jobs([d.job_id for d in due])]
+    found = {job.id for job in jobs}
+    gone = [d for d in due if d.job_id not in found]
     if gone:
         async with fenced() as conn:
-            await conn.execute(
-                sql.FORGET_DUE, {"ids": [g[0] for g in gone], "finalized": [g[1] for g in gone]}
-            )
+            await VerifyRepo(conn).forget(gone)
     corrected = []
-    for row in rows:
-        job = settler.applier.snapshot(row)
+    for job in jobs:
         try:
             verdict = await _call_hook(verifiers[job.kind], job, settler.applier.timeout_s)
         except asyncio.CancelledError:
@@ -236,10 +230,10 @@ async def _verify(
             # The verdict and the correction commit together or not at all: a fault in between
             # leaves the job unverified, to be verified again after a back-off.
             async with fenced() as conn:
-                cur = await conn.execute(sql.LOCK_UNVERIFIED, (job.id,))
-                if await cur.fetchone() is None:
+                repo = VerifyRepo(conn)
+                if not await repo.lock_unverified(job.id):
                     continue  # verified or changed meanwhile (another pass, an admin)
-                await conn.execute(sql.MARK_VERIFIED, ([job.id],))
+                await repo.mark_verified(job.id)
                 if not verdict:
                     await settler.correct(conn, job.id, job.kind, job.attempt, NOT_DONE)
         except Deposed:

@@ -1,7 +1,8 @@
 """awa-pg behaviours awa-fast now matches: ValidationError for bad cron / time zone / callback
 timeout, explicit run_at => scheduled, eager connect at construction, worker() deprecation,
 CREATE SCHEMA in migrations(), drain_queue cancelling parked jobs, typed args round trip,
-flush_progress_sync from an async handler, and the CLI's awa-pg forms."""
+flush_progress_sync from an async handler, the CLI's awa-pg forms, and the ordering key kept alike
+on every insert path."""
 
 from __future__ import annotations
 
@@ -218,3 +219,21 @@ def test_cli_awa_forms(dsn):
     r = _cli("--database-url", dsn, "queue-stats")
     assert r.returncode == 0, r.stderr
     assert "queue-stats" not in _cli("--help").stdout
+
+
+async def test_an_ordering_key_is_kept_alike_on_every_async_insert_path(client, dsn):
+    # awa: the ordering key pins a job's routing whichever path inserts it, given as bytes or
+    # as str (its UTF-8 bytes); awa-fast keeps it on the job, the same bytes from every path
+    await client.insert(Tick(1), queue="ok", ordering_key=b"account-42")
+    tx = await client.transaction()
+    await tx.insert(Tick(2), queue="ok", ordering_key="account-42")
+    await tx.commit()
+    await client.insert_many_copy([Tick(3), Tick(4)], queue="ok", ordering_key=b"account-42")
+    written = await client.enqueue_many_copy([Tick(5)], queue="ok", ordering_key="account-42")
+    assert written == 1
+    keys = await scalar(
+        dsn,
+        "SELECT array_agg(DISTINCT ordering_key) FROM awa_fast.jobs_all WHERE queue = 'ok'",
+    )
+    count = await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE queue = 'ok'")
+    assert [bytes(k) for k in keys] == [b"account-42"] and count == 5

@@ -154,6 +154,7 @@ class Leadership:
             try:
                 async with conn.transaction():
                     await conn.execute(sql.LOCK_TIMEOUT_LOCAL.format(ms=int(wait_ms)))
+                    await conn.execute(sql.PASS_IDLE_TIMEOUT)  # a take frozen mid-way ends
                     await conn.execute(sql.LEASE_ENSURE)
                     cur = await conn.execute(
                         sql.LEASE_TAKE,
@@ -211,6 +212,9 @@ class Leadership:
         async with self._lease_conn() as conn:
             async with conn.transaction():
                 await conn.execute(sql.LOCK_TIMEOUT_LOCAL.format(ms=int(wait_ms)))
+                # a renewal frozen mid-way (its host cut off) must not hold the lease row and
+                # the lock connection for as long as its dead TCP connection stays open (ADR 039)
+                await conn.execute(sql.PASS_IDLE_TIMEOUT)
                 cur = await conn.execute(
                     sql.LEASE_RENEW,
                     {"epoch": self.epoch, "stale_ms": self.config.heartbeat_staleness_ms},
