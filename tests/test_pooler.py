@@ -770,3 +770,14 @@ async def test_a_worker_rides_out_pgbouncer_pause_reconnect_and_kill(dsn, pg_bas
         finally:
             await c.close()
             await direct.close()
+
+
+async def test_a_pooler_at_max_client_conn_refuses_the_client_with_its_reason(dsn):
+    """PgBouncer at ``max_client_conn``: the client's construction-time connect fails at once
+    with ``DatabaseUnavailable`` carrying PgBouncer's reason, not a wait."""
+    with running_bouncer(dsn, "transaction", max_client_conn=1) as own:
+        url = own.url(dsn)
+        async with await psycopg.AsyncConnection.connect(url):  # the one client allowed
+            with pytest.raises(awa.DatabaseUnavailable) as err:
+                awa.AsyncClient(url, pooler="transaction")
+            assert "max_client_conn" in str(err.value), err.value
