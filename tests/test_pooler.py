@@ -773,11 +773,20 @@ async def test_a_worker_rides_out_pgbouncer_pause_reconnect_and_kill(dsn, pg_bas
 
 
 async def test_a_pooler_at_max_client_conn_refuses_the_client_with_its_reason(dsn):
-    """PgBouncer at ``max_client_conn``: the client's construction-time connect fails at once
-    with ``DatabaseUnavailable`` carrying PgBouncer's reason, not a wait."""
+    """PgBouncer at ``max_client_conn``: the client's construction-time connect, and the
+    pool's first connect at the first insert, fail with ``DatabaseUnavailable`` carrying
+    PgBouncer's reason."""
     with running_bouncer(dsn, "transaction", max_client_conn=1) as own:
         url = own.url(dsn)
         async with await psycopg.AsyncConnection.connect(url):  # the one client allowed
             with pytest.raises(awa.DatabaseUnavailable) as err:
                 awa.AsyncClient(url, pooler="transaction")
             assert "max_client_conn" in str(err.value), err.value
+        c = awa.AsyncClient(url, pooler="transaction")  # (constructed while there was room)
+        try:
+            async with await psycopg.AsyncConnection.connect(url):
+                with pytest.raises(awa.DatabaseUnavailable) as err:
+                    await c.insert(Item(1))  # the pool's first connect
+                assert "max_client_conn" in str(err.value), err.value
+        finally:
+            await c.close()
