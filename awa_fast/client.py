@@ -17,12 +17,13 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from psycopg_pool import AsyncConnectionPool
 
 from awa_fast import (
     db_errors,
+    descriptors,
     primary,
     schema,
     schema_binding,
@@ -47,6 +48,7 @@ from awa_fast.connections import (
     reachability_check_deferred,
 )
 from awa_fast.database_url import resolve_database_url
+from awa_fast.descriptors import DescriptorFields
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import check_name, kind_for_type, optional_name
@@ -87,18 +89,6 @@ def _register_follow_up(
 
 
 _on_enqueue = variants(_register_follow_up, "on_{}_enqueue")
-
-
-class DescriptorFields(TypedDict, total=False):
-    """The fields of awa's queue and job-kind descriptors (``queue_descriptor``,
-    ``job_kind_descriptor``; limits in :func:`awa_fast.descriptors.build`)."""
-
-    display_name: str | None
-    description: str | None
-    owner: str | None
-    docs_url: str | None
-    tags: list[str] | None
-    extra: dict | None
 
 
 @db_errors.boundary()
@@ -636,12 +626,8 @@ class AsyncClient:
         self._describe("kind", kind, fields)
 
     def _describe(self, what: str, name: str, fields: DescriptorFields) -> None:
-        from awa_fast import descriptors
-
         method = "queue_descriptor" if what == "queue" else "job_kind_descriptor"
-        for key in fields:
-            if key not in DescriptorFields.__annotations__:
-                raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
+        descriptors.check_fields(method, fields)  # as Python would, before anything else
         if self._runtime is not None:
             raise RuntimeError(f"{method}() must be called before start()")
         store = self.queue_descriptors if what == "queue" else self.kind_descriptors
