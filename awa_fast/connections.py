@@ -340,7 +340,8 @@ async def open_pool(
 
     Raises:
         DatabaseUnavailable: no connection within the pool's ``timeout`` (the message says
-            where the URL came from: ``explicit_url`` given, or the environment); or no answer
+            where the URL came from: ``explicit_url`` given, or the environment, and why one
+            more connect is refused, as a pooler's ``max_client_conn``); or no answer
             to the first statement within ``FIRST_ANSWER_S`` (a pooler with every server
             connection taken; the pool is closed again).
         ConfigError: the connection does not match ``pooler``
@@ -352,7 +353,8 @@ async def open_pool(
     except PoolTimeout as exc:
         await pool.close()
         raise DatabaseUnavailable(
-            f"could not connect to the database (the URL {url_source(explicit_url)}): {exc}",
+            f"could not connect to the database (the URL {url_source(explicit_url)}): {exc}"
+            + await _connect_refusal(url),
             operation="pool",
         ) from exc
     try:
@@ -372,6 +374,18 @@ async def open_pool(
         await pool.close()
         raise
     return pool
+
+
+async def _connect_refusal(url: str) -> str:
+    """Why one more connect to ``url`` fails ("; last refusal: ..."), or "" if it succeeds:
+    psycopg_pool's timeout names no reason (only its log does), and a pooler's refusal (say
+    PgBouncer's ``max_client_conn``) is what the operator has to act on."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=5)
+    except psycopg.Error as exc:
+        return "; last refusal: " + " ".join(str(exc).split())
+    await conn.close()
+    return ""
 
 
 async def close_pool_on_cancel(pool: AsyncConnectionPool) -> None:
