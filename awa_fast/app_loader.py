@@ -193,8 +193,7 @@ def start_config_error(
         options = start_options(module)
         if queues is not None:
             options.setdefault("queue_subset", True)
-        runtime, _ = client._runtime_for(queues, options)
-        runtime.thread_pool.shutdown(wait=False)
+        client._start_config(queues, options)
     except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
         field = getattr(exc, "field", None)
         return f"{field}: {exc}" if field else str(exc)

@@ -17,18 +17,18 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from psycopg_pool import AsyncConnectionPool
 
 from awa_fast import (
     db_errors,
+    descriptors,
     primary,
     schema,
     schema_binding,
     storage_options,
 )
-from awa_fast import pooler as pooler_mode
 from awa_fast.admin.batches import BatchAdmin
 from awa_fast.admin.callbacks import CallbackAdmin
 from awa_fast.admin.consequences import ConsequenceAdmin
@@ -38,6 +38,7 @@ from awa_fast.admin.health import HealthAdmin
 from awa_fast.admin.jobs import JobAdmin
 from awa_fast.admin.queues import QueueAdmin
 from awa_fast.admin.storage import StorageAdmin
+from awa_fast.connection_config import connection_config
 from awa_fast.connections import (
     Connections,
     check_reachable,
@@ -47,7 +48,8 @@ from awa_fast.connections import (
     reachability_check_deferred,
 )
 from awa_fast.database_url import resolve_database_url
-from awa_fast.errors import AwaError, ConfigError, ValidationError
+from awa_fast.descriptors import DescriptorFields
+from awa_fast.errors import AwaError, ValidationError
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import check_name, kind_for_type, optional_name
 from awa_fast.twins import expose, variants
@@ -57,6 +59,7 @@ from awa_fast.worker.services import Services
 from awa_fast.worker.specs import SpecRunner
 
 if TYPE_CHECKING:
+    from awa_fast.worker.config import RuntimeConfig
     from awa_fast.worker.runtime import Runtime
 
 
@@ -86,18 +89,6 @@ def _register_follow_up(
 
 
 _on_enqueue = variants(_register_follow_up, "on_{}_enqueue")
-
-
-class DescriptorFields(TypedDict, total=False):
-    """The fields of awa's queue and job-kind descriptors (``queue_descriptor``,
-    ``job_kind_descriptor``; limits in :func:`awa_fast.descriptors.build`)."""
-
-    display_name: str | None
-    description: str | None
-    owner: str | None
-    docs_url: str | None
-    tags: list[str] | None
-    extra: dict | None
 
 
 @db_errors.boundary()
@@ -164,28 +155,15 @@ class AsyncClient:
         listen_url: str | None = None,
         schema: str | None = None,
     ):
-        if not isinstance(max_connections, int) or max_connections < 1:
-            raise ValidationError(
-                "max_connections must be an int >= 1", field="max_connections", limit=">= 1"
-            )
-        if pooler is None:
-            pooler = pooler_mode.from_env()
-        self.pooler = pooler_mode.check_setting(pooler, listen_url)
-        if listen_url is not None and pooler != "transaction":
-            raise ConfigError(
-                f"listen_url is for pooler='transaction' (pooler={pooler!r}: the runtime "
-                "listens on its own connection to database_url)",
-                field="listen_url",
-                limit="only with pooler='transaction'",
-            )
-        self.listen_url = listen_url
-        for field, given in (("database_url", database_url), ("listen_url", listen_url)):
-            if given:  # several hosts: only where libpq keeps a writable one (primary.py)
-                primary.check_url(given, field)
-        self._binding = schema_binding.resolve(schema)
-        self.explicit_database_url = database_url or None
-        self._database_url: str | None = database_url or None
-        self.max_connections = max_connections
+        config = connection_config(
+            database_url, max_connections, pooler=pooler, listen_url=listen_url, schema=schema
+        )
+        self.pooler = config.pooler
+        self.listen_url = config.listen_url
+        self._binding = config.schema
+        self.explicit_database_url = config.database_url
+        self._database_url: str | None = config.database_url
+        self.max_connections = config.max_connections
         self._pool: AsyncConnectionPool | None = None
         self._pool_lock: asyncio.Lock | None = None
         self._pool_guard: asyncio.Task | None = None
@@ -648,24 +626,21 @@ class AsyncClient:
         self._describe("kind", kind, fields)
 
     def _describe(self, what: str, name: str, fields: DescriptorFields) -> None:
-        from awa_fast import descriptors
-
         method = "queue_descriptor" if what == "queue" else "job_kind_descriptor"
-        for key in fields:
-            if key not in DescriptorFields.__annotations__:
-                raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
+        descriptors.check_fields(method, fields)  # as Python would, before anything else
         if self._runtime is not None:
             raise RuntimeError(f"{method}() must be called before start()")
         store = self.queue_descriptors if what == "queue" else self.kind_descriptors
         store[name] = descriptors.build(what, name, **fields)
 
     async def start(self, queues: Any = None, **options: Any) -> None:
-        """Start claiming and running jobs in this process (see ``worker.runtime.Runtime``
-        for the keywords: awa's ``poll_interval_ms``, ``heartbeat_interval_ms``, ...;
-        ``consequence_timeout_ms`` / ``consequence_backoff_ms`` configure this client's settler,
-        ``worker.runtime.consequence_config``). ``queue_storage_schema="s"`` (awa's; ``"awa"``
-        is this client's own schema) creates or upgrades schema ``s``, then runs the client and
-        its runtime there (ADR 033); a start that fails leaves the client where it was.
+        """Start claiming and running jobs in this process. The keywords (awa's
+        ``poll_interval_ms``, ``heartbeat_interval_ms``, ...; ``consequence_timeout_ms`` /
+        ``consequence_backoff_ms`` configure this client's settler) become one
+        ``worker.config.RuntimeConfig``, validated before anything starts; its fields give
+        each one's unit and default. ``queue_storage_schema="s"`` (awa's; ``"awa"`` is this client's own schema)
+        creates or upgrades schema ``s``, then runs the client and its runtime there (ADR 033);
+        a start that fails leaves the client where it was.
 
         Raises:
             ValueError: an invalid queue configuration or option.
@@ -677,9 +652,10 @@ class AsyncClient:
             raise AwaError(
                 "cannot start the worker runtime while queue storage installation is in progress"
             )
-        runtime, consequences = self._runtime_for(queues, options)
+        config = self._start_config(queues, options)
+        runtime = self._runtime_of(config)
         # The client's own settings, set here: the runtime reads them, never changes them.
-        self.consequences.config = consequences
+        self.consequences.config = config.consequences
         self.specs.frozen = True
         # Marked before the first await: a second start() meanwhile is refused, and a
         # shutdown() meanwhile waits for this one to end, then stops what it started.
@@ -707,37 +683,38 @@ class AsyncClient:
             starting.set()
 
     def _runtime_for(self, queues: Any, options: dict) -> tuple[Runtime, ConsequenceConfig]:
-        """The runtime ``start(queues, **options)`` would run, over this client's services,
-        and the consequence configuration it gives the settler; changes nothing (also what
-        ``awa-fast check`` and the launcher's preflight validate with).
+        """The runtime ``start(queues, **options)`` would run and its settler's consequence
+        configuration; changes nothing. Raises as :meth:`start`."""
+        config = self._start_config(queues, options)
+        return self._runtime_of(config), config.consequences
 
-        Raises:
-            ConfigError, ValidationError, TypeError: as :meth:`start`.
-        """
-        from awa_fast.worker.runtime import Runtime, consequence_config
+    def _start_config(self, queues: Any, options: dict) -> RuntimeConfig:
+        """``start(queues, **options)`` validated and typed (``worker.config.runtime_config``),
+        no runtime built (also ``awa-fast check``'s and the preflight's). Raises as :meth:`start`."""
+        from awa_fast.worker.config import runtime_config
 
-        options = dict(options)
-        consequences = consequence_config(
-            options.pop("consequence_timeout_ms", None),
-            options.pop("consequence_backoff_ms", None),
-            self.consequences.config,
+        config = runtime_config(
+            self._services(), queues, options, consequences=self.consequences.config
         )
-        # awa's queue_storage_schema: the schema this start runs in ("awa", awa's default, is
-        # this client's own); start() moves the client there (ADR 027)
-        binding = None
-        name = options.pop("queue_storage_schema", None)
-        if name is not None:
-            storage_options.check_value("queue_storage_schema", name)
-            if name != storage_options.AWA_DEFAULT_SCHEMA:
-                binding = schema_binding.bind(name, "queue_storage_schema")
-        runtime = Runtime(self._services(binding), queues, **options)
         self._warn_cron_off_queue()
-        return runtime, consequences
+        return config
+
+    def _runtime_of(self, config: RuntimeConfig) -> Runtime:
+        """The runtime of ``config`` over this client's services, in the schema its
+        ``queue_storage_schema`` names ("awa", awa's default, is this client's own; start()
+        moves the client there, ADR 027)."""
+        from awa_fast.worker.runtime import Runtime
+
+        binding = None
+        name = config.storage.queue_storage_schema
+        if name is not None and name != storage_options.AWA_DEFAULT_SCHEMA:
+            binding = schema_binding.bind(name, "queue_storage_schema")
+        return Runtime(self._services(binding), config)
 
     def _warn_cron_off_queue(self) -> None:
         from awa_fast import periodic
 
-        # stacklevel: start() (its db_errors wrapper), _runtime_for, this, warn_off_queue
+        # stacklevel: start() (its db_errors wrapper), _start_config, this, warn_off_queue
         periodic.warn_off_queue(
             self.periodic_jobs, self._implicit_cron_queue, self.registry.off_default, 6
         )

@@ -32,6 +32,10 @@ ADMIN_POOL_WAIT_S = 3.0
 RECONNECT_S = 5.0
 # Seconds between two drains of the pool off a read-only server, at least (Pool).
 READ_ONLY_DRAIN_S = 1.0
+# Seconds the first statement of a new pool (its pooler check) may wait for an answer: a pooler
+# whose server connections are all taken queues it (PgBouncer: up to query_wait_timeout, no
+# bound when 0), and a start() must fail rather than wait for ever.
+FIRST_ANSWER_S = 10.0
 
 
 class Pool(AsyncConnectionPool[Any]):
@@ -336,7 +340,10 @@ async def open_pool(
 
     Raises:
         DatabaseUnavailable: no connection within the pool's ``timeout`` (the message says
-            where the URL came from: ``explicit_url`` given, or the environment).
+            where the URL came from: ``explicit_url`` given, or the environment, and why one
+            more connect is refused, as a pooler's ``max_client_conn``); or no answer
+            to the first statement within ``FIRST_ANSWER_S`` (a pooler with every server
+            connection taken; the pool is closed again).
         ConfigError: the connection does not match ``pooler``
             (:func:`awa_fast.pooler.check_connection`); the pool is closed again.
     """
@@ -346,16 +353,39 @@ async def open_pool(
     except PoolTimeout as exc:
         await pool.close()
         raise DatabaseUnavailable(
-            f"could not connect to the database (the URL {url_source(explicit_url)}): {exc}",
+            f"could not connect to the database (the URL {url_source(explicit_url)}): {exc}"
+            + await _connect_refusal(url),
             operation="pool",
         ) from exc
     try:
         async with pool.connection() as conn:
-            await pooler_mode.check_connection(conn, pooler)
+            try:
+                await asyncio.wait_for(pooler_mode.check_connection(conn, pooler), FIRST_ANSWER_S)
+            except TimeoutError:
+                raise DatabaseUnavailable(
+                    f"the database answered no statement within {FIRST_ANSWER_S:g} s of "
+                    f"connecting (the URL {url_source(explicit_url)}): through a pooler, every "
+                    "server connection it may open for this database and user is in use and it "
+                    "queues clients (PgBouncer: raise default_pool_size / max_db_connections / "
+                    "max_user_connections, or end the transactions holding them)",
+                    operation="pool",
+                ) from None
     except BaseException:
         await pool.close()
         raise
     return pool
+
+
+async def _connect_refusal(url: str) -> str:
+    """Why one more connect to ``url`` fails ("; last refusal: ..."), or "" if it succeeds:
+    psycopg_pool's timeout names no reason (only its log does), and a pooler's refusal (say
+    PgBouncer's ``max_client_conn``) is what the operator has to act on."""
+    try:
+        conn = await psycopg.AsyncConnection.connect(url, connect_timeout=5)
+    except psycopg.Error as exc:
+        return "; last refusal: " + " ".join(str(exc).split())
+    await conn.close()
+    return ""
 
 
 async def close_pool_on_cancel(pool: AsyncConnectionPool) -> None:

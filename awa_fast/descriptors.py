@@ -10,7 +10,8 @@ the canonical fields) tells whether a declaration changed; ``updated_at`` moves 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 import blake3
 import orjson
@@ -50,6 +51,30 @@ class Descriptor:
             "extra": self.extra,
             "hash": self.hash,
         }
+
+
+class DescriptorFields(TypedDict, total=False):
+    """The fields of a queue or job-kind descriptor, as ``AsyncClient.queue_descriptor`` /
+    ``job_kind_descriptor`` take them (each ``None`` by default; limits in :func:`build`)."""
+
+    display_name: str | None
+    description: str | None
+    owner: str | None
+    docs_url: str | None
+    tags: list[str] | None
+    extra: dict | None
+
+
+def check_fields(method: str, fields: Mapping[str, Any]) -> None:
+    """``fields``, the keywords the client's ``method`` (``queue_descriptor``, ...) was called
+    with, are descriptor fields.
+
+    Raises:
+        TypeError: one is not (naming ``method``, as Python does for an unknown keyword).
+    """
+    for key in fields:
+        if key not in DescriptorFields.__annotations__:
+            raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
 
 
 def build(

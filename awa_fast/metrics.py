@@ -32,7 +32,7 @@ from prometheus_client import (
 from prometheus_client.mmap_dict import MmapedDict
 
 from awa_fast.errors import ConfigError
-from awa_fast.sql import dashboard as dsql
+from awa_fast.repo.stats import StatsRepo
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Set in a launcher's children (the launcher serves their metrics): "refresh" in child 0, the
@@ -227,7 +227,8 @@ def leases_expired(n: int) -> None:
 def rescued(rows: list[tuple]) -> None:
     """Count rescue rows ``(id, kind, new_state, rescue_reason, ...)`` by cause."""
     for row in rows:
-        RESCUES.labels(_RESCUE_CAUSES.get(row[3], row[3])).inc()
+        reason = row[3]
+        RESCUES.labels(_RESCUE_CAUSES.get(reason, reason)).inc()
 
 
 class LegacyCounters(Mapping):
@@ -290,18 +291,17 @@ async def refresh(conn: Any, queues: list[str]) -> None:
     """Set the queue depth and consequence gauges from the dashboard's bounded statements
     (``sql.dashboard.QUEUE_DEPTH`` / ``CONSEQUENCE_COUNTS``: partial indexes, never the finished
     rows). Every state of ``queues`` and of the queues seen is set, so a drained state reads 0."""
-    cur = await conn.execute(dsql.QUEUE_DEPTH)
+    repo = StatsRepo(conn)
     depth = {(q, s): 0 for q in queues for s in _DEPTH_STATES}
-    for queue, state, n, _oldest in await cur.fetchall():
+    for row in await repo.queue_depth():
         for s in _DEPTH_STATES:
-            depth.setdefault((queue, s), 0)
-        depth[(queue, state)] = n
+            depth.setdefault((row.queue, s), 0)
+        depth[(row.queue, row.state)] = row.n
     for (queue, state), n in depth.items():
         QUEUE_DEPTH.labels(queue, state).set(n)
-    cur = await conn.execute(dsql.CONSEQUENCE_COUNTS)
-    owed, overdue = await cur.fetchone()
-    CONSEQUENCES_OWED.set(owed)
-    CONSEQUENCES_OVERDUE.set(overdue)
+    counts = await repo.consequence_counts()
+    CONSEQUENCES_OWED.set(counts.owed)
+    CONSEQUENCES_OVERDUE.set(counts.overdue)
 
 
 # -- exposition -------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ Each option is either:
   ``awa-fast check``. Never silently: docs/compat.md has the table.
 
 Per-queue ``claimers`` and ``retention`` are queue-dict keys, honoured by
-``worker/runtime.parse_queues`` (docs/compat.md).
+``worker/config/queues.parse_queues`` (docs/compat.md).
 """
 
 from __future__ import annotations

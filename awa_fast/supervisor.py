@@ -92,9 +92,12 @@ from awa_fast.errors import (
     SchemaNotMigrated,
     ValidationError,
 )
+from awa_fast.launcher_config import LauncherConfig, parse_queues_arg
 
 if TYPE_CHECKING:
     from awa_fast.client import AsyncClient
+
+__all__ = ["LauncherConfig", "Supervisor", "kill_after_s", "parse_queues_arg"]
 
 PREFIX = "awa-fast worker:"
 EXIT_BAD_APP = 78  # child: the module:client spec cannot be resolved (not retried)
@@ -140,35 +143,6 @@ CHILD_SCHEMA_ENV = "AWA_FAST_CHILD_SCHEMA"
 PREFLIGHT_MARK = "awa-fast-preflight: "
 # Signals that stop the launcher (a drain); SIGHUP is a closed terminal.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def parse_queues_arg(text: str | None) -> list[tuple[str, int]] | None:
-    """``"default:10,emails:4"`` -> ``[("default", 10), ("emails", 4)]`` (a bare name gets 10
-    workers); ``None``/empty -> ``None`` (the client's registered queues).
-
-    Raises:
-        ValueError: a malformed entry or a max_workers that is not a positive integer.
-    """
-    if not text:
-        return None
-    out = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        name, sep, n = item.rpartition(":")
-        if not sep:
-            name, n = item, "10"
-        if not name:
-            raise ValueError(f"invalid queue {item!r}: expected name:max_workers")
-        try:
-            workers = int(n)
-        except ValueError:
-            raise ValueError(f"invalid queue {item!r}: max_workers must be an integer") from None
-        if workers < 1:
-            raise ValueError(f"invalid queue {item!r}: max_workers must be >= 1")
-        out.append((name, workers))
-    return out or None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -588,79 +562,26 @@ class Supervisor:
     demo) can drive it from its own loop; :meth:`run` is the CLI's blocking loop.
 
     Args:
-        app: ``module:client``.
-        processes: number of children (default: one per core).
-        queues: ``name:max_workers,...`` or ``None`` for the client's registered queues.
-        drain_timeout: seconds a draining child lets in-flight handlers finish.
-        database_url: overrides the client's URL in the children.
+        config: what to run and how (:class:`~awa_fast.launcher_config.LauncherConfig`, built
+            and validated by :func:`~awa_fast.launcher_config.launcher_config`).
         out: where status lines go (default stdout).
-        status_interval: seconds between periodic status lines (0 = none).
-        log_level: the children's logging level.
-        log_format: ``"text"`` or ``"json"`` (:mod:`awa_fast.log_format`), for the children's
-            logs and this launcher's status lines.
-        extra_env: added to the children's environment.
-        metrics_port: serve the children's Prometheus metrics, aggregated (prometheus_client
-            multiprocess mode, a fresh directory per run), on this port (0 = any free port;
-            ``metrics_exporter.port`` says which) while :meth:`start` .. :meth:`close`.
-        metrics_host: the address that endpoint binds (default 127.0.0.1).
-        debug: the preflight and the children log an application error's whole traceback
-            after its one line (``--traceback``: ``$AWA_FAST_DEBUG`` in their environment).
-
-    Raises:
-        ConfigError: ``metrics_port`` / ``metrics_host`` is not a valid port / address, or
-            ``metrics_host`` is given without ``metrics_port``.
     """
 
-    def __init__(
-        self,
-        app: str,
-        processes: int | None = None,
-        *,
-        queues: str | None = None,
-        drain_timeout: float = 10.0,
-        database_url: str | None = None,
-        out: TextIO | None = None,
-        status_interval: float = 10.0,
-        log_level: str = "info",
-        extra_env: dict | None = None,
-        log_format: str = "text",
-        metrics_port: int | None = None,
-        metrics_host: str | None = None,
-        debug: bool = False,
-    ):
-        self.app = app
-        self.debug = debug
-        self.processes = processes or os.cpu_count() or 1
-        self.queues = queues
-        self.drain_timeout = drain_timeout
-        self.database_url = database_url
+    def __init__(self, config: LauncherConfig, *, out: TextIO | None = None):
+        self.config = config
+        # resolved by the preflight when neither the launcher nor the client names one
+        self.database_url = config.database_url
         self.out = out
-        self.status_interval = status_interval
-        self.log_level = log_level
-        self.log_format = log_format
         self._json = (
             log_format_mod.formatter("json", static={"pid": os.getpid()})
-            if log_format == "json"
+            if config.log_format == "json"
             else None
         )
-        self.extra_env = extra_env or {}
-        self.children = [Child(i) for i in range(self.processes)]
+        self.children = [Child(i) for i in range(config.processes)]
         self.failed: str | None = None  # why the supervisor gave up
         self._no_database = 0  # EXIT_NO_DATABASE exits since a child was last ready
         self._print_lock = threading.Lock()
         self._next_status = 0.0
-        self.metrics_port = (
-            None if metrics_port is None else metrics.check_port(metrics_port, "--metrics-port")
-        )
-        self.metrics_host = metrics.check_host(
-            metrics.DEFAULT_HOST if metrics_host is None else metrics_host, "--metrics-host"
-        )
-        if metrics_host is not None and self.metrics_port is None:  # it would go unused
-            raise ConfigError(
-                f"--metrics-host {metrics_host} needs --metrics-port (it is that endpoint's address)",
-                field="--metrics-host",
-                limit="only with --metrics-port",
-            )
         self.metrics_exporter: metrics.LauncherExporter | None = None
 
     # -- output ---------------------------------------------------------------------------------
@@ -711,11 +632,19 @@ class Supervisor:
                 failed, or ``start()`` would reject its ``START_OPTIONS`` / ``queues``.
             EmbeddedPostgresError: no URL is configured and the embedded server cannot start.
         """
-        argv = [sys.executable, "-c", _CHILD_BOOT, _PACKAGE_ROOT, "--check", "--app", self.app]
-        if self.queues:
-            argv += ["--queues", self.queues]
+        argv = [
+            sys.executable,
+            "-c",
+            _CHILD_BOOT,
+            _PACKAGE_ROOT,
+            "--check",
+            "--app",
+            self.config.app,
+        ]
+        if self.config.queues:
+            argv += ["--queues", self.config.queues]
         env = self._env()
-        if self.metrics_port is not None:  # as the children will: metrics_refresh_ms applies
+        if self.config.metrics_port is not None:  # as the children will: metrics_refresh_ms applies
             env[metrics.LAUNCHER_ENV] = "refresh"
         if self.database_url:  # the preflight reaches the database the children will use
             env[CHILD_DATABASE_URL_ENV] = self.database_url
@@ -730,15 +659,17 @@ class Supervisor:
         if r.returncode == EXIT_BAD_APP:
             raise AppLoadError(r.stderr.strip(), usage=True)
         if r.returncode == EXIT_BAD_CONFIG:
-            raise AppLoadError(f"{self.app}: {r.stderr.strip()}", usage=False)
+            raise AppLoadError(f"{self.config.app}: {r.stderr.strip()}", usage=False)
         if r.returncode == EXIT_NO_DATABASE:
             raise AppLoadError(f"{r.stderr.strip()}; no worker process started", usage=False)
         if r.returncode != 0:  # its one line (and the traceback with --traceback)
-            raise AppLoadError(r.stderr.strip() or f"importing {self.app} failed", usage=False)
+            raise AppLoadError(
+                r.stderr.strip() or f"importing {self.config.app} failed", usage=False
+            )
         result = _preflight_result(r.stdout)
         if result is None:
             raise AppLoadError(
-                f"importing {self.app} ended its program (the preflight did not finish); "
+                f"importing {self.config.app} ended its program (the preflight did not finish); "
                 "does the module exit at import?",
                 usage=False,
             )
@@ -759,8 +690,8 @@ class Supervisor:
         cwd = os.getcwd()
         path = env.get("PYTHONPATH")
         env["PYTHONPATH"] = cwd + (os.pathsep + path if path else "")
-        env.update(self.extra_env)
-        if self.debug:
+        env.update(self.config.extra_env)
+        if self.config.debug:
             env[DEBUG_ENV] = "1"
         env.pop(metrics.LAUNCHER_ENV, None)  # only this launcher's own exporter sets it
         env.pop(CHILD_DATABASE_URL_ENV, None)
@@ -779,20 +710,20 @@ class Supervisor:
             _PACKAGE_ROOT,
             "--child",
             "--app",
-            self.app,
+            self.config.app,
             "--index",
             str(c.index),
             "--drain-timeout",
-            str(self.drain_timeout),
+            str(self.config.drain_timeout_s),
             "--status-fd",
             str(wfd),
             "--log-level",
-            self.log_level,
+            self.config.log_level,
             "--log-format",
-            self.log_format,
+            self.config.log_format,
         ]
-        if self.queues:
-            argv += ["--queues", self.queues]
+        if self.config.queues:
+            argv += ["--queues", self.config.queues]
         try:
             # Own process group: a terminal's Ctrl-C reaches the parent only, which forwards it.
             # Started with SIGTERM/SIGINT blocked (the mask is inherited): _CHILD_BOOT unblocks.
@@ -851,15 +782,17 @@ class Supervisor:
         Raises:
             ConfigError: the metrics port cannot be bound.
         """
-        if self.metrics_port is not None and self.metrics_exporter is None:
-            self.metrics_exporter = metrics.LauncherExporter(self.metrics_port, self.metrics_host)
+        if self.config.metrics_port is not None and self.metrics_exporter is None:
+            self.metrics_exporter = metrics.LauncherExporter(
+                self.config.metrics_port, self.config.metrics_host
+            )
             self.say(
                 f"metrics of all children at {self.metrics_exporter.url} "
                 f"(directory {self.metrics_exporter.directory})"
             )
         for c in self.children:
             self._spawn(c)
-        self._next_status = time.monotonic() + self.status_interval
+        self._next_status = time.monotonic() + self.config.status_interval_s
 
     def check(self) -> bool:
         """Reap dead children, schedule and perform restarts, print periodic status.
@@ -878,17 +811,19 @@ class Supervisor:
                     c.reader.join(timeout=1.0)  # its last words (the error event) first
                 if code == EXIT_BAD_APP:
                     why = f": {c.error}" if c.error else ""
-                    self.failed = f"{self._describe(c)} cannot load {self.app}{why}; giving up"
+                    self.failed = (
+                        f"{self._describe(c)} cannot load {self.config.app}{why}; giving up"
+                    )
                     self.say(f"{self._describe(c)} exited with code {code}")
                     return False
                 if code == EXIT_IMPORT_FAILED:
-                    why = c.error or f"importing {self.app} failed"
+                    why = c.error or f"importing {self.config.app} failed"
                     self.failed = f"{self._describe(c)}: {why}; giving up"
                     self.say(f"{self._describe(c)} exited with code {code}")
                     return False
                 if code == EXIT_BAD_CONFIG:
                     self.failed = (
-                        f"{self._describe(c)} cannot start {self.app}: "
+                        f"{self._describe(c)} cannot start {self.config.app}: "
                         f"{c.error or 'configuration rejected'}; giving up"
                     )
                     self.say(f"{self._describe(c)} exited with code {code}")
@@ -925,10 +860,10 @@ class Supervisor:
                 c.backoff = min(c.backoff * 2, RESTART_BACKOFF_MAX_S)
             elif c.restart_at is not None and now >= c.restart_at:
                 self._spawn(c)
-        if self.status_interval and now >= self._next_status:
+        if self.config.status_interval_s and now >= self._next_status:
             for c in self.children:
                 self.say(self.status_line(c))
-            self._next_status = now + self.status_interval
+            self._next_status = now + self.config.status_interval_s
         return True
 
     def signal_all(self, sig: int) -> None:
@@ -949,10 +884,12 @@ class Supervisor:
             c.restart_at = None
         running = [c for c in self.children if c.alive]
         if running:
-            self.say(f"draining {len(running)} child(ren) (timeout {self.drain_timeout:g} s)")
+            self.say(
+                f"draining {len(running)} child(ren) (timeout {self.config.drain_timeout_s:g} s)"
+            )
         self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + kill_after_s(
-            self.drain_timeout if timeout is None else timeout
+            self.config.drain_timeout_s if timeout is None else timeout
         )
         clean = True
         for c in running:
@@ -1010,7 +947,7 @@ class Supervisor:
         previous = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
         try:
             self.say(
-                f"starting {self.processes} worker process(es) for {self.app} (pid {os.getpid()})"
+                f"starting {self.config.processes} worker process(es) for {self.config.app} (pid {os.getpid()})"
             )
             try:
                 self.start()

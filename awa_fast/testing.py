@@ -16,7 +16,8 @@ from awa_fast import db_errors, sql
 from awa_fast.job import Job
 from awa_fast.worker import executor as ex
 from awa_fast.worker.context import JobContext
-from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
+from awa_fast.worker.finalize_request import Finalized, FinalizeRequest
+from awa_fast.worker.finalizer import Finalizer
 from awa_fast.worker.follow_ups import FollowUps
 from awa_fast.worker.registry import args_decoder
 

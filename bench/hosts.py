@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -134,7 +133,7 @@ def _cpu(workers, postmaster: int | None, pooler: int | None) -> dict[str, float
 def drain(adapter, dbs, args, dep: Deployment, label: str) -> dict:
     """``args.jobs`` no-op jobs drained by the deployment's workers: rate, CPU per job, peak
     server connections."""
-    from bench.runner import _count, _stop_children, run_async
+    from bench.runner import _stop_children, run_async, wait_finalized
 
     name, dsn = dbs.fresh(adapter.name, label)
     try:
@@ -151,18 +150,9 @@ def drain(adapter, dbs, args, dep: Deployment, label: str) -> dict:
             for ch in children:
                 ch.stdin.write("GO\n")
                 ch.stdin.flush()
-            t0 = time.perf_counter()
-            timed_out = False
-            while True:
-                done = _count(mon, query, target)
-                now = time.perf_counter()
-                if done >= target:
-                    break
-                if now - t0 > args.timeout:
-                    timed_out = True
-                    break
-                time.sleep(min(1.0, max(0.05, (now - t0) / 100)))  # as runner.drain
-            elapsed = now - t0
+            done, elapsed, timed_out, _ = wait_finalized(
+                mon, query, args.jobs, target, args.timeout, f"hosts: {label}"
+            )
             cpu1 = _cpu(children, postmaster, dep.pooler_pid)
             mon.close()
         finally:

@@ -37,7 +37,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 class PgBouncer:
     """PgBouncer in ``pool_mode`` in front of the server of ``server_dsn``, listening on every
     address of ``listen`` (IPv4 strings) at :attr:`port`, with ``default_pool_size`` server
-    connections per database/user pair. ``workdir`` holds its configuration and log.
+    connections per database/user pair, and any other ``[pgbouncer]`` ``settings`` (name to
+    value, e.g. ``{"query_wait_timeout": 0}``). ``workdir`` holds its configuration and log.
 
     Raises:
         PgBouncerError: not installed, or not accepting connections within 15 s.
@@ -52,6 +53,7 @@ class PgBouncer:
         listen: Sequence[str] = ("127.0.0.1",),
         default_pool_size: int = 8,
         max_client_conn: int = 200,
+        settings: dict[str, str | int] | None = None,
     ):
         from awa_fast.embedded.cluster import _server_account  # the test server's account
 
@@ -76,7 +78,8 @@ class PgBouncer:
             f"pool_mode = {pool_mode}\n"
             f"default_pool_size = {default_pool_size}\n"
             f"max_client_conn = {max_client_conn}\n"
-            f"logfile = {self.log}\n"
+            + "".join(f"{k} = {v}\n" for k, v in (settings or {}).items())
+            + f"logfile = {self.log}\n"
             f"pidfile = {workdir / 'pgbouncer.pid'}\n"
         )
         account = _server_account()

@@ -785,6 +785,33 @@ def _stop_children(children) -> list[dict]:
     return stats
 
 
+def wait_finalized(
+    mon: psycopg.Connection, query: str, seeded: int, target: int, timeout: float, label: str
+) -> tuple[int, float, bool, int]:
+    """Count finalized jobs (``query`` on ``mon``) from now until ``target`` or ``timeout``
+    seconds; returns (finalized, elapsed seconds, timed out, counts run)."""
+    t0 = time.perf_counter()
+    last_log, timed_out, polls = t0, False, 0
+    while True:
+        done = _count(mon, query, seeded)
+        polls += 1
+        now = time.perf_counter()
+        if done >= target:
+            break
+        if now - t0 > timeout:
+            timed_out = True
+            break
+        if now - last_log > 5:
+            log(f"{label} {done}/{target} finalized after {now - t0:.1f} s")
+            last_log = now
+        # The count scans the jobs table (several ms of server CPU on this machine): a fixed
+        # 20 polls/s taxed a slow drain's server with up to a third of its CPU per job. Polling
+        # every 1 % of the elapsed time (50 ms .. 1 s) bounds the monitor's load and keeps the
+        # timing error within about 1 %.
+        time.sleep(min(1.0, max(0.05, (now - t0) / 100)))
+    return done, now - t0, timed_out, polls
+
+
 def drain(adapter, dbs: Databases, args, workload: str, processes: int, label: str) -> dict:
     """Seed ``workload``, start ``processes`` workers, time until every job is finalized."""
     name, dsn = dbs.fresh(adapter.name, label)
@@ -803,26 +830,10 @@ def drain(adapter, dbs: Databases, args, workload: str, processes: int, label: s
             for ch in children:
                 ch.stdin.write("GO\n")
                 ch.stdin.flush()
-            t0 = time.perf_counter()
-            done, last_log, timed_out = 0, t0, False
-            while True:
-                done = _count(mon, query, n)
-                own_commits += 1
-                now = time.perf_counter()
-                if done >= target:
-                    break
-                if now - t0 > args.timeout:
-                    timed_out = True
-                    break
-                if now - last_log > 5:
-                    log(f"{adapter.name}: {label} {done}/{target} finalized after {now - t0:.1f} s")
-                    last_log = now
-                # The count scans the jobs table (several ms of server CPU on this machine):
-                # a fixed 20 polls/s taxed a slow drain's server with up to a third of its CPU
-                # per job. Polling every 1 % of the elapsed time (50 ms .. 1 s) bounds the
-                # monitor's load and keeps the timing error within about 1 %.
-                time.sleep(min(1.0, max(0.05, (now - t0) / 100)))
-            elapsed = now - t0
+            done, elapsed, timed_out, polls = wait_finalized(
+                mon, query, n, target, args.timeout, f"{adapter.name}: {label}"
+            )
+            own_commits += polls
             wal1 = _wal_lsn(dsn)
             mon.close()
         finally:

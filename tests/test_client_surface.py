@@ -1,4 +1,4 @@
-"""The client's surface is declared once and derived (ADR 039): every public method of an admin
+"""The client's surface is declared once and derived (ADR 041): every public method of an admin
 area (and of the producer) is exposed on AsyncClient under its own name, every AsyncClient
 method but the worker-side ones has a typed blocking twin on Client, and every Client method
 is such a twin; SyncTransaction likewise for Transaction. No database: classes are inspected."""
@@ -128,3 +128,11 @@ def test_sync_transaction_twins_every_transaction_method():
         twin = tx_sync[name]
         assert getattr(twin, "__wrapped__", None) is source, name
         assert _params(twin) == _params(source), name
+
+
+def test_every_derived_method_carries_its_attribute_name():
+    # a factory's name (variants' "on_{}_enqueue", expose's area method) is the attribute's
+    for cls in (AsyncClient, Client, SyncTransaction):
+        for name, fn in _public(cls).items():
+            if inspect.isfunction(fn):
+                assert fn.__name__ == name, f"{cls.__name__}.{name} is named {fn.__name__}"

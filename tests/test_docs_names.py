@@ -218,12 +218,12 @@ def test_the_scan_finds_names_of_every_shape() -> None:
 
 def test_a_missing_name_is_reported() -> None:
     assert _problem("Finalizer.finalize_with_retry") == "class Finalizer has no finalize_with_retry"
-    assert _problem("RuntimeConfig.poll") == "no such class in awa_fast"
+    assert _problem("NoSuchConfig.poll") == "no such class in awa_fast"
     assert _problem("sql.NO_SUCH_STATEMENT") == "no such SQL constant"
     assert _problem("worker/no_such_module.py") == "no such file"
     assert _problem("NO_SUCH_CONSTANT_ANYWHERE") == "not in the code"
     assert _problem("finalize_with_retry") == "not in the code"
-    assert _problem("RuntimeConfig") == "not in the code"
+    assert _problem("NoSuchConfig") == "not in the code"
 
 
 def test_every_backticked_code_name_exists() -> None:

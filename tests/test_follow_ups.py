@@ -667,7 +667,8 @@ async def test_a_released_attempt_wakes_its_queue_after_the_commit(dsn, client):
     # (which would hold the notify lock through that commit's WAL flush; ADR 018).
     from awa_fast import sql
     from awa_fast.worker.context import JobContext
-    from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
+    from awa_fast.worker.finalize_request import Finalized, FinalizeRequest
+    from awa_fast.worker.finalizer import Finalizer
 
     job = await client.insert(StageB("released"), queue="given_back")
     await client._producer.waker.flush()  # the insert's own wake-up, before we listen

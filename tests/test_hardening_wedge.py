@@ -24,7 +24,8 @@ from awa_fast.worker import heartbeat as heartbeat_module
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.executor import COMPLETED, Outcome
-from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
+from awa_fast.worker.finalize_request import Finalized, FinalizeRequest
+from awa_fast.worker.finalizer import Finalizer
 from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 from tests.support import (

@@ -19,7 +19,7 @@ import sys
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import awa_fast as awa
 from awa_fast import sql
@@ -595,3 +595,198 @@ def test_the_cli_through_the_pooler_with_awa_fast_pooler(dsn, bouncer, fresh_db)
     assert version == (current_migration_version(),)
     bad = _cli("--database-url", url, "queue", "stats", env={"AWA_FAST_POOLER": "statement"})
     assert bad.returncode != 0 and "AWA_FAST_POOLER" in bad.stderr, bad.stderr
+
+
+async def test_a_pooler_with_no_free_server_connection_fails_the_first_use_clearly(
+    dsn, pg_base_dsn
+):
+    """PgBouncer's pool for this database is exhausted (``default_pool_size`` server
+    connections all held by other clients' transactions) and it queues clients without bound
+    (``query_wait_timeout = 0``): the client's first use fails within a bounded time, naming
+    the pooler's limit, instead of waiting for a server connection forever."""
+    await truncate(dsn)
+    with running_bouncer(
+        pg_base_dsn, "transaction", default_pool_size=1, settings={"query_wait_timeout": 0}
+    ) as own:
+        url = own.url(dsn)
+        async with await psycopg.AsyncConnection.connect(url) as holder:
+            await holder.execute("SELECT 1")  # a transaction open: the only server connection
+            c = awa.AsyncClient(url, pooler="transaction")
+            try:
+                with pytest.raises(awa.DatabaseUnavailable) as err:
+                    await asyncio.wait_for(c.insert(Item(1)), 120)  # (the bound of a failure)
+                assert "default_pool_size" in str(err.value), err.value
+            finally:
+                await c.close()
+
+
+@contextlib.asynccontextmanager
+async def _terminated_once(dsn: str, event: str, table: str, when: str):
+    """The first ``event`` (INSERT / UPDATE) of a row of ``table`` matching ``when`` is held
+    by a trigger added outside awa-fast (``pg_sleep``: a sequence counts the firings outside
+    any transaction), and the backend holding it -- through PgBouncer, one of its server
+    connections, mid-transaction -- is terminated once the awaited ``stalled()`` (yielded)
+    returns its pid. Trigger, function and sequence are dropped afterwards."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        await admin.execute(f"""
+            DROP SEQUENCE IF EXISTS public.stall_once;
+            CREATE SEQUENCE public.stall_once;
+            CREATE OR REPLACE FUNCTION public.stall_once() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF nextval('public.stall_once') = 1 THEN PERFORM pg_sleep(60); END IF;
+                RETURN NEW;
+            END $$;
+            DROP TRIGGER IF EXISTS stall_once ON {table};
+            CREATE TRIGGER stall_once BEFORE {event} ON {table} FOR EACH ROW
+                WHEN ({when}) EXECUTE FUNCTION public.stall_once();""")
+
+        async def terminate_stalled() -> None:
+            async def stalled() -> list:
+                cur = await admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                    "AND datname = current_database()"
+                )
+                return await cur.fetchall()
+
+            # polled: a server backend's wait has no signal in this process
+            (pid,), *_ = await poll_until(stalled, timeout=30, what="a transaction held")
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+        try:
+            yield terminate_stalled, admin
+        finally:
+            await admin.execute(
+                f"DROP TRIGGER IF EXISTS stall_once ON {table}; "
+                "DROP FUNCTION IF EXISTS public.stall_once(); "
+                "DROP SEQUENCE IF EXISTS public.stall_once"
+            )
+
+
+async def test_a_pooler_server_connection_terminated_mid_staging_stages_each_follow_up_once(
+    dsn, pooled
+):
+    """Seed 000 through PgBouncer: the server connection running a completion's transaction
+    (its follow-up being inserted: a trigger outside awa-fast holds it there) is terminated.
+    PgBouncer drops its client; the completion is settled again on another connection, and
+    each completed parent has exactly one follow-up."""
+    async with _terminated_once(dsn, "INSERT", "awa_fast.jobs", "NEW.kind = 'next'") as (
+        terminate_stalled,
+        admin,
+    ):
+
+        @pooled.task(Next)
+        async def next_job(job):
+            return None
+
+        @pooled.task(Item)
+        async def item(job):
+            job.enqueue_on_completion(Next(job.args.n))
+
+        parents = await pooled.insert_many([Item(i) for i in range(3)])
+        await pooled.start([("default", 3)], **{**FAST, "heartbeat_staleness_ms": 2000})
+        await terminate_stalled()
+        for job in parents:
+            await wait_state(pooled, job.id, "completed", timeout=30)
+
+        async def follow_ups() -> list:
+            cur = await admin.execute(
+                "SELECT args->>'n', count(*) FROM awa_fast.jobs_all WHERE kind = 'next' "
+                "GROUP BY 1 ORDER BY 1"
+            )
+            return await cur.fetchall()
+
+        async def three_parents_followed() -> bool:
+            return len(await follow_ups()) == 3
+
+        await until(three_parents_followed, pooled, what="every parent's follow-up")
+        assert await follow_ups() == [("0", 1), ("1", 1), ("2", 1)]
+
+
+async def test_a_pooler_server_connection_terminated_mid_settlement_settles_the_failure(
+    dsn, pooled
+):
+    """Seed 003 through PgBouncer: the server connection settling a failed job (its row moving
+    to finished storage after its consequence applied: a trigger holds it there) is
+    terminated mid-transaction. The job still ends failed with its consequence applied (the
+    repeat-safe effect may run again: never zero times), and nothing is left running."""
+    applied: list[int] = []
+
+    async def release(failure: awa.JobFailure) -> None:
+        applied.append(failure.id)
+
+    @pooled.task(Item, failure_consequence=release)
+    async def item(job):
+        raise awa.TerminalError("declined")
+
+    async with _terminated_once(dsn, "INSERT", "awa_fast.jobs_done", "NEW.state = 'failed'") as (
+        terminate_stalled,
+        _,
+    ):
+        failing = await pooled.insert_many([Item(i, "fail") for i in range(2)], max_attempts=1)
+        await pooled.start([("default", 2)], **{**FAST, "heartbeat_staleness_ms": 2000})
+        await terminate_stalled()
+        for job in failing:
+            row = await wait_state(pooled, job.id, "failed", timeout=30)
+            assert row["consequence_state"] == "applied"
+    assert set(applied) == {j.id for j in failing}
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all WHERE state = 'running'") == 0
+
+
+async def test_a_worker_rides_out_pgbouncer_pause_reconnect_and_kill(dsn, pg_base_dsn):
+    """PgBouncer's admin console mid-run: ``PAUSE`` (every query waits) then ``RESUME``;
+    ``RECONNECT`` (server connections replaced as released); ``KILL`` (every client and server
+    connection of the database dropped: the pool's, the heartbeat's, the lease's) and its
+    ``RESUME``. After each,
+    a job inserted directly is run, and a running handler's attempt keeps being heartbeaten."""
+    await truncate(dsn)
+    name = conninfo_to_dict(dsn)["dbname"]
+    user = conninfo_to_dict(dsn).get("user", "postgres")
+    with running_bouncer(pg_base_dsn, "transaction", settings={"admin_users": user}) as own:
+        console = conninfo_to_dict(own.url(dsn))
+        console["dbname"] = "pgbouncer"
+        c = awa.AsyncClient(own.url(dsn), pooler="transaction")
+        direct = awa.AsyncClient(dsn)
+        try:
+
+            @c.task(Item)
+            async def item(job):  # completes only once its attempt was heartbeaten twice
+                beaten = c.runtime.heartbeat.beaten
+                start = beaten.count
+                await beaten.wait_until(lambda: beaten.count >= start + 2, timeout=30)
+
+            await c.start([("default", 2)], **{**FAST, "heartbeat_staleness_ms": 2000})
+            with psycopg.connect(make_conninfo(**console), autocommit=True) as admin:
+                for command in ("PAUSE", "RECONNECT", f"KILL {name}"):
+                    if command == "PAUSE":
+                        admin.execute("PAUSE")
+                        job = await direct.insert(Item(1))
+                        admin.execute("RESUME")
+                    else:
+                        admin.execute(command)
+                        if command.startswith("KILL"):
+                            admin.execute(f"RESUME {name}")  # a killed database waits for it
+                        job = await direct.insert(Item(2))
+                    await wait_state(c, job.id, "completed", timeout=30)
+        finally:
+            await c.close()
+            await direct.close()
+
+
+async def test_a_pooler_at_max_client_conn_refuses_the_client_with_its_reason(dsn):
+    """PgBouncer at ``max_client_conn``: the client's construction-time connect, and the
+    pool's first connect at the first insert, fail with ``DatabaseUnavailable`` carrying
+    PgBouncer's reason."""
+    with running_bouncer(dsn, "transaction", max_client_conn=1) as own:
+        url = own.url(dsn)
+        async with await psycopg.AsyncConnection.connect(url):  # the one client allowed
+            with pytest.raises(awa.DatabaseUnavailable) as err:
+                awa.AsyncClient(url, pooler="transaction")
+            assert "max_client_conn" in str(err.value), err.value
+        c = awa.AsyncClient(url, pooler="transaction")  # (constructed while there was room)
+        try:
+            async with await psycopg.AsyncConnection.connect(url):
+                with pytest.raises(awa.DatabaseUnavailable) as err:
+                    await c.insert(Item(1))  # the pool's first connect
+                assert "max_client_conn" in str(err.value), err.value
+        finally:
+            await c.close()

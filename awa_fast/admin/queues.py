@@ -44,7 +44,7 @@ class QueueStat:
 
 
 class QueueAdmin:
-    """The queue operations, exposed as ``AsyncClient``'s methods of the same names (ADR 039).
+    """The queue operations, exposed as ``AsyncClient``'s methods of the same names (ADR 041).
 
     Args:
         db: the connection source.
@@ -61,41 +61,12 @@ class QueueAdmin:
                 (3; :mod:`awa_fast.connections`), e.g. postgres is down.
         """
         out = []
-        for (
-            queue,
-            scheduled,
-            available,
-            retryable,
-            running,
-            failed,
-            waiting,
-            pending,
-            owed,
-            overdue,
-            completed_hour,
-            lag,
-            paused,
-            unhandled,
-        ) in await self._db.fetch_bounded(sql.QUEUE_STATS):
-            out.append(
-                QueueStat(
-                    queue,
-                    scheduled + available + retryable,
-                    scheduled,
-                    available,
-                    retryable,
-                    running,
-                    failed,
-                    waiting,
-                    pending,
-                    owed,
-                    overdue,
-                    completed_hour,
-                    float(lag),
-                    paused,
-                    unhandled,
-                )
-            )
+        for row in await self._db.fetch_bounded(sql.QUEUE_STATS):
+            # QUEUE_STATS's columns are QueueStat's fields but the total (a sum) and lag's type
+            queue, scheduled, available, retryable, *counts, lag, paused, unhandled = row
+            total = scheduled + available + retryable
+            rest = (*counts, float(lag), paused, unhandled)
+            out.append(QueueStat(queue, total, scheduled, available, retryable, *rest))
         return out
 
     async def unhandled_kinds(self) -> list[dict]:

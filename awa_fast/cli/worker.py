@@ -11,22 +11,18 @@ from awa_fast.cli.table import Command, Common, arg
 
 
 def cmd_worker(s: Session) -> int:
-    from awa_fast.errors import ConfigError
-    from awa_fast.supervisor import CHILD_SCHEMA_ENV, Supervisor, parse_queues_arg
+    from awa_fast.launcher_config import launcher_config
+    from awa_fast.supervisor import CHILD_SCHEMA_ENV, Supervisor
 
     a = s.args
     if s.json:  # it prints status and log lines, no data
         a.parser.error(
             "--json does not apply to worker (its status lines are log lines: --log-format json)"
         )
-    try:
-        parse_queues_arg(a.queues)
-    except ValueError as exc:
-        a.parser.error(str(exc))
     # --database-url overrides the client's URL; a client built without one resolves it like
     # every command (the launcher does that once, before starting children).
     try:
-        sup = Supervisor(
+        config = launcher_config(
             a.app,
             a.processes,
             queues=a.queues,
@@ -41,9 +37,9 @@ def cmd_worker(s: Session) -> int:
             extra_env=({CHILD_SCHEMA_ENV: a.schema} if getattr(a, "schema", None) else None),
             debug=s.debug,
         )
-    except ConfigError as exc:  # a bad --metrics-* value: a usage error, as argparse's
+    except ValueError as exc:  # a bad --queues or --metrics-* value (ConfigError): a usage error
         a.parser.error(str(exc))
-    return sup.run()
+    return Supervisor(config).run()
 
 
 PROCESSES = arg(

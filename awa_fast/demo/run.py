@@ -258,6 +258,7 @@ class _DemoRun:
 
     async def _pipeline(self) -> bool:
         """Migrate, enqueue, start the workers and wait: True when the timeout passed."""
+        from awa_fast.launcher_config import launcher_config
         from awa_fast.supervisor import Supervisor
 
         _log("migrating the awa_fast schema (nothing to do when it is current)")
@@ -277,18 +278,18 @@ class _DemoRun:
             f"{self.processes} worker process(es)"
         )
         self.t_start = time.perf_counter()
-        self.sup = Supervisor(
+        config = launcher_config(
             "awa_fast.demo:client",
             self.processes,
             queues=f"{DEMO_QUEUE}:{WORKERS_PER_PROCESS}",
             database_url=self.database_url,
-            out=sys.stderr,
             status_interval=0,
             # the files that do not parse fail on purpose (and are reported at the end): no
             # WARNING line per failed attempt
             log_level="error",
             extra_env={"PYTHONWARNINGS": "ignore"},
         )
+        self.sup = Supervisor(config, out=sys.stderr)
         self.sup.start()
         return await _wait_for_pipeline(self.c, self.sup, self.t_start, self.timeout)
 

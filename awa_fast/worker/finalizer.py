@@ -46,8 +46,6 @@ failed promptly.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import enum
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,13 +56,13 @@ from psycopg import errors as pg_errors
 
 from awa_fast import bulk, enqueue, metrics, primary, sql
 from awa_fast.repo.consequences import ConsequenceRepo
-from awa_fast.requests import Prepared
 from awa_fast.retryable import Retry, classify, retryable
 from awa_fast.wake import Waker
 from awa_fast.worker import executor as ex
 from awa_fast.worker import storable
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.context import JobContext
+from awa_fast.worker.finalize_request import RELEASED, Finalized, FinalizeRequest
 from awa_fast.worker.observe import Signal
 
 if TYPE_CHECKING:
@@ -80,7 +78,6 @@ RETRY_PAUSE_MAX_S = 2.0
 BATCH_SIZE = 512
 FLUSHERS = 2
 STAGED_COMPLETIONS = ("per_job", "batched")
-RELEASED = "released"
 
 # Outcome kind -> (state written, attempt delta)
 _TRANSITIONS = {
@@ -108,44 +105,6 @@ def _hopeless(exc: BaseException) -> bool:
 # A fault-injection hook: ``await hook(conn, statement, requests)`` with the connection, the SQL
 # constant (from ``awa_fast.sql``) whose commit it surrounds and the requests it finalizes.
 FaultHook = Callable[[Any, str, Sequence["FinalizeRequest"]], Awaitable[None]]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class FinalizeRequest:
-    """One attempt's outcome to make durable.
-
-    Attributes:
-        attempt: the attempt's :class:`JobContext` (its ``id`` and ``run_lease`` guard every
-            write).
-        outcome: what the attempt ended with (``executor.Outcome``).
-        follow_ups: the sealed staged follow-ups (``Prepared``), inserted iff a completion
-            commits; empty for any other outcome.
-    """
-
-    attempt: JobContext
-    outcome: ex.Outcome
-    follow_ups: tuple[Prepared, ...] = ()
-
-    @classmethod
-    def of(cls, attempt: JobContext, outcome: ex.Outcome) -> FinalizeRequest:
-        """The request for a handler's outcome (its staged follow-ups count only on
-        completion)."""
-        staged = outcome.follow_ups if outcome.kind == ex.COMPLETED else None
-        return cls(attempt, outcome, tuple(staged or ()))
-
-    @classmethod
-    def release(cls, attempt: JobContext) -> FinalizeRequest:
-        """Give an unfinished attempt back (shutdown, no handler): available again, the
-        attempt not counted."""
-        return cls(attempt, ex.Outcome(RELEASED, delay=0.0))
-
-
-class Finalized(enum.Enum):
-    """What :meth:`Finalizer.submit` did with a request."""
-
-    APPLIED = "applied"  # the outcome is durable
-    STALE = "stale"  # the guard matched no row (rescued, cancelled, superseded): nothing changed
-    PROMPT_FAILURE = "prompt_failure"  # the outcome failed for good; a failure was recorded
 
 
 class Stale(Exception):

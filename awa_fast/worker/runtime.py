@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
-import difflib
 import gc
-import inspect
 import logging
 import math
 import os
@@ -16,7 +13,6 @@ import socket
 import threading
 import time
 import uuid
-import warnings
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,20 +30,13 @@ from awa_fast import (
     storage_options,
 )
 from awa_fast import pooler as pooler_mode
-from awa_fast.errors import (
-    ConfigError,
-    QueueMismatchWarning,
-    Unsupported,
-    ValidationError,
-    ValidationTypeError,
-)
+from awa_fast.errors import ConfigError
 from awa_fast.job import Job
-from awa_fast.requests import check_name
 from awa_fast.retryable import Retry, classify
 from awa_fast.worker import executor as ex
 from awa_fast.worker.aging import run_aging
 from awa_fast.worker.cancellation import raise_if_cancelling
-from awa_fast.worker.consequences import ConsequenceConfig
+from awa_fast.worker.config import HEARTBEAT_SAFETY, RuntimeConfig
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.dispatcher import Dispatcher
 from awa_fast.worker.finalizer import Finalized, Finalizer, FinalizeRequest
@@ -55,14 +44,8 @@ from awa_fast.worker.heartbeat import Heartbeat
 from awa_fast.worker.idle_poll import IdlePoll
 from awa_fast.worker.lingering import Lingering
 from awa_fast.worker.liveness import LEASE_MARGIN, Liveness
-from awa_fast.worker.maintenance import (
-    STUCK_LOOPS,
-    Maintenance,
-    MaintenanceConfig,
-    check_retention,
-)
+from awa_fast.worker.maintenance import STUCK_LOOPS, Maintenance
 from awa_fast.worker.observe import Signal
-from awa_fast.worker.registry import Registry
 from awa_fast.worker.services import Services
 from awa_fast.worker.stall_watch import StallWatch
 from awa_fast.worker.weighted import OverflowPool
@@ -73,13 +56,8 @@ log = logging.getLogger("awa_fast.runtime")
 # (docs/deployment.md, "Failover"); meanwhile the dispatchers poll.
 LISTEN_BACKOFF_MAX_S = 5.0
 
-DEFAULT_MAX_WORKERS = 10
-DEFAULT_DEADLINE_MS = 300_000
-DEFAULT_CLAIM_BATCH = 512
 DEADLINE_SWEEP_S = 0.5
 CLAIM_HANDOVER_S = 5.0  # shutdown: longest wait for a claim in flight to return its rows
-DEFAULT_HEARTBEAT_MS = 30_000
-HEARTBEAT_SAFETY = 2  # heartbeat_staleness_ms must be >= this many heartbeat intervals
 # Shutdown's bound, after its drain timeout, on the attempts still ending (cancelled handlers
 # giving back, returned ones finalizing) and on the finalizer's last flush: a handler that
 # ignores cancellation or a database that does not answer must not keep shutdown from ending.
@@ -111,317 +89,6 @@ def shutdown_bound_s(timeout_s: float) -> float:
 
 BATCH_RUNNER_S = 0.2  # the leader's batch-operation runner: one step (a chunk) per interval
 UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live worker handles
-
-# Per-queue dict keys awa-fast honours; awa's others are rejected by name.
-_QUEUE_KEYS = {
-    "name",
-    "max_workers",
-    "deadline_duration_ms",
-    "claim_batch_size",
-    "claimers",
-    "rate_limit",
-    "priority_aging_interval_ms",
-    "dlq",
-    "min_workers",
-    "weight",
-    "retention",
-}
-# awa's RetentionPolicy::default: a per-queue retention dict without one of its keys takes
-# this, not start()'s global value (awa-python parse_queue_retention_overrides).
-AWA_QUEUE_RETENTION_DEFAULT_HOURS = {"completed_hours": 24.0, "failed_hours": 72.0}
-
-
-@dataclasses.dataclass
-class QueueConfig:
-    """One queue this process works: ``max_workers`` concurrent attempts, ``deadline_duration_ms``
-    per attempt (0 = none), ``claim_batch_size`` rows per claim at most."""
-
-    name: str
-    max_workers: int = DEFAULT_MAX_WORKERS
-    deadline_duration_ms: int = DEFAULT_DEADLINE_MS
-    claim_batch_size: int = DEFAULT_CLAIM_BATCH
-    rate_limit: tuple[float, int] | None = None  # (max claims per second, burst)
-    priority_aging_interval_ms: int = 0  # 0 = no aging
-    claimers: int = 1  # claim loops sharing the queue's slots (awa's QueueConfig.claimers)
-    # awa's per-queue retention: (completed hours, failed/cancelled hours), or None (global)
-    retention: tuple[float, float] | None = None
-    options: dict = dataclasses.field(default_factory=dict)
-    # weighted mode (global_max_workers): guaranteed slots, share of the overflow pool, and
-    # max_workers only if given (a cap); see worker/weighted.py
-    min_workers: int = 0
-    weight: int = 1
-    cap: int | None = None
-
-
-def parse_queues(
-    queues: Any, registered: list[str], global_max_workers: int | None = None
-) -> list[QueueConfig]:
-    """awa's queue forms: ``None`` (one queue per registered handler queue, 10 workers), a list of
-    ``(name, max_workers)`` tuples, a list of dicts with ``name`` and ``max_workers`` plus
-    optional ``deadline_duration_ms``, ``claim_batch_size``, ``claimers`` (an int >= 1: claim
-    loops sharing the queue's slots, awa's meaning), ``rate_limit=(max_rate, burst)`` (claims
-    per second, bucket size), ``priority_aging_interval_ms``, ``dlq`` (a bool) and
-    ``retention`` (a dict with ``completed_hours`` and/or ``failed_hours``, numbers >= 0; a key
-    left out takes awa's default, 24 and 72 hours); or ``PartitionedQueue`` configs.
-    With ``global_max_workers`` (awa's weighted mode) the dicts give ``min_workers`` (>= 0,
-    guaranteed slots) and ``weight`` (>= 1, share of the rest); a ``max_workers`` there caps
-    the queue.
-
-    Raises:
-        ValidationError: an invalid value, naming the queue and key; weighted mode without
-            dict queues, ``min_workers``/``weight`` without ``global_max_workers``, or
-            minimums summing past it (awa's rules); ``claimers`` or ``claim_batch_size`` < 1; a
-            ``retention`` that is not such a dict. ``Unsupported`` (a ValidationError) for
-            unknown keys.
-    """
-    weighted = global_max_workers is not None
-    if weighted:
-        _positive(global_max_workers, "global_max_workers")
-        if queues is None:
-            raise ValidationError(
-                "weighted mode requires explicit queue configs "
-                "(global_max_workers set but queues=None)",
-                field="queues",
-            )
-    if queues is None:
-        return [QueueConfig(q) for q in (registered or ["default"])]
-    out = []
-    for item in queues:
-        if isinstance(item, tuple) and weighted:
-            raise ValidationError(
-                "tuple queue config is not supported with global_max_workers; "
-                "use dict form with min_workers/weight",
-                field="queues",
-            )
-        if isinstance(item, tuple):
-            if len(item) != 2:
-                raise ConfigError(
-                    f"a tuple queue config is (name, max_workers), got {item!r}",
-                    field="queues",
-                    limit="(name, max_workers)",
-                )
-            name, max_workers = item
-            out.append(QueueConfig(name, _positive(max_workers, f"{name}: max_workers")))
-            continue
-        if not isinstance(item, dict) or "name" not in item:
-            raise ValidationError(
-                "each queue must be a (name, max_workers) tuple or a dict with 'name'",
-                field="queues",
-            )
-        cfg = dict(item)
-        name = cfg.pop("name")
-        if "max_workers" in cfg and "min_workers" in cfg:
-            raise ValidationError(
-                f"queue {name!r}: give max_workers or min_workers, not both", field="min_workers"
-            )
-        for key in cfg:
-            if key not in _QUEUE_KEYS:
-                raise Unsupported(key, f"queue {name!r}: unknown queue option")
-        for key in ("claimers", "claim_batch_size"):
-            if key in cfg:
-                _positive(cfg[key], f"queue {name!r}: {key}")
-        if "dlq" in cfg and not isinstance(cfg["dlq"], bool):
-            # bool(cfg["dlq"]) is stored later: "no" would turn the DLQ on
-            raise ConfigError(
-                f"queue {name!r}: dlq must be a bool, got {cfg['dlq']!r}", field="dlq", limit="bool"
-            )
-        claimers = cfg.pop("claimers", 1)
-        retention = _queue_retention(name, cfg.pop("retention", None))
-        # the values first, valid in no mode when wrong (awa: "weight must be > 0" either way)
-        if "weight" in cfg and (
-            isinstance(cfg["weight"], bool)
-            or not isinstance(cfg["weight"], int)
-            or cfg["weight"] < 1
-        ):
-            raise ValidationError(
-                f"queue {name!r}: weight must be > 0 (an integer), got {cfg['weight']!r}",
-                field="weight",
-                limit=">= 1",
-            )
-        if "min_workers" in cfg:
-            _count(cfg["min_workers"], f"queue {name!r}: min_workers", 0)
-        if not weighted and ("min_workers" in cfg or "weight" in cfg):
-            key = "min_workers" if "min_workers" in cfg else "weight"
-            raise ValidationError(
-                f"queue {name!r}: {key} needs weighted mode (start(global_max_workers=N))",
-                field=key,
-            )
-        share: dict[str, Any] = {}
-        if weighted:
-            share = {
-                "min_workers": _count(cfg.pop("min_workers", 0), f"queue {name!r}: min_workers", 0),
-                "weight": _count(cfg.pop("weight", 1), f"queue {name!r}: weight", 1),
-                "cap": (
-                    _positive(cfg.pop("max_workers"), f"{name}: max_workers")
-                    if "max_workers" in cfg
-                    else None
-                ),
-            }
-        out.append(
-            QueueConfig(
-                name,
-                _positive(cfg.pop("max_workers", DEFAULT_MAX_WORKERS), f"{name}: max_workers"),
-                deadline_duration_ms=_deadline_ms(
-                    name, cfg.pop("deadline_duration_ms", DEFAULT_DEADLINE_MS)
-                ),
-                claim_batch_size=int(cfg.pop("claim_batch_size", DEFAULT_CLAIM_BATCH)),
-                rate_limit=parse_rate_limit(name, cfg.pop("rate_limit", None)),
-                priority_aging_interval_ms=_aging_ms(
-                    name, cfg.pop("priority_aging_interval_ms", None)
-                ),
-                claimers=claimers,
-                retention=retention,
-                options=cfg,
-                **share,
-            )
-        )
-    if global_max_workers is not None:  # weighted
-        total_min = sum(q.min_workers for q in out)
-        if total_min > global_max_workers:
-            raise ValidationError(
-                f"sum of min_workers ({total_min}) exceeds global_max_workers "
-                f"({global_max_workers})",
-                field="global_max_workers",
-                limit=f">= {total_min}",
-            )
-    return out
-
-
-def _queue_retention(queue: str, value: Any) -> tuple[float, float] | None:
-    """A queue dict's ``retention`` (awa's per-queue override): ``None``, or a dict with
-    ``completed_hours`` and/or ``failed_hours`` (finite numbers >= 0, hours). A key left out
-    takes awa's default (``AWA_QUEUE_RETENTION_DEFAULT_HOURS``). awa's upper limit (2**64
-    seconds) is checked with the global ones (``maintenance.check_retention``).
-
-    Raises:
-        ConfigError: not a dict, another key, or a value that is not a finite number >= 0,
-            naming the queue and the key.
-    """
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise ConfigError(
-            f"queue {queue!r}: retention must be a dict with 'completed_hours' and/or "
-            f"'failed_hours' keys, got {value!r}",
-            field="retention",
-            limit="dict",
-        )
-    unknown = sorted(set(value) - set(AWA_QUEUE_RETENTION_DEFAULT_HOURS))
-    if unknown:
-        raise ConfigError(
-            f"queue {queue!r}: retention takes 'completed_hours' and 'failed_hours', got "
-            f"{', '.join(map(repr, unknown))}",
-            field="retention",
-            limit="completed_hours, failed_hours",
-        )
-    hours = []
-    for key, default in AWA_QUEUE_RETENTION_DEFAULT_HOURS.items():
-        h = value.get(key, default)
-        if isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h) or h < 0:
-            raise ConfigError(
-                f"queue {queue!r}: retention {key} must be a non-negative finite number "
-                f"(hours), got {h!r}",
-                field=key,
-                limit=">= 0",
-            )
-        hours.append(float(h))
-    return hours[0], hours[1]
-
-
-def _deadline_ms(queue: str, value: Any) -> int:
-    """A queue's ``deadline_duration_ms``: an int from 0 (no deadline) to 100 years. A larger
-    one made every claim of the queue fail ("interval out of range"): the queue stood still.
-
-    Raises:
-        ValidationError: naming the queue and the field.
-    """
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < 0
-        or value > MAX_SETTING_S * 1000
-    ):
-        raise ValidationError(
-            f"queue {queue!r}: deadline_duration_ms must be an int from 0 (no "
-            f"deadline) to {MAX_SETTING_S * 1000} (100 years), got {value!r}",
-            field="deadline_duration_ms",
-            limit=f">= 0 and <= {MAX_SETTING_S * 1000}",
-        )
-    return value
-
-
-def _count(value: Any, what: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        field = what.rsplit(": ", 1)[-1]
-        raise ValidationError(
-            f"{what} must be an integer >= {least}, got {value!r}", field=field, limit=f">= {least}"
-        )
-    return value
-
-
-def parse_rate_limit(queue: str, value: Any) -> tuple[float, int] | None:
-    """``(max_rate, burst)``: ``max_rate`` > 0 claims per second, ``burst`` >= 1 claims.
-
-    Raises:
-        ValidationTypeError: not a pair, or a member of the wrong type (a ``TypeError`` too, as
-            in awa), naming the queue.
-        ValidationError: a value out of range, naming the queue.
-    """
-    if value is None:
-        return None
-    try:
-        if isinstance(value, (str, bytes)):
-            raise TypeError  # a 2-character string unpacks
-        rate, burst = value
-    except (TypeError, ValueError):
-        raise ValidationTypeError(
-            f"queue {queue!r}: rate_limit must be a (max_rate, burst) pair or None, got {value!r}",
-            field="rate_limit",
-        ) from None
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)):
-        raise ValidationTypeError(
-            f"queue {queue!r}: rate_limit max_rate must be a number (claims per second), "
-            f"got {rate!r}",
-            field="rate_limit",
-        )
-    if isinstance(burst, bool) or not isinstance(burst, int):
-        raise ValidationTypeError(
-            f"queue {queue!r}: rate_limit burst must be an int >= 1, got {burst!r}",
-            field="rate_limit",
-        )
-    if not rate > 0 or rate == float("inf"):
-        raise ValidationError(
-            f"queue {queue!r}: rate_limit max_rate must be a finite number "
-            f"> 0 (claims per second), got {rate!r}",
-            field="rate_limit",
-            limit="> 0",
-        )
-    if burst < 1:
-        raise ValidationError(
-            f"queue {queue!r}: rate_limit burst must be an int >= 1, got {burst!r}",
-            field="rate_limit",
-            limit=">= 1",
-        )
-    return float(rate), burst
-
-
-def _aging_ms(queue: str, value: Any) -> int:
-    if value is None:
-        return 0
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < 0
-        or value > MAX_SETTING_S * 1000
-    ):  # beyond it every aging pass overflows
-        raise ValidationError(
-            f"queue {queue!r}: priority_aging_interval_ms must be an int from "
-            f"0 (0 disables aging) to {MAX_SETTING_S * 1000} (100 years), got "
-            f"{value!r}",
-            field="priority_aging_interval_ms",
-            limit=f">= 0 and <= {MAX_SETTING_S * 1000}",
-        )
-    return value
 
 
 def _free_slot_when_done(thread: concurrent.futures.Future, dispatcher: Dispatcher) -> None:
@@ -473,281 +140,6 @@ async def _cancel_and_wait(tasks: list, grace_s: float = 0.0) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def check_config(
-    registry: Registry,
-    queues: list[QueueConfig],
-    explicit_queues: bool,
-    heartbeat_interval_ms: int,
-    heartbeat_staleness_ms: int,
-    *,
-    warn_unserved_default: bool | None = None,
-    maintenance: bool = True,
-    periodic: bool = False,
-    specs: bool = False,
-) -> None:
-    """Reject at ``start()`` a configuration that cannot work.
-
-    Raises:
-        ConfigError: no handlers (unless periodic schedules, or a maintenance process with
-            declared consequences or specs); a queue or handler kind that ``insert`` would reject; a
-            handler whose queue is not started; ``heartbeat_interval_ms`` not at most
-            ``heartbeat_staleness_ms / 2`` (a live attempt would be rescued and run again).
-
-    Warns (``QueueMismatchWarning``) when ``warn_unserved_default`` (default:
-    ``explicit_queues``; ``start()`` passes whether queues were given, a ``queue_subset`` too)
-    and handlers registered without ``queue=`` are started without ``default``, or every
-    handler names its queue and a started queue is named by none.
-    """
-    if not (registry.handlers or periodic or (maintenance and (registry.consequences or specs))):
-        # Without handlers a process is useful only to register periodic schedules or as a
-        # maintenance process that knows the consequences or specs of kinds handled elsewhere.
-        raise ConfigError(
-            "no handlers registered: register at least one worker before starting the "
-            "runtime, with @client.task before start() (a maintenance-only process declares "
-            "failure consequences with client.failure_consequence)",
-            field="handlers",
-            limit=">= 1 handler",
-        )
-    for i, q in enumerate(queues):
-        try:
-            check_name(q.name, "queue")
-        except ValidationError as exc:
-            raise ConfigError(
-                f"queues[{i}]: queue name {q.name!r} would be rejected by insert: {exc}",
-                field="queues",
-                limit=getattr(exc, "limit", None),
-            ) from exc
-    started = {q.name for q in queues}
-    if len(started) < len(queues):
-        dup = sorted({q.name for q in queues if [x.name for x in queues].count(q.name) > 1})
-        raise ConfigError(
-            f"queue(s) {', '.join(map(repr, dup))} configured more than once",
-            field="queues",
-            limit="each queue once",
-        )
-    for kind, handler in registry.handlers.items():
-        try:
-            check_name(kind, "kind")
-            check_name(handler.queue, "queue")
-        except ValidationError as exc:
-            raise ConfigError(
-                f"handler kind {kind!r} (queue {handler.queue!r}) would be rejected "
-                f"by insert: {exc}",
-                field="kind",
-                limit=getattr(exc, "limit", None),
-            ) from exc
-        if explicit_queues and handler.explicit_queue and handler.queue not in started:
-            raise ConfigError(
-                f"the handler of {kind!r} is registered for queue {handler.queue!r}, "
-                f"which this process does not start (queues: "
-                f"{', '.join(sorted(started))})",
-                field="queues",
-                limit=f"includes {handler.queue!r}",
-            )
-    implicit = sorted(k for k, h in registry.handlers.items() if not h.explicit_queue)
-    if warn_unserved_default is None:
-        warn_unserved_default = explicit_queues
-    if warn_unserved_default and implicit and "default" not in started:
-        # Not an error: such a handler may serve jobs inserted with queue= into the started
-        # queues. But their plain inserts go to 'default', which nothing here serves.
-        warnings.warn(
-            f"start() serves {', '.join(sorted(started))} but not 'default', where inserts of "
-            f"{', '.join(map(repr, implicit[:5]))}{' ...' if len(implicit) > 5 else ''} "
-            "without queue= go (their handlers were registered without queue=): those jobs "
-            "wait for a worker of 'default'. A misspelt queue name?",
-            QueueMismatchWarning,
-            # the application's start() call (db_errors' wrapper -> start -> _runtime_for -> here)
-            stacklevel=6,
-        )
-    if warn_unserved_default and registry.handlers and not implicit:
-        # Every handler names its queue: a started queue none of them names runs nothing.
-        idle = sorted(started - {h.queue for h in registry.handlers.values()})
-        if idle:
-            warnings.warn(
-                f"start() serves {', '.join(map(repr, idle))}, for which no handler is "
-                "registered (every handler names its queue: "
-                + ", ".join(
-                    f"{k!r} -> {h.queue!r}" for k, h in sorted(registry.handlers.items())[:5]
-                )
-                + "): no job there can run. A misspelt queue name?",
-                QueueMismatchWarning,
-                stacklevel=6,
-            )
-    if heartbeat_interval_ms * HEARTBEAT_SAFETY > heartbeat_staleness_ms:
-        raise ConfigError(
-            f"heartbeat_interval_ms={heartbeat_interval_ms} is too close to "
-            f"heartbeat_staleness_ms={heartbeat_staleness_ms}: a live attempt would be rescued and "
-            f"run again",
-            field="heartbeat_interval_ms",
-            limit=f"<= heartbeat_staleness_ms / {HEARTBEAT_SAFETY}",
-        )
-
-
-# The largest count or millisecond value a setting may give: PostgreSQL's int4, the type of
-# lock_timeout and of the LIMITs the passes run (beyond it every pass would fail).
-MAX_SETTING_INT = 2**31 - 1
-
-
-def _did_you_mean(unknown: list[str]) -> str:
-    """`` (did you mean 'x'?)`` for the first of ``unknown`` close to a ``start()`` keyword."""
-    known = [p for p in inspect.signature(Runtime.__init__).parameters if p not in ("self",)]
-    known += list(storage_options.OPTIONS)
-    known += ["consequence_timeout_ms", "consequence_backoff_ms"]  # AsyncClient.start's own
-    for name in unknown:
-        close = difflib.get_close_matches(name, known, n=1)
-        if close:
-            return f" (did you mean {close[0]!r}?)"
-    return ""
-
-
-def _positive(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_SETTING_INT:
-        raise ConfigError(
-            f"{what} must be a positive int at most {MAX_SETTING_INT}, got {value!r}",
-            field=what.rsplit(" ", 1)[-1],
-            limit=f"> 0 and <= {MAX_SETTING_INT}",
-        )
-    return value
-
-
-# The longest duration a setting may give: beyond it PostgreSQL's interval and timestamp
-# arithmetic overflows (a pass would fail every time).
-MAX_SETTING_S = 100 * 365 * 86_400
-_UNIT_S = {"_ms": 0.001, "_hours": 3600, "_days": 86_400}
-
-
-# awa's retentions: any length below awa's own limit is kept (maintenance.check_retention,
-# ADR 029), not capped at MAX_SETTING_S.
-_AWA_RETENTIONS = {"completed_retention_hours", "failed_retention_hours"}
-
-
-def _setting(
-    value: Any,
-    field: str,
-    *,
-    integer: bool = False,
-    zero: bool = False,
-    awa_retention: bool = False,
-) -> float:
-    """A maintenance interval, retention or size given to ``start()``: a finite number > 0
-    (``>= 0`` with ``zero``; an int for ``integer``). In milliseconds (a name ending ``_ms``) at
-    least 1 and at most ``MAX_SETTING_INT`` (about 24.8 days: PostgreSQL's ``lock_timeout``);
-    a count at most ``MAX_SETTING_INT``; in hours or days at most ``MAX_SETTING_S``, except
-    awa's retentions (``awa_retention``), which ``maintenance.check_retention`` bounds by awa's
-    own limit.
-
-    Raises:
-        ConfigError: naming ``field`` and the limit.
-    """
-    kinds = (int,) if integer else (int, float)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, kinds)
-        or not math.isfinite(value)
-        or value < 0
-        or (value == 0 and not zero)
-    ):
-        what = "an int" if integer else "a finite number"
-        raise ConfigError(
-            f"{field} must be {what} {'>= 0' if zero else '> 0'}, got {value!r}",
-            field=field,
-            limit=">= 0" if zero else "> 0",
-        )
-    if field.endswith("_ms") and not 1 <= value <= MAX_SETTING_INT:
-        raise ConfigError(
-            f"{field}={value!r} is out of range: at least 1 ms, at most {MAX_SETTING_INT} ms "
-            "(about 24.8 days, PostgreSQL's lock_timeout)",
-            field=field,
-            limit=f">= 1 and <= {MAX_SETTING_INT}",
-        )
-    if integer and value > MAX_SETTING_INT:
-        raise ConfigError(
-            f"{field}={value!r} is larger than {MAX_SETTING_INT} (PostgreSQL's int4)",
-            field=field,
-            limit=f"<= {MAX_SETTING_INT}",
-        )
-    unit = next((u for suffix, u in _UNIT_S.items() if field.endswith(suffix)), None)
-    if unit is not None and not awa_retention and value * unit > MAX_SETTING_S:
-        raise ConfigError(
-            f"{field}={value!r} is longer than 100 years (PostgreSQL's interval "
-            "arithmetic would overflow)",
-            field=field,
-            limit=f"<= {MAX_SETTING_S / unit:.0f}",
-        )
-    return value
-
-
-def consequence_config(
-    timeout_ms: Any = None, backoff_ms: Any = None, base: ConsequenceConfig | None = None
-) -> ConsequenceConfig:
-    """``start()``'s ``consequence_timeout_ms`` / ``consequence_backoff_ms`` (milliseconds) as a
-    :class:`ConsequenceConfig`; one not given (``None``) keeps ``base``'s value (default: the
-    defaults). ``AsyncClient.start()`` hands the result to its settler; the runtime never
-    changes it.
-
-    Raises:
-        ConfigError: naming the field (a finite number > 0, at most 100 years).
-    """
-    config = ConsequenceConfig() if base is None else base
-    if timeout_ms is not None:
-        timeout_s = _setting(timeout_ms, "consequence_timeout_ms") / 1000
-        config = dataclasses.replace(config, timeout_s=timeout_s)
-    if backoff_ms is not None:
-        backoff_s = _setting(backoff_ms, "consequence_backoff_ms") / 1000
-        config = dataclasses.replace(config, backoff_base_s=backoff_s)
-    return config
-
-
-def _flag(value: Any, field: str, *, optional: bool = False) -> Any:
-    """A ``bool`` keyword of ``start()`` (``None`` too when ``optional``): a string such as
-    ``"no"`` would otherwise count as true.
-
-    Raises:
-        ConfigError: naming ``field``.
-    """
-    if isinstance(value, bool) or (optional and value is None):
-        return value
-    raise ConfigError(
-        f"{field} must be a bool{' or None' if optional else ''}, got {value!r}",
-        field=field,
-        limit="bool",
-    )
-
-
-def _metrics_port(port: Any) -> int | None:
-    """``metrics_port`` of ``start()``; a launcher child's metrics are served by the launcher."""
-    if port is None:
-        return None
-    if os.environ.get(metrics.LAUNCHER_ENV):
-        raise ConfigError(
-            f"metrics_port={port!r}: this process's metrics are aggregated by the "
-            "launcher (awa-fast worker --metrics-port) through "
-            f"{metrics.MULTIPROC_ENV}; give the port there",
-            field="metrics_port",
-        )
-    return metrics.check_port(port)
-
-
-def _metrics_needs_port(port: int | None, host: Any, refresh_ms: Any) -> None:
-    """Raises ConfigError: ``metrics_host`` / ``metrics_refresh_ms`` given without
-    ``metrics_port``, which they configure (they would be silently unused)."""
-    if port is not None:
-        return
-    # A launcher's child has no port of its own, but its refresh feeds the launcher's endpoint.
-    unused = [("metrics_host", host)]
-    if not os.environ.get(metrics.LAUNCHER_ENV):
-        unused.append(("metrics_refresh_ms", refresh_ms))
-    for field, value in unused:
-        if value is not None:
-            raise ConfigError(
-                f"{field}={value!r} configures the metrics endpoint, but no metrics_port is "
-                "set (start(metrics_port=...) or awa-fast worker --metrics-port): set one, or "
-                f"drop {field}",
-                field=field,
-                limit="only with metrics_port",
-            )
-
-
 def _log_failed_attempt(ctx: JobContext, outcome: ex.Outcome) -> None:
     """One line per failed or retried attempt: kind, id, attempt, the error's type and message
     (its first line; never the job's args), and what happens next ("retry in N s", or "not
@@ -779,82 +171,26 @@ def _first(ids: list[int], n: int = 20) -> str:
 class Runtime:
     """Runs registered handlers in this process (one per ``AsyncClient.start``, which builds
     its :class:`~awa_fast.worker.services.Services`: pool, registry, specs, settler, periodic
-    schedules and descriptors; the runtime reads them and changes none of the client's
-    settings -- ``consequence_timeout_ms`` / ``consequence_backoff_ms`` are ``start()``'s, see
-    :func:`consequence_config`).
+    schedules and descriptors, and its :class:`~awa_fast.worker.config.RuntimeConfig`, validated
+    by ``worker.config.runtime_config``: this class validates nothing, it wires the parts the
+    configuration describes; the runtime reads the services and changes none of the client's
+    settings).
 
-    Rejects at construction (so at ``start()``) a configuration that cannot work
-    (:func:`check_config`, ``ConfigError`` naming the field) and, at :meth:`start`, a database
-    whose schema is missing or old (``SchemaNotMigrated``: run ``awa-fast migrate``).
-    awa-fast's own keywords: ``queue_subset=True`` says this process deliberately works only
-    some of the application's queues (the launcher's ``--queues`` sets it), so handlers
-    registered for other queues are not an error; ``callback_rescue_interval_ms`` is the
-    expired-callback rescue's own interval (default 30 s); ``metrics_port`` (int, 0 = any free
-    port) serves this process's Prometheus metrics on ``metrics_host`` (default 127.0.0.1) and
-    ``metrics_refresh_ms`` (default 5000) is how often it re-reads queue depth and owed
-    consequences (ADR 010); a bad value, a busy port, ``metrics_port`` in a launcher's child, or
-    ``metrics_host`` / ``metrics_refresh_ms`` without ``metrics_port`` (a launcher's child may
-    set ``metrics_refresh_ms``: it refreshes the launcher's endpoint) is a ``ConfigError``. ``gc_freeze`` (bool, default True): at the end of :meth:`start`,
-    ``gc.freeze()`` moves every object allocated so far in the process to the permanent
-    generation, so the cyclic collector's full passes during the run scan only what the run
-    allocates (ADR 017: pauses of 15-60 ms every few seconds became 3-4 ms at 8,000 jobs/s).
-    Objects alive at start that become cyclic garbage during the run are collected only after
-    :meth:`shutdown`, which calls ``gc.unfreeze()``; pass False to leave the collector alone.
-    ``sync_handler_threads`` (int > 0): threads that run plain ``def`` handlers; default one per
-    worker slot of this process (the queues' ``max_workers`` summed, or ``global_max_workers``),
-    started only as ``def`` handlers run, so every slot can run one.
+    At :meth:`start` it refuses a database whose schema is missing or old
+    (``SchemaNotMigrated``: run ``awa-fast migrate``) and a metrics port that cannot be bound
+    (``ConfigError``). ``gc_freeze`` (ADR 017): at the end of :meth:`start`, ``gc.freeze()``
+    moves every object allocated so far to the permanent generation; :meth:`shutdown` calls
+    ``gc.unfreeze()``.
+
+    Raises:
+        ConfigError: ``config.storage.queue_storage_schema`` names another schema than the
+            services' (start it from a client of that schema).
     """
 
-    def __init__(
-        self,
-        services: Services,
-        queues: Any = None,
-        *,
-        poll_interval_ms: int = 200,
-        global_max_workers: int | None = None,
-        heartbeat_interval_ms: int | None = None,
-        completed_retention_hours: float | None = None,
-        failed_retention_hours: float | None = None,
-        dlq_retention_days: float | None = None,
-        descriptor_retention_days: float | None = None,
-        cleanup_batch_size: int | None = None,
-        leader_election_interval_ms: int | None = None,
-        promote_interval_ms: int | None = None,
-        heartbeat_rescue_interval_ms: int | None = None,
-        heartbeat_staleness_ms: int | None = None,
-        deadline_rescue_interval_ms: int | None = None,
-        callback_rescue_interval_ms: int | None = None,
-        cleanup_interval_ms: int | None = None,
-        reconcile_interval_ms: int | None = None,
-        dlq_enabled_by_default: bool | None = None,
-        callback_poll_interval_ms: int = 200,
-        staged_completions: str = "per_job",
-        finalizer_batch_size: int = 512,
-        sync_handler_threads: int | None = None,
-        maintenance: bool = True,
-        queue_subset: bool = False,
-        cron_interval_ms: int | None = None,
-        metrics_port: int | None = None,
-        metrics_host: str | None = None,
-        metrics_refresh_ms: int | None = None,
-        gc_freeze: bool = True,
-        **storage: Any,
-    ):
-        _flag(queue_subset, "queue_subset")
-        self.gc_freeze = _flag(gc_freeze, "gc_freeze")
-        unknown = set(storage) - set(storage_options.OPTIONS)
-        if unknown:
-            raise TypeError(
-                f"start() got unexpected keyword(s): {', '.join(sorted(unknown))}"
-                + _did_you_mean(sorted(unknown))
-            )
-        # awa 0.7's storage options (storage_options.py): validated as awa does; the
-        # inapplicable ones logged once, the honoured ones applied below
-        honoured = storage_options.accept(storage)
-        self.services = services
+    def __init__(self, services: Services, config: RuntimeConfig):
         # awa's queue_storage_schema names the schema of the services' connections (the client
         # binds them, ADR 027); given to a runtime bound elsewhere, it is refused, not ignored
-        named = honoured.get("queue_storage_schema")
+        named = config.storage.queue_storage_schema
         if named not in (None, storage_options.AWA_DEFAULT_SCHEMA, services.schema.name):
             raise ConfigError(
                 f"queue_storage_schema {named!r} is not this runtime's schema "
@@ -862,139 +198,35 @@ class Runtime:
                 field="queue_storage_schema",
                 limit=services.schema.name,
             )
-        self.queues = parse_queues(queues, services.registry.queues(), global_max_workers)
+        self.services = services
+        self.config = config
+        self.queues = list(config.queues)
         self.overflow = None
-        if global_max_workers is not None:  # awa's weighted mode (worker/weighted.py)
+        if config.global_max_workers is not None:  # awa's weighted mode (worker/weighted.py)
             self.overflow = OverflowPool(
-                global_max_workers - sum(q.min_workers for q in self.queues),
+                config.global_max_workers - sum(q.min_workers for q in self.queues),
                 {q.name: q.weight for q in self.queues},
             )
-        self.poll_interval_s = _setting(poll_interval_ms, "poll_interval_ms", integer=True) / 1000
-        if heartbeat_interval_ms is not None:
-            _setting(heartbeat_interval_ms, "heartbeat_interval_ms", integer=True)
-        self.heartbeat_interval_s = (heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS) / 1000
-        mconf = MaintenanceConfig()
-        for key, value in {
-            "completed_retention_hours": completed_retention_hours,
-            "failed_retention_hours": failed_retention_hours,
-            "dlq_retention_days": dlq_retention_days,
-            "cleanup_batch_size": cleanup_batch_size,
-            "leader_election_interval_ms": leader_election_interval_ms,
-            "promote_interval_ms": promote_interval_ms,
-            "heartbeat_rescue_interval_ms": heartbeat_rescue_interval_ms,
-            "heartbeat_staleness_ms": heartbeat_staleness_ms,
-            "deadline_rescue_interval_ms": deadline_rescue_interval_ms,
-            "callback_rescue_interval_ms": callback_rescue_interval_ms,
-            "cleanup_interval_ms": cleanup_interval_ms,
-            "reconcile_interval_ms": reconcile_interval_ms,
-            "terminal_count_rollup_interval_ms": honoured.get("terminal_count_rollup_interval_ms"),
-        }.items():
-            if value is not None:
-                setattr(
-                    mconf,
-                    key,
-                    _setting(
-                        value,
-                        key,
-                        integer=key == "cleanup_batch_size",
-                        zero=key in _AWA_RETENTIONS,  # awa: >= 0 (0 prunes at once)
-                        awa_retention=key in _AWA_RETENTIONS,
-                    ),
-                )
-        if descriptor_retention_days is not None:  # awa: 0 keeps descriptors forever
-            mconf.descriptor_retention_days = _setting(
-                descriptor_retention_days,
-                "descriptor_retention_days",
-                zero=True,
-                awa_retention=True,
-            )
-        mconf.queue_retention = {
-            q.name: q.retention for q in self.queues if q.retention is not None
-        }
-        check_retention(mconf)
-        self.maintenance_config = mconf
-        names = {q.name for q in self.queues}
-        for queue in services.queue_descriptors:
-            if queue not in names:  # awa's QueueDescriptorWithoutQueue
-                raise ValidationError(
-                    f"queue descriptor declared for unknown queue {queue!r} "
-                    "(not among the queues start() runs)",
-                    field="queue",
-                )
-        # queue_subset: this process deliberately works some of the application's queues
-        # (the launcher's --queues); handlers of the others are left to other processes.
-        check_config(
-            services.registry,
-            self.queues,
-            queues is not None and not queue_subset,
-            heartbeat_interval_ms or DEFAULT_HEARTBEAT_MS,
-            mconf.heartbeat_staleness_ms,
-            # a subset too: plain inserts of those kinds still go to 'default'
-            warn_unserved_default=queues is not None,
-            maintenance=maintenance,
-            periodic=bool(services.periodic_jobs),
-            specs=bool(services.specs.kinds_any()),
-        )
+        self.poll_interval_s = config.poll_interval_ms / 1000
+        self.heartbeat_interval_s = config.heartbeat_interval_ms / 1000
+        self.callback_poll_interval_s = config.callback_poll_interval_ms / 1000
+        self.cron_interval_s = config.cron_interval_ms / 1000
+        self.metrics_refresh_s = config.metrics.refresh_ms / 1000
+        self.maintenance_config = config.maintenance_config
+        self.run_maintenance = config.maintenance
+        self.gc_freeze = config.gc_freeze
         # This process's presence row (awa_fast.workers) and the kinds it claims.
         self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.kinds = sorted(services.registry.handlers)
         self.unhandled_warned: set[tuple[str, str]] = set()
         # schedules the cron pass cannot evaluate or fire, warned about once (periodic.evaluate)
         self.cron_problems = bulk.Recurring()
-        self.dlq_enabled_by_default = _flag(
-            dlq_enabled_by_default, "dlq_enabled_by_default", optional=True
-        )
-        if staged_completions not in ("per_job", "batched"):
-            raise ConfigError(
-                "staged_completions must be 'per_job' (ADR-046, the default) or "
-                f"'batched', got {staged_completions!r}",
-                field="staged_completions",
-                limit="'per_job' or 'batched'",
-            )
-        self.staged_completions = staged_completions
-        self.callback_poll_interval_s = (
-            _setting(callback_poll_interval_ms, "callback_poll_interval_ms", integer=True) / 1000
-        )
-        self.run_maintenance = _flag(maintenance, "maintenance")
-        # Periodic jobs: how often the maintenance leader evaluates awa_fast.cron_jobs.
-        self.cron_interval_s = (
-            _setting(
-                1000 if cron_interval_ms is None else cron_interval_ms,
-                "cron_interval_ms",
-                integer=True,
-            )
-            / 1000
-        )
-        self.finalizer_batch_size = int(
-            _setting(finalizer_batch_size, "finalizer_batch_size", integer=True)
-        )
-        if sync_handler_threads is not None:
-            _setting(sync_handler_threads, "sync_handler_threads", integer=True)
-        self.metrics_port = _metrics_port(metrics_port)
-        self.metrics_host = metrics.check_host(
-            metrics.DEFAULT_HOST if metrics_host is None else metrics_host
-        )
-        self.metrics_refresh_s = (
-            _setting(
-                metrics.DEFAULT_REFRESH_MS if metrics_refresh_ms is None else metrics_refresh_ms,
-                "metrics_refresh_ms",
-                integer=True,
-            )
-            / 1000
-        )
-        _metrics_needs_port(self.metrics_port, metrics_host, metrics_refresh_ms)
         self.metrics_exporter: metrics.Exporter | None = None
         # A slot runs a handler, async or def: a def handler needs a thread for the slot's
         # max_workers to be honoured, and Python's default (cores + 4, at most 32) let a claimed
         # job wait for one while its deadline ran. Threads start only when def handlers run.
-        slots = (
-            global_max_workers
-            if global_max_workers is not None
-            else sum(q.max_workers for q in self.queues)
-        )
         self.thread_pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=sync_handler_threads or max(1, slots),
-            thread_name_prefix="awa-fast-handler",
+            max_workers=config.handler_threads, thread_name_prefix="awa-fast-handler"
         )
         # Every structure is keyed by attempt (job id, run_lease).
         self.in_flight: dict[tuple[int, int], JobContext] = {}
@@ -1043,7 +275,7 @@ class Runtime:
             for q in self.queues:
                 # Only an explicit setting is written: a process that says nothing about DLQ
                 # leaves the queue's stored policy alone.
-                dlq = q.options.get("dlq", self.dlq_enabled_by_default)
+                dlq = q.dlq if q.dlq is not None else self.config.dlq_enabled_by_default
                 if dlq is not None:
                     await conn.execute(sql.SET_QUEUE_DLQ, (q.name, bool(dlq)))
         await self._sync_periodic()
@@ -1054,12 +286,34 @@ class Runtime:
             sorted(registry.consequence_kinds()),
             list(STUCK_LOOPS),
         )
-        if self.metrics_port is not None:  # ConfigError when the port cannot be bound
-            self.metrics_exporter = metrics.Exporter(self.metrics_port, self.metrics_host)
+        endpoint = self.config.metrics
+        if endpoint.port is not None:  # ConfigError when the port cannot be bound
+            self.metrics_exporter = metrics.Exporter(endpoint.port, endpoint.host)
+        self._build_parts(pool_getter)
+        try:
+            if self._listen_url() is not None:
+                await self._listen_connect()
+        except BaseException:
+            if self.metrics_exporter is not None:
+                self.metrics_exporter.close()
+            raise
+        self._start_tasks(pool_getter)
+        assert self.liveness is not None  # built by _build_parts
+        self.liveness.start()  # the beats, the lease check and the stall watch, off this loop
+        if self.gc_freeze:
+            # What exists now (imports, handlers, pools) lives as long as the process: out of
+            # the cyclic collector's full passes, which otherwise stall the loop 15-60 ms every
+            # few seconds at 8,000 jobs/s (measured in the soak; 3-4 ms frozen).
+            gc.freeze()
+
+    def _build_parts(self, pool_getter: Any) -> None:
+        """The parts :meth:`start` runs, built from the configuration: the finalizer, the idle
+        poll, a dispatcher per queue, the heartbeat and its liveness thread, the stall watch,
+        the lingering-thread keeper."""
         self.finalizer = Finalizer.batching(
             pool_getter,
-            batch_size=self.finalizer_batch_size,
-            staged_completions=self.staged_completions,
+            batch_size=self.config.finalizer_batch_size,
+            staged_completions=self.config.staged_completions,
             specs=self.services.specs,
             settler=self.services.settler,
         )
@@ -1119,13 +373,11 @@ class Runtime:
             self.services.pooler,
             self.services.schema,
         )
-        try:
-            if self._listen_url() is not None:
-                await self._listen_connect()
-        except BaseException:
-            if self.metrics_exporter is not None:
-                self.metrics_exporter.close()
-            raise
+
+    def _start_tasks(self, pool_getter: Any) -> None:
+        """The runtime's tasks: dispatchers, idle poll, deadline sweep, LISTEN (or the poll's
+        note), aging, presence, metrics refresh and, in a maintenance process, maintenance."""
+        assert self.idle_poll is not None  # built by _build_parts
         self._tasks = [
             asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
             for d in self.dispatchers.values()
@@ -1150,34 +402,36 @@ class Runtime:
             if q.priority_aging_interval_ms > 0
         ]
         self._tasks.append(asyncio.create_task(self._presence_loop(), name="awa-presence"))
-        if self.metrics_port is not None or os.environ.get(metrics.LAUNCHER_ENV) == "refresh":
+        if (
+            self.config.metrics.port is not None
+            or os.environ.get(metrics.LAUNCHER_ENV) == "refresh"
+        ):
             self._tasks.append(asyncio.create_task(self._metrics_loop(), name="awa-metrics"))
         if self.run_maintenance:
-            mc = self.maintenance_config
-            self.maintenance = Maintenance(
-                self.services.database_url,
-                pool_getter,
-                mc,
-                on_rescued=self._on_rescued,
-                consequence_kinds=self._settled_by_reconciler,
-                known_kinds=self.services.settler.applier.known_kinds,
-                own_attempts=self._own_attempts,
-                pooler=self.services.pooler,
-                extra_tasks=[
-                    (self.cron_interval_s, self._evaluate_cron),
-                    (mc.reconcile_interval_ms / 1000, self.reconcile),
-                    (BATCH_RUNNER_S, self._run_batch_operations),
-                ],
-                binding=self.services.schema,
-            )
-            self.maintenance.passed.subscribe(self._maintenance_passed)
-            self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
-        self.liveness.start()  # the beats, the lease check and the stall watch, off this loop
-        if self.gc_freeze:
-            # What exists now (imports, handlers, pools) lives as long as the process: out of
-            # the cyclic collector's full passes, which otherwise stall the loop 15-60 ms every
-            # few seconds at 8,000 jobs/s (measured in the soak; 3-4 ms frozen).
-            gc.freeze()
+            self._start_maintenance(pool_getter)
+
+    def _start_maintenance(self, pool_getter: Any) -> None:
+        """This process's part in the maintenance leader election, with the runtime's own
+        leader tasks (cron, reconciler, batch operations)."""
+        mc = self.maintenance_config
+        self.maintenance = Maintenance(
+            self.services.database_url,
+            pool_getter,
+            mc,
+            on_rescued=self._on_rescued,
+            consequence_kinds=self._settled_by_reconciler,
+            known_kinds=self.services.settler.applier.known_kinds,
+            own_attempts=self._own_attempts,
+            pooler=self.services.pooler,
+            extra_tasks=[
+                (self.cron_interval_s, self._evaluate_cron),
+                (mc.reconcile_interval_ms / 1000, self.reconcile),
+                (BATCH_RUNNER_S, self._run_batch_operations),
+            ],
+            binding=self.services.schema,
+        )
+        self.maintenance.passed.subscribe(self._maintenance_passed)
+        self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
         """Stop in this order (docs/architecture.md, "Shutdown"): stop claiming (wait for a

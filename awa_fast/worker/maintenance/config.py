@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from awa_fast import sql
+from awa_fast.config_fields import doc
 from awa_fast.errors import ConfigError
 
 # awa turns a retention into a Rust Duration (Duration::from_secs_f64, awa-python client.rs):
@@ -31,32 +32,51 @@ RING_KEEPS_HOURS = (
 
 @dataclasses.dataclass
 class MaintenanceConfig:
-    """Intervals in milliseconds, retention in hours (awa's defaults)."""
+    """The maintenance leader's settings (awa's defaults): intervals in milliseconds, retention
+    in hours or days, each field's unit and meaning in its metadata
+    (``config_fields.describe``). ``start()`` builds it once (``worker.config.runtime_config``);
+    left mutable because tests tune one pass's setting on a running ``Maintenance``."""
 
-    leader_election_interval_ms: int = 10_000
-    promote_interval_ms: int = 250
-    heartbeat_rescue_interval_ms: int = 30_000
-    heartbeat_staleness_ms: int = 90_000
-    deadline_rescue_interval_ms: int = 30_000
-    callback_rescue_interval_ms: int = 30_000
-    cleanup_interval_ms: int = 60_000
-    completed_retention_hours: float = 24.0
-    failed_retention_hours: float = 72.0
-    dlq_retention_days: float = 30.0
-    descriptor_retention_days: float = 30.0  # 0 = keep descriptors forever (awa)
-    cleanup_batch_size: int = 1000
-    promote_batch_size: int = 4096
-    reconcile_interval_ms: int = 1_000
-    verify_window_s: float = 3600.0
-    hot_vacuum_interval_ms: int = 500
-    hot_vacuum_dead_rows: int = 5_000
-    hot_vacuum_truncate_bytes: int = 64 * 1024 * 1024
-    hot_vacuum_truncate_retry_ms: int = 60_000
-    # awa's terminal_count_rollup_interval_ms: the counter fold as its own loop at this
-    # interval; None folds with each prune pass (cleanup_interval_ms)
-    terminal_count_rollup_interval_ms: int | None = None
-    # awa's per-queue retention: queue -> (completed hours, failed/cancelled hours)
-    queue_retention: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    leader_election_interval_ms: int = doc(10_000, "ms", "how often a non-leader tries to lead")
+    promote_interval_ms: int = doc(250, "ms", "how often due scheduled/retryable jobs are promoted")
+    heartbeat_rescue_interval_ms: int = doc(30_000, "ms", "how often stale attempts are rescued")
+    heartbeat_staleness_ms: int = doc(
+        90_000, "ms", "a heartbeat this old marks its attempt dead (>= 2 heartbeat intervals)"
+    )
+    deadline_rescue_interval_ms: int = doc(30_000, "ms", "how often overdue attempts are rescued")
+    callback_rescue_interval_ms: int = doc(
+        30_000, "ms", "how often expired callback waits are rescued"
+    )
+    cleanup_interval_ms: int = doc(60_000, "ms", "how often finished rows and the DLQ are pruned")
+    completed_retention_hours: float = doc(24.0, "hours", "completed jobs are kept this long")
+    failed_retention_hours: float = doc(
+        72.0, "hours", "failed and cancelled jobs are kept this long"
+    )
+    dlq_retention_days: float = doc(30.0, "days", "dead-lettered jobs are kept this long")
+    descriptor_retention_days: float = doc(
+        30.0, "days", "unrefreshed descriptors are kept this long; 0 = forever (awa)"
+    )
+    cleanup_batch_size: int = doc(1000, "rows", "rows one prune statement deletes at most")
+    promote_batch_size: int = doc(4096, "rows", "rows one promote statement moves at most")
+    reconcile_interval_ms: int = doc(1_000, "ms", "how often the reconciler ticks")
+    verify_window_s: float = doc(3600.0, "s", "how far back verify_success hooks look")
+    hot_vacuum_interval_ms: int = doc(500, "ms", "how often the hot table's dead rows are checked")
+    hot_vacuum_dead_rows: int = doc(5_000, "rows", "dead rows that trigger a hot-table vacuum")
+    hot_vacuum_truncate_bytes: int = doc(
+        64 * 1024 * 1024, "bytes", "free tail that makes the vacuum truncate the hot table"
+    )
+    hot_vacuum_truncate_retry_ms: int = doc(
+        60_000, "ms", "wait after a refused truncate before trying again"
+    )
+    terminal_count_rollup_interval_ms: int | None = doc(
+        None, "ms", "awa's: the counter fold as its own loop; None = with each prune pass"
+    )
+    queue_retention: dict[str, tuple[float, float]] = doc(
+        None,
+        "hours",
+        "awa's per-queue retention: queue -> (completed, failed/cancelled)",
+        factory=dict,
+    )
 
     def retention_horizons(self) -> tuple[float, float]:
         """Hours the finished slices keep, per class (completed; failed and cancelled): the

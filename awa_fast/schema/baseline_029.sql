@@ -1,4 +1,4 @@
--- The awa_fast schema as migrations 001-028 leave it, created in one step on a fresh install
+-- The awa_fast schema as migrations 001-029 leave it, created in one step on a fresh install
 -- (ADR 032). awa_fast.schema.migrate() runs this file when the schema has no version recorded,
 -- then records every version up to the one in this file's name; a schema with any version
 -- recorded is upgraded by the numbered migrations beside it, which stay as they are.
@@ -518,25 +518,34 @@ CREATE TRIGGER trg_awa_fast_jobs_done_owing
     FOR EACH ROW WHEN (NEW.consequence_state = 'owed')
     EXECUTE FUNCTION awa_fast.move_owing();
 
--- [010, 020] Finished rows written: counted, listed for verification, their keys held.
+-- [010, 020, 029] Finished rows written: counted, listed for verification, their keys held.
 CREATE FUNCTION awa_fast.done_inserted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     holder bigint;
     wanted bigint;
     taken bigint;
+    verifying boolean;
 BEGIN
-    INSERT INTO awa_fast.done_counts AS c (slot, bucket, queue, state, backend, n, newest)
-    SELECT awa_fast.done_slot(n.state, n.finalized_at),
-           date_trunc(CASE WHEN n.state = 'completed' THEN 'minute' ELSE 'hour' END,
-                      n.finalized_at),
-           n.queue, n.state, pg_backend_pid(), count(*), max(n.finalized_at)
-    FROM new_rows n GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
-    ON CONFLICT (slot, bucket, queue, state, backend)
-    DO UPDATE SET n = c.n + EXCLUDED.n, newest = GREATEST(c.newest, EXCLUDED.newest);
+    -- 029: one statement counts the rows, finds whether any kind is verified and how many rows
+    -- hold their key; a statement of keyless rows of unverified kinds runs nothing else.
+    WITH counted AS (
+        INSERT INTO awa_fast.done_counts AS c (slot, bucket, queue, state, backend, n, newest)
+        SELECT awa_fast.done_slot(n.state, n.finalized_at),
+               date_trunc(CASE WHEN n.state = 'completed' THEN 'minute' ELSE 'hour' END,
+                          n.finalized_at),
+               n.queue, n.state, pg_backend_pid(), count(*), max(n.finalized_at)
+        FROM new_rows n GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
+        ON CONFLICT (slot, bucket, queue, state, backend)
+        DO UPDATE SET n = c.n + EXCLUDED.n, newest = GREATEST(c.newest, EXCLUDED.newest)
+    )
+    SELECT EXISTS (SELECT 1 FROM awa_fast.verifier_kinds WHERE state <> 'dropping'),
+           (SELECT count(*) FROM new_rows n WHERE n.unique_key IS NOT NULL
+              AND (n.unique_states & (1 << awa_fast.state_bit(n.state))) <> 0)
+    INTO verifying, wanted;
 
     -- 020: completions of the kinds the maintenance leader verifies are listed for it.
-    IF EXISTS (SELECT 1 FROM awa_fast.verifier_kinds WHERE state <> 'dropping') THEN
+    IF verifying THEN
         INSERT INTO awa_fast.verify_due AS d (job_id, kind, finalized_at)
         SELECT n.id, n.kind, n.finalized_at
         FROM new_rows n JOIN awa_fast.verifier_kinds v
@@ -548,8 +557,6 @@ BEGIN
                 next_try_at = '-infinity';
     END IF;
 
-    SELECT count(*) INTO wanted FROM new_rows n WHERE n.unique_key IS NOT NULL
-      AND (n.unique_states & (1 << awa_fast.state_bit(n.state))) <> 0;
     IF wanted = 0 THEN
         RETURN NULL;
     END IF;
