@@ -634,11 +634,11 @@ class AsyncClient:
         store[name] = descriptors.build(what, name, **fields)
 
     async def start(self, queues: Any = None, **options: Any) -> None:
-        """Start claiming and running jobs in this process (see ``worker.runtime.Runtime``
-        for the keywords: awa's ``poll_interval_ms``, ``heartbeat_interval_ms``, ...;
-        ``consequence_timeout_ms`` / ``consequence_backoff_ms`` configure this client's settler;
-        the keywords become one ``worker.config.RuntimeConfig``, validated before anything
-        starts). ``queue_storage_schema="s"`` (awa's; ``"awa"`` is this client's own schema)
+        """Start claiming and running jobs in this process. The keywords (awa's
+        ``poll_interval_ms``, ``heartbeat_interval_ms``, ...; ``consequence_timeout_ms`` /
+        ``consequence_backoff_ms`` configure this client's settler) become one
+        ``worker.config.RuntimeConfig``, validated before anything starts; its fields give
+        each one's unit and default. ``queue_storage_schema="s"`` (awa's; ``"awa"`` is this client's own schema)
         creates or upgrades schema ``s``, then runs the client and its runtime there (ADR 033);
         a start that fails leaves the client where it was.
 

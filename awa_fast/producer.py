@@ -1,6 +1,6 @@
 """Producers: :class:`Producer` prepares and inserts jobs (one row, one statement for many,
 COPY) on the client's pool, and begins transactions; :data:`DEFAULT_QUEUE` tells an insert
-without ``queue=`` apart. ``AsyncClient`` exposes its methods as its own (ADR 039); the
+without ``queue=`` apart. ``AsyncClient`` exposes its methods as its own (ADR 041); the
 statements are in :mod:`awa_fast.enqueue`."""
 
 from __future__ import annotations

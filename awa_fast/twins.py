@@ -1,4 +1,4 @@
-"""How the client facades get their methods without writing each one out (ADR 039).
+"""How the client facades get their methods without writing each one out (ADR 041).
 
 Two typed factories, each called once per method in a class body:
 

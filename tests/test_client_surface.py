@@ -1,4 +1,4 @@
-"""The client's surface is declared once and derived (ADR 039): every public method of an admin
+"""The client's surface is declared once and derived (ADR 041): every public method of an admin
 area (and of the producer) is exposed on AsyncClient under its own name, every AsyncClient
 method but the worker-side ones has a typed blocking twin on Client, and every Client method
 is such a twin; SyncTransaction likewise for Transaction. No database: classes are inspected."""

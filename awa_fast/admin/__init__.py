@@ -1,6 +1,6 @@
 """Admin of :class:`~awa_fast.client.AsyncClient`, one module per area. Each operation is
 defined once, here, with its public docstring; the client exposes it under the same name
-(``get_job = expose(JobAdmin.get_job)``, :mod:`awa_fast.twins`, ADR 039) and the blocking
+(``get_job = expose(JobAdmin.get_job)``, :mod:`awa_fast.twins`, ADR 041) and the blocking
 ``Client`` derives its twin from that.
 
 ========================  ==============================================================

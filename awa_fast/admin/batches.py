@@ -31,7 +31,7 @@ def _move_spec(queue: str, priority: int | None) -> dict:
 
 class BatchAdmin:
     """Preview, submit, list, get, cancel and purge batch operations (exposed as
-    ``AsyncClient``'s methods of the same names, ADR 039). Raises ``ValidationError`` (naming
+    ``AsyncClient``'s methods of the same names, ADR 041). Raises ``ValidationError`` (naming
     the field) for a bad op kind, spec, filter or id; ``JobNotFound`` (get / cancel) for an
     unknown or finished one.
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 class CallbackAdmin:
     """Complete, fail, retry, resume, heartbeat or resolve the job waiting on a callback id
-    (exposed as ``AsyncClient``'s methods of the same names, ADR 039). It is the
+    (exposed as ``AsyncClient``'s methods of the same names, ADR 041). It is the
     :class:`~awa_fast.callbacks.CallbackDeps` the operations run with.
 
     Args:

@@ -28,7 +28,7 @@ _OWED_KEYS = (
 
 class ConsequenceAdmin:
     """``correct_to_failed`` and ``consequences_owed``, exposed as ``AsyncClient``'s methods
-    of the same names (ADR 039).
+    of the same names (ADR 041).
 
     Args:
         db: the connection source.

@@ -7,7 +7,7 @@ from awa_fast.connections import Connections
 
 
 class CronAdmin:
-    """List and delete stored schedules (exposed on ``AsyncClient``, ADR 039).
+    """List and delete stored schedules (exposed on ``AsyncClient``, ADR 041).
 
     Args:
         db: the connection source.

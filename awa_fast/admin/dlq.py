@@ -96,7 +96,7 @@ def require_filter(op: str, allow_all: bool, **filters: Any) -> None:
 
 class DlqAdmin:
     """The dead-letter queue's operations (ADR-020), exposed as ``AsyncClient``'s methods of
-    the same names (ADR 039). Arguments as :class:`~awa_fast.admin.jobs.JobAdmin`'s."""
+    the same names (ADR 041). Arguments as :class:`~awa_fast.admin.jobs.JobAdmin`'s."""
 
     def __init__(self, db: Connections, staleness_ms: Callable[[], int]) -> None:
         self._db = db

@@ -57,7 +57,7 @@ def _max_error_attempt(errors: list) -> int:
 
 
 class JobAdmin:
-    """The job operations, exposed as ``AsyncClient``'s methods of the same names (ADR 039).
+    """The job operations, exposed as ``AsyncClient``'s methods of the same names (ADR 041).
 
     Args:
         db: the connection source.

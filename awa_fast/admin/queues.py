@@ -44,7 +44,7 @@ class QueueStat:
 
 
 class QueueAdmin:
-    """The queue operations, exposed as ``AsyncClient``'s methods of the same names (ADR 039).
+    """The queue operations, exposed as ``AsyncClient``'s methods of the same names (ADR 041).
 
     Args:
         db: the connection source.

@@ -52,7 +52,7 @@ def _storage_arguments(
 
 
 class StorageAdmin:
-    """awa-pg's storage calls, exposed as ``AsyncClient``'s methods of the same names (ADR 039).
+    """awa-pg's storage calls, exposed as ``AsyncClient``'s methods of the same names (ADR 041).
 
     Args:
         db: the connection source (bound to the client's schema).

@@ -289,6 +289,27 @@ class Runtime:
         endpoint = self.config.metrics
         if endpoint.port is not None:  # ConfigError when the port cannot be bound
             self.metrics_exporter = metrics.Exporter(endpoint.port, endpoint.host)
+        self._build_parts(pool_getter)
+        try:
+            if self._listen_url() is not None:
+                await self._listen_connect()
+        except BaseException:
+            if self.metrics_exporter is not None:
+                self.metrics_exporter.close()
+            raise
+        self._start_tasks(pool_getter)
+        assert self.liveness is not None  # built by _build_parts
+        self.liveness.start()  # the beats, the lease check and the stall watch, off this loop
+        if self.gc_freeze:
+            # What exists now (imports, handlers, pools) lives as long as the process: out of
+            # the cyclic collector's full passes, which otherwise stall the loop 15-60 ms every
+            # few seconds at 8,000 jobs/s (measured in the soak; 3-4 ms frozen).
+            gc.freeze()
+
+    def _build_parts(self, pool_getter: Any) -> None:
+        """The parts :meth:`start` runs, built from the configuration: the finalizer, the idle
+        poll, a dispatcher per queue, the heartbeat and its liveness thread, the stall watch,
+        the lingering-thread keeper."""
         self.finalizer = Finalizer.batching(
             pool_getter,
             batch_size=self.config.finalizer_batch_size,
@@ -352,13 +373,11 @@ class Runtime:
             self.services.pooler,
             self.services.schema,
         )
-        try:
-            if self._listen_url() is not None:
-                await self._listen_connect()
-        except BaseException:
-            if self.metrics_exporter is not None:
-                self.metrics_exporter.close()
-            raise
+
+    def _start_tasks(self, pool_getter: Any) -> None:
+        """The runtime's tasks: dispatchers, idle poll, deadline sweep, LISTEN (or the poll's
+        note), aging, presence, metrics refresh and, in a maintenance process, maintenance."""
+        assert self.idle_poll is not None  # built by _build_parts
         self._tasks = [
             asyncio.create_task(d.run(), name=f"awa-dispatch-{d.queue}")
             for d in self.dispatchers.values()
@@ -389,31 +408,30 @@ class Runtime:
         ):
             self._tasks.append(asyncio.create_task(self._metrics_loop(), name="awa-metrics"))
         if self.run_maintenance:
-            mc = self.maintenance_config
-            self.maintenance = Maintenance(
-                self.services.database_url,
-                pool_getter,
-                mc,
-                on_rescued=self._on_rescued,
-                consequence_kinds=self._settled_by_reconciler,
-                known_kinds=self.services.settler.applier.known_kinds,
-                own_attempts=self._own_attempts,
-                pooler=self.services.pooler,
-                extra_tasks=[
-                    (self.cron_interval_s, self._evaluate_cron),
-                    (mc.reconcile_interval_ms / 1000, self.reconcile),
-                    (BATCH_RUNNER_S, self._run_batch_operations),
-                ],
-                binding=self.services.schema,
-            )
-            self.maintenance.passed.subscribe(self._maintenance_passed)
-            self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
-        self.liveness.start()  # the beats, the lease check and the stall watch, off this loop
-        if self.gc_freeze:
-            # What exists now (imports, handlers, pools) lives as long as the process: out of
-            # the cyclic collector's full passes, which otherwise stall the loop 15-60 ms every
-            # few seconds at 8,000 jobs/s (measured in the soak; 3-4 ms frozen).
-            gc.freeze()
+            self._start_maintenance(pool_getter)
+
+    def _start_maintenance(self, pool_getter: Any) -> None:
+        """This process's part in the maintenance leader election, with the runtime's own
+        leader tasks (cron, reconciler, batch operations)."""
+        mc = self.maintenance_config
+        self.maintenance = Maintenance(
+            self.services.database_url,
+            pool_getter,
+            mc,
+            on_rescued=self._on_rescued,
+            consequence_kinds=self._settled_by_reconciler,
+            known_kinds=self.services.settler.applier.known_kinds,
+            own_attempts=self._own_attempts,
+            pooler=self.services.pooler,
+            extra_tasks=[
+                (self.cron_interval_s, self._evaluate_cron),
+                (mc.reconcile_interval_ms / 1000, self.reconcile),
+                (BATCH_RUNNER_S, self._run_batch_operations),
+            ],
+            binding=self.services.schema,
+        )
+        self.maintenance.passed.subscribe(self._maintenance_passed)
+        self._tasks.append(asyncio.create_task(self.maintenance.run(), name="awa-maintenance"))
 
     async def shutdown(self, timeout_ms: int = 2000) -> None:
         """Stop in this order (docs/architecture.md, "Shutdown"): stop claiming (wait for a
