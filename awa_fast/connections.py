@@ -360,7 +360,9 @@ async def open_pool(
     try:
         async with pool.connection() as conn:
             try:
-                await asyncio.wait_for(pooler_mode.check_connection(conn, pooler), FIRST_ANSWER_S)
+                await asyncio.wait_for(
+                    pooler_mode.check_connection(conn, pooler, url), FIRST_ANSWER_S
+                )
             except TimeoutError:
                 raise DatabaseUnavailable(
                     f"the database answered no statement within {FIRST_ANSWER_S:g} s of "

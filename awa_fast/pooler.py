@@ -17,6 +17,7 @@ its own at connect, so the pid the connection announced differs from ``pg_backen
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -93,13 +94,18 @@ async def pooled(conn: psycopg.AsyncConnection) -> bool:
     return row is None or row[0] != conn.info.backend_pid
 
 
-async def check_connection(conn: psycopg.AsyncConnection, pooler: str | None) -> None:
+async def check_connection(
+    conn: psycopg.AsyncConnection, pooler: str | None, url: str | None = None
+) -> None:
     """Refuse a ``database_url`` connection that does not match ``pooler`` (at pool open and
-    at ``start()``: before anything is written).
+    at ``start()``: before anything is written). ``url`` (``conn``'s) lets a declared
+    ``"session"`` pooler be tested with a second client connection.
 
     Raises:
         ConfigError: field ``pooler``: ``pooler`` is ``None`` but the connection goes through a
-            pooler; or ``pooler="transaction"`` and the database's (role's)
+            pooler; or ``pooler="session"`` but the pooler hands a second client connection
+            the server connection ``conn`` just used (it pools by transaction); or
+            ``pooler="transaction"`` and the database's (role's)
             ``default_transaction_isolation`` is not ``read committed`` (a session ``SET``
             cannot fix it through such a pooler, and keyed inserts need it: migration 024).
     """
@@ -111,6 +117,8 @@ async def check_connection(conn: psycopg.AsyncConnection, pooler: str | None) ->
             field="pooler",
             limit="'session' or 'transaction' behind a pooler",
         )
+    if pooler == "session" and url is not None:
+        await _check_session_pooling(conn, url)
     if pooler == "transaction":
         cur = await conn.execute(sql.DEFAULT_ISOLATION)
         row = await cur.fetchone()
@@ -151,3 +159,39 @@ async def check_listen_url(listen_url: str) -> None:
             )
     finally:
         await conn.close()
+
+
+# Seconds a declared session pooler's second client connection may wait for its server
+# connection: a session pooler with every server connection taken queues it, which proves
+# nothing either way.
+SESSION_PROBE_S = 3.0
+
+
+async def _check_session_pooling(conn: psycopg.AsyncConnection, url: str) -> None:
+    # A session pooler keeps conn's server connection conn's while conn is connected; a
+    # transaction pooler gives it (idle again after conn's statement) to the next client.
+    # The same pid twice proves transaction pooling; different pids do not prove session
+    # pooling (another idle server connection may be handed out), so this refuses only the
+    # former.
+    cur = await conn.execute(sql.BACKEND_PID)
+    row = await cur.fetchone()
+    try:
+        async with asyncio.timeout(SESSION_PROBE_S):
+            other = await psycopg.AsyncConnection.connect(
+                url, autocommit=True, prepare_threshold=None, connect_timeout=10
+            )
+            try:
+                cur = await other.execute(sql.BACKEND_PID)
+                other_row = await cur.fetchone()
+            finally:
+                await other.close()
+    except (TimeoutError, psycopg.Error):
+        return  # no answer in time or no connection: nothing learnt
+    if row is not None and other_row == row:
+        raise ConfigError(
+            "pooler='session', but the pooler handed a second client connection the same "
+            f"server connection (backend pid {row[0]}) while the first was still connected: "
+            "it pools by transaction; set pooler='transaction' (or pool_mode=session)",
+            field="pooler",
+            limit="pooler='transaction' behind a transaction pooler",
+        )

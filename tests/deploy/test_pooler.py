@@ -506,6 +506,23 @@ async def test_a_session_pooler_declared_works_as_direct(dsn, session_bouncer):
         assert (await job_row(dsn, job.id))["state"] == "available"
 
 
+async def test_a_session_pooler_declared_at_a_transaction_pooler_is_refused(dsn, bouncer):
+    """``pooler="session"`` at PgBouncer in ``pool_mode=transaction`` would LISTEN through it
+    (hearing nothing) and prepare statements there: refused at the first use, before anything
+    is written, naming ``pooler='transaction'``. (Two client connections are handed the same
+    server connection one after the other: a session pooler never does that while the first
+    is connected.)"""
+    await truncate(dsn)
+    c = awa.AsyncClient(bouncer.url(dsn), pooler="session")
+    try:
+        with pytest.raises(ConfigError) as err:
+            await c.insert(Item(1))
+        assert err.value.field == "pooler" and "pooler='transaction'" in str(err.value)
+    finally:
+        await c.close()
+    assert await scalar(dsn, "SELECT count(*) FROM awa_fast.jobs_all") == 0
+
+
 async def test_a_listen_url_through_the_pooler_is_refused_at_start(dsn, bouncer):
     await truncate(dsn)
     workers = await scalar(dsn, "SELECT count(*) FROM awa_fast.workers")
