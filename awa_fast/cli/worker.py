@@ -11,8 +11,9 @@ from awa_fast.cli.table import Command, Common, arg
 
 
 def cmd_worker(s: Session) -> int:
+    from awa_fast.launcher_child import CHILD_SCHEMA_ENV
     from awa_fast.launcher_config import launcher_config
-    from awa_fast.supervisor import CHILD_SCHEMA_ENV, Supervisor
+    from awa_fast.supervisor import Supervisor
 
     a = s.args
     if s.json:  # it prints status and log lines, no data

@@ -23,6 +23,7 @@ ABOVE = (
     "awa_fast.cli",
     "awa_fast.app_loader",
     "awa_fast.supervisor",
+    "awa_fast.launcher_child",
     "awa_fast.demo",
     "awa_fast.web",
 )
@@ -109,6 +110,7 @@ ENTRY = (
     "awa_fast.__main__",
     "awa_fast.cli",
     "awa_fast.supervisor",
+    "awa_fast.launcher_child",
     "awa_fast.app_loader",
     "awa_fast.web",
     "awa_fast.demo",
