@@ -242,6 +242,40 @@ async def test_wake_ups_through_a_direct_listen_url(dsn, bouncer):
         await c.close()
 
 
+async def test_a_terminated_listen_url_connection_is_replaced_while_the_pool_lives(dsn, bouncer):
+    """The direct ``listen_url`` server connection is terminated while the pooled path lives:
+    the listen loop connects and LISTENs again on its own (within its 5 s backoff, not the
+    hour-long poll), and jobs keep completing through the pooler."""
+    await truncate(dsn)
+    c = awa.AsyncClient(bouncer.url(dsn), pooler="transaction", listen_url=dsn)
+    try:
+
+        @c.task(Item)
+        async def item(job):
+            return None
+
+        await c.start([("default", 2)], **{**FAST, "poll_interval_ms": 3_600_000})
+        first = c.runtime._listen_conn
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (first.info.backend_pid,))
+
+            async def replaced() -> bool:
+                conn = c.runtime._listen_conn
+                return conn is not None and conn is not first and not conn.closed
+
+            # polled: the listen loop's reconnect fires no signal of its own
+            await poll_until(replaced, timeout=30, what="a new LISTEN connection")
+            cur = await admin.execute(
+                "SELECT query FROM pg_stat_activity WHERE pid = %s",
+                (c.runtime._listen_conn.info.backend_pid,),
+            )
+            assert (await cur.fetchone())[0].startswith("LISTEN")
+        job = await c.insert(Item(1))
+        await wait_state(c, job.id, "completed")
+    finally:
+        await c.close()
+
+
 async def _server_pid(conn) -> int:
     return (await (await conn.execute("SELECT pg_backend_pid()")).fetchone())[0]
 
