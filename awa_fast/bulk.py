@@ -4,7 +4,7 @@ Every bulk statement of awa-fast (claim, promote, rescue, heartbeat, complete, r
 drain_queue, DLQ bulk retry) runs through :func:`run_isolated`: the bulk statement first; if it
 fails because of a row (a unique collision, a trigger that raises, bad data) it is redone row by
 row with the row-by-row twin statement, which carries the same guard fragment (``awa_fast.sql``
-builds both from one fragment; ``tests/test_hardening_wedge.py`` checks every pair). A row that
+builds both from one fragment; ``tests/faults/test_one_row_never_wedges_a_statement.py`` checks every pair). A row that
 fails alone gets its caller's documented outcome (``on_conflict`` for a unique collision, e.g.
 cancel as duplicate; otherwise it is left unchanged and logged) and the others proceed.
 ``docs/architecture.md`` ("Failure path of every statement") lists each outcome.

@@ -4,7 +4,7 @@ Every producer/admin method of :class:`~awa_fast.client.AsyncClient` has a twin 
 same name, declared once as ``name = blocking(AsyncClient.name)`` (:mod:`awa_fast.twins`, ADR
 039): its static type has the async method's parameters and result, so mypy and IDEs see it, and
 a missing twin is a missing attribute (no attribute forwarding), checked by
-``tests/test_client_surface.py``. Each twin runs the async method on a private event loop in a
+``tests/admin/test_client_surface.py``. Each twin runs the async method on a private event loop in a
 daemon thread and blocks until it returns, and carries the async method's docstring
 (arguments, errors). The methods without a twin are listed in :data:`ASYNC_ONLY`.
 """

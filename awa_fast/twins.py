@@ -14,7 +14,7 @@ Two typed factories, each called once per method in a class body:
 Each returns a plain function whose static type carries the wrapped method's parameters and
 result (``ParamSpec``), so mypy and IDEs check every call, and whose runtime signature,
 name and docstring are the wrapped method's (``functools.wraps``). A missing twin is a
-missing attribute, never a ``__getattr__`` fallback; ``tests/test_client_surface.py`` checks
+missing attribute, never a ``__getattr__`` fallback; ``tests/admin/test_client_surface.py`` checks
 that each side has the other's methods.
 """
 

@@ -1,6 +1,6 @@
 """Worker "hosts" on this machine: Linux network namespaces, each joined to the root namespace by
 a veth pair of its own on a private /30 (``10.200.X.0/30``: ``.1`` on the root side, where
-PostgreSQL and PgBouncer listen; ``.2`` in the namespace). Used by tests/test_hosts.py and the
+PostgreSQL and PgBouncer listen; ``.2`` in the namespace). Used by tests/deploy/test_hosts.py and the
 bench's ``hosts`` scenario. Needs root and ``ip`` (iproute2); a missing ``ip`` raises
 :class:`NetnsError`.
 

@@ -1,7 +1,7 @@
 """A PgBouncer process of its own in front of a PostgreSQL server: Debian's package
 (``apt-get install pgbouncer``, in /usr/sbin), run as the account the throwaway server runs as
-(PgBouncer refuses root). Used by the pooler and multi-host tests (tests/test_pooler.py,
-tests/test_hosts.py) and by the bench's ``hosts`` scenario (bench/hosts.py).
+(PgBouncer refuses root). Used by the pooler and multi-host tests (tests/deploy/test_pooler.py,
+tests/deploy/test_hosts.py) and by the bench's ``hosts`` scenario (bench/hosts.py).
 
 A missing ``pgbouncer`` raises :class:`PgBouncerError`; the tests let it fail them (never a
 skip).

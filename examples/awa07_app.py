@@ -2,7 +2,7 @@
 getting-started guide and configuration reference), moved to awa-fast by changing one import.
 
 Run: ``DATABASE_URL=postgres://... python examples/awa07_app.py`` (migrates the database, runs
-two queues for a few jobs, prints each job's final state and exits 0). ``tests/test_examples.py``
+two queues for a few jobs, prints each job's final state and exits 0). ``tests/cli/test_examples.py``
 runs it in CI.
 """
 

@@ -14,7 +14,7 @@
  *                         this configuration leaves out what the batch does not change and the
  *                         default configuration checks: callbacks, external completion, outcomes
  *                         other than Completed, and staging nothing
- * Negative configurations, each expected to FAIL with the invariant named in tests/test_models.py:
+ * Negative configurations, each expected to FAIL with the invariant named in tests/structure/test_models.py:
  *   NEG_FOLLOWUPS_BEFORE  the follow-up is inserted in its own transaction before the completion
  *   NEG_FOLLOWUPS_AFTER   the completion commits, then the follow-up in a separate transaction
  *   NEG_NO_LEASE_GUARD    the completion is guarded by state = 'running' only

@@ -40,7 +40,7 @@ DATABASE_FIXTURES = {
     "own_server",
     "clean",
     "client",
-    "embedded_data_dir",  # tests/test_cli.py: the CLI starts an embedded server there
+    "embedded_data_dir",  # tests/cli/test_cli.py: the CLI starts an embedded server there
 }
 
 

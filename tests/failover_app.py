@@ -1,4 +1,4 @@
-"""The worker application of the failover tests (tests/test_failover.py), run by
+"""The worker application of the failover tests (tests/deploy/test_failover.py), run by
 ``awa-fast worker tests.failover_app:client`` on a multi-host URL while the test kills the
 primary and promotes its standby.
 

@@ -1,4 +1,4 @@
-"""The application of tests/test_first_hour.py: a client built without a URL (it resolves
+"""The application of tests/cli/test_first_hour.py: a client built without a URL (it resolves
 ``$AWA_FAST_DATABASE_URL`` / ``$DATABASE_URL`` / the embedded server like the CLI)."""
 
 from __future__ import annotations

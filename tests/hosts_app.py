@@ -1,5 +1,5 @@
 """The application ``awa-fast worker tests.hosts_app:client`` runs on every worker host of
-tests/test_hosts.py (one launcher per network namespace).
+tests/deploy/test_hosts.py (one launcher per network namespace).
 
 Environment: ``AWA_FAST_HOSTS_NAME`` (the host's name, recorded with each run),
 ``AWA_FAST_HOSTS_DIRECT`` (a direct URL to the database: handlers record their runs and wait

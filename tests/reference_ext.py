@@ -1,6 +1,6 @@
 """Pure-Python reference of the compiled modules in awa_fast._ext.
 
-Written for clarity, not speed. tests/test_ext_properties.py checks that the
+Written for clarity, not speed. tests/enqueue/test_ext_properties.py checks that the
 compiled functions return the same values and raise the same errors (type,
 field/reason, limit, message) as these on generated inputs.
 """

@@ -1,5 +1,5 @@
 """An application whose client names its schema (``tenant_app``), run by
-``awa-fast --schema s worker tests.schema_app:client`` in tests/test_schemas.py: the launcher's
+``awa-fast --schema s worker tests.schema_app:client`` in tests/deploy/test_schemas.py: the launcher's
 ``--schema`` moves it, as ``--database-url`` overrides its URL. Database:
 ``$AWA_FAST_LAUNCHER_DSN``."""
 

@@ -1,4 +1,4 @@
-"""The worker application of the fault-injection soak (tests/test_fault_soak.py), run as a
+"""The worker application of the fault-injection soak (tests/faults/test_fault_soak.py), run as a
 subprocess that the test SIGKILLs, cuts off and restarts the server under.
 
 ``AWA_FAST_APP_DSN``: the database. Kinds:

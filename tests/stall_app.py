@@ -1,4 +1,4 @@
-"""The application of the stalled-loop tests (tests/test_stalled_loop.py), in-process or run by
+"""The application of the stalled-loop tests (tests/runtime/test_stalled_loop.py), in-process or run by
 ``awa-fast worker tests.stall_app:client``.
 
 ``$AWA_FAST_LAUNCHER_DSN``: the database; ``$AWA_FAST_STALL_LOG``: a file each execution appends

@@ -10,7 +10,7 @@ takes a savepoint and says so in its result. Errors of the driver pass through u
 
 What stays outside: the hot paths whose decoding is a tuple-speed path of its own (the claim's
 ``JobContext`` construction, the finalizer's compact completions) and the modules listed in
-``tests/test_data_access.py`` with the reason each is not converted yet.
+``tests/structure/test_data_access.py`` with the reason each is not converted yet.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ many processes at once. The files are written for ``awa_fast``; for another sche
 rendered with the rule every statement follows
 (:meth:`awa_fast.schema_binding.SchemaBinding.rewrite`), on a connection bound to that schema.
 
-The baseline is kept equal to the migrations by ``tests/test_schema_baseline.py`` (catalogs
+The baseline is kept equal to the migrations by ``tests/schema/test_schema_baseline.py`` (catalogs
 compared) and at the newest version (docs/architecture.md, "Schema and migrations").
 """
 

@@ -5,7 +5,7 @@ Every statement is bounded so a page stays fast with millions of finished jobs
 retryable, running, waiting, owed), through the primary key within a window of ids, or one row by
 id. None counts or sorts the whole job table; lists page by keyset (``id < before``), never OFFSET.
 The DLQ, kept small by its retention, is paged by keyset without a window.
-``tests/test_dashboard_plans.py`` runs EXPLAIN on each against 200k finished rows.
+``tests/web/test_dashboard_plans.py`` runs EXPLAIN on each against 200k finished rows.
 
 Parameters are named (``%(name)s``); the web layer runs these on connections without server-side
 prepared statements, so each is planned with its actual values.

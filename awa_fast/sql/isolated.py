@@ -1,6 +1,6 @@
 """The registry of bulk statements and their row-by-row fallbacks (``bulk.run_isolated``), and
 of the batched completions and their per-job twins: each pair carries the same guard
-(tests/test_sql_guards.py, tests/test_hardening_wedge.py).
+(tests/structure/test_sql_guards.py, tests/faults/test_one_row_never_wedges_a_statement.py).
 """
 
 from awa_fast.sql.admin import (
@@ -70,7 +70,7 @@ from awa_fast.sql.maintenance import (
 
 # Every bulk statement run through bulk.run_isolated, with the statements of its row-by-row
 # fallback (candidates, one row, duplicate cancel): each carries the family's one guard
-# fragment (checked by tests/test_hardening_wedge.py). Complete, heartbeat, rescue and the
+# fragment (checked by tests/faults/test_one_row_never_wedges_a_statement.py). Complete, heartbeat, rescue and the
 # dead-letter move redo rows with the bulk statement itself (one-element arrays / %(only)s).
 ISOLATED = {
     "claim": (_CLAIMABLE, (CLAIM, CLAIM_CANDIDATES, CLAIM_ONE)),
@@ -106,7 +106,7 @@ ISOLATED = {
 # writes it, batch statements, per-job statements). The batch's row fails alone through
 # run_isolated (COMPLETE_MANY with a one-element batch, then CANCEL_DUPLICATE_ATTEMPT on a
 # collision); a failed batch of completions is redone job by job by the finalizer (TRANSITION,
-# COMPLETE_WITH_FOLLOW_UPS). Compared with the bindings normalized (tests/test_sql_guards.py).
+# COMPLETE_WITH_FOLLOW_UPS). Compared with the bindings normalized (tests/structure/test_sql_guards.py).
 BOUND_TWINS = {
     "complete": (
         "j.id = b.id AND j.run_lease = b.lease AND j.state = 'running'",

@@ -96,6 +96,6 @@ PASS_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '2s'"
 # whose host was cut off between the renewal's statements left its lock connection idle in a
 # transaction holding the lease row, which no displacement matched (it looks for an idle
 # holder) and the lease take skipped (SKIP LOCKED), so no process led again for as long as the
-# dead TCP connection stayed open (tests/test_hosts.py; ADR 039).
+# dead TCP connection stayed open (tests/deploy/test_hosts.py; ADR 039).
 PASS_IDLE_TIMEOUT_S = 5
 PASS_IDLE_TIMEOUT = f"SET LOCAL idle_in_transaction_session_timeout = '{PASS_IDLE_TIMEOUT_S}s'"

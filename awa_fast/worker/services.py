@@ -2,7 +2,7 @@
 ``AsyncClient.start()`` and handed down to the runtime, the reconciler and (through the runtime)
 every :class:`~awa_fast.worker.context.JobContext`; the narrow interfaces below are what each of
 them may reach. Nothing under ``awa_fast/worker/`` imports or calls the client: it sees only
-these (``tests/test_layering.py`` checks the imports)."""
+these (``tests/structure/test_layering.py`` checks the imports)."""
 
 from __future__ import annotations
 

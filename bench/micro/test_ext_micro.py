@@ -7,7 +7,7 @@ Not part of the test suite (outside ``testpaths``); run with::
 
 Every operation is one benchmark group with two rows, ``compiled`` and ``reference``; the
 bracketed factors in pytest-benchmark's table are the ratio to the faster row, i.e. the
-speed-up. tests/test_bench_micro.py runs this file once with ``--benchmark-disable`` so it
+speed-up. tests/bench/test_bench_micro.py runs this file once with ``--benchmark-disable`` so it
 cannot rot. The batch operations work on ``ROWS`` rows per call, like one ``insert_many_copy``
 of ``ROWS`` jobs.
 """

@@ -208,7 +208,7 @@ async def test_the_leader_runs_it_and_the_sync_twins(dsn, client):
 
 
 async def test_cli_batch_ops(dsn, client):
-    from tests.test_cli import cli, ok_json
+    from tests.cli.test_cli import cli, ok_json
 
     for i in range(2):
         await client.insert(Item(i), queue="cliq", priority=3)

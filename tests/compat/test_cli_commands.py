@@ -3,7 +3,7 @@ is present in `awa-fast`, with awa's `storage status` report and its help descri
 
 from __future__ import annotations
 
-from tests.test_cli import cli, ok_json
+from tests.cli.test_cli import cli, ok_json
 
 
 def test_help_names_awa_command_groups_and_description():

@@ -116,7 +116,7 @@ async def test_an_unknown_transition_role_is_refused_naming_the_roles(client):
 
 async def test_awas_default_queue_storage_schema_is_the_clients_own(client, caplog):
     # honoured, not inapplicable: "awa" names the client's schema; another name moves the
-    # client (tests/test_schemas.py)
+    # client (tests/deploy/test_schemas.py)
     caplog.set_level(logging.INFO, logger="awa_fast.storage_options")
     client.task(Tick, queue="q")(lambda job: None)
     await client.start([("q", 1)], queue_storage_schema="awa", **FAST)

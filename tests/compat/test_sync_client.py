@@ -1,6 +1,6 @@
 """The blocking Client's external-callback twins, resolve_callback, correct_to_failed, storage
 calls and per-job COPY opts work on a real PostgreSQL (that it has a twin of every AsyncClient
-producer/admin method: tests/test_client_surface.py)."""
+producer/admin method: tests/admin/test_client_surface.py)."""
 
 from __future__ import annotations
 
