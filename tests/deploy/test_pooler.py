@@ -224,7 +224,8 @@ async def test_a_cancel_without_listen_url_is_kept_when_the_handler_ends(dsn, po
 
 async def test_wake_ups_through_a_direct_listen_url(dsn, bouncer):
     """With ``listen_url`` the runtime listens there: an insert's NOTIFY (sent through the
-    pooler) wakes the dispatcher, which would otherwise sleep for the hour-long poll."""
+    pooler) wakes the dispatcher, which would otherwise sleep for the hour-long poll; its
+    LISTEN connection terminated, the listen loop replaces it while the pooled path lives."""
     await truncate(dsn)
     c = awa.AsyncClient(bouncer.url(dsn), pooler="transaction", listen_url=dsn)
     try:
@@ -237,6 +238,25 @@ async def test_wake_ups_through_a_direct_listen_url(dsn, bouncer):
         assert c.runtime._listen_conn is not None
         assert c.runtime._listen_conn.info.backend_pid == await _server_pid(c.runtime._listen_conn)
         job = await c.insert(Item(1))
+        await wait_state(c, job.id, "completed")
+        # Its server connection terminated while the pooled path lives: the listen loop
+        # connects and LISTENs again on its own (its 5 s backoff, not the hour-long poll).
+        first = c.runtime._listen_conn
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (first.info.backend_pid,))
+
+            async def replaced() -> bool:
+                conn = c.runtime._listen_conn
+                return conn is not None and conn is not first and not conn.closed
+
+            # polled: the listen loop's reconnect fires no signal of its own
+            await poll_until(replaced, timeout=30, what="a new LISTEN connection")
+            cur = await admin.execute(
+                "SELECT query FROM pg_stat_activity WHERE pid = %s",
+                (c.runtime._listen_conn.info.backend_pid,),
+            )
+            assert (await cur.fetchone())[0].startswith("LISTEN")
+        job = await c.insert(Item(2))
         await wait_state(c, job.id, "completed")
     finally:
         await c.close()
