@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import gc
 import logging
 import math
@@ -166,6 +167,17 @@ def _first(ids: list[int], n: int = 20) -> str:
     """``ids`` for a log line: all of them, or the first ``n`` and how many more."""
     head = ", ".join(map(str, ids[:n]))
     return head if len(ids) <= n else f"{head} and {len(ids) - n} more"
+
+
+@dataclasses.dataclass(slots=True)
+class _Ending:
+    """How an attempt's run ended, for its clean-up: ``released`` (its slot is freed),
+    ``abandoned`` (at its deadline, to rescue), ``applied`` (its outcome's write: None when
+    none was made, False when stale)."""
+
+    released: bool = False
+    abandoned: bool = False
+    applied: bool | None = None
 
 
 class Runtime:
@@ -679,93 +691,28 @@ class Runtime:
 
     async def _run(self, ctx: JobContext) -> None:
         dispatcher = self.dispatchers[ctx.queue]
-        finalizer, lingering = self.finalizer, self.lingering
-        assert finalizer is not None and lingering is not None  # set by start()
-        released = abandoned = False
-        applied: bool | None = None
+        finalizer = self.finalizer
+        assert finalizer is not None  # set by start()
+        end = _Ending()
         try:
             handler = self.services.registry.get(ctx.kind)
-            if self._lease_ran_out(ctx):
-                # Claimed while the loop was blocked (or by a claim that took nearly the
-                # staleness): a rescuer may already run it again, so its handler never starts.
-                ctx.lease_lost = True
-                metrics.leases_expired(1)
-                log.warning(
-                    "job %s (%s) waited %.1f s after its claim was sent, nearly the heartbeat "
-                    "staleness: given back without running its handler (it may be rescued "
-                    "already)",
-                    ctx.id,
-                    ctx.kind,
-                    time.monotonic() - ctx.claimed_mono,
-                    extra={"lease_lost_job_ids": [ctx.id]},
-                )
-                dispatcher.slot_freed()
-                released = True
-                await finalizer.submit(FinalizeRequest.release(ctx))
+            lease_out = self._lease_ran_out(ctx)
+            if lease_out or handler is None:
+                await self._give_back_unrun(ctx, not lease_out, dispatcher, end)
                 return
-            if handler is None:
-                # The claim takes only kinds with a handler here; a job claimed anyway (its
-                # handler dropped after start) is never failed for it: hand it back uncounted.
-                log.error(
-                    "job %s of kind %r was claimed but this process has no handler for "
-                    "it; released for a worker that has one",
-                    ctx.id,
-                    ctx.kind,
-                )
-                dispatcher.slot_freed()
-                released = True
-                await finalizer.submit(FinalizeRequest.release(ctx))
-                return
-            else:
-                try:
-                    outcome = await ex.execute(handler, ctx, self.thread_pool)
-                except asyncio.CancelledError as exc:
-                    task = asyncio.current_task()
-                    if task is None or not task.cancelling():
-                        # Raised by the handler's own code (an inner task was cancelled): an
-                        # ordinary failure of this attempt, not ours to release.
-                        outcome = ex.handler_error(ctx, exc)
-                    else:
-                        if ctx.staged_follow_ups is not None:
-                            ctx.staged_follow_ups.discard("abandoned", ctx.kind)
-                        released = True
-                        if ctx.deadline_expired:
-                            # Abandoned at its deadline: rescue takes it over. A thread cannot
-                            # be stopped: its mark stays fresh until it ends, so the rescued
-                            # job is not run again meanwhile; otherwise the mark is cleared.
-                            self.outcomes[ex.ABANDON] = self.outcomes.get(ex.ABANDON, 0) + 1
-                            if _thread_runs(ctx):
-                                # ... and it keeps its handler thread, so it keeps its slot:
-                                # a job claimed into the slot would wait for a thread while
-                                # its own deadline ran.
-                                _free_slot_when_done(ctx.thread, dispatcher)
-                                lingering.watch(ctx, release=False)
-                            else:
-                                dispatcher.slot_freed()
-                                abandoned = True
-                            return
-                        dispatcher.slot_freed()
-                        if _thread_runs(ctx):
-                            # A thread cannot be stopped: releasing now would let another
-                            # worker run the job while this thread still does.
-                            log.warning(
-                                "job %s (%s): its handler thread is still running; the "
-                                "attempt is given back when the thread finishes",
-                                ctx.id,
-                                ctx.kind,
-                            )
-                            lingering.watch(ctx, release=True)
-                            return
-                        # Shutdown gave up waiting: hand the attempt back, uncounted.
-                        if self._stopped:
-                            self._left_after_shutdown(ctx)
-                            return
-                        result = await finalizer.submit(FinalizeRequest.release(ctx))
-                        applied = result is Finalized.APPLIED
-                        return
-                ctx.returned = True
+            try:
+                outcome = await ex.execute(handler, ctx, self.thread_pool)
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    await self._handler_cancelled(ctx, dispatcher, end)
+                    return
+                # Raised by the handler's own code (an inner task was cancelled): an ordinary
+                # failure of this attempt, not ours to release.
+                outcome = ex.handler_error(ctx, exc)
+            ctx.returned = True
             dispatcher.slot_freed()
-            released = True
+            end.released = True
             self.outcomes[outcome.kind] = self.outcomes.get(outcome.kind, 0) + 1
             if outcome.kind in (ex.FAIL, ex.RETRY):
                 _log_failed_attempt(ctx, outcome)
@@ -774,7 +721,7 @@ class Runtime:
                 return
             returned_at = time.perf_counter()
             result = await finalizer.submit(FinalizeRequest.of(ctx, outcome))
-            applied = result is not Finalized.STALE
+            end.applied = result is not Finalized.STALE
             if result is Finalized.APPLIED:
                 metrics.finalized(
                     ctx.queue, ctx.kind, outcome.kind, time.perf_counter() - returned_at
@@ -796,18 +743,92 @@ class Runtime:
                     ctx.kind,
                 )
         finally:
-            if not released:
+            if not end.released:
                 dispatcher.slot_freed()
             self.in_flight.pop((ctx.id, ctx.run_lease), None)
             self._handler_tasks.pop((ctx.id, ctx.run_lease), None)
             try:
-                if (applied is False or abandoned) and not self._stopped:
+                if (end.applied is False or end.abandoned) and not self._stopped:
                     # Stale (maybe cancelled or failed externally while it ran) or abandoned
                     # at its deadline: its handler is done now, so clear the "still running"
                     # mark.
                     await self._ack_ended(ctx)
             finally:
                 self._attempt_done()
+
+    async def _give_back_unrun(
+        self, ctx: JobContext, no_handler: bool, dispatcher: Dispatcher, end: _Ending
+    ) -> None:
+        """Hand an attempt back, uncounted, without starting its handler."""
+        if no_handler:
+            # The claim takes only kinds with a handler here; a job claimed anyway (its
+            # handler dropped after start) is never failed for it: hand it back uncounted.
+            log.error(
+                "job %s of kind %r was claimed but this process has no handler for "
+                "it; released for a worker that has one",
+                ctx.id,
+                ctx.kind,
+            )
+        else:
+            # Claimed while the loop was blocked (or by a claim that took nearly the
+            # staleness): a rescuer may already run it again, so its handler never starts.
+            ctx.lease_lost = True
+            metrics.leases_expired(1)
+            log.warning(
+                "job %s (%s) waited %.1f s after its claim was sent, nearly the heartbeat "
+                "staleness: given back without running its handler (it may be rescued "
+                "already)",
+                ctx.id,
+                ctx.kind,
+                time.monotonic() - ctx.claimed_mono,
+                extra={"lease_lost_job_ids": [ctx.id]},
+            )
+        dispatcher.slot_freed()
+        end.released = True
+        assert self.finalizer is not None
+        await self.finalizer.submit(FinalizeRequest.release(ctx))
+
+    async def _handler_cancelled(
+        self, ctx: JobContext, dispatcher: Dispatcher, end: _Ending
+    ) -> None:
+        """The runtime cancelled the handler (its deadline, shutdown, a lease that ran out):
+        the attempt is abandoned to rescue, kept until its thread ends, or given back."""
+        assert self.finalizer is not None and self.lingering is not None
+        if ctx.staged_follow_ups is not None:
+            ctx.staged_follow_ups.discard("abandoned", ctx.kind)
+        end.released = True
+        if ctx.deadline_expired:
+            # Abandoned at its deadline: rescue takes it over. A thread cannot be stopped: its
+            # mark stays fresh until it ends, so the rescued job is not run again meanwhile;
+            # otherwise the mark is cleared.
+            self.outcomes[ex.ABANDON] = self.outcomes.get(ex.ABANDON, 0) + 1
+            if _thread_runs(ctx):
+                # ... and it keeps its handler thread, so it keeps its slot: a job claimed
+                # into the slot would wait for a thread while its own deadline ran.
+                _free_slot_when_done(ctx.thread, dispatcher)
+                self.lingering.watch(ctx, release=False)
+            else:
+                dispatcher.slot_freed()
+                end.abandoned = True
+            return
+        dispatcher.slot_freed()
+        if _thread_runs(ctx):
+            # A thread cannot be stopped: releasing now would let another worker run the job
+            # while this thread still does.
+            log.warning(
+                "job %s (%s): its handler thread is still running; the attempt is given back "
+                "when the thread finishes",
+                ctx.id,
+                ctx.kind,
+            )
+            self.lingering.watch(ctx, release=True)
+            return
+        # Shutdown gave up waiting: hand the attempt back, uncounted.
+        if self._stopped:
+            self._left_after_shutdown(ctx)
+            return
+        result = await self.finalizer.submit(FinalizeRequest.release(ctx))
+        end.applied = result is Finalized.APPLIED
 
     def _claimed(self, rows: int) -> None:
         if rows:

@@ -22,10 +22,7 @@ MODULE_EXCEPTIONS: dict[str, str] = {
 }
 
 # "path:qualified.name" -> why it stays over the bound
-FUNCTION_EXCEPTIONS: dict[str, str] = {
-    "worker/runtime.py:Runtime._run": "not split yet (issue 30): the process's run and its "
-    "shutdown sequence in one function",
-}
+FUNCTION_EXCEPTIONS: dict[str, str] = {}
 
 
 def _modules() -> list[Path]:
