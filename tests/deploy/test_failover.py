@@ -44,7 +44,16 @@ from tests.support import poll_until
 
 STANDBY = "failover_standby"
 APP = "tests.failover_app:client"
-UNSETTLED = ("available", "running", "retryable", "scheduled")
+# Every state a job of these tests leaves on its way to finished: a failed pay job passes
+# through consequence_pending (its consequence owed) before the reconciler settles it.
+UNSETTLED = (
+    "available",
+    "running",
+    "retryable",
+    "scheduled",
+    "waiting_external",
+    "consequence_pending",
+)
 INSERT_PACE_S = 0.01  # the synchronous test's producer: one insert, then this pause
 
 
