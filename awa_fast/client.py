@@ -49,7 +49,7 @@ from awa_fast.connections import (
 )
 from awa_fast.database_url import resolve_database_url
 from awa_fast.descriptors import DescriptorFields
-from awa_fast.errors import AwaError, ValidationError
+from awa_fast.errors import AwaError, DatabaseUnavailable, ValidationError
 from awa_fast.producer import DEFAULT_QUEUE, OffQueueWarner, Producer
 from awa_fast.requests import check_name, kind_for_type, optional_name
 from awa_fast.twins import expose, variants
@@ -167,6 +167,7 @@ class AsyncClient:
         self._pool: AsyncConnectionPool | None = None
         self._pool_lock: asyncio.Lock | None = None
         self._pool_guard: asyncio.Task | None = None
+        self._closes = 0  # close() calls so far: an open that outlived one closes its pool
         self.registry = Registry()
         self.specs = SpecRunner()
         self.consequences = ConsequenceApplier(self.registry)
@@ -286,7 +287,8 @@ class AsyncClient:
         for the session at all (``SET LOCAL`` inside a transaction only).
 
         Raises:
-            DatabaseUnavailable: the database could not be reached within 30 seconds.
+            DatabaseUnavailable: the database could not be reached within 30 seconds, or
+                close() ran while the pool was opening (the pool is closed again).
             ConfigError: the connection does not match ``pooler``
                 (:func:`awa_fast.pooler.check_connection`); the pool is closed again.
         """
@@ -298,9 +300,17 @@ class AsyncClient:
         async with self._pool_lock:
             if self._pool is None:
                 primary.check_url(url, "database_url")  # also one from the environment
+                closes = self._closes
                 pool = await open_pool(
                     url, self._pool_options(url), self.pooler, self.explicit_database_url
                 )
+                if self._closes != closes:
+                    # close() ran while it opened (a bounded admin call's open goes on in the
+                    # background): a pool kept now would outlive the client's close.
+                    await pool.close()
+                    raise DatabaseUnavailable(
+                        "the client was closed while its pool was opening", operation="pool"
+                    )
                 self._pool = pool
                 self._pool_guard = asyncio.get_running_loop().create_task(
                     close_pool_on_cancel(pool), name="awa-fast-pool-guard"
@@ -323,6 +333,7 @@ class AsyncClient:
             with contextlib.suppress(Exception, TimeoutError):
                 await asyncio.wait_for(asyncio.shield(releasing), RELEASE_WAIT_S)
         await self._producer.waker.flush()
+        self._closes += 1
         if self._pool is not None:
             await self._pool.close()
             self._pool = None

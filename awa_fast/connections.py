@@ -357,6 +357,12 @@ async def open_pool(
             + await _connect_refusal(url),
             operation="pool",
         ) from exc
+    except BaseException:
+        # Cancelled mid-open (an admin call's bounded wait gave up, then the loop ended): the
+        # pool's workers ignore cancellation, so an open pool left here kept asyncio.run()
+        # (or a test's loop teardown) waiting for ever.
+        await pool.close()
+        raise
     try:
         async with pool.connection() as conn:
             try:

@@ -46,3 +46,36 @@ async def test_health_check_answers_promptly_with_postgres_down_before_the_pool_
     finally:
         await asyncio.to_thread(own_server.restart)
         await c.close()
+
+
+async def test_an_open_cancelled_half_way_leaves_no_pool_running(own_server):
+    # A bounded admin call's first open goes on in the background; cancelled mid-open (the
+    # loop ending), it left the pool's workers, which ignore cancellation, running: the loop's
+    # teardown then waited for ever.
+    c = awa.AsyncClient(own_server.awa_dsn)
+    await asyncio.to_thread(own_server.halt, "immediate")
+    before = asyncio.all_tasks()  # (an earlier test's pool may still be opening: not ours)
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(c.pool(), 0.5)
+        left = [
+            t.get_name()
+            for t in asyncio.all_tasks() - before
+            if "-worker-" in t.get_name() or t.get_name().endswith("-scheduler")
+        ]
+        assert not left
+    finally:
+        await asyncio.to_thread(own_server.restart)
+        await c.close()
+
+
+async def test_an_open_that_outlives_close_closes_its_pool(own_server):
+    c = awa.AsyncClient(own_server.awa_dsn)
+    await asyncio.to_thread(own_server.halt, "immediate")
+    opening = asyncio.ensure_future(c.pool())  # as a bounded admin call leaves it
+    await asyncio.sleep(0)  # (it takes the pool lock and starts connecting)
+    await c.close()
+    await asyncio.to_thread(own_server.restart)
+    with pytest.raises(awa.DatabaseUnavailable, match="closed while its pool was opening"):
+        await opening
+    assert c._pool is None
