@@ -5,11 +5,13 @@ result against a direct parse, and stop cleanly on a signal or the timeout (see
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -81,13 +83,26 @@ def _check_many(paths: list[str]) -> list[tuple[str, list[str] | None, str | Non
 CHECK_CHUNK = 32
 
 
+def _quiet_broken_pool_thread() -> None:
+    """Before the check's processes are terminated: Python 3.11's process-pool manager thread,
+    finding them gone, sets an exception on futures the cancel already cancelled and dies with
+    ``InvalidStateError`` (a traceback on stderr of a run that stopped as asked). Only that
+    error of a thread is dropped; every other goes to the previous hook."""
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not isinstance(args.exc_value, concurrent.futures.InvalidStateError):
+            previous(args)
+
+    threading.excepthook = hook
+
+
 async def _direct(files: list[str], processes: int) -> tuple[set[str], int, dict[str, str]]:
     """Re-parse ``files`` without the queue (a plain process pool): (distinct modules of the
     parsed files, staged requests = sum of their distinct counts, {unparsable path: error}).
 
     Cancelled (a stop signal), it cancels the pending chunks and terminates the pool's
     processes before it re-raises: none outlives the demo."""
-    import concurrent.futures
     import multiprocessing
 
     loop = asyncio.get_running_loop()
@@ -103,6 +118,7 @@ async def _direct(files: list[str], processes: int) -> tuple[set[str], int, dict
         )
     except BaseException:
         children = list((pool._processes or {}).values())
+        _quiet_broken_pool_thread()
         pool.shutdown(wait=False, cancel_futures=True)
         for child in children:
             child.terminate()
