@@ -78,6 +78,11 @@ async def _open(reads: Reads, new_client: Callable[[], AsyncClient], timeout: fl
                 if time.monotonic() >= deadline:
                     last = errors.last or str(exc).splitlines()[0]
                     raise StartupError(_no_database(timeout, last)) from None
+    except StartupError:
+        # The reads' pool goes on connecting until it is closed: closed here, while the filter
+        # still holds its warnings (the lifespan's close after this finds it closed).
+        await reads.close()
+        raise
     finally:
         pool_log.removeFilter(errors)
 
