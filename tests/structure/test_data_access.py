@@ -25,7 +25,20 @@ from awa_fast.repo.batch_ops import BatchRepo
 from awa_fast.repo.callbacks import CallbackRepo, StillRunning
 from awa_fast.repo.consequences import ConsequenceRepo, LockedJob
 from awa_fast.repo.cron import CronRepo
+from awa_fast.repo.dlq import DlqRepo
+from awa_fast.repo.isolated import (
+    DISCARD_FAILED,
+    DLQ_MOVE,
+    DLQ_PURGE,
+    DLQ_RETRY,
+    DRAIN_QUEUE,
+    RETRY_FAILED,
+    IsolatedRepo,
+)
+from awa_fast.repo.jobs import JobRepo
+from awa_fast.repo.queues import QueueRepo
 from awa_fast.repo.stats import StatsRepo
+from awa_fast.repo.storage import StorageRepo
 from awa_fast.repo.verify import VerifyRepo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,13 +73,22 @@ CONVERTED: dict[str, dict[str, str]] = {
         "series[1]": "the cached (counter, histogram) pair of a finalize: per job, a tuple",
         "row[3]": "rescue rows handed over by the maintenance rescue (not converted yet)",
     },
+    "awa_fast/admin/area.py": {},
+    "awa_fast/admin/batches.py": {},
+    "awa_fast/admin/callbacks.py": {},
+    "awa_fast/admin/consequences.py": {},
+    "awa_fast/admin/cron.py": {},
+    "awa_fast/admin/dlq.py": {},
+    "awa_fast/admin/health.py": {},
+    "awa_fast/admin/jobs.py": {"entries[-1]": "the latest error entry of the attempt dumped"},
+    "awa_fast/admin/queues.py": {},
+    "awa_fast/admin/storage.py": {},
+    "awa_fast/client.py": {},
+    "awa_fast/sync_client.py": {},
 }
 
 # Not converted yet, with the reason; path prefixes.
 NOT_YET = {
-    "awa_fast/admin/": "the admin areas are being merged into one surface (issue 30); next",
-    "awa_fast/client.py": "the facade is being reworked (issue 30, one admin surface)",
-    "awa_fast/sync_client.py": "the facade is being reworked (issue 30, one admin surface)",
     "awa_fast/raw_client.py": "the facade is being reworked (issue 30, one admin surface)",
     "awa_fast/cli": "the CLI moves to a command table (issue 30)",
     "awa_fast/web/": "web/reads.py is the dashboard's read model already (dict rows, a statement "
@@ -210,3 +232,49 @@ async def test_a_named_row_checks_the_statements_columns(dsn):
         assert await verify.due(["k"], 60.0, 1) == []
         assert await StatsRepo(conn).queue_depth() == []
         assert tuple(await StatsRepo(conn).consequence_counts()) == (0, 0)
+
+
+async def test_the_admin_repositories_rows_are_their_statements_columns(dsn):
+    """Each admin statement run once (no such job: every result is empty, its shape checked)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        jobs, dlq, queues = JobRepo(conn), DlqRepo(conn), QueueRepo(conn)
+        assert await jobs.get(0) is None
+        assert await jobs.newest("failed", "no such kind", None, 1) == []
+        assert await jobs.retry(0, 1000) is None
+        assert await jobs.attempt_still_runs(0, 1000) is None
+        assert await jobs.cancel(0) is None
+        assert await jobs.live_with_unique_key(b"no such key") is None
+        assert await jobs.failed_matching("no such kind", None, 1000) == 0
+        assert await jobs.dump(0) is None
+        match = dict.fromkeys(("kind", "queue", "tag", "before_id", "before_dlq_at"))
+        assert await dlq.newest({**match, "kind": "no such kind"}, 1) == []
+        assert await dlq.get(0) is None
+        assert await dlq.depth("no such queue") == 0
+        assert "no such queue" not in await dlq.depth_by_queue()
+        retry = {"id": 0, "run_at": None, "priority": None, "to_queue": None, "stale_ms": 1000}
+        assert await dlq.retry(retry) is None
+        assert await dlq.attempt_still_runs(0, 1000) is None
+        assert await dlq.move(0, "manual") is False
+        assert await dlq.purge(0) is False
+        assert await dlq.dump(0) is None
+        assert all(
+            s.total_queued == s.scheduled + s.available + s.retryable for s in await queues.stats()
+        )
+        assert [u for u in await queues.unhandled() if u.queue == "no such queue"] == []
+        assert await queues.available(["no such queue"]) == {}
+        assert [o for o in await ConsequenceRepo(conn).owed(1) if o.id == 0] == []
+        history = await StorageRepo(conn).history()
+        assert history.version is not None and history.first_at <= history.last_at
+        nothing = {"kind": "no such kind", "queue": "no such queue", "stale_ms": 1000}
+        operations = {
+            RETRY_FAILED: nothing,
+            DISCARD_FAILED: nothing,
+            DRAIN_QUEUE: {"queue": "no such queue"},
+            DLQ_RETRY: {**match, **retry, "kind": "no such kind"},
+            DLQ_MOVE: {**nothing, "reason": "manual"},
+            DLQ_PURGE: {**match, "kind": "no such kind"},
+        }
+        async with conn.transaction(force_rollback=True):
+            for operation, params in operations.items():
+                repo = IsolatedRepo(conn, operation, params)
+                assert (await repo.bulk(), await repo.ids(), await repo.one(0)) == ([], [], [])
