@@ -25,7 +25,9 @@ from awa_fast.repo.batch_ops import BatchRepo
 from awa_fast.repo.callbacks import CallbackRepo, StillRunning
 from awa_fast.repo.consequences import ConsequenceRepo, LockedJob
 from awa_fast.repo.cron import CronRepo
+from awa_fast.repo.dashboard import DashboardRepo
 from awa_fast.repo.dlq import DlqRepo
+from awa_fast.repo.hand import HandRepo
 from awa_fast.repo.isolated import (
     DISCARD_FAILED,
     DLQ_MOVE,
@@ -85,14 +87,17 @@ CONVERTED: dict[str, dict[str, str]] = {
     "awa_fast/admin/storage.py": {},
     "awa_fast/client.py": {},
     "awa_fast/sync_client.py": {},
+    "awa_fast/web/reads.py": {"rows[-1]": "a page's last row, whose id is the next page's cursor"},
+    "awa_fast/raw_client.py": {},
+    "awa_fast/testing.py": {
+        "raised[-1]": "the last exception the handler raised (awa's WorkResult.error)",
+        'outcome.error["error"].splitlines()[0]': "the first line of a failure's error text",
+    },
 }
 
 # Not converted yet, with the reason; path prefixes.
 NOT_YET = {
-    "awa_fast/raw_client.py": "the facade is being reworked (issue 30, one admin surface)",
     "awa_fast/cli": "the CLI moves to a command table (issue 30)",
-    "awa_fast/web/": "web/reads.py is the dashboard's read model already (dict rows, a statement "
-    "timeout per transaction); it moves under repo/ next",
     "awa_fast/worker/runtime.py": "being split into config and wiring (issue 30)",
     "awa_fast/worker/maintenance/": "split into passes over one scheduler (ADR 036): next",
     "awa_fast/worker/dispatcher.py": "the claim: its rows decode straight into JobContext "
@@ -104,8 +109,8 @@ NOT_YET = {
     "awa_fast/worker/lingering.py": "the lingering-attempt thread's blocking connection: next",
     "awa_fast/enqueue.py": "the insert path (hot: one round trip per insert kept as is): next",
     "awa_fast/producer.py": "the producer's flush (hot path): next",
-    "awa_fast/transaction.py": "the caller-owned transaction wrapper: next",
-    "awa_fast/testing.py": "AwaTestClient drives one job by hand: next",
+    "awa_fast/transaction.py": "the caller's own statement text (awa's Transaction.execute / "
+    "fetch_*) and the COMMIT / ROLLBACK of the BEGIN producer.py sends: with the producer",
     "awa_fast/demo/": "the demo's own tables and reads",
 }
 
@@ -274,7 +279,39 @@ async def test_the_admin_repositories_rows_are_their_statements_columns(dsn):
             DLQ_MOVE: {**nothing, "reason": "manual"},
             DLQ_PURGE: {**match, "kind": "no such kind"},
         }
+        assert await HandRepo(conn).claim("no such queue", "no such kind") is None
+        assert await HandRepo(conn).job_row(0) is None
         async with conn.transaction(force_rollback=True):
             for operation, params in operations.items():
                 repo = IsolatedRepo(conn, operation, params)
                 assert (await repo.bulk(), await repo.ids(), await repo.one(0)) == ([], [], [])
+
+
+async def test_the_dashboards_reads_run_with_the_statement_timeout_and_give_dict_rows(dsn):
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        async with conn.transaction():
+            reads = DashboardRepo(conn)
+            await reads.limit_statement_time()
+            timeout = await (await conn.execute("SHOW statement_timeout")).fetchone()
+            assert timeout == ("5s",)
+            bounds = await reads.id_bounds()
+            assert set(bounds) == {"min", "max"}
+            assert isinstance(await reads.queue_depth(), list)
+            assert isinstance(await reads.queue_recent(0), list)
+            assert isinstance(await reads.queue_meta(), list)
+            assert await reads.job_page({"queue": None, "kind": None, "state": None}, 0, 0) == []
+            assert await reads.job(0) is None and await reads.dlq_job(0) is None
+            assert await reads.job_summary(0) is None
+            assert await reads.job_children(0) == []
+            assert await reads.dlq_page("no such queue", None, 2**63 - 1) == []
+            assert set(await reads.consequence_counts()) == {"owed", "overdue"}
+            assert isinstance(await reads.consequences_owed(), list)
+            assert isinstance(await reads.consequences_applied(0), list)
+            assert await reads.leader(0) is None
+            assert (await reads.leader_lease()) is None or "epoch" in (await reads.leader_lease())
+            assert isinstance(await reads.presence(), list)
+            assert isinstance(await reads.connections(), list)
+            assert await reads.running_count() >= 0
+            assert isinstance(await reads.running(), list)
+        # SET LOCAL: the session's own setting is back once the transaction ends
+        assert await (await conn.execute("SHOW statement_timeout")).fetchone() != ("5s",)
