@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import psycopg
 import pytest
 
 import awa_fast as awa
@@ -14,13 +13,7 @@ from tests.support import wait_state
 # The shared timing (tests/support.py) with this module's differences.
 FAST = {**support.FAST, "maintenance": False}
 
-pytestmark = pytest.mark.usefixtures("clean")
-
-
-@pytest.fixture(autouse=True)
-async def _no_presence_rows(dsn):
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("TRUNCATE awa_fast.workers")
+pytestmark = pytest.mark.usefixtures("clean", "no_presence_rows")
 
 
 @dataclasses.dataclass

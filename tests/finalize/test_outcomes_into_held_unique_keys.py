@@ -20,13 +20,7 @@ WITHOUT_MAINTENANCE = {**support.FAST, "maintenance": False}
 
 CANCELLED_BIT = 1 << 6
 
-pytestmark = pytest.mark.usefixtures("clean")
-
-
-@pytest.fixture(autouse=True)
-async def _no_presence_rows(dsn):
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("TRUNCATE awa_fast.workers")
+pytestmark = pytest.mark.usefixtures("clean", "no_presence_rows")
 
 
 @dataclasses.dataclass

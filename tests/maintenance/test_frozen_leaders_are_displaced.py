@@ -11,13 +11,7 @@ import pytest
 import awa_fast as awa
 from tests.support import job_row, poll_until, scalar, wait_state
 
-pytestmark = pytest.mark.usefixtures("clean")
-
-
-@pytest.fixture(autouse=True)
-async def _no_presence_rows(dsn):
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("TRUNCATE awa_fast.workers")
+pytestmark = pytest.mark.usefixtures("clean", "no_presence_rows")
 
 
 # Issue 9, class 3: a SIGSTOPped leader (a frozen VM, a debugger, a blocked event loop) kept its

@@ -13,13 +13,7 @@ from tests.support import poll_until
 # The shared timing (tests/support.py) with this module's differences.
 FAST = {**support.FAST, "maintenance": False}
 
-pytestmark = pytest.mark.usefixtures("clean")
-
-
-@pytest.fixture(autouse=True)
-async def _no_presence_rows(dsn):
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        await conn.execute("TRUNCATE awa_fast.workers")
+pytestmark = pytest.mark.usefixtures("clean", "no_presence_rows")
 
 
 @dataclasses.dataclass
