@@ -44,6 +44,17 @@ ROUTINES_REVISION = 1
 
 _NAME = re.compile(r"^(\d{3})_(\w+)\.sql$")
 _BASELINE = re.compile(r"^baseline_(\d{3})\.sql$")
+# psql's include, relative to the file: a stored object's definition written once in
+# objects/NNN_*.sql, included by migration NNN and by the baseline (ADR 043).
+_INCLUDE = re.compile(r"^\\ir (objects/\w+\.sql)$", re.MULTILINE)
+
+
+def _read(name: str) -> str:
+    """A file of this package with its ``\\ir objects/...`` lines replaced by those files."""
+    folder = resources.files(__package__)
+    return _INCLUDE.sub(
+        lambda m: folder.joinpath(m.group(1)).read_text().strip(), folder.joinpath(name).read_text()
+    )
 
 
 def migrations() -> list[tuple[int, str, str]]:
@@ -57,7 +68,7 @@ def migrations() -> list[tuple[int, str, str]]:
     for entry in resources.files(__package__).iterdir():
         m = _NAME.match(entry.name)
         if m:
-            found.append((int(m.group(1)), m.group(2).replace("_", " "), entry.read_text()))
+            found.append((int(m.group(1)), m.group(2).replace("_", " "), _read(entry.name)))
     versions = [v for v, _, _ in found]
     if len(set(versions)) != len(versions):
         dup = sorted({v for v in versions if versions.count(v) > 1})
@@ -73,7 +84,7 @@ def baseline() -> tuple[int, str]:
         RuntimeError: no baseline file, more than one, or one past the newest migration.
     """
     found = [
-        (int(m.group(1)), entry.read_text())
+        (int(m.group(1)), _read(entry.name))
         for entry in resources.files(__package__).iterdir()
         if (m := _BASELINE.match(entry.name))
     ]

@@ -123,8 +123,8 @@ DRIFTS = {
         "columns",
     ),
     "storage setting": (
-        ") WITH (vacuum_truncate = false);\nCREATE INDEX idx_awa_fast_unique",
-        ");\nCREATE INDEX idx_awa_fast_unique",
+        "ALTER TABLE awa_fast.unique_holds SET (vacuum_truncate = false);",
+        "",
         "relations",
     ),
     "statistics target": (
