@@ -288,7 +288,8 @@ def migrate_sync(
             with conn.transaction():
                 conn.execute(statements.MIGRATE_LOCK, (binding.migrate_lock_key,))
                 conn.execute(statements.MIGRATION_BOOTSTRAP)
-                recorded, revision, at = conn.execute(statements.ROUTINES_STATE).fetchone()
+                state = conn.execute(statements.ROUTINES_STATE).fetchone()
+                recorded, revision, at = state or (None, None, None)
                 if (
                     recorded != routines_digest()
                     and (revision or 0) <= ROUTINES_REVISION
