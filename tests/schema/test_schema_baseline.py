@@ -17,6 +17,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from awa_fast import schema, sql
 from awa_fast.schema import (
+    ROUTINES_REVISION,
     baseline,
     current_migration_version,
     migrate_sync,
@@ -174,6 +175,9 @@ def test_a_baseline_that_drifted_from_the_migrations_is_found(new_db, upgraded, 
         conn.execute(text)
         conn.execute(sql.MIGRATION_BOOTSTRAP)  # the version table and its rows, as the runner's
         conn.cursor().executemany(sql.MIGRATION_RECORD, [(v, d) for v, d, _ in migrations()])
-        conn.execute(sql.ROUTINES_RECORD, (routines_digest(), current_migration_version()))
+        conn.execute(
+            sql.ROUTINES_RECORD,
+            (routines_digest(), ROUTINES_REVISION, current_migration_version()),
+        )
         diff = differences(catalog(conn, "awa_fast"), upgraded("awa_fast"))
     assert any(line[2:].startswith(f"{section}:") for line in diff), (drift, diff[:10])
