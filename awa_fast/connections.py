@@ -244,20 +244,6 @@ class Connections:
                 f"database unreachable: no connection within {ADMIN_POOL_WAIT_S:g} s: {exc}"
             ) from exc
 
-    async def fetch(
-        self, query: str, params: Any = None, timeout: float | None = None
-    ) -> list[tuple]:
-        """Run one statement on a pooled connection (:meth:`connection`); its rows, or ``[]``
-        for a statement that returns none. (The CLI's and the demo's reads, not converted to
-        repositories yet.)
-
-        Raises:
-            psycopg_pool.PoolTimeout: as :meth:`connection`.
-        """
-        async with self.connection(timeout) as conn:
-            cur = await conn.execute(query, params)
-            return await cur.fetchall() if cur.description else []
-
     async def _open_pool(self, timeout: float | None) -> AsyncConnectionPool:
         if timeout is None:
             return await self._pool()
