@@ -1,5 +1,6 @@
 """Per-queue statements of the worker's own loops: which parked queues hold a claimable job
-(``sql.QUEUES_WITH_AVAILABLE``, the idle poll) and priority aging (``sql.AGE_PRIORITIES``)."""
+(``sql.QUEUES_WITH_AVAILABLE``, the idle poll), priority aging (``sql.AGE_PRIORITIES``) and
+the DLQ policy a process sets at start (``sql.SET_QUEUE_DLQ``)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,7 @@ class QueueRepo:
         params = {"queue": queue, "interval_ms": interval_ms, "limit": limit}
         cur = await self.conn.execute(sql.AGE_PRIORITIES, params)
         return len(await cur.fetchall())
+
+    async def set_dlq(self, queue: str, enabled: bool) -> None:
+        """Store whether ``queue``'s jobs that fail for good go to the DLQ."""
+        await self.conn.execute(sql.SET_QUEUE_DLQ, (queue, enabled))

@@ -55,6 +55,12 @@ CONVERTED: dict[str, dict[str, str]] = {
     "awa_fast/worker/reconcile.py": {},
     "awa_fast/worker/aging.py": {},
     "awa_fast/worker/idle_poll.py": {},
+    "awa_fast/worker/runtime.py": {},
+    "awa_fast/worker/attempts.py": {},
+    "awa_fast/worker/presence.py": {},
+    "awa_fast/worker/listener.py": {},
+    "awa_fast/worker/leader_tasks.py": {},
+    "awa_fast/worker/shutdown.py": {},
     "awa_fast/metrics.py": {
         "series[0]": "the cached (counter, histogram) pair of a finalize: per job, a tuple",
         "series[1]": "the cached (counter, histogram) pair of a finalize: per job, a tuple",
@@ -71,7 +77,6 @@ NOT_YET = {
     "awa_fast/cli": "the CLI moves to a command table (issue 30)",
     "awa_fast/web/": "web/reads.py is the dashboard's read model already (dict rows, a statement "
     "timeout per transaction); it moves under repo/ next",
-    "awa_fast/worker/runtime.py": "being split into config and wiring (issue 30)",
     "awa_fast/worker/maintenance/": "split into passes over one scheduler (ADR 036): next",
     "awa_fast/worker/dispatcher.py": "the claim: its rows decode straight into JobContext "
     "(a tuple-speed hot path)",
