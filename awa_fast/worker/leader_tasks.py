@@ -9,6 +9,7 @@ from typing import Any
 
 from awa_fast import batch_ops, bulk, periodic
 from awa_fast.repo.jobs import JobRepo
+from awa_fast.repo.maintenance import Rescued
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.finalizer import Finalizer
 from awa_fast.worker.maintenance import MaintenanceConfig
@@ -78,14 +79,12 @@ class LeaderTasks:
         (``Settler.pending_kinds``)."""
         return self.services.settler.pending_kinds()
 
-    async def on_rescued(self, rows: list[tuple]) -> None:
-        """Rescued specs of the rescue's ``(id, kind, state, reason, exhausted)`` rows: best
-        effort, each in its own transaction after the rescue committed."""
+    async def on_rescued(self, rows: list[Rescued]) -> None:
+        """Rescued specs of the jobs a rescue took: best effort, each in its own transaction
+        after the rescue committed."""
         specs = self.services.specs
         wanted = [
-            (job_id, kind, reason)
-            for job_id, kind, _, reason, _ in rows
-            if specs.has(kind, "rescued")
+            (row.id, row.kind, row.rescue_reason) for row in rows if specs.has(row.kind, "rescued")
         ]
         if not wanted:
             return
