@@ -1,6 +1,7 @@
-"""The runtime's own tasks for the maintenance leader (``Maintenance``'s extra tasks): periodic
-fires, the reconciler and the batch-operation runner, each in a leader-fenced transaction; and
-the ``rescued`` follow-up specs of jobs the leader's rescue took over."""
+"""The runtime's own tasks for the maintenance leader (``Maintenance``'s extra tasks, with the
+reconciler, ``Runtime.reconcile``): periodic fires and the batch-operation runner, each in a
+leader-fenced transaction; and the ``rescued`` follow-up specs of jobs the leader's rescue
+took over."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from awa_fast.repo.jobs import JobRepo
 from awa_fast.repo.maintenance import Rescued
 from awa_fast.worker.cancellation import raise_if_cancelling
 from awa_fast.worker.finalizer import Finalizer
-from awa_fast.worker.maintenance import MaintenanceConfig
 from awa_fast.worker.services import Services
 
 log = logging.getLogger("awa_fast.runtime")
@@ -25,13 +25,11 @@ class LeaderTasks:
 
     Args:
         services: the process's services (pool, periodic schedules, specs, settler).
-        maintenance: the maintenance configuration (the reconciler's).
         instance: this process's presence instance (the batch runner's claim on an operation).
     """
 
-    def __init__(self, services: Services, maintenance: MaintenanceConfig, instance: str):
+    def __init__(self, services: Services, instance: str):
         self.services = services
-        self.maintenance = maintenance
         self.instance = instance
         self.finalizer: Finalizer | None = None  # set when the runtime builds its parts
         # schedules the cron pass cannot evaluate or fire, warned about once (periodic.evaluate)
@@ -64,15 +62,6 @@ class LeaderTasks:
                 return await periodic.evaluate(conn, self.cron_problems)
         finally:
             raise_if_cancelling()  # see worker/cancellation.py
-
-    async def reconcile(self, fenced: Any = None) -> dict:
-        """Reconciler tick: run ``verify_success`` hooks once on recently completed jobs of
-        their kinds (verdict and correction in one transaction), then retry owed failure
-        consequences that are due. Writes go through ``fenced`` (``Maintenance.fenced``) when
-        given. Returns the tick's counts."""
-        from awa_fast.worker.reconcile import reconcile_tick
-
-        return await reconcile_tick(self.services, self.maintenance, fenced)
 
     def settled_by_reconciler(self) -> list[str]:
         """Kinds whose final-attempt rescue waits in ``consequence_pending`` for the settler

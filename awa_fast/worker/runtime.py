@@ -107,7 +107,7 @@ class Runtime:
             self.run_maintenance,
         )
         self.instance = self.presence.instance
-        self.leader_tasks = LeaderTasks(services, self.maintenance_config, self.instance)
+        self.leader_tasks = LeaderTasks(services, self.instance)
         self.metrics_exporter: metrics.Exporter | None = None
         # A slot runs a handler, async or def: a def handler needs a thread for the slot's
         # max_workers to be honoured, and Python's default (cores + 4, at most 32) let a claimed
@@ -170,8 +170,13 @@ class Runtime:
         return await self.leader_tasks.evaluate_cron(fenced)
 
     async def reconcile(self, fenced: Any = None) -> dict:
-        """See ``LeaderTasks.reconcile`` (one reconciler tick)."""
-        return await self.leader_tasks.reconcile(fenced)
+        """Reconciler tick (leader only): run ``verify_success`` hooks once on recently
+        completed jobs of their kinds (verdict and correction in one transaction), then retry
+        owed failure consequences that are due, by this runtime's ``maintenance_config`` (read
+        at each tick). Writes go through ``fenced`` (``Maintenance.fenced``) when given."""
+        from awa_fast.worker.reconcile import reconcile_tick
+
+        return await reconcile_tick(self.services, self.maintenance_config, fenced)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -335,7 +340,7 @@ class Runtime:
             pooler=self.services.pooler,
             extra_tasks=[
                 (self.cron_interval_s, leader.evaluate_cron),
-                (mc.reconcile_interval_ms / 1000, leader.reconcile),
+                (mc.reconcile_interval_ms / 1000, self.reconcile),
                 (BATCH_RUNNER_S, leader.run_batch_operations),
             ],
             binding=self.services.schema,
