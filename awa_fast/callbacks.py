@@ -23,6 +23,7 @@ from awa_fast.repo.callbacks import CallbackRepo
 from awa_fast.repo.consequences import LockedJob
 from awa_fast.repo.jobs import JobRepo
 from awa_fast.requests import MAX_PAYLOAD_BYTES, check_size, to_json
+from awa_fast.results import outcome_is
 from awa_fast.worker import storable
 
 if TYPE_CHECKING:
@@ -235,14 +236,9 @@ class ResolveResult:
     ):
         self.outcome, self.job, self.payload, self.reason = outcome, job, payload, reason
 
-    def is_completed(self) -> bool:
-        return self.outcome == "completed"
-
-    def is_failed(self) -> bool:
-        return self.outcome == "failed"
-
-    def is_ignored(self) -> bool:
-        return self.outcome == "ignored"
+    is_completed = outcome_is("completed")
+    is_failed = outcome_is("failed")
+    is_ignored = outcome_is("ignored")
 
     def __repr__(self) -> str:
         return f"ResolveResult(outcome={self.outcome!r}, job={self.job!r}, reason={self.reason!r})"

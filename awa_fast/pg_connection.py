@@ -157,6 +157,22 @@ def _bound_cursor(base: type, binding: SchemaBinding) -> type:
     return Bound
 
 
+def _bound_connection(base: type, cursor_base: type, binding: SchemaBinding, label: str) -> Any:
+    """A subclass of the connection class ``base`` whose cursors (``cursor_base`` bound by
+    :func:`_bound_cursor`) rewrite each statement for ``binding``; named ``label[schema]``."""
+    cursor = _bound_cursor(cursor_base, binding)
+
+    class BoundConnection(base):
+        schema = binding
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.cursor_factory = cursor
+
+    BoundConnection.__name__ = f"{label}[{binding.name}]"
+    return BoundConnection
+
+
 @functools.cache
 def connection_class(binding: SchemaBinding = DEFAULT) -> type[Connection]:
     """The async connection class of ``binding``'s schema: :class:`Connection` itself for the
@@ -165,17 +181,7 @@ def connection_class(binding: SchemaBinding = DEFAULT) -> type[Connection]:
     as a pool's ``connection_class``."""
     if binding.is_default:
         return Connection
-    cursor = _bound_cursor(psycopg.AsyncCursor, binding)
-
-    class BoundConnection(Connection):
-        schema = binding
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.cursor_factory = cursor
-
-    BoundConnection.__name__ = f"Connection[{binding.name}]"
-    return BoundConnection
+    return _bound_connection(Connection, psycopg.AsyncCursor, binding, "Connection")
 
 
 @functools.cache
@@ -184,14 +190,4 @@ def sync_connection_class(binding: SchemaBinding = DEFAULT) -> type[psycopg.Conn
     migrations, the lingering-attempt thread, a progress flush from the loop's own thread)."""
     if binding.is_default:
         return psycopg.Connection
-    cursor = _bound_cursor(psycopg.Cursor, binding)
-
-    class BoundSyncConnection(psycopg.Connection[Any]):
-        schema = binding
-
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.cursor_factory = cursor
-
-    BoundSyncConnection.__name__ = f"SyncConnection[{binding.name}]"
-    return BoundSyncConnection
+    return _bound_connection(psycopg.Connection, psycopg.Cursor, binding, "SyncConnection")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 # Longest RetryAfter / Snooze: 10 years, so run_at always stays a representable timestamp.
 MAX_DELAY_S = 10 * 365 * 86400.0
@@ -28,36 +30,52 @@ def _delay(seconds: float, what: str) -> float:
     return value
 
 
-class RetryAfter:
+def outcome_is(outcome: str) -> Callable[[Any], bool]:
+    """A result object's ``is_<outcome>()`` method: True when its ``outcome`` attribute equals
+    ``outcome`` (so a class declares which outcomes it can have, once each)."""
+
+    def check(self: Any) -> bool:
+        return self.outcome == outcome
+
+    check.__name__ = f"is_{outcome}"
+    check.__doc__ = f"True when the outcome is ``{outcome!r}``."
+    return check
+
+
+class _Delayed:
+    """A result that carries a delay: ``seconds`` validated by ``_delay``, errors and repr
+    under ``_what`` (the public class's name, also for a user's subclass of it)."""
+
+    __slots__ = ("seconds",)
+    _what: ClassVar[str]
+
+    def __init__(self, seconds: float):
+        self.seconds = _delay(seconds, self._what)
+
+    def __repr__(self) -> str:
+        return f"{self._what}({self.seconds})"
+
+
+class RetryAfter(_Delayed):
     """Fail this attempt and retry after ``seconds`` (float seconds, 0 to 10 years). On the final
     attempt the job is exhausted (failed) instead.
 
     Raises:
         ValueError: ``seconds`` is negative, not finite or over 10 years."""
 
-    __slots__ = ("seconds",)
-
-    def __init__(self, seconds: float):
-        self.seconds = _delay(seconds, "RetryAfter")
-
-    def __repr__(self) -> str:
-        return f"RetryAfter({self.seconds})"
+    __slots__ = ()
+    _what = "RetryAfter"
 
 
-class Snooze:
+class Snooze(_Delayed):
     """Put the job back for ``seconds`` (float seconds, 0 to 10 years) without counting the
     attempt.
 
     Raises:
         ValueError: ``seconds`` is negative, not finite or over 10 years."""
 
-    __slots__ = ("seconds",)
-
-    def __init__(self, seconds: float):
-        self.seconds = _delay(seconds, "Snooze")
-
-    def __repr__(self) -> str:
-        return f"Snooze({self.seconds})"
+    __slots__ = ()
+    _what = "Snooze"
 
 
 class Cancel:

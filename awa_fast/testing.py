@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 
 from awa_fast import db_errors, sql
 from awa_fast.job import Job
+from awa_fast.results import outcome_is
 from awa_fast.worker import executor as ex
 from awa_fast.worker.context import JobContext
 from awa_fast.worker.finalize_request import Finalized, FinalizeRequest
@@ -90,26 +91,13 @@ class WorkResult:
     error: str | None = None
     applied: bool = True
 
-    def is_completed(self) -> bool:
-        return self.outcome == "completed"
-
-    def is_failed(self) -> bool:
-        return self.outcome == "failed"
-
-    def is_retryable(self) -> bool:
-        return self.outcome == "retryable"
-
-    def is_cancelled(self) -> bool:
-        return self.outcome == "cancelled"
-
-    def is_snoozed(self) -> bool:
-        return self.outcome == "snoozed"
-
-    def is_waiting_external(self) -> bool:
-        return self.outcome == "waiting_external"
-
-    def is_no_job(self) -> bool:
-        return self.outcome == "no_job"
+    is_completed = outcome_is("completed")
+    is_failed = outcome_is("failed")
+    is_retryable = outcome_is("retryable")
+    is_cancelled = outcome_is("cancelled")
+    is_snoozed = outcome_is("snoozed")
+    is_waiting_external = outcome_is("waiting_external")
+    is_no_job = outcome_is("no_job")
 
 
 @db_errors.boundary("testing.")

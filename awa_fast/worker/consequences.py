@@ -254,47 +254,6 @@ class Settler:
     def _consequence_value(self, kind: str) -> str | None:
         return "none" if self.applier.declaration(kind) is NO_FAILURE_CONSEQUENCE else None
 
-    async def settle_failure(
-        self,
-        conn,
-        row: LockedJob,
-        *,
-        reason: str,
-        path: str,
-        error_entry: dict | None,
-        progress: str | None = None,
-        exhausted: list | None = None,
-        owe_unknown: bool = True,
-        mark: datetime | None = None,
-    ) -> str:
-        """Inside the caller's transaction, with the job's row locked (``row`` from
-        ``ConsequenceRepo.lock_running`` or the like): run the kind's effect, then settle.
-        ``mark`` is the "still running" mark a ``running`` row keeps (its handler lives on:
-        ``fail_external`` of a running attempt), carried into the DLQ entry if it moves there;
-        a row that already left ``running`` keeps its own.
-
-        Returns ``"failed"``, ``"dead_lettered"`` or ``"consequence_pending"`` (the effect
-        failed, or -- with ``owe_unknown`` -- this process does not know the kind: nothing
-        settled, the reconciler retries it).
-        """
-        repo = ConsequenceRepo(conn)
-        await repo.append_error(row.id, error_entry, progress)
-        error = "" if error_entry is None else error_entry.get("error", "")
-        if owe_unknown and not self.applier.knows(row.kind):
-            # This process cannot know the kind's consequence (declared elsewhere): leave it
-            # owed and visible for a reconciler that does, instead of settling without it.
-            await repo.mark_pending(
-                row.id,
-                reason=reason,
-                path=path,
-                error="consequence not declared in the settling process",
-                mark=mark,
-                retry_in_s=0,
-            )
-            self.stats["pending"] += 1
-            return "consequence_pending"
-        return await self._apply_and_settle(conn, row, reason, path, error, exhausted, mark)
-
     async def owe_or_settle(
         self,
         conn,
@@ -309,58 +268,45 @@ class Settler:
         mark: datetime | None = None,
     ) -> bool:
         """The failure path's first transaction (the worker's ``Finalizer._fail_once``,
-        ``fail_external`` and ``resolve_callback``'s on_fail), with the job's row locked. A kind
-        with an effect only records the failure as owed (:meth:`owe_failure`) and this returns
-        True: the caller commits, then calls :meth:`apply_owed`. So a crash after the effect's
-        outside part ran leaves a debt repeated under the same idempotency key, never a row a
-        rescue or callback timeout retries (models/settlement.pml, ``NEG_EFFECT_FIRST``). Other
-        kinds settle here (:meth:`settle_failure`) and this returns False. ``mark``: as for
-        :meth:`settle_failure`."""
-        if self.applier.effect_of(row.kind) is None:
-            await self.settle_failure(
-                conn,
-                row,
-                reason=reason,
-                path=path,
-                error_entry=error_entry,
-                progress=progress,
-                exhausted=exhausted,
-                owe_unknown=owe_unknown,
-                mark=mark,
-            )
-            return False
-        await self.owe_failure(
-            conn,
-            row,
-            reason=reason,
-            path=path,
-            error_entry=error_entry,
-            progress=progress,
-            mark=mark,
-        )
-        return True
+        ``fail_external`` and ``resolve_callback``'s on_fail), with the job's row locked
+        (``ConsequenceRepo.lock_running`` or the like); ``error_entry`` is appended first.
 
-    async def owe_failure(
-        self,
-        conn,
-        row: LockedJob,
-        *,
-        reason: str,
-        path: str,
-        error_entry: dict | None,
-        progress: str | None = None,
-        mark: datetime | None = None,
-    ) -> None:
-        """Inside the caller's transaction, with the job's row locked: record the failure as
-        ``consequence_pending`` with its consequence owed and due now, without running the
-        effect (:meth:`reconcile_on` applies it and settles, in the next transaction). A
-        ``running`` row gets ``mark`` as its "still running" mark (``None``: its handler
-        returned); a row that already left ``running`` keeps its own, and the settlement in
-        the next transaction keeps it too (the row is no longer ``running`` then)."""
+        A kind with an effect only records the failure as ``consequence_pending`` with its
+        consequence owed and due now, without running the effect, and this returns True: the
+        caller commits, then calls :meth:`apply_owed`. So a crash after the effect's outside
+        part ran leaves a debt repeated under the same idempotency key, never a row a rescue or
+        callback timeout retries (models/settlement.pml, ``NEG_EFFECT_FIRST``).
+
+        Other kinds settle here and this returns False: failed or dead-lettered (with the
+        exhausted specs' follow-ups), or left ``consequence_pending`` when -- with
+        ``owe_unknown`` -- this process does not know the kind (the reconciler settles it).
+
+        ``mark`` is the "still running" mark a ``running`` row keeps (its handler lives on:
+        ``fail_external`` of a running attempt), carried into the DLQ entry if it moves there;
+        a row that already left ``running`` keeps its own (also through the owed settlement).
+        """
         repo = ConsequenceRepo(conn)
         await repo.append_error(row.id, error_entry, progress)
-        await repo.owe_failure(row.id, reason, path, mark)
-        self.stats["pending"] += 1
+        if self.applier.effect_of(row.kind) is not None:
+            await repo.owe_failure(row.id, reason, path, mark)
+            self.stats["pending"] += 1
+            return True
+        if owe_unknown and not self.applier.knows(row.kind):
+            # This process cannot know the kind's consequence (declared elsewhere): leave it
+            # owed and visible for a reconciler that does, instead of settling without it.
+            await repo.mark_pending(
+                row.id,
+                reason=reason,
+                path=path,
+                error="consequence not declared in the settling process",
+                mark=mark,
+                retry_in_s=0,
+            )
+            self.stats["pending"] += 1
+            return False
+        error = "" if error_entry is None else error_entry.get("error", "")
+        await self._apply_and_settle(conn, row, reason, path, error, exhausted, mark)
+        return False
 
     async def apply_owed(self, conn, job_id: int, exhausted: list | None = None) -> str | None:
         """The failure path's second transaction, after :meth:`owe_or_settle` returned True and

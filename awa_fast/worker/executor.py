@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import inspect
 import logging
@@ -53,29 +54,20 @@ TRACE_LINES = 10
 metrics = metrics_mod.LegacyCounters()
 
 
+@dataclasses.dataclass(slots=True, eq=False, repr=False)
 class Outcome:
     """What an attempt ended with. ``delay`` is seconds; ``error`` the ``errors[]`` entry to
     append; ``reason`` the failure reason (``terminal_error``, ``exhausted``) for failures;
-    ``follow_ups`` the sealed staged requests (completed only)."""
+    ``follow_ups`` the sealed staged requests (completed only). (A dataclass for its
+    declaration only: the generated ``__init__`` is the plain assignments, identity equality.)"""
 
-    __slots__ = ("kind", "delay", "error", "reason", "follow_ups", "callback_id")
-
-    def __init__(
-        self,
-        kind: str,
-        *,
-        delay: float | None = None,
-        error: dict | None = None,
-        reason: str | None = None,
-        follow_ups: list | None = None,
-        callback_id: str | None = None,
-    ):
-        self.kind = kind
-        self.delay = delay
-        self.error = error
-        self.reason = reason
-        self.follow_ups = follow_ups
-        self.callback_id = callback_id
+    kind: str
+    _: dataclasses.KW_ONLY
+    delay: float | None = None
+    error: dict | None = None
+    reason: str | None = None
+    follow_ups: list | None = None
+    callback_id: str | None = None
 
     def __repr__(self) -> str:
         return f"Outcome({self.kind}, reason={self.reason})"
@@ -125,13 +117,7 @@ def handler_error(ctx: JobContext, exc: BaseException) -> Outcome:
         terminal = isinstance(exc, TerminalError)  # reads exc.__class__, which may raise
     except BaseException:
         terminal = True
-    if terminal:
-        outcome = Outcome(
-            FAIL, reason="terminal_error", error=error_entry(format_error(exc), ctx.attempt, True)
-        )
-    else:
-        outcome = failed(ctx, format_error(exc), terminal=False)
-    return _discarding(ctx, outcome)
+    return _discarding(ctx, failed(ctx, format_error(exc), terminal=terminal))
 
 
 def map_result(ctx: JobContext, result: Any) -> Outcome:
@@ -141,16 +127,8 @@ def map_result(ctx: JobContext, result: Any) -> Outcome:
     try:
         return _map_result(ctx, result)
     except BaseException as exc:
-        return _discarding(
-            ctx,
-            Outcome(
-                FAIL,
-                reason="terminal_error",
-                error=error_entry(
-                    f"handler result could not be mapped: {format_error(exc)}", ctx.attempt, True
-                ),
-            ),
-        )
+        text = f"handler result could not be mapped: {format_error(exc)}"
+        return _discarding(ctx, failed(ctx, text, terminal=True))
 
 
 def _map_result(ctx: JobContext, result: Any) -> Outcome:
@@ -181,22 +159,12 @@ def _map_result(ctx: JobContext, result: Any) -> Outcome:
                 len(fu.staged),
             )
         if ctx.callback_id is None or ctx.callback_id != str(result.callback_id):
-            outcome = Outcome(
-                FAIL,
-                reason="terminal_error",
-                error=error_entry(
-                    "WaitForCallback without a registered callback", ctx.attempt, True
-                ),
-            )
+            outcome = failed(ctx, "WaitForCallback without a registered callback", terminal=True)
         else:
             outcome = Outcome(WAIT, callback_id=result.callback_id)
     elif fu is not None and fu.poison is not None:
         # ADR-046: a swallowed staging error still fails the attempt terminally.
-        outcome = Outcome(
-            FAIL,
-            reason="terminal_error",
-            error=error_entry(format_error(fu.poison), ctx.attempt, True),
-        )
+        outcome = failed(ctx, format_error(fu.poison), terminal=True)
     else:
         return Outcome(COMPLETED, follow_ups=fu.seal() if fu is not None else None)
     if fu is not None:
@@ -214,16 +182,8 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
     try:
         ctx.args = handler.decode(ctx.raw_args)
     except Exception as exc:  # a conversion error is deterministic: no retry helps
-        return _discarding(
-            ctx,
-            Outcome(
-                FAIL,
-                reason="terminal_error",
-                error=error_entry(
-                    f"args conversion failed: {format_error(exc)}", ctx.attempt, True
-                ),
-            ),
-        )
+        text = f"args conversion failed: {format_error(exc)}"
+        return _discarding(ctx, failed(ctx, text, terminal=True))
     measured = telemetry.metrics_on()
     started = time.perf_counter() if measured else 0.0
     span = (
