@@ -88,6 +88,11 @@ def _left_after_shutdown(ctx: JobContext) -> None:
     )
 
 
+def _own(make: Any) -> Any:
+    """A field each instance makes for itself, not a constructor argument."""
+    return dataclasses.field(default_factory=make, init=False)
+
+
 @dataclasses.dataclass(slots=True)
 class _Ending:
     """How an attempt's run ended, for its clean-up: ``released`` (its slot is freed),
@@ -99,6 +104,7 @@ class _Ending:
     applied: bool | None = None
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class Attempts:
     """The attempts of one runtime.
 
@@ -115,31 +121,22 @@ class Attempts:
     claim); ``stopped`` once its shutdown returned (attempts ending later are left to rescue).
     """
 
-    def __init__(
-        self,
-        runtime: AttemptRuntime,
-        services: Services,
-        lease_s: float,
-        thread_pool: concurrent.futures.ThreadPoolExecutor,
-        progress: Signal,
-        dispatchers: dict[str, Dispatcher],
-    ):
-        self.runtime = runtime
-        self.services = services
-        self.lease_s = lease_s
-        self.thread_pool = thread_pool
-        self.progress = progress
-        self.dispatchers = dispatchers
-        self.finalizer: Finalizer | None = None
-        self.lingering: Lingering | None = None  # def-handler threads outliving their task
-        self.stopped = False
-        # Every structure is keyed by attempt (job id, run_lease).
-        self.in_flight: dict[tuple[int, int], JobContext] = {}
-        self.tasks: dict[tuple[int, int], asyncio.Task] = {}
-        self.outcomes: dict[str, int] = {}
-        self.ended = 0  # attempts whose task ended (finalized, released, abandoned)
-        self._ended = asyncio.Event()
-        self._giving_back: set[asyncio.Future] = set()  # see _never_started
+    runtime: AttemptRuntime
+    services: Services
+    lease_s: float
+    thread_pool: concurrent.futures.ThreadPoolExecutor
+    progress: Signal
+    dispatchers: dict[str, Dispatcher]
+    finalizer: Finalizer | None = None
+    lingering: Lingering | None = None  # def-handler threads outliving their task
+    stopped: bool = False
+    # Every structure is keyed by attempt (job id, run_lease).
+    in_flight: dict[tuple[int, int], JobContext] = _own(dict)
+    tasks: dict[tuple[int, int], asyncio.Task] = _own(dict)
+    outcomes: dict[str, int] = _own(dict)
+    ended: int = 0  # attempts whose task ended (finalized, released, abandoned)
+    _ended: asyncio.Event = _own(asyncio.Event)
+    _giving_back: set[asyncio.Future] = _own(set)  # see _never_started
 
     # -- what the liveness thread, the heartbeat and maintenance read ---------------------------
 

@@ -5,6 +5,7 @@ the check for waiting kinds no live worker handles."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import os
@@ -24,8 +25,13 @@ UNHANDLED_CHECK_S = 30.0  # how often a process looks for waiting kinds no live 
 PRESENCE_GONE_S = 2.0  # removing the presence row at shutdown (it expires on its own)
 
 
+def _instance() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclasses.dataclass(eq=False)
 class Presence:
-    """The presence row of one runtime.
+    """The presence row of one runtime (``instance``: its key, host:pid:random).
 
     Args:
         services: the process's services (pool, descriptors).
@@ -36,23 +42,14 @@ class Presence:
             this process takes part in the leader election (``run_maintenance``).
     """
 
-    def __init__(
-        self,
-        services: Services,
-        queues: list[str],
-        kinds: list[str],
-        heartbeat_interval_s: float,
-        maintenance: MaintenanceConfig,
-        run_maintenance: bool,
-    ):
-        self.services = services
-        self.queues = queues
-        self.kinds = kinds
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.maintenance = maintenance
-        self.run_maintenance = run_maintenance
-        self.instance = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.unhandled_warned: set[tuple[str, str]] = set()
+    services: Services
+    queues: list[str]
+    kinds: list[str]
+    heartbeat_interval_s: float
+    maintenance: MaintenanceConfig
+    run_maintenance: bool
+    instance: str = dataclasses.field(default_factory=_instance, init=False)
+    unhandled_warned: set[tuple[str, str]] = dataclasses.field(default_factory=set, init=False)
 
     @property
     def min_stale_ms(self) -> int:
