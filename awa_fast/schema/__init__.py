@@ -37,12 +37,29 @@ SCHEMA = "awa_fast"
 # (another schema's: SchemaBinding.migrate_lock_key).
 MIGRATE_LOCK_KEY = DEFAULT.migrate_lock_key
 
+# Orders the routines of different packages (ADR 043): bumped with every change to
+# routines/*.sql (tests/schema pins each revision's digest), so that an older package, even one
+# with the same newest migration, never puts its routines back over a newer one's.
+ROUTINES_REVISION = 1
+
 _NAME = re.compile(r"^(\d{3})_(\w+)\.sql$")
 _BASELINE = re.compile(r"^baseline_(\d{3})\.sql$")
+# psql's include, relative to the file: a stored object's definition written once in
+# objects/NNN_*.sql, included by migration NNN and by the baseline (ADR 043).
+_INCLUDE = re.compile(r"^\\ir (objects/\w+\.sql)$", re.MULTILINE)
+
+
+def _read(name: str) -> str:
+    """A file of this package with its ``\\ir objects/...`` lines replaced by those files."""
+    folder = resources.files(__package__)
+    return _INCLUDE.sub(
+        lambda m: folder.joinpath(m.group(1)).read_text().strip(), folder.joinpath(name).read_text()
+    )
 
 
 def migrations() -> list[tuple[int, str, str]]:
-    """All migrations as ``(version, description, sql)``, in version order.
+    """All migrations as ``(version, description, sql)``, in version order; ``sql`` has its
+    ``\\ir objects/...`` lines replaced by those files.
 
     Raises:
         RuntimeError: two files share a version number (one would be skipped silently as
@@ -52,7 +69,7 @@ def migrations() -> list[tuple[int, str, str]]:
     for entry in resources.files(__package__).iterdir():
         m = _NAME.match(entry.name)
         if m:
-            found.append((int(m.group(1)), m.group(2).replace("_", " "), entry.read_text()))
+            found.append((int(m.group(1)), m.group(2).replace("_", " "), _read(entry.name)))
     versions = [v for v, _, _ in found]
     if len(set(versions)) != len(versions):
         dup = sorted({v for v in versions if versions.count(v) > 1})
@@ -68,7 +85,7 @@ def baseline() -> tuple[int, str]:
         RuntimeError: no baseline file, more than one, or one past the newest migration.
     """
     found = [
-        (int(m.group(1)), entry.read_text())
+        (int(m.group(1)), _read(entry.name))
         for entry in resources.files(__package__).iterdir()
         if (m := _BASELINE.match(entry.name))
     ]
@@ -107,7 +124,10 @@ def _apply_routines(conn: psycopg.Connection) -> None:
     """Run every routines file and record their digest, in the caller's transaction (which
     holds the migration lock); ``conn`` is bound to the schema, which rewrites them."""
     conn.execute(routines_script())
-    conn.execute(statements.ROUTINES_RECORD, (routines_digest(), current_migration_version()))
+    conn.execute(
+        statements.ROUTINES_RECORD,
+        (routines_digest(), ROUTINES_REVISION, current_migration_version()),
+    )
 
 
 def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str, str]]:
@@ -149,6 +169,7 @@ def migration_scripts(
             text = f"{text.strip()}\n\n{routines_script()}"
             record += ";\n" + statements.ROUTINES_RECORD % (
                 Literal(routines_digest()).as_string(),
+                ROUTINES_REVISION,
                 version,
             )
         closing = statements.MIGRATION_SCRIPT_CLOSE % {"record": record}
@@ -262,14 +283,19 @@ def migrate_sync(
                     _apply_routines(conn)
         if not applied_now:
             # Nothing migrated: the routines only if this package's differ from those applied
-            # and the schema is not newer than the package (an older package never puts its
-            # routines back). Reads two rows; takes no table lock when they match.
+            # and neither those nor the schema are newer than the package's (an older package
+            # never puts its routines back, so two never take turns). Reads two rows; takes no
+            # table lock when nothing is due.
             with conn.transaction():
                 conn.execute(statements.MIGRATE_LOCK, (binding.migrate_lock_key,))
                 conn.execute(statements.MIGRATION_BOOTSTRAP)
-                row = conn.execute(statements.ROUTINES_STATE).fetchone()
-                recorded, at = row if row else (None, None)
-                if recorded != routines_digest() and (at or 0) <= newest:
+                state = conn.execute(statements.ROUTINES_STATE).fetchone()
+                recorded, revision, at = state or (None, None, None)
+                if (
+                    recorded != routines_digest()
+                    and (revision or 0) <= ROUTINES_REVISION
+                    and (at or 0) <= newest
+                ):
                     _apply_routines(conn)
     return applied_now
 

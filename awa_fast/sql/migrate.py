@@ -19,6 +19,7 @@ CREATE TABLE IF NOT EXISTS {S}.schema_version (
 CREATE TABLE IF NOT EXISTS {S}.schema_routines (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     sha256 text NOT NULL,
+    revision integer NOT NULL,
     version integer NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 )
@@ -34,17 +35,19 @@ MIGRATION_RECORD = (
     "ON CONFLICT (version) DO NOTHING"
 )
 
-# The routines' digest last applied, and the newest version recorded: the runner applies its
-# routines again only when their digest differs and the schema is not newer than the package.
+# The routines' digest and revision last applied, and the newest version recorded: the runner
+# applies its routines again only when their digest differs and neither the routines nor the
+# schema are newer than the package's.
 ROUTINES_STATE = (
-    f"SELECT (SELECT sha256 FROM {S}.schema_routines), "
-    f"(SELECT max(version) FROM {S}.schema_version)"
+    f"SELECT r.sha256, r.revision, (SELECT max(version) FROM {S}.schema_version) "
+    f"FROM (SELECT) AS one LEFT JOIN {S}.schema_routines AS r ON true"
 )
 
+# (digest, revision, newest migration version of the package that applied them)
 ROUTINES_RECORD = (
-    f"INSERT INTO {S}.schema_routines (sha256, version) VALUES (%s, %s) "
+    f"INSERT INTO {S}.schema_routines (sha256, revision, version) VALUES (%s, %s, %s) "
     "ON CONFLICT (singleton) DO UPDATE SET sha256 = EXCLUDED.sha256, "
-    "version = EXCLUDED.version, applied_at = now()"
+    "revision = EXCLUDED.revision, version = EXCLUDED.version, applied_at = now()"
 )
 
 # A migration as a script to run by hand (psql; schema.migration_scripts(), `awa-fast migrate

@@ -13,11 +13,16 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from awa_fast.errors import DatabaseError
-from awa_fast.schema import migrate_sync, migrations, routines_digest
+from awa_fast.schema import ROUTINES_REVISION, migrate_sync, migrations, routines_digest
 from tests.schema import history
 from tests.schema_catalog import catalog, differences
 
 VERSIONS = history.VERSIONS
+
+# The digest of routines/*.sql at each ROUTINES_REVISION (one line added per change).
+ROUTINES_DIGESTS = {
+    1: "a4e3b84fb462ca76877159232657f33638e60e23c1cc441052deb3965112fec3",
+}
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +122,35 @@ def test_an_older_package_leaves_a_newer_schemas_routines(fresh_db):
     assert migrate_sync(fresh_db) == []
     with psycopg.connect(fresh_db) as conn:
         assert conn.execute("SELECT sha256 FROM awa_fast.schema_routines").fetchone() == ("newer",)
+
+
+def test_an_older_package_at_the_same_version_leaves_newer_routines(fresh_db):
+    # A newer package changed a routine without a migration (ADR 043's point) and applied it;
+    # this package, older, shares the newest migration. Its start must not put its own routines
+    # back (a downgrade, and then the two fight: each start re-applies and locks jobs).
+    migrate_sync(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE awa_fast.schema_routines SET sha256 = 'newer', revision = %s",
+            (ROUTINES_REVISION + 1,),
+        )
+    bounded = _with_lock_timeout(fresh_db)
+    with psycopg.connect(fresh_db) as holder:
+        holder.execute("LOCK TABLE awa_fast.jobs IN ACCESS EXCLUSIVE MODE")
+        assert migrate_sync(bounded) == []  # no lock taken: nothing applied
+        holder.rollback()
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT sha256, revision FROM awa_fast.schema_routines").fetchone() == (
+            "newer",
+            ROUTINES_REVISION + 1,
+        )
+
+
+def test_routines_revision_names_their_digest():
+    # ROUTINES_REVISION orders packages' routines (an older one never re-applies its own over a
+    # newer one's): a change to routines/*.sql bumps it and adds its digest here.
+    assert ROUTINES_DIGESTS[ROUTINES_REVISION] == routines_digest(), (
+        "routines/*.sql changed: bump awa_fast.schema.ROUTINES_REVISION and add "
+        f"{{{ROUTINES_REVISION + 1}: {routines_digest()!r}}} to ROUTINES_DIGESTS"
+    )
+    assert max(ROUTINES_DIGESTS) == ROUTINES_REVISION
