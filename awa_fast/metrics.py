@@ -34,6 +34,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from awa_fast.errors import ConfigError
 from awa_fast.repo.maintenance import Rescued
 from awa_fast.repo.stats import StatsRepo
+from awa_fast.sql.dashboard import LIVE_STATES
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Set in a launcher's children (the launcher serves their metrics): "refresh" in child 0, the
@@ -170,14 +171,7 @@ FINALIZE_OUTCOMES = (
 )
 # What discards an attempt's staged follow-ups: any outcome but completed, or a deadline.
 DISCARD_OUTCOMES = ("failed", "retryable", "cancelled", "snoozed", "waiting_external", "abandoned")
-_DEPTH_STATES = (
-    "available",
-    "scheduled",
-    "retryable",
-    "running",
-    "waiting_external",
-    "consequence_pending",
-)
+_DEPTH_STATES = LIVE_STATES  # the states QueueDepth rows can have
 
 
 # -- instrumentation calls (hot paths: one dict lookup and an add) ----------------------------

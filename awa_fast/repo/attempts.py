@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from awa_fast import sql
-from awa_fast.repo import named
+from awa_fast.repo import Repo, named
 
 
 class Registered(NamedTuple):
@@ -44,14 +44,11 @@ def _ended(job_id: int, run_lease: int) -> dict[str, int]:
     return {"id": job_id, "lease": run_lease}
 
 
-class AttemptRepo:
+class AttemptRepo(Repo):
     """Attempt statements on ``conn`` (a psycopg ``AsyncConnection``; the caller's
     transaction). ``run_lease``: the attempt's lease (every write is guarded by it)."""
 
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
+    __slots__ = ()
 
     async def read_committed(self) -> None:
         """Run the session's transactions at READ COMMITTED (a dedicated connection that moves
@@ -85,11 +82,8 @@ class AttemptRepo:
     ) -> Registered | None:
         """Give the running attempt a new callback id timing out in ``timeout_s`` seconds, with
         its CEL ``expressions`` (a ``Jsonb``, or ``None``); ``None`` if it no longer runs."""
-        cur = self.conn.cursor(row_factory=_REGISTERED)
         params = {"timeout": timeout_s, "exprs": expressions, "id": job_id, "lease": run_lease}
-        await cur.execute(sql.REGISTER_CALLBACK, params)
-        row: Registered | None = await cur.fetchone()
-        return row
+        return await self._one(_REGISTERED, sql.REGISTER_CALLBACK, params)
 
     async def park(self, job_id: int, run_lease: int, callback_id: str) -> bool:
         """Park the running attempt in ``waiting_external`` on ``callback_id``; False if it no
@@ -108,10 +102,7 @@ class AttemptRepo:
 
     async def parked(self, job_id: int) -> Parked | None:
         """Where the parked job stands (``None``: it is gone)."""
-        cur = self.conn.cursor(row_factory=_PARKED)
-        await cur.execute(sql.POLL_CALLBACK_WAIT, (job_id,))
-        row: Parked | None = await cur.fetchone()
-        return row
+        return await self._one(_PARKED, sql.POLL_CALLBACK_WAIT, (job_id,))
 
 
 class BlockingAttemptRepo:

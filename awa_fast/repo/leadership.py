@@ -7,36 +7,35 @@ from __future__ import annotations
 from typing import Any
 
 from awa_fast import sql
+from awa_fast.repo import Repo
 from awa_fast.rows import one_row
 
 
-class LeaderRepo:
+class LeaderRepo(Repo):
     """Leader statements on ``conn`` (a psycopg ``AsyncConnection``; the caller's
     transaction, or the election's own autocommit connection). ``stale_ms``: the heartbeat
     staleness (ms) after which a holder counts as frozen."""
 
-    __slots__ = ("conn",)
+    __slots__ = ()
 
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    async def _one(self, statement: str, params: Any = None) -> Any:
+    async def _scalar(self, statement: str, params: Any = None) -> Any:
+        # the one column of a statement that always returns one row
         (value,) = await one_row(await self.conn.execute(statement, params))
         return value
 
     async def try_lock(self, key: int) -> bool:
         """Take the session advisory lock ``key`` if free."""
-        return bool(await self._one(sql.TRY_LEADER, (key,)))
+        return bool(await self._scalar(sql.TRY_LEADER, (key,)))
 
     async def displace_frozen_leader(self, key: int, stale_ms: int) -> bool:
         """End the backend of a lock holder idle for more than ``stale_ms`` (and its open
         passes); whether one was ended."""
         params = {"key": key, "stale_ms": stale_ms}
-        return bool(await self._one(sql.DISPLACE_FROZEN_LEADER, params))
+        return bool(await self._scalar(sql.DISPLACE_FROZEN_LEADER, params))
 
     async def displace_frozen_passes(self, stale_ms: int) -> bool:
         """End a previous leader's passes idle in transaction past ``stale_ms``."""
-        return bool(await self._one(sql.DISPLACE_FROZEN_PASSES, {"stale_ms": stale_ms}))
+        return bool(await self._scalar(sql.DISPLACE_FROZEN_PASSES, {"stale_ms": stale_ms}))
 
     async def limit_waits(self, lock_wait_ms: int) -> None:
         """This transaction waits at most ``lock_wait_ms`` ms for a lock and is ended by the
@@ -57,7 +56,7 @@ class LeaderRepo:
         cur = await self.conn.execute(sql.LEASE_TAKE, params)
         if await cur.fetchone() is None:
             return None
-        epoch = int(await self._one(sql.LEADER_BUMP, (holder,)))
+        epoch = int(await self._scalar(sql.LEADER_BUMP, (holder,)))
         await self.conn.execute(sql.LEASE_EPOCH, (epoch,))
         return epoch
 

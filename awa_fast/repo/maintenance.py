@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from awa_fast import sql
-from awa_fast.repo import named
+from awa_fast.repo import Repo, named
 from awa_fast.rows import one_row
 
 
@@ -36,14 +36,11 @@ _RESCUED = named(Rescued)
 _HOT_TABLE = named(HotTable)
 
 
-class PassRepo:
+class PassRepo(Repo):
     """Maintenance statements on ``conn`` (a psycopg ``AsyncConnection``; the caller's
     transaction: a leader-fenced one for every write)."""
 
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
+    __slots__ = ()
 
     async def rows(self, statement: str, params: Any) -> list[tuple]:
         """The rows of one of a pass's statements (``sql.PROMOTE``, ``sql.PRUNE_DLQ``, ...)."""
@@ -61,10 +58,7 @@ class PassRepo:
 
     async def rescued(self, statement: str, params: Any) -> list[Rescued]:
         """Run a rescue statement (``sql.RESCUE``, ``sql.RESCUE_CALLBACKS``): the jobs taken."""
-        cur = self.conn.cursor(row_factory=_RESCUED)
-        await cur.execute(statement, params)
-        rows: list[Rescued] = await cur.fetchall()
-        return rows
+        return await self._all(_RESCUED, statement, params)
 
     async def note_dead_letter_failed(self, job_id: int, error: str) -> None:
         """Append ``error`` to a failed job whose dead-letter move failed (it stays failed)."""
@@ -102,10 +96,7 @@ class PassRepo:
 
     async def hot_table(self) -> HotTable | None:
         """The hot table's statistics (``None``: the table is gone)."""
-        cur = self.conn.cursor(row_factory=_HOT_TABLE)
-        await cur.execute(sql.HOT_DEAD_ROWS)
-        row: HotTable | None = await cur.fetchone()
-        return row
+        return await self._one(_HOT_TABLE, sql.HOT_DEAD_ROWS)
 
     async def vacuum_hot(self, truncate: bool) -> None:
         """VACUUM the hot table (an autocommit connection), cutting its empty tail off when

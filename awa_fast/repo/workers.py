@@ -4,10 +4,10 @@ LISTEN of the runtime's notification connection."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from awa_fast import sql
-from awa_fast.repo import named
+from awa_fast.repo import Repo, named
 
 
 class Unhandled(NamedTuple):
@@ -21,14 +21,11 @@ class Unhandled(NamedTuple):
 _UNHANDLED = named(Unhandled)
 
 
-class WorkerRepo:
+class WorkerRepo(Repo):
     """Presence statements on ``conn`` (a psycopg ``AsyncConnection``; the caller's
     transaction)."""
 
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
+    __slots__ = ()
 
     async def seen(
         self, instance: str, queues: list[str], kinds: list[str], ttl_ms: float, min_stale_ms: int
@@ -50,10 +47,7 @@ class WorkerRepo:
 
     async def unhandled(self, queues: list[str]) -> list[Unhandled]:
         """The kinds with available jobs in ``queues`` that no live worker handles."""
-        cur = self.conn.cursor(row_factory=_UNHANDLED)
-        await cur.execute(sql.UNHANDLED_IN_QUEUES, (queues,))
-        rows: list[Unhandled] = await cur.fetchall()
-        return rows
+        return await self._all(_UNHANDLED, sql.UNHANDLED_IN_QUEUES, (queues,))
 
     async def listen(self) -> None:
         """LISTEN on the queue wake-up and the cancel channels (an autocommit connection)."""
