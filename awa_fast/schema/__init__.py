@@ -64,7 +64,8 @@ def _read(name: str) -> str:
 
 
 def migrations() -> list[tuple[int, str, str]]:
-    """All migrations as ``(version, description, sql)``, in version order.
+    """All migrations as ``(version, description, sql)``, in version order; ``sql`` has its
+    ``\\ir objects/...`` lines replaced by those files.
 
     Raises:
         RuntimeError: two files share a version number (one would be skipped silently as
