@@ -32,6 +32,7 @@ from prometheus_client import (
 from prometheus_client.mmap_dict import MmapedDict
 
 from awa_fast.errors import ConfigError
+from awa_fast.repo.maintenance import Rescued
 from awa_fast.repo.stats import StatsRepo
 from awa_fast.sql.dashboard import LIVE_STATES
 
@@ -218,10 +219,10 @@ def leases_expired(n: int) -> None:
     LEASES_EXPIRED.inc(n)
 
 
-def rescued(rows: list[tuple]) -> None:
-    """Count rescue rows ``(id, kind, new_state, rescue_reason, ...)`` by cause."""
+def rescued(rows: list[Rescued]) -> None:
+    """Count the jobs a rescue took (``repo.maintenance.Rescued``) by cause."""
     for row in rows:
-        reason = row[3]
+        reason = row.rescue_reason
         RESCUES.labels(_RESCUE_CAUSES.get(reason, reason)).inc()
 
 

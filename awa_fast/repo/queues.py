@@ -1,6 +1,7 @@
 """Per-queue statements: the worker's own loops (which parked queues hold a claimable job,
-``sql.QUEUES_WITH_AVAILABLE``, the idle poll; priority aging, ``sql.AGE_PRIORITIES``) and the
-admin's (counts per queue, pause / resume, jobs no live worker handles)."""
+``sql.QUEUES_WITH_AVAILABLE``, the idle poll; priority aging, ``sql.AGE_PRIORITIES``; the DLQ
+policy a process sets at start, ``sql.SET_QUEUE_DLQ``) and the admin's (counts per queue,
+pause / resume, jobs no live worker handles)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,10 @@ class QueueRepo(Repo):
         params = {"queue": queue, "interval_ms": interval_ms, "limit": limit}
         cur = await self.conn.execute(sql.AGE_PRIORITIES, params)
         return len(await cur.fetchall())
+
+    async def set_dlq(self, queue: str, enabled: bool) -> None:
+        """Store whether ``queue``'s jobs that fail for good go to the DLQ."""
+        await self.conn.execute(sql.SET_QUEUE_DLQ, (queue, enabled))
 
     async def stats(self) -> list[QueueStat]:
         """Every queue's counts, by name (a queue with jobs, finished ones or a settings row)."""

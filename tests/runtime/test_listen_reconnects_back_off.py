@@ -33,7 +33,7 @@ async def test_listen_reconnects_back_off(dsn, client, caplog):
     client.task(Job)(lambda job: None)
     await client.start([("default", 1)], **FAST)
     dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-    pid = client.runtime._listen_conn.info.backend_pid
+    pid = client.runtime.listener.conn.info.backend_pid
     caplog.set_level(logging.WARNING, logger="awa_fast.runtime")
 
     def delays():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
 
 import psycopg
 import pytest
@@ -62,3 +64,49 @@ async def test_routines_reapplied_while_jobs_run(fresh_db):
         assert conn.execute("SELECT sha256 FROM awa_fast.schema_routines").fetchone() == (
             routines_digest(),
         )
+
+
+def test_routines_deadlocked_with_a_completion_are_applied_again(fresh_db):
+    # A completion holds a slice of jobs_done and then wants jobs (the finalizer's order); the
+    # routines hold jobs and want that slice (their trigger changes): the server cancels one.
+    # This session waits a minute before it checks for a deadlock, so the migrate() is the one
+    # cancelled: it runs its transaction again once the completion has committed, and succeeds.
+    migrate_sync(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("UPDATE awa_fast.schema_routines SET sha256 = 'stale'")
+        (slice_,) = conn.execute(
+            "SELECT inhrelid::regclass::text FROM pg_inherits "
+            "WHERE inhparent = 'awa_fast.jobs_done'::regclass ORDER BY inhrelid LIMIT 1"
+        ).fetchone()
+    results: list = []
+    with psycopg.connect(fresh_db) as completion:
+        completion.execute("SET deadlock_timeout = '1min'")
+        completion.execute(f"LOCK TABLE {slice_} IN ROW EXCLUSIVE MODE")
+        migrator = threading.Thread(target=lambda: results.append(_migrate(fresh_db)))
+        migrator.start()
+        with psycopg.connect(fresh_db, autocommit=True) as watch:
+            # the routines hold jobs and wait for the slice (the server's lock table says so)
+            for _ in range(600):
+                if watch.execute(
+                    "SELECT 1 FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                    (slice_,),
+                ).fetchone():
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("the routines never waited for the slice")
+        completion.execute("LOCK TABLE awa_fast.jobs IN ROW EXCLUSIVE MODE")  # the deadlock
+        completion.commit()
+        migrator.join(120)
+    assert results == [[]], results
+    with psycopg.connect(fresh_db) as conn:
+        assert conn.execute("SELECT sha256 FROM awa_fast.schema_routines").fetchone() == (
+            routines_digest(),
+        )
+
+
+def _migrate(dsn: str) -> object:
+    try:
+        return migrate_sync(dsn)
+    except Exception as exc:  # reported by the test's assertion
+        return exc

@@ -14,6 +14,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from awa_fast.errors import DatabaseError
 from awa_fast.schema import ROUTINES_REVISION, migrate_sync, migrations, routines_digest
+from awa_fast.schema_binding import bind
 from tests.schema import history
 from tests.schema_catalog import catalog, differences
 
@@ -154,3 +155,44 @@ def test_routines_revision_names_their_digest():
         f"{{{ROUTINES_REVISION + 1}: {routines_digest()!r}}} to ROUTINES_DIGESTS"
     )
     assert max(ROUTINES_DIGESTS) == ROUTINES_REVISION
+
+
+@pytest.mark.parametrize("name", ["awa_fast", "tenant_b"])
+def test_routines_changed_by_hand_are_applied_again(fresh_db, name):
+    # A DBA dropped the wake-up trigger, disabled the finished rows' move and redefined a
+    # function: the recorded digest still matches, but the queue relies on its routines as
+    # written, so the next migrate() puts them back (ADR 043); the one after takes no lock.
+    binding = bind(name)
+    migrate_sync(fresh_db, binding)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(binding.rewrite("DROP TRIGGER trg_awa_fast_notify ON awa_fast.jobs"))
+        conn.execute(
+            binding.rewrite("ALTER TABLE awa_fast.jobs DISABLE TRIGGER trg_awa_fast_jobs_finished")
+        )
+        conn.execute(
+            binding.rewrite(
+                "CREATE OR REPLACE FUNCTION awa_fast.raise_key_held(holder bigint) RETURNS void "
+                "LANGUAGE sql AS 'SELECT'"
+            )
+        )
+    assert migrate_sync(fresh_db, binding) == []
+    with psycopg.connect(fresh_db) as conn:
+        triggers = dict(
+            conn.execute(
+                "SELECT tgname, tgenabled FROM pg_trigger WHERE tgrelid = %s::regclass",
+                (binding.rewrite("awa_fast.jobs"),),
+            ).fetchall()
+        )
+        assert triggers["trg_awa_fast_notify"] == "O"
+        assert triggers["trg_awa_fast_jobs_finished"] == "O"
+        assert (
+            "unique_violation"
+            in conn.execute(
+                "SELECT prosrc FROM pg_proc WHERE proname = 'raise_key_held'"
+            ).fetchone()[0]
+        )
+    bounded = _with_lock_timeout(fresh_db)
+    with psycopg.connect(fresh_db) as holder:
+        holder.execute(binding.rewrite("LOCK TABLE awa_fast.jobs IN ACCESS EXCLUSIVE MODE"))
+        assert migrate_sync(bounded, binding) == []
+        holder.rollback()

@@ -21,6 +21,7 @@ import pytest
 from awa_fast import sql
 from awa_fast.job import JOB_FIELDS
 from awa_fast.repo import RowShapeError, named
+from awa_fast.repo.attempts import AttemptRepo
 from awa_fast.repo.batch_ops import BatchRepo
 from awa_fast.repo.callbacks import CallbackRepo, StillRunning
 from awa_fast.repo.consequences import ConsequenceRepo, LockedJob
@@ -38,10 +39,13 @@ from awa_fast.repo.isolated import (
     IsolatedRepo,
 )
 from awa_fast.repo.jobs import JobRepo
+from awa_fast.repo.leadership import LeaderRepo
+from awa_fast.repo.maintenance import PassRepo
 from awa_fast.repo.queues import QueueRepo
 from awa_fast.repo.stats import StatsRepo
 from awa_fast.repo.storage import StorageRepo
 from awa_fast.repo.verify import VerifyRepo
+from awa_fast.repo.workers import WorkerRepo
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "awa_fast"
@@ -70,10 +74,28 @@ CONVERTED: dict[str, dict[str, str]] = {
     "awa_fast/worker/reconcile.py": {},
     "awa_fast/worker/aging.py": {},
     "awa_fast/worker/idle_poll.py": {},
+    "awa_fast/worker/runtime.py": {},
+    "awa_fast/worker/attempts.py": {},
+    "awa_fast/worker/presence.py": {},
+    "awa_fast/worker/listener.py": {},
+    "awa_fast/worker/leader_tasks.py": {},
+    "awa_fast/worker/shutdown.py": {},
+    "awa_fast/worker/heartbeat.py": {},
+    "awa_fast/worker/lingering.py": {},
+    "awa_fast/worker/context.py": {},
+    "awa_fast/worker/maintenance/__init__.py": {},
+    "awa_fast/worker/maintenance/config.py": {},
+    "awa_fast/worker/maintenance/leader.py": {},
+    "awa_fast/worker/maintenance/passes.py": {},
+    "awa_fast/worker/maintenance/promote.py": {},
+    "awa_fast/worker/maintenance/prune.py": {},
+    "awa_fast/worker/maintenance/rescue.py": {},
+    "awa_fast/worker/maintenance/scheduler.py": {},
+    "awa_fast/worker/maintenance/service.py": {},
+    "awa_fast/worker/maintenance/vacuum.py": {},
     "awa_fast/metrics.py": {
         "series[0]": "the cached (counter, histogram) pair of a finalize: per job, a tuple",
         "series[1]": "the cached (counter, histogram) pair of a finalize: per job, a tuple",
-        "row[3]": "rescue rows handed over by the maintenance rescue (not converted yet)",
     },
     "awa_fast/admin/area.py": {},
     "awa_fast/admin/batches.py": {},
@@ -98,15 +120,10 @@ CONVERTED: dict[str, dict[str, str]] = {
 # Not converted yet, with the reason; path prefixes.
 NOT_YET = {
     "awa_fast/cli": "the CLI moves to a command table (issue 30)",
-    "awa_fast/worker/runtime.py": "being split into config and wiring (issue 30)",
-    "awa_fast/worker/maintenance/": "split into passes over one scheduler (ADR 036): next",
     "awa_fast/worker/dispatcher.py": "the claim: its rows decode straight into JobContext "
     "(a tuple-speed hot path)",
     "awa_fast/worker/finalizer.py": "compact completions are the hot path (tuple rows kept); "
     "its failure path uses ConsequenceRepo",
-    "awa_fast/worker/context.py": "callback registration, progress flush and waits: next",
-    "awa_fast/worker/heartbeat.py": "the heartbeat's own connection and batch: next",
-    "awa_fast/worker/lingering.py": "the lingering-attempt thread's blocking connection: next",
     "awa_fast/enqueue.py": "the insert path (hot: one round trip per insert kept as is): next",
     "awa_fast/producer.py": "the producer's flush (hot path): next",
     "awa_fast/transaction.py": "the caller's own statement text (awa's Transaction.execute / "
@@ -236,6 +253,24 @@ async def test_a_named_row_checks_the_statements_columns(dsn):
             assert [s.kind for s in await verify.settled_changes()] in ([], ["k"])
         assert await verify.due(["k"], 60.0, 1) == []
         assert await StatsRepo(conn).queue_depth() == []
+        assert await WorkerRepo(conn).unhandled(["no such queue"]) == []
+        attempts = AttemptRepo(conn)
+        assert await attempts.register_callback(0, 0, 60.0, None) is None
+        assert await attempts.parked(0) is None
+        passes = PassRepo(conn)
+        assert (await passes.hot_table()) is not None
+        async with conn.transaction(force_rollback=True):
+            params = {
+                "stale_ms": 1000,
+                "limit": 1,
+                "consequence_kinds": [],
+                "known_kinds": [],
+                "only": 0,
+                "own": [],
+            }
+            assert await passes.rescued(sql.RESCUE, params) == []
+            assert await passes.rescued(sql.RESCUE_CALLBACKS, params) == []
+            assert await LeaderRepo(conn).fence(-1) is False
         assert tuple(await StatsRepo(conn).consequence_counts()) == (0, 0)
 
 
