@@ -8,6 +8,11 @@ applied, and an older package never puts its routines back over a newer schema's
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -196,3 +201,42 @@ def test_routines_changed_by_hand_are_applied_again(fresh_db, name):
         holder.execute(binding.rewrite("LOCK TABLE awa_fast.jobs IN ACCESS EXCLUSIVE MODE"))
         assert migrate_sync(bounded, binding) == []
         holder.rollback()
+
+
+def test_a_migrator_killed_in_the_newest_migration_leaves_the_next_to_finish(
+    fresh_db, fresh_catalog
+):
+    # An upgrade from 19 whose process is SIGKILLed while the newest migration's transaction
+    # waits (its routines) for a lock another session holds: nothing of that transaction is
+    # kept, and the next migrate() finishes the upgrade to a fresh install's catalog.
+    history.restore(fresh_db, 19)
+    code = "import sys; from awa_fast.schema import migrate_sync; migrate_sync(sys.argv[1])"
+    newest = migrations()[-1][0]
+    with psycopg.connect(fresh_db) as holder:
+        holder.execute("SELECT count(*) FROM awa_fast.jobs_done")  # ACCESS SHARE, kept
+        migrator = subprocess.Popen([sys.executable, "-c", code, fresh_db])
+        try:
+            with psycopg.connect(fresh_db, autocommit=True) as watch:
+                for _ in range(1200):  # until the migrator waits for our lock
+                    if watch.execute(
+                        "SELECT 1 FROM pg_locks WHERE NOT granted AND locktype = 'relation' "
+                        "AND database = (SELECT oid FROM pg_database "
+                        "WHERE datname = current_database())"
+                    ).fetchone():
+                        break
+                    time.sleep(0.05)
+                else:
+                    raise AssertionError("the migrator never waited for our lock")
+                (at,) = watch.execute("SELECT max(version) FROM awa_fast.schema_version").fetchone()
+        finally:
+            migrator.send_signal(signal.SIGKILL)
+            migrator.wait()
+        holder.rollback()
+    assert at == newest - 1  # killed within the newest migration's transaction
+    assert migrate_sync(fresh_db) == [newest]
+    with psycopg.connect(fresh_db) as conn:
+        diff = differences(_without_rows(catalog(conn, "awa_fast")), _without_rows(fresh_catalog))
+        assert diff == [], "\n".join(diff[:40])
+        assert conn.execute("SELECT sha256 FROM awa_fast.schema_routines").fetchone() == (
+            routines_digest(),
+        )
