@@ -28,6 +28,10 @@ from typing import Any
 import psycopg
 from psycopg import capabilities
 
+# Registers the packed bigint[] dumper before any connection exists: a connection copies
+# psycopg's adapters when it is made (a pool opened by insert() before start() imported the
+# finalizer sent its arrays as bytea).
+from awa_fast import pg_arrays  # noqa: F401  (imported for its registration)
 from awa_fast.schema_binding import DEFAULT, SchemaBinding
 
 _LIBPQ: ctypes.CDLL | None = None

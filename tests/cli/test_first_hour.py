@@ -88,6 +88,8 @@ def test_readme_example_runs_as_written(dsn, tmp_path):
     )
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert r.stdout == "sending to a@example.com\n"
+    # nothing failed on the way (a completion that fell back to row by row logged it)
+    assert "Traceback" not in r.stderr and "failed" not in r.stderr, r.stderr
     with psycopg.connect(dsn) as conn:
         assert (
             conn.execute(

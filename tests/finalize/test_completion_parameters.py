@@ -4,6 +4,8 @@ reach PostgreSQL as the same ``bigint[]`` a plain list does, at every length and
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 
 import psycopg
 import pytest
@@ -49,3 +51,18 @@ def test_the_same_length_twice_reuses_its_packer_and_stays_right(dsn):
 def test_a_value_outside_bigint_is_refused_before_any_statement(bad):
     with pytest.raises(struct.error):
         int8_array(bad)
+
+
+def test_importing_the_package_registers_the_dumper_before_any_connection():
+    # A pool opened by insert() before start() imported the finalizer sent its arrays as
+    # bytea: every completion batch failed and was redone row by row (the README's example).
+    probe = (
+        "import psycopg, awa_fast\n"
+        "from psycopg.adapt import PyFormat\n"
+        "from awa_fast.pg_arrays import Int8Array\n"
+        "dumper = psycopg.adapters.get_dumper(Int8Array, PyFormat.AUTO)\n"
+        "print(dumper.__name__, dumper.oid)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["_Int8ArrayDumper", str(pg_arrays.INT8_ARRAY_OID)]
