@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from awa_fast import sql
 from awa_fast.cli.errors import UsageError
 from awa_fast.cli.output import print_json
-from awa_fast.cli.session import Session, fetch
+from awa_fast.cli.session import Session
 from awa_fast.cli.table import Command, arg
 
 
@@ -27,9 +26,8 @@ async def cmd_migrate(s: Session) -> int:
     if a.pending:
         # awa's --pending: the SQL of the migrations this database has not applied yet.
         client = await s.client(need_schema=False)
-        done = 0
-        if (await fetch(client, sql.SCHEMA_PRESENT))[0][0]:
-            done = (await fetch(client, sql.SCHEMA_VERSION))[0][0] or 0
+        async with (await client.pool()).connection() as conn:
+            done = await schema.applied_version(conn) or 0
         return print_migrations(s, done, schema.current_migration_version())
     if a.sql or a.version is not None or a.from_version is not None or a.to is not None:
         # SQL-printing modes (awa-pg's): no database needed.
@@ -55,8 +53,8 @@ async def cmd_migrate(s: Session) -> int:
         return print_migrations(s, after, upto)
     client = await s.client(need_schema=False)
     applied = await client.migrate()
-    rows = await fetch(client, sql.SCHEMA_VERSION)
-    version = rows[0][0] if rows else None
+    async with (await client.pool()).connection() as conn:
+        version = await schema.applied_version(conn)
     names = {v: d for v, d, _ in schema.migrations()}
     if s.json:
         print_json({"applied": applied, "version": version})

@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from awa_fast import sql
 from awa_fast.cli.errors import CliError
 from awa_fast.cli.output import PROG
-from awa_fast.cli.session import Session, fetch
+from awa_fast.cli.session import Session
 from awa_fast.errors import ValidationError
+from awa_fast.repo.names import NamesRepo
 from awa_fast.requests import check_name
 
 
@@ -37,7 +37,8 @@ async def known_queue(client: Any, queue: str, *, create_flag: str | None = None
     The library's calls stay permissive, as awa-pg's (docs/adr/026)."""
     queue.encode()  # not UTF-8 (a lone surrogate from argv): the UnicodeEncodeError's message
     check_name(queue, "queue")  # a name no queue can have: the rule, not a "did you mean"
-    names = [row[0] for row in await fetch(client, sql.KNOWN_QUEUES)]
+    async with (await client.pool()).connection() as conn:
+        names = await NamesRepo(conn).queues()
     if queue not in names:
         by = "no job, worker, schedule or setting names it"
         create = f" ({create_flag} uses a new name)" if create_flag else ""
@@ -49,8 +50,11 @@ async def known_kind(client: Any, kind: str) -> None:
     schedule or descriptor has ``kind``, with the closest known kinds as a hint."""
     kind.encode()  # as known_queue
     check_name(kind, "kind")
-    names = [row[0] for row in await fetch(client, sql.KNOWN_KINDS)]
-    if kind not in names and not (await fetch(client, sql.KIND_FINISHED, (kind,)))[0][0]:
+    async with (await client.pool()).connection() as conn:
+        repo = NamesRepo(conn)
+        names = await repo.kinds()
+        known = kind in names or await repo.kind_finished(kind)
+    if not known:
         raise unknown_name("kind", kind, names, "no job, worker or schedule has it")
 
 

@@ -73,13 +73,6 @@ async def probe(url: str, *, need_schema: bool, source: str = "", wait_s: float 
             await schema.check_current(conn)
 
 
-async def fetch(client, query: str, params: Any = None) -> list[tuple]:
-    """The rows of one ``sql`` statement run on a connection of ``client``'s pool."""
-    async with (await client.pool()).connection() as conn:
-        cur = await conn.execute(query, params)
-        return await cur.fetchall()
-
-
 class Session:
     """What a command handler gets: the parsed arguments and a lazily opened client."""
 

@@ -189,6 +189,15 @@ def current_migration_version() -> int:
     return migrations()[-1][0]
 
 
+async def applied_version(conn: psycopg.AsyncConnection) -> int | None:
+    """The newest migration applied to the schema ``conn`` is bound to, or ``None`` when that
+    schema has no version table (never migrated)."""
+    if not (await (await conn.execute(statements.SCHEMA_PRESENT)).fetchone() or (None,))[0]:
+        return None
+    row = await (await conn.execute(statements.SCHEMA_VERSION)).fetchone()
+    return None if row is None else row[0]
+
+
 async def check_current(conn: psycopg.AsyncConnection) -> None:
     """Fail fast on a database this package cannot work with (the worker's ``start()`` and
     every CLI command that reads jobs), for the schema ``conn`` is bound to
@@ -202,9 +211,7 @@ async def check_current(conn: psycopg.AsyncConnection) -> None:
     name = getattr(conn, "schema", DEFAULT).name
     hint = "awa-fast migrate" + ("" if name == SCHEMA else f" --schema {name}")
 
-    version = None
-    if (await (await conn.execute(statements.SCHEMA_PRESENT)).fetchone() or (None,))[0]:
-        version = (await (await conn.execute(statements.SCHEMA_VERSION)).fetchone() or (None,))[0]
+    version = await applied_version(conn)
     need = current_migration_version()
     if version is None:
         raise SchemaNotMigrated(f"the {name} schema is missing from this database: run `{hint}`")

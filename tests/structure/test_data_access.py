@@ -65,6 +65,31 @@ LAYER = {
 
 # Modules converted: no .execute; integer subscripts only these, each for a reason.
 CONVERTED: dict[str, dict[str, str]] = {
+    "awa_fast/cli/__init__.py": {},
+    "awa_fast/cli/batch_ops.py": {},
+    "awa_fast/cli/bench.py": {
+        'arg.split("=", 1)[0]': "an option's name before its value",
+        "Path(__file__).resolve().parents[2]": "the checkout's root",
+    },
+    "awa_fast/cli/consequences.py": {},
+    "awa_fast/cli/cron.py": {},
+    "awa_fast/cli/demo.py": {},
+    "awa_fast/cli/dlq.py": {"errors[-1]": "the last error entry of a dead-lettered job"},
+    "awa_fast/cli/embedded.py": {},
+    "awa_fast/cli/entry.py": {'arg.split("=", 1)[0]': "an option's name before its value"},
+    "awa_fast/cli/errors.py": {},
+    "awa_fast/cli/jobs.py": {},
+    "awa_fast/cli/migrate.py": {},
+    "awa_fast/cli/names.py": {},
+    "awa_fast/cli/options.py": {},
+    "awa_fast/cli/output.py": {},
+    "awa_fast/cli/parser.py": {},
+    "awa_fast/cli/queues.py": {},
+    "awa_fast/cli/serve.py": {},
+    "awa_fast/cli/session.py": {},
+    "awa_fast/cli/storage.py": {},
+    "awa_fast/cli/table.py": {},
+    "awa_fast/cli/worker.py": {},
     "awa_fast/worker/consequences.py": {"errors[-1]": "the last error entry of a job's list"},
     "awa_fast/callbacks.py": {},
     "awa_fast/batch_ops.py": {"ids[-1]": "the chunk's last job id (the operation's cursor)"},
@@ -119,7 +144,6 @@ CONVERTED: dict[str, dict[str, str]] = {
 
 # Not converted yet, with the reason; path prefixes.
 NOT_YET = {
-    "awa_fast/cli": "the CLI moves to a command table (issue 30)",
     "awa_fast/worker/dispatcher.py": "the claim: its rows decode straight into JobContext "
     "(a tuple-speed hot path)",
     "awa_fast/worker/finalizer.py": "compact completions are the hot path (tuple rows kept); "
