@@ -68,12 +68,8 @@ async def cmd_job_list(s: Session) -> int:
     client = await s.client()
     a = s.args
     jobs = await client.list_jobs(state=a.state, kind=a.kind, queue=a.queue, limit=a.limit)
-    if s.json:
-        print_json([j.to_dict() for j in jobs])
-    elif jobs:
-        print(format_table(JOB_COLUMNS, [_job_row(j) for j in jobs]))
-    else:
-        print("no jobs")
+    s.listing([j.to_dict() for j in jobs], JOB_COLUMNS, [_job_row(j) for j in jobs], "no jobs")
+    if not jobs and not s.json:
         await note_unknown_filter(s, client, queue=a.queue, kind=a.kind)
     return 0
 
