@@ -157,7 +157,7 @@ SECTIONS: dict[str, str] = {
 
 # Rows a migration writes into a table (the leader's and the lease's singleton rows); a column
 # the runner fills with the time of the run is left out.
-_ROWS_SKIPPED = {"schema_version": {"applied_at"}}
+_ROWS_SKIPPED = {"schema_version": {"applied_at"}, "schema_routines": {"applied_at"}}
 
 
 def catalog(conn: psycopg.Connection, schema: str) -> dict[str, list[tuple]]:

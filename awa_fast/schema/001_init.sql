@@ -77,17 +77,3 @@ CREATE TABLE awa_fast.queue_meta (
     paused_at   timestamptz,
     paused_by   text
 );
-
--- One notification per statement and queue, on the single channel awa_fast (payload: queue).
-CREATE FUNCTION awa_fast.notify_available() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('awa_fast', q.queue)
-    FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'available') AS q;
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER trg_awa_fast_notify AFTER INSERT ON awa_fast.jobs
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION awa_fast.notify_available();

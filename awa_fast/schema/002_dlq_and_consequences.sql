@@ -29,20 +29,3 @@ CREATE TABLE awa_fast.dlq (
     PRIMARY KEY (id)
 );
 CREATE INDEX idx_awa_fast_dlq_at ON awa_fast.dlq (dlq_at);
-
--- Move a failed job to the DLQ when its queue has DLQ enabled; returns true if moved.
-CREATE FUNCTION awa_fast.dead_letter_if_enabled(job_id bigint, reason text) RETURNS boolean
-LANGUAGE plpgsql AS $$
-DECLARE moved integer;
-BEGIN
-    WITH d AS (
-        DELETE FROM awa_fast.jobs j
-        WHERE j.id = job_id AND j.state = 'failed'
-          AND EXISTS (SELECT 1 FROM awa_fast.queue_meta m WHERE m.queue = j.queue AND m.dlq)
-        RETURNING j.*
-    )
-    INSERT INTO awa_fast.dlq SELECT d.*, reason, now(), d.run_lease FROM d;
-    GET DIAGNOSTICS moved = ROW_COUNT;
-    RETURN moved > 0;
-END
-$$;

@@ -5,14 +5,7 @@
 -- for its own transaction; the insert trigger then stays silent and the finalizer notifies the
 -- queues of the available follow-ups it inserted, coalesced across jobs, once they committed.
 -- Every other insert notifies in its own transaction as before.
-CREATE OR REPLACE FUNCTION awa_fast.notify_available() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF current_setting('awa_fast.defer_notify', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
-    PERFORM pg_notify('awa_fast', q.queue)
-    FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'available') AS q;
-    RETURN NULL;
-END
-$$;
+--
+-- ADR 043: what this migration changed is a function or trigger, defined now in
+-- routines/wakeup.sql and applied after the newest migration; this version has nothing
+-- else to do.

@@ -7,14 +7,7 @@
 -- already held (two holders), and moving it later failed every time (the stale-mark settle of
 -- every prune pass with it). Now the transition checks unique_holds as for live states; a row
 -- that moves at once is checked when it is written to jobs_done (awa_fast.done_inserted).
-DROP TRIGGER trg_awa_fast_jobs_key_taken ON awa_fast.jobs;
-
-CREATE TRIGGER trg_awa_fast_jobs_key_taken AFTER UPDATE OF state ON awa_fast.jobs
-    FOR EACH ROW
-    WHEN (NEW.unique_key IS NOT NULL
-          AND (NEW.state NOT IN ('completed', 'failed', 'cancelled')
-               OR NEW.heartbeat_at IS NOT NULL
-               OR NEW.consequence_state IS NOT DISTINCT FROM 'owed')
-          AND (NEW.unique_states & (1 << awa_fast.state_bit(NEW.state))) <> 0
-          AND (OLD.unique_states & (1 << awa_fast.state_bit(OLD.state))) = 0)
-    EXECUTE FUNCTION awa_fast.check_taken_key();
+--
+-- ADR 043: what this migration changed is a function or trigger, defined now in
+-- routines/unique_keys.sql and applied after the newest migration; this version has nothing
+-- else to do.

@@ -10,37 +10,7 @@
 -- PostgreSQL allows only without a column list, so it fires on every UPDATE; it returns at once
 -- when none of the statement's rows is finished and movable). The moved rows reach jobs_done in
 -- one INSERT: one done_counts upsert, one unique-key check, per statement.
-DROP TRIGGER trg_awa_fast_jobs_finished ON awa_fast.jobs;
-DROP FUNCTION awa_fast.move_finished();
-
-CREATE FUNCTION awa_fast.move_updated_finished() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM new_rows n WHERE n.state IN ('completed', 'failed', 'cancelled')
-                   AND n.heartbeat_at IS NULL
-                   AND n.consequence_state IS DISTINCT FROM 'owed') THEN
-        RETURN NULL;
-    END IF;
-    -- The row's state now (a later trigger may have changed it), not the transition table's.
-    WITH d AS (
-        DELETE FROM awa_fast.jobs j USING new_rows n
-        WHERE j.id = n.id AND j.state IN ('completed', 'failed', 'cancelled')
-          AND j.heartbeat_at IS NULL AND j.consequence_state IS DISTINCT FROM 'owed'
-        RETURNING j.*
-    )
-    INSERT INTO awa_fast.jobs_done
-    SELECT id, kind, queue, args, state, priority, attempt, max_attempts, run_at,
-           heartbeat_at, deadline_at, attempted_at, COALESCE(finalized_at, now()),
-           created_at, errors, metadata, tags, unique_key, unique_states, ordering_key,
-           callback_id, callback_timeout_at, run_lease, progress, consequence_state,
-           consequence_reason, consequence_path, consequence_error, consequence_attempts,
-           consequence_retry_at, consequence_applied_at, verified_at
-    FROM d ORDER BY d.unique_key, d.id;
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER trg_awa_fast_jobs_finished
-    AFTER UPDATE ON awa_fast.jobs
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION awa_fast.move_updated_finished();
+--
+-- ADR 043: what this migration changed is a function or trigger, defined now in
+-- routines/finished.sql and applied after the newest migration; this version has nothing
+-- else to do.

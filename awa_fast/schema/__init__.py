@@ -1,11 +1,16 @@
-"""Versioned SQL migrations for the ``awa_fast`` schema (or another, ADR 027).
+"""Versioned SQL migrations for the ``awa_fast`` schema (or another, ADR 027), and its routines.
 
 Migrations are the numbered ``NNN_name.sql`` files beside this module; ``baseline_NNN.sql`` is
-the schema as migrations 1..NNN leave it, in one script (ADR 032). :func:`migrate` creates a
-schema with no version recorded from the baseline in one transaction and records versions
-1..NNN; then it applies the missing migrations in order, each in its own transaction. Every
-transaction holds the schema's advisory lock, so migrating is idempotent and safe to run from
-many processes at once. The files are written for ``awa_fast``; for another schema each is
+the schema's tables, indexes and other stored objects as migrations 1..NNN leave them, in one
+script (ADR 032). The functions and triggers are the routines, ``routines/*.sql``: each defined
+once, idempotently, as the newest schema has it (ADR 043). :func:`migrate` creates a schema
+with no version recorded from the baseline in one transaction and records versions 1..NNN;
+then it applies the missing migrations in order, each in its own transaction. The routines run
+in the transaction of the baseline or of the newest migration, and in one of their own when
+their digest differs from the one recorded (a package whose routines changed without a
+migration); a start with nothing to do reads two rows and locks no table. Every transaction
+holds the schema's advisory lock, so migrating is idempotent and safe to run from many
+processes at once. The files are written for ``awa_fast``; for another schema each is
 rendered with the rule every statement follows
 (:meth:`awa_fast.schema_binding.SchemaBinding.rewrite`), on a connection bound to that schema.
 
@@ -16,6 +21,7 @@ compared) and at the newest version (docs/architecture.md, "Schema and migration
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 from importlib import resources
 
@@ -74,6 +80,36 @@ def baseline() -> tuple[int, str]:
     return version, text
 
 
+def routines() -> list[tuple[str, str]]:
+    """The routines files as ``(name, sql)``, in the order they run (by name): every function
+    and trigger of the newest schema, each script idempotent (ADR 043)."""
+    folder = resources.files(__package__).joinpath("routines")
+    return sorted(
+        (entry.name, entry.read_text()) for entry in folder.iterdir() if entry.name.endswith(".sql")
+    )
+
+
+def routines_digest() -> str:
+    """The SHA-256 of the routines files (names and texts), as recorded in ``schema_routines``
+    when they are applied."""
+    digest = hashlib.sha256()
+    for name, text in routines():
+        digest.update(f"{name}\0{text}\0".encode())
+    return digest.hexdigest()
+
+
+def routines_script() -> str:
+    """Every routines file in order, as one script (written for ``awa_fast``)."""
+    return "\n".join(f"-- routines/{name}\n{text.strip()}\n" for name, text in routines())
+
+
+def _apply_routines(conn: psycopg.Connection) -> None:
+    """Run every routines file and record their digest, in the caller's transaction (which
+    holds the migration lock); ``conn`` is bound to the schema, which rewrites them."""
+    conn.execute(routines_script())
+    conn.execute(statements.ROUTINES_RECORD, (routines_digest(), current_migration_version()))
+
+
 def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str, str]]:
     """awa-pg's ``migrations_range``: the migrations with ``from_version < version <=
     to_version``, in order."""
@@ -89,7 +125,8 @@ def migration_scripts(
     the ``schema_version`` table if missing and recording the version. A script whose migration
     is already recorded, or whose predecessor is not, fails and is rolled back before the
     migration runs (``psql -v ON_ERROR_STOP=1`` stops there). ``awa-fast migrate --sql`` prints
-    these; :func:`migrations` is the bare SQL. ``binding``: the schema the scripts create or
+    these; :func:`migrations` is the bare SQL. The newest migration's script ends with the
+    routines (ADR 043). ``binding``: the schema the scripts create or
     upgrade (the default ``awa_fast``'s scripts are the files as written)."""
     from psycopg.sql import Literal
 
@@ -106,6 +143,14 @@ def migration_scripts(
             "previous": previous[version],
         }
         record = statements.MIGRATION_RECORD % (version, Literal(description).as_string())
+        if version == everything[-1][0]:
+            # The newest migration's script also (re)defines the routines and records them, as
+            # the runner does in that migration's transaction.
+            text = f"{text.strip()}\n\n{routines_script()}"
+            record += ";\n" + statements.ROUTINES_RECORD % (
+                Literal(routines_digest()).as_string(),
+                version,
+            )
         closing = statements.MIGRATION_SCRIPT_CLOSE % {"record": record}
         script = binding.rewrite(f"{opening}\n{text.strip()}\n\n{closing}")
         scripts.append((version, description, script))
@@ -169,13 +214,17 @@ def migrate_sync(
     which records versions ``1..baseline version`` as applied (they are returned); any later
     migration, and every missing one of a schema that has a version recorded, is applied in
     order, one transaction each. ``use_baseline=False`` applies every migration in order
-    instead (the result is the same schema; tests compare the two).
+    instead (the result is the same schema; tests compare the two). The routines
+    (:func:`routines`) run in the transaction of the baseline or of the newest migration, or,
+    when no migration ran, in one of their own if their digest differs from the recorded one
+    and the schema is not newer than this package (ADR 043).
 
     Raises:
         DatabaseError: as :func:`migrate`.
     """
     applied_now: list[int] = []
     everything = migrations()
+    newest = everything[-1][0]
     # No prepared statements, no session SET: works through a transaction pooler too.
     with sync_connection_class(binding).connect(
         database_url, autocommit=True, prepare_threshold=None
@@ -195,6 +244,8 @@ def migrate_sync(
                         if v <= version:
                             conn.execute(statements.MIGRATION_RECORD, (v, description))
                             applied_now.append(v)
+                    if version == newest:
+                        _apply_routines(conn)
         for version, description, sql in everything:
             if version in applied_now:
                 continue
@@ -203,7 +254,27 @@ def migrate_sync(
                 conn.execute(statements.MIGRATION_BOOTSTRAP)
                 if conn.execute(statements.MIGRATION_APPLIED, (version,)).fetchone():
                     continue
-                conn.execute(sql)
+                if _has_statements(sql):
+                    conn.execute(sql)
                 conn.execute(statements.MIGRATION_RECORD, (version, description))
                 applied_now.append(version)
+                if version == newest:
+                    _apply_routines(conn)
+        if not applied_now:
+            # Nothing migrated: the routines only if this package's differ from those applied
+            # and the schema is not newer than the package (an older package never puts its
+            # routines back). Reads two rows; takes no table lock when they match.
+            with conn.transaction():
+                conn.execute(statements.MIGRATE_LOCK, (binding.migrate_lock_key,))
+                conn.execute(statements.MIGRATION_BOOTSTRAP)
+                row = conn.execute(statements.ROUTINES_STATE).fetchone()
+                recorded, at = row if row else (None, None)
+                if recorded != routines_digest() and (at or 0) <= newest:
+                    _apply_routines(conn)
     return applied_now
+
+
+def _has_statements(text: str) -> bool:
+    """Whether a migration has anything but comments (one whose change was a routine only
+    keeps its comments and its version: ADR 043)."""
+    return any(line.strip() and not line.lstrip().startswith("--") for line in text.splitlines())

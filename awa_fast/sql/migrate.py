@@ -1,6 +1,7 @@
-"""The migration runner's bookkeeping (awa_fast/schema): its lock, the version table, and the
-record of each applied migration; and the same bookkeeping around a migration printed to be run by
-hand (``awa-fast migrate --sql``). The migrations themselves are awa_fast/schema/*.sql.
+"""The migration runner's bookkeeping (awa_fast/schema): its lock, the version table, the
+record of each applied migration and of the routines applied (ADR 043); and the same bookkeeping
+around a migration printed to be run by hand (``awa-fast migrate --sql``). The migrations
+themselves are awa_fast/schema/*.sql, the routines awa_fast/schema/routines/*.sql.
 """
 
 from awa_fast.sql.fragments import S
@@ -14,6 +15,12 @@ CREATE TABLE IF NOT EXISTS {S}.schema_version (
     version integer PRIMARY KEY,
     description text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS {S}.schema_routines (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    sha256 text NOT NULL,
+    version integer NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
 )
 """
 
@@ -25,6 +32,19 @@ MIGRATION_ANY_APPLIED = f"SELECT 1 FROM {S}.schema_version LIMIT 1"
 MIGRATION_RECORD = (
     f"INSERT INTO {S}.schema_version (version, description) VALUES (%s, %s) "
     "ON CONFLICT (version) DO NOTHING"
+)
+
+# The routines' digest last applied, and the newest version recorded: the runner applies its
+# routines again only when their digest differs and the schema is not newer than the package.
+ROUTINES_STATE = (
+    f"SELECT (SELECT sha256 FROM {S}.schema_routines), "
+    f"(SELECT max(version) FROM {S}.schema_version)"
+)
+
+ROUTINES_RECORD = (
+    f"INSERT INTO {S}.schema_routines (sha256, version) VALUES (%s, %s) "
+    "ON CONFLICT (singleton) DO UPDATE SET sha256 = EXCLUDED.sha256, "
+    "version = EXCLUDED.version, applied_at = now()"
 )
 
 # A migration as a script to run by hand (psql; schema.migration_scripts(), `awa-fast migrate

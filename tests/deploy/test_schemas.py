@@ -385,11 +385,13 @@ async def test_a_cancel_in_one_schema_never_flags_the_same_job_id_of_the_other(p
                 "SELECT setval(pg_get_serial_sequence(%s, 'id'), 1000000)", (f"{name}.jobs",)
             )
     running: dict[str, object] = {}
+    started = support.Recorder()  # a claim's progress step comes before its handler runs
     release = asyncio.Event()
     for client in (a, b):
 
         async def handler(job, schema=client.schema):
             running[schema] = job
+            started.append(schema)
             await release.wait()
 
         client.task(Mail, kind="mail", queue="q")(handler)
@@ -398,8 +400,7 @@ async def test_a_cancel_in_one_schema_never_flags_the_same_job_id_of_the_other(p
     assert ja.id == jb.id
     await asyncio.gather(a.start([("q", 1)], **FAST), b.start([("q", 1)], **FAST))
     try:
-        for client in (a, b):
-            await support.until(lambda c=client: c.schema in running, client, TIMEOUT_S, "run")
+        await started.until(lambda: len(running) == 2, TIMEOUT_S, "both running")
         heard: list = []
         a.runtime.notifications.subscribe(heard.append)
         await b.cancel(jb.id)

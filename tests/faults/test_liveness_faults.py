@@ -17,7 +17,7 @@ import pytest
 import awa_fast as awa
 from awa_fast.worker.maintenance import Maintenance, MaintenanceConfig
 from tests import stall_app
-from tests.support import until
+from tests.support import Recorder, until
 
 VICTIM_QUEUE = "victim"
 
@@ -123,7 +123,7 @@ async def test_a_heartbeat_statement_that_never_answers_holds_only_its_own_round
     # it, in every round, so no attempt may lose its lease -- as long as later rounds do not
     # queue behind the stuck one.
     client = awa.AsyncClient(dsn)
-    runs: list[tuple[int, int, str]] = []
+    runs = Recorder()  # a claim's progress step comes before its handler runs
 
     @client.task(Victim, queue=VICTIM_QUEUE)
     async def victim(job):
@@ -140,7 +140,7 @@ async def test_a_heartbeat_statement_that_never_answers_holds_only_its_own_round
     locker = await psycopg.AsyncConnection.connect(dsn)
     try:
         first = await client.insert(Victim(4.0), queue=VICTIM_QUEUE)
-        await until(lambda: (first.id, 1, "start") in runs, client, what="first started")
+        await runs.until(lambda: (first.id, 1, "start") in runs, what="first started")
         await until(lambda: rt.heartbeat.beats >= 2, rt.heartbeat.beaten, what="beats")
         await locker.execute("LOCK TABLE awa_fast.workers IN ACCESS EXCLUSIVE MODE")
         later = await client.insert(Victim(3.0), queue=VICTIM_QUEUE)

@@ -16,7 +16,14 @@ from psycopg import sql as psql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from awa_fast import schema, sql
-from awa_fast.schema import baseline, current_migration_version, migrate_sync, migrations
+from awa_fast.schema import (
+    baseline,
+    current_migration_version,
+    migrate_sync,
+    migrations,
+    routines_digest,
+    routines_script,
+)
 from awa_fast.schema_binding import bind
 from tests.schema_catalog import catalog, differences
 
@@ -101,8 +108,8 @@ def test_a_baseline_behind_the_migrations_is_completed_by_them(new_db, upgraded,
     assert diff == [], _report(diff)
 
 
-# Each drift changes one detail of the baseline's text; the catalogs must then differ in the
-# section named.
+# Each drift changes one detail of a fresh install's script (the baseline, then the routines);
+# the catalogs must then differ in the section named.
 DRIFTS = {
     "function body": (
         "current_setting('max_locks_per_transaction')::int / 2",
@@ -143,9 +150,9 @@ DRIFTS = {
 @pytest.mark.parametrize("drift", list(DRIFTS))
 def test_a_baseline_that_drifted_from_the_migrations_is_found(new_db, upgraded, drift):
     old, new, section = DRIFTS[drift]
-    _, text = baseline()
+    text = f"{baseline()[1]}\n{routines_script()}"
     if old:
-        assert text.count(old) == 1, f"the drift {drift!r} no longer matches the baseline"
+        assert text.count(old) == 1, f"the drift {drift!r} no longer matches the install script"
         text = text.replace(old, new)
     else:
         text = f"{text}\n{new}\n"
@@ -154,5 +161,6 @@ def test_a_baseline_that_drifted_from_the_migrations_is_found(new_db, upgraded, 
         conn.execute(text)
         conn.execute(sql.MIGRATION_BOOTSTRAP)  # the version table and its rows, as the runner's
         conn.cursor().executemany(sql.MIGRATION_RECORD, [(v, d) for v, d, _ in migrations()])
+        conn.execute(sql.ROUTINES_RECORD, (routines_digest(), current_migration_version()))
         diff = differences(catalog(conn, "awa_fast"), upgraded("awa_fast"))
     assert any(line[2:].startswith(f"{section}:") for line in diff), (drift, diff[:10])
