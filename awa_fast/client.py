@@ -376,10 +376,6 @@ class AsyncClient:
     enqueue_many_copy = expose(Producer.enqueue_many_copy)
     transaction = expose(Producer.transaction)
 
-    async def _fetch(self, query: str, params: Any = None) -> list[tuple]:
-        # One statement on a pooled connection (the CLI and the demo use it).
-        return await self._connections.fetch(query, params)
-
     def _component(self, cls: type[T]) -> T:
         # the part behind an exposed method (awa_fast/twins.py): an admin area, the producer
         return self._components[cls]

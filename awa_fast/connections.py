@@ -17,7 +17,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from awa_fast import bulk, enqueue, pg_connection, primary, sql
+from awa_fast import pg_connection, primary, sql
 from awa_fast import pooler as pooler_mode
 from awa_fast.database_url import url_source
 from awa_fast.errors import DatabaseUnavailable
@@ -196,7 +196,8 @@ async def _alive(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 
 class Connections:
-    """The pool an admin area uses, and the two ways the areas run statements on it.
+    """The pool an admin area uses, and its connections (each area runs its statements on
+    one through a repository, :mod:`awa_fast.repo`).
 
     Args:
         pool: an async callable returning the open pool (``AsyncClient.pool``: opens it on first
@@ -211,20 +212,37 @@ class Connections:
         """The open pool (see the constructor for the errors)."""
         return await self._pool()
 
-    async def fetch(
-        self, query: str, params: Any = None, timeout: float | None = None
-    ) -> list[tuple]:
-        """Run one statement on a pooled connection (autocommit: its own transaction); its rows,
-        or ``[]`` for a statement that returns none. ``timeout`` bounds the wait for the
-        connection, in seconds (the pool's own wait when ``None``).
+    @contextlib.asynccontextmanager
+    async def connection(self, timeout: float | None = None) -> AsyncIterator[Any]:
+        """A pooled connection (autocommit: each statement its own transaction unless the
+        caller opens one). ``timeout`` bounds the wait for it, in seconds (the pool's own wait
+        when ``None``).
 
         Raises:
             psycopg_pool.PoolTimeout: no connection within the wait (including a pool not yet
                 open that did not open within it).
         """
         async with (await self._open_pool(timeout)).connection(timeout=timeout) as conn:
-            cur = await conn.execute(query, params)
-            return await cur.fetchall() if cur.description else []
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def bounded_connection(self) -> AsyncIterator[Any]:
+        """:meth:`connection` waiting at most ``ADMIN_POOL_WAIT_S`` seconds.
+
+        Raises:
+            DatabaseUnavailable: the database refused or did not answer the pool's connects
+                within that wait.
+            PoolBusy: every connection of the pool stayed in use for that wait.
+        """
+        try:
+            async with self.connection(timeout=ADMIN_POOL_WAIT_S) as conn:
+                yield conn
+        except PoolBusy:
+            raise
+        except PoolTimeout as exc:
+            raise DatabaseUnavailable(
+                f"database unreachable: no connection within {ADMIN_POOL_WAIT_S:g} s: {exc}"
+            ) from exc
 
     async def _open_pool(self, timeout: float | None) -> AsyncConnectionPool:
         if timeout is None:
@@ -237,73 +255,6 @@ class Connections:
         except TimeoutError:
             opening.add_done_callback(lambda t: t.cancelled() or t.exception())
             raise PoolTimeout(f"the connection pool did not open within {timeout:g} s") from None
-
-    async def fetch_bounded(self, query: str, params: Any = None) -> list[tuple]:
-        """:meth:`fetch` waiting at most ``ADMIN_POOL_WAIT_S`` seconds for a connection.
-
-        Raises:
-            DatabaseUnavailable: the database refused or did not answer the pool's connects
-                within that wait.
-            PoolBusy: every connection of the pool stayed in use for that wait.
-        """
-        try:
-            return await self.fetch(query, params, timeout=ADMIN_POOL_WAIT_S)
-        except PoolBusy:
-            raise
-        except PoolTimeout as exc:
-            raise DatabaseUnavailable(
-                f"database unreachable: no connection within {ADMIN_POOL_WAIT_S:g} s: {exc}"
-            ) from exc
-
-    async def run_isolated(
-        self,
-        what: str,
-        bulk_sql: str,
-        ids_sql: str,
-        one_sql: str,
-        params: dict,
-        notify: Callable[[tuple], bool] | None = None,
-    ) -> list[tuple]:
-        """One transaction: ``bulk_sql``, or -- where a row fails it -- ``one_sql`` for each id
-        ``ids_sql`` returns (:func:`awa_fast.bulk.run_isolated`); a row that fails alone is left
-        unchanged and logged (a unique collision names the holder). All three statements take
-        ``params`` (``one_sql`` also ``id``) and return rows whose third column is the queue;
-        queues with a returned row that ``notify`` accepts are woken. Returns the rows changed.
-
-        Raises:
-            DeadlockError: kept deadlocking with concurrent writers after bounded retries of
-                the whole transaction (nothing changed).
-        """
-
-        async def once() -> list[tuple]:
-            async with (await self._pool()).connection() as conn:
-
-                async def fetch(query: str, extra: dict | None = None) -> list[tuple]:
-                    cur = await conn.execute(query, {**params, **(extra or {})})
-                    return await cur.fetchall() if cur.description else []
-
-                async def ids() -> list[int]:
-                    return [r[0] for r in await fetch(ids_sql)]
-
-                async def held(job_id: int, exc: Exception) -> None:
-                    conflict = await enqueue.holder_conflict(conn, job_id, what, exc)
-                    log.warning("%s: %s", what, conflict)
-
-                async with conn.transaction():
-                    done = await bulk.run_isolated(
-                        conn,
-                        what=what,
-                        bulk=lambda: fetch(bulk_sql),
-                        keys=ids,
-                        one=lambda job_id: fetch(one_sql, {"id": job_id}),
-                        on_conflict=held,
-                    )
-                    if notify is not None:
-                        for q in sorted({r[2] for r in done.rows if notify(r)}):
-                            await conn.execute(sql.NOTIFY_QUEUE, (q,))
-                return done.rows
-
-        return await bulk.retry_deadlocks(once, what=what)
 
 
 async def _configure(conn: psycopg.AsyncConnection) -> None:

@@ -32,7 +32,9 @@ from prometheus_client import (
 from prometheus_client.mmap_dict import MmapedDict
 
 from awa_fast.errors import ConfigError
+from awa_fast.repo.maintenance import Rescued
 from awa_fast.repo.stats import StatsRepo
+from awa_fast.sql.dashboard import LIVE_STATES
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Set in a launcher's children (the launcher serves their metrics): "refresh" in child 0, the
@@ -169,14 +171,7 @@ FINALIZE_OUTCOMES = (
 )
 # What discards an attempt's staged follow-ups: any outcome but completed, or a deadline.
 DISCARD_OUTCOMES = ("failed", "retryable", "cancelled", "snoozed", "waiting_external", "abandoned")
-_DEPTH_STATES = (
-    "available",
-    "scheduled",
-    "retryable",
-    "running",
-    "waiting_external",
-    "consequence_pending",
-)
+_DEPTH_STATES = LIVE_STATES  # the states QueueDepth rows can have
 
 
 # -- instrumentation calls (hot paths: one dict lookup and an add) ----------------------------
@@ -224,10 +219,10 @@ def leases_expired(n: int) -> None:
     LEASES_EXPIRED.inc(n)
 
 
-def rescued(rows: list[tuple]) -> None:
-    """Count rescue rows ``(id, kind, new_state, rescue_reason, ...)`` by cause."""
+def rescued(rows: list[Rescued]) -> None:
+    """Count the jobs a rescue took (``repo.maintenance.Rescued``) by cause."""
     for row in rows:
-        reason = row[3]
+        reason = row.rescue_reason
         RESCUES.labels(_RESCUE_CAUSES.get(reason, reason)).inc()
 
 

@@ -105,10 +105,10 @@ CHILD_EXIT_S = 10.0
 
 def kill_after_s(drain_timeout_s: float) -> float:
     """Seconds after SIGTERM before the launcher kills a child draining with
-    ``drain_timeout_s``: the child's own worst-case shutdown (``runtime.shutdown_bound_s``:
-    the drain, the finalizer's last flush, the presence row, each bounded) plus
+    ``drain_timeout_s``: the child's own worst-case shutdown
+    (``worker.shutdown.shutdown_bound_s``: the drain, the finalizer's last flush, the presence row, each bounded) plus
     ``CHILD_EXIT_S``, so a child within its bounds is never killed mid-flush."""
-    from awa_fast.worker.runtime import shutdown_bound_s
+    from awa_fast.worker.shutdown import shutdown_bound_s
 
     return shutdown_bound_s(drain_timeout_s) + CHILD_EXIT_S
 

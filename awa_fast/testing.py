@@ -10,13 +10,14 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from psycopg.rows import dict_row
 
-from awa_fast import db_errors, sql
+from awa_fast import db_errors
 from awa_fast.job import Job
+from awa_fast.repo.hand import HandRepo
 from awa_fast.results import outcome_is
 from awa_fast.worker import executor as ex
 from awa_fast.worker.context import JobContext
+from awa_fast.worker.executor import execute as run_handler
 from awa_fast.worker.finalize_request import Finalized, FinalizeRequest
 from awa_fast.worker.finalizer import Finalizer
 from awa_fast.worker.follow_ups import FollowUps
@@ -122,7 +123,7 @@ class AwaTestClient:
         """Delete every job and queue setting (TRUNCATE)."""
         pool = await self.client.pool()
         async with pool.connection() as conn:
-            await conn.execute(sql.CLEAN)
+            await HandRepo(conn).clean()
 
     async def work_one(
         self, args_type: Any, handler: Callable, *, kind: str | None = None, queue: str = "default"
@@ -139,8 +140,7 @@ class AwaTestClient:
         kind = kind or kind_for_type(args_type)
         pool = await self.client.pool()
         async with pool.connection() as conn:
-            cur = await conn.execute(sql.CLAIM_ONE_OF_KIND, {"queue": queue, "kind": kind})
-            row = await cur.fetchone()
+            row = await HandRepo(conn).claim(queue, kind)
         if row is None:
             return WorkResult(NoJob, "no_job")
         ctx = JobContext(row, None)
@@ -153,12 +153,10 @@ class AwaTestClient:
             specs=getattr(self.client, "specs", None),
             settler=getattr(self.client, "settler", None),
         )
-        outcome = await ex.execute(handler_rec, ctx)
+        outcome = await run_handler(handler_rec, ctx)  # the worker's executor, as a claim's
         applied = await finalizer.submit(FinalizeRequest.of(ctx, outcome)) is Finalized.APPLIED
         async with pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(sql.TESTING_JOB_ROW, (ctx.id,))
-            final = await cur.fetchone()
+            final = await HandRepo(conn).job_row(ctx.id)
         job = JobRow.from_row(final) if final is not None else NoJob  # None: moved to the DLQ
         return WorkResult(job, _OUTCOME_NAMES[outcome.kind], _error_text(outcome, raised), applied)
 

@@ -140,6 +140,13 @@ async def clean(dsn):
 
 
 @pytest.fixture
+async def no_presence_rows(dsn):
+    """Empty the module's ``awa_fast.workers`` (presence rows) before a test; with ``clean``."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("TRUNCATE awa_fast.workers")
+
+
+@pytest.fixture
 async def client(dsn):
     """An :class:`awa_fast.AsyncClient` on the module's database, closed after the test."""
     import awa_fast

@@ -10,13 +10,13 @@ from typing import Any, cast
 
 from awa_fast import batch_ops
 from awa_fast.admin import paging
+from awa_fast.admin.area import Area
 from awa_fast.batch_ops import (
     BatchOperation,
     BatchOperationFilter,
     BatchOperationKind,
     BatchOperationPreview,
 )
-from awa_fast.connections import Connections
 from awa_fast.errors import JobNotFound
 
 
@@ -29,21 +29,14 @@ def _move_spec(queue: str, priority: int | None) -> dict:
     return {"queue": queue} if priority is None else {"queue": queue, "priority": priority}
 
 
-class BatchAdmin:
+class BatchAdmin(Area):
     """Preview, submit, list, get, cancel and purge batch operations (exposed as
     ``AsyncClient``'s methods of the same names, ADR 041). Raises ``ValidationError`` (naming
     the field) for a bad op kind, spec, filter or id; ``JobNotFound`` (get / cancel) for an
-    unknown or finished one.
-
-    Args:
-        db: the connection source.
-    """
-
-    def __init__(self, db: Connections) -> None:
-        self._db = db
+    unknown or finished one."""
 
     async def _on_connection(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        async with (await self._db.pool()).connection() as conn:
+        async with self._db.connection() as conn:
             return await fn(conn, *args)
 
     async def preview_batch_operation(
@@ -77,18 +70,13 @@ class BatchAdmin:
     async def _submit(
         self,
         op_kind: BatchOperationKind,
-        *,
         spec: dict,
         filter: dict | None,
         submitted_by: str | None,
         allow_all: bool,
     ) -> dict:
-        found = await self.submit_batch_operation(
-            op_kind,
-            spec=spec,
-            filter=_filter(filter),
-            submitted_by=submitted_by,
-            allow_all=allow_all,
+        found = await self._on_connection(
+            batch_ops.submit, op_kind, spec, _filter(filter), submitted_by, allow_all
         )
         return dict(found)
 
@@ -108,13 +96,8 @@ class BatchAdmin:
         allow_all: bool = False,
     ) -> dict:
         """Submit ``set_priority`` (1-4) over the matched available / scheduled jobs."""
-        return await self._submit(
-            "set_priority",
-            spec={"priority": priority},
-            filter=filter,
-            submitted_by=submitted_by,
-            allow_all=allow_all,
-        )
+        spec = {"priority": priority}
+        return await self._submit("set_priority", spec, filter, submitted_by, allow_all)
 
     async def preview_move_queue(
         self, queue: str, *, priority: int | None = None, filter: dict | None = None
@@ -135,13 +118,8 @@ class BatchAdmin:
         allow_all: bool = False,
     ) -> dict:
         """Submit ``move_queue`` (optionally with a new priority) over the matched jobs."""
-        return await self._submit(
-            "move_queue",
-            spec=_move_spec(queue, priority),
-            filter=filter,
-            submitted_by=submitted_by,
-            allow_all=allow_all,
-        )
+        spec = _move_spec(queue, priority)
+        return await self._submit("move_queue", spec, filter, submitted_by, allow_all)
 
     async def list_batch_operations(
         self, *, state: str | None = None, limit: int = 100

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from awa_fast import callbacks
+from awa_fast.admin.area import Area
 from awa_fast.connections import Connections
 from awa_fast.job import Job
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from awa_fast.worker.specs import SpecRunner
 
 
-class CallbackAdmin:
+class CallbackAdmin(Area):
     """Complete, fail, retry, resume, heartbeat or resolve the job waiting on a callback id
     (exposed as ``AsyncClient``'s methods of the same names, ADR 041). It is the
     :class:`~awa_fast.callbacks.CallbackDeps` the operations run with.
@@ -38,7 +39,7 @@ class CallbackAdmin:
         settler: Callable[[], Settler],
         staleness_ms: Callable[[], int],
     ) -> None:
-        self._db = db
+        super().__init__(db)
         self._specs = specs
         self._settler = settler
         self._staleness_ms = staleness_ms

@@ -6,27 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from awa_fast import sql
+from awa_fast.admin.area import Area
 from awa_fast.connections import Connections
 from awa_fast.errors import AwaError
 from awa_fast.job import Job
+from awa_fast.repo.consequences import ConsequenceRepo
 from awa_fast.worker.consequences import Settler
 
-_OWED_KEYS = (
-    "id",
-    "kind",
-    "queue",
-    "state",
-    "reason",
-    "path",
-    "attempts",
-    "error",
-    "retry_at",
-    "overdue",
-)
 
-
-class ConsequenceAdmin:
+class ConsequenceAdmin(Area):
     """``correct_to_failed`` and ``consequences_owed``, exposed as ``AsyncClient``'s methods
     of the same names (ADR 041).
 
@@ -43,7 +31,7 @@ class ConsequenceAdmin:
         settler: Callable[[], Settler],
         get_job: Callable[[int], Awaitable[Job]],
     ) -> None:
-        self._db = db
+        super().__init__(db)
         self._settler = settler
         self._get_job = get_job
 
@@ -68,5 +56,6 @@ class ConsequenceAdmin:
         """Jobs whose failure consequence is owed (pending failures and corrections), with
         ``overdue`` true once an application failed or it waited over 60 s.
         """
-        rows = await self._db.fetch(sql.CONSEQUENCES_OWED, (limit,))
-        return [dict(zip(_OWED_KEYS, r)) for r in rows]
+        async with self._db.connection() as conn:
+            rows = await ConsequenceRepo(conn).owed(limit)
+        return [r._asdict() for r in rows]

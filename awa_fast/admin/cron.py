@@ -3,18 +3,11 @@ schedule logic is in :mod:`awa_fast.periodic`)."""
 
 from __future__ import annotations
 
-from awa_fast.connections import Connections
+from awa_fast.admin.area import Area
 
 
-class CronAdmin:
-    """List and delete stored schedules (exposed on ``AsyncClient``, ADR 041).
-
-    Args:
-        db: the connection source.
-    """
-
-    def __init__(self, db: Connections) -> None:
-        self._db = db
+class CronAdmin(Area):
+    """List and delete stored schedules (exposed on ``AsyncClient``, ADR 041)."""
 
     async def list_cron_jobs(self) -> list[dict]:
         """Every stored periodic schedule as a dict: the ``awa_fast.cron_jobs`` columns
@@ -23,7 +16,7 @@ class CronAdmin:
         """
         from awa_fast import periodic  # croniter loads only when schedules are used
 
-        async with (await self._db.pool()).connection() as conn:
+        async with self._db.connection() as conn:
             return await periodic.list_schedules(conn)
 
     async def delete_cron_job(self, name: str) -> bool:
@@ -32,5 +25,5 @@ class CronAdmin:
         """
         from awa_fast import periodic
 
-        async with (await self._db.pool()).connection() as conn:
+        async with self._db.connection() as conn:
             return await periodic.delete_schedule(conn, name)

@@ -15,14 +15,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from awa_fast import _native, enqueue, sql
+from awa_fast import _native, enqueue
 from awa_fast.admin import paging
+from awa_fast.admin.area import Area
 from awa_fast.connections import Connections
 from awa_fast.errors import AttemptStillRunning, UniqueConflict
-from awa_fast.job import JOB_FIELDS, Job
+from awa_fast.job import Job
+from awa_fast.repo import isolated
+from awa_fast.repo.dlq import DeadLettered, DlqRepo
+from awa_fast.repo.jobs import JobRepo
 from awa_fast.requests import optional_name
-
-_N = len(JOB_FIELDS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +38,8 @@ class DlqEntry:
     original_run_lease: int
 
     @classmethod
-    def from_row(cls, row: tuple) -> DlqEntry:
-        return cls(Job.from_row(row), row[_N], row[_N + 1], row[_N + 2])
+    def from_row(cls, row: DeadLettered) -> DlqEntry:
+        return cls(row.job, row.reason, row.dlq_at, row.original_run_lease)
 
     def to_dict(self) -> dict:
         """JSON-compatible: the job's fields plus ``dlq_reason``, ``dlq_at``,
@@ -94,12 +96,24 @@ def require_filter(op: str, allow_all: bool, **filters: Any) -> None:
         raise ValueError(f"{op} without a filter ({names}) affects every row: pass allow_all=True")
 
 
-class DlqAdmin:
+def _match(
+    kind: str | None,
+    queue: str | None,
+    tag: str | None,
+    before_id: int | None,
+    before_dlq_at: datetime | str | None,
+) -> dict[str, Any]:
+    """The DLQ entries filter's parameters (``before_dlq_at`` as :func:`when` reads it)."""
+    at = when(before_dlq_at, "before_dlq_at")
+    return {"kind": kind, "queue": queue, "tag": tag, "before_id": before_id, "before_dlq_at": at}
+
+
+class DlqAdmin(Area):
     """The dead-letter queue's operations (ADR-020), exposed as ``AsyncClient``'s methods of
     the same names (ADR 041). Arguments as :class:`~awa_fast.admin.jobs.JobAdmin`'s."""
 
     def __init__(self, db: Connections, staleness_ms: Callable[[], int]) -> None:
-        self._db = db
+        super().__init__(db)
         self._staleness_ms = staleness_ms
 
     async def list_dlq(
@@ -121,23 +135,16 @@ class DlqAdmin:
         limit = paging.positive(limit, "limit")
         before_id = paging.positive_or_none(before_id, "before_id")
         names_only({"kind": kind, "queue": queue})
-        rows = await self._db.fetch(
-            sql.DLQ_LIST,
-            {
-                "kind": kind,
-                "queue": queue,
-                "tag": tag,
-                "before_id": before_id,
-                "before_dlq_at": when(before_dlq_at, "before_dlq_at"),
-                "limit": limit,
-            },
-        )
+        match = _match(kind, queue, tag, before_id, before_dlq_at)
+        async with self._db.connection() as conn:
+            rows = await DlqRepo(conn).newest(match, limit)
         return [DlqEntry.from_row(r) for r in rows]
 
     async def get_dlq_job(self, job_id: int) -> DlqEntry | None:
         """The DLQ entry of job ``job_id``, or ``None``."""
-        rows = await self._db.fetch(sql.DLQ_GET, (job_id,))
-        return DlqEntry.from_row(rows[0]) if rows else None
+        async with self._db.connection() as conn:
+            row = await DlqRepo(conn).get(job_id)
+        return None if row is None else DlqEntry.from_row(row)
 
     async def dlq_depth(self, *, queue: str | None = None) -> int:
         """Number of dead-lettered jobs (of ``queue``, or in all).
@@ -146,11 +153,13 @@ class DlqAdmin:
             ValidationError: ``queue`` breaks the name rule (``requests.check_name``).
         """
         optional_name(queue, "queue")
-        return (await self._db.fetch(sql.DLQ_DEPTH, {"queue": queue}))[0][0]
+        async with self._db.connection() as conn:
+            return await DlqRepo(conn).depth(queue)
 
     async def dlq_depth_by_queue(self) -> dict[str, int]:
         """``{queue: dead-lettered jobs}`` for every queue with at least one."""
-        return {q: n for q, n in await self._db.fetch(sql.DLQ_DEPTH_BY_QUEUE)}
+        async with self._db.connection() as conn:
+            return await DlqRepo(conn).depth_by_queue()
 
     async def retry_from_dlq(
         self,
@@ -175,36 +184,36 @@ class DlqAdmin:
         # Overrides obey the insert rules (validated in _ext, with placeholders for the rest).
         optional_name(queue, "queue")
         _native.validate_insert("kind", "default", 2 if priority is None else priority, 1, None)
+        stale_ms = self._staleness_ms()
         params = {
             "id": job_id,
             "run_at": when(run_at, "run_at"),
             "priority": priority,
             "to_queue": queue,
-            "stale_ms": self._staleness_ms(),
+            "stale_ms": stale_ms,
         }
-        async with (await self._db.pool()).connection() as conn:
+        async with self._db.connection() as conn:
+            dlq = DlqRepo(conn)
             try:
                 with enqueue.mapped_errors():
                     async with conn.transaction():
-                        cur = await conn.execute(sql.DLQ_RETRY, params)
-                        row = await cur.fetchone()
-                        if row is not None and str(row[4]) == "available":
-                            await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
+                        job = await dlq.retry(params)
+                        if job is not None and job.state == "available":
+                            await JobRepo(conn).wake(job.queue)
             except UniqueConflict as exc:
                 raise await enqueue.holder_conflict(
                     conn, job_id, "retry DLQ", exc, "the job stays in the DLQ (nothing changed)"
                 ) from exc
-            if row is None:
-                cur = await conn.execute(sql.DLQ_ATTEMPT_STILL_RUNS, params)
-                running = await cur.fetchone()
+            if job is None:
+                running = await dlq.attempt_still_runs(job_id, stale_ms)
                 if running is not None:
                     raise AttemptStillRunning(
                         f"job {job_id} is in the DLQ but its last attempt's handler is still "
-                        f"running (last heartbeat {running[0].isoformat()}); retry once it has "
+                        f"running (last heartbeat {running.isoformat()}); retry once it has "
                         "ended",
                         job_id=job_id,
                     )
-        return None if row is None else Job.from_row(row)
+        return job
 
     async def bulk_retry_from_dlq(
         self,
@@ -225,23 +234,17 @@ class DlqAdmin:
         """
         require_filter("bulk_retry_from_dlq", allow_all, kind=kind, queue=queue, tag=tag)
         params = {
-            "kind": kind,
-            "queue": queue,
-            "tag": tag,
-            "before_id": None,
-            "before_dlq_at": None,
+            **_match(kind, queue, tag, None, None),
             "run_at": None,
             "priority": None,
             "to_queue": None,
             "stale_ms": self._staleness_ms(),
         }
-        rows = await self._db.run_isolated(
+        rows = await self._isolated(
             "DLQ bulk retry",
-            sql.DLQ_RETRY_BULK,
-            sql.DLQ_MATCHING_IDS,
-            sql.DLQ_RETRY_ONE,
+            isolated.DLQ_RETRY,
             params,
-            notify=lambda r: str(r[4]) == "available",
+            wakes=lambda job: job.state == "available",
         )
         return len(rows)
 
@@ -249,11 +252,8 @@ class DlqAdmin:
         """Move a ``failed`` job to the DLQ (whatever its queue's DLQ setting). ``False`` if
         the job is not failed (or its failure consequence is still owed).
         """
-        async with (await self._db.pool()).connection() as conn:
-            cur = await conn.execute(
-                sql.DLQ_MOVE_ONE, {"id": job_id, "reason": reason, "kind": None, "queue": None}
-            )
-            return cur.rowcount > 0
+        async with self._db.connection() as conn:
+            return await DlqRepo(conn).move(job_id, reason)
 
     async def bulk_move_failed_to_dlq(
         self,
@@ -272,20 +272,13 @@ class DlqAdmin:
             DeadlockError: kept deadlocking with concurrent writers (nothing changed).
         """
         require_filter("bulk_move_failed_to_dlq", allow_all, kind=kind, queue=queue)
-        rows = await self._db.run_isolated(
-            "move to the DLQ",
-            sql.DLQ_MOVE_BULK,
-            sql.SETTLED_FAILED_IDS,
-            sql.DLQ_MOVE_ONE,
-            {"kind": kind, "queue": queue, "reason": reason},
-        )
-        return len(rows)
+        params = {"kind": kind, "queue": queue, "reason": reason}
+        return len(await self._isolated("move to the DLQ", isolated.DLQ_MOVE, params))
 
     async def purge_dlq_job(self, job_id: int) -> bool:
         """Delete one DLQ entry; ``True`` if it existed."""
-        async with (await self._db.pool()).connection() as conn:
-            cur = await conn.execute(sql.DLQ_PURGE_ONE, (job_id,))
-            return cur.rowcount > 0
+        async with self._db.connection() as conn:
+            return await DlqRepo(conn).purge(job_id)
 
     async def purge_dlq(
         self,
@@ -315,17 +308,5 @@ class DlqAdmin:
             before_id=before_id,
             before_dlq_at=before_dlq_at,
         )
-        rows = await self._db.run_isolated(
-            "DLQ purge",
-            sql.DLQ_PURGE,
-            sql.DLQ_MATCHING_IDS,
-            sql.DLQ_PURGE_MATCHING_ONE,
-            {
-                "kind": kind,
-                "queue": queue,
-                "tag": tag,
-                "before_id": before_id,
-                "before_dlq_at": when(before_dlq_at, "before_dlq_at"),
-            },
-        )
-        return len(rows)
+        match = _match(kind, queue, tag, before_id, before_dlq_at)
+        return len(await self._isolated("DLQ purge", isolated.DLQ_PURGE, match))

@@ -8,8 +8,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from awa_fast import sql
+from awa_fast.admin.area import Area
 from awa_fast.connections import ADMIN_POOL_WAIT_S, Connections
+from awa_fast.repo.queues import QueueRepo
 
 if TYPE_CHECKING:
     from awa_fast.worker.runtime import Runtime
@@ -50,7 +51,7 @@ class HealthCheck:
     election_error: str | None = None
 
 
-class HealthAdmin:
+class HealthAdmin(Area):
     """Builds :class:`HealthCheck` reports.
 
     Args:
@@ -59,7 +60,7 @@ class HealthAdmin:
     """
 
     def __init__(self, db: Connections, runtime: Callable[[], Runtime | None]) -> None:
-        self._db = db
+        super().__init__(db)
         self._runtime = runtime
 
     async def health_check(self) -> HealthCheck:
@@ -72,8 +73,8 @@ class HealthAdmin:
         runtime = self._runtime()
         names = list(runtime.dispatchers) if runtime is not None else []
         try:
-            rows = await self._db.fetch(sql.HEALTH_AVAILABLE, (names,), timeout=ADMIN_POOL_WAIT_S)
-            available = dict(rows)
+            async with self._db.connection(timeout=ADMIN_POOL_WAIT_S) as conn:
+                available = await QueueRepo(conn).available(names)
             connected = True
         except Exception as exc:  # any failure to reach postgres means "not connected"
             log.warning("health check: postgres unreachable: %s", exc)

@@ -8,14 +8,17 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import orjson
 import psycopg
 
-from awa_fast import enqueue, sql
+from awa_fast import enqueue
 from awa_fast.admin import paging
+from awa_fast.admin.area import Area
 from awa_fast.connections import Connections
 from awa_fast.errors import AttemptStillRunning, AwaError, JobNotFound, UniqueConflict
 from awa_fast.job import Job
+from awa_fast.repo import isolated
+from awa_fast.repo.dlq import DlqRepo
+from awa_fast.repo.jobs import JobRepo
 from awa_fast.requests import check_name, optional_name
 
 
@@ -56,7 +59,7 @@ def _max_error_attempt(errors: list) -> int:
     return max((e.get("attempt") or 0 for e in errors if isinstance(e, dict)), default=0)
 
 
-class JobAdmin:
+class JobAdmin(Area):
     """The job operations, exposed as ``AsyncClient``'s methods of the same names (ADR 041).
 
     Args:
@@ -66,15 +69,16 @@ class JobAdmin:
     """
 
     def __init__(self, db: Connections, staleness_ms: Callable[[], int]) -> None:
-        self._db = db
+        super().__init__(db)
         self._staleness_ms = staleness_ms
 
     async def get_job(self, job_id: int) -> Job:
         """The job with this id. Raises :class:`JobNotFound` (an ``AwaError``) if there is none."""
-        rows = await self._db.fetch(sql.GET_JOB, (job_id,))
-        if not rows:
+        async with self._db.connection() as conn:
+            job = await JobRepo(conn).get(job_id)
+        if job is None:
             raise JobNotFound(f"job not found: {job_id}")
-        return Job.from_row(rows[0])
+        return job
 
     async def list_jobs(
         self,
@@ -90,16 +94,10 @@ class JobAdmin:
             ValidationError: ``limit`` is out of range (1..2**63-1).
         """
         limit = paging.positive(limit, "limit")
-        rows = await self._db.fetch(
-            sql.LIST_JOBS,
-            {
-                "state": None if state is None else str(state),
-                "kind": kind,
-                "queue": queue,
-                "limit": limit,
-            },
-        )
-        return [Job.from_row(r) for r in rows]
+        async with self._db.connection() as conn:
+            return await JobRepo(conn).newest(
+                None if state is None else str(state), kind, queue, limit
+            )
 
     async def retry(self, job_id: int) -> Job | None:
         """Make a failed, cancelled or waiting_external job available again with attempt 0.
@@ -117,26 +115,25 @@ class JobAdmin:
             AttemptStillRunning: the job's last attempt is still running (nothing changes);
                 retry after it ends.
         """
-        params = {"id": job_id, "stale_ms": self._staleness_ms()}
-        async with (await self._db.pool()).connection() as conn:
+        stale_ms = self._staleness_ms()
+        async with self._db.connection() as conn:
+            jobs = JobRepo(conn)
             try:
                 with enqueue.mapped_errors():
-                    cur = await conn.execute(sql.RETRY_JOB, params)
-                    row = await cur.fetchone()
+                    job = await jobs.retry(job_id, stale_ms)
             except UniqueConflict as exc:
                 raise await enqueue.holder_conflict(conn, job_id, "retry", exc) from exc
-            if row is not None:
-                await conn.execute(sql.NOTIFY_QUEUE, (row[2],))
+            if job is not None:
+                await jobs.wake(job.queue)
             else:
-                cur = await conn.execute(sql.ATTEMPT_STILL_RUNS, params)
-                running = await cur.fetchone()
+                running = await jobs.attempt_still_runs(job_id, stale_ms)
                 if running is not None:
                     raise AttemptStillRunning(
                         f"job {job_id} left 'running' but its attempt's handler is still running "
-                        f"(last heartbeat {running[0].isoformat()}); retry once it has ended",
+                        f"(last heartbeat {running.isoformat()}); retry once it has ended",
                         job_id=job_id,
                     )
-        return None if row is None else Job.from_row(row)
+        return job
 
     async def cancel(self, job_id: int) -> Job | None:
         """Cancel a non-terminal job; a running attempt is told through ``job.is_cancelled()``.
@@ -149,20 +146,18 @@ class JobAdmin:
             UniqueConflict: its mask holds ``cancelled`` and another job holds its key there
                 (``holder_id`` names it; nothing changes).
         """
-        async with (await self._db.pool()).connection() as conn:
+        async with self._db.connection() as conn:
+            jobs = JobRepo(conn)
             try:
                 async with conn.transaction():
-                    cur = await conn.execute(sql.CANCEL_JOB, (job_id,))
-                    row = await cur.fetchone()
+                    row = await jobs.cancel(job_id)
                     if row is None:
                         return None
-                    old_state, lease = row[0], row[1]
-                    if old_state == "running":
-                        payload = orjson.dumps({"job_id": job_id, "run_lease": lease}).decode()
-                        await conn.execute(sql.NOTIFY_CANCEL, (payload,))
+                    if row.old_state == "running":
+                        await jobs.tell_cancelled(job_id, row.old_run_lease)
             except psycopg.errors.UniqueViolation as exc:
                 raise await enqueue.holder_conflict(conn, job_id, "cancel", exc) from exc
-        return Job.from_row(row[2:])
+        return row.job
 
     async def cancel_by_unique_key(
         self,
@@ -192,8 +187,9 @@ class JobAdmin:
         key = _native.unique_key(
             kind, queue or "", args_json or b"", queue is not None, args is not None, period_bucket
         )
-        rows = await self._db.fetch(sql.CANCEL_BY_UNIQUE_KEY, (key,))
-        return await self.cancel(rows[0][0]) if rows else None
+        async with self._db.connection() as conn:
+            found = await JobRepo(conn).live_with_unique_key(key)
+        return None if found is None else await self.cancel(found)
 
     async def retry_failed(
         self, *, kind: str | None = None, queue: str | None = None
@@ -212,17 +208,14 @@ class JobAdmin:
             raise ValueError("Specify exactly one of kind or queue")
         optional_name(kind, "kind")
         optional_name(queue, "queue")
-        params = {"kind": kind, "queue": queue, "stale_ms": self._staleness_ms()}
-        matched = (await self._db.fetch(sql.FAILED_MATCHING, params))[0][0]
-        rows = await self._db.run_isolated(
-            "retry_failed",
-            sql.RETRY_FAILED,
-            sql.FAILED_IDS,
-            sql.RETRY_FAILED_ONE,
-            params,
-            notify=lambda r: True,
+        stale_ms = self._staleness_ms()
+        async with self._db.connection() as conn:
+            matched = await JobRepo(conn).failed_matching(kind, queue, stale_ms)
+        params = {"kind": kind, "queue": queue, "stale_ms": stale_ms}
+        jobs = await self._isolated(
+            "retry_failed", isolated.RETRY_FAILED, params, wakes=lambda job: True
         )
-        return RetryFailedResult([Job.from_row(r) for r in rows], matched)
+        return RetryFailedResult(jobs, matched)
 
     async def discard_failed(self, kind: str) -> int:
         """Delete the ``failed`` jobs of ``kind`` (not those whose failure consequence is still
@@ -233,22 +226,17 @@ class JobAdmin:
             ValidationError: ``kind`` breaks the name rule (``requests.check_name``).
         """
         check_name(kind, "kind")
-        rows = await self._db.run_isolated(
-            "discard_failed",
-            sql.DISCARD_FAILED,
-            sql.SETTLED_FAILED_IDS,
-            sql.DISCARD_FAILED_ONE,
-            {"kind": kind, "queue": None},
-        )
-        return len(rows)
+        params = {"kind": kind, "queue": None}
+        return len(await self._isolated("discard_failed", isolated.DISCARD_FAILED, params))
 
     async def _row_json(self, job_id: int) -> tuple[dict, bool]:
-        rows = await self._db.fetch(sql.DUMP_JOB, (job_id,))
-        if rows:
-            return _hexify(rows[0][0]), False
-        rows = await self._db.fetch(sql.DUMP_DLQ_JOB, (job_id,))
-        if rows:
-            return _hexify(rows[0][0]), True
+        async with self._db.connection() as conn:
+            row = await JobRepo(conn).dump(job_id)
+            if row is not None:
+                return _hexify(row), False
+            row = await DlqRepo(conn).dump(job_id)
+        if row is not None:
+            return _hexify(row), True
         raise JobNotFound(f"job not found: {job_id}")
 
     async def dump_job(self, job_id: int) -> str:

@@ -8,10 +8,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from awa_fast import sql
+from awa_fast.admin.area import Area
 from awa_fast.admin.jobs import pretty_json
 from awa_fast.connections import Connections
 from awa_fast.errors import AwaError, ConfigError
+from awa_fast.repo.storage import StorageRepo
 from awa_fast.schema import current_migration_version
 from awa_fast.schema_binding import SchemaBinding, bind
 
@@ -51,7 +52,7 @@ def _storage_arguments(
     return binding
 
 
-class StorageAdmin:
+class StorageAdmin(Area):
     """awa-pg's storage calls, exposed as ``AsyncClient``'s methods of the same names (ADR 041).
 
     Args:
@@ -72,7 +73,7 @@ class StorageAdmin:
         use_schema: Callable[[SchemaBinding], Awaitable[None]],
         running: Callable[[], bool] = lambda: False,
     ) -> None:
-        self._db = db
+        super().__init__(db)
         self._migrate = migrate
         self._schema = schema
         self._use_schema = use_schema
@@ -136,12 +137,8 @@ class StorageAdmin:
         await self._migrate(binding)
         await self._use_schema(binding)
         if reset:
-            pool = await self._db.pool()
-            async with pool.connection() as conn, conn.transaction():
-                await conn.execute(sql.MIGRATE_LOCK, (binding.migrate_lock_key,))
-                tables = [r[0] for r in await (await conn.execute(sql.RESET_TABLES)).fetchall()]
-                for statement in sql.reset_truncate(tables):
-                    await conn.execute(statement)
+            async with self._db.connection() as conn, conn.transaction():
+                await StorageRepo(conn).reset(binding.migrate_lock_key)
 
     async def prepare_queue_storage_schema(
         self, *, schema: str = "awa", queue_slot_count: int = 16, lease_slot_count: int = 8
@@ -169,9 +166,12 @@ class StorageAdmin:
         transition (both ``can_*`` false, with the reason as the blocker), timestamps from the
         schema's migration history, ``details`` with the schema and migration versions.
         """
-        rows = await self._db.fetch(sql.STORAGE_HISTORY)
-        first, last, applied = rows[0] if rows else (None, None, None)
-        first, last = (None if t is None else t.isoformat() for t in (first, last))
+        async with self._db.connection() as conn:
+            history = await StorageRepo(conn).history()
+        applied = history.version
+        first, last = (
+            None if t is None else t.isoformat() for t in (history.first_at, history.last_at)
+        )
         name = self._schema().name
         why = [f"awa-fast has one storage engine ({name} schema); there is no transition"]
 

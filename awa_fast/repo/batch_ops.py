@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 from psycopg.rows import dict_row
 
 from awa_fast import sql
-from awa_fast.repo import named
+from awa_fast.repo import Repo, named
 
 
 class Eligible(NamedTuple):
@@ -46,15 +46,10 @@ class Applied(NamedTuple):
 _ELIGIBLE, _NEXT, _APPLIED = named(Eligible), named(NextOperation), named(Applied)
 
 
-class BatchRepo:
+class BatchRepo(Repo):
     """Batch-operation statements on ``conn`` (a psycopg ``AsyncConnection``; the caller's
     transaction). An operation is returned as a dict of ``sql.BATCH_OPERATION_COLUMNS`` (a
     psycopg dict row: awa's ``BatchOperation`` is a dict)."""
-
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
 
     async def _operation(self, statement: str, params: Any) -> dict[str, Any] | None:
         cur = self.conn.cursor(row_factory=dict_row)

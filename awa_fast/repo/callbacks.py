@@ -12,7 +12,7 @@ import psycopg
 
 from awa_fast import sql
 from awa_fast.job import Job
-from awa_fast.repo import named
+from awa_fast.repo import Repo, named
 from awa_fast.repo.consequences import LockedJob
 from awa_fast.rows import one_row
 
@@ -29,14 +29,9 @@ class StillRunning(NamedTuple):
 _STILL_RUNNING = named(StillRunning)
 
 
-class CallbackRepo:
+class CallbackRepo(Repo):
     """Callback statements on ``conn`` (a psycopg ``AsyncConnection``; the caller's
     transaction). ``cid``: a callback id."""
-
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
 
     async def _job(self, statement: str, params: Any) -> Job | None:
         cur = await self.conn.execute(statement, params)

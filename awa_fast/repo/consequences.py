@@ -12,7 +12,7 @@ import orjson
 import psycopg
 
 from awa_fast import sql
-from awa_fast.repo import named
+from awa_fast.repo import Repo, named
 
 
 class LockedJob(NamedTuple):
@@ -63,19 +63,34 @@ class Settlement(NamedTuple):
     mark: datetime | None
 
 
+class Owed(NamedTuple):
+    """A job whose failure consequence is owed (``sql.CONSEQUENCES_OWED``): its state, the
+    failure's reason and path, applications tried, the last one's error, when it is retried,
+    and whether it is overdue (tried and failed, or due for over 60 s)."""
+
+    id: int
+    kind: str
+    queue: str
+    state: str
+    reason: str | None
+    path: str | None
+    attempts: int
+    error: str | None
+    retry_at: datetime | None
+    overdue: bool
+
+
+_OWED = named(Owed)
+
+
 def _json(entry: Any) -> str | None:
     """An error entry as the one-element JSON array the statements append, or None."""
     return None if entry is None else orjson.dumps([entry]).decode()
 
 
-class ConsequenceRepo:
+class ConsequenceRepo(Repo):
     """The failure path's statements on ``conn`` (a psycopg ``AsyncConnection``, in the
     caller's transaction: each method's writes commit with it)."""
-
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
 
     async def _locked(self, statement: str, params: Any) -> LockedJob | None:
         cur = self.conn.cursor(row_factory=_LOCKED)
@@ -91,6 +106,10 @@ class ConsequenceRepo:
         """Up to ``limit`` ids of jobs whose owed consequence is due, the longest due first."""
         cur = await self.conn.execute(sql.OWED_DUE, (limit,))
         return [job_id for (job_id,) in await cur.fetchall()]
+
+    async def owed(self, limit: int) -> list[Owed]:
+        """Up to ``limit`` jobs whose consequence is owed, by id."""
+        return await self._all(_OWED, sql.CONSEQUENCES_OWED, (limit,))
 
     async def lock_owed(self, job_id: int) -> LockedJob | None:
         """The job's row, locked, when its consequence is owed and due and no other

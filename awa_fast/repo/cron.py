@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 from psycopg.rows import dict_row
 
 from awa_fast import sql
-from awa_fast.repo import named
+from awa_fast.repo import Repo, named
 from awa_fast.rows import one_row
 
 
@@ -49,14 +49,9 @@ class Candidate(NamedTuple):
 _SCHEDULE, _CANDIDATE = named(Schedule), named(Candidate)
 
 
-class CronRepo:
+class CronRepo(Repo):
     """Schedule statements on ``conn`` (a psycopg ``AsyncConnection``; the caller's
     transaction)."""
-
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
 
     async def now(self) -> datetime:
         """The statement's time on the server (every fire time is judged by it)."""

@@ -5,16 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from awa_fast import sql
+from awa_fast.repo import Repo
 
 
-class DescriptorRepo:
+class DescriptorRepo(Repo):
     """Descriptor upserts on ``conn`` (a psycopg ``AsyncConnection``; the caller's
     transaction). ``params``: a descriptor's ``params(name)``."""
-
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
 
     async def upsert_queue(self, params: dict[str, Any]) -> None:
         """Store or refresh one queue's descriptor (``last_seen_at`` now)."""

@@ -4,9 +4,9 @@ partial indexes, never the finished rows)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from awa_fast.repo import named
+from awa_fast.repo import Repo, named
 from awa_fast.sql import dashboard as dsql
 
 
@@ -30,13 +30,8 @@ class ConsequenceCounts(NamedTuple):
 _DEPTH, _COUNTS = named(QueueDepth), named(ConsequenceCounts)
 
 
-class StatsRepo:
+class StatsRepo(Repo):
     """Count statements on ``conn`` (a psycopg ``AsyncConnection``)."""
-
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
 
     async def queue_depth(self) -> list[QueueDepth]:
         """Per queue and live state, the jobs in it (states with none are absent)."""

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from awa_fast import sql
-from awa_fast.repo import named
+from awa_fast.repo import Repo, named
 
 
 class KindChanges(NamedTuple):
@@ -38,14 +38,9 @@ class SettledKind(NamedTuple):
 _CHANGES, _DUE, _SETTLED = named(KindChanges), named(Due), named(SettledKind)
 
 
-class VerifyRepo:
+class VerifyRepo(Repo):
     """Verify-pass statements on ``conn`` (a psycopg ``AsyncConnection``; the caller's, often
     fenced, transaction). ``window_s``: how far back completions are verified, seconds."""
-
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
 
     async def sync_kinds(self, kinds: list[str], window_s: float) -> KindChanges:
         """Make the verifier kinds ``kinds`` (a lacking, dropped or narrower one is adding;

@@ -4,8 +4,4 @@
 -- registration with expressions), read only while its callback_id is the job's current one;
 -- no foreign key (TRUNCATE of jobs stays possible): the leader's prune pass deletes rows whose
 -- callback is gone.
-CREATE TABLE awa_fast.callback_expressions (
-    job_id      bigint PRIMARY KEY,
-    callback_id uuid NOT NULL,
-    expressions jsonb NOT NULL
-);
+\ir objects/006_callback_expressions.sql

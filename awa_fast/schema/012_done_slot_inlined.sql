@@ -7,13 +7,4 @@
 -- server time. The epoch of the difference from the epoch is the same number (an interval's
 -- epoch is immutable), so every row keeps its slice; only the cost changes. The test
 -- test_finished_storage::test_done_slot_is_inlined_and_unchanged checks both.
-CREATE OR REPLACE FUNCTION awa_fast.done_slot(s awa_fast.job_state, at timestamptz)
-RETURNS smallint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (CASE WHEN s = 'completed'
-                 THEN mod(mod(floor(extract(epoch FROM at - timestamptz 'epoch') / 3600)::bigint,
-                              32) + 32, 32)
-                 ELSE 32 + mod(mod(floor(extract(epoch FROM at - timestamptz 'epoch')
-                                         / 10800)::bigint, 32) + 32, 32)
-            END)::smallint
-$$;
+\ir objects/012_done_slot.sql

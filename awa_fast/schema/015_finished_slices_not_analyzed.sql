@@ -8,15 +8,6 @@
 -- and pickup p99 reached 123 ms, every minute of the 8,000 jobs/s soak. Autovacuum may still
 -- vacuum them (rare admin updates and deletes) but never analyzes them. A manual ANALYZE still
 -- works. Superseded by 017: with no statistics at all, single-job admin reads scanned every slice.
-DO $$
-DECLARE
-    rel regclass;
-BEGIN
-    FOR rel IN
-        SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = 'awa_fast.jobs_done'::regclass
-        UNION ALL SELECT 'awa_fast.unique_holds'::regclass
-    LOOP
-        EXECUTE format('ALTER TABLE %s SET (autovacuum_analyze_threshold = 2147483647)', rel);
-    END LOOP;
-END
-$$;
+--
+-- ADR 043: 017 resets what this migration set, and every upgrade that runs it runs 017 after
+-- it, so it does nothing now; the version stays.

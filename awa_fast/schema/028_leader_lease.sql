@@ -10,11 +10,4 @@
 -- over such a lease before it expires (a killed leader is replaced at the next election tick,
 -- not after the staleness). Apart from awa_fast.leader: every pass locks that row FOR SHARE,
 -- which a renewal there would wait for.
-CREATE TABLE awa_fast.leader_lease (
-    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    epoch bigint NOT NULL DEFAULT 0,
-    holder text,
-    via_lock boolean NOT NULL DEFAULT false,
-    expires_at timestamptz NOT NULL DEFAULT '-infinity'
-);
-INSERT INTO awa_fast.leader_lease DEFAULT VALUES;
+\ir objects/028_leader_lease.sql

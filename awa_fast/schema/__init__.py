@@ -22,7 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
+import time
+from collections.abc import Callable
+from functools import partial
 from importlib import resources
 
 import psycopg
@@ -37,12 +41,31 @@ SCHEMA = "awa_fast"
 # (another schema's: SchemaBinding.migrate_lock_key).
 MIGRATE_LOCK_KEY = DEFAULT.migrate_lock_key
 
+# Orders the routines of different packages (ADR 043): bumped with every change to
+# routines/*.sql (tests/schema pins each revision's digest), so that an older package, even one
+# with the same newest migration, never puts its routines back over a newer one's.
+ROUTINES_REVISION = 1
+
+log = logging.getLogger(__name__)
+
 _NAME = re.compile(r"^(\d{3})_(\w+)\.sql$")
 _BASELINE = re.compile(r"^baseline_(\d{3})\.sql$")
+# psql's include, relative to the file: a stored object's definition written once in
+# objects/NNN_*.sql, included by migration NNN and by the baseline (ADR 043).
+_INCLUDE = re.compile(r"^\\ir (objects/\w+\.sql)$", re.MULTILINE)
+
+
+def _read(name: str) -> str:
+    """A file of this package with its ``\\ir objects/...`` lines replaced by those files."""
+    folder = resources.files(__package__)
+    return _INCLUDE.sub(
+        lambda m: folder.joinpath(m.group(1)).read_text().strip(), folder.joinpath(name).read_text()
+    )
 
 
 def migrations() -> list[tuple[int, str, str]]:
-    """All migrations as ``(version, description, sql)``, in version order.
+    """All migrations as ``(version, description, sql)``, in version order; ``sql`` has its
+    ``\\ir objects/...`` lines replaced by those files.
 
     Raises:
         RuntimeError: two files share a version number (one would be skipped silently as
@@ -52,7 +75,7 @@ def migrations() -> list[tuple[int, str, str]]:
     for entry in resources.files(__package__).iterdir():
         m = _NAME.match(entry.name)
         if m:
-            found.append((int(m.group(1)), m.group(2).replace("_", " "), entry.read_text()))
+            found.append((int(m.group(1)), m.group(2).replace("_", " "), _read(entry.name)))
     versions = [v for v, _, _ in found]
     if len(set(versions)) != len(versions):
         dup = sorted({v for v in versions if versions.count(v) > 1})
@@ -68,7 +91,7 @@ def baseline() -> tuple[int, str]:
         RuntimeError: no baseline file, more than one, or one past the newest migration.
     """
     found = [
-        (int(m.group(1)), entry.read_text())
+        (int(m.group(1)), _read(entry.name))
         for entry in resources.files(__package__).iterdir()
         if (m := _BASELINE.match(entry.name))
     ]
@@ -107,7 +130,10 @@ def _apply_routines(conn: psycopg.Connection) -> None:
     """Run every routines file and record their digest, in the caller's transaction (which
     holds the migration lock); ``conn`` is bound to the schema, which rewrites them."""
     conn.execute(routines_script())
-    conn.execute(statements.ROUTINES_RECORD, (routines_digest(), current_migration_version()))
+    conn.execute(
+        statements.ROUTINES_RECORD,
+        (routines_digest(), ROUTINES_REVISION, current_migration_version()),
+    )
 
 
 def migrations_range(from_version: int, to_version: int) -> list[tuple[int, str, str]]:
@@ -149,6 +175,7 @@ def migration_scripts(
             text = f"{text.strip()}\n\n{routines_script()}"
             record += ";\n" + statements.ROUTINES_RECORD % (
                 Literal(routines_digest()).as_string(),
+                ROUTINES_REVISION,
                 version,
             )
         closing = statements.MIGRATION_SCRIPT_CLOSE % {"record": record}
@@ -217,14 +244,15 @@ def migrate_sync(
     instead (the result is the same schema; tests compare the two). The routines
     (:func:`routines`) run in the transaction of the baseline or of the newest migration, or,
     when no migration ran, in one of their own if their digest differs from the recorded one
-    and the schema is not newer than this package (ADR 043).
+    and neither the recorded revision nor the schema is newer than this package's, or if they
+    were changed by hand since (ADR 043). A transaction the server cancels to break a deadlock
+    with running workers (the routines lock ``jobs`` and its slices) is run again.
 
     Raises:
         DatabaseError: as :func:`migrate`.
     """
     applied_now: list[int] = []
     everything = migrations()
-    newest = everything[-1][0]
     # No prepared statements, no session SET: works through a transaction pooler too.
     with sync_connection_class(binding).connect(
         database_url, autocommit=True, prepare_threshold=None
@@ -234,44 +262,90 @@ def migrate_sync(
         # each transaction's own BEGIN says so.
         conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
         if use_baseline:
-            version, text = baseline()
-            with conn.transaction():
-                conn.execute(statements.MIGRATE_LOCK, (binding.migrate_lock_key,))
-                conn.execute(statements.MIGRATION_BOOTSTRAP)
-                if not conn.execute(statements.MIGRATION_ANY_APPLIED).fetchone():
-                    conn.execute(text)
-                    for v, description, _ in everything:
-                        if v <= version:
-                            conn.execute(statements.MIGRATION_RECORD, (v, description))
-                            applied_now.append(v)
-                    if version == newest:
-                        _apply_routines(conn)
+            applied_now += _locked(conn, binding, partial(_install, conn))
         for version, description, sql in everything:
-            if version in applied_now:
-                continue
-            with conn.transaction():
-                conn.execute(statements.MIGRATE_LOCK, (binding.migrate_lock_key,))
-                conn.execute(statements.MIGRATION_BOOTSTRAP)
-                if conn.execute(statements.MIGRATION_APPLIED, (version,)).fetchone():
-                    continue
-                if _has_statements(sql):
-                    conn.execute(sql)
-                conn.execute(statements.MIGRATION_RECORD, (version, description))
-                applied_now.append(version)
-                if version == newest:
-                    _apply_routines(conn)
+            if version not in applied_now:
+                step = partial(_upgrade, conn, version, description, sql)
+                applied_now += _locked(conn, binding, step)
         if not applied_now:
-            # Nothing migrated: the routines only if this package's differ from those applied
-            # and the schema is not newer than the package (an older package never puts its
-            # routines back). Reads two rows; takes no table lock when they match.
+            _locked(conn, binding, partial(_refresh, conn, binding))
+    return applied_now
+
+
+def _install(conn: psycopg.Connection) -> list[int]:
+    """A schema with no version recorded: the baseline, its versions recorded (returned), and
+    the routines if it is the newest; nothing (``[]``) for a schema with a version recorded."""
+    if conn.execute(statements.MIGRATION_ANY_APPLIED).fetchone():
+        return []
+    version, text = baseline()
+    conn.execute(text)
+    recorded = []
+    for v, description, _ in migrations():
+        if v <= version:
+            conn.execute(statements.MIGRATION_RECORD, (v, description))
+            recorded.append(v)
+    if version == current_migration_version():
+        _apply_routines(conn)
+    return recorded
+
+
+def _upgrade(conn: psycopg.Connection, version: int, description: str, sql: str) -> list[int]:
+    """Migration ``version`` unless recorded (then ``[]``), recorded, with the routines after
+    the newest."""
+    if conn.execute(statements.MIGRATION_APPLIED, (version,)).fetchone():
+        return []
+    if _has_statements(sql):
+        conn.execute(sql)
+    conn.execute(statements.MIGRATION_RECORD, (version, description))
+    if version == current_migration_version():
+        _apply_routines(conn)
+    return [version]
+
+
+def _refresh(conn: psycopg.Connection, binding: SchemaBinding) -> list[int]:
+    """Nothing migrated: the routines only if this package's differ from those applied and
+    neither those nor the schema are newer than the package's (an older package never puts its
+    routines back, so two never take turns), or if its own were changed by hand since. Reads
+    two rows; takes no table lock when nothing is due."""
+    state = conn.execute(statements.ROUTINES_STATE).fetchone()
+    recorded, revision, fingerprint, now, at = state or (None,) * 5
+    if recorded == routines_digest():
+        if fingerprint != now:
+            # ours, changed by hand since (a trigger dropped or disabled, a function
+            # redefined): the queue relies on them as written
+            log.warning(
+                "schema %s: its functions or triggers were changed since they were applied; "
+                "applying them again",
+                binding.name,
+            )
+            _apply_routines(conn)
+    elif (revision or 0) <= ROUTINES_REVISION and (at or 0) <= current_migration_version():
+        _apply_routines(conn)
+    return []
+
+
+# A transaction that the server cancelled to break a deadlock is run again this many times.
+_DEADLOCK_ATTEMPTS = 10
+
+
+def _locked(
+    conn: psycopg.Connection, binding: SchemaBinding, step: Callable[[], list[int]]
+) -> list[int]:
+    """``step()`` in a transaction of its own holding the migration lock, after the version
+    tables' bootstrap; run again from the start when the server cancelled it to break a
+    deadlock (the routines' trigger changes lock ``jobs`` and its slices, which running workers
+    lock in either order: one of the two is cancelled; nothing of it was written)."""
+    for attempt in range(1, _DEADLOCK_ATTEMPTS + 1):
+        try:
             with conn.transaction():
                 conn.execute(statements.MIGRATE_LOCK, (binding.migrate_lock_key,))
                 conn.execute(statements.MIGRATION_BOOTSTRAP)
-                row = conn.execute(statements.ROUTINES_STATE).fetchone()
-                recorded, at = row if row else (None, None)
-                if recorded != routines_digest() and (at or 0) <= newest:
-                    _apply_routines(conn)
-    return applied_now
+                return step()
+        except psycopg.errors.DeadlockDetected:
+            if attempt == _DEADLOCK_ATTEMPTS:
+                raise
+            time.sleep(0.05 * attempt)  # the other side's retry, often, goes first
+    raise AssertionError("unreachable")
 
 
 def _has_statements(text: str) -> bool:

@@ -7,6 +7,7 @@ from awa_fast.sql.fragments import (
     _ATTEMPT_STILL_RUNS,
     _SETTLED_FAILED,
     _STALENESS,
+    ENDED_ATTEMPT_ROW,
     FAILED_SLICES,
     J_JOB_COLUMNS,
     JOB_COLUMNS,
@@ -33,10 +34,7 @@ _RETRIED_ROW = {
     "run_at": "now()",
     "finalized_at": "NULL",
     "verified_at": "NULL",  # a new completion is verified again
-    "heartbeat_at": "NULL",
-    "deadline_at": "NULL",
-    "callback_id": "NULL",
-    "callback_timeout_at": "NULL",
+    **ENDED_ATTEMPT_ROW,
 }
 # ... and the SET of a retried job's row in the hot table.
 _RETRY_SET = f"""
@@ -69,7 +67,7 @@ SET state = 'cancelled', finalized_at = now(), {ends_attempt(None)},
 FROM old
 WHERE j.id = old.id
   AND old.state NOT IN ('completed', 'failed', 'cancelled', 'consequence_pending')
-RETURNING old.state::text, old.run_lease, {J_JOB_COLUMNS}"""
+RETURNING old.state::text AS old_state, old.run_lease AS old_run_lease, {J_JOB_COLUMNS}"""
 
 CANCEL_BY_UNIQUE_KEY = f"""
 SELECT id FROM {S}.jobs
@@ -117,12 +115,18 @@ WITH q AS (
 ), u AS (
     SELECT queue, sum(n)::bigint AS unhandled FROM ({UNHANDLED_AVAILABLE}) x GROUP BY queue
 )
-SELECT COALESCE(q.queue, m.queue), COALESCE(q.scheduled, 0), COALESCE(q.available, 0),
-       COALESCE(q.retryable, 0), COALESCE(q.running, 0), COALESCE(q.failed, 0),
-       COALESCE(q.waiting_external, 0), COALESCE(q.consequence_pending, 0),
-       COALESCE(q.owed, 0), COALESCE(q.overdue, 0),
-       COALESCE(q.completed_last_hour, 0), COALESCE(q.lag_seconds, 0)::float8,
-       COALESCE(m.paused, false), COALESCE(u.unhandled, 0)
+SELECT COALESCE(q.queue, m.queue) AS queue,
+       COALESCE(q.scheduled, 0) + COALESCE(q.available, 0) + COALESCE(q.retryable, 0)
+           AS total_queued,
+       COALESCE(q.scheduled, 0) AS scheduled,
+       COALESCE(q.available, 0) AS available, COALESCE(q.retryable, 0) AS retryable,
+       COALESCE(q.running, 0) AS running, COALESCE(q.failed, 0) AS failed,
+       COALESCE(q.waiting_external, 0) AS waiting_external,
+       COALESCE(q.consequence_pending, 0) AS consequence_pending,
+       COALESCE(q.owed, 0) AS consequences_owed, COALESCE(q.overdue, 0) AS consequences_overdue,
+       COALESCE(q.completed_last_hour, 0) AS completed_last_hour,
+       COALESCE(q.lag_seconds, 0)::float8 AS lag_seconds,
+       COALESCE(m.paused, false) AS paused, COALESCE(u.unhandled, 0) AS unhandled
 FROM qd q FULL JOIN {S}.queue_meta m ON m.queue = q.queue
 LEFT JOIN u ON u.queue = COALESCE(q.queue, m.queue)
 ORDER BY 1"""

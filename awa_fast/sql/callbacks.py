@@ -37,7 +37,7 @@ UPDATE {S}.jobs SET state = 'waiting_external', heartbeat_at = now(), deadline_a
 WHERE id = %s AND run_lease = %s AND state = 'running' AND callback_id = %s"""
 
 POLL_CALLBACK_WAIT = f"""
-SELECT state::text, run_lease, callback_id, metadata -> '_awa_callback_result'
+SELECT state::text, run_lease, callback_id, metadata -> '_awa_callback_result' AS payload
 FROM {S}.jobs_all WHERE id = %s"""
 
 # The callback's CEL expressions (006), read under LOCK_BY_CALLBACK's row lock.

@@ -124,8 +124,9 @@ CORRECT_TO_FAILED = revived(
 )
 
 CONSEQUENCES_OWED = f"""
-SELECT id, kind, queue, state::text, consequence_reason, consequence_path, consequence_attempts,
-       consequence_error, consequence_retry_at,
+SELECT id, kind, queue, state::text AS state, consequence_reason AS reason,
+       consequence_path AS path, consequence_attempts AS attempts, consequence_error AS error,
+       consequence_retry_at AS retry_at,
        (consequence_attempts > 0 OR consequence_retry_at < now() - interval '60 seconds') AS overdue
 FROM {S}.jobs WHERE consequence_state = 'owed' ORDER BY id LIMIT %s"""
 

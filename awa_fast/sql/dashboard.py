@@ -25,6 +25,17 @@ CHILD_ROWS = 100
 # (migration 004); a test checks the two agree.
 PROVENANCE_KEY = "awa:triggered_by"
 
+# The live states whose depth per queue QUEUE_DEPTH reports (its partial indexes), in the order
+# the dashboard and the metrics' gauges list them.
+LIVE_STATES = (
+    "available",
+    "scheduled",
+    "retryable",
+    "running",
+    "waiting_external",
+    "consequence_pending",
+)
+
 # Newest and oldest job id: two backward/forward primary-key probes.
 ID_BOUNDS = f"SELECT min(id), max(id) FROM {S}.jobs_all"
 

@@ -136,8 +136,9 @@ RETURNING id"""
 # statistics have seen it vacuumed: crash recovery (or pg_stat_reset) zeroes them, dead-row
 # count included, while the dead rows stay in the heap.
 HOT_DEAD_ROWS = f"""
-SELECT COALESCE(s.n_dead_tup, 0), c.relpages::bigint * current_setting('block_size')::bigint,
-       COALESCE(s.vacuum_count + s.autovacuum_count, 0) > 0
+SELECT COALESCE(s.n_dead_tup, 0) AS dead_rows,
+       c.relpages::bigint * current_setting('block_size')::bigint AS heap_bytes,
+       COALESCE(s.vacuum_count + s.autovacuum_count, 0) > 0 AS vacuumed
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = '{S}.jobs'::regclass"""
 

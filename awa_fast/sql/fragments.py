@@ -97,6 +97,11 @@ def ends_attempt(heartbeat_at: str | None = "NULL") -> str:
     return cleared if heartbeat_at is None else f"heartbeat_at = {heartbeat_at}, {cleared}"
 
 
+# ends_attempt() as the columns of a row moved between the tables (moved_row overrides).
+ENDED_ATTEMPT_ROW = dict.fromkeys(
+    ("heartbeat_at", "deadline_at", "callback_id", "callback_timeout_at"), "NULL"
+)
+
 # The SET items of every completion (the worker's, batched or not, and an external one).
 COMPLETED = f"state = 'completed', finalized_at = now(), progress = NULL, {ends_attempt()}"
 
@@ -105,10 +110,7 @@ COMPLETED_ROW = {
     "state": f"'completed'::{S}.job_state",
     "finalized_at": "now()",
     "progress": "NULL",
-    "heartbeat_at": "NULL",
-    "deadline_at": "NULL",
-    "callback_id": "NULL",
-    "callback_timeout_at": "NULL",
+    **ENDED_ATTEMPT_ROW,
 }
 
 

@@ -19,7 +19,9 @@ CREATE TABLE IF NOT EXISTS {S}.schema_version (
 CREATE TABLE IF NOT EXISTS {S}.schema_routines (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     sha256 text NOT NULL,
+    revision integer NOT NULL,
     version integer NOT NULL,
+    catalog text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 )
 """
@@ -34,17 +36,42 @@ MIGRATION_RECORD = (
     "ON CONFLICT (version) DO NOTHING"
 )
 
-# The routines' digest last applied, and the newest version recorded: the runner applies its
-# routines again only when their digest differs and the schema is not newer than the package.
+# A fingerprint of the schema's functions and triggers as the catalog has them (each
+# function's signature, body and settings; each trigger's table, timing, events, columns,
+# condition, function, arguments and whether it is enabled): recorded when the routines are
+# applied, so that one dropped, disabled or redefined by hand afterwards is seen. Raw catalog
+# columns, not pg_get_triggerdef (which locks the table to print a WHEN condition) nor names
+# printed by search_path: no lock on any table of the schema, the same text from any session.
+ROUTINES_CATALOG = f"""(SELECT md5(coalesce(string_agg(def, E'\\n' ORDER BY def), '')) FROM (
+    SELECT concat_ws(' ', p.proname, p.proargtypes::text, p.prorettype, p.prolang, p.prosrc,
+                     p.proconfig::text) AS def
+    FROM pg_proc AS p WHERE p.pronamespace = '{S}'::regnamespace
+    UNION ALL
+    SELECT concat_ws(' ', c.relname, t.tgname, t.tgfoid, t.tgtype,
+                     t.tgenabled, t.tgattr::text, t.tgqual::text, t.tgargs::text,
+                     t.tgoldtable, t.tgnewtable)
+    FROM pg_trigger AS t JOIN pg_class AS c ON c.oid = t.tgrelid
+    WHERE c.relnamespace = '{S}'::regnamespace AND NOT t.tgisinternal
+) AS routine)"""
+
+# The routines' digest and revision last applied, the catalog's fingerprint then and now, and
+# the newest version recorded: the runner applies its routines again when their digest differs
+# and neither the routines nor the schema are newer than the package's, or when its own were
+# changed by hand since.
 ROUTINES_STATE = (
-    f"SELECT (SELECT sha256 FROM {S}.schema_routines), "
-    f"(SELECT max(version) FROM {S}.schema_version)"
+    f"SELECT r.sha256, r.revision, r.catalog, {ROUTINES_CATALOG}, "
+    f"(SELECT max(version) FROM {S}.schema_version) "
+    f"FROM (SELECT) AS one LEFT JOIN {S}.schema_routines AS r ON true"
 )
 
+# (digest, revision, newest migration version of the package that applied them), and the
+# catalog's fingerprint with them in place.
 ROUTINES_RECORD = (
-    f"INSERT INTO {S}.schema_routines (sha256, version) VALUES (%s, %s) "
+    f"INSERT INTO {S}.schema_routines (sha256, revision, version, catalog) "
+    f"VALUES (%s, %s, %s, {ROUTINES_CATALOG}) "
     "ON CONFLICT (singleton) DO UPDATE SET sha256 = EXCLUDED.sha256, "
-    "version = EXCLUDED.version, applied_at = now()"
+    "revision = EXCLUDED.revision, version = EXCLUDED.version, catalog = EXCLUDED.catalog, "
+    "applied_at = now()"
 )
 
 # A migration as a script to run by hand (psql; schema.migration_scripts(), `awa-fast migrate

@@ -28,7 +28,8 @@ GROUP BY queue"""
 
 # storage_status(): when the schema was first and last migrated, and its version.
 STORAGE_HISTORY = f"""
-SELECT min(applied_at), max(applied_at), max(version) FROM {S}.schema_version"""
+SELECT min(applied_at) AS first_at, max(applied_at) AS last_at, max(version) AS version
+FROM {S}.schema_version"""
 
 # install_queue_storage(reset=True), awa's storage reset: every job and what belongs to jobs
 # (finished slices, DLQ, counters, holds, schedules, queue settings, descriptors, batch

@@ -1,25 +1,31 @@
-"""What each dashboard page shows, read with the bounded statements of ``awa_fast.sql.dashboard``.
+"""What each dashboard page shows, read through :class:`~awa_fast.repo.dashboard.DashboardRepo`
+(the bounded statements of ``awa_fast.sql.dashboard``, dict rows).
 
 Reads go through their own small pool: autocommit, no server-side prepared statements (so each
 statement is planned with its actual parameter values, as the plan test checks) and a statement
-timeout, so a slow page fails with a 503 instead of holding a connection. Both of the dashboard's
-pools (this one and its client's) wait for the database as :func:`bounded` says.
+timeout per read (each read its own transaction), so a slow page fails with a 503 instead of
+holding a connection. Both of the dashboard's pools (this one and its client's) wait for the
+database as :func:`bounded` says.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
 from psycopg_pool import PoolTimeout
 
 from awa_fast.connections import Pool
 from awa_fast.pg_connection import connection_class
+from awa_fast.repo.dashboard import DashboardRepo
 from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.sql import dashboard as q
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 STATEMENT_TIMEOUT_MS = q.STATEMENT_TIMEOUT_MS
 # The longest a page waits for a database connection before it answers 503 (docs/dashboard.md).
@@ -40,14 +46,7 @@ STARTUP_RETRY_S = 0.5
 # libpq's connect_timeout (whole seconds, 2 at least): a connect into a network that drops its
 # packets ends, and frees its place in the pool, in 2 s instead of psycopg's default 130 s.
 CONNECT_TIMEOUT_S = 2
-ACTIVE_STATES = (
-    "available",
-    "scheduled",
-    "retryable",
-    "running",
-    "waiting_external",
-    "consequence_pending",
-)
+ACTIVE_STATES = q.LIVE_STATES
 
 
 def bounded(url: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +78,13 @@ class Page:
 
     @property
     def low(self) -> int:
-        return self.rows[-1]["id"] if len(self.rows) == q.PAGE_ROWS else self.floor
+        return _last_id(self.rows) if len(self.rows) == q.PAGE_ROWS else self.floor
+
+
+def _last_id(rows: list[dict]) -> int:
+    """The id of a page's last (oldest) row: the keyset cursor of the next page."""
+    last: int = rows[-1]["id"]
+    return last
 
 
 class Reads:
@@ -102,7 +107,7 @@ class Reads:
                 dict(
                     min_size=1,
                     max_size=max_connections,
-                    kwargs={"autocommit": True, "prepare_threshold": None, "row_factory": dict_row},
+                    kwargs={"autocommit": True, "prepare_threshold": None},
                     connection_class=connection_class(binding),
                 ),
             ),
@@ -134,31 +139,26 @@ class Reads:
     async def close(self) -> None:
         await self._pool.close()
 
-    async def _all(self, query: str, params: dict | None = None) -> list[dict]:
-        # The timeout is the transaction's own (SET LOCAL), never the session's: through a
-        # transaction pooler a session SET stays on a server connection workers get next.
+    async def _read(
+        self,
+        read: Callable[Concatenate[DashboardRepo, P], Awaitable[T]],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        # One read, one transaction with its own statement timeout (SET LOCAL, never the
+        # session's: through a transaction pooler a session SET stays on a server connection
+        # workers get next).
         async with self._pool.connection() as conn, conn.transaction():
-            await conn.execute(q.SET_STATEMENT_TIMEOUT)
-            cur = await conn.execute(query, params)
-            return await cur.fetchall()
-
-    async def _one(self, query: str, params: dict | None = None) -> dict | None:
-        rows = await self._all(query, params)
-        return rows[0] if rows else None
-
-    async def _aggregate(self, query: str, params: dict | None = None) -> dict:
-        # an aggregate returns exactly one row
-        row = await self._one(query, params)
-        if row is None:
-            raise LookupError(f"an aggregate returned no row: {query.strip()[:60]!r}")
-        return row
+            repo = DashboardRepo(conn)
+            await repo.limit_statement_time()
+            return await read(repo, *args, **kwargs)
 
     # -- queues ----------------------------------------------------------------------------------
 
     async def queues(self, dlq_depth: dict[str, int]) -> list[dict]:
         """One dict per queue: active depth by state, oldest available run_at, recent outcomes
         (newest ``SAMPLE_IDS`` ids), paused flag and DLQ depth."""
-        bounds = await self._aggregate(q.ID_BOUNDS)
+        bounds = await self._read(DashboardRepo.id_bounds)
         floor = (bounds["max"] or 0) - q.SAMPLE_IDS + 1
         out: dict[str, dict[str, Any]] = {}
 
@@ -180,16 +180,16 @@ class Reads:
                 },
             )
 
-        for r in await self._all(q.QUEUE_DEPTH):
+        for r in await self._read(DashboardRepo.queue_depth):
             entry = row(r["queue"])
             entry["depth"][r["state"]] = r["n"]
             if r["oldest"] is not None:
                 entry["oldest"] = r["oldest"]
-        for r in await self._all(q.QUEUE_RECENT, {"floor": floor}):
+        for r in await self._read(DashboardRepo.queue_recent, floor):
             entry = row(r["queue"])
             for key in ("completed", "failed", "cancelled", "completed_5m"):
                 entry[key] = r[key]
-        for r in await self._all(q.QUEUE_META):
+        for r in await self._read(DashboardRepo.queue_meta):
             entry = row(r["queue"])
             entry.update(paused=r["paused"], paused_at=r["paused_at"], paused_by=r["paused_by"])
         for name, n in dlq_depth.items():
@@ -209,17 +209,16 @@ class Reads:
         """Newest jobs below id ``before`` matching the filters, within one id window (see
         :class:`Page`)."""
         filters = {"queue": queue, "kind": kind, "state": state}
-        bounds = await self._aggregate(q.ID_BOUNDS)
+        bounds = await self._read(DashboardRepo.id_bounds)
         lowest, newest = bounds["min"], bounds["max"]
         if newest is None:
             return Page([], 0, 0, None)
         top = newest + 1 if before is None else min(before, newest + 1)
         floor = max(top - q.SCAN_WINDOW_IDS, lowest)
-        rows = await self._all(
-            q.JOB_PAGE, {**filters, "before": top, "floor": floor, "limit": q.PAGE_ROWS}
-        )
+        rows = await self._read(DashboardRepo.job_page, filters, top, floor)
+        next_before: int | None
         if len(rows) == q.PAGE_ROWS:
-            next_before = rows[-1]["id"]
+            next_before = _last_id(rows)
         else:
             next_before = floor if floor > lowest else None
         if next_before is not None and next_before <= lowest:
@@ -229,9 +228,9 @@ class Reads:
     async def job(self, job_id: int) -> dict | None:
         """Every column of job ``job_id`` (from the DLQ if it was dead-lettered; ``in_dlq``
         says which), or ``None``."""
-        row = await self._one(q.JOB_DETAIL, {"id": job_id})
+        row = await self._read(DashboardRepo.job, job_id)
         if row is None:
-            row = await self._one(q.DLQ_DETAIL, {"id": job_id})
+            row = await self._read(DashboardRepo.dlq_job, job_id)
         return row
 
     async def lineage(self, job: dict) -> tuple[dict | None, Any, list[dict]]:
@@ -241,29 +240,27 @@ class Reads:
         raw = (job.get("metadata") or {}).get(q.PROVENANCE_KEY)
         trigger = None
         if isinstance(raw, int) and not isinstance(raw, bool) and 0 < raw < 2**63:
-            trigger = await self._one(q.JOB_SUMMARY, {"id": raw})
-        children = await self._all(q.JOB_CHILDREN, {"id": job["id"], "limit": q.CHILD_ROWS})
+            trigger = await self._read(DashboardRepo.job_summary, raw)
+        children = await self._read(DashboardRepo.job_children, job["id"])
         return trigger, raw, children
 
     async def dlq(self, *, queue: str | None, kind: str | None, before: int | None) -> Page:
         """Newest DLQ entries below id ``before`` matching the filters (keyset, no window)."""
         top = before if before is not None else 2**63 - 1
-        rows = await self._all(
-            q.DLQ_PAGE, {"queue": queue, "kind": kind, "before": top, "limit": q.PAGE_ROWS}
-        )
+        rows = await self._read(DashboardRepo.dlq_page, queue, kind, top)
         full = len(rows) == q.PAGE_ROWS
-        return Page(rows, top, 0, rows[-1]["id"] if full else None, windowed=False)
+        return Page(rows, top, 0, _last_id(rows) if full else None, windowed=False)
 
     # -- consequences, workers -------------------------------------------------------------------
 
     async def consequences(self) -> dict:
         """Owed / overdue counts, the first ``OWED_ROWS`` owed (oldest retry first) and the
         applied ones among the newest ``SAMPLE_IDS`` job ids."""
-        counts = await self._aggregate(q.CONSEQUENCE_COUNTS)
-        owed = await self._all(q.CONSEQUENCES_OWED, {"limit": q.OWED_ROWS})
-        bounds = await self._aggregate(q.ID_BOUNDS)
+        counts = await self._read(DashboardRepo.consequence_counts)
+        owed = await self._read(DashboardRepo.consequences_owed)
+        bounds = await self._read(DashboardRepo.id_bounds)
         floor = (bounds["max"] or 0) - q.SAMPLE_IDS + 1
-        applied = await self._all(q.CONSEQUENCES_APPLIED, {"floor": floor, "limit": q.PAGE_ROWS})
+        applied = await self._read(DashboardRepo.consequences_applied, floor)
         return {
             "owed_count": counts["owed"],
             "overdue_count": counts["overdue"],
@@ -276,10 +273,10 @@ class Reads:
         ``PRESENCE_ROWS``), client connections to this database and the running attempts (at
         most ``RUNNING_ROWS``)."""
         return {
-            "leader": await self._one(q.LEADER, {"key": self.binding.leader_lock_key}),
-            "lease": await self._one(q.LEADER_LEASE),
-            "processes": await self._all(q.PRESENCE, {"limit": q.PRESENCE_ROWS}),
-            "connections": await self._all(q.CONNECTIONS),
-            "running_count": (await self._aggregate(q.RUNNING_COUNT))["count"],
-            "running": await self._all(q.RUNNING, {"limit": q.RUNNING_ROWS}),
+            "leader": await self._read(DashboardRepo.leader, self.binding.leader_lock_key),
+            "lease": await self._read(DashboardRepo.leader_lease),
+            "processes": await self._read(DashboardRepo.presence),
+            "connections": await self._read(DashboardRepo.connections),
+            "running_count": await self._read(DashboardRepo.running_count),
+            "running": await self._read(DashboardRepo.running),
         }

@@ -12,13 +12,14 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
-from awa_fast import db_errors, sql
+from awa_fast import db_errors
 from awa_fast import pooler as pooler_mode
 from awa_fast.callback_expressions import compile_expressions
 from awa_fast.callback_token import CallbackToken, check_timeout
 from awa_fast.errors import AwaError, ValidationError
 from awa_fast.job import JobState
 from awa_fast.pg_connection import sync_connection_class
+from awa_fast.repo.attempts import AttemptRepo, BlockingAttemptRepo
 from awa_fast.worker import storable
 from awa_fast.worker.attempt_services import AttemptRuntime
 from awa_fast.worker.follow_ups import FollowUps
@@ -232,10 +233,11 @@ class JobContext:
         snap = self.progress_snapshot()
         if snap is None or self.runtime is None:
             return
+        generation, text = snap
         pool = await self.runtime.services.pool()
         async with pool.connection() as conn:
-            await conn.execute(sql.FLUSH_PROGRESS, (snap[1], self.id, self.run_lease))
-        self.progress_acked(snap[0])
+            await AttemptRepo(conn).flush_progress(text, self.id, self.run_lease)
+        self.progress_acked(generation)
 
     @db_errors.maps("job.flush_progress_sync")
     def flush_progress_sync(self) -> None:
@@ -266,8 +268,9 @@ class JobContext:
         with connect(
             services.database_url, autocommit=True, **pooler_mode.connect_options(services.pooler)
         ) as conn:
-            conn.execute(sql.FLUSH_PROGRESS, (snap[1], self.id, self.run_lease))
-        self.progress_acked(snap[0])
+            generation, text = snap
+            BlockingAttemptRepo(conn).flush_progress(text, self.id, self.run_lease)
+        self.progress_acked(generation)
 
     # -- staged follow-ups (ADR-046) ------------------------------------------------------------
 
@@ -312,17 +315,15 @@ class JobContext:
         stored = None if expressions is None else Jsonb(expressions)
         pool = await self._runtime().services.pool()
         async with pool.connection() as conn:
-            cur = await conn.execute(
-                sql.REGISTER_CALLBACK,
-                {"timeout": timeout, "exprs": stored, "id": self.id, "lease": self.run_lease},
+            row = await AttemptRepo(conn).register_callback(
+                self.id, self.run_lease, timeout, stored
             )
-            row = await cur.fetchone()
         if row is None:
             raise ValidationError(
                 f"job {self.id} is not running under this attempt", field="job", limit="running"
             )
-        self.callback_id = str(row[0])
-        return CallbackToken(self.callback_id, row[1].isoformat())
+        self.callback_id = str(row.callback_id)
+        return CallbackToken(self.callback_id, row.callback_timeout_at.isoformat())
 
     @db_errors.maps("job.wait_for_callback")
     async def wait_for_callback(self, token: Any) -> Any:
@@ -345,19 +346,18 @@ class JobContext:
         runtime = self._runtime()
         pool = await runtime.services.pool()
         async with pool.connection() as conn:
+            repo = AttemptRepo(conn)
             try:
-                cur = await conn.execute(
-                    sql.PARK_FOR_CALLBACK, (self.id, self.run_lease, callback_id)
-                )
+                parked = await repo.park(self.id, self.run_lease, callback_id)
             except psycopg.errors.UniqueViolation:
                 # waiting_external would take a key another job holds: cancelled as a
                 # duplicate, as a WaitForCallback result into a held key is.
-                await conn.execute(sql.CANCEL_DUPLICATE_PARKING, (self.id, self.run_lease))
+                await repo.cancel_duplicate_parking(self.id, self.run_lease)
                 raise AwaError(
                     f"job {self.id} could not park: another job holds its unique key "
                     "in waiting_external; cancelled as a duplicate"
                 ) from None
-        if cur.rowcount == 0:
+        if not parked:
             raise AwaError(f"job {self.id} could not park: it is no longer running this attempt")
         # The wait does not count against the attempt's deadline: the rest of it resumes after.
         remaining = None if self._deadline is None else self._deadline - datetime.now(UTC)
@@ -368,8 +368,7 @@ class JobContext:
         try:
             while True:
                 async with pool.connection() as conn:
-                    cur = await conn.execute(sql.POLL_CALLBACK_WAIT, (self.id,))
-                    row = await cur.fetchone()
+                    row = await AttemptRepo(conn).parked(self.id)
                 state, lease, current, payload = row if row else (None, None, None, None)
                 if state == "running" and lease == self.run_lease and current is None:
                     self.callback_id = None

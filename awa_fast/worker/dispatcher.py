@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -24,6 +25,9 @@ from awa_fast.worker.idle_poll import IdlePoll
 from awa_fast.worker.observe import Signal
 from awa_fast.worker.rate_limit import TokenBucket
 from awa_fast.worker.weighted import OverflowPool
+
+if TYPE_CHECKING:
+    from awa_fast.worker.config import QueueConfig
 
 log = logging.getLogger("awa_fast.dispatcher")
 
@@ -97,6 +101,36 @@ class Dispatcher:
         self._parked = False  # parked on idle_poll: no timed claim until woken
         if overflow is not None:
             overflow.register(queue, self._wake.set)
+
+    @classmethod
+    def for_queue(
+        cls,
+        q: QueueConfig,
+        pool_getter: Callable,
+        spawn: Callable[[tuple, float], None],
+        poll_interval_s: float,
+        kinds: list[str],
+        overflow: OverflowPool | None,
+        idle_poll: IdlePoll | None,
+    ) -> Dispatcher:
+        """The dispatcher of queue ``q`` (its slots, deadline, claim batch, rate limit, cap and
+        claimers); in weighted mode (``overflow``) its own slots are ``q.min_workers``, the rest
+        borrowed from the overflow pool."""
+        return cls(
+            q.name,
+            pool_getter=pool_getter,
+            spawn=spawn,
+            max_workers=q.min_workers if overflow is not None else q.max_workers,
+            deadline_ms=q.deadline_duration_ms,
+            claim_batch_size=q.claim_batch_size,
+            poll_interval_s=poll_interval_s,
+            rate_limit=q.rate_limit,
+            kinds=kinds,
+            overflow=overflow,
+            cap=q.cap,
+            idle_poll=idle_poll,
+            claimers=q.claimers,
+        )
 
     def notify(self) -> None:
         """A job became available in this queue."""

@@ -205,7 +205,7 @@ async def execute(handler: Handler, ctx: JobContext, thread_pool: Any = None) ->
 async def _outcome(handler: Handler, ctx: JobContext, thread_pool: Any, traced: bool) -> Outcome:
     try:
         # The attempt's deadline is enforced by the runtime's deadline sweeper, which cancels
-        # this task (cheaper than a timer per job); see Runtime._sweep_deadlines.
+        # this task (cheaper than a timer per job); see Attempts.sweep_deadlines.
         result = await _call(handler, ctx, thread_pool, traced)
     except asyncio.CancelledError:
         raise

@@ -55,6 +55,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from awa_fast import bulk, enqueue, metrics, primary, sql
+from awa_fast.pg_arrays import int8_array
 from awa_fast.repo.consequences import ConsequenceRepo
 from awa_fast.retryable import Retry, classify, retryable
 from awa_fast.wake import Waker
@@ -418,9 +419,9 @@ class Finalizer:
         # holding 'completed' but not 'running') is cancelled as a duplicate, any other failing
         # row's waiter gets the error; the other jobs complete.
         async def complete(items: list[tuple[int, int]]) -> list[tuple]:
-            cur = await conn.execute(
-                sql.COMPLETE_MANY, ([i for i, _ in items], [lease for _, lease in items])
-            )
+            ids = int8_array([i for i, _ in items])
+            leases = int8_array([lease for _, lease in items])
+            cur = await conn.execute(sql.COMPLETE_MANY, (ids, leases))
             return [tuple(r) for r in await cur.fetchall()]
 
         return await bulk.run_isolated(
@@ -448,8 +449,8 @@ class Finalizer:
         # replays as stale and inserts nothing); on any other error each job is redone alone.
         batch.sort(key=lambda item: item[0].attempt.id)
         requests = [request for request, _, _ in batch]
-        ids = [r.attempt.id for r in requests]
-        leases = [r.attempt.run_lease for r in requests]
+        ids = int8_array([r.attempt.id for r in requests])
+        leases = int8_array([r.attempt.run_lease for r in requests])
         payload = enqueue.batch_follow_ups_json(
             [(r.attempt.id, r.attempt.run_lease, inserts) for r, inserts, _ in batch]
         )

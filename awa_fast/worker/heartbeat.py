@@ -12,8 +12,9 @@ from typing import Any
 
 import psycopg
 
-from awa_fast import bulk, pg_connection, primary, sql
+from awa_fast import bulk, pg_connection, primary
 from awa_fast import pooler as pooler_mode
+from awa_fast.repo.attempts import AttemptRepo
 from awa_fast.retryable import Retry, classify
 from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.worker.cancellation import raise_if_cancelling
@@ -217,14 +218,15 @@ class Heartbeat:
                         # its lease runs from its chunk's send (worker/liveness.py)
                         c.beaten_mono = sent
                         if s is not None:
-                            c.progress_acked(s[0])
+                            generation, _ = s
+                            c.progress_acked(generation)
                             wrote_progress = True
             if not progress_only:  # every attempt was met: the pass is complete
                 self._recurring.pass_done()
                 # An attempt whose job was dead-lettered while its handler runs (an early
                 # fail_external) keeps its mark fresh on the DLQ entry.
-                await conn.execute(
-                    sql.HEARTBEAT_DLQ_MARKS, ([c.id for c in ctxs], [c.run_lease for c in ctxs])
+                await AttemptRepo(conn).beat_dlq_marks(
+                    [c.id for c in ctxs], [c.run_lease for c in ctxs]
                 )
                 if self._presence is not None:
                     await self._presence(conn)
@@ -262,7 +264,7 @@ class Heartbeat:
                     # it moves finished rows (through a transaction pooler the database's
                     # default is READ COMMITTED: pooler.check_connection)
                     try:
-                        await conn.execute(sql.SESSION_READ_COMMITTED)
+                        await AttemptRepo(conn).read_committed()
                     except BaseException:
                         await _close(conn)
                         raise
@@ -305,29 +307,27 @@ class Heartbeat:
         # One statement per chunk (bulk.run_isolated): a row that makes it fail is beaten
         # alone; if that fails too, without its progress (dropped, counted, logged); if even
         # that fails it is skipped this round (logged). Returns the (id, lease) beaten.
-        progress = {(c.id, c.run_lease): None if s is None else s[1] for c, s in zip(chunk, snaps)}
+        progress = {(c.id, c.run_lease): _text(s) for c, s in zip(chunk, snaps)}
         kinds = {(c.id, c.run_lease): c.kind for c in chunk}
         dropped: set[tuple] = set()
+        repo = AttemptRepo(conn)
 
         async def beat(attempts: list[tuple], with_progress: bool = True) -> list[tuple]:
-            cur = await conn.execute(
-                sql.HEARTBEAT,
-                (
-                    [a[0] for a in attempts],
-                    [a[1] for a in attempts],
-                    [progress[a] if with_progress else None for a in attempts],
-                ),
+            return await repo.beat(
+                [job_id for job_id, _ in attempts],
+                [lease for _, lease in attempts],
+                [progress[a] if with_progress else None for a in attempts],
             )
-            return [(r[0], r[1]) for r in await cur.fetchall()]
 
         async def without_progress(attempt: tuple, exc: Exception) -> None:
+            job_id, _ = attempt
             bulk.warn_row(
                 self._recurring,
                 log,
                 ("beat", attempt),
                 bulk.error_signature(exc),
                 "heartbeat of job %s (%s) failed: %s",
-                attempt[0],
+                job_id,
                 kinds[attempt],
                 exc,
             )
@@ -335,7 +335,7 @@ class Heartbeat:
                 dropped.add(attempt)
                 self.progress_dropped += 1
                 log.warning(
-                    "progress of job %s (%s) cannot be stored; dropped", attempt[0], kinds[attempt]
+                    "progress of job %s (%s) cannot be stored; dropped", job_id, kinds[attempt]
                 )
 
         attempts = list(progress)
@@ -350,6 +350,14 @@ class Heartbeat:
             ends_pass=False,  # a beat is one pass over all its chunks (beat())
         )
         return set(done.rows) | dropped
+
+
+def _text(snapshot: tuple[int, str] | None) -> str | None:
+    # a progress snapshot (generation, JSON text): the text the beat writes
+    if snapshot is None:
+        return None
+    _, text = snapshot
+    return text
 
 
 def _call(fn: Callable[[], Any]) -> None:

@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 
 from awa_fast import pooler as pooler_mode
-from awa_fast import sql
 from awa_fast.pg_connection import sync_connection_class
+from awa_fast.repo.attempts import BlockingAttemptRepo
 from awa_fast.schema_binding import DEFAULT, SchemaBinding
 
 log = logging.getLogger("awa_fast.lingering")
@@ -43,7 +43,7 @@ class _Attempt:
 class Lingering:
     """Keeps the marks of attempts whose handler thread outlives its task fresh every
     ``interval_s`` seconds (the heartbeat interval) and, once a thread has finished, clears its
-    mark (``sql.ACK_ATTEMPT_ENDED``) -- after giving the attempt back to ``available`` when it
+    mark (``BlockingAttemptRepo.ack_ended``) -- after giving the attempt back to ``available`` when it
     was still ``running`` at shutdown (``release``). A statement that fails is retried at the
     next beat (logged).
 
@@ -87,9 +87,10 @@ class Lingering:
     def watch(self, ctx: Any, *, release: bool) -> None:
         """Watch ``ctx``'s attempt (a :class:`JobContext` whose ``thread`` still runs)."""
         snap = ctx.progress_snapshot()
-        attempt = _Attempt(
-            ctx.id, ctx.run_lease, ctx.queue, ctx.thread, release, None if snap is None else snap[1]
-        )
+        progress = None
+        if snap is not None:
+            _, progress = snap
+        attempt = _Attempt(ctx.id, ctx.run_lease, ctx.queue, ctx.thread, release, progress)
         with self._lock:
             self._attempts[(ctx.id, ctx.run_lease)] = attempt
             if self._thread is None:
@@ -146,7 +147,7 @@ class Lingering:
                             **pooler_mode.connect_options(self.pooler),
                         )
                         if pooler_mode.session_state_allowed(self.pooler):
-                            conn.execute(sql.SESSION_READ_COMMITTED)  # it moves finished rows
+                            BlockingAttemptRepo(conn).read_committed()  # it moves finished rows
                     self._beat(conn, [a for a in attempts if not a.future.done()])
                     for a in attempts:
                         if a.future.done():
@@ -173,7 +174,8 @@ class Lingering:
                 if self.pending:  # else back to the top at once: the thread ends there
                     self._wake.wait(self.interval_s)
             if presence is not None:
-                self._leave(conn, presence[0])
+                instance, _ = presence
+                self._leave(conn, instance)
         finally:
             if conn is not None:
                 conn.close()
@@ -181,7 +183,7 @@ class Lingering:
     def _leave(self, conn: psycopg.Connection | None, instance: str) -> None:
         try:
             if conn is not None and not conn.closed:
-                conn.execute(sql.WORKER_GONE, (instance,))
+                BlockingAttemptRepo(conn).gone(instance)
                 return
             with self._connect(
                 self.database_url,
@@ -189,41 +191,29 @@ class Lingering:
                 connect_timeout=10,
                 **pooler_mode.connect_options(self.pooler),
             ) as own:
-                own.execute(sql.WORKER_GONE, (instance,))
+                BlockingAttemptRepo(own).gone(instance)
         except Exception as exc:  # the row expires on its own
             log.warning("could not remove the presence row: %s: %s", type(exc).__name__, exc)
 
     def _beat(self, conn: psycopg.Connection, live: list[_Attempt]) -> None:
         if not live:
             return
-        ids, leases = [a.job_id for a in live], [a.run_lease for a in live]
         presence = self._presence
+        repo = BlockingAttemptRepo(conn)
         with conn.transaction():
-            conn.execute(sql.HEARTBEAT, (ids, leases, [None] * len(live)))
-            conn.execute(sql.HEARTBEAT_DLQ_MARKS, (ids, leases))
+            repo.beat([a.job_id for a in live], [a.run_lease for a in live])
             if presence is not None:
-                conn.execute(sql.WORKER_KEEP, (presence[1], presence[0]))
+                repo.keep_presence(*presence)
 
     def _end(self, conn: psycopg.Connection, a: _Attempt) -> None:
-        key = {"id": a.job_id, "lease": a.run_lease}
+        repo = BlockingAttemptRepo(conn)
         released = False
         with conn.transaction():
             if a.release:
-                cur = conn.execute(
-                    sql.TRANSITION,
-                    {
-                        "state": "available",
-                        "attempt_delta": -1,
-                        "delay": 0.0,
-                        "error": None,
-                        "progress": a.progress,
-                        **key,
-                    },
-                )
-                released = cur.rowcount > 0
-            conn.execute(sql.ACK_ATTEMPT_ENDED, key)
+                released = repo.give_back(a.job_id, a.run_lease, a.progress)
+            repo.ack_ended(a.job_id, a.run_lease)
         if released:  # after the commit: a NOTIFY inside would hold the notify lock (ADR 018)
-            conn.execute(sql.WAKE_QUEUES, ([a.queue],))
+            repo.wake([a.queue])
         with self._lock:
             self._attempts.pop((a.job_id, a.run_lease), None)
         with self._changed:

@@ -139,7 +139,7 @@ async def test_a_worker_completes_jobs_stages_follow_ups_and_settles_consequence
     row = await wait_state(pooled, failing.id, "failed")
     assert row["consequence_state"] == "applied"
     assert pooled.runtime.maintenance.is_leader  # by the lease, through the pooler
-    assert pooled.runtime._listen_conn is None  # no LISTEN through the pool: polling
+    assert pooled.runtime.listener.conn is None  # no LISTEN through the pool: polling
     # No session advisory lock was taken through PgBouncer (it would stay on a server
     # connection another client gets next).
     assert (
@@ -192,7 +192,7 @@ async def test_wake_ups_by_polling_without_listen_url(dsn, pooled):
         return None
 
     await pooled.start([("default", 2)], **{**FAST, "maintenance": False})
-    assert pooled.runtime._listen_conn is None  # nothing listens through the pool
+    assert pooled.runtime.listener.conn is None  # nothing listens through the pool
     idle = pooled.runtime.idle_poll
     await idle.polled.wait_until(lambda: "default" in idle.parked, timeout=15)  # parked, idle
     job = await pooled.insert(Item(1))
@@ -235,25 +235,27 @@ async def test_wake_ups_through_a_direct_listen_url(dsn, bouncer):
             return None
 
         await c.start([("default", 2)], **{**FAST, "poll_interval_ms": 3_600_000})
-        assert c.runtime._listen_conn is not None
-        assert c.runtime._listen_conn.info.backend_pid == await _server_pid(c.runtime._listen_conn)
+        assert c.runtime.listener.conn is not None
+        assert c.runtime.listener.conn.info.backend_pid == await _server_pid(
+            c.runtime.listener.conn
+        )
         job = await c.insert(Item(1))
         await wait_state(c, job.id, "completed")
         # Its server connection terminated while the pooled path lives: the listen loop
         # connects and LISTENs again on its own (its 5 s backoff, not the hour-long poll).
-        first = c.runtime._listen_conn
+        first = c.runtime.listener.conn
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
             await admin.execute("SELECT pg_terminate_backend(%s)", (first.info.backend_pid,))
 
             async def replaced() -> bool:
-                conn = c.runtime._listen_conn
+                conn = c.runtime.listener.conn
                 return conn is not None and conn is not first and not conn.closed
 
             # polled: the listen loop's reconnect fires no signal of its own
             await poll_until(replaced, timeout=30, what="a new LISTEN connection")
             cur = await admin.execute(
                 "SELECT query FROM pg_stat_activity WHERE pid = %s",
-                (c.runtime._listen_conn.info.backend_pid,),
+                (c.runtime.listener.conn.info.backend_pid,),
             )
             assert (await cur.fetchone())[0].startswith("LISTEN")
         job = await c.insert(Item(2))

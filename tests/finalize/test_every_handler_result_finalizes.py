@@ -460,7 +460,8 @@ async def test_class2_finalize_across_a_server_restart_gets_a_live_connection(ow
             await gate.wait()
             job.enqueue_on_completion(Restart(job.args.n + 1))  # the per-job path
 
-        await c._fetch("TRUNCATE awa_fast.jobs")
+        async with (await c.pool()).connection() as conn:
+            await conn.execute("TRUNCATE awa_fast.jobs")
         first = await c.insert(Restart(0), max_attempts=1)
         # Nothing else touches the pool meanwhile: no polling claims, no heartbeats.
         await c.start(

@@ -66,7 +66,7 @@ def leader_of(client) -> Maintenance:
         client.database_url,
         client.pool,
         MaintenanceConfig(heartbeat_staleness_ms=300),
-        consequence_kinds=rt._settled_by_reconciler,
+        consequence_kinds=rt.leader_tasks.settled_by_reconciler,
         known_kinds=client.consequences.known_kinds,
     )
 

@@ -702,15 +702,15 @@ def test_the_launchers_kill_deadline_covers_the_childs_own_drain_bounds(drain_ti
     # it (the finalizer's last flush alone may take 10 s, the cancel of its tasks 11 s more):
     # a child within its bounds was killed mid-flush and its completions were lost to rescue.
     from awa_fast.client import RELEASE_WAIT_S
-    from awa_fast.worker import runtime
+    from awa_fast.worker import presence, shutdown
 
     after_timeout = kill_after_s(drain_timeout) - drain_timeout
     bounded = (
-        runtime.SHUTDOWN_GRACE_S  # the finalizer's last flush
-        + runtime.SHUTDOWN_GRACE_S  # the attempts left after the drain
-        + runtime.PRESENCE_GONE_S
+        shutdown.SHUTDOWN_GRACE_S  # the finalizer's last flush
+        + shutdown.SHUTDOWN_GRACE_S  # the attempts left after the drain
+        + presence.PRESENCE_GONE_S
     )
     assert after_timeout > bounded
-    assert kill_after_s(drain_timeout) >= runtime.shutdown_bound_s(drain_timeout)
-    assert kill_after_s(drain_timeout) - runtime.shutdown_bound_s(drain_timeout) >= 5  # close()
+    assert kill_after_s(drain_timeout) >= shutdown.shutdown_bound_s(drain_timeout)
+    assert kill_after_s(drain_timeout) - shutdown.shutdown_bound_s(drain_timeout) >= 5  # close()
     assert RELEASE_WAIT_S <= kill_after_s(0)

@@ -769,9 +769,9 @@ async def test_a_handler_that_ignores_its_cancellation_cannot_hold_shutdown(
     dsn, monkeypatch, caplog
 ):
     # shutdown waited for it without bound after the drain (breaker helper): forever
-    from awa_fast.worker import runtime as runtime_module
+    from awa_fast.worker import shutdown as shutdown_module
 
-    monkeypatch.setattr(runtime_module, "SHUTDOWN_GRACE_S", 0.5)
+    monkeypatch.setattr(shutdown_module, "SHUTDOWN_GRACE_S", 0.5)
     started, release = asyncio.Event(), asyncio.Event()
     ended = []
 
@@ -923,4 +923,4 @@ async def test_a_cancelled_shutdown_still_releases_everything_and_close_waits_fo
     assert [t.get_name() for t in left if not t.cancelling()] == []  # (close() cancels its guard)
     assert await scalar(dsn, ALIVE, (runtime.instance,)) == 0
     assert client._pool is None
-    assert runtime._listen_conn.closed
+    assert runtime.listener.conn.closed

@@ -17,9 +17,11 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from awa_fast import schema, sql
 from awa_fast.schema import (
+    ROUTINES_REVISION,
     baseline,
     current_migration_version,
     migrate_sync,
+    migration_scripts,
     migrations,
     routines_digest,
     routines_script,
@@ -95,6 +97,18 @@ def test_a_fresh_install_from_the_baseline_equals_the_migrations_in_order(new_db
     assert diff == [], _report(diff)
 
 
+def test_the_printed_scripts_build_the_same_schema_with_its_routines(new_db, upgraded):
+    # awa-fast migrate --sql: the newest migration's script ends with the routines and their
+    # record (ADR 043), so a schema built by hand equals the runner's and has nothing due.
+    dsn = new_db()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _, _, script in migration_scripts(0, current_migration_version()):
+            conn.execute(script)
+        diff = differences(catalog(conn, "awa_fast"), upgraded("awa_fast"))
+    assert diff == [], _report(diff)
+    assert migrate_sync(dsn) == []
+
+
 def test_a_baseline_behind_the_migrations_is_completed_by_them(new_db, upgraded, monkeypatch):
     # A baseline older than the newest migration (one not folded in yet) still gives the newest
     # schema: the runner applies the later migrations after it. Here the baseline is migration
@@ -122,8 +136,8 @@ DRIFTS = {
         "columns",
     ),
     "storage setting": (
-        ") WITH (vacuum_truncate = false);\nCREATE INDEX idx_awa_fast_unique",
-        ");\nCREATE INDEX idx_awa_fast_unique",
+        "ALTER TABLE awa_fast.unique_holds SET (vacuum_truncate = false);",
+        "",
         "relations",
     ),
     "statistics target": (
@@ -161,6 +175,9 @@ def test_a_baseline_that_drifted_from_the_migrations_is_found(new_db, upgraded, 
         conn.execute(text)
         conn.execute(sql.MIGRATION_BOOTSTRAP)  # the version table and its rows, as the runner's
         conn.cursor().executemany(sql.MIGRATION_RECORD, [(v, d) for v, d, _ in migrations()])
-        conn.execute(sql.ROUTINES_RECORD, (routines_digest(), current_migration_version()))
+        conn.execute(
+            sql.ROUTINES_RECORD,
+            (routines_digest(), ROUTINES_REVISION, current_migration_version()),
+        )
         diff = differences(catalog(conn, "awa_fast"), upgraded("awa_fast"))
     assert any(line[2:].startswith(f"{section}:") for line in diff), (drift, diff[:10])

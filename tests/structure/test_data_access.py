@@ -21,12 +21,31 @@ import pytest
 from awa_fast import sql
 from awa_fast.job import JOB_FIELDS
 from awa_fast.repo import RowShapeError, named
+from awa_fast.repo.attempts import AttemptRepo
 from awa_fast.repo.batch_ops import BatchRepo
 from awa_fast.repo.callbacks import CallbackRepo, StillRunning
 from awa_fast.repo.consequences import ConsequenceRepo, LockedJob
 from awa_fast.repo.cron import CronRepo
+from awa_fast.repo.dashboard import DashboardRepo
+from awa_fast.repo.dlq import DlqRepo
+from awa_fast.repo.hand import HandRepo
+from awa_fast.repo.isolated import (
+    DISCARD_FAILED,
+    DLQ_MOVE,
+    DLQ_PURGE,
+    DLQ_RETRY,
+    DRAIN_QUEUE,
+    RETRY_FAILED,
+    IsolatedRepo,
+)
+from awa_fast.repo.jobs import JobRepo
+from awa_fast.repo.leadership import LeaderRepo
+from awa_fast.repo.maintenance import PassRepo
+from awa_fast.repo.queues import QueueRepo
 from awa_fast.repo.stats import StatsRepo
+from awa_fast.repo.storage import StorageRepo
 from awa_fast.repo.verify import VerifyRepo
+from awa_fast.repo.workers import WorkerRepo
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "awa_fast"
@@ -55,35 +74,60 @@ CONVERTED: dict[str, dict[str, str]] = {
     "awa_fast/worker/reconcile.py": {},
     "awa_fast/worker/aging.py": {},
     "awa_fast/worker/idle_poll.py": {},
+    "awa_fast/worker/runtime.py": {},
+    "awa_fast/worker/attempts.py": {},
+    "awa_fast/worker/presence.py": {},
+    "awa_fast/worker/listener.py": {},
+    "awa_fast/worker/leader_tasks.py": {},
+    "awa_fast/worker/shutdown.py": {},
+    "awa_fast/worker/heartbeat.py": {},
+    "awa_fast/worker/lingering.py": {},
+    "awa_fast/worker/context.py": {},
+    "awa_fast/worker/maintenance/__init__.py": {},
+    "awa_fast/worker/maintenance/config.py": {},
+    "awa_fast/worker/maintenance/leader.py": {},
+    "awa_fast/worker/maintenance/passes.py": {},
+    "awa_fast/worker/maintenance/promote.py": {},
+    "awa_fast/worker/maintenance/prune.py": {},
+    "awa_fast/worker/maintenance/rescue.py": {},
+    "awa_fast/worker/maintenance/scheduler.py": {},
+    "awa_fast/worker/maintenance/service.py": {},
+    "awa_fast/worker/maintenance/vacuum.py": {},
     "awa_fast/metrics.py": {
         "series[0]": "the cached (counter, histogram) pair of a finalize: per job, a tuple",
         "series[1]": "the cached (counter, histogram) pair of a finalize: per job, a tuple",
-        "row[3]": "rescue rows handed over by the maintenance rescue (not converted yet)",
+    },
+    "awa_fast/admin/area.py": {},
+    "awa_fast/admin/batches.py": {},
+    "awa_fast/admin/callbacks.py": {},
+    "awa_fast/admin/consequences.py": {},
+    "awa_fast/admin/cron.py": {},
+    "awa_fast/admin/dlq.py": {},
+    "awa_fast/admin/health.py": {},
+    "awa_fast/admin/jobs.py": {"entries[-1]": "the latest error entry of the attempt dumped"},
+    "awa_fast/admin/queues.py": {},
+    "awa_fast/admin/storage.py": {},
+    "awa_fast/client.py": {},
+    "awa_fast/sync_client.py": {},
+    "awa_fast/web/reads.py": {"rows[-1]": "a page's last row, whose id is the next page's cursor"},
+    "awa_fast/raw_client.py": {},
+    "awa_fast/testing.py": {
+        "raised[-1]": "the last exception the handler raised (awa's WorkResult.error)",
+        'outcome.error["error"].splitlines()[0]': "the first line of a failure's error text",
     },
 }
 
 # Not converted yet, with the reason; path prefixes.
 NOT_YET = {
-    "awa_fast/admin/": "the admin areas are being merged into one surface (issue 30); next",
-    "awa_fast/client.py": "the facade is being reworked (issue 30, one admin surface)",
-    "awa_fast/sync_client.py": "the facade is being reworked (issue 30, one admin surface)",
-    "awa_fast/raw_client.py": "the facade is being reworked (issue 30, one admin surface)",
     "awa_fast/cli": "the CLI moves to a command table (issue 30)",
-    "awa_fast/web/": "web/reads.py is the dashboard's read model already (dict rows, a statement "
-    "timeout per transaction); it moves under repo/ next",
-    "awa_fast/worker/runtime.py": "being split into config and wiring (issue 30)",
-    "awa_fast/worker/maintenance/": "split into passes over one scheduler (ADR 036): next",
     "awa_fast/worker/dispatcher.py": "the claim: its rows decode straight into JobContext "
     "(a tuple-speed hot path)",
     "awa_fast/worker/finalizer.py": "compact completions are the hot path (tuple rows kept); "
     "its failure path uses ConsequenceRepo",
-    "awa_fast/worker/context.py": "callback registration, progress flush and waits: next",
-    "awa_fast/worker/heartbeat.py": "the heartbeat's own connection and batch: next",
-    "awa_fast/worker/lingering.py": "the lingering-attempt thread's blocking connection: next",
     "awa_fast/enqueue.py": "the insert path (hot: one round trip per insert kept as is): next",
     "awa_fast/producer.py": "the producer's flush (hot path): next",
-    "awa_fast/transaction.py": "the caller-owned transaction wrapper: next",
-    "awa_fast/testing.py": "AwaTestClient drives one job by hand: next",
+    "awa_fast/transaction.py": "the caller's own statement text (awa's Transaction.execute / "
+    "fetch_*) and the COMMIT / ROLLBACK of the BEGIN producer.py sends: with the producer",
     "awa_fast/demo/": "the demo's own tables and reads",
 }
 
@@ -209,4 +253,100 @@ async def test_a_named_row_checks_the_statements_columns(dsn):
             assert [s.kind for s in await verify.settled_changes()] in ([], ["k"])
         assert await verify.due(["k"], 60.0, 1) == []
         assert await StatsRepo(conn).queue_depth() == []
+        assert await WorkerRepo(conn).unhandled(["no such queue"]) == []
+        attempts = AttemptRepo(conn)
+        assert await attempts.register_callback(0, 0, 60.0, None) is None
+        assert await attempts.parked(0) is None
+        passes = PassRepo(conn)
+        assert (await passes.hot_table()) is not None
+        async with conn.transaction(force_rollback=True):
+            params = {
+                "stale_ms": 1000,
+                "limit": 1,
+                "consequence_kinds": [],
+                "known_kinds": [],
+                "only": 0,
+                "own": [],
+            }
+            assert await passes.rescued(sql.RESCUE, params) == []
+            assert await passes.rescued(sql.RESCUE_CALLBACKS, params) == []
+            assert await LeaderRepo(conn).fence(-1) is False
         assert tuple(await StatsRepo(conn).consequence_counts()) == (0, 0)
+
+
+async def test_the_admin_repositories_rows_are_their_statements_columns(dsn):
+    """Each admin statement run once (no such job: every result is empty, its shape checked)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        jobs, dlq, queues = JobRepo(conn), DlqRepo(conn), QueueRepo(conn)
+        assert await jobs.get(0) is None
+        assert await jobs.newest("failed", "no such kind", None, 1) == []
+        assert await jobs.retry(0, 1000) is None
+        assert await jobs.attempt_still_runs(0, 1000) is None
+        assert await jobs.cancel(0) is None
+        assert await jobs.live_with_unique_key(b"no such key") is None
+        assert await jobs.failed_matching("no such kind", None, 1000) == 0
+        assert await jobs.dump(0) is None
+        match = dict.fromkeys(("kind", "queue", "tag", "before_id", "before_dlq_at"))
+        assert await dlq.newest({**match, "kind": "no such kind"}, 1) == []
+        assert await dlq.get(0) is None
+        assert await dlq.depth("no such queue") == 0
+        assert "no such queue" not in await dlq.depth_by_queue()
+        retry = {"id": 0, "run_at": None, "priority": None, "to_queue": None, "stale_ms": 1000}
+        assert await dlq.retry(retry) is None
+        assert await dlq.attempt_still_runs(0, 1000) is None
+        assert await dlq.move(0, "manual") is False
+        assert await dlq.purge(0) is False
+        assert await dlq.dump(0) is None
+        assert all(
+            s.total_queued == s.scheduled + s.available + s.retryable for s in await queues.stats()
+        )
+        assert [u for u in await queues.unhandled() if u.queue == "no such queue"] == []
+        assert await queues.available(["no such queue"]) == {}
+        assert [o for o in await ConsequenceRepo(conn).owed(1) if o.id == 0] == []
+        history = await StorageRepo(conn).history()
+        assert history.version is not None and history.first_at <= history.last_at
+        nothing = {"kind": "no such kind", "queue": "no such queue", "stale_ms": 1000}
+        operations = {
+            RETRY_FAILED: nothing,
+            DISCARD_FAILED: nothing,
+            DRAIN_QUEUE: {"queue": "no such queue"},
+            DLQ_RETRY: {**match, **retry, "kind": "no such kind"},
+            DLQ_MOVE: {**nothing, "reason": "manual"},
+            DLQ_PURGE: {**match, "kind": "no such kind"},
+        }
+        assert await HandRepo(conn).claim("no such queue", "no such kind") is None
+        assert await HandRepo(conn).job_row(0) is None
+        async with conn.transaction(force_rollback=True):
+            for operation, params in operations.items():
+                repo = IsolatedRepo(conn, operation, params)
+                assert (await repo.bulk(), await repo.ids(), await repo.one(0)) == ([], [], [])
+
+
+async def test_the_dashboards_reads_run_with_the_statement_timeout_and_give_dict_rows(dsn):
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        async with conn.transaction():
+            reads = DashboardRepo(conn)
+            await reads.limit_statement_time()
+            timeout = await (await conn.execute("SHOW statement_timeout")).fetchone()
+            assert timeout == ("5s",)
+            bounds = await reads.id_bounds()
+            assert set(bounds) == {"min", "max"}
+            assert isinstance(await reads.queue_depth(), list)
+            assert isinstance(await reads.queue_recent(0), list)
+            assert isinstance(await reads.queue_meta(), list)
+            assert await reads.job_page({"queue": None, "kind": None, "state": None}, 0, 0) == []
+            assert await reads.job(0) is None and await reads.dlq_job(0) is None
+            assert await reads.job_summary(0) is None
+            assert await reads.job_children(0) == []
+            assert await reads.dlq_page("no such queue", None, 2**63 - 1) == []
+            assert set(await reads.consequence_counts()) == {"owed", "overdue"}
+            assert isinstance(await reads.consequences_owed(), list)
+            assert isinstance(await reads.consequences_applied(0), list)
+            assert await reads.leader(0) is None
+            assert (await reads.leader_lease()) is None or "epoch" in (await reads.leader_lease())
+            assert isinstance(await reads.presence(), list)
+            assert isinstance(await reads.connections(), list)
+            assert await reads.running_count() >= 0
+            assert isinstance(await reads.running(), list)
+        # SET LOCAL: the session's own setting is back once the transaction ends
+        assert await (await conn.execute("SHOW statement_timeout")).fetchone() != ("5s",)

@@ -25,7 +25,7 @@ CONTROL = re.compile(
 
 # (module, a substring of the literal): literals that name a keyword without being SQL.
 ALLOWED: set[tuple[str, str]] = {
-    ("worker/runtime.py", "LISTEN connection lost"),  # a log message about the connection
+    ("worker/listener.py", "LISTEN connection lost"),  # a log message about the connection
 }
 
 

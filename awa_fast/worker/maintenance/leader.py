@@ -31,9 +31,9 @@ from contextlib import AbstractAsyncContextManager
 
 import psycopg
 
-from awa_fast import metrics, pg_connection, sql
+from awa_fast import metrics, pg_connection
 from awa_fast import pooler as pooler_mode
-from awa_fast.rows import one_row
+from awa_fast.repo.leadership import LeaderRepo
 from awa_fast.schema_binding import SchemaBinding
 from awa_fast.worker.maintenance.config import MaintenanceConfig
 
@@ -116,25 +116,17 @@ class Leadership:
     async def _lock(self) -> bool:
         """Take the advisory lock on the lock connection (opened if needed), displacing a
         frozen holder (docs/architecture.md, "the leader's fencing rule", 4)."""
-        conn = await self._own_conn()
-        cur = await conn.execute(sql.TRY_LEADER, (self.binding.leader_lock_key,))
-        if not (await one_row(cur))[0]:
-            cur = await conn.execute(
-                sql.DISPLACE_FROZEN_LEADER,
-                {
-                    "key": self.binding.leader_lock_key,
-                    "stale_ms": self.config.heartbeat_staleness_ms,
-                },
-            )
-            if not (await one_row(cur))[0]:
+        repo = LeaderRepo(await self._own_conn())
+        key = self.binding.leader_lock_key
+        if not await repo.try_lock(key):
+            if not await repo.displace_frozen_leader(key, self.config.heartbeat_staleness_ms):
                 return False
             log.warning(
                 "displaced a frozen maintenance leader (its lock connection idle for "
                 "more than heartbeat_staleness_ms=%s)",
                 self.config.heartbeat_staleness_ms,
             )
-            cur = await conn.execute(sql.TRY_LEADER, (self.binding.leader_lock_key,))
-            if not (await one_row(cur))[0]:
+            if not await repo.try_lock(key):
                 return False
         return True
 
@@ -150,33 +142,16 @@ class Leadership:
         """
         wait_ms = max(self.config.leader_election_interval_ms, 1000)
         holder = f"{socket.gethostname()} pid {os.getpid()}"
+        repo, stale_ms = LeaderRepo(conn), self.config.heartbeat_staleness_ms
         for last in (False, True):
             try:
                 async with conn.transaction():
-                    await conn.execute(sql.LOCK_TIMEOUT_LOCAL.format(ms=int(wait_ms)))
-                    await conn.execute(sql.PASS_IDLE_TIMEOUT)  # a take frozen mid-way ends
-                    await conn.execute(sql.LEASE_ENSURE)
-                    cur = await conn.execute(
-                        sql.LEASE_TAKE,
-                        {
-                            "holder": holder,
-                            "via_lock": self.via_lock,
-                            "stale_ms": self.config.heartbeat_staleness_ms,
-                        },
-                    )
-                    if await cur.fetchone() is None:
-                        return None
-                    cur = await conn.execute(sql.LEADER_BUMP, (holder,))
-                    epoch = (await one_row(cur))[0]
-                    await conn.execute(sql.LEASE_EPOCH, (epoch,))
-                    return epoch
+                    await repo.limit_waits(wait_ms)  # a take frozen mid-way ends
+                    return await repo.take_lease(holder, self.via_lock, stale_ms)
             except psycopg.errors.LockNotAvailable:
                 if last:
                     raise
-                cur = await conn.execute(
-                    sql.DISPLACE_FROZEN_PASSES, {"stale_ms": self.config.heartbeat_staleness_ms}
-                )
-                if not (await one_row(cur))[0]:
+                if not await repo.displace_frozen_passes(stale_ms):
                     raise
                 log.warning("terminated a frozen pass of the previous maintenance leader")
         raise AssertionError("unreachable")
@@ -211,15 +186,11 @@ class Leadership:
         wait_ms = max(self.config.leader_election_interval_ms, 1000)
         async with self._lease_conn() as conn:
             async with conn.transaction():
-                await conn.execute(sql.LOCK_TIMEOUT_LOCAL.format(ms=int(wait_ms)))
+                repo = LeaderRepo(conn)
                 # a renewal frozen mid-way (its host cut off) must not hold the lease row and
                 # the lock connection for as long as its dead TCP connection stays open (ADR 039)
-                await conn.execute(sql.PASS_IDLE_TIMEOUT)
-                cur = await conn.execute(
-                    sql.LEASE_RENEW,
-                    {"epoch": self.epoch, "stale_ms": self.config.heartbeat_staleness_ms},
-                )
-                return await cur.fetchone() is not None
+                await repo.limit_waits(wait_ms)
+                return await repo.renew(self.epoch, self.config.heartbeat_staleness_ms)
 
     async def _release(self) -> None:
         """Free the lease held at this process's epoch (a stepping-down leader), bounded: the
@@ -227,7 +198,7 @@ class Leadership:
         try:
             async with asyncio.timeout(RELEASE_S):
                 async with self._lease_conn() as conn:
-                    await conn.execute(sql.LEASE_RELEASE, (self.epoch,))
+                    await LeaderRepo(conn).release(self.epoch)
         except (Exception, TimeoutError) as exc:
             log.info("maintenance lease left to expire: %s: %s", type(exc).__name__, exc)
 
@@ -267,14 +238,13 @@ class Leadership:
         pool = await self._pool_getter()
         async with pool.connection() as conn:
             async with conn.transaction():
+                repo = LeaderRepo(conn)
                 if self.epoch is not None:  # never elected: a pass run by hand (tests, tools)
-                    cur = await conn.execute(sql.LEADER_FENCE, (self.epoch,))
-                    if await cur.fetchone() is None:
+                    if not await repo.fence(self.epoch):
                         raise Deposed(f"epoch {self.epoch} is over: another process leads")
                 if bounded:
                     # A pass never waits long on a row or table another session holds: the
                     # statement fails (logged; the pass goes on) instead of stalling the loop.
                     # Nor does it hold its own locks long if this process stops mid-pass.
-                    await conn.execute(sql.PASS_LOCK_TIMEOUT)
-                    await conn.execute(sql.PASS_IDLE_TIMEOUT)
+                    await repo.bound_pass()
                 yield conn

@@ -7,12 +7,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
 import psycopg
 
 from awa_fast import bulk
+from awa_fast.repo.maintenance import PassRepo
 from awa_fast.worker.maintenance.config import MaintenanceConfig
 
 log = logging.getLogger("awa_fast.maintenance")
@@ -47,15 +48,11 @@ class PassContext:
 
 
 async def fetch(conn, query: str, params) -> list[tuple]:
-    return await (await conn.execute(query, params)).fetchall()
-
-
-async def ids(rows: Awaitable[list[tuple]]) -> list[int]:
-    return [r[0] for r in await rows]
+    return await PassRepo(conn).rows(query, params)
 
 
 async def fetch_ids(conn, query: str, params: dict) -> list[int]:
-    return await ids(fetch(conn, query, params))
+    return await PassRepo(conn).ids(query, params)
 
 
 async def fetch_id(conn, query: str, params: dict, job_id: int) -> list[tuple]:
@@ -65,8 +62,7 @@ async def fetch_id(conn, query: str, params: dict, job_id: int) -> list[tuple]:
 async def cancel_duplicate(conn, query: str, params: dict) -> None:
     """Cancel job ``params["id"]`` whose new state would take a unique key another job holds
     (``query``: the pass's cancel statement), logged when it did."""
-    cur = await conn.execute(query, params)
-    if cur.rowcount:
+    if await PassRepo(conn).run(query, params):
         log.warning(
             "job %s cancelled as a duplicate: its new state would take a unique "
             "key another job holds",

@@ -7,7 +7,8 @@ import logging
 import psycopg
 
 from awa_fast import bulk, sql
-from awa_fast.worker.maintenance.passes import PassContext, cancel_duplicate, fetch, ids
+from awa_fast.repo.jobs import JobRepo
+from awa_fast.worker.maintenance.passes import PassContext, cancel_duplicate, fetch, fetch_ids
 
 log = logging.getLogger("awa_fast.maintenance")
 
@@ -33,7 +34,7 @@ async def promote(ctx: PassContext) -> int:
             conn,
             what="promote",
             bulk=lambda: fetch(conn, sql.PROMOTE, limit),
-            keys=lambda skip: ids(fetch(conn, sql.DUE_IDS, {**limit, "skip": skip})),
+            keys=lambda skip: fetch_ids(conn, sql.DUE_IDS, {**limit, "skip": skip}),
             one=lambda job_id: fetch(conn, sql.PROMOTE_ONE, {**limit, "id": job_id}),
             on_conflict=lambda job_id, _exc: cancel_duplicate(
                 conn, sql.CANCEL_AS_DUPLICATE, {**limit, "id": job_id}
@@ -54,7 +55,7 @@ async def promote(ctx: PassContext) -> int:
         try:
             pool = await ctx.pool_getter()
             async with pool.connection() as conn:
-                await conn.execute(sql.WAKE_QUEUES, (queues,))
+                await JobRepo(conn).wake_all(queues)
         except psycopg.Error as exc:  # the promotion committed; dispatchers poll
             log.warning("wake-up NOTIFY for promoted queues %s failed: %s", queues, exc)
     ctx.counts["promoted"] += len(promoted)

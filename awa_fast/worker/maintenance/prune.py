@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import psycopg
 
 from awa_fast import bulk, sql
-from awa_fast.rows import one_row
+from awa_fast.repo.maintenance import PassRepo
 from awa_fast.worker.maintenance.config import retention_s
 from awa_fast.worker.maintenance.passes import PassContext, fetch, fetch_id, fetch_ids
 from awa_fast.worker.maintenance.scheduler import PassIncomplete
@@ -186,7 +186,7 @@ class Prune:
         ages = {"completed_s": retention_s(completed_h), "failed_s": retention_s(failed_h)}
         pool = await self.ctx.pool_getter()
         async with pool.connection() as conn:
-            expired = [r[0] for r in await fetch(conn, sql.EXPIRED_SLICES, ages)]
+            expired = await PassRepo(conn).expired_slices(ages)
         pruned = 0
         kept = self.ctx.recurring["finished slice"]
         refused: dict[int, int] = {}
@@ -194,15 +194,12 @@ class Prune:
             rows = None
             try:
                 async with self.ctx.fenced(bounded=True) as conn:
-                    await conn.execute(sql.SLICE_LOCK_TIMEOUT)
-                    await conn.execute(sql.lock_slice(slot))
-                    cur = await conn.execute(sql.EXPIRED_SLICE, {**ages, "slot": slot})
-                    row = await cur.fetchone()
-                    if row is not None:
-                        rows = row[0]
-                        await conn.execute(sql.truncate_slice(slot))
-                        await conn.execute(sql.RELEASE_SLICE, {"slot": slot})
-                        pruned += row[0]
+                    repo = PassRepo(conn)
+                    await repo.lock_slice(slot)
+                    rows = await repo.expired_slice(ages, slot)
+                    if rows is not None:
+                        await repo.truncate_slice(slot)
+                        pruned += rows
             except psycopg.Error as exc:
                 args = ("finished slice %s kept this pass: %s: %s", slot, type(exc).__name__, exc)
                 if bulk.is_row_error(exc):  # refused by what it holds (a trigger): every pass
@@ -219,7 +216,7 @@ def _execute(query: str, params: dict | None = None) -> Step:
     """A step running one statement (it reports no rows removed)."""
 
     async def run(conn: psycopg.AsyncConnection) -> int:
-        await conn.execute(query, params)
+        await PassRepo(conn).run(query, params)
         return 0
 
     return run
@@ -228,8 +225,5 @@ def _execute(query: str, params: dict | None = None) -> Step:
 async def fold(conn: psycopg.AsyncConnection) -> int:
     """Fold the counters of every foldable slot (``sql.FOLD_COUNTS``) on ``conn``, in its
     transaction. Returns 0 (rows are folded, not removed)."""
-    cur = await conn.execute(sql.LOCK_FOLDABLE_SLOTS)
-    slots = (await one_row(cur))[0]
-    if slots:
-        await conn.execute(sql.FOLD_COUNTS, {"slots": slots})
+    await PassRepo(conn).fold_counts()
     return 0

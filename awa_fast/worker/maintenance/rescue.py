@@ -8,7 +8,8 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from awa_fast import bulk, metrics, sql
-from awa_fast.worker.maintenance.passes import PassContext, cancel_duplicate, fetch, ids
+from awa_fast.repo.maintenance import PassRepo, Rescued
+from awa_fast.worker.maintenance.passes import PassContext, cancel_duplicate, fetch, fetch_ids
 
 log = logging.getLogger("awa_fast.maintenance")
 
@@ -33,7 +34,7 @@ class Rescue:
     def __init__(
         self,
         ctx: PassContext,
-        on_rescued: Callable[[list[tuple]], Awaitable[None]] | None,
+        on_rescued: Callable[[list[Rescued]], Awaitable[None]] | None,
         consequence_kinds: Callable[[], list[str]],
         known_kinds: Callable[[], list[str]],
         own_attempts: Callable[[], list[str]],
@@ -44,12 +45,13 @@ class Rescue:
         self.known_kinds = known_kinds
         self.own_attempts = own_attempts
 
-    async def rescue(self, *, running: bool = True, callbacks: bool = True) -> list[tuple]:
+    async def rescue(self, *, running: bool = True, callbacks: bool = True) -> list[Rescued]:
         """Rescue running attempts with a stale heartbeat or a passed deadline (``running``), and
         parked jobs whose callback timed out (``callbacks``). Final attempts fail (moved to the
         DLQ when their queue has it) or, for ``consequence_kinds()`` (a failure consequence or
         exhausted specs), wait in ``consequence_pending`` for the reconciler's settlement.
-        Returns rows ``(id, kind, new_state, rescue_reason, exhausted_reason)``.
+        Returns the jobs taken (``Rescued``: id, kind, new state, rescue and exhausted
+        reasons).
 
         In batches of ``RESCUE_BATCH`` (500), each one transaction, until a batch comes back
         short or ``RESCUE_BATCHES`` (20) ran: a batch's rescue and the dead-letter moves of the
@@ -69,7 +71,7 @@ class Rescue:
             "known_kinds": self.known_kinds(),
             "only": None,
         }
-        rows: list[tuple] = []
+        rows: list[Rescued] = []
         # Batch after batch, each its own transaction, while one comes back full: one batch a
         # pass (500 every 30 s) took minutes to rescue what a crashed launcher left running.
         for _ in range(RESCUE_BATCHES):
@@ -77,7 +79,7 @@ class Rescue:
                 # Read once the connection is held, with no await before the statement: an
                 # attempt claimed while the pass waited for its connection is in it.
                 params["own"] = self.own_attempts()
-                found: list[tuple] = []
+                found: list[Rescued] = []
                 if running:
                     found += await self._rescue_with(
                         conn, "rescue", sql.RESCUE, sql.RESCUE_CANDIDATES, params
@@ -90,7 +92,8 @@ class Rescue:
                         sql.RESCUE_CALLBACK_CANDIDATES,
                         params,
                     )
-                await self._dead_letter(conn, [(r[0], r[4]) for r in found if r[2] == "failed"])
+                failed = [(r.id, r.exhausted_reason) for r in found if r.state == "failed"]
+                await self._dead_letter(conn, failed)
             rows += found
             if len(found) < RESCUE_BATCH:
                 break
@@ -104,13 +107,14 @@ class Rescue:
 
     async def _rescue_with(
         self, conn, what: str, query: str, candidates: str, params: dict
-    ) -> list[tuple]:
+    ) -> list[Rescued]:
+        repo = PassRepo(conn)
         done = await bulk.run_isolated(
             conn,
             what=what,
-            bulk=lambda: fetch(conn, query, params),
-            keys=lambda skip: ids(fetch(conn, candidates, {**params, "skip": skip})),
-            one=lambda job_id: fetch(conn, query, {**params, "only": job_id}),
+            bulk=lambda: repo.rescued(query, params),
+            keys=lambda skip: fetch_ids(conn, candidates, {**params, "skip": skip}),
+            one=lambda job_id: repo.rescued(query, {**params, "only": job_id}),
             on_conflict=lambda job_id, _exc: cancel_duplicate(
                 conn, sql.CANCEL_RESCUED_DUPLICATE, {**params, "id": job_id}
             ),
@@ -119,22 +123,24 @@ class Rescue:
         )
         return done.rows
 
-    async def _dead_letter(self, conn, moves: list[tuple[int, str]]) -> None:
+    async def _dead_letter(self, conn, moves: list[tuple[int, str | None]]) -> None:
         # Inside the rescue's transaction; a row whose move fails stays failed (noted).
         if not moves:
             return
 
         async def note(job_id, exc):
-            await conn.execute(sql.NOTE_DEAD_LETTER_FAILED, {"id": job_id, "error": str(exc)})
+            await PassRepo(conn).note_dead_letter_failed(job_id, str(exc))
 
         reasons = dict(moves)
         await bulk.run_isolated(
             conn,
             what="dead-letter move",
             bulk=lambda: fetch(
-                conn, sql.DEAD_LETTER_MANY, ([m[0] for m in moves], [m[1] for m in moves])
+                conn,
+                sql.DEAD_LETTER_MANY,
+                ([job_id for job_id, _ in moves], [reason for _, reason in moves]),
             ),
-            keys=[m[0] for m in moves],
+            keys=[job_id for job_id, _ in moves],
             one=lambda job_id: fetch(conn, sql.DEAD_LETTER, (job_id, reasons[job_id])),
             on_conflict=note,
             on_error=note,

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from awa_fast import metrics
+from awa_fast.repo.maintenance import Rescued
 from awa_fast.schema_binding import DEFAULT, SchemaBinding
 from awa_fast.worker.maintenance.config import MaintenanceConfig, check_retention
 from awa_fast.worker.maintenance.leader import Fenced, Leadership
@@ -67,7 +68,7 @@ class Maintenance:
         database_url: str,
         pool_getter: Callable,
         config: MaintenanceConfig,
-        on_rescued: Callable[[list[tuple]], Awaitable[None]] | None = None,
+        on_rescued: Callable[[list[Rescued]], Awaitable[None]] | None = None,
         extra_tasks: list[tuple[float, Callable[[Fenced], Awaitable[Any]]]] | None = None,
         consequence_kinds: Callable[[], list[str]] = list,
         known_kinds: Callable[[], list[str]] = list,
@@ -248,15 +249,15 @@ class Maintenance:
         """The promote pass (``maintenance.promote.promote``): the rows promoted."""
         return await promote_due(self.ctx)
 
-    async def rescue_running(self) -> list[tuple]:
+    async def rescue_running(self) -> list[Rescued]:
         """The heartbeat / deadline rescue loop's pass (see :meth:`rescue`)."""
         return await self.rescuer.rescue(callbacks=False)
 
-    async def rescue_callbacks(self) -> list[tuple]:
+    async def rescue_callbacks(self) -> list[Rescued]:
         """The expired-callback rescue loop's pass (``callback_rescue_interval_ms``)."""
         return await self.rescuer.rescue(running=False)
 
-    async def rescue(self, *, running: bool = True, callbacks: bool = True) -> list[tuple]:
+    async def rescue(self, *, running: bool = True, callbacks: bool = True) -> list[Rescued]:
         """One rescue pass (:meth:`Rescue.rescue`): the rows rescued."""
         return await self.rescuer.rescue(running=running, callbacks=callbacks)
 

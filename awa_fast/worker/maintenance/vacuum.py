@@ -8,8 +8,9 @@ import contextlib
 
 import psycopg
 
-from awa_fast import pg_connection, sql
+from awa_fast import pg_connection
 from awa_fast import pooler as pooler_mode
+from awa_fast.repo.maintenance import PassRepo
 from awa_fast.schema_binding import SchemaBinding
 from awa_fast.worker.maintenance.passes import PassContext
 
@@ -60,29 +61,29 @@ class HotVacuum:
             )
         conn = self.conn
         loop = asyncio.get_running_loop()
-        cur = await conn.execute(sql.HOT_DEAD_ROWS)
-        row = await cur.fetchone()
+        repo = PassRepo(conn)
+        row = await repo.hot_table()
         if row is None:
             return False
         limit = self.ctx.config.hot_vacuum_truncate_bytes
         failed_at = self._truncate_failed_at
         retry_s = self.ctx.config.hot_vacuum_truncate_retry_ms / 1000
-        if row[1] > limit and (failed_at is None or loop.time() - failed_at >= retry_s):
+        if row.heap_bytes > limit and (failed_at is None or loop.time() - failed_at >= retry_s):
             # Also with few dead rows: a backlog drained before a quiet spell must still be cut.
             # Counted as failed until the heap is seen below the limit (a VACUUM that raises,
             # or is skipped, does not ask again at once either).
             self._truncate_failed_at = loop.time()
             self.ctx.counts["hot_truncations"] += 1
-            await conn.execute(sql.VACUUM_HOT_TRUNCATING)
-            after = await (await conn.execute(sql.HOT_DEAD_ROWS)).fetchone()
-            if after is not None and after[1] <= limit:
+            await repo.vacuum_hot(truncate=True)
+            after = await repo.hot_table()
+            if after is not None and after.heap_bytes <= limit:
                 self._truncate_failed_at = None
-        elif row[0] < self.ctx.config.hot_vacuum_dead_rows and row[2]:
+        elif row.dead_rows < self.ctx.config.hot_vacuum_dead_rows and row.vacuumed:
             # (Statistics that have seen no vacuum were reset, by crash recovery say: their
             # count of zero says nothing of the dead rows a quiet table still holds.)
             return False
         else:
-            await conn.execute(sql.VACUUM_HOT)
+            await repo.vacuum_hot(truncate=False)
         self.ctx.counts["hot_vacuums"] += 1
         return True
 
