@@ -5,12 +5,28 @@ Every error awa-fast raises on purpose derives from :class:`AwaError`.
 
 from __future__ import annotations
 
+import dataclasses
+
 
 class AwaError(Exception):
     """Base class of every awa-fast error."""
 
 
-class ValidationError(AwaError, ValueError):
+@dataclasses.dataclass(eq=False, repr=False)
+class _Detailed(AwaError):
+    """An error carrying keyword details: a subclass declares them once, as annotated fields
+    of a keyword-only dataclass (each defaulting to ``None``; the exception's own equality
+    and repr kept), and is raised as
+    ``cls(message, *, <detail>=...)``; the message is the exception's text (``args``)."""
+
+    message: dataclasses.InitVar[str]
+
+    def __post_init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+@dataclasses.dataclass(eq=False, repr=False, kw_only=True)
+class ValidationError(_Detailed, ValueError):
     """A request broke an insert rule before anything touched the database.
 
     Attributes:
@@ -20,18 +36,9 @@ class ValidationError(AwaError, ValueError):
             bytes, else ``None``.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        field: str | None = None,
-        limit: str | None = None,
-        size: int | None = None,
-    ):
-        super().__init__(message)
-        self.field = field
-        self.limit = limit
-        self.size = size
+    field: str | None = None
+    limit: str | None = None
+    size: int | None = None
 
 
 class ValidationTypeError(ValidationError, TypeError):
@@ -43,7 +50,8 @@ class SerializationError(ValidationError):
     """Args or metadata could not be converted to JSON."""
 
 
-class UniqueConflict(AwaError):
+@dataclasses.dataclass(eq=False, repr=False, kw_only=True)
+class UniqueConflict(_Detailed):
     """An insert hit a unique key already held by another job (index ``idx_awa_fast_jobs_unique``).
 
     Attributes:
@@ -53,18 +61,9 @@ class UniqueConflict(AwaError):
         holder_state: that job's state (``"running"``, ``"completed"``, ...), else None.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        constraint: str | None = None,
-        holder_id: int | None = None,
-        holder_state: str | None = None,
-    ):
-        super().__init__(message)
-        self.constraint = constraint
-        self.holder_id = holder_id
-        self.holder_state = holder_state
+    constraint: str | None = None
+    holder_id: int | None = None
+    holder_state: str | None = None
 
 
 class SchemaNotMigrated(AwaError):
@@ -75,7 +74,8 @@ class UnknownJobKind(AwaError):
     """No handler is registered for a job's kind."""
 
 
-class DatabaseError(AwaError):
+@dataclasses.dataclass(eq=False, repr=False, kw_only=True)
+class DatabaseError(_Detailed):
     """A database operation failed for a reason awa-fast does not map to a narrower error.
 
     Raised by every public call in place of the driver's exception (``awa_fast.db_errors``),
@@ -88,10 +88,8 @@ class DatabaseError(AwaError):
             server: a connection that failed or was lost, a pool timeout).
     """
 
-    def __init__(self, message: str, *, operation: str | None = None, sqlstate: str | None = None):
-        super().__init__(message)
-        self.operation = operation
-        self.sqlstate = sqlstate
+    operation: str | None = None
+    sqlstate: str | None = None
 
 
 class DatabaseUnavailable(DatabaseError):
@@ -114,7 +112,8 @@ class CallbackNotFound(AwaError):
     """No job waits on the given callback id (or the token is stale)."""
 
 
-class AttemptStillRunning(AwaError):
+@dataclasses.dataclass(eq=False, repr=False, kw_only=True)
+class AttemptStillRunning(_Detailed):
     """An admin action would start a new attempt of a job while an earlier attempt of it is
     still running (``retry()`` of a job cancelled mid-run whose handler has not ended).
 
@@ -122,9 +121,7 @@ class AttemptStillRunning(AwaError):
         job_id: the job.
     """
 
-    def __init__(self, message: str, *, job_id: int | None = None):
-        super().__init__(message)
-        self.job_id = job_id
+    job_id: int | None = None
 
 
 class JobNotFound(AwaError):

@@ -58,15 +58,8 @@ JOB_FIELDS = (
 _N_FIELDS = len(JOB_FIELDS)
 
 
-_TIMESTAMPS = (
-    "run_at",
-    "heartbeat_at",
-    "deadline_at",
-    "attempted_at",
-    "finalized_at",
-    "created_at",
-    "callback_timeout_at",
-)
+# The timestamp columns (the ``*_at`` fields), read as RFC 3339 strings.
+_TIMESTAMPS = tuple(f for f in JOB_FIELDS if f.endswith("_at"))
 
 
 def _timestamp_property(name: str) -> property:

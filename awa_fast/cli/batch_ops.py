@@ -9,7 +9,7 @@ from typing import Any
 
 from awa_fast.cli.errors import CliError
 from awa_fast.cli.options import positive_int
-from awa_fast.cli.output import format_table, print_json, short_time
+from awa_fast.cli.output import short_time
 from awa_fast.cli.session import Session
 from awa_fast.cli.table import Command, Group, arg
 
@@ -46,20 +46,10 @@ def _operation_text(op: dict) -> str:
 
 async def cmd_batch_list(s: Session) -> int:
     ops = await (await s.client()).list_batch_operations(state=s.args.state, limit=s.args.limit)
-    if s.json:
-        print_json(ops)
-    elif ops:
-        print(
-            format_table(
-                [h for h, _ in BATCH_COLUMNS],
-                [
-                    [short_time(o[f]) if f == "submitted_at" else o[f] for _, f in BATCH_COLUMNS]
-                    for o in ops
-                ],
-            )
-        )
-    else:
-        print("no batch operations")
+    rows = [
+        [short_time(o[f]) if f == "submitted_at" else o[f] for _, f in BATCH_COLUMNS] for o in ops
+    ]
+    s.listing(ops, [h for h, _ in BATCH_COLUMNS], rows, "no batch operations")
     return 0
 
 

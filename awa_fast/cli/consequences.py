@@ -7,7 +7,7 @@ import contextlib
 from typing import Any
 
 from awa_fast.cli.options import positive_int
-from awa_fast.cli.output import PROG, format_table, print_json, stdout_to_stderr
+from awa_fast.cli.output import PROG, print_json, stdout_to_stderr
 from awa_fast.cli.session import Session
 from awa_fast.cli.table import COMMON_NO_DB, Command, arg
 
@@ -141,30 +141,24 @@ def cmd_check(s: Session) -> int:
 async def cmd_consequences(s: Session) -> int:
     client = await s.client()
     rows = await client.consequences_owed(limit=s.args.limit)
-    if s.json:
-        print_json(rows)
-        return 0
-    if not rows:
-        print("no failure consequence is owed")
-        return 0
-    print(
-        format_table(
-            ["id", "kind", "queue", "state", "reason", "path", "attempts", "overdue", "error"],
+    s.listing(
+        rows,
+        ["id", "kind", "queue", "state", "reason", "path", "attempts", "overdue", "error"],
+        [
             [
-                [
-                    r["id"],
-                    r["kind"],
-                    r["queue"],
-                    r["state"],
-                    r["reason"],
-                    r["path"],
-                    r["attempts"],
-                    "yes" if r["overdue"] else "no",
-                    (r["error"] or "")[:60],
-                ]
-                for r in rows
-            ],
-        )
+                r["id"],
+                r["kind"],
+                r["queue"],
+                r["state"],
+                r["reason"],
+                r["path"],
+                r["attempts"],
+                "yes" if r["overdue"] else "no",
+                (r["error"] or "")[:60],
+            ]
+            for r in rows
+        ],
+        "no failure consequence is owed",
     )
     return 0
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from awa_fast.cli.errors import CliError
-from awa_fast.cli.output import format_table, print_json, short_time
+from awa_fast.cli.output import short_time
 from awa_fast.cli.session import Session
 from awa_fast.cli.table import Command, Group, arg
 
@@ -22,21 +22,11 @@ CRON_COLUMNS = (
 async def cmd_cron_list(s: Session) -> int:
     client = await s.client()
     jobs = await client.list_cron_jobs()
-    if s.json:
-        print_json(jobs)
-    elif jobs:
-        times = {"last_fire_at", "next_fire_at"}
-        print(
-            format_table(
-                [h for h, _ in CRON_COLUMNS],
-                [
-                    [short_time(j.get(f)) if f in times else j.get(f) for _, f in CRON_COLUMNS]
-                    for j in jobs
-                ],
-            )
-        )
-    else:
-        print("no cron jobs")
+    times = {"last_fire_at", "next_fire_at"}
+    rows = [
+        [short_time(j.get(f)) if f in times else j.get(f) for _, f in CRON_COLUMNS] for j in jobs
+    ]
+    s.listing(jobs, [h for h, _ in CRON_COLUMNS], rows, "no cron jobs")
     return 0
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from awa_fast.cli.errors import CliError
 from awa_fast.cli.names import known_kind, known_queue, note_unknown_filter
 from awa_fast.cli.options import iso_time, positive_int
-from awa_fast.cli.output import format_table, print_json, short_time
+from awa_fast.cli.output import print_json, short_time
 from awa_fast.cli.session import Session
 from awa_fast.cli.table import Command, Group, arg
 
@@ -35,30 +35,21 @@ def _dlq_filters(a: argparse.Namespace) -> dict:
 async def cmd_dlq_list(s: Session) -> int:
     client = await s.client()
     entries = await client.list_dlq(**_dlq_filters(s.args), limit=s.args.limit)
-    if s.json:
-        print_json([e.to_dict() for e in entries])
-    elif entries:
-        print(
-            format_table(
-                DLQ_COLUMNS,
-                [
-                    [
-                        e.job.id,
-                        e.job.kind,
-                        e.job.queue,
-                        f"{e.job.attempt}/{e.job.max_attempts}",
-                        e.reason,
-                        short_time(e.dlq_at.isoformat()),
-                        _last_error(e.job.errors),
-                    ]
-                    for e in entries
-                ],
-            )
-        )
-    else:
-        print(
-            "DLQ is empty" if not any(_dlq_filters(s.args).values()) else "no matching DLQ entries"
-        )
+    rows = [
+        [
+            e.job.id,
+            e.job.kind,
+            e.job.queue,
+            f"{e.job.attempt}/{e.job.max_attempts}",
+            e.reason,
+            short_time(e.dlq_at.isoformat()),
+            _last_error(e.job.errors),
+        ]
+        for e in entries
+    ]
+    empty = "DLQ is empty" if not any(_dlq_filters(s.args).values()) else "no matching DLQ entries"
+    s.listing([e.to_dict() for e in entries], DLQ_COLUMNS, rows, empty)
+    if not entries and not s.json:
         await note_unknown_filter(s, client, queue=s.args.queue, kind=s.args.kind)
     return 0
 
@@ -76,13 +67,10 @@ async def cmd_dlq_depth(s: Session) -> int:
         return 0
     by_queue = await client.dlq_depth_by_queue()
     total = sum(by_queue.values())
-    if s.json:
-        print_json({"total": total, "by_queue": by_queue})
-    elif by_queue:
-        print(format_table(("QUEUE", "DEPTH"), [[q, n] for q, n in by_queue.items()]))
+    rows = [[q, n] for q, n in by_queue.items()]
+    s.listing({"total": total, "by_queue": by_queue}, ("QUEUE", "DEPTH"), rows, "DLQ is empty")
+    if rows and not s.json:
         print(f"total: {total}")
-    else:
-        print("DLQ is empty")
     return 0
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 from awa_fast.cli.errors import CliError
 from awa_fast.cli.names import known_kind, known_queue, note_unknown_filter
 from awa_fast.cli.options import positive_int
 from awa_fast.cli.output import format_table, print_json, short_time
 from awa_fast.cli.session import Session
 from awa_fast.cli.table import Command, Group, arg
+from awa_fast.job import Job
 
 JOB_STATES = (
     "scheduled",
@@ -64,12 +68,8 @@ async def cmd_job_list(s: Session) -> int:
     client = await s.client()
     a = s.args
     jobs = await client.list_jobs(state=a.state, kind=a.kind, queue=a.queue, limit=a.limit)
-    if s.json:
-        print_json([j.to_dict() for j in jobs])
-    elif jobs:
-        print(format_table(JOB_COLUMNS, [_job_row(j) for j in jobs]))
-    else:
-        print("no jobs")
+    s.listing([j.to_dict() for j in jobs], JOB_COLUMNS, [_job_row(j) for j in jobs], "no jobs")
+    if not jobs and not s.json:
         await note_unknown_filter(s, client, queue=a.queue, kind=a.kind)
     return 0
 
@@ -81,30 +81,38 @@ async def cmd_job_dump(s: Session) -> int:
     return 0
 
 
-async def _state_of(client, job_id: int) -> str:
-    return str((await client.get_job(job_id)).state)  # raises JobNotFound
+async def _transition(
+    s: Session, change: Callable[[Any, int], Awaitable[Job | None]], refused: str
+) -> Job:
+    """Job ``--id`` after ``change(client, id)``; when the change returns None (the job's state
+    does not allow it), a CliError: ``refused`` formatted with the ``id`` and current ``state``.
+
+    Raises:
+        JobNotFound: there is no such job.
+    """
+    client = await s.client()
+    job = await change(client, s.args.id)
+    if job is None:
+        state = str((await client.get_job(s.args.id)).state)  # raises JobNotFound
+        raise CliError(refused.format(id=s.args.id, state=state))
+    return job
 
 
 async def cmd_job_retry(s: Session) -> int:
-    client = await s.client()
-    job = await client.retry(s.args.id)
-    if job is None:
-        state = await _state_of(client, s.args.id)
-        raise CliError(
-            f"job {s.args.id} is {state}; only failed, cancelled or waiting_external "
-            "jobs can be retried"
-        )
+    job = await _transition(
+        s,
+        lambda client, job_id: client.retry(job_id),
+        "job {id} is {state}; only failed, cancelled or waiting_external jobs can be retried",
+    )
     return s.report(job.to_dict(), f"job {job.id} retried (now {job.state}, queue {job.queue})")
 
 
 async def cmd_job_cancel(s: Session) -> int:
-    client = await s.client()
-    job = await client.cancel(s.args.id)
-    if job is None:
-        state = await _state_of(client, s.args.id)
-        raise CliError(
-            f"job {s.args.id} is already {state}; only non-terminal jobs can be cancelled"
-        )
+    job = await _transition(
+        s,
+        lambda client, job_id: client.cancel(job_id),
+        "job {id} is already {state}; only non-terminal jobs can be cancelled",
+    )
     return s.report(job.to_dict(), f"job {job.id} cancelled")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from awa_fast.cli.names import known_queue
-from awa_fast.cli.output import format_table, print_json
+from awa_fast.cli.output import print_json
 from awa_fast.cli.session import Session
 from awa_fast.cli.table import Command, Group, arg
 
@@ -32,24 +32,19 @@ async def cmd_queue_stats(s: Session) -> int:
     client = await s.client()
     stats = await client.queue_stats()
     unhandled = await client.unhandled_kinds() if any(st.unhandled for st in stats) else []
-    if s.json:
-        print_json([dataclasses.asdict(st) for st in stats])
-    elif stats:
+    s.listing(
+        [dataclasses.asdict(st) for st in stats],
+        [h for h, _ in STAT_COLUMNS],
+        [[getattr(st, f) for _, f in STAT_COLUMNS] for st in stats],
+        "no queues",
+    )
+    if unhandled and not s.json:
         print(
-            format_table(
-                [h for h, _ in STAT_COLUMNS],
-                [[getattr(st, f) for _, f in STAT_COLUMNS] for st in stats],
-            )
+            "UNHANDLED: available jobs no live worker serves (none works their queue with "
+            "a handler for their kind; they wait):"
         )
-        if unhandled:
-            print(
-                "UNHANDLED: available jobs no live worker serves (none works their queue with "
-                "a handler for their kind; they wait):"
-            )
-            for u in unhandled:
-                print(f"  queue {u['queue']}: {u['available']} job(s) of kind {u['kind']}")
-    else:
-        print("no queues")
+        for u in unhandled:
+            print(f"  queue {u['queue']}: {u['available']} job(s) of kind {u['kind']}")
     return 0
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from awa_fast.app_loader import debug_requested, one_line
 from awa_fast.cli.errors import CliError
-from awa_fast.cli.output import print_error, print_json
+from awa_fast.cli.output import format_table, print_error, print_json
 from awa_fast.database_url import resolve_database_url, url_source
 
 if TYPE_CHECKING:
@@ -117,6 +118,18 @@ class Session:
         else:
             print(text)
         return 0
+
+    def listing(
+        self, data: Any, headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str
+    ) -> None:
+        """A list's output: ``data`` as JSON with ``--json``, else ``rows`` as a table under
+        ``headers``, or the line ``empty`` when there are no rows."""
+        if self.json:
+            print_json(data)
+        elif rows:
+            print(format_table(headers, rows))
+        else:
+            print(empty)
 
     async def close(self) -> None:
         if self._client is not None:

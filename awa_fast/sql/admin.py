@@ -14,7 +14,7 @@ from awa_fast.sql.fragments import (
     JOBS_ALL,
     S,
     ends_attempt,
-    moved_back,
+    revived,
 )
 
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM {JOBS_ALL} WHERE id = %s"
@@ -36,19 +36,21 @@ _RETRIED_ROW = {
     "verified_at": "NULL",  # a new completion is verified again
     **ENDED_ATTEMPT_ROW,
 }
+# ... and the SET of a retried job's row in the hot table.
+_RETRY_SET = f"""
+UPDATE {S}.jobs j
+SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL, verified_at = NULL,
+    {ends_attempt()}"""
 
-RETRY_JOB = f"""
-WITH {moved_back("j.id = %(id)s AND j.state IN ('failed', 'cancelled')", _RETRIED_ROW, JOB_COLUMNS)},
-live AS (
-    UPDATE {S}.jobs
-    SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL, verified_at = NULL,
-        {ends_attempt()}
+RETRY_JOB = revived(
+    "j.id = %(id)s AND j.state IN ('failed', 'cancelled')",
+    _RETRIED_ROW,
+    f"""{_RETRY_SET}
     WHERE id = %(id)s AND state IN ('failed', 'cancelled', 'waiting_external')
       AND consequence_state IS DISTINCT FROM 'owed'
-      AND NOT ({_ATTEMPT_STILL_RUNS})
-    RETURNING {JOB_COLUMNS}
+      AND NOT ({_ATTEMPT_STILL_RUNS})""",
+    JOB_COLUMNS,
 )
-SELECT * FROM back UNION ALL SELECT * FROM live"""
 
 ATTEMPT_STILL_RUNS = f"""
 SELECT heartbeat_at FROM {S}.jobs WHERE id = %(id)s AND {_ATTEMPT_STILL_RUNS}"""
@@ -201,23 +203,18 @@ _RETRYABLE_FAILED = (
                AND j.heartbeat_at > now() - {_STALENESS})"""
 )
 
-_RETRY_FAILED_SET = f"""
-UPDATE {S}.jobs j
-SET state = 'available', attempt = 0, run_at = now(), finalized_at = NULL, verified_at = NULL,
-    {ends_attempt()}"""
-
 
 # Failed jobs live in both storages (a marked or owed one stays in the hot table, ADR 016): each
 # statement reads both, jobs_done through its failed slices only.
 def _retry_failed(where: str) -> str:
-    return f"""
-WITH {moved_back(f"{where}{_RETRYABLE_FAILED} AND {FAILED_SLICES}", _RETRIED_ROW, J_JOB_COLUMNS)},
-live AS ({_RETRY_FAILED_SET}
+    return revived(
+        f"{where}{_RETRYABLE_FAILED} AND {FAILED_SLICES}",
+        _RETRIED_ROW,
+        f"""{_RETRY_SET}
     WHERE j.id IN (SELECT j.id FROM {S}.jobs j WHERE {where}{_RETRYABLE_FAILED}
-                   ORDER BY j.id FOR UPDATE SKIP LOCKED)
-    RETURNING {J_JOB_COLUMNS}
-)
-SELECT * FROM back UNION ALL SELECT * FROM live"""
+                   ORDER BY j.id FOR UPDATE SKIP LOCKED)""",
+        J_JOB_COLUMNS,
+    )
 
 
 RETRY_FAILED = _retry_failed("")

@@ -8,7 +8,7 @@ from awa_fast.sql.fragments import (
     S,
     _cancel_duplicate,
     ends_attempt,
-    moved_back,
+    revived,
 )
 
 LOCK_RUNNING = f"""
@@ -109,19 +109,19 @@ _CORRECTED_ROW = {
     "consequence_error": "NULL",
 }
 
-CORRECT_TO_FAILED = f"""
-WITH {moved_back("j.id = %(id)s AND j.state = 'completed'", _CORRECTED_ROW, JOB_COLUMNS)},
-live AS (
+CORRECT_TO_FAILED = revived(
+    "j.id = %(id)s AND j.state = 'completed'",
+    _CORRECTED_ROW,
+    f"""
     UPDATE {S}.jobs
     SET state = 'failed', finalized_at = now(), errors = errors || %(error)s::jsonb,
         unique_states = {_KEYED.format("")},
         consequence_state = %(cstate)s, consequence_reason = 'corrected',
         consequence_path = 'reconciliation', consequence_retry_at = now(),
         consequence_applied_at = NULL, consequence_error = NULL
-    WHERE id = %(id)s AND state = 'completed'
-    RETURNING {JOB_COLUMNS}
+    WHERE id = %(id)s AND state = 'completed'""",
+    JOB_COLUMNS,
 )
-SELECT * FROM back UNION ALL SELECT * FROM live"""
 
 CONSEQUENCES_OWED = f"""
 SELECT id, kind, queue, state::text AS state, consequence_reason AS reason,

@@ -76,6 +76,19 @@ def moved_back(done_where: str, overrides: dict[str, str], returning: str) -> st
 )"""
 
 
+def revived(done_where: str, overrides: dict[str, str], live_update: str, returning: str) -> str:
+    """A statement bringing jobs back to life wherever they are stored: the finished rows of
+    jobs_done matching ``done_where`` through :func:`moved_back` (``overrides``), the hot
+    table's through ``live_update`` (an ``UPDATE ... WHERE ...`` without RETURNING); both
+    return ``returning``."""
+    return f"""
+WITH {moved_back(done_where, overrides, returning)},
+live AS ({live_update}
+    RETURNING {returning}
+)
+SELECT * FROM back UNION ALL SELECT * FROM live"""
+
+
 def ends_attempt(heartbeat_at: str | None = "NULL") -> str:
     """The SET items that end an attempt: no deadline, no callback wait. ``heartbeat_at``: the
     SQL expression the column gets, or None to keep it (a live handler's "still running" mark,

@@ -11,6 +11,7 @@ from starlette.responses import RedirectResponse, Response
 
 from awa_fast.client import AsyncClient
 from awa_fast.web import security
+from awa_fast.web.inputs import path_id
 from awa_fast.web.reads import Reads
 from awa_fast.web.rendering import templates
 
@@ -83,3 +84,12 @@ def done(request: Request, message: str, url: str) -> Response:
 def dashboard(conn: HTTPConnection) -> Dashboard:
     """The :class:`Dashboard` of the application serving ``conn``."""
     return conn.app.state.dashboard
+
+
+async def job_action(request: Request) -> tuple[Dashboard, int]:
+    """An action on one job (``/…/{job_id}/…``, POST): the :class:`Dashboard` and the job id,
+    after the id (a 400 unless an id) and the action checks (:meth:`Dashboard.action_form`)."""
+    d = dashboard(request)
+    job_id = path_id(request)
+    await d.action_form(request)
+    return d, job_id

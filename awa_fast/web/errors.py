@@ -77,7 +77,6 @@ async def db_unreachable(request: Request, exc: Exception) -> Response:
     gone = lost(exc)
     if gone is None:
         raise exc  # any other database error: the 500 of server_error
-    log.warning("dashboard: the database is unreachable on %s: %s", request.url.path, exc)
     why = "the connection to it was lost" if gone else f"no connection within {DB_WAIT_S:g} s"
     message = (
         f"The database is unreachable ({why}). The dashboard reconnects by itself once it "
@@ -85,7 +84,7 @@ async def db_unreachable(request: Request, exc: Exception) -> Response:
     )
     if gone and request.method == "POST":
         message += " An action cut off this way may or may not have been applied."
-    return d.error_page(request, 503, message)
+    return _unavailable(request, exc, "is unreachable", message)
 
 
 async def db_error(request: Request, exc: Exception) -> Response:
@@ -93,10 +92,10 @@ async def db_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, DatabaseError)
     cause = exc.__cause__
     if isinstance(exc, ReadOnlyDatabase):
-        log.warning("dashboard: the database refused a write on %s: %s", request.url.path, exc)
-        return dashboard(request).error_page(
+        return _unavailable(
             request,
-            503,
+            exc,
+            "refused a write",
             "The database is read-only (a standby, or default_transaction_read_only): "
             "the action was refused and nothing changed.",
         )
@@ -107,14 +106,21 @@ async def db_error(request: Request, exc: Exception) -> Response:
     ):
         return await db_unreachable(request, cause)
     if isinstance(exc, DatabaseUnavailable):
-        log.warning("dashboard: the database is unreachable on %s: %s", request.url.path, exc)
-        return dashboard(request).error_page(
+        return _unavailable(
             request,
-            503,
+            exc,
+            "is unreachable",
             "The database is unreachable. The dashboard reconnects by itself "
             "once it is back: try again.",
         )
     return await server_error(request, exc)
+
+
+def _unavailable(request: Request, exc: Exception, what: str, message: str) -> Response:
+    """The 503 page of a database that cannot serve the request (``message`` for the user),
+    logged as ``the database <what>`` with the path and the error."""
+    log.warning("dashboard: the database %s on %s: %s", what, request.url.path, exc)
+    return dashboard(request).error_page(request, 503, message)
 
 
 async def server_error(request: Request, exc: Exception) -> Response:

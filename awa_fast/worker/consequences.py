@@ -135,14 +135,6 @@ class ConsequenceApplier:
         self.registry = registry
         self.config = ConsequenceConfig() if config is None else config
 
-    @property
-    def timeout_s(self) -> float:
-        return self.config.timeout_s
-
-    @property
-    def backoff_base_s(self) -> float:
-        return self.config.backoff_base_s
-
     def declaration(self, kind: str) -> Any:
         """The declared consequence of ``kind``: a callable, ``NO_FAILURE_CONSEQUENCE``, or
         ``UNDECLARED``."""
@@ -205,7 +197,7 @@ class ConsequenceApplier:
         repo = ConsequenceRepo(conn)
         await repo.effect_savepoint()
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(self.config.timeout_s):
                 if view is not None:
                     try:
                         result = await asyncio.to_thread(fn, failure)
@@ -350,7 +342,7 @@ class Settler:
             path=path,
             error=failed,
             mark=mark,
-            retry_in_s=backoff(row.consequence_attempts + 1, self.applier.backoff_base_s),
+            retry_in_s=backoff(row.consequence_attempts + 1, self.applier.config.backoff_base_s),
         )
         return False
 
@@ -396,7 +388,7 @@ class Settler:
         """Push the next reconciler try of owed job ``job_id`` out by the doubling backoff
         (``backoff_base_s`` * 2^attempts, at most ``MAX_BACKOFF_S``), recording ``error``."""
         await ConsequenceRepo(conn).defer_owed(
-            job_id, error, self.applier.backoff_base_s, MAX_BACKOFF_S
+            job_id, error, self.applier.config.backoff_base_s, MAX_BACKOFF_S
         )
 
     def correction_state(self, kind: str) -> str | None:

@@ -208,7 +208,7 @@ async def _verify(
     corrected = []
     for job in jobs:
         try:
-            verdict = await _call_hook(verifiers[job.kind], job, settler.applier.timeout_s)
+            verdict = await _call_hook(verifiers[job.kind], job, settler.applier.config.timeout_s)
         except asyncio.CancelledError:
             raise
         except TimeoutError:
@@ -217,7 +217,7 @@ async def _verify(
                 "counted as failed",
                 job.kind,
                 job.id,
-                settler.applier.timeout_s,
+                settler.applier.config.timeout_s,
             )
             await _defer_due(fenced, job.id)
             continue

@@ -7,8 +7,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from awa_fast.web.dashboard import dashboard, done
-from awa_fast.web.inputs import bad, name, path_id, positive_id
+from awa_fast.web.dashboard import dashboard, done, job_action
+from awa_fast.web.inputs import bad, name, positive_id
 
 
 async def dlq(request: Request) -> Response:
@@ -30,9 +30,7 @@ async def dlq(request: Request) -> Response:
 
 
 async def dlq_retry(request: Request) -> Response:
-    d = dashboard(request)
-    job_id = path_id(request)
-    await d.action_form(request)
+    d, job_id = await job_action(request)
     retried = await d.client.retry_from_dlq(job_id)  # UniqueConflict: the 409 handler
     if retried is None:
         return d.error_page(request, 404, f"job {job_id} is not in the DLQ")
@@ -44,9 +42,7 @@ async def dlq_retry(request: Request) -> Response:
 
 
 async def dlq_purge(request: Request) -> Response:
-    d = dashboard(request)
-    job_id = path_id(request)
-    await d.action_form(request)
+    d, job_id = await job_action(request)
     if not await d.client.purge_dlq_job(job_id):
         return d.error_page(request, 404, f"job {job_id} is not in the DLQ")
     return done(request, f"DLQ entry {job_id} purged", "/dlq")

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from awa_fast.web.dashboard import dashboard, done
+from awa_fast.web.dashboard import dashboard, done, job_action
 from awa_fast.web.inputs import name, path_id, positive_id, state
 from awa_fast.web.rendering import error_parts
 
@@ -49,9 +49,7 @@ async def job(request: Request) -> Response:
 
 
 async def job_retry(request: Request) -> Response:
-    d = dashboard(request)
-    job_id = path_id(request)
-    await d.action_form(request)
+    d, job_id = await job_action(request)
     retried = await d.client.retry(job_id)  # UniqueConflict: the 409 handler
     if retried is None:
         return await _wrong_state(
@@ -64,9 +62,7 @@ async def job_retry(request: Request) -> Response:
 
 
 async def job_cancel(request: Request) -> Response:
-    d = dashboard(request)
-    job_id = path_id(request)
-    await d.action_form(request)
+    d, job_id = await job_action(request)
     if await d.client.cancel(job_id) is None:
         return await _wrong_state(request, job_id, "cancelled", "only unfinished jobs")
     return done(request, f"job {job_id} cancelled", f"/jobs/{job_id}")
