@@ -49,7 +49,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -94,6 +94,9 @@ _TRANSITIONS = {
 # A deadlock or serialization failure gets MAX_FINALIZE_RETRIES, any other transient error
 # (``retryable.classify``) MAX_CONNECTION_RETRIES.
 _CONFLICTS = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+
+
+R = TypeVar("R")
 
 
 def _hopeless(exc: BaseException) -> bool:
@@ -368,33 +371,22 @@ class Finalizer:
         batch.sort(key=lambda item: item[0].attempt.id)
         requests = [request for request, _ in batch]
         attempts = [(r.attempt.id, r.attempt.run_lease) for r in requests]
-        done = None
-        attempt = 0
-        while True:
-            try:
-                pool = await self._pool_getter()
-                async with pool.connection() as conn:
-                    await self._commit_point(self._before_commit, conn, sql.COMPLETE_MANY, requests)
-                    done = await self._complete_isolated(conn, attempts)
-                    await self._commit_point(self._after_commit, conn, sql.COMPLETE_MANY, requests)
-                break
-            except Exception as exc:  # never leave waiters hanging
-                if retryable(exc):
-                    if not await self._may_retry(attempt, exc):
-                        break
-                    attempt += 1
-                    log.warning(
-                        "completion batch of %d failed (%s); retry %d", len(batch), exc, attempt
-                    )
-                    continue
-                if _hopeless(exc):  # each waiter learns it; nothing is redone
-                    log.warning("completion batch of %d failed: %s", len(batch), exc)
-                else:
-                    log.exception("completion batch of %d failed", len(batch))
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                return
+        try:
+            done = await self._batch_transaction(
+                "completion batch",
+                sql.COMPLETE_MANY,
+                requests,
+                lambda conn: self._complete_isolated(conn, attempts),
+            )
+        except Exception as exc:  # never leave waiters hanging
+            if _hopeless(exc):  # each waiter learns it; nothing is redone
+                log.warning("completion batch of %d failed: %s", len(batch), exc)
+            else:
+                log.exception("completion batch of %d failed", len(batch))
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
         self.stats["batches"] += 1
         applied = None if done is None else set(done.rows)
         for (job_id, lease), (_, fut) in zip(attempts, batch, strict=True):
@@ -412,6 +404,29 @@ class Finalizer:
                 self.stats["stale"] += 1
                 fut.set_result(False)
         self.flushed.fire(len(batch))
+
+    async def _batch_transaction(
+        self, what: str, statement: str, requests: list, run: Callable[[Any], Awaitable[R]]
+    ) -> R | None:
+        """``run(conn)`` on a pool connection between the commit points, re-run whole on a
+        transient error (a deadlock, a lost connection) while :meth:`_may_retry` allows: its
+        result, or ``None`` once the retries ran out. Any other error propagates."""
+        attempt = 0
+        while True:
+            try:
+                pool = await self._pool_getter()
+                async with pool.connection() as conn:
+                    await self._commit_point(self._before_commit, conn, statement, requests)
+                    result = await run(conn)
+                    await self._commit_point(self._after_commit, conn, statement, requests)
+                return result
+            except Exception as exc:
+                if not retryable(exc):
+                    raise
+                if not await self._may_retry(attempt, exc):
+                    return None
+                attempt += 1
+                log.warning("%s of %d failed (%s); retry %d", what, len(requests), exc, attempt)
 
     async def _complete_isolated(self, conn, attempts: list[tuple[int, int]]) -> bulk.Isolated:
         # One guarded statement for the batch of (id, run_lease); if a row makes it fail, job by
@@ -455,43 +470,30 @@ class Finalizer:
             [(r.attempt.id, r.attempt.run_lease, inserts) for r, inserts, _ in batch]
         )
         statement = sql.COMPLETE_MANY_WITH_FOLLOW_UPS
-        done = None
-        attempt = 0
-        while True:
-            try:
-                pool = await self._pool_getter()
-                async with pool.connection() as conn:
-                    await self._commit_point(self._before_commit, conn, statement, requests)
-                    cur = await conn.execute(statement, (ids, leases, payload))
-                    done_ids, done_leases, inserted = await cur.fetchone()
-                    done = set(zip(done_ids, done_leases, strict=True))
-                    await self._commit_point(self._after_commit, conn, statement, requests)
-                break
-            except Exception as exc:  # one job's follow-up failed: isolate it
-                if retryable(exc):
-                    if not await self._may_retry(attempt, exc):
-                        break
-                    attempt += 1
-                    log.warning(
-                        "staged completion batch of %d failed (%s); retry %d",
-                        len(batch),
-                        exc,
-                        attempt,
-                    )
-                    continue
-                if _hopeless(exc):  # no job alone can do better: each waiter learns it
-                    log.warning("staged completion batch of %d failed: %s", len(batch), exc)
-                    for _, _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    return
-                log.warning(
-                    "staged completion batch of %d failed (%s); completing job by job",
-                    len(batch),
-                    exc,
-                )
-                break
-        if done is None:
+
+        async def complete(conn: Any) -> tuple[set, int]:
+            cur = await conn.execute(statement, (ids, leases, payload))
+            done_ids, done_leases, inserted = await cur.fetchone()
+            return set(zip(done_ids, done_leases, strict=True)), inserted
+
+        try:
+            result = await self._batch_transaction(
+                "staged completion batch", statement, requests, complete
+            )
+        except Exception as exc:  # one job's follow-up failed: isolate it
+            if _hopeless(exc):  # no job alone can do better: each waiter learns it
+                log.warning("staged completion batch of %d failed: %s", len(batch), exc)
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                return
+            log.warning(
+                "staged completion batch of %d failed (%s); completing job by job",
+                len(batch),
+                exc,
+            )
+            result = None
+        if result is None:
             for request, inserts, fut in batch:
                 try:
                     ok = await self._finalize_requests(request, inserts)
@@ -502,6 +504,7 @@ class Finalizer:
                 if not fut.done():
                     fut.set_result(ok)
             return
+        done, inserted = result
         # Applied by (job, lease): a stale attempt of a job whose newer attempt completed in the
         # same batch is stale.
         staged = sum(
