@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 import struct
 import threading
@@ -32,6 +33,15 @@ FAST: dict[str, Any] = dict(
 )
 
 Source = Any  # a started AsyncClient, a Runtime, a Signal, or a list / tuple of them
+
+
+@dataclasses.dataclass
+class Job:
+    """The args of the fault tests' jobs (kind ``job``): ``mode`` picks the handler's
+    behaviour, ``n`` tells jobs apart."""
+
+    mode: str = ""
+    n: int = 0
 
 
 def signals(source: Source) -> list[Signal]:

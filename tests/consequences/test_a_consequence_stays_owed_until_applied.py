@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import psycopg
 import pytest
 
 import awa_fast as awa
 from tests import support
-from tests.support import job_row, passes, until, wait_state
+from tests.support import Job, job_row, passes, until, wait_state
 
 # The shared timing (tests/support.py) with this module's differences.
 FAST = {**support.FAST, "consequence_backoff_ms": 50}
 
 pytestmark = pytest.mark.usefixtures("clean")
-
-
-@dataclasses.dataclass
-class Job:
-    mode: str = ""
-    n: int = 0
 
 
 async def test_an_effect_that_swallows_its_own_sql_error_does_not_settle(dsn, client):

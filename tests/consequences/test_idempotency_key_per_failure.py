@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 import awa_fast as awa
 from tests import support
-from tests.support import until
+from tests.support import Job, until
 
 # The shared timing (tests/support.py) with this module's differences.
 FAST = {**support.FAST, "consequence_backoff_ms": 50}
 
 pytestmark = pytest.mark.usefixtures("clean")
-
-
-@dataclasses.dataclass
-class Job:
-    mode: str = ""
-    n: int = 0
 
 
 async def test_idempotency_key_differs_per_failure_of_the_same_job(dsn, client):

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import psycopg
 import pytest
 
 import awa_fast as awa
-from tests.support import scalar
+from tests.support import Job, scalar
 
 pytestmark = pytest.mark.usefixtures("clean")
-
-
-@dataclasses.dataclass
-class Job:
-    mode: str = ""
-    n: int = 0
 
 
 async def test_a_caught_unique_conflict_in_a_transaction_keeps_its_other_writes(dsn, client):

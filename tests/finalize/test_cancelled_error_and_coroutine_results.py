@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 
 from tests import support
-from tests.support import wait_state
+from tests.support import Job, wait_state
 
 # The shared timing (tests/support.py) with this module's differences.
 FAST = {**support.FAST, "consequence_backoff_ms": 50}
 
 pytestmark = pytest.mark.usefixtures("clean")
-
-
-@dataclasses.dataclass
-class Job:
-    mode: str = ""
-    n: int = 0
 
 
 async def test_cancelled_error_from_handler_code_counts_the_attempt(dsn, client):

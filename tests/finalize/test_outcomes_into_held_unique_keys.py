@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import psycopg
 import pytest
 
 import awa_fast as awa
 from tests import support
-from tests.support import job_row, scalar, until, wait_state
+from tests.support import Job, job_row, scalar, until, wait_state
 
 # The shared timing (tests/support.py) with this module's differences.
 FAST = {**support.FAST, "consequence_backoff_ms": 50}
@@ -21,12 +20,6 @@ WITHOUT_MAINTENANCE = {**support.FAST, "maintenance": False}
 CANCELLED_BIT = 1 << 6
 
 pytestmark = pytest.mark.usefixtures("clean", "no_presence_rows")
-
-
-@dataclasses.dataclass
-class Job:
-    mode: str = ""
-    n: int = 0
 
 
 async def test_a_unique_collision_does_not_fail_a_whole_completion_batch(dsn, client):

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 
 import awa_fast as awa
 from tests import support
-from tests.support import scalar, until, wait_state
+from tests.support import Job, scalar, until, wait_state
 
 # The shared timing (tests/support.py) with this module's differences.
 FAST = {**support.FAST, "consequence_backoff_ms": 50}
 
 pytestmark = pytest.mark.usefixtures("clean", "no_presence_rows")
-
-
-@dataclasses.dataclass
-class Job:
-    mode: str = ""
-    n: int = 0
 
 
 async def test_a_reclaimed_job_keeps_its_in_flight_bookkeeping(dsn, client):
